@@ -1,0 +1,424 @@
+//! Launch detection (how was this process started?) and device binding (which device does
+//! this rank compute on?).
+//!
+//! Both are pure functions of the environment so they can be unit-tested; the `*_from_env`
+//! wrappers read the real process environment.
+
+use std::fmt;
+use thiserror::Error;
+
+/// Who started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// Started directly (no launcher variables): one rank.
+    Serial,
+    /// Open MPI's `mpirun`/`mpiexec` (`OMPI_COMM_WORLD_RANK`, `..._SIZE`, `..._LOCAL_RANK`).
+    OpenMpi,
+    /// MPICH / Intel MPI Hydra `mpiexec` (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`).
+    MpichHydra,
+    /// A Slurm job step started by `srun` (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+    Slurm,
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::Serial => "serial (no launcher)",
+            Launcher::OpenMpi => "Open MPI (mpirun)",
+            Launcher::MpichHydra => "MPICH/Hydra (mpiexec)",
+            Launcher::Slurm => "Slurm (srun)",
+        })
+    }
+}
+
+/// The launch environment of this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Who started the process.
+    pub launcher: Launcher,
+    /// This process's rank among all processes of the launch, `0..size`.
+    pub rank: usize,
+    /// Number of processes the launcher started.
+    pub size: usize,
+    /// Rank among the processes on this node (used for device binding).
+    pub local_rank: usize,
+    /// The Slurm job id, when inside a Slurm allocation (also for `mpirun` inside one).
+    pub slurm_job_id: Option<String>,
+}
+
+impl LaunchEnv {
+    /// A serial launch: rank 0 of 1.
+    pub fn serial() -> Self {
+        LaunchEnv {
+            launcher: Launcher::Serial,
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            slurm_job_id: None,
+        }
+    }
+
+    /// True when a launcher that provides MPI started this process (`mpirun`, `mpiexec` or
+    /// `srun`), whatever the process count.
+    pub fn is_mpi_launch(&self) -> bool {
+        self.launcher != Launcher::Serial
+    }
+}
+
+impl fmt::Display for LaunchEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}, rank {} of {}, node-local rank {}",
+            self.launcher, self.rank, self.size, self.local_rank
+        )?;
+        if let Some(job) = &self.slurm_job_id {
+            write!(f, ", Slurm job {job}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A malformed launcher variable.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// The variable is set but not a non-negative integer, or is inconsistent.
+    #[error("launcher variable {var}={value:?} is invalid: {why}")]
+    BadVariable {
+        /// The environment variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn parse(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>, LaunchError> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| LaunchError::BadVariable {
+                var: var.into(),
+                value: v.clone(),
+                why: "expected a non-negative integer".into(),
+            }),
+    }
+}
+
+/// Detects the launch from environment variables read through `get`.
+///
+/// Precedence: Open MPI, then MPICH/Hydra, then a Slurm job *step* (`SLURM_STEP_ID` set and
+/// not the batch script's own step), else serial. A Slurm batch script that runs lockstep
+/// without `srun` is serial.
+///
+/// Errors: [`LaunchError::BadVariable`] when a variable is not an integer or the rank is not
+/// below the size.
+pub fn detect_launch_from(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv, LaunchError> {
+    let slurm_job_id = get("SLURM_JOB_ID").or_else(|| get("SLURM_JOBID"));
+    let candidates: [(Launcher, &str, &str, &[&str]); 2] = [
+        (
+            Launcher::OpenMpi,
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            &["OMPI_COMM_WORLD_LOCAL_RANK"],
+        ),
+        (
+            Launcher::MpichHydra,
+            "PMI_RANK",
+            "PMI_SIZE",
+            &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
+        ),
+    ];
+    let mut found = None;
+    for (launcher, rank_var, size_var, local_vars) in candidates {
+        if let (Some(rank), Some(size)) = (parse(get, rank_var)?, parse(get, size_var)?) {
+            let mut local = None;
+            for v in local_vars {
+                if let Some(l) = parse(get, v)? {
+                    local = Some(l);
+                    break;
+                }
+            }
+            found = Some((launcher, rank, size, local.unwrap_or(rank), rank_var));
+            break;
+        }
+    }
+    if found.is_none() {
+        let step = get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID"));
+        let is_step = step.is_some_and(|s| s != "batch" && s != "4294967294" && s != "extern");
+        if is_step {
+            if let (Some(rank), Some(size)) =
+                (parse(get, "SLURM_PROCID")?, parse(get, "SLURM_NTASKS")?)
+            {
+                let local = parse(get, "SLURM_LOCALID")?.unwrap_or(rank);
+                found = Some((Launcher::Slurm, rank, size, local, "SLURM_PROCID"));
+            }
+        }
+    }
+    match found {
+        None => Ok(LaunchEnv {
+            slurm_job_id,
+            ..LaunchEnv::serial()
+        }),
+        Some((launcher, rank, size, local_rank, rank_var)) => {
+            if size == 0 || rank >= size {
+                return Err(LaunchError::BadVariable {
+                    var: rank_var.into(),
+                    value: rank.to_string(),
+                    why: format!("rank must be below the process count {size}"),
+                });
+            }
+            Ok(LaunchEnv {
+                launcher,
+                rank,
+                size,
+                local_rank,
+                slurm_job_id,
+            })
+        }
+    }
+}
+
+/// [`detect_launch_from`] on the process environment.
+pub fn detect_launch() -> Result<LaunchEnv, LaunchError> {
+    detect_launch_from(&|k| std::env::var(k).ok())
+}
+
+/// Where a rank computes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Device {
+    /// CPU cores (the only compute device of this build).
+    Cpu,
+    /// A CUDA GPU, named by its token in the inherited `CUDA_VISIBLE_DEVICES` list, kept
+    /// exactly as given (an id such as `3` or a UUID such as `GPU-5f1e...`).
+    Cuda {
+        /// The `CUDA_VISIBLE_DEVICES` token bound to this rank.
+        visible_token: String,
+    },
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda { visible_token } => {
+                write!(f, "cuda (CUDA_VISIBLE_DEVICES token {visible_token})")
+            }
+        }
+    }
+}
+
+/// A device binding that cannot be satisfied.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum BindError {
+    /// Fewer visible GPUs than ranks on this node.
+    #[error("node-local rank {local_rank} needs GPU number {local_rank} but CUDA_VISIBLE_DEVICES={list:?} lists only {count}; start at most {count} ranks per node, list more GPUs, or pass --cpu")]
+    TooFewDevices {
+        /// The node-local rank.
+        local_rank: usize,
+        /// The inherited list.
+        list: String,
+        /// Its token count.
+        count: usize,
+    },
+    /// The same GPU listed twice.
+    #[error("CUDA_VISIBLE_DEVICES={list:?} lists device {token:?} twice; list each GPU once")]
+    Duplicate {
+        /// The inherited list.
+        list: String,
+        /// The repeated token.
+        token: String,
+    },
+    /// An empty entry such as `0,,1`.
+    #[error("CUDA_VISIBLE_DEVICES={list:?} has an empty entry; remove the extra comma")]
+    EmptyToken {
+        /// The inherited list.
+        list: String,
+    },
+}
+
+/// Binds a device to node-local rank `local_rank`.
+///
+/// - `force_cpu` (`--cpu`): always [`Device::Cpu`].
+/// - `cuda_visible_devices` unset or empty: [`Device::Cpu`].
+/// - otherwise rank r gets the r-th comma-separated token, kept as given (`2,3` gives ranks
+///   0 and 1 the tokens `2` and `3`, never renumbered).
+///
+/// Errors: [`BindError`] when there are fewer tokens than `local_rank + 1`, a token repeats,
+/// or a token is empty; each names the list.
+pub fn bind_device(
+    local_rank: usize,
+    cuda_visible_devices: Option<&str>,
+    force_cpu: bool,
+) -> Result<Device, BindError> {
+    if force_cpu {
+        return Ok(Device::Cpu);
+    }
+    let list = match cuda_visible_devices.map(str::trim) {
+        None | Some("") => return Ok(Device::Cpu),
+        Some(l) => l,
+    };
+    let tokens: Vec<&str> = list.split(',').map(str::trim).collect();
+    if tokens.iter().any(|t| t.is_empty()) {
+        return Err(BindError::EmptyToken { list: list.into() });
+    }
+    for (i, t) in tokens.iter().enumerate() {
+        if tokens[..i].contains(t) {
+            return Err(BindError::Duplicate {
+                list: list.into(),
+                token: (*t).into(),
+            });
+        }
+    }
+    match tokens.get(local_rank) {
+        Some(t) => Ok(Device::Cuda {
+            visible_token: (*t).into(),
+        }),
+        None => Err(BindError::TooFewDevices {
+            local_rank,
+            list: list.into(),
+            count: tokens.len(),
+        }),
+    }
+}
+
+/// A `mpirun -n N` command for Open MPI on one host: `--oversubscribe` (more ranks than cores
+/// is fine for tests and benchmarks), and the allow-run-as-root variables when running as root.
+pub fn mpirun_command(ranks: usize) -> std::process::Command {
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.arg("-n").arg(ranks.to_string()).arg("--oversubscribe");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    }
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn serial_without_variables() {
+        assert_eq!(detect_launch_from(&env(&[])).unwrap(), LaunchEnv::serial());
+    }
+
+    #[test]
+    fn open_mpi() {
+        let e = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(e.launcher, Launcher::OpenMpi);
+        assert_eq!((e.rank, e.size, e.local_rank), (3, 4, 1));
+        assert!(e.is_mpi_launch());
+    }
+
+    #[test]
+    fn mpich_hydra() {
+        let e = detect_launch_from(&env(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALRANKID", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(e.launcher, Launcher::MpichHydra);
+        assert_eq!((e.rank, e.size, e.local_rank), (1, 2, 1));
+    }
+
+    #[test]
+    fn slurm_step_but_not_batch_script() {
+        let step = detect_launch_from(&env(&[
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(step.launcher, Launcher::Slurm);
+        assert_eq!((step.rank, step.size, step.local_rank), (5, 8, 1));
+        assert_eq!(step.slurm_job_id.as_deref(), Some("77"));
+        let batch = detect_launch_from(&env(&[
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "8"),
+        ]))
+        .unwrap();
+        assert_eq!(batch.launcher, Launcher::Serial);
+        assert_eq!(batch.slurm_job_id.as_deref(), Some("77"));
+    }
+
+    #[test]
+    fn open_mpi_wins_over_slurm_and_bad_values_are_named() {
+        let e = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "16"),
+        ]))
+        .unwrap();
+        assert_eq!(e.launcher, Launcher::OpenMpi);
+        let err = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "x"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("OMPI_COMM_WORLD_RANK"));
+        let err = detect_launch_from(&env(&[("PMI_RANK", "2"), ("PMI_SIZE", "2")])).unwrap_err();
+        assert!(err.to_string().contains("below the process count 2"));
+    }
+
+    #[test]
+    fn binding_keeps_tokens_as_given() {
+        assert_eq!(bind_device(0, None, false).unwrap(), Device::Cpu);
+        assert_eq!(bind_device(0, Some(""), false).unwrap(), Device::Cpu);
+        assert_eq!(
+            bind_device(0, Some("2,3"), false).unwrap(),
+            Device::Cuda {
+                visible_token: "2".into()
+            }
+        );
+        assert_eq!(
+            bind_device(1, Some("2,3"), false).unwrap(),
+            Device::Cuda {
+                visible_token: "3".into()
+            }
+        );
+        assert_eq!(
+            bind_device(1, Some("GPU-aa, GPU-bb"), false).unwrap(),
+            Device::Cuda {
+                visible_token: "GPU-bb".into()
+            }
+        );
+        assert_eq!(bind_device(5, Some("2,3"), true).unwrap(), Device::Cpu);
+    }
+
+    #[test]
+    fn binding_errors_name_the_list() {
+        let e = bind_device(2, Some("2,3"), false).unwrap_err();
+        assert!(matches!(e, BindError::TooFewDevices { count: 2, .. }));
+        assert!(e.to_string().contains("\"2,3\""), "{e}");
+        let e = bind_device(0, Some("1,0,1"), false).unwrap_err();
+        assert!(e.to_string().contains("\"1,0,1\"") && e.to_string().contains("twice"));
+        let e = bind_device(0, Some("0,,1"), false).unwrap_err();
+        assert!(matches!(e, BindError::EmptyToken { .. }));
+    }
+}
