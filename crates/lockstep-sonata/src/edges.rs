@@ -1,0 +1,487 @@
+//! Edge populations: `/edges/<population>/{source_node_id, target_node_id, edge_type_id,
+//! edge_group_id, edge_group_index, <group>/...}` joined with the edge-types CSV
+//! (SONATA spec, "Edges"), with the per-edge values BMTK's point simulator uses resolved into
+//! columns: `syn_weight`, `nsyns`, `delay` and the synapse model (`dynamics_params` JSON of
+//! the edge type, e.g. its NEST `receptor_type`).
+//!
+//! Resolution rule (SONATA spec and BMTK): a value stored per edge in the edge's HDF5 group
+//! wins over the edge type's CSV column. NEST weight = `syn_weight * nsyns` (pA for current
+//! synapses), delay in ms.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::column::{
+    check_group_refs, open_dataset, read_groups, read_ids, read_str_attr, PopulationGroup,
+};
+use crate::components::{ComponentKind, ComponentStore};
+use crate::config::Components;
+use crate::error::{Result, SonataError, SonataErrorKind};
+use crate::nodes::{to_u32, NodePopulation};
+use crate::types_csv::TypeTable;
+
+/// A synapse model: one edge type's `dynamics_params` JSON from `synaptic_models_dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynapseModel {
+    /// The file name as written in the CSV (`None` when the edge type has no
+    /// `dynamics_params`; then `params` is the empty object).
+    pub name: Option<String>,
+    /// The parsed JSON (shared with every other user of the same file).
+    pub params: Arc<Value>,
+}
+
+impl SynapseModel {
+    /// NEST `receptor_type` (1-based receptor port of `glif_psc`); `None` when the JSON has
+    /// none (BMTK then uses receptor 0).
+    pub fn receptor_type(&self) -> Option<u64> {
+        self.params.get("receptor_type").and_then(Value::as_u64)
+    }
+}
+
+/// An edge-types table with the synapse model of each row loaded.
+#[derive(Debug, Clone)]
+pub struct EdgeTypes {
+    /// The CSV table (`edge_type_id`, `syn_weight`, `delay`, `dynamics_params`,
+    /// `model_template`, ...).
+    pub table: TypeTable,
+    /// Distinct synapse models used by the rows (by file name).
+    pub synapses: Vec<SynapseModel>,
+    /// Per row, index into `synapses`.
+    pub synapse_of_row: Vec<u32>,
+}
+
+impl EdgeTypes {
+    /// Loads every row's `dynamics_params` JSON through `store` (each file once).
+    pub fn new(
+        table: TypeTable,
+        components: &Components,
+        store: &mut ComponentStore,
+    ) -> Result<Self> {
+        let mut synapses: Vec<SynapseModel> = Vec::new();
+        let mut by_name: HashMap<Option<String>, u32> = HashMap::new();
+        let mut synapse_of_row = Vec::with_capacity(table.len());
+        for row in 0..table.len() {
+            let name = table.get(row, "dynamics_params").map(str::to_string);
+            let idx = match by_name.get(&name) {
+                Some(&i) => i,
+                None => {
+                    let params = match &name {
+                        Some(n) => store.load(
+                            components.synaptic_models_dir.as_deref(),
+                            ComponentKind::Synapse,
+                            n,
+                            &format!(
+                                "dynamics_params of edge type {} in '{}'",
+                                table.ids[row],
+                                table.shown_path().display()
+                            ),
+                        )?,
+                        None => Arc::new(Value::Object(Default::default())),
+                    };
+                    let i = synapses.len() as u32;
+                    synapses.push(SynapseModel {
+                        name: name.clone(),
+                        params,
+                    });
+                    by_name.insert(name, i);
+                    i
+                }
+            };
+            synapse_of_row.push(idx);
+        }
+        Ok(EdgeTypes {
+            table,
+            synapses,
+            synapse_of_row,
+        })
+    }
+}
+
+/// The raw content of one edge population, as stored in the HDF5 file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EdgeParts {
+    /// Population name (`/edges/<name>`).
+    pub name: String,
+    /// `node_population` attribute of `source_node_id`.
+    pub source_population: String,
+    /// `node_population` attribute of `target_node_id`.
+    pub target_population: String,
+    /// `source_node_id`, `[edge]`.
+    pub source_node_id: Vec<u64>,
+    /// `target_node_id`, `[edge]`.
+    pub target_node_id: Vec<u64>,
+    /// `edge_type_id`, `[edge]`.
+    pub edge_type_id: Vec<u64>,
+    /// `edge_group_id`, `[edge]`.
+    pub edge_group_id: Vec<u32>,
+    /// `edge_group_index`, `[edge]`.
+    pub edge_group_index: Vec<u64>,
+    /// Groups (`/edges/<name>/<id>/...`: `nsyns`, `syn_weight`, ...), sorted by id.
+    pub groups: Vec<PopulationGroup>,
+}
+
+/// One edge population with per-edge resolved values (struct of arrays, `[edge]` each),
+/// ready for building CSR connectivity.
+#[derive(Debug, Clone)]
+pub struct EdgePopulation {
+    /// Population name (`/edges/<name>`).
+    pub name: String,
+    /// The edges HDF5 file.
+    pub file: PathBuf,
+    /// Node population of the sources.
+    pub source_population: String,
+    /// Node population of the targets.
+    pub target_population: String,
+    /// `source_node_id`, `[edge]`.
+    pub source_node_id: Vec<u64>,
+    /// `target_node_id`, `[edge]`.
+    pub target_node_id: Vec<u64>,
+    /// `edge_type_id`, `[edge]`.
+    pub edge_type_id: Vec<u64>,
+    /// `edge_group_id`, `[edge]`.
+    pub edge_group_id: Vec<u32>,
+    /// `edge_group_index`, `[edge]`.
+    pub edge_group_index: Vec<u64>,
+    /// Groups with their raw columns.
+    pub groups: Vec<PopulationGroup>,
+    /// The edge-types table (shared by the populations of one file).
+    pub types: Arc<EdgeTypes>,
+    /// Per edge, row of its type in `types.table`, `[edge]`.
+    pub type_row: Vec<u32>,
+    /// Resolved `syn_weight` per edge (group column, else edge-type CSV), `[edge]`.
+    pub syn_weight: Vec<f64>,
+    /// Resolved `nsyns` per edge (group column, else CSV, else 1); `None` when neither the
+    /// groups nor the CSV have an `nsyns` column.
+    pub nsyns: Option<Vec<u32>>,
+    /// Resolved `delay` per edge in ms (group column, else CSV), `[edge]`.
+    pub delay: Vec<f64>,
+    /// Per edge, index into `types.synapses` (the synapse model JSON), `[edge]`.
+    pub synapse_index: Vec<u32>,
+}
+
+impl EdgePopulation {
+    /// Joins raw parts with a types table, validating and resolving every edge.
+    /// `file` is used in error messages.
+    pub fn from_parts(parts: EdgeParts, types: Arc<EdgeTypes>, file: &Path) -> Result<Self> {
+        let obj = format!("/edges/{}", parts.name);
+        let n = parts.source_node_id.len();
+        for (ds, len) in [
+            ("target_node_id", parts.target_node_id.len()),
+            ("edge_type_id", parts.edge_type_id.len()),
+            ("edge_group_id", parts.edge_group_id.len()),
+            ("edge_group_index", parts.edge_group_index.len()),
+        ] {
+            if len != n {
+                return Err(SonataErrorKind::BadValue {
+                    path: file.to_path_buf(),
+                    object: format!("{obj}/{ds}"),
+                    problem: format!("has {len} rows but {obj}/source_node_id has {n}"),
+                }
+                .into());
+            }
+        }
+        check_group_refs(
+            file,
+            &obj,
+            "edge",
+            &parts.edge_group_id,
+            &parts.edge_group_index,
+            &parts.groups,
+        )?;
+        let table = &types.table;
+        let csv = table.shown_path();
+        // per-type CSV values, parsed once per row
+        let parse_col = |col: &str| -> Result<Vec<Option<f64>>> {
+            (0..table.len())
+                .map(|r| match table.get(r, col) {
+                    None => Ok(None),
+                    Some(s) => s.parse::<f64>().map(Some).map_err(|_| {
+                        SonataError::from(SonataErrorKind::MissingValue {
+                            what: col.to_string(),
+                            kind: "edge".into(),
+                            type_id: table.ids[r],
+                            csv: csv.clone(),
+                            population: parts.name.clone(),
+                            h5: file.to_path_buf(),
+                            problem: format!("'{s}' is not a number"),
+                        })
+                    }),
+                })
+                .collect()
+        };
+        let csv_weight = parse_col("syn_weight")?;
+        let csv_delay = parse_col("delay")?;
+        let csv_nsyns = parse_col("nsyns")?;
+        let group_pos: HashMap<u32, usize> = parts
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.id, i))
+            .collect();
+        let gcol = |name: &str| -> Vec<Option<Vec<f64>>> {
+            parts
+                .groups
+                .iter()
+                .map(|g| {
+                    g.column(name)
+                        .filter(|c| c.width == 1)
+                        .and_then(|c| c.data.to_f64())
+                })
+                .collect()
+        };
+        let g_weight = gcol("syn_weight");
+        let g_delay = gcol("delay");
+        let g_nsyns = gcol("nsyns");
+        let has_nsyns =
+            csv_nsyns.iter().any(Option::is_some) || g_nsyns.iter().any(Option::is_some);
+
+        let mut type_row = Vec::with_capacity(n);
+        let mut syn_weight = Vec::with_capacity(n);
+        let mut delay = Vec::with_capacity(n);
+        let mut nsyns = Vec::with_capacity(if has_nsyns { n } else { 0 });
+        let mut synapse_index = Vec::with_capacity(n);
+        let mut cache: Option<(u64, usize)> = None;
+        for i in 0..n {
+            let t = parts.edge_type_id[i];
+            let row = match cache {
+                Some((ct, cr)) if ct == t => cr,
+                _ => {
+                    let r = table.row_of(t).ok_or_else(|| {
+                        SonataError::from(SonataErrorKind::UnknownTypeId {
+                            h5: file.to_path_buf(),
+                            object: format!("{obj}/edge_type_id"),
+                            column: "edge_type_id".into(),
+                            id: t,
+                            row: i,
+                            csv: csv.clone(),
+                            known: table.known_ids(),
+                        })
+                    })?;
+                    cache = Some((t, r));
+                    r
+                }
+            };
+            type_row.push(row as u32);
+            synapse_index.push(types.synapse_of_row[row]);
+            let g = group_pos.get(&parts.edge_group_id[i]).copied();
+            let gi = parts.edge_group_index[i] as usize;
+            let pick = |gv: &[Option<Vec<f64>>], cv: &[Option<f64>]| -> Option<f64> {
+                g.and_then(|g| gv[g].as_ref())
+                    .and_then(|v| v.get(gi).copied())
+                    .or(cv[row])
+            };
+            let missing = |what: &str| {
+                SonataError::from(SonataErrorKind::MissingValue {
+                what: what.to_string(),
+                kind: "edge".into(),
+                type_id: t,
+                csv: csv.clone(),
+                population: parts.name.clone(),
+                h5: file.to_path_buf(),
+                problem: format!(
+                    "edge {i} has no '{what}': neither its group {obj}/{} nor the edge-types CSV has a value; add a '{what}' column",
+                    parts.edge_group_id[i]
+                ),
+            })
+            };
+            syn_weight.push(pick(&g_weight, &csv_weight).ok_or_else(|| missing("syn_weight"))?);
+            delay.push(pick(&g_delay, &csv_delay).ok_or_else(|| missing("delay"))?);
+            if has_nsyns {
+                let v = pick(&g_nsyns, &csv_nsyns).unwrap_or(1.0);
+                if !(v >= 0.0 && v.fract() == 0.0 && v <= u32::MAX as f64) {
+                    return Err(SonataErrorKind::BadValue {
+                        path: file.to_path_buf(),
+                        object: format!("{obj} nsyns"),
+                        problem: format!(
+                            "edge {i} has nsyns = {v}, expected a non-negative integer"
+                        ),
+                    }
+                    .into());
+                }
+                nsyns.push(v as u32);
+            }
+        }
+        Ok(EdgePopulation {
+            name: parts.name,
+            file: file.to_path_buf(),
+            source_population: parts.source_population,
+            target_population: parts.target_population,
+            source_node_id: parts.source_node_id,
+            target_node_id: parts.target_node_id,
+            edge_type_id: parts.edge_type_id,
+            edge_group_id: parts.edge_group_id,
+            edge_group_index: parts.edge_group_index,
+            groups: parts.groups,
+            types,
+            type_row,
+            syn_weight,
+            nsyns: has_nsyns.then_some(nsyns),
+            delay,
+            synapse_index,
+        })
+    }
+
+    /// Number of edges.
+    pub fn len(&self) -> usize {
+        self.source_node_id.len()
+    }
+
+    /// True when the population has no edges.
+    pub fn is_empty(&self) -> bool {
+        self.source_node_id.is_empty()
+    }
+
+    /// NEST weight of every edge: `syn_weight * nsyns` (BMTK pointnet), `[edge]`, pA for
+    /// current-based synapses.
+    pub fn weights(&self) -> Vec<f64> {
+        match &self.nsyns {
+            Some(ns) => self
+                .syn_weight
+                .iter()
+                .zip(ns)
+                .map(|(w, &k)| w * k as f64)
+                .collect(),
+            None => self.syn_weight.clone(),
+        }
+    }
+
+    /// The synapse model of edge `i`.
+    pub fn synapse(&self, i: usize) -> &SynapseModel {
+        &self.types.synapses[self.synapse_index[i] as usize]
+    }
+
+    /// Number of edges of each edge type id, sorted by type id.
+    pub fn count_by_type(&self) -> Vec<(u64, usize)> {
+        let mut m = std::collections::BTreeMap::new();
+        for &t in &self.edge_type_id {
+            *m.entry(t).or_insert(0usize) += 1;
+        }
+        m.into_iter().collect()
+    }
+
+    /// Checks that every source and target id exists in the given node populations
+    /// (which must be the ones named by `source_population` / `target_population`).
+    pub fn check_node_ids(&self, source: &NodePopulation, target: &NodePopulation) -> Result<()> {
+        for (ds, ids, pop) in [
+            ("source_node_id", &self.source_node_id, source),
+            ("target_node_id", &self.target_node_id, target),
+        ] {
+            for (i, &id) in ids.iter().enumerate() {
+                if pop.index_of(id).is_none() {
+                    return Err(SonataErrorKind::DanglingEdge {
+                        h5: self.file.clone(),
+                        object: format!("/edges/{}/{ds}", self.name),
+                        edge: i,
+                        node_id: id,
+                        population: pop.name.clone(),
+                        n_nodes: pop.len(),
+                        nodes_file: pop.file.clone(),
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw parts (for writing a copy).
+    pub fn parts(&self) -> EdgeParts {
+        EdgeParts {
+            name: self.name.clone(),
+            source_population: self.source_population.clone(),
+            target_population: self.target_population.clone(),
+            source_node_id: self.source_node_id.clone(),
+            target_node_id: self.target_node_id.clone(),
+            edge_type_id: self.edge_type_id.clone(),
+            edge_group_id: self.edge_group_id.clone(),
+            edge_group_index: self.edge_group_index.clone(),
+            groups: self.groups.clone(),
+        }
+    }
+}
+
+/// Reads the raw parts of every population of an edges file (no types join).
+pub fn read_edge_parts(path: &Path) -> Result<Vec<EdgeParts>> {
+    let file = crate::open_h5(path, "edges file")?;
+    let root = file.group("edges").map_err(|_| {
+        SonataError::from(SonataErrorKind::MissingDataset {
+            path: path.to_path_buf(),
+            object: "/edges".into(),
+            hint:
+                "a SONATA edges file has a top-level 'edges' group with one subgroup per population"
+                    .into(),
+        })
+    })?;
+    let names = root
+        .member_names()
+        .map_err(|e| SonataError::h5(path, "/edges", e))?;
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let obj = format!("/edges/{name}");
+        let pop = root
+            .group(&name)
+            .map_err(|e| SonataError::h5(path, &obj, e))?;
+        let hint = |ds: &str| format!("every edge population needs '{ds}'");
+        let src = open_dataset(path, &pop, "source_node_id", &hint("source_node_id"))?;
+        let tgt = open_dataset(path, &pop, "target_node_id", &hint("target_node_id"))?;
+        let pop_attr = |ds: &hdf5::Dataset, which: &str| -> Result<String> {
+            read_str_attr(path, ds, "node_population")?.ok_or_else(|| {
+                SonataError::from(SonataErrorKind::MissingDataset {
+                    path: path.to_path_buf(),
+                    object: format!("{obj}/{which}@node_population"),
+                    hint: "the attribute naming the node population of the ids is required".into(),
+                })
+            })
+        };
+        let source_population = pop_attr(&src, "source_node_id")?;
+        let target_population = pop_attr(&tgt, "target_node_id")?;
+        let source_node_id = read_ids(path, &src)?;
+        let target_node_id = read_ids(path, &tgt)?;
+        let edge_type_id = read_ids(
+            path,
+            &open_dataset(path, &pop, "edge_type_id", &hint("edge_type_id"))?,
+        )?;
+        let edge_group_id = read_ids(
+            path,
+            &open_dataset(path, &pop, "edge_group_id", &hint("edge_group_id"))?,
+        )?;
+        let edge_group_index = read_ids(
+            path,
+            &open_dataset(path, &pop, "edge_group_index", &hint("edge_group_index"))?,
+        )?;
+        let edge_group_id = to_u32(path, &format!("{obj}/edge_group_id"), edge_group_id)?;
+        let groups = read_groups(path, &pop, &["indices"])?;
+        out.push(EdgeParts {
+            name,
+            source_population,
+            target_population,
+            source_node_id,
+            target_node_id,
+            edge_type_id,
+            edge_group_id,
+            edge_group_index,
+            groups,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads every population of an edges file joined with its edge-types CSV (node ids are not
+/// checked here; [`crate::Circuit`] checks them against the node populations).
+pub fn read_edges(
+    edges_file: &Path,
+    edge_types_file: &Path,
+    components: &Components,
+    store: &mut ComponentStore,
+) -> Result<Vec<EdgePopulation>> {
+    let parts = read_edge_parts(edges_file)?;
+    let table = TypeTable::read(edge_types_file, "edge_type_id")?;
+    let types = Arc::new(EdgeTypes::new(table, components, store)?);
+    parts
+        .into_iter()
+        .map(|p| EdgePopulation::from_parts(p, types.clone(), edges_file))
+        .collect()
+}

@@ -1,0 +1,66 @@
+//! SONATA networks and spike files: read, validate, write.
+//!
+//! Implements the parts of the SONATA data format (Dai et al. 2020, PLoS Comput Biol 16(2):
+//! e1007696; spec at github.com/AllenInstitute/sonata) that BMTK point-neuron networks use:
+//!
+//! - [`SonataConfig`]: circuit/simulation config JSON with `$VARIABLE` manifest, `components`,
+//!   `networks`, and an included `network` circuit file;
+//! - [`Circuit`]: every [`NodePopulation`] and [`EdgePopulation`] of a config, joined with
+//!   their types CSVs ([`TypeTable`]) and component JSON files ([`ComponentStore`]), validated,
+//!   in struct-of-arrays form (one `Vec` per column, `[node]` or `[edge]`);
+//! - spike files ([`SpikeTrains`], [`read_spikes`], [`write_spikes`]);
+//! - writers for nodes and edges files with BMTK's layout ([`write_nodes`], [`write_edges`])
+//!   and [`rewrite_syn_weights`] for exporting trained weights.
+//!
+//! Units follow SONATA/BMTK/NEST: times and delays in ms, weights in pA (current synapses).
+//!
+//! ```no_run
+//! let c = lockstep_sonata::Circuit::from_config("config.simulation.json")?;
+//! let v1 = c.node_population("v1").unwrap();
+//! let rec = c.edge_population("v1_to_v1").unwrap();
+//! let w = rec.weights(); // syn_weight * nsyns, [edge], pA
+//! # Ok::<(), lockstep_sonata::SonataError>(())
+//! ```
+
+mod circuit;
+mod column;
+mod components;
+mod config;
+mod edges;
+mod error;
+mod nodes;
+mod spikes;
+mod types_csv;
+mod write;
+
+pub use circuit::Circuit;
+pub use column::{Column, ColumnData, PopulationGroup};
+pub use components::{ComponentKind, ComponentStore};
+pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig};
+pub use edges::{read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel};
+pub use error::{Result, SonataError, SonataErrorKind};
+pub use nodes::{read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};
+pub use spikes::{
+    read_spikes, write_spikes, PopulationSpikes, SpikeSorting, SpikeTrains, LEGACY_POPULATION,
+};
+pub use types_csv::TypeTable;
+pub use write::{
+    build_edge_index, rewrite_syn_weights, write_edges, write_nodes, EdgesView, NodesView,
+    SONATA_MAGIC, SONATA_VERSION,
+};
+
+use std::path::Path;
+
+/// Opens an HDF5 file read-only, mapping "missing" to a clear [`SonataErrorKind::Io`].
+pub(crate) fn open_h5(path: &Path, what: &str) -> Result<hdf5::File> {
+    if let Err(source) = std::fs::metadata(path) {
+        return Err(SonataErrorKind::Io {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            origin: "config or argument".into(),
+            source,
+        }
+        .into());
+    }
+    hdf5::File::open(path).map_err(|e| SonataError::h5(path, "/", e))
+}
