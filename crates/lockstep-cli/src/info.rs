@@ -1,0 +1,67 @@
+//! `lockstep info`: the launch environment, device binding and version of every rank.
+
+use crate::world::World;
+use anyhow::Result;
+use lockstep_comm::CommExt;
+
+/// Bytes reserved per rank for its info line in the gather.
+const LINE: usize = 512;
+
+/// Gathers one line per rank to the chief, which prints them in rank order.
+pub fn run(world: &World) -> Result<()> {
+    let comm = world.comm();
+    let host = hostname();
+    let line = format!(
+        "rank {}/{}: launch {}, device {}, host {host}, pid {}",
+        comm.rank(),
+        comm.size(),
+        world.launch,
+        world.device,
+        std::process::id()
+    );
+    let mut mine = [0u8; LINE];
+    let n = line.len().min(LINE);
+    mine[..n].copy_from_slice(&line.as_bytes()[..n]);
+    let mut all = if comm.is_chief() {
+        vec![0u8; LINE * comm.size()]
+    } else {
+        Vec::new()
+    };
+    comm.gather(&mine, &mut all, 0)?;
+    if comm.is_chief() {
+        println!("lockstep {}", env!("CARGO_PKG_VERSION"));
+        println!(
+            "communicator: {} with {} rank(s){}",
+            comm.backend(),
+            comm.size(),
+            mpi_library()
+        );
+        for chunk in all.chunks(LINE) {
+            let end = chunk.iter().position(|&b| b == 0).unwrap_or(LINE);
+            println!("{}", String::from_utf8_lossy(&chunk[..end]));
+        }
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_library() -> String {
+    let v = lockstep_comm::MpiComm::library_version();
+    let first = v.lines().next().unwrap_or("").trim().to_string();
+    if first.is_empty() {
+        String::new()
+    } else {
+        format!(" ({first})")
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_library() -> String {
+    " (built without MPI)".into()
+}

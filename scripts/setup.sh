@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what lockstep needs to build and test, when it is missing. Idempotent; safe to rerun.
+#   system (Debian/Ubuntu, apt-get): Open MPI, HDF5, libclang (for the MPI bindings), pkg-config
+#   Python (pip, for the tests' cross-checks with h5py/numpy): h5py, numpy
+# Run as root or with sudo available. Exits non-zero with a message saying what to install by
+# hand when it cannot install.
+set -euo pipefail
+
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libclang-dev pkg-config)
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+if command -v dpkg-query >/dev/null 2>&1; then
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    if [ "$(id -u)" -eq 0 ]; then
+      sudo=()
+    elif command -v sudo >/dev/null 2>&1; then
+      sudo=(sudo)
+    else
+      die "not root and no sudo: install ${missing[*]} (apt-get install ${missing[*]}) and rerun"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -qq || die "apt-get update failed; install ${missing[*]} by hand"
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+      || die "apt-get install failed; install ${missing[*]} by hand"
+  fi
+else
+  for tool in mpicc mpirun h5cc pkg-config; do
+    command -v "$tool" >/dev/null 2>&1 || die "no apt-get here and $tool is missing: install Open MPI, HDF5 (with h5cc), libclang and pkg-config with your package manager"
+  done
+fi
+
+command -v cargo >/dev/null 2>&1 || die "cargo is missing: install Rust with rustup (https://rustup.rs) and rerun"
+
+if command -v python3 >/dev/null 2>&1; then
+  if ! python3 -c 'import h5py, numpy' >/dev/null 2>&1; then
+    say "installing the Python packages h5py and numpy (used by the tests to read our files)"
+    python3 -m pip install --quiet h5py numpy \
+      || say "warning: pip could not install h5py/numpy; the cross-checks that need them will say so and be skipped"
+  fi
+fi
+say "ok: $(mpirun --version 2>/dev/null | head -n1), HDF5 $(pkg-config --modversion hdf5 2>/dev/null || echo '?'), $(cargo --version)"
