@@ -1,0 +1,233 @@
+//! The scalar type the single-step update is generic over.
+//!
+//! The forward recursion of `GLIF3.md` is written once ([`crate::step`]) for any [`Scalar`]:
+//! `f64` (NEST-exact simulation and the BPTT forward pass), `f32`, and the forward-mode dual
+//! number [`num_dual::Dual64`] used as the gradient oracle. For dual numbers the spike function
+//! has the Heaviside step as its value and the pseudo-derivative as its derivative, and the
+//! reset is "hard forward, soft surrogate" (value = `V_reset`, derivative of
+//! `U - (V_th - V_reset) * z`), exactly what the hand-written BPTT backward pass differentiates.
+
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Mul, Neg, Sub};
+
+use num_dual::Dual64;
+
+/// Pseudo-derivative used for `dz/dU` of the spike nonlinearity (`GLIF3.md`, "Training").
+///
+/// With normalized voltage `v = U / (V_th - E_L)` (threshold at `v = 1`):
+/// `Gauss`: `gain * exp(-((v - 1) / width)^2)`; `Triangle`: `gain * max(0, 1 - |v - 1| / width)`
+/// (the spec's triangle is `width = 1`). Following the spec, `dz/dU = pseudo_derivative(v)`
+/// (no extra `1 / (V_th - E_L)` factor).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Surrogate {
+    /// Shape of the pseudo-derivative.
+    pub kind: PseudoDerivative,
+    /// Peak value (dimensionless per mV of `U`).
+    pub gain: f64,
+    /// Width in units of the normalized voltage `v`.
+    pub width: f64,
+}
+
+/// Shape of the pseudo-derivative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PseudoDerivative {
+    /// `gain * exp(-((v - 1) / width)^2)` (default).
+    Gauss,
+    /// `gain * max(0, 1 - |v - 1| / width)`.
+    Triangle,
+}
+
+impl Default for Surrogate {
+    fn default() -> Self {
+        Surrogate {
+            kind: PseudoDerivative::Gauss,
+            gain: 0.3,
+            width: 0.5,
+        }
+    }
+}
+
+impl Surrogate {
+    /// Pseudo-derivative at normalized voltage `v` (dimensionless).
+    #[inline]
+    pub fn eval(&self, v: f64) -> f64 {
+        match self.kind {
+            PseudoDerivative::Gauss => {
+                let x = (v - 1.0) / self.width;
+                self.gain * (-(x * x)).exp()
+            }
+            PseudoDerivative::Triangle => self.gain * (1.0 - (v - 1.0).abs() / self.width).max(0.0),
+        }
+    }
+
+    /// `dz/dU` for a membrane potential `u` (mV relative to `E_L`) and threshold `th`
+    /// (mV relative to `E_L`).
+    #[inline]
+    pub fn dz_du(&self, u: f64, th: f64) -> f64 {
+        self.eval(u / th)
+    }
+}
+
+/// A number the single-step update can run on.
+///
+/// Arithmetic with constants goes through [`Scalar::mulc`] / [`Scalar::from_f64`] so that
+/// `f64` reproduces NEST's double-precision operations exactly.
+pub trait Scalar:
+    Copy
+    + Send
+    + Sync
+    + Debug
+    + PartialEq
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + 'static
+{
+    /// True when the type carries a derivative (dual numbers): spikes of value 0 may still
+    /// carry a derivative, so the engine must propagate every neuron's `z`, not only spikes.
+    const HAS_DERIVATIVE: bool;
+
+    /// A constant (zero derivative).
+    fn from_f64(x: f64) -> Self;
+    /// The value (real part).
+    fn re(self) -> f64;
+    /// Multiplication by a constant.
+    fn mulc(self, c: f64) -> Self;
+    /// Same derivative, value replaced by `re` (identity on the value for plain floats).
+    fn with_re(self, re: f64) -> Self;
+    /// Spike nonlinearity: value `H(u - th)` (`u > th` when `strict`, else `u >= th`),
+    /// derivative `surrogate.dz_du(u, th) * du`.
+    fn spike(u: Self, th: f64, strict: bool, surrogate: &Surrogate) -> Self;
+    /// Zero.
+    #[inline]
+    fn zero() -> Self {
+        Self::from_f64(0.0)
+    }
+}
+
+#[inline]
+fn heaviside(u: f64, th: f64, strict: bool) -> f64 {
+    let fired = if strict { u > th } else { u >= th };
+    if fired {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+impl Scalar for f64 {
+    const HAS_DERIVATIVE: bool = false;
+    #[inline]
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+    #[inline]
+    fn re(self) -> f64 {
+        self
+    }
+    #[inline]
+    fn mulc(self, c: f64) -> Self {
+        self * c
+    }
+    #[inline]
+    fn with_re(self, re: f64) -> Self {
+        re
+    }
+    #[inline]
+    fn spike(u: Self, th: f64, strict: bool, _surrogate: &Surrogate) -> Self {
+        heaviside(u, th, strict)
+    }
+}
+
+impl Scalar for f32 {
+    const HAS_DERIVATIVE: bool = false;
+    #[inline]
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+    #[inline]
+    fn re(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn mulc(self, c: f64) -> Self {
+        self * c as f32
+    }
+    #[inline]
+    fn with_re(self, re: f64) -> Self {
+        re as f32
+    }
+    #[inline]
+    fn spike(u: Self, th: f64, strict: bool, _surrogate: &Surrogate) -> Self {
+        heaviside(u as f64, th, strict) as f32
+    }
+}
+
+impl Scalar for Dual64 {
+    const HAS_DERIVATIVE: bool = true;
+    #[inline]
+    fn from_f64(x: f64) -> Self {
+        Dual64::new(x, 0.0)
+    }
+    #[inline]
+    fn re(self) -> f64 {
+        self.re
+    }
+    #[inline]
+    fn mulc(self, c: f64) -> Self {
+        Dual64::new(self.re * c, self.eps * c)
+    }
+    #[inline]
+    fn with_re(self, re: f64) -> Self {
+        Dual64::new(re, self.eps)
+    }
+    #[inline]
+    fn spike(u: Self, th: f64, strict: bool, surrogate: &Surrogate) -> Self {
+        Dual64::new(
+            heaviside(u.re, th, strict),
+            surrogate.dz_du(u.re, th) * u.eps,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dual_spike_has_heaviside_value_and_pseudo_derivative() {
+        let sg = Surrogate {
+            kind: PseudoDerivative::Triangle,
+            gain: 0.5,
+            width: 1.0,
+        };
+        let u = Dual64::new(9.0, 2.0);
+        let z = <Dual64 as Scalar>::spike(u, 10.0, true, &sg);
+        assert_eq!(z.re, 0.0);
+        // v = 0.9 -> 0.5 * (1 - 0.1) = 0.45, times du = 2
+        assert!((z.eps - 0.9).abs() < 1e-12);
+        let z = <Dual64 as Scalar>::spike(Dual64::new(10.0, 1.0), 10.0, true, &sg);
+        assert_eq!(z.re, 0.0, "strict threshold: u == th does not fire");
+        let z = <Dual64 as Scalar>::spike(Dual64::new(10.0, 1.0), 10.0, false, &sg);
+        assert_eq!(z.re, 1.0, "non-strict threshold: u == th fires");
+    }
+
+    #[test]
+    fn gauss_peaks_at_threshold() {
+        let sg = Surrogate::default();
+        assert!((sg.eval(1.0) - 0.3).abs() < 1e-15);
+        assert!(sg.eval(1.5) < sg.eval(1.1));
+        let x: f64 = 0.5 / 0.5;
+        assert!((sg.eval(1.5) - 0.3 * (-(x * x)).exp()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn with_re_keeps_derivative() {
+        let d = Dual64::new(3.0, -1.5).with_re(7.0);
+        assert_eq!((d.re, d.eps), (7.0, -1.5));
+        assert_eq!(3.0f64.with_re(7.0), 7.0);
+    }
+}

@@ -1,0 +1,249 @@
+//! Batched forward simulation.
+//!
+//! Layout: batch-major `[batch, neuron]`. Each trial owns contiguous arrays
+//! `u [neuron]`, `asc [neuron, n_asc]`, `y1`/`y2 [neuron, port]`, `refr [neuron]` and a ring
+//! buffer `ring [slot, neuron, port]` of `max_delay + 1` slots. A trial's whole working set
+//! (about 300 KB for the 450-cell network at dt 0.1 ms) stays in cache while it advances,
+//! trials never interact, so trials run in parallel (rayon) without any synchronisation
+//! and give bit-identical results for any thread count.
+//!
+//! Spike delivery follows NEST: a spike emitted in update step `t` (time stamp `(t+1) dt`)
+//! with delay `d` steps is added to the ring slot read in step `t + d`, where it enters
+//! `y1` at the end of that step and affects `U` from step `t + d + 1` on.
+
+use rayon::prelude::*;
+
+use crate::input::Inputs;
+use crate::network::Network;
+use crate::scalar::{Scalar, Surrogate};
+use crate::step::{step_neuron, NeuronStateMut};
+
+/// Initial state of a trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitialState {
+    /// As NEST starts the nodes: `V_m` from the parameters (or the model's absolute default),
+    /// ASCs at `asc_init`, PSCs zero. Used by `simulate` for NEST-exact reproduction.
+    #[default]
+    Nest,
+    /// Every neuron at rest: zero state (`GLIF3.md`, "Batched simulation"; used for training).
+    Rest,
+}
+
+/// State of one trial. Shapes in the module docs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialState<S> {
+    /// `[neuron]` membrane potential relative to `E_L` (mV), internal order.
+    pub u: Vec<S>,
+    /// `[neuron, n_asc]` after-spike currents (pA).
+    pub asc: Vec<S>,
+    /// `[neuron, n_ports]` PSC derivative states (pA/ms).
+    pub y1: Vec<S>,
+    /// `[neuron, n_ports]` PSC currents (pA).
+    pub y2: Vec<S>,
+    /// `[neuron]` remaining refractory steps.
+    pub refr: Vec<u32>,
+    /// `[ring_len, neuron, n_ports]` summed weights (pA) arriving per step.
+    pub ring: Vec<S>,
+}
+
+impl<S: Scalar> TrialState<S> {
+    /// A trial at its initial state.
+    pub fn new(net: &Network, init: InitialState) -> Self {
+        let n = net.n_neurons();
+        let mut u = vec![S::zero(); n];
+        let mut asc = vec![S::zero(); n * net.n_asc];
+        if init == InitialState::Nest {
+            for g in &net.groups {
+                for i in g.start..g.end {
+                    u[i] = S::from_f64(g.consts.u0);
+                    for (a, ac) in g.consts.asc.iter().enumerate() {
+                        asc[i * net.n_asc + a] = S::from_f64(ac.init);
+                    }
+                }
+            }
+        }
+        TrialState {
+            u,
+            asc,
+            y1: vec![S::zero(); n * net.n_ports],
+            y2: vec![S::zero(); n * net.n_ports],
+            refr: vec![0; n],
+            ring: vec![S::zero(); net.ring_len() * n * net.n_ports],
+        }
+    }
+
+    /// Advance by one update step `t` (0-based) of global sample `sample`.
+    ///
+    /// `w_rec`/`w_in` are the weights in CSR order (pA). `z` (`[neuron]`, internal order)
+    /// receives the spikes of this step. Returns the number of synaptic events delivered.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        net: &Network,
+        w_rec: &[S],
+        w_in: &[S],
+        inputs: &Inputs,
+        sample: u64,
+        t: usize,
+        sg: &Surrogate,
+        z: &mut [S],
+    ) -> u64 {
+        let n = net.n_neurons();
+        let np = net.n_ports;
+        let na = net.n_asc;
+        let rl = net.ring_len();
+        let slot = t % rl;
+        let stride = n * np;
+        {
+            let arrivals = &self.ring[slot * stride..(slot + 1) * stride];
+            for g in &net.groups {
+                let c = &g.consts;
+                let gp = c.ports.len();
+                let ga = c.asc.len();
+                for i in g.start..g.end {
+                    z[i] = step_neuron(
+                        c,
+                        NeuronStateMut {
+                            u: &mut self.u[i],
+                            asc: &mut self.asc[i * na..i * na + ga],
+                            y1: &mut self.y1[i * np..i * np + gp],
+                            y2: &mut self.y2[i * np..i * np + gp],
+                            refr: &mut self.refr[i],
+                        },
+                        &arrivals[i * np..i * np + gp],
+                        sg,
+                    );
+                }
+            }
+        }
+        self.ring[slot * stride..(slot + 1) * stride].fill(S::zero());
+        let mut events = 0u64;
+        // Recurrent spikes of this step.
+        for (i, &zi) in z.iter().enumerate().take(n) {
+            if !(S::HAS_DERIVATIVE || zi.re() != 0.0) {
+                continue;
+            }
+            for seg in net.recurrent.segments_of(i) {
+                let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize;
+                let (a, b) = (seg.start as usize, seg.end as usize);
+                for (&tg, &w) in net.recurrent.target[a..b].iter().zip(&w_rec[a..b]) {
+                    self.ring[base + tg as usize * np] += w * zi;
+                }
+                events += (b - a) as u64;
+            }
+        }
+        // Input spikes emitted in this step.
+        let ring = &mut self.ring;
+        inputs.for_each(sample, t, |v, count| {
+            let cnt = count as f64;
+            for seg in net.input.segments_of(v as usize) {
+                let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize;
+                let (a, b) = (seg.start as usize, seg.end as usize);
+                for (&tg, &w) in net.input.target[a..b].iter().zip(&w_in[a..b]) {
+                    ring[base + tg as usize * np] += w.mulc(cnt);
+                }
+                events += (b - a) as u64;
+            }
+        });
+        events
+    }
+}
+
+/// Options of a forward simulation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimOptions {
+    /// Initial state of every trial.
+    pub initial: InitialState,
+    /// Run trials on rayon's thread pool.
+    pub parallel: bool,
+    /// Pseudo-derivative (only used by scalar types with derivatives).
+    pub surrogate: Surrogate,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            initial: InitialState::Nest,
+            parallel: true,
+            surrogate: Surrogate::default(),
+        }
+    }
+}
+
+/// Spikes of one trial.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrialSpikes {
+    /// Global sample index of the trial.
+    pub sample: u64,
+    /// `(step, neuron)`: the neuron (external index) spiked in update step `step`, i.e. at
+    /// time `(step + 1) * dt` ms (NEST's spike time stamp). Sorted by step, then neuron.
+    pub spikes: Vec<(u32, u32)>,
+    /// Synaptic events delivered (recurrent + input edges).
+    pub syn_events: u64,
+}
+
+/// Result of [`simulate`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimOutput {
+    /// One entry per trial of the batch.
+    pub trials: Vec<TrialSpikes>,
+    /// Steps simulated.
+    pub n_steps: usize,
+    /// Time step (ms).
+    pub dt: f64,
+}
+
+/// Simulate `batch` trials (global sample indices `first_sample..first_sample + batch`) for
+/// `n_steps` steps with the network's own weights, in double precision (NEST-exact).
+pub fn simulate(
+    net: &Network,
+    inputs: &Inputs,
+    n_steps: usize,
+    batch: usize,
+    first_sample: u64,
+    opts: &SimOptions,
+) -> SimOutput {
+    let run = |b: usize| -> TrialSpikes {
+        let sample = first_sample + b as u64;
+        let mut st = TrialState::<f64>::new(net, opts.initial);
+        let mut z = vec![0.0f64; net.n_neurons()];
+        let mut out = TrialSpikes {
+            sample,
+            ..Default::default()
+        };
+        let mut fired: Vec<u32> = Vec::new();
+        for t in 0..n_steps {
+            out.syn_events += st.step(
+                net,
+                &net.weights_rec,
+                &net.weights_in,
+                inputs,
+                sample,
+                t,
+                &opts.surrogate,
+                &mut z,
+            );
+            fired.clear();
+            fired.extend(
+                z.iter()
+                    .enumerate()
+                    .filter(|(_, &v)| v != 0.0)
+                    .map(|(i, _)| net.order[i]),
+            );
+            fired.sort_unstable();
+            out.spikes.extend(fired.iter().map(|&e| (t as u32, e)));
+        }
+        out
+    };
+    let trials: Vec<TrialSpikes> = if opts.parallel {
+        (0..batch).into_par_iter().map(run).collect()
+    } else {
+        (0..batch).map(run).collect()
+    };
+    SimOutput {
+        trials,
+        n_steps,
+        dt: net.grid.dt,
+    }
+}

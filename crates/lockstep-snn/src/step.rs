@@ -1,0 +1,119 @@
+//! The single-step update of one neuron, written once and generic over [`Scalar`].
+//!
+//! This is the recursion of `GLIF3.md` ("Cell models"), reproducing NEST 3.x `glif_psc::update`
+//! and `iaf_psc_alpha::update` operation by operation (same order of floating-point
+//! operations for `f64`), so that the forward pass is NEST-exact. Running it on dual numbers
+//! gives the surrogate-gradient directional derivative that the BPTT backward pass
+//! ([`crate::train`]) must reproduce:
+//!
+//! * spike `z = H(U_n - th)` with derivative `pseudo_derivative(U_n / th) * dU_n`;
+//! * after-spike currents `A'' = A' + z * (amp + A' * refr_decay - A')` (value: NEST's jump);
+//! * hard reset forward `U' = V_reset`, soft-reset derivative `dU' = dU_n - (th - V_reset) dz`;
+//! * refractory steps hold `U` and `A` (gradient passes unchanged), `z = 0` with no derivative.
+
+use crate::model::{CellConsts, ModelKind};
+use crate::scalar::{Scalar, Surrogate};
+
+/// Mutable state of one neuron (one trial). Shapes: `asc` `[n_asc]`, `y1`/`y2` `[n_ports]`.
+#[derive(Debug)]
+pub struct NeuronStateMut<'a, S> {
+    /// Membrane potential relative to `E_L` (mV).
+    pub u: &'a mut S,
+    /// After-spike currents (pA).
+    pub asc: &'a mut [S],
+    /// Alpha-PSC derivative states `y1` per port (pA/ms).
+    pub y1: &'a mut [S],
+    /// Alpha-PSC currents `y2` per port (pA).
+    pub y2: &'a mut [S],
+    /// Remaining refractory steps.
+    pub refr: &'a mut u32,
+}
+
+/// Advance one neuron by one step `h`.
+///
+/// `arrivals[k]` is the summed weight (pA) of spikes arriving at port `k` in this step
+/// (NEST's ring-buffer value). Returns the spike `z` (value 0 or 1).
+#[inline]
+pub fn step_neuron<S: Scalar>(
+    c: &CellConsts,
+    st: NeuronStateMut<'_, S>,
+    arrivals: &[S],
+    sg: &Surrogate,
+) -> S {
+    let NeuronStateMut {
+        u,
+        asc,
+        y1,
+        y2,
+        refr,
+    } = st;
+    let np = c.ports.len();
+    let mut z = S::zero();
+    if *refr == 0 {
+        let un = match c.kind {
+            ModelKind::Glif => {
+                // NEST glif_psc: mean ASC over the step, then decay to the end of the step.
+                let mut asc_sum = S::zero();
+                for (a, ac) in c.asc.iter().enumerate() {
+                    asc_sum += asc[a].mulc(ac.stable);
+                    asc[a] = asc[a].mulc(ac.decay);
+                }
+                let mut un = u.mulc(c.p33) + (S::from_f64(c.i_e) + asc_sum).mulc(c.p30);
+                for k in 0..np {
+                    let pc = &c.ports[k];
+                    un += y1[k].mulc(pc.p31) + y2[k].mulc(pc.p32);
+                }
+                un
+            }
+            ModelKind::Iaf => {
+                // NEST iaf_psc_alpha: P30*(y0 + I_e) + sum_k (P31 dI + P32 I) + expm1*y3 + y3.
+                let mut un = S::from_f64(0.0 + c.i_e).mulc(c.p30);
+                for k in 0..np {
+                    let pc = &c.ports[k];
+                    un += y1[k].mulc(pc.p31);
+                    un += y2[k].mulc(pc.p32);
+                }
+                un = un + u.mulc(c.expm1_tau_m) + *u;
+                if un.re() < c.lower_bound {
+                    un = S::from_f64(c.lower_bound);
+                }
+                un
+            }
+        };
+        z = S::spike(un, c.th, c.kind == ModelKind::Glif, sg);
+        let fired = z.re() != 0.0;
+        if fired || S::HAS_DERIVATIVE {
+            for (a, ac) in c.asc.iter().enumerate() {
+                let jump = S::from_f64(ac.amp) + asc[a].mulc(ac.refr_decay) - asc[a];
+                let e = asc[a] + z * jump;
+                asc[a] = if fired {
+                    e.with_re(ac.amp + asc[a].re() * ac.refr_decay)
+                } else {
+                    e
+                };
+            }
+        }
+        *u = if S::HAS_DERIVATIVE {
+            let soft = un - z.mulc(c.th - c.v_reset);
+            soft.with_re(if fired { c.v_reset } else { un.re() })
+        } else if fired {
+            S::from_f64(c.v_reset)
+        } else {
+            un
+        };
+        if fired {
+            *refr = c.refractory_steps;
+        }
+    } else {
+        *refr -= 1;
+    }
+    // Alpha-shaped PSCs, then this step's arrivals (NEST: "spikes arriving at T+1 have an
+    // immediate effect on the state of the neuron").
+    for k in 0..np {
+        let pc = &c.ports[k];
+        y2[k] = y1[k].mulc(pc.p21) + y2[k].mulc(pc.p22);
+        y1[k] = y1[k].mulc(pc.p11);
+        y1[k] += arrivals[k].mulc(pc.psc_init);
+    }
+    z
+}
