@@ -35,6 +35,8 @@ impl Circuit {
         let mut store = ComponentStore::new();
         let mut nodes: Vec<NodePopulation> = Vec::new();
         for e in &config.nodes {
+            check_exists(&config, &e.key, "nodes_file", &e.nodes_file)?;
+            check_exists(&config, &e.key, "node_types_file", &e.node_types_file)?;
             for p in read_nodes(
                 &e.nodes_file,
                 &e.node_types_file,
@@ -56,6 +58,8 @@ impl Circuit {
         }
         let mut edges: Vec<EdgePopulation> = Vec::new();
         for e in &config.edges {
+            check_exists(&config, &e.key, "edges_file", &e.edges_file)?;
+            check_exists(&config, &e.key, "edge_types_file", &e.edge_types_file)?;
             for p in read_edges(
                 &e.edges_file,
                 &e.edge_types_file,
@@ -127,5 +131,19 @@ impl Circuit {
     /// The folder of the config file.
     pub fn base_dir(&self) -> PathBuf {
         self.config.dir.clone()
+    }
+}
+
+/// A clear "missing file" error naming the config key before any reader touches the file.
+fn check_exists(config: &SonataConfig, key: &str, field: &str, path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(_) => Ok(()),
+        Err(source) => Err(SonataErrorKind::Io {
+            what: field.replace('_', " "),
+            path: path.to_path_buf(),
+            origin: format!("{key}.{field} in '{}'", config.path.display()),
+            source,
+        }
+        .into()),
     }
 }
