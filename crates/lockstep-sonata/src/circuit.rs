@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use crate::components::ComponentStore;
 use crate::config::SonataConfig;
-use crate::edges::{read_edges, EdgePopulation};
+use crate::edges::{join_edges, read_edge_parts, EdgePopulation};
 use crate::error::{Result, SonataError, SonataErrorKind};
-use crate::nodes::{read_nodes, NodePopulation};
+use crate::nodes::{join_nodes, read_node_parts, NodePopulation};
 
 /// Every node and edge population of a config, with types and components resolved.
 ///
@@ -33,51 +33,74 @@ impl Circuit {
     /// Reads everything an already resolved config names.
     pub fn from_sonata_config(config: SonataConfig) -> Result<Self> {
         let mut store = ComponentStore::new();
-        let mut nodes: Vec<NodePopulation> = Vec::new();
+        // 1. raw populations of every file, so duplicates are reported before anything else
+        let mut seen: Vec<(String, PathBuf)> = Vec::new();
+        let mut dup = |kind: &str, name: &str, file: &Path| -> Result<()> {
+            if let Some((_, first)) = seen.iter().find(|(n, _)| n == &format!("{kind}/{name}")) {
+                return Err(SonataErrorKind::DuplicatePopulation {
+                    kind: kind.into(),
+                    name: name.to_string(),
+                    first: first.clone(),
+                    second: file.to_path_buf(),
+                }
+                .into());
+            }
+            seen.push((format!("{kind}/{name}"), file.to_path_buf()));
+            Ok(())
+        };
+        let mut node_parts = Vec::with_capacity(config.nodes.len());
         for e in &config.nodes {
-            check_exists(&config, &e.key, "nodes_file", &e.nodes_file)?;
-            check_exists(&config, &e.key, "node_types_file", &e.node_types_file)?;
-            for p in read_nodes(
+            check_exists(&e.config_file, &e.key, "nodes_file", &e.nodes_file)?;
+            check_exists(
+                &e.config_file,
+                &e.key,
+                "node_types_file",
+                &e.node_types_file,
+            )?;
+            let parts = read_node_parts(&e.nodes_file)?;
+            for p in &parts {
+                dup("node", &p.name, &e.nodes_file)?;
+            }
+            node_parts.push(parts);
+        }
+        let mut edge_parts = Vec::with_capacity(config.edges.len());
+        for e in &config.edges {
+            check_exists(&e.config_file, &e.key, "edges_file", &e.edges_file)?;
+            check_exists(
+                &e.config_file,
+                &e.key,
+                "edge_types_file",
+                &e.edge_types_file,
+            )?;
+            let parts = read_edge_parts(&e.edges_file)?;
+            for p in &parts {
+                dup("edge", &p.name, &e.edges_file)?;
+            }
+            edge_parts.push(parts);
+        }
+        // 2. join with types and components
+        let mut nodes: Vec<NodePopulation> = Vec::new();
+        for (e, parts) in config.nodes.iter().zip(node_parts) {
+            nodes.extend(join_nodes(
+                parts,
                 &e.nodes_file,
                 &e.node_types_file,
                 &e.populations,
                 &config.components,
                 &mut store,
-            )? {
-                if let Some(prev) = nodes.iter().find(|q| q.name == p.name) {
-                    return Err(SonataErrorKind::DuplicatePopulation {
-                        kind: "node".into(),
-                        name: p.name.clone(),
-                        first: prev.file.clone(),
-                        second: p.file.clone(),
-                    }
-                    .into());
-                }
-                nodes.push(p);
-            }
+            )?);
         }
         let mut edges: Vec<EdgePopulation> = Vec::new();
-        for e in &config.edges {
-            check_exists(&config, &e.key, "edges_file", &e.edges_file)?;
-            check_exists(&config, &e.key, "edge_types_file", &e.edge_types_file)?;
-            for p in read_edges(
+        for (e, parts) in config.edges.iter().zip(edge_parts) {
+            edges.extend(join_edges(
+                parts,
                 &e.edges_file,
                 &e.edge_types_file,
                 &config.components,
                 &mut store,
-            )? {
-                if let Some(prev) = edges.iter().find(|q| q.name == p.name) {
-                    return Err(SonataErrorKind::DuplicatePopulation {
-                        kind: "edge".into(),
-                        name: p.name.clone(),
-                        first: prev.file.clone(),
-                        second: p.file.clone(),
-                    }
-                    .into());
-                }
-                edges.push(p);
-            }
+            )?);
         }
+        // 3. cross-checks
         let known = || {
             nodes
                 .iter()
@@ -135,13 +158,13 @@ impl Circuit {
 }
 
 /// A clear "missing file" error naming the config key before any reader touches the file.
-fn check_exists(config: &SonataConfig, key: &str, field: &str, path: &Path) -> Result<()> {
+fn check_exists(config_file: &Path, key: &str, field: &str, path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(_) => Ok(()),
         Err(source) => Err(SonataErrorKind::Io {
             what: field.replace('_', " "),
             path: path.to_path_buf(),
-            origin: format!("{key}.{field} in '{}'", config.path.display()),
+            origin: format!("{key}.{field} in '{}'", config_file.display()),
             source,
         }
         .into()),

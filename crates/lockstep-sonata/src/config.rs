@@ -35,6 +35,8 @@ pub struct NodesEntry {
     pub populations: Map<String, Value>,
     /// Key path in the config, e.g. `networks.nodes[1]` (for messages).
     pub key: String,
+    /// The config file the entry is written in (the circuit file for an included `network`).
+    pub config_file: PathBuf,
 }
 
 /// One `networks.edges[]` entry.
@@ -48,6 +50,8 @@ pub struct EdgesEntry {
     pub populations: Map<String, Value>,
     /// Key path in the config, e.g. `networks.edges[0]` (for messages).
     pub key: String,
+    /// The config file the entry is written in (the circuit file for an included `network`).
+    pub config_file: PathBuf,
 }
 
 /// The `components` folders.
@@ -189,6 +193,10 @@ impl SonataConfig {
         }
         // 3. path keys
         resolve_path_keys(root, dir);
+        // typed entries of this file (their errors name this file)
+        let (mut nodes, mut edges) = parse_networks(root, path)?;
+        let has = |list: &str| root.get("networks").and_then(|n| n.get(list)).is_some();
+        let (own_nodes, own_edges) = (has("nodes"), has("edges"));
         // 4. network include
         if let Some(net) = root.get("network").cloned() {
             let Value::String(net) = net else {
@@ -210,11 +218,15 @@ impl SonataConfig {
             stack.push(path.to_path_buf());
             let circuit = Self::from_file_inner(&net_path, stack)?;
             stack.pop();
+            if !own_nodes {
+                nodes = circuit.nodes;
+            }
+            if !own_edges {
+                edges = circuit.edges;
+            }
             merge_circuit(root, circuit.json);
         }
-        // typed views
         let components = parse_components(root, path)?;
-        let (nodes, edges) = parse_networks(root, path)?;
         Ok(SonataConfig {
             path: path.to_path_buf(),
             dir: dir.to_path_buf(),
@@ -573,6 +585,7 @@ fn parse_networks(
             node_types_file: get_path(&key, &o, "node_types_file")?,
             populations: pops(&o),
             key,
+            config_file: path.to_path_buf(),
         });
     }
     let mut edges = Vec::new();
@@ -582,6 +595,7 @@ fn parse_networks(
             edge_types_file: get_path(&key, &o, "edge_types_file")?,
             populations: pops(&o),
             key,
+            config_file: path.to_path_buf(),
         });
     }
     Ok((nodes, edges))

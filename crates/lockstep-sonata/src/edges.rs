@@ -478,6 +478,18 @@ pub fn read_edges(
     store: &mut ComponentStore,
 ) -> Result<Vec<EdgePopulation>> {
     let parts = read_edge_parts(edges_file)?;
+    join_edges(parts, edges_file, edge_types_file, components, store)
+}
+
+/// Joins the raw populations of `edges_file` with the edge-types CSV `edge_types_file`
+/// (see [`read_edges`]).
+pub fn join_edges(
+    parts: Vec<EdgeParts>,
+    edges_file: &Path,
+    edge_types_file: &Path,
+    components: &Components,
+    store: &mut ComponentStore,
+) -> Result<Vec<EdgePopulation>> {
     let table = TypeTable::read(edge_types_file, "edge_type_id")?;
     let types = Arc::new(EdgeTypes::new(table, components, store)?);
     parts

@@ -37,9 +37,11 @@ pub use circuit::Circuit;
 pub use column::{Column, ColumnData, PopulationGroup};
 pub use components::{ComponentKind, ComponentStore};
 pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig};
-pub use edges::{read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel};
+pub use edges::{
+    join_edges, read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel,
+};
 pub use error::{Result, SonataError, SonataErrorKind};
-pub use nodes::{read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};
+pub use nodes::{join_nodes, read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};
 pub use spikes::{
     read_spikes, write_spikes, PopulationSpikes, SpikeSorting, SpikeTrains, LEGACY_POPULATION,
 };

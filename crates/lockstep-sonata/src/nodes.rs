@@ -365,6 +365,26 @@ pub fn read_nodes(
     store: &mut ComponentStore,
 ) -> Result<Vec<NodePopulation>> {
     let parts = read_node_parts(nodes_file)?;
+    join_nodes(
+        parts,
+        nodes_file,
+        node_types_file,
+        populations,
+        components,
+        store,
+    )
+}
+
+/// Joins the raw populations of `nodes_file` with the node-types CSV `node_types_file`
+/// (see [`read_nodes`]).
+pub fn join_nodes(
+    parts: Vec<NodeParts>,
+    nodes_file: &Path,
+    node_types_file: &Path,
+    populations: &Map<String, Value>,
+    components: &Components,
+    store: &mut ComponentStore,
+) -> Result<Vec<NodePopulation>> {
     let table = TypeTable::read(node_types_file, "node_type_id")?;
     let types = Arc::new(NodeTypes::new(table, components, store)?);
     parts
