@@ -1,0 +1,82 @@
+//! Error type of the crate: every message names the file, key or parameter, the offending
+//! value, and the fix.
+
+use std::path::PathBuf;
+
+/// Errors of `lockstep-nbody`. Bad input never panics; it ends up here.
+#[derive(Debug, thiserror::Error)]
+pub enum NbodyError {
+    /// More particles must live on a rank than its padded arrays hold.
+    #[error(
+        "particle capacity exceeded on rank {rank}: {needed} particles do not fit into capacity \
+         {capacity}; raise `capacity_factor` in the config (or pass a larger capacity to \
+         `Particles::with_capacity`)"
+    )]
+    CapacityOverflow {
+        /// Rank that overflowed.
+        rank: usize,
+        /// Particles that had to fit.
+        needed: usize,
+        /// Padded capacity of the arrays.
+        capacity: usize,
+    },
+    /// A numeric or enumerated parameter is out of its valid range.
+    #[error("invalid parameter `{name}` = {value}: {fix}")]
+    InvalidParameter {
+        /// Parameter (config key) name.
+        name: String,
+        /// Offending value, formatted.
+        value: String,
+        /// What a valid value looks like.
+        fix: String,
+    },
+    /// The JSON configuration could not be read or is invalid.
+    #[error("config {path}: {message}")]
+    Config {
+        /// Config file.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// An HDF5 file could not be read or written.
+    #[error("HDF5 file {path}, object `{object}`: {message}")]
+    Hdf5 {
+        /// HDF5 file.
+        path: PathBuf,
+        /// Group, dataset or attribute.
+        object: String,
+        /// What went wrong and how to fix it.
+        message: String,
+    },
+    /// A file or directory could not be read or written.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// File or directory.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The benchmark could not run (for example `python3` or `fmm3dpy` failed).
+    #[error("benchmark: {0}")]
+    Bench(String),
+}
+
+impl NbodyError {
+    /// Shorthand for [`NbodyError::InvalidParameter`].
+    pub fn param(name: &str, value: impl std::fmt::Display, fix: &str) -> Self {
+        NbodyError::InvalidParameter {
+            name: name.to_string(),
+            value: value.to_string(),
+            fix: fix.to_string(),
+        }
+    }
+
+    /// Shorthand for [`NbodyError::Io`].
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        NbodyError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! Fast multipole method for softened gravity (NBODY.md, "Forces"; Dehnen 2002, 2014).
+//!
+//! A Morton octree ([`tree`]) carries Cartesian multipoles of order `p` about each node's
+//! centre of mass. A dual tree traversal with the opening criterion
+//! `r_A + r_B < theta |z_A - z_B|` (Dehnen 2002) assigns far node pairs to multipole-to-local
+//! (M2L) translations and near leaf pairs to direct particle-particle sums (P2P); local
+//! expansions are pushed down (L2L) and evaluated at the particles (L2P). The traversal is
+//! one-directional (target, source) but the set of visited pairs is symmetric, so the near
+//! field is pairwise symmetric and momentum is conserved to the far-field truncation error.
+//!
+//! Sources may include imported particles and imported multipoles ([`SourceSet`]): this is
+//! the entry point for the locally essential tree of sharded runs (issue 9). Work is
+//! parallel within the rank (rayon): the traversal over target subtrees, M2L over target
+//! nodes, L2L per level, L2P/P2P over target leaves.
+
+pub mod expansion;
+pub mod tree;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::direct::{p2p_skip, Forces};
+use crate::NbodyError;
+use expansion::Tables;
+use tree::{Node, Tree};
+
+/// FMM accuracy and work-split parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FmmParams {
+    /// Expansion order `p`, 1..=6 (`(p+1)(p+2)(p+3)/6` coefficients per node).
+    #[serde(default = "default_order")]
+    pub order: usize,
+    /// Opening angle `theta` in (0, 1): node pairs with `r_A + r_B < theta d` interact by M2L.
+    #[serde(default = "default_theta")]
+    pub theta: f64,
+    /// Largest number of particles in a leaf.
+    #[serde(default = "default_leaf")]
+    pub leaf_size: usize,
+}
+
+fn default_order() -> usize {
+    5
+}
+fn default_theta() -> f64 {
+    0.5
+}
+fn default_leaf() -> usize {
+    32
+}
+
+impl Default for FmmParams {
+    fn default() -> Self {
+        FmmParams {
+            order: default_order(),
+            theta: default_theta(),
+            leaf_size: default_leaf(),
+        }
+    }
+}
+
+impl FmmParams {
+    /// Checks the ranges: `order` in 1..=6, `0 < theta < 1`, `leaf_size >= 1`.
+    pub fn validate(&self) -> Result<(), NbodyError> {
+        if !(1..=6).contains(&self.order) {
+            return Err(NbodyError::param(
+                "forces.order",
+                self.order,
+                "the expansion order p must be in 1..=6",
+            ));
+        }
+        if !(self.theta.is_finite() && self.theta > 0.0 && self.theta < 1.0) {
+            return Err(NbodyError::param(
+                "forces.theta",
+                self.theta,
+                "the opening angle must be in (0, 1); 0.6 is the default",
+            ));
+        }
+        if self.leaf_size == 0 {
+            return Err(NbodyError::param(
+                "forces.leaf_size",
+                self.leaf_size,
+                "leaves must hold at least one particle (16..64 is typical)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An imported source cell: a multipole of order `p` about `center` (from another rank's
+/// tree, [`Tree::multipole`]), bounding sphere `radius` about the centre.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteCell {
+    /// Expansion centre, kpc.
+    pub center: [f64; 3],
+    /// Largest distance of the cell's particles from the centre, kpc.
+    pub radius: f64,
+    /// `(p+1)(p+2)(p+3)/6` multipole coefficients (see [`expansion`]).
+    pub multipole: Vec<f64>,
+}
+
+/// Sources of one force evaluation: the local particles (which are also the targets) plus
+/// imported particles and imported multipole cells that only act as sources.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceSet<'a> {
+    /// Local positions `[n][3]`, kpc (targets and sources).
+    pub pos: &'a [[f64; 3]],
+    /// Local masses `[n]`.
+    pub mass: &'a [f64],
+    /// Imported particle positions `[n_remote][3]` (sources only).
+    pub remote_pos: &'a [[f64; 3]],
+    /// Imported particle masses `[n_remote]`.
+    pub remote_mass: &'a [f64],
+    /// Imported multipole cells (sources only).
+    pub remote_cells: &'a [RemoteCell],
+}
+
+impl<'a> SourceSet<'a> {
+    /// Only local particles.
+    pub fn local(pos: &'a [[f64; 3]], mass: &'a [f64]) -> Self {
+        SourceSet {
+            pos,
+            mass,
+            remote_pos: &[],
+            remote_mass: &[],
+            remote_cells: &[],
+        }
+    }
+}
+
+/// Work counts of one FMM evaluation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FmmStats {
+    /// Tree nodes.
+    pub nodes: usize,
+    /// Tree depth.
+    pub depth: usize,
+    /// M2L translations.
+    pub m2l: usize,
+    /// Multipole-to-particle evaluations (target leaf, source node) pairs.
+    pub m2p: usize,
+    /// Leaf-leaf P2P blocks.
+    pub p2p_blocks: usize,
+    /// Particle-particle interactions.
+    pub p2p_pairs: u64,
+    /// M2L from imported cells into leaves that did not pass the opening test (the sender
+    /// should have sent particles instead; nonzero means reduced accuracy).
+    pub forced_m2l: usize,
+    /// Wall-clock seconds since the start at the end of: tree build, traversal, M2L, L2L,
+    /// L2P+P2P.
+    pub seconds: [f64; 5],
+}
+
+/// The FMM solver: parameters and precomputed expansion tables.
+#[derive(Debug, Clone)]
+pub struct Fmm {
+    params: FmmParams,
+    tables: Tables,
+}
+
+#[derive(Default)]
+struct Lists {
+    m2l: Vec<(usize, usize)>,
+    m2p: Vec<(usize, usize)>,
+    p2p: Vec<(usize, usize)>,
+    forced: usize,
+}
+
+/// Compressed rows: `items[offsets[t]..offsets[t+1]]` are the sources of target `t`.
+struct Csr {
+    offsets: Vec<usize>,
+    items: Vec<usize>,
+}
+
+fn csr(mut pairs: Vec<(usize, usize)>, n: usize) -> Csr {
+    pairs.par_sort_unstable();
+    let mut offsets = vec![0usize; n + 1];
+    for &(t, _) in &pairs {
+        offsets[t + 1] += 1;
+    }
+    for i in 0..n {
+        offsets[i + 1] += offsets[i];
+    }
+    Csr {
+        offsets,
+        items: pairs.into_iter().map(|p| p.1).collect(),
+    }
+}
+
+impl Fmm {
+    /// Solver with validated parameters.
+    pub fn new(params: FmmParams) -> Result<Self, NbodyError> {
+        params.validate()?;
+        Ok(Fmm {
+            params,
+            tables: Tables::new(params.order),
+        })
+    }
+
+    /// Parameters.
+    pub fn params(&self) -> &FmmParams {
+        &self.params
+    }
+
+    /// Number of multipole coefficients per node.
+    pub fn nterms(&self) -> usize {
+        self.tables.nterms
+    }
+
+    /// Builds the tree of local plus imported particles (locals first, they are targets).
+    pub fn build_tree(&self, sources: &SourceSet) -> Tree {
+        if sources.remote_pos.is_empty() {
+            Tree::build(
+                sources.pos,
+                sources.mass,
+                sources.pos.len(),
+                self.params.leaf_size,
+                &self.tables,
+            )
+        } else {
+            let mut pos = sources.pos.to_vec();
+            pos.extend_from_slice(sources.remote_pos);
+            let mut mass = sources.mass.to_vec();
+            mass.extend_from_slice(sources.remote_mass);
+            Tree::build(
+                &pos,
+                &mass,
+                sources.pos.len(),
+                self.params.leaf_size,
+                &self.tables,
+            )
+        }
+    }
+
+    /// Gravity on the local particles of `sources` from all of its sources: acceleration
+    /// `[n][3]` and potential `[n]` (G = `g`, Plummer softening `softening` kpc, no
+    /// self-interaction).
+    pub fn forces(
+        &self,
+        sources: &SourceSet,
+        g: f64,
+        softening: f64,
+    ) -> Result<(Forces, FmmStats), NbodyError> {
+        check_sources(sources, self.tables.nterms)?;
+        let n_local = sources.pos.len();
+        if n_local == 0 {
+            return Ok((Forces::zeros(0), FmmStats::default()));
+        }
+        let clock = std::time::Instant::now();
+        let mut seconds = [0.0f64; 5];
+        let mut lap = |k: usize| seconds[k] = clock.elapsed().as_secs_f64();
+        let tree = self.build_tree(sources);
+        lap(0);
+        let eps2 = softening * softening;
+        let nt = self.tables.nterms;
+        let nn = tree.nodes.len();
+        let lists = self.traverse(&tree, sources.remote_cells);
+        let m2l_count = lists.m2l.len();
+        let p2p_count = lists.p2p.len();
+        let m2l = csr(lists.m2l, nn);
+        let p2p = csr(lists.p2p, nn);
+        let m2p_count = lists.m2p.len();
+        let m2p = csr(lists.m2p, nn);
+        lap(1);
+
+        // M2L into every target node.
+        let tables = &self.tables;
+        let mut locals = vec![0.0; nn * nt];
+        locals.par_chunks_mut(nt).enumerate().for_each_init(
+            || (vec![0.0; nt], vec![0.0; nt]),
+            |(d, s), (a, loc)| {
+                let za = tree.nodes[a].center;
+                for &b in &m2l.items[m2l.offsets[a]..m2l.offsets[a + 1]] {
+                    let (zb, mp) = if b < nn {
+                        (tree.nodes[b].center, tree.multipole(b, nt))
+                    } else {
+                        let c = &sources.remote_cells[b - nn];
+                        (c.center, &c.multipole[..])
+                    };
+                    tables.m2l(mp, zb, za, eps2, loc, d, s);
+                }
+            },
+        );
+        lap(2);
+        // L2L down the levels.
+        for l in 1..tree.level_start.len() - 1 {
+            let (head, tail) = locals.split_at_mut(tree.level_start[l] * nt);
+            let head: &[f64] = head;
+            let lvl = tree.level_start[l];
+            let cnt = tree.level_start[l + 1] - lvl;
+            tail[..cnt * nt]
+                .par_chunks_mut(nt)
+                .enumerate()
+                .for_each_init(
+                    || vec![0.0; nt],
+                    |s, (k, loc)| {
+                        let nd = &tree.nodes[lvl + k];
+                        if nd.ntargets == 0 {
+                            return;
+                        }
+                        let p = nd.parent;
+                        tables.l2l(
+                            &head[p * nt..(p + 1) * nt],
+                            tree.nodes[p].center,
+                            nd.center,
+                            loc,
+                            s,
+                        );
+                    },
+                );
+        }
+        lap(3);
+        // L2P and P2P per target leaf, on sorted-order output slices.
+        let n_all = tree.perm.len();
+        let mut acc_s = vec![[0.0f64; 3]; n_all];
+        let mut pot_s = vec![0.0f64; n_all];
+        let mut leaves: Vec<usize> = (0..nn).filter(|&i| tree.nodes[i].is_leaf()).collect();
+        leaves.sort_by_key(|&i| tree.nodes[i].start);
+        let mut work = Vec::with_capacity(leaves.len());
+        {
+            let mut acc_rest: &mut [[f64; 3]] = &mut acc_s;
+            let mut pot_rest: &mut [f64] = &mut pot_s;
+            for &lf in &leaves {
+                let c = tree.nodes[lf].count();
+                let (a, ar) = std::mem::take(&mut acc_rest).split_at_mut(c);
+                let (p, pr) = std::mem::take(&mut pot_rest).split_at_mut(c);
+                acc_rest = ar;
+                pot_rest = pr;
+                work.push((lf, a, p));
+            }
+        }
+        let pairs: u64 = work
+            .into_par_iter()
+            .map_init(
+                || (vec![0.0; nt], vec![0.0; nt]),
+                |(s, dv), (lf, acc, pot)| {
+                    let nd: &Node = &tree.nodes[lf];
+                    if nd.ntargets == 0 {
+                        return 0u64;
+                    }
+                    let loc = &locals[lf * nt..(lf + 1) * nt];
+                    for k in 0..nd.count() {
+                        let x = [
+                            tree.soa.x[nd.start + k],
+                            tree.soa.y[nd.start + k],
+                            tree.soa.z[nd.start + k],
+                        ];
+                        let (phi, gr) = tables.l2p(loc, nd.center, x, s);
+                        acc[k] = gr;
+                        pot[k] = -phi;
+                    }
+                    for &b in &m2p.items[m2p.offsets[lf]..m2p.offsets[lf + 1]] {
+                        let (zb, mp) = (tree.nodes[b].center, tree.multipole(b, nt));
+                        for k in 0..nd.count() {
+                            let i = nd.start + k;
+                            let x = [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]];
+                            let (phi, gr) = tables.m2p(mp, zb, x, eps2, dv, s);
+                            for c in 0..3 {
+                                acc[k][c] += gr[c];
+                            }
+                            pot[k] -= phi;
+                        }
+                    }
+                    let mut pairs = 0u64;
+                    for &b in &p2p.items[p2p.offsets[lf]..p2p.offsets[lf + 1]] {
+                        let src = &tree.nodes[b];
+                        pairs += (src.count() * nd.count()) as u64;
+                        for k in 0..nd.count() {
+                            let i = nd.start + k;
+                            let x = [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]];
+                            p2p_skip(
+                                x,
+                                &tree.soa,
+                                src.start,
+                                src.end,
+                                Some(i),
+                                eps2,
+                                &mut acc[k],
+                                &mut pot[k],
+                            );
+                        }
+                    }
+                    pairs
+                },
+            )
+            .sum();
+        lap(4);
+        // Back to input order, scaled by G.
+        let mut out = Forces::zeros(n_local);
+        for (s, &i) in tree.perm.iter().enumerate() {
+            if i < n_local {
+                out.acc[i] = [g * acc_s[s][0], g * acc_s[s][1], g * acc_s[s][2]];
+                out.pot[i] = g * pot_s[s];
+            }
+        }
+        let stats = FmmStats {
+            nodes: nn,
+            depth: tree.depth(),
+            m2l: m2l_count,
+            p2p_blocks: p2p_count,
+            m2p: m2p_count,
+            p2p_pairs: pairs,
+            forced_m2l: lists.forced,
+            seconds,
+        };
+        Ok((out, stats))
+    }
+
+    /// Dual tree traversal producing (target node, source) M2L and P2P pairs. Sources
+    /// `>= nodes.len()` are imported cells. Parallel over target subtrees ("tasks"); an
+    /// interaction whose target is an ancestor of several tasks is kept by the task that
+    /// starts at the ancestor's first particle.
+    fn traverse(&self, tree: &Tree, remote: &[RemoteCell]) -> Lists {
+        let nodes = &tree.nodes;
+        let threads = rayon::current_num_threads().max(1);
+        let want = 16 * threads;
+        let mut level = 0;
+        while level + 1 < tree.level_start.len() - 1 {
+            let count = tree.level_start[level + 1] - tree.level_start[level];
+            if count >= want {
+                break;
+            }
+            level += 1;
+        }
+        let tasks: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].level == level || (nodes[i].level < level && nodes[i].is_leaf()))
+            .collect();
+        let mut lists = tasks
+            .par_iter()
+            .map(|&t| {
+                let mut out = Lists::default();
+                let w = Walker {
+                    nodes,
+                    remote,
+                    theta: self.params.theta,
+                    task: nodes[t],
+                    direct_max: DIRECT_PER_TERM * self.tables.nterms,
+                    m2p_max: usize::MAX,
+                };
+                w.walk(0, 0, &mut out);
+                for (k, c) in remote.iter().enumerate() {
+                    w.walk_remote(0, nodes.len() + k, c, &mut out);
+                }
+                out
+            })
+            .reduce(Lists::default, |mut a, mut b| {
+                if a.m2l.len() < b.m2l.len() {
+                    std::mem::swap(&mut a, &mut b);
+                }
+                a.m2l.append(&mut b.m2l);
+                a.p2p.append(&mut b.p2p);
+                a.m2p.append(&mut b.m2p);
+                a.forced += b.forced;
+                a
+            });
+        lists.m2l.shrink_to_fit();
+        lists
+    }
+}
+
+/// A well-separated pair with a leaf target is summed directly when `n_A n_B` is at most
+/// this many times the number of expansion coefficients (cost model: one M2L costs a few
+/// particle-particle interactions per coefficient).
+const DIRECT_PER_TERM: usize = 3;
+
+struct Walker<'a> {
+    nodes: &'a [Node],
+    remote: &'a [RemoteCell],
+    theta: f64,
+    task: Node,
+    /// Largest `n_A n_B` of a well-separated pair with leaf target done by P2P.
+    direct_max: usize,
+    /// Largest target leaf that takes M2P instead of M2L.
+    m2p_max: usize,
+}
+
+impl Walker<'_> {
+    /// True when node `a` holds particles of the task.
+    fn overlaps(&self, a: &Node) -> bool {
+        a.start < self.task.end && self.task.start < a.end
+    }
+
+    /// True when this task records interactions of target `a`.
+    fn owns(&self, a: &Node) -> bool {
+        a.level >= self.task.level || a.start == self.task.start
+    }
+
+    fn walk(&self, a: usize, b: usize, out: &mut Lists) {
+        let na = &self.nodes[a];
+        if na.ntargets == 0 || !self.overlaps(na) {
+            return;
+        }
+        if a == b {
+            if na.is_leaf() {
+                if self.owns(na) {
+                    out.p2p.push((a, a));
+                }
+                return;
+            }
+            for ca in na.children() {
+                for cb in na.children() {
+                    self.walk(ca, cb, out);
+                }
+            }
+            return;
+        }
+        let nb = &self.nodes[b];
+        let d = dist(na.center, nb.center);
+        if na.radius + nb.radius < self.theta * d {
+            if self.owns(na) {
+                // Exact and cheaper than M2L + L2P for few particles (falcON's choice).
+                if na.is_leaf() && na.count() * nb.count() <= self.direct_max {
+                    out.p2p.push((a, b));
+                } else if na.is_leaf() && na.radius > nb.radius && na.count() <= self.m2p_max {
+                    // A sparse target leaf: evaluating the multipole at each particle is
+                    // far more accurate than a local expansion about the leaf centre.
+                    out.m2p.push((a, b));
+                } else {
+                    out.m2l.push((a, b));
+                }
+            }
+            return;
+        }
+        let split_a = match (na.is_leaf(), nb.is_leaf()) {
+            (true, true) => {
+                if self.owns(na) {
+                    out.p2p.push((a, b));
+                }
+                return;
+            }
+            (true, false) => false,
+            (false, true) => true,
+            (false, false) => (na.radius, a) > (nb.radius, b),
+        };
+        if split_a {
+            for ca in na.children() {
+                self.walk(ca, b, out);
+            }
+        } else {
+            for cb in nb.children() {
+                self.walk(a, cb, out);
+            }
+        }
+    }
+
+    fn walk_remote(&self, a: usize, b: usize, cell: &RemoteCell, out: &mut Lists) {
+        let na = &self.nodes[a];
+        if na.ntargets == 0 || !self.overlaps(na) {
+            return;
+        }
+        let _ = self.remote;
+        let d = dist(na.center, cell.center);
+        if na.radius + cell.radius < self.theta * d || na.is_leaf() {
+            if self.owns(na) {
+                if na.radius + cell.radius >= self.theta * d {
+                    out.forced += 1;
+                }
+                out.m2l.push((a, b));
+            }
+            return;
+        }
+        for ca in na.children() {
+            self.walk_remote(ca, b, cell, out);
+        }
+    }
+}
+
+fn dist(a: [f64; 3], b: [f64; 3]) -> f64 {
+    ((a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2)).sqrt()
+}
+
+fn check_sources(s: &SourceSet, nterms: usize) -> Result<(), NbodyError> {
+    if s.pos.len() != s.mass.len() {
+        return Err(NbodyError::param(
+            "SourceSet",
+            format!("{} positions, {} masses", s.pos.len(), s.mass.len()),
+            "pass one mass per local position",
+        ));
+    }
+    if s.remote_pos.len() != s.remote_mass.len() {
+        return Err(NbodyError::param(
+            "SourceSet.remote",
+            format!(
+                "{} positions, {} masses",
+                s.remote_pos.len(),
+                s.remote_mass.len()
+            ),
+            "pass one mass per imported position",
+        ));
+    }
+    for (k, c) in s.remote_cells.iter().enumerate() {
+        if c.multipole.len() != nterms {
+            return Err(NbodyError::param(
+                "SourceSet.remote_cells",
+                format!("cell {k} has {} coefficients", c.multipole.len()),
+                &format!("imported multipoles must have the solver's {nterms} coefficients (same order p)"),
+            ));
+        }
+    }
+    let bad = s
+        .pos
+        .iter()
+        .chain(s.remote_pos)
+        .position(|x| !x.iter().all(|v| v.is_finite()));
+    if let Some(i) = bad {
+        return Err(NbodyError::param(
+            "particle position",
+            format!("index {i}"),
+            "positions must be finite (check the initial conditions and time step)",
+        ));
+    }
+    Ok(())
+}
+
+/// FMM gravity of `pos`/`mass` on themselves with G = `g`, Plummer softening `softening`
+/// (kpc) and parameters `params`: acceleration `[n][3]`, potential `[n]`.
+pub fn fmm(
+    pos: &[[f64; 3]],
+    mass: &[f64],
+    g: f64,
+    softening: f64,
+    params: &FmmParams,
+) -> Result<Forces, NbodyError> {
+    Ok(Fmm::new(*params)?
+        .forces(&SourceSet::local(pos, mass), g, softening)?
+        .0)
+}
