@@ -134,6 +134,12 @@ pub struct PopulationGroup {
 }
 
 impl PopulationGroup {
+    /// Sorts the columns (and `dynamics_params` columns) by name, the order HDF5 lists them in.
+    pub fn sort_columns(&mut self) {
+        self.columns.sort_by(|a, b| a.name.cmp(&b.name));
+        self.dynamics_params.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
     /// The column named `name`, if present.
     pub fn column(&self, name: &str) -> Option<&Column> {
         self.columns.iter().find(|c| c.name == name)

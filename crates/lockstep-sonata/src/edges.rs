@@ -166,6 +166,12 @@ impl EdgePopulation {
     /// Joins raw parts with a types table, validating and resolving every edge.
     /// `file` is used in error messages.
     pub fn from_parts(parts: EdgeParts, types: Arc<EdgeTypes>, file: &Path) -> Result<Self> {
+        let mut parts = parts;
+        parts.groups.sort_by_key(|g| g.id);
+        parts
+            .groups
+            .iter_mut()
+            .for_each(PopulationGroup::sort_columns);
         let obj = format!("/edges/{}", parts.name);
         let n = parts.source_node_id.len();
         for (ds, len) in [

@@ -126,6 +126,12 @@ impl NodePopulation {
         file: &Path,
         force_virtual: bool,
     ) -> Result<Self> {
+        let mut parts = parts;
+        parts.groups.sort_by_key(|g| g.id);
+        parts
+            .groups
+            .iter_mut()
+            .for_each(PopulationGroup::sort_columns);
         let obj = format!("/nodes/{}", parts.name);
         let n = parts.node_id.len();
         for (ds, len) in [

@@ -11,6 +11,14 @@ use lockstep_sonata::{
     LEGACY_POPULATION,
 };
 
+/// The tests of this file run one at a time: a python3 child spawned by one test would
+/// inherit the descriptor (and the HDF5 file lock) of a file another thread is writing.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn shared() -> PathBuf {
     std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).unwrap()
 }
@@ -75,6 +83,7 @@ fn write_copy(c: &Circuit, dir: &Path) -> PathBuf {
 
 #[test]
 fn read_write_read_gives_identical_columns() {
+    let _serial = serial();
     let a = circuit();
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_copy(&a, dir.path());
@@ -118,6 +127,7 @@ fn edges_of(n2r: &[u64], r2e: &[u64], n: usize) -> Vec<u64> {
 
 #[test]
 fn written_index_equals_bmtk_index() {
+    let _serial = serial();
     for (file, pop) in [
         ("v1_v1_edges.h5", "v1_to_v1"),
         ("lgn_v1_edges.h5", "lgn_to_v1"),
@@ -166,6 +176,7 @@ fn written_index_equals_bmtk_index() {
 
 #[test]
 fn spikes_round_trip_and_legacy_layout() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let input = read_spikes(net_dir().join("inputs/lgn_spikes.h5")).unwrap();
     let mut sorted = input.populations[0].clone();
@@ -273,6 +284,7 @@ def fp(path):
 
 #[test]
 fn written_files_have_bmtk_layout_in_h5py() {
+    let _serial = serial();
     let a = circuit();
     let dir = tempfile::tempdir().unwrap();
     write_copy(&a, dir.path());
@@ -300,6 +312,7 @@ fn written_files_have_bmtk_layout_in_h5py() {
 
 #[test]
 fn rewritten_syn_weights_open_in_h5py_with_ids_unchanged() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let src = net_dir().join("network/v1_v1_edges.h5");
     let dst = dir.path().join("trained_v1_v1_edges.h5");
@@ -368,6 +381,7 @@ print('N', len(w), 'DTYPE', w.dtype, 'W0', repr(float(w[0])), 'W6', repr(float(w
 
 #[test]
 fn config_from_value_matches_file() {
+    let _serial = serial();
     let path = net_dir().join("config.circuit.json");
     let text = std::fs::read_to_string(&path).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
