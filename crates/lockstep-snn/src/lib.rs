@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod input;
+pub mod loss;
 pub mod model;
 pub mod nest;
 pub mod network;
@@ -20,9 +21,11 @@ pub mod sim;
 pub mod simulate;
 pub mod sonata;
 pub mod step;
+pub mod train;
 
 pub use error::{Result, SnnError};
 pub use input::{InputSpec, Inputs, PoissonSpec};
+pub use loss::{Loss, RateTarget, RateUnits};
 pub use model::{CellConsts, CellModel, GlifParams, IafPscAlphaParams};
 pub use network::{CellType, EdgeSpec, Network, NetworkSpec, NeuronSpec, VirtualNodeSpec};
 pub use scalar::{PseudoDerivative, Scalar, Surrogate};
@@ -30,3 +33,4 @@ pub use sim::{simulate, InitialState, SimOptions, SimOutput, TrialSpikes, TrialS
 pub use simulate::{
     bench_simulate, simulate_config, BenchOptions, BenchReport, SimulateOptions, SimulationSummary,
 };
+pub use train::{LossAndGrad, SnnModel, TrainOptions};

@@ -16,8 +16,12 @@ use num_dual::Dual64;
 ///
 /// With normalized voltage `v = U / (V_th - E_L)` (threshold at `v = 1`):
 /// `Gauss`: `gain * exp(-((v - 1) / width)^2)`; `Triangle`: `gain * max(0, 1 - |v - 1| / width)`
-/// (the spec's triangle is `width = 1`). Following the spec, `dz/dU = pseudo_derivative(v)`
-/// (no extra `1 / (V_th - E_L)` factor).
+/// (the spec's triangle is `width = 1`). The pseudo-derivative is the derivative of
+/// `z = H(v - 1)` with respect to the normalized voltage `v`, so by the chain rule
+/// `dz/dU = pseudo_derivative(v) / (V_th - E_L)`. This keeps the soft-reset factor
+/// `dU'/dU = 1 - (V_th - V_reset) dz/dU` of order one for any threshold in mV (with
+/// `dz/dU = pseudo_derivative(v)` it would be about `1 - 20 * gain` for a 20 mV threshold and
+/// gradients would explode over a few steps).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Surrogate {
     /// Shape of the pseudo-derivative.
@@ -61,11 +65,11 @@ impl Surrogate {
         }
     }
 
-    /// `dz/dU` for a membrane potential `u` (mV relative to `E_L`) and threshold `th`
-    /// (mV relative to `E_L`).
+    /// `dz/dU = pseudo_derivative(u / th) / th` (1/mV) for a membrane potential `u` and
+    /// threshold `th`, both in mV relative to `E_L`.
     #[inline]
     pub fn dz_du(&self, u: f64, th: f64) -> f64 {
-        self.eval(u / th)
+        self.eval(u / th) / th
     }
 }
 
@@ -207,8 +211,8 @@ mod tests {
         let u = Dual64::new(9.0, 2.0);
         let z = <Dual64 as Scalar>::spike(u, 10.0, true, &sg);
         assert_eq!(z.re, 0.0);
-        // v = 0.9 -> 0.5 * (1 - 0.1) = 0.45, times du = 2
-        assert!((z.eps - 0.9).abs() < 1e-12);
+        // v = 0.9 -> 0.5 * (1 - 0.1) = 0.45, divided by th = 10, times du = 2
+        assert!((z.eps - 0.09).abs() < 1e-12);
         let z = <Dual64 as Scalar>::spike(Dual64::new(10.0, 1.0), 10.0, true, &sg);
         assert_eq!(z.re, 0.0, "strict threshold: u == th does not fire");
         let z = <Dual64 as Scalar>::spike(Dual64::new(10.0, 1.0), 10.0, false, &sg);

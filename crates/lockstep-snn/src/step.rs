@@ -6,7 +6,7 @@
 //! gives the surrogate-gradient directional derivative that the BPTT backward pass
 //! ([`crate::train`]) must reproduce:
 //!
-//! * spike `z = H(U_n - th)` with derivative `pseudo_derivative(U_n / th) * dU_n`;
+//! * spike `z = H(U_n - th)` with derivative `pseudo_derivative(U_n / th) / th * dU_n`;
 //! * after-spike currents `A'' = A' + z * (amp + A' * refr_decay - A')` (value: NEST's jump);
 //! * hard reset forward `U' = V_reset`, soft-reset derivative `dU' = dU_n - (th - V_reset) dz`;
 //! * refractory steps hold `U` and `A` (gradient passes unchanged), `z = 0` with no derivative.
@@ -50,36 +50,7 @@ pub fn step_neuron<S: Scalar>(
     let np = c.ports.len();
     let mut z = S::zero();
     if *refr == 0 {
-        let un = match c.kind {
-            ModelKind::Glif => {
-                // NEST glif_psc: mean ASC over the step, then decay to the end of the step.
-                let mut asc_sum = S::zero();
-                for (a, ac) in c.asc.iter().enumerate() {
-                    asc_sum += asc[a].mulc(ac.stable);
-                    asc[a] = asc[a].mulc(ac.decay);
-                }
-                let mut un = u.mulc(c.p33) + (S::from_f64(c.i_e) + asc_sum).mulc(c.p30);
-                for k in 0..np {
-                    let pc = &c.ports[k];
-                    un += y1[k].mulc(pc.p31) + y2[k].mulc(pc.p32);
-                }
-                un
-            }
-            ModelKind::Iaf => {
-                // NEST iaf_psc_alpha: P30*(y0 + I_e) + sum_k (P31 dI + P32 I) + expm1*y3 + y3.
-                let mut un = S::from_f64(0.0 + c.i_e).mulc(c.p30);
-                for k in 0..np {
-                    let pc = &c.ports[k];
-                    un += y1[k].mulc(pc.p31);
-                    un += y2[k].mulc(pc.p32);
-                }
-                un = un + u.mulc(c.expm1_tau_m) + *u;
-                if un.re() < c.lower_bound {
-                    un = S::from_f64(c.lower_bound);
-                }
-                un
-            }
-        };
+        let un = membrane_update(c, *u, asc, y1, y2);
         z = S::spike(un, c.th, c.kind == ModelKind::Glif, sg);
         let fired = z.re() != 0.0;
         if fired || S::HAS_DERIVATIVE {
@@ -116,4 +87,43 @@ pub fn step_neuron<S: Scalar>(
         y1[k] += arrivals[k].mulc(pc.psc_init);
     }
     z
+}
+
+/// The membrane part of a non-refractory step: decays the after-spike currents in place
+/// and returns the pre-reset potential `U_n` (mV rel. `E_L`), with NEST's operation order
+/// (`glif_psc`: `U*P33 + (I_e + sum_a stable_a*A_a)*P30 + sum_k (P31 y1 + P32 y2)`;
+/// `iaf_psc_alpha`: `P30*I_e + sum_k (P31 y1 + P32 y2) + expm1*U + U`, clamped at `V_min`).
+#[inline]
+pub fn membrane_update<S: Scalar>(c: &CellConsts, u: S, asc: &mut [S], y1: &[S], y2: &[S]) -> S {
+    let np = c.ports.len();
+    match c.kind {
+        ModelKind::Glif => {
+            // NEST glif_psc: mean ASC over the step, then decay to the end of the step.
+            let mut asc_sum = S::zero();
+            for (a, ac) in c.asc.iter().enumerate() {
+                asc_sum += asc[a].mulc(ac.stable);
+                asc[a] = asc[a].mulc(ac.decay);
+            }
+            let mut un = u.mulc(c.p33) + (S::from_f64(c.i_e) + asc_sum).mulc(c.p30);
+            for k in 0..np {
+                let pc = &c.ports[k];
+                un += y1[k].mulc(pc.p31) + y2[k].mulc(pc.p32);
+            }
+            un
+        }
+        ModelKind::Iaf => {
+            // NEST iaf_psc_alpha: P30*(y0 + I_e) + sum_k (P31 dI + P32 I) + expm1*y3 + y3.
+            let mut un = S::from_f64(0.0 + c.i_e).mulc(c.p30);
+            for k in 0..np {
+                let pc = &c.ports[k];
+                un += y1[k].mulc(pc.p31);
+                un += y2[k].mulc(pc.p32);
+            }
+            un = un + u.mulc(c.expm1_tau_m) + u;
+            if un.re() < c.lower_bound {
+                un = S::from_f64(c.lower_bound);
+            }
+            un
+        }
+    }
 }

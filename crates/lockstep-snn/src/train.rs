@@ -1,0 +1,796 @@
+//! Backpropagation through time of the exact forward recursion (`GLIF3.md`, "Training").
+//!
+//! The forward pass is [`crate::sim::TrialState::step`] on `f64`; the backward pass is its
+//! hand-written adjoint, step by step in reverse:
+//!
+//! * spike: `dz/dU_n = pseudo_derivative(v) / (V_th - E_L)`, `v = U_n / (V_th - E_L)` (surrogate,
+//!   see [`crate::scalar::Surrogate`]);
+//! * reset: hard forward, soft derivative `dU'/dU_n = 1`, `dU'/dz = -(V_th - V_reset)`;
+//! * after-spike currents: `A'' = A' + z (amp + A' r - A')`, differentiated in `A'` and `z`;
+//! * refractory steps pass the adjoints of `U` and `A` unchanged, `z` has no derivative;
+//! * delays: the adjoint of the arrivals at a port, `mu(t) = (e / tau_syn) * dL/dy1'(t)`, is
+//!   kept in a ring of `max_delay + 1` steps; a source's spike adjoint at step `t` gathers
+//!   `w * mu(t + d)` over its out-edges, and the weight gradient of an edge is
+//!   `sum_t z_src(t) * mu_tgt(t + d)`.
+//!
+//! Segmented BPTT (`gradient_checkpointing`) keeps only the full trial state at chunk
+//! boundaries and recomputes each chunk forward before its backward pass; the recomputed
+//! values and the order of every floating-point operation are those of the unsegmented
+//! pass, so the gradients are bitwise identical.
+//!
+//! Trials are independent; with `parallel` they run on rayon, and per-trial gradients are
+//! summed in trial order, so results do not depend on the thread count.
+//!
+//! [`SnnModel::loss_directional_dual`] is the gradient oracle: the same forward code on
+//! `num_dual::Dual64` weights gives the directional derivative of the loss.
+
+#![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
+
+use num_dual::Dual64;
+use rayon::prelude::*;
+
+use crate::error::{Result, SnnError};
+use crate::input::{InputSpec, Inputs};
+use crate::loss::{vreg_r, vreg_r_generic, Loss, RateUnits};
+use crate::model::ModelKind;
+use crate::network::{Network, NetworkSpec};
+use crate::scalar::{Scalar, Surrogate};
+use crate::sim::{InitialState, TrialState};
+use crate::step::membrane_update;
+
+/// Options of a trainable model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOptions {
+    /// Steps per sample.
+    pub seq_len: usize,
+    /// Pseudo-derivative of the spike.
+    pub surrogate: Surrogate,
+    /// Also train the input (virtual -> neuron) edge weights.
+    pub train_input_weights: bool,
+    /// Segmented BPTT chunk size in steps (`None`: store every step).
+    pub gradient_checkpointing: Option<usize>,
+    /// Loss terms (summed).
+    pub losses: Vec<Loss>,
+    /// Initial state of every sample (default: rest).
+    pub initial: InitialState,
+    /// Run the samples of a batch on rayon.
+    pub parallel: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            seq_len: 500,
+            surrogate: Surrogate::default(),
+            train_input_weights: false,
+            gradient_checkpointing: None,
+            losses: Vec::new(),
+            initial: InitialState::Rest,
+            parallel: true,
+        }
+    }
+}
+
+/// Result of [`SnnModel::loss_and_grad`] for one local batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossAndGrad {
+    /// Total loss (sum of the terms), mean over the batch.
+    pub loss: f64,
+    /// Each loss term, mean over the batch, in the order of `TrainOptions::losses`.
+    pub terms: Vec<(&'static str, f64)>,
+    /// `[n_params]` gradient of `loss` (mean over the batch) with respect to the parameters.
+    pub grad: Vec<f32>,
+    /// Spikes in the batch.
+    pub n_spikes: u64,
+    /// Mean firing rate over samples and neurons (Hz).
+    pub mean_rate_hz: f64,
+}
+
+/// A point-neuron network with trainable weights as a flat `f32` buffer:
+/// `[recurrent weights (CSR order)] ++ [input weights (CSR order), if trained]`, in pA.
+#[derive(Debug, Clone)]
+pub struct SnnModel {
+    /// The compiled network (its weight buffers are the initial values).
+    pub net: Network,
+    /// Inputs compiled for `seq_len` steps.
+    pub inputs: Inputs,
+    /// Options.
+    pub opts: TrainOptions,
+    /// `[neuron]` `V_th - E_L` (mV), internal order.
+    th: Vec<f64>,
+    /// Per rate loss: `[neuron]` target (internal order) and the count -> rate factor.
+    rate_losses: Vec<(Vec<f64>, f64)>,
+    /// Sum of voltage-regularization costs.
+    vreg_cost: f64,
+    /// `[n_params]` sign constraint: +1, -1, or 0 (free).
+    sign: Vec<i8>,
+}
+
+/// Stored forward states of `len` consecutive steps (pre-step states and spikes).
+struct Tape {
+    len: usize,
+    /// `[len + 1, neuron]`: U before each step, and after the last.
+    u: Vec<f64>,
+    /// `[len, neuron, n_asc]`.
+    asc: Vec<f64>,
+    /// `[len, neuron, n_ports]`.
+    y1: Vec<f64>,
+    /// `[len, neuron, n_ports]`.
+    y2: Vec<f64>,
+    /// `[len, neuron]`.
+    refr: Vec<u32>,
+    /// `[len, neuron]` spikes (0/1).
+    z: Vec<u8>,
+}
+
+impl Tape {
+    fn new(net: &Network, len: usize) -> Self {
+        let n = net.n_neurons();
+        Tape {
+            len,
+            u: Vec::with_capacity((len + 1) * n),
+            asc: Vec::with_capacity(len * n * net.n_asc),
+            y1: Vec::with_capacity(len * n * net.n_ports),
+            y2: Vec::with_capacity(len * n * net.n_ports),
+            refr: Vec::with_capacity(len * n),
+            z: Vec::with_capacity(len * n),
+        }
+    }
+    fn bytes(net: &Network, len: usize) -> usize {
+        let n = net.n_neurons();
+        8 * ((len + 1) * n + len * n * (net.n_asc + 2 * net.n_ports)) + 5 * len * n
+    }
+}
+
+/// Per-trial forward summary.
+struct TrialForward {
+    /// `[neuron]` spike counts, internal order.
+    counts: Vec<f64>,
+    /// Sum over steps and neurons of `relu(|v-0.5|-0.5)^2`.
+    vreg_sum: f64,
+}
+
+/// Backward adjoint state of one trial.
+struct Adjoint {
+    u: Vec<f64>,
+    asc: Vec<f64>,
+    y1: Vec<f64>,
+    y2: Vec<f64>,
+    /// `[ring_len, neuron, n_ports]` adjoints of the arrivals.
+    mu: Vec<f64>,
+    gz: Vec<f64>,
+}
+
+impl SnnModel {
+    /// Builds a trainable model from a network description, a time step (ms) and inputs.
+    pub fn new(spec: &NetworkSpec, dt: f64, input: &InputSpec, opts: TrainOptions) -> Result<Self> {
+        if opts.seq_len == 0 {
+            return Err(SnnError::Shape("seq_len must be at least 1".into()));
+        }
+        if opts.gradient_checkpointing == Some(0) {
+            return Err(SnnError::Shape(
+                "gradient_checkpointing chunk size must be at least 1 step".into(),
+            ));
+        }
+        let net = spec.compile(dt)?;
+        let inputs = input.compile("training inputs", net.n_virtual(), &net.grid, opts.seq_len)?;
+        let n = net.n_neurons();
+        let mut th = vec![0.0; n];
+        for g in &net.groups {
+            th[g.start..g.end].fill(g.consts.th);
+        }
+        let mut rate_losses = Vec::new();
+        let mut vreg_cost = 0.0;
+        for l in &opts.losses {
+            match l {
+                Loss::TargetFiringRate { target, units } => {
+                    if target.len() != n {
+                        return Err(SnnError::Shape(format!(
+                            "TargetFiringRate has {} targets for {n} neurons",
+                            target.len()
+                        )));
+                    }
+                    let internal: Vec<f64> =
+                        (0..n).map(|i| target[net.order[i] as usize]).collect();
+                    let scale = match units {
+                        RateUnits::Hz => 1000.0 / (opts.seq_len as f64 * net.grid.dt),
+                        RateUnits::SpikesPerStep => 1.0 / opts.seq_len as f64,
+                    };
+                    rate_losses.push((internal, scale));
+                }
+                Loss::VoltageRegularization { cost } => vreg_cost += cost,
+            }
+        }
+        let mut sign: Vec<i8> = net.weights_rec.iter().map(|&w| sign_of(w)).collect();
+        if opts.train_input_weights {
+            sign.extend(net.weights_in.iter().map(|&w| sign_of(w)));
+        }
+        // iaf_psc_alpha chose the port by sign: a zero weight sits on the inhibitory port.
+        for (csr, off) in [
+            (&net.recurrent, 0usize),
+            (&net.input, net.weights_rec.len()),
+        ] {
+            if off > 0 && !opts.train_input_weights {
+                continue;
+            }
+            for seg in &csr.segments {
+                for e in seg.start as usize..seg.end as usize {
+                    let tgt = csr.target[e] as usize;
+                    if net.consts_of(tgt).kind == ModelKind::Iaf && sign[off + e] == 0 {
+                        sign[off + e] = if seg.port == 0 { 1 } else { -1 };
+                    }
+                }
+            }
+        }
+        Ok(SnnModel {
+            net,
+            inputs,
+            opts,
+            th,
+            rate_losses,
+            vreg_cost,
+            sign,
+        })
+    }
+
+    /// Number of trainable parameters.
+    pub fn n_params(&self) -> usize {
+        self.net.weights_rec.len()
+            + if self.opts.train_input_weights {
+                self.net.weights_in.len()
+            } else {
+                0
+            }
+    }
+
+    /// Number of recurrent weights (the first block of the parameter buffer).
+    pub fn n_recurrent_params(&self) -> usize {
+        self.net.weights_rec.len()
+    }
+
+    /// The initial parameters (pA) as `f32`.
+    pub fn initial_params(&self) -> Vec<f32> {
+        let mut p: Vec<f32> = self.net.weights_rec.iter().map(|&w| w as f32).collect();
+        if self.opts.train_input_weights {
+            p.extend(self.net.weights_in.iter().map(|&w| w as f32));
+        }
+        p
+    }
+
+    /// `[n_params]` sign of each parameter (+1, -1, 0 = unconstrained).
+    pub fn param_signs(&self) -> &[i8] {
+        &self.sign
+    }
+
+    /// Sign constraint, applied after every optimizer update: a weight whose update would
+    /// cross zero is clipped to zero.
+    pub fn constrain(&self, params: &mut [f32]) {
+        for (p, &s) in params.iter_mut().zip(&self.sign) {
+            if (s > 0 && *p < 0.0) || (s < 0 && *p > 0.0) {
+                *p = 0.0;
+            }
+        }
+    }
+
+    /// All losses are sample-separable (means over samples).
+    pub fn losses_sample_separable(&self) -> bool {
+        self.opts.losses.iter().all(Loss::sample_separable)
+    }
+
+    /// Weights per edge of the spec (spec order), for export: `(recurrent, input)` in pA.
+    pub fn weights_in_spec_order(&self, params: &[f32]) -> Result<(Vec<f64>, Vec<f64>)> {
+        let (w_rec, w_in) = self.weights_f64(params)?;
+        let mut rec = vec![0.0; w_rec.len()];
+        for (slot, &id) in self.net.recurrent.edge_id.iter().enumerate() {
+            rec[id as usize] = w_rec[slot];
+        }
+        let mut inp = vec![0.0; w_in.len()];
+        for (slot, &id) in self.net.input.edge_id.iter().enumerate() {
+            inp[id as usize] = w_in[slot];
+        }
+        Ok((rec, inp))
+    }
+
+    fn weights_f64(&self, params: &[f32]) -> Result<(Vec<f64>, Vec<f64>)> {
+        if params.len() != self.n_params() {
+            return Err(SnnError::Shape(format!(
+                "{} parameters given, the model has {}",
+                params.len(),
+                self.n_params()
+            )));
+        }
+        let nr = self.net.weights_rec.len();
+        let w_rec: Vec<f64> = params[..nr].iter().map(|&w| w as f64).collect();
+        let w_in: Vec<f64> = if self.opts.train_input_weights {
+            params[nr..].iter().map(|&w| w as f64).collect()
+        } else {
+            self.net.weights_in.clone()
+        };
+        Ok((w_rec, w_in))
+    }
+
+    /// Bytes of stored forward state per sample: `(unsegmented, segmented)`.
+    pub fn tape_bytes_per_sample(&self) -> (usize, usize) {
+        let t = self.opts.seq_len;
+        let full = Tape::bytes(&self.net, t);
+        let seg = match self.opts.gradient_checkpointing {
+            Some(k) => {
+                let n = self.net.n_neurons();
+                let state = 8
+                    * n
+                    * (1 + self.net.n_asc
+                        + 2 * self.net.n_ports
+                        + self.net.ring_len() * self.net.n_ports)
+                    + 4 * n;
+                Tape::bytes(&self.net, k.min(t)) + t.div_ceil(k) * state
+            }
+            None => full,
+        };
+        (full, seg)
+    }
+
+    /// Loss and mean gradient over the local batch of global samples
+    /// `first_sample .. first_sample + batch` (inputs and noise keyed by the global index).
+    pub fn loss_and_grad(
+        &self,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<LossAndGrad> {
+        if batch == 0 {
+            return Err(SnnError::Shape("batch must be at least 1".into()));
+        }
+        let (w_rec, w_in) = self.weights_f64(params)?;
+        let work =
+            |b: usize| self.trial_loss_and_grad(&w_rec, &w_in, first_sample + b as u64, batch);
+        let per_trial: Vec<(Vec<f64>, Vec<f64>, f64)> = if self.opts.parallel {
+            (0..batch).into_par_iter().map(work).collect()
+        } else {
+            (0..batch).map(work).collect()
+        };
+        let mut grad = vec![0.0f64; self.n_params()];
+        let mut terms = vec![0.0f64; self.opts.losses.len()];
+        let mut n_spikes = 0.0;
+        for (g, t, s) in &per_trial {
+            for (a, b) in grad.iter_mut().zip(g) {
+                *a += b;
+            }
+            for (a, b) in terms.iter_mut().zip(t) {
+                *a += b / batch as f64;
+            }
+            n_spikes += s;
+        }
+        let loss = terms.iter().sum();
+        let duration_s = self.opts.seq_len as f64 * self.net.grid.dt / 1000.0;
+        Ok(LossAndGrad {
+            loss,
+            terms: self.opts.losses.iter().map(Loss::name).zip(terms).collect(),
+            grad: grad.iter().map(|&g| g as f32).collect(),
+            n_spikes: n_spikes as u64,
+            mean_rate_hz: n_spikes / (batch as f64 * self.net.n_neurons() as f64 * duration_s),
+        })
+    }
+
+    /// Per-trial loss terms from the forward summary.
+    fn trial_terms(&self, f: &TrialForward) -> Vec<f64> {
+        let n = self.net.n_neurons() as f64;
+        let mut ri = 0;
+        self.opts
+            .losses
+            .iter()
+            .map(|l| match l {
+                Loss::TargetFiringRate { .. } => {
+                    let (target, scale) = &self.rate_losses[ri];
+                    ri += 1;
+                    f.counts
+                        .iter()
+                        .zip(target)
+                        .map(|(c, t)| (c * scale - t).powi(2))
+                        .sum::<f64>()
+                        / n
+                }
+                Loss::VoltageRegularization { cost } => {
+                    cost * f.vreg_sum / (self.opts.seq_len as f64 * n)
+                }
+            })
+            .collect()
+    }
+
+    /// Forward steps `t0..t1` of one trial, optionally recording a tape, accumulating
+    /// spike counts and the voltage-regularization sum.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_steps(
+        &self,
+        st: &mut TrialState<f64>,
+        w_rec: &[f64],
+        w_in: &[f64],
+        sample: u64,
+        t0: usize,
+        t1: usize,
+        mut tape: Option<&mut Tape>,
+        mut acc: Option<&mut TrialForward>,
+        z: &mut [f64],
+    ) {
+        for t in t0..t1 {
+            if let Some(tp) = tape.as_deref_mut() {
+                tp.u.extend_from_slice(&st.u);
+                tp.asc.extend_from_slice(&st.asc);
+                tp.y1.extend_from_slice(&st.y1);
+                tp.y2.extend_from_slice(&st.y2);
+                tp.refr.extend_from_slice(&st.refr);
+            }
+            st.step(
+                &self.net,
+                w_rec,
+                w_in,
+                &self.inputs,
+                sample,
+                t,
+                &self.opts.surrogate,
+                z,
+            );
+            if let Some(tp) = tape.as_deref_mut() {
+                tp.z.extend(z.iter().map(|&v| v as u8));
+            }
+            if let Some(a) = acc.as_deref_mut() {
+                for (c, &v) in a.counts.iter_mut().zip(z.iter()) {
+                    *c += v;
+                }
+                if self.vreg_cost != 0.0 {
+                    for (&u, &th) in st.u.iter().zip(&self.th) {
+                        let (r, _) = vreg_r(u / th);
+                        a.vreg_sum += r * r;
+                    }
+                }
+            }
+        }
+        if let Some(tp) = tape {
+            tp.u.extend_from_slice(&st.u);
+        }
+    }
+
+    /// Forward + backward of one trial; returns (grad, loss terms, spikes).
+    fn trial_loss_and_grad(
+        &self,
+        w_rec: &[f64],
+        w_in: &[f64],
+        sample: u64,
+        batch: usize,
+    ) -> (Vec<f64>, Vec<f64>, f64) {
+        let net = &self.net;
+        let n = net.n_neurons();
+        let t_len = self.opts.seq_len;
+        let mut z = vec![0.0; n];
+        let mut fwd = TrialForward {
+            counts: vec![0.0; n],
+            vreg_sum: 0.0,
+        };
+        let mut st = TrialState::<f64>::new(net, self.opts.initial);
+        let chunk = self
+            .opts
+            .gradient_checkpointing
+            .unwrap_or(t_len)
+            .min(t_len)
+            .max(1);
+        let segmented = self.opts.gradient_checkpointing.is_some();
+        // Pass 1: forward. Unsegmented: one tape of all steps. Segmented: boundary states.
+        let mut full_tape = None;
+        let mut boundaries: Vec<TrialState<f64>> = Vec::new();
+        if segmented {
+            let mut t0 = 0;
+            while t0 < t_len {
+                boundaries.push(st.clone());
+                let t1 = (t0 + chunk).min(t_len);
+                self.forward_steps(
+                    &mut st,
+                    w_rec,
+                    w_in,
+                    sample,
+                    t0,
+                    t1,
+                    None,
+                    Some(&mut fwd),
+                    &mut z,
+                );
+                t0 = t1;
+            }
+        } else {
+            let mut tape = Tape::new(net, t_len);
+            self.forward_steps(
+                &mut st,
+                w_rec,
+                w_in,
+                sample,
+                0,
+                t_len,
+                Some(&mut tape),
+                Some(&mut fwd),
+                &mut z,
+            );
+            full_tape = Some(tape);
+        }
+        let terms = self.trial_terms(&fwd);
+        let n_spikes: f64 = fwd.counts.iter().sum();
+
+        // Coefficients of the direct loss derivatives (mean over the batch included).
+        let bn = batch as f64 * n as f64;
+        let mut gz_rate = vec![0.0; n];
+        for (target, scale) in &self.rate_losses {
+            for i in 0..n {
+                gz_rate[i] += 2.0 * (fwd.counts[i] * scale - target[i]) * scale / bn;
+            }
+        }
+        let vreg_coef = self.vreg_cost / (bn * t_len as f64);
+
+        let mut grad = vec![0.0; self.n_params()];
+        let mut adj = Adjoint {
+            u: vec![0.0; n],
+            asc: vec![0.0; n * net.n_asc],
+            y1: vec![0.0; n * net.n_ports],
+            y2: vec![0.0; n * net.n_ports],
+            mu: vec![0.0; net.ring_len() * n * net.n_ports],
+            gz: vec![0.0; n],
+        };
+        if let Some(tape) = full_tape {
+            self.backward_steps(
+                &tape, 0, w_rec, sample, &gz_rate, vreg_coef, &mut adj, &mut grad,
+            );
+        } else {
+            for (c, b) in boundaries.iter().enumerate().rev() {
+                let t0 = c * chunk;
+                let t1 = (t0 + chunk).min(t_len);
+                let mut s = b.clone();
+                let mut tape = Tape::new(net, t1 - t0);
+                self.forward_steps(
+                    &mut s,
+                    w_rec,
+                    w_in,
+                    sample,
+                    t0,
+                    t1,
+                    Some(&mut tape),
+                    None,
+                    &mut z,
+                );
+                self.backward_steps(
+                    &tape, t0, w_rec, sample, &gz_rate, vreg_coef, &mut adj, &mut grad,
+                );
+            }
+        }
+        (grad, terms, n_spikes)
+    }
+
+    /// Reverse pass over the steps of `tape` (starting at step `t0`).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_steps(
+        &self,
+        tape: &Tape,
+        t0: usize,
+        w_rec: &[f64],
+        sample: u64,
+        gz_rate: &[f64],
+        vreg_coef: f64,
+        adj: &mut Adjoint,
+        grad: &mut [f64],
+    ) {
+        let net = &self.net;
+        let n = net.n_neurons();
+        let np = net.n_ports;
+        let na = net.n_asc;
+        let rl = net.ring_len();
+        let stride = n * np;
+        let t_len = self.opts.seq_len;
+        let n_rec = net.weights_rec.len();
+        let sg = &self.opts.surrogate;
+        let mut asc_tmp = vec![0.0f64; na.max(1)];
+        let mut ly1_pre = vec![0.0f64; np];
+        let mut ly2_pre = vec![0.0f64; np];
+        for l in (0..tape.len).rev() {
+            let t = t0 + l;
+            // 1. Voltage regularization on U after step t.
+            if vreg_coef != 0.0 {
+                let u_post = &tape.u[(l + 1) * n..(l + 2) * n];
+                for i in 0..n {
+                    let th = self.th[i];
+                    let (r, dr) = vreg_r(u_post[i] / th);
+                    if r != 0.0 {
+                        adj.u[i] += vreg_coef * 2.0 * r * dr / th;
+                    }
+                }
+            }
+            // 2. Adjoint of this step's arrivals.
+            let slot = t % rl;
+            {
+                let mu = &mut adj.mu[slot * stride..(slot + 1) * stride];
+                mu.fill(0.0);
+                for g in &net.groups {
+                    for i in g.start..g.end {
+                        for (k, pc) in g.consts.ports.iter().enumerate() {
+                            mu[i * np + k] = adj.y1[i * np + k] * pc.psc_init;
+                        }
+                    }
+                }
+            }
+            // 3. Spike adjoints (gather over out-edges) and recurrent weight gradients.
+            let zt = &tape.z[l * n..(l + 1) * n];
+            for i in 0..n {
+                let mut acc = 0.0;
+                let spiked = zt[i] != 0;
+                for seg in net.recurrent.segments_of(i) {
+                    let d = seg.delay as usize;
+                    if t + d >= t_len {
+                        continue;
+                    }
+                    let base = ((t + d) % rl) * stride + seg.port as usize;
+                    let (a, b) = (seg.start as usize, seg.end as usize);
+                    for e in a..b {
+                        let m = adj.mu[base + net.recurrent.target[e] as usize * np];
+                        acc += w_rec[e] * m;
+                        if spiked {
+                            grad[e] += m;
+                        }
+                    }
+                }
+                adj.gz[i] = acc + gz_rate[i];
+            }
+            // 4. Input weight gradients.
+            if self.opts.train_input_weights {
+                let mu = &adj.mu;
+                let gin = &mut grad[n_rec..];
+                self.inputs.for_each(sample, t, |v, count| {
+                    let cnt = count as f64;
+                    for seg in net.input.segments_of(v as usize) {
+                        let d = seg.delay as usize;
+                        if t + d >= t_len {
+                            continue;
+                        }
+                        let base = ((t + d) % rl) * stride + seg.port as usize;
+                        for e in seg.start as usize..seg.end as usize {
+                            gin[e] += cnt * mu[base + net.input.target[e] as usize * np];
+                        }
+                    }
+                });
+            }
+            // 5. Local backward of every neuron through step t.
+            for g in &net.groups {
+                let c = &g.consts;
+                let gp = c.ports.len();
+                let ga = c.asc.len();
+                for i in g.start..g.end {
+                    let pre = l * n + i;
+                    let y1 = &tape.y1[pre * np..pre * np + gp];
+                    let y2 = &tape.y2[pre * np..pre * np + gp];
+                    let ly1 = &mut adj.y1[i * np..i * np + gp];
+                    let ly2 = &mut adj.y2[i * np..i * np + gp];
+                    // PSC part: y2' = P21 y1 + P22 y2, y1' = P11 y1 + x.
+                    for (k, pc) in c.ports.iter().enumerate() {
+                        ly1_pre[k] = ly2[k] * pc.p21 + ly1[k] * pc.p11;
+                        ly2_pre[k] = ly2[k] * pc.p22;
+                    }
+                    if tape.refr[pre] == 0 {
+                        let asc_pre = &tape.asc[pre * na..pre * na + ga];
+                        asc_tmp[..ga].copy_from_slice(asc_pre);
+                        let un = membrane_update(c, tape.u[pre], &mut asc_tmp[..ga], y1, y2);
+                        let clamped = c.kind == ModelKind::Iaf && un == c.lower_bound;
+                        let zf = zt[i] as f64;
+                        let sigma = if clamped { 0.0 } else { sg.dz_du(un, c.th) };
+                        let lasc = &mut adj.asc[i * na..i * na + ga];
+                        let mut lz = adj.gz[i] - adj.u[i] * (c.th - c.v_reset);
+                        for (a, ac) in c.asc.iter().enumerate() {
+                            let ap = asc_tmp[a];
+                            lz += lasc[a] * (ac.amp + ap * ac.refr_decay - ap);
+                        }
+                        let lun = if clamped { 0.0 } else { adj.u[i] + lz * sigma };
+                        for (a, ac) in c.asc.iter().enumerate() {
+                            let lap = lasc[a] * (1.0 + zf * (ac.refr_decay - 1.0));
+                            lasc[a] = lap * ac.decay + lun * c.p30 * ac.stable;
+                        }
+                        adj.u[i] = match c.kind {
+                            ModelKind::Glif => lun * c.p33,
+                            ModelKind::Iaf => lun * c.expm1_tau_m + lun,
+                        };
+                        for (k, pc) in c.ports.iter().enumerate() {
+                            ly1_pre[k] += lun * pc.p31;
+                            ly2_pre[k] += lun * pc.p32;
+                        }
+                    }
+                    ly1.copy_from_slice(&ly1_pre[..gp]);
+                    ly2.copy_from_slice(&ly2_pre[..gp]);
+                }
+            }
+        }
+    }
+
+    /// Gradient oracle: loss (mean over the batch) and its directional derivative along
+    /// `direction` (`[n_params]`), computed by running the forward code on `Dual64` weights.
+    pub fn loss_directional_dual(
+        &self,
+        params: &[f32],
+        direction: &[f64],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(f64, f64)> {
+        if direction.len() != self.n_params() {
+            return Err(SnnError::Shape(format!(
+                "direction has {} entries, the model {}",
+                direction.len(),
+                self.n_params()
+            )));
+        }
+        let (w_rec, w_in) = self.weights_f64(params)?;
+        let nr = w_rec.len();
+        let dw_rec: Vec<Dual64> = w_rec
+            .iter()
+            .zip(&direction[..nr])
+            .map(|(&w, &d)| Dual64::new(w, d))
+            .collect();
+        let dw_in: Vec<Dual64> = if self.opts.train_input_weights {
+            w_in.iter()
+                .zip(&direction[nr..])
+                .map(|(&w, &d)| Dual64::new(w, d))
+                .collect()
+        } else {
+            w_in.iter().map(|&w| Dual64::new(w, 0.0)).collect()
+        };
+        let n = self.net.n_neurons();
+        let mut total = Dual64::new(0.0, 0.0);
+        for b in 0..batch {
+            let sample = first_sample + b as u64;
+            let mut st = TrialState::<Dual64>::new(&self.net, self.opts.initial);
+            let mut z = vec![Dual64::new(0.0, 0.0); n];
+            let mut counts = vec![Dual64::new(0.0, 0.0); n];
+            let mut vsum = Dual64::new(0.0, 0.0);
+            for t in 0..self.opts.seq_len {
+                st.step(
+                    &self.net,
+                    &dw_rec,
+                    &dw_in,
+                    &self.inputs,
+                    sample,
+                    t,
+                    &self.opts.surrogate,
+                    &mut z,
+                );
+                for (c, &zi) in counts.iter_mut().zip(&z) {
+                    *c += zi;
+                }
+                if self.vreg_cost != 0.0 {
+                    for (&u, &th) in st.u.iter().zip(&self.th) {
+                        let r = vreg_r_generic(u.mulc(1.0 / th));
+                        vsum += r * r;
+                    }
+                }
+            }
+            let mut ri = 0;
+            for l in &self.opts.losses {
+                match l {
+                    Loss::TargetFiringRate { .. } => {
+                        let (target, scale) = &self.rate_losses[ri];
+                        ri += 1;
+                        let mut s = Dual64::new(0.0, 0.0);
+                        for (c, &tg) in counts.iter().zip(target) {
+                            let d = c.mulc(*scale) - Dual64::from_f64(tg);
+                            s += d * d;
+                        }
+                        total += s.mulc(1.0 / n as f64);
+                    }
+                    Loss::VoltageRegularization { cost } => {
+                        total += vsum.mulc(cost / (self.opts.seq_len as f64 * n as f64));
+                    }
+                }
+            }
+        }
+        let mean = total.mulc(1.0 / batch as f64);
+        Ok((mean.re, mean.eps))
+    }
+}
+
+fn sign_of(w: f64) -> i8 {
+    if w > 0.0 {
+        1
+    } else if w < 0.0 {
+        -1
+    } else {
+        0
+    }
+}
