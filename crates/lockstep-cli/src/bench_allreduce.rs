@@ -1,12 +1,12 @@
 //! `lockstep bench allreduce`: all-reduce bandwidth of ThreadComm and MpiComm against a
 //! single-core memcpy of the same size, measured in the same run.
 
-use crate::world::World;
 use anyhow::{bail, Context, Result};
 use lockstep_comm::bench::{all_reduce_timings, default_sizes, memcpy_timing, Timing};
 use lockstep_comm::launch::mpirun_command;
 use lockstep_comm::run_replicas;
 use lockstep_comm::testing::run_with_limit;
+use lockstep_comm::World;
 use std::time::Duration;
 
 /// Options of `lockstep bench allreduce`.

@@ -1,8 +1,8 @@
 //! `lockstep info`: the launch environment, device binding and version of every rank.
 
-use crate::world::World;
 use anyhow::Result;
 use lockstep_comm::CommExt;
+use lockstep_comm::World;
 
 /// Bytes reserved per rank for its info line in the gather.
 const LINE: usize = 512;

@@ -3,11 +3,10 @@
 
 mod bench_allreduce;
 mod info;
-mod world;
 
 use clap::{Parser, Subcommand};
+use lockstep_comm::World;
 use std::process::ExitCode;
-use world::World;
 
 #[derive(Debug, Parser)]
 #[command(name = "lockstep", version, about = "Sample-parallel training and sharded simulation of scientific models", long_about = None)]

@@ -29,11 +29,13 @@ mod mpi_comm;
 mod self_comm;
 pub mod testing;
 mod thread_comm;
+mod world;
 
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{install_mpi_abort_on_panic, MpiComm};
 pub use self_comm::SelfComm;
 pub use thread_comm::{run_replicas, ReplicaFailure, ThreadComm};
+pub use world::{World, WorldError};
 
 use bytemuck::Pod;
 use thiserror::Error;

@@ -1,0 +1,167 @@
+//! A small reference model and data source for checking the engine end to end (used by the
+//! tests and by `lockstep-train-check`): linear regression with per-sample target noise.
+//!
+//! Sample i (global index) has inputs `x_i[d] = u(seed, i, d)` uniform in [-1, 1) and target
+//! `y_i = w_true . x_i`; the model adds noise `0.05 * u(seed, i, D)` to the target (keyed by
+//! the global sample index, never the rank: invariant 5) and scales its inputs by frozen
+//! per-dimension factors. Loss terms, each a mean over samples: `mse = mean (s*w.x - y~)^2`
+//! and `l2 = 1e-3 * |w|^2`.
+
+use crate::{Batch, BatchSource, Model};
+use anyhow::{bail, Result};
+
+/// Uniform in [-1, 1) from a counter-based hash (SplitMix64) of `(seed, a, b)`.
+pub fn uniform(seed: u64, a: u64, b: u64) -> f32 {
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(a.wrapping_mul(0xD1B5_4A32_D192_ED03))
+        .wrapping_add(b.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// The data source: `dim` inputs and one target per sample.
+#[derive(Debug, Clone)]
+pub struct RegressionData {
+    /// Input dimension.
+    pub dim: usize,
+    /// Seed of the inputs.
+    pub seed: u64,
+    /// Samples in the data set (`None`: unbounded).
+    pub dataset: Option<u64>,
+}
+
+impl BatchSource for RegressionData {
+    fn input_width(&self) -> usize {
+        self.dim
+    }
+    fn target_width(&self) -> usize {
+        1
+    }
+    fn num_samples(&self) -> Option<u64> {
+        self.dataset
+    }
+    fn global_batch(&mut self, first_sample: u64, count: usize) -> Result<Batch> {
+        let mut inputs = Vec::with_capacity(count * self.dim);
+        let mut targets = Vec::with_capacity(count);
+        for s in 0..count as u64 {
+            let idx = match self.dataset {
+                Some(n) => (first_sample + s) % n,
+                None => first_sample + s,
+            };
+            let mut y = 0.0f32;
+            for d in 0..self.dim {
+                let x = uniform(self.seed, idx, d as u64);
+                inputs.push(x);
+                y += x * (d as f32 + 1.0) / self.dim as f32;
+            }
+            targets.push(y);
+        }
+        Ok(Batch {
+            first_sample,
+            samples: count,
+            inputs,
+            targets,
+        })
+    }
+}
+
+/// The model: trainable weights `w[dim]`, frozen input scales `s[dim]`.
+#[derive(Debug, Clone)]
+pub struct LinearRegression {
+    w: Vec<f32>,
+    s: Vec<f32>,
+    seed: u64,
+    rank: usize,
+    diverge_at: Option<(u64, usize)>,
+    updates: u64,
+}
+
+impl LinearRegression {
+    /// The model of replica `rank` with `dim` weights, initialised from `init` (replicas
+    /// built with different `init` differ until the startup broadcast);
+    /// `diverge_at = Some((update, r))`: replica r perturbs its weights after `update` (to
+    /// check that divergence is detected).
+    pub fn new(
+        dim: usize,
+        seed: u64,
+        rank: usize,
+        init: u64,
+        diverge_at: Option<(u64, usize)>,
+    ) -> Self {
+        let init_rank = init;
+        LinearRegression {
+            w: (0..dim)
+                .map(|d| 0.1 * uniform(7 + init_rank, d as u64, 0))
+                .collect(),
+            s: (0..dim)
+                .map(|d| 1.0 + 0.1 * uniform(9 + init_rank, d as u64, 1))
+                .collect(),
+            seed,
+            rank,
+            diverge_at,
+            updates: 0,
+        }
+    }
+}
+
+impl Model for LinearRegression {
+    fn trainable(&self) -> &[f32] {
+        &self.w
+    }
+    fn trainable_mut(&mut self) -> &mut [f32] {
+        &mut self.w
+    }
+    fn frozen(&self) -> &[f32] {
+        &self.s
+    }
+    fn frozen_mut(&mut self) -> &mut [f32] {
+        &mut self.s
+    }
+    fn loss_names(&self) -> Vec<String> {
+        vec!["mse".into(), "l2".into()]
+    }
+    fn sample_separable(&self) -> bool {
+        true
+    }
+    fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> Result<Vec<f64>> {
+        let dim = self.w.len();
+        if batch.inputs.len() != batch.samples * dim || batch.targets.len() != batch.samples {
+            bail!("batch shape does not match the model's {dim} inputs");
+        }
+        let mut mse = 0.0f64;
+        let inv = 1.0 / batch.samples as f32;
+        for i in 0..batch.samples {
+            let x = &batch.inputs[i * dim..(i + 1) * dim];
+            let noise = 0.05 * uniform(self.seed, batch.first_sample + i as u64, dim as u64);
+            let y = batch.targets[i] + noise;
+            let pred: f32 = (0..dim).map(|d| self.s[d] * self.w[d] * x[d]).sum();
+            let r = pred - y;
+            mse += (r * r) as f64;
+            for d in 0..dim {
+                grad[d] += 2.0 * r * self.s[d] * x[d] * inv;
+            }
+        }
+        let l2: f32 = 1e-3 * self.w.iter().map(|w| w * w).sum::<f32>();
+        for (g, w) in grad.iter_mut().zip(&self.w) {
+            *g += 2e-3 * w;
+        }
+        Ok(vec![mse / batch.samples as f64, l2 as f64])
+    }
+    fn after_update(&mut self) {
+        self.updates += 1;
+        if let Some((u, r)) = self.diverge_at {
+            if self.updates == u && self.rank == r {
+                self.w[0] += 1e-3;
+            }
+        }
+    }
+    fn export(&self, dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+        let path = dir.join("weights.json");
+        let text = serde_json::to_string_pretty(&serde_json::json!({"w": self.w, "s": self.s}))?;
+        crate::checkpoint::write_atomic(&path, text.as_bytes())?;
+        Ok(vec![path])
+    }
+}

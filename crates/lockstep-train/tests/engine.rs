@@ -1,0 +1,430 @@
+//! In-process tests of the engine's invariants (DESIGN.md, "Invariants of sample-parallel
+//! training") with the reference linear model, serial and with ThreadComm replicas.
+
+use lockstep_comm::{
+    run_replicas, CommError, Communicator, ReduceBuf, ReduceOp, ThreadComm, World,
+};
+use lockstep_train::job::run_job;
+use lockstep_train::reference::{LinearRegression, RegressionData};
+use lockstep_train::{
+    checkpoint, plan, train, Batch, BatchSource, EngineConfig, TrainError, TrainOptions,
+    TrainSummary,
+};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+const DIM: usize = 8;
+
+fn config(
+    dir: &Path,
+    name: &str,
+    batch: usize,
+    dist: Value,
+    updates: u64,
+    extra_training: Value,
+) -> Value {
+    let mut training = json!({
+        "optimizer": {"name": "adam", "learning_rate": 0.05},
+        "optimizer_updates": updates,
+        "checksum_every": 1,
+    });
+    for (k, v) in extra_training.as_object().unwrap() {
+        training[k] = v.clone();
+    }
+    let mut run = json!({"batch_size": batch, "seed": 11});
+    if !dist.is_null() {
+        run["distribution"] = dist;
+    }
+    json!({
+        "run": run,
+        "training": training,
+        "output": {"output_dir": dir.join(name).to_string_lossy(), "overwrite_output_dir": true},
+    })
+}
+
+fn run(
+    config: &Value,
+    resume: Option<&Path>,
+    init_by_rank: bool,
+    diverge: Option<(u64, usize)>,
+) -> Result<TrainSummary, TrainError> {
+    let world = World::init(true).unwrap();
+    let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
+    let opts = TrainOptions {
+        resolved_config: config.clone(),
+        resume: resume.map(Path::to_path_buf),
+    };
+    let seed = cfg.seed;
+    let built = AtomicUsize::new(0);
+    run_job(&world, &cfg, &opts, |rank| {
+        // Garbage start: every build gets other initial parameters when asked.
+        let n = built.fetch_add(1, Ordering::SeqCst) as u64;
+        let init = if init_by_rank { 1000 + n } else { 0 };
+        Ok((
+            LinearRegression::new(DIM, seed, rank, init, diverge),
+            RegressionData {
+                dim: DIM,
+                seed,
+                dataset: None,
+            },
+        ))
+    })
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+fn weights(dir: &Path) -> Vec<f64> {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("weights.json")).unwrap()).unwrap();
+    v["w"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// Invariants 4 and 5: 2 replicas x B equals 1 replica x 2B (inputs, noise, updates).
+#[test]
+fn two_thread_replicas_match_one_replica_with_twice_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let serial = config(dir.path(), "serial", 16, Value::Null, 3, json!({}));
+    let threads = config(
+        dir.path(),
+        "threads",
+        8,
+        json!({"strategy": "threads", "global_batch_size": 16}),
+        3,
+        json!({}),
+    );
+    let a = run(&serial, None, false, None).unwrap();
+    let b = run(&threads, None, false, None).unwrap();
+    let wa = weights(&dir.path().join("serial"));
+    let wb = weights(&dir.path().join("threads"));
+    assert!(rel_l2(&wb, &wa) <= 1e-6, "{wa:?} vs {wb:?}");
+    for (la, lb) in a.loss_history.iter().zip(&b.loss_history) {
+        for (x, y) in la.iter().zip(lb) {
+            assert_eq!(format!("{x:.5e}"), format!("{y:.5e}"), "loss logs differ");
+        }
+    }
+    // A different local batch split is a different training run: the oracle is not trivial.
+    let other = config(dir.path(), "other", 8, Value::Null, 3, json!({}));
+    run(&other, None, false, None).unwrap();
+    assert!(rel_l2(&weights(&dir.path().join("other")), &wa) > 1e-4);
+}
+
+/// Invariant 7: replicas built differently are made identical by the startup broadcast.
+#[test]
+fn startup_broadcast_makes_replicas_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "devices": ["cpu:0", "cpu:1"]}),
+        4,
+        json!({}),
+    );
+    let s = run(&c, None, true, None).unwrap();
+    assert_eq!(s.updates, 4);
+}
+
+/// Invariant 7: a replica that drifts is caught by the checksum, naming the update.
+#[test]
+fn divergence_is_an_error_naming_the_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        6,
+        json!({"checksum_every": 2}),
+    );
+    let e = run(&c, None, false, Some((3, 1))).unwrap_err().to_string();
+    assert!(e.contains("diverged at update 4"), "{e}");
+}
+
+/// Counts the collectives a replica issues.
+struct Counting<'a> {
+    inner: &'a ThreadComm,
+    reductions: Mutex<Vec<usize>>,
+}
+
+impl Communicator for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn backend(&self) -> &'static str {
+        "counting"
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.inner.barrier()
+    }
+    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) -> Result<(), CommError> {
+        self.inner.broadcast_bytes(buf, root)
+    }
+    fn all_reduce_buf(&self, buf: ReduceBuf<'_>, op: ReduceOp) -> Result<(), CommError> {
+        self.reductions.lock().unwrap().push(buf.len());
+        self.inner.all_reduce_buf(buf, op)
+    }
+    fn gather_bytes(&self, s: &[u8], r: &mut [u8], root: usize) -> Result<(), CommError> {
+        self.inner.gather_bytes(s, r, root)
+    }
+    fn scatter_bytes(&self, s: &[u8], r: &mut [u8], root: usize) -> Result<(), CommError> {
+        self.inner.scatter_bytes(s, r, root)
+    }
+    fn all_gather_bytes(&self, s: &[u8], r: &mut [u8]) -> Result<(), CommError> {
+        self.inner.all_gather_bytes(s, r)
+    }
+    fn all_to_all_v_bytes(
+        &self,
+        s: &[u8],
+        c: &[usize],
+        r: &mut Vec<u8>,
+    ) -> Result<Vec<usize>, CommError> {
+        self.inner.all_to_all_v_bytes(s, c, r)
+    }
+    fn abort(&self, code: i32) -> ! {
+        self.inner.abort(code)
+    }
+}
+
+/// Invariant 6: one gradient all-reduce per update (also with gradient accumulation), plus
+/// one small metric reduction; the gradient is divided by replicas x micro-batches.
+#[test]
+fn one_gradient_reduction_per_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        3,
+        json!({"gradient_updates_per_optimizer_step": 2, "checksum_every": 0}),
+    );
+    let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+    let p = plan(&cfg, &lockstep_comm::launch::LaunchEnv::serial(), 2, true).unwrap();
+    let counts = run_replicas(2, |comm: ThreadComm| -> Result<Vec<usize>, TrainError> {
+        let counting = Counting {
+            inner: &comm,
+            reductions: Mutex::new(Vec::new()),
+        };
+        let mut m = LinearRegression::new(DIM, 11, comm.rank(), 0, None);
+        let mut s = RegressionData {
+            dim: DIM,
+            seed: 11,
+            dataset: None,
+        };
+        let opts = TrainOptions {
+            resolved_config: c.clone(),
+            resume: None,
+        };
+        train(&counting, &cfg, &p, &mut m, &mut s, &opts)?;
+        Ok(counting.reductions.into_inner().unwrap())
+    })
+    .unwrap();
+    let grads = counts[0].iter().filter(|&&n| n == DIM).count();
+    assert_eq!(grads, 3, "gradient reductions: {:?}", counts[0]);
+    // Per update: gradient, metrics (loss terms + samples), timings (MAX).
+    let per_update: Vec<usize> = counts[0].iter().copied().filter(|&n| n != 5).collect();
+    assert!(per_update.len() <= 3 * 3 + 1, "{:?}", counts[0]);
+
+    // Accumulating 2 micro-batches of 4 per replica equals one batch of 16 serially.
+    let acc = weights(&dir.path().join("t"));
+    let serial = config(dir.path(), "s", 16, Value::Null, 3, json!({}));
+    run(&serial, None, false, None).unwrap();
+    assert!(rel_l2(&acc, &weights(&dir.path().join("s"))) <= 1e-6);
+}
+
+/// Invariant 8: the chief alone writes; one header and one row per update.
+#[test]
+fn chief_writes_each_row_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 12}),
+        5,
+        json!({}),
+    );
+    run(&c, None, false, None).unwrap();
+    let csv = std::fs::read_to_string(dir.path().join("t/callbacks/losses.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+    let log = std::fs::read_to_string(dir.path().join("t/run.log")).unwrap();
+    assert_eq!(log.matches("Completed 5 optimizer updates.").count(), 1);
+    assert!(dir.path().join("t/config.json").exists());
+    assert!(dir
+        .path()
+        .join("t/checkpoints/update_000005.safetensors")
+        .exists());
+}
+
+/// Invariant 9: early stopping is decided from the reduced loss, so all replicas stop at the
+/// same update (a per-rank decision would leave the collectives mismatched).
+#[test]
+fn early_stop_is_the_same_on_all_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 12}),
+        200,
+        json!({"early_stop_loss": 0.3, "optimizer": {"name": "adam", "learning_rate": 0.1}}),
+    );
+    let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+    let p = plan(&cfg, &lockstep_comm::launch::LaunchEnv::serial(), 2, true).unwrap();
+    let updates = run_replicas(3, |comm: ThreadComm| -> Result<u64, TrainError> {
+        let mut m = LinearRegression::new(DIM, 11, comm.rank(), 0, None);
+        let mut s = RegressionData {
+            dim: DIM,
+            seed: 11,
+            dataset: None,
+        };
+        let opts = TrainOptions {
+            resolved_config: c.clone(),
+            resume: None,
+        };
+        Ok(train(&comm, &cfg, &p, &mut m, &mut s, &opts)?.updates)
+    })
+    .unwrap();
+    assert!(updates[0] < 200, "early stop never triggered");
+    assert!(updates.iter().all(|&u| u == updates[0]), "{updates:?}");
+}
+
+/// Records which samples a finite source is asked for.
+struct Recording {
+    inner: RegressionData,
+    asked: Vec<(u64, usize)>,
+}
+
+impl BatchSource for Recording {
+    fn input_width(&self) -> usize {
+        self.inner.input_width()
+    }
+    fn target_width(&self) -> usize {
+        1
+    }
+    fn num_samples(&self) -> Option<u64> {
+        self.inner.num_samples()
+    }
+    fn global_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
+        self.asked.push((first, count));
+        self.inner.global_batch(first, count)
+    }
+}
+
+/// Invariant 2: the partial final batch of a finite data set is dropped, never padded.
+#[test]
+fn partial_final_batches_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        8,
+        Value::Null,
+        4,
+        json!({"checksum_every": 0}),
+    );
+    let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+    let p = plan(&cfg, &lockstep_comm::launch::LaunchEnv::serial(), 2, true).unwrap();
+    let mut m = LinearRegression::new(DIM, 11, 0, 0, None);
+    let mut s = Recording {
+        inner: RegressionData {
+            dim: DIM,
+            seed: 11,
+            dataset: Some(20),
+        },
+        asked: Vec::new(),
+    };
+    let opts = TrainOptions {
+        resolved_config: c.clone(),
+        resume: None,
+    };
+    train(&lockstep_comm::SelfComm, &cfg, &p, &mut m, &mut s, &opts).unwrap();
+    // 20 samples, 8 per update: 2 updates per epoch, samples 16..19 dropped.
+    assert_eq!(s.asked, vec![(0, 8), (8, 8), (20, 8), (28, 8)]);
+}
+
+/// Invariant 10: destructive restore. Train 4 updates and checkpoint; start from garbage
+/// parameters and a fresh optimizer; restore and train 4 more: bitwise equal to 8 updates in
+/// one go (serial), and within 1e-6 when restored on 2 replicas.
+#[test]
+fn destructive_restore_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = config(dir.path(), "full", 8, Value::Null, 8, json!({}));
+    let first = config(dir.path(), "first", 8, Value::Null, 4, json!({}));
+    let a = run(&full, None, false, None).unwrap();
+    run(&first, None, false, None).unwrap();
+    let ckpt = dir
+        .path()
+        .join("first/checkpoints/update_000004.safetensors");
+    // Garbage live state: parameters initialised from another seed (init_by_rank), fresh optimizer.
+    let resumed = config(dir.path(), "resumed", 8, Value::Null, 8, json!({}));
+    let b = run(&resumed, Some(&ckpt), true, None).unwrap();
+    assert_eq!(b.updates, 8);
+    assert_eq!(
+        a.params_checksum, b.params_checksum,
+        "restored run differs bitwise"
+    );
+    assert_eq!(a.loss_history[4..], b.loss_history[..]);
+    // On another replica count.
+    let two = config(
+        dir.path(),
+        "two",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        8,
+        json!({}),
+    );
+    run(&two, Some(&ckpt), true, None).unwrap();
+    assert!(
+        rel_l2(
+            &weights(&dir.path().join("two")),
+            &weights(&dir.path().join("full"))
+        ) <= 1e-6
+    );
+    // A flipped byte is refused with a clear error.
+    let mut bytes = std::fs::read(&ckpt).unwrap();
+    let n = bytes.len();
+    bytes[n - 5] ^= 0x40;
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let e = run(&resumed, Some(&ckpt), false, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("checksum mismatch") && e.contains("update_000004"),
+        "{e}"
+    );
+    assert!(checkpoint::read(&ckpt).is_err());
+}
+
+/// Bad output setup loses nothing: an existing directory with overwrite off is untouched.
+#[test]
+fn existing_output_dir_is_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("precious.txt"), "keep").unwrap();
+    let mut c = config(dir.path(), "t", 4, Value::Null, 2, json!({}));
+    c["output"]["overwrite_output_dir"] = json!(false);
+    let e = run(&c, None, false, None).unwrap_err().to_string();
+    assert!(e.contains("overwrite_output_dir"), "{e}");
+    let entries: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(out.join("precious.txt")).unwrap(),
+        "keep"
+    );
+}
