@@ -70,6 +70,24 @@ impl ColumnData {
         each_numeric!(self, v => v.get(i).map(|x| *x as f64), _s => None)
     }
 
+    /// The value at flat index `i` as JSON (integers stay integers).
+    pub fn get_json(&self, i: usize) -> Option<serde_json::Value> {
+        use serde_json::Value;
+        match self {
+            ColumnData::I8(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::I16(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::I32(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::I64(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::U8(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::U16(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::U32(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::U64(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::F32(v) => v.get(i).map(|x| Value::from(*x as f64)),
+            ColumnData::F64(v) => v.get(i).map(|x| Value::from(*x)),
+            ColumnData::Str(v) => v.get(i).map(|x| Value::from(x.as_str())),
+        }
+    }
+
     /// All values as f64 (`None` for string columns).
     #[allow(clippy::unnecessary_cast)] // the macro also expands to the f64 variant
     pub fn to_f64(&self) -> Option<Vec<f64>> {

@@ -120,6 +120,8 @@ impl SonataConfig {
             })
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        // Absolute, so resolved paths stay valid whatever resolves them again later.
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         Self::from_value_inner(value, path, &dir, stack)
     }
 
@@ -127,7 +129,11 @@ impl SonataConfig {
     /// configs; `path`'s folder is the base of relative paths).
     pub fn from_value(value: Value, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         Self::from_value_inner(value, path, &dir, &mut Vec::new())
     }
 

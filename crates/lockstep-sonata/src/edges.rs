@@ -227,20 +227,28 @@ impl EdgePopulation {
             .enumerate()
             .map(|(i, g)| (g.id, i))
             .collect();
-        let gcol = |name: &str| -> Vec<Option<Vec<f64>>> {
+        let gcol = |name: &str| -> Result<Vec<Option<Vec<f64>>>> {
             parts
                 .groups
                 .iter()
-                .map(|g| {
-                    g.column(name)
-                        .filter(|c| c.width == 1)
-                        .and_then(|c| c.data.to_f64())
+                .map(|g| match g.column(name) {
+                    None => Ok(None),
+                    Some(c) => match c.data.to_f64() {
+                        Some(v) if c.width == 1 => Ok(Some(v)),
+                        _ => Err(SonataErrorKind::WrongDtype {
+                            path: file.to_path_buf(),
+                            object: format!("{obj}/{}/{name}", g.id),
+                            found: format!("{} with width {}", c.data.dtype_name(), c.width),
+                            expected: "a 1-D numeric dataset".into(),
+                        }
+                        .into()),
+                    },
                 })
                 .collect()
         };
-        let g_weight = gcol("syn_weight");
-        let g_delay = gcol("delay");
-        let g_nsyns = gcol("nsyns");
+        let g_weight = gcol("syn_weight")?;
+        let g_delay = gcol("delay")?;
+        let g_nsyns = gcol("nsyns")?;
         let has_nsyns =
             csv_nsyns.iter().any(Option::is_some) || g_nsyns.iter().any(Option::is_some);
 

@@ -2,6 +2,7 @@
 //! node_group_index, <group>/...}` of a nodes HDF5 file joined with its node-types CSV
 //! (SONATA spec, "Nodes").
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -241,6 +242,39 @@ impl NodePopulation {
     /// The cell `dynamics_params` JSON of node row `i` (shared per node type).
     pub fn dynamics_params(&self, i: usize) -> Option<&Arc<Value>> {
         self.types.dynamics_params[self.type_row[i] as usize].as_ref()
+    }
+
+    /// The cell parameters of node row `i`: its type's `dynamics_params` JSON with the
+    /// node's own values from its group's `dynamics_params` subgroup (SONATA per-node
+    /// overrides, 1-D columns) replacing the keys they name. Borrowed when the node has no
+    /// overrides; `None` when the type has no JSON and the node no overrides.
+    pub fn cell_params(&self, i: usize) -> Option<Cow<'_, Value>> {
+        let base = self.dynamics_params(i);
+        let gid = self.node_group_id[i];
+        let overrides: Vec<(&str, Value)> = self
+            .groups
+            .iter()
+            .find(|g| g.id == gid)
+            .map(|g| {
+                let row = self.node_group_index[i] as usize;
+                g.dynamics_params
+                    .iter()
+                    .filter(|c| c.width == 1)
+                    .filter_map(|c| c.data.get_json(row).map(|v| (c.name.as_str(), v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if overrides.is_empty() {
+            return base.map(|b| Cow::Borrowed(b.as_ref()));
+        }
+        let mut merged = match base.map(|b| b.as_ref()) {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        for (k, v) in overrides {
+            merged.insert(k.to_string(), v);
+        }
+        Some(Cow::Owned(Value::Object(merged)))
     }
 
     /// `model_template` of node row `i`.

@@ -259,6 +259,28 @@ pub fn write_spikes(path: impl AsRef<Path>, spikes: &SpikeTrains) -> Result<()> 
             }
             .into());
         }
+        let out_of_order = match p.sorting {
+            SpikeSorting::None => None,
+            SpikeSorting::ByTime => (1..p.len()).find(|&k| p.timestamps[k] < p.timestamps[k - 1]),
+            SpikeSorting::ById => (1..p.len()).find(|&k| {
+                (p.node_ids[k], p.timestamps[k]) < (p.node_ids[k - 1], p.timestamps[k - 1])
+            }),
+        };
+        if let Some(k) = out_of_order {
+            return Err(SonataErrorKind::InvalidData {
+                what: what(),
+                problem: format!(
+                    "population '{}' says sorting = {} but spike {k} (node {}, {} ms) comes after (node {}, {} ms); sort it first or write sorting none",
+                    p.population,
+                    p.sorting.as_str(),
+                    p.node_ids[k],
+                    p.timestamps[k],
+                    p.node_ids[k - 1],
+                    p.timestamps[k - 1]
+                ),
+            }
+            .into());
+        }
         if spikes.populations[..i]
             .iter()
             .any(|q| q.population == p.population)

@@ -304,3 +304,144 @@ fn from_parts_validates() {
         "{e}"
     );
 }
+
+#[test]
+fn per_node_dynamics_params_override_the_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let comps = components(dir.path());
+    let mut store = ComponentStore::new();
+    let ntypes = Arc::new(NodeTypes::new(node_table(), &comps, &mut store).unwrap());
+    let cx = NodePopulation::from_parts(cortex(), ntypes, &dir.path().join("m.h5"), false).unwrap();
+    // node 1: type 1 JSON {tau_m: 10, C_m: 250}, group 0 row 1 overrides tau_m = 12
+    let p = cx.cell_params(1).unwrap();
+    assert!(matches!(p, std::borrow::Cow::Owned(_)));
+    assert_eq!(p["tau_m"], 12.0);
+    assert_eq!(p["C_m"], 250.0);
+    // the shared type JSON is untouched
+    assert_eq!(cx.dynamics_params(1).unwrap()["tau_m"], 10.0);
+    // node 2: type 2 has no JSON and group 1 no overrides
+    assert!(cx.cell_params(2).is_none());
+}
+
+#[test]
+fn non_numeric_per_edge_values_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let comps = components(dir.path());
+    let mut store = ComponentStore::new();
+    let etypes = Arc::new(EdgeTypes::new(edge_table(), &comps, &mut store).unwrap());
+    let mut bad = recurrent();
+    bad.groups[0].columns[0] = Column::new("syn_weight", ColumnData::Str(s(&["1", "2"])));
+    let e = EdgePopulation::from_parts(bad, etypes, &dir.path().join("e.h5"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/edges/cortex_to_cortex/0/syn_weight") && e.contains("str"),
+        "{e}"
+    );
+}
+
+#[test]
+fn rewrite_syn_weights_rejects_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("e.h5");
+    write_edges(&src, &[EdgesView::from(&recurrent())]).unwrap();
+    let dst = dir.path().join("out.h5");
+    let e = lockstep_sonata::rewrite_syn_weights(&src, &dst, "nope", &[1.0; 5])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/edges/nope") && e.contains("cortex_to_cortex"),
+        "{e}"
+    );
+    let e = lockstep_sonata::rewrite_syn_weights(&src, &dst, "cortex_to_cortex", &[1.0; 4])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("4 weights given for 5 edges"), "{e}");
+    let e = lockstep_sonata::rewrite_syn_weights(
+        &src,
+        &dst,
+        "cortex_to_cortex",
+        &[1.0, 2.0, f64::NAN, 0.0, 1.0],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("weight 2 is NaN"), "{e}");
+    assert!(!dst.exists());
+    // a valid rewrite: group 0 keeps its float32 dtype, group 1 gains a float64 column
+    lockstep_sonata::rewrite_syn_weights(
+        &src,
+        &dst,
+        "cortex_to_cortex",
+        &[1.0, 2.0, 3.0, 4.0, 5.0],
+    )
+    .unwrap();
+    let parts = lockstep_sonata::read_edge_parts(&dst).unwrap();
+    let g0 = parts[0].groups[0].column("syn_weight").unwrap();
+    assert_eq!(g0.data, ColumnData::F32(vec![1.0, 3.0]));
+    let g1 = parts[0].groups[1].column("syn_weight").unwrap();
+    assert_eq!(g1.data, ColumnData::F64(vec![2.0, 4.0, 5.0]));
+    assert_eq!(
+        parts[0].groups[1].column("nsyns").unwrap().data,
+        ColumnData::U32(vec![4, 5, 6])
+    );
+}
+
+#[test]
+fn spike_sorting_is_checked_and_seconds_converted() {
+    use lockstep_sonata::{read_spikes, write_spikes, PopulationSpikes, SpikeSorting, SpikeTrains};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.h5");
+    let mut pop = PopulationSpikes {
+        population: "v1".into(),
+        node_ids: vec![2, 1, 0],
+        timestamps: vec![3.0, 1.0, 2.0],
+        sorting: SpikeSorting::ByTime,
+    };
+    let e = write_spikes(
+        &p,
+        &SpikeTrains {
+            populations: vec![pop.clone()],
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sorting = by_time but spike 1 (node 1, 1 ms)"),
+        "{e}"
+    );
+    pop.sort_by_id();
+    assert_eq!(pop.node_ids, [0, 1, 2]);
+    write_spikes(
+        &p,
+        &SpikeTrains {
+            populations: vec![pop.clone()],
+        },
+    )
+    .unwrap();
+    assert_eq!(read_spikes(&p).unwrap().populations, vec![pop]);
+
+    // timestamps in seconds are converted to ms
+    let q = dir.path().join("sec.h5");
+    {
+        let f = hdf5::File::create(&q).unwrap();
+        let g = f.create_group("spikes/x").unwrap();
+        g.new_dataset_builder()
+            .with_data(&[7u64][..])
+            .create("node_ids")
+            .unwrap();
+        let t = g
+            .new_dataset_builder()
+            .with_data(&[0.25f64][..])
+            .create("timestamps")
+            .unwrap();
+        let unit: hdf5::types::VarLenUnicode = "s".parse().unwrap();
+        t.new_attr::<hdf5::types::VarLenUnicode>()
+            .create("units")
+            .unwrap()
+            .write_scalar(&unit)
+            .unwrap();
+    }
+    let r = read_spikes(&q).unwrap();
+    assert_eq!(r.get("x").unwrap().timestamps, [250.0]);
+    assert_eq!(r.get("x").unwrap().sorting, SpikeSorting::None);
+}
