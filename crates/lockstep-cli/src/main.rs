@@ -3,6 +3,7 @@
 
 mod bench_allreduce;
 mod info;
+mod simulate;
 
 use clap::{Parser, Subcommand};
 use lockstep_comm::World;
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Print the detected launch environment (serial, MPI, Slurm), each rank's device and the version.
     Info,
+    /// Simulate a SONATA point-neuron network (BMTK-style config), NEST-exact; writes SONATA spikes.
+    Simulate(simulate::SimulateArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -31,6 +34,8 @@ enum Command {
 enum BenchCommand {
     /// All-reduce bandwidth of ThreadComm and MpiComm vs a single-core memcpy, 4 KiB to 256 MiB.
     Allreduce(bench_allreduce::AllreduceArgs),
+    /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
+    Simulate(simulate::BenchSimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,7 +49,9 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Command::Info => info::run(&world),
+        Command::Simulate(args) => simulate::run(args, &world),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
+        Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
