@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod accuracy;
+pub mod bench;
 pub mod config;
 pub mod direct;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod rng;
 pub mod snapshot;
 pub mod units;
 
+pub use bench::{bench_nbody, BenchOptions, BenchReport};
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;

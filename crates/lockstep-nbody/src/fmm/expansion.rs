@@ -29,12 +29,19 @@ pub struct Tables {
     pub degree: Vec<usize>,
     /// For `n != 0`: `(index of n - e_axis, axis)` with `axis` the first non-zero axis.
     parent: Vec<(usize, usize)>,
-    /// `(n, m, n+m, sign = (-1)^{|m|})` for `|n|+|m| <= p`.
-    m2l: Vec<(u16, u16, u16, f64)>,
+    /// Index of `n+m` for `|n|+|m| <= p`, grouped by `n`: `m` runs over the prefix
+    /// `0..nterms(p-|n|)` of the coefficients (see `m2l_rows`).
+    m2l: Vec<u16>,
+    /// `m2l[m2l_rows[n]..m2l_rows[n+1]]` are the entries of `L_n`.
+    m2l_rows: Vec<usize>,
+    /// `1 / n_axis` for the monomial recursion (`axis` from `parent`).
+    inv_step: Vec<f64>,
     /// `(n, k, n-k)` for `k <= n` componentwise (M2M and L2L).
     shift: Vec<(u16, u16, u16)>,
-    /// `(n, coefficient, index of n-2k, derivative order |n|-|k|)`.
-    deriv: Vec<(u16, f64, u16, u16)>,
+    /// `(coefficient, index of n-2k, derivative order |n|-|k|)` grouped by `n`.
+    deriv: Vec<(f64, u16, u16)>,
+    /// `deriv[deriv_rows[n]..deriv_rows[n+1]]` are the terms of `D_n`.
+    deriv_rows: Vec<usize>,
     /// For `|n| <= p-1`: index of `n + e_x`, `n + e_y`, `n + e_z`.
     grad: Vec<[usize; 3]>,
     /// Number of coefficients of degree `<= p-1`.
@@ -86,14 +93,15 @@ impl Tables {
             parent[i] = (idx(q).unwrap_or(0), axis);
         }
         let mut m2l = Vec::new();
+        let mut m2l_rows = vec![0];
         for (i, n) in multi.iter().enumerate() {
             for (j, m) in multi.iter().enumerate() {
                 if degree[i] + degree[j] <= p {
                     let nm = idx([n[0] + m[0], n[1] + m[1], n[2] + m[2]]).unwrap_or(0);
-                    let sign = if degree[j] % 2 == 0 { 1.0 } else { -1.0 };
-                    m2l.push((i as u16, j as u16, nm as u16, sign));
+                    m2l.push(nm as u16);
                 }
             }
+            m2l_rows.push(m2l.len());
         }
         let mut shift = Vec::new();
         for (i, n) in multi.iter().enumerate() {
@@ -105,7 +113,8 @@ impl Tables {
             }
         }
         let mut deriv = Vec::new();
-        for (i, n) in multi.iter().enumerate() {
+        let mut deriv_rows = vec![0];
+        for n in multi.iter() {
             let nfact = factorial(n[0]) * factorial(n[1]) * factorial(n[2]);
             for kx in 0..=n[0] / 2 {
                 for ky in 0..=n[1] / 2 {
@@ -117,10 +126,12 @@ impl Tables {
                         let c = nfact / (kfact * 2f64.powi(ksum as i32));
                         let rest =
                             idx([n[0] - 2 * k[0], n[1] - 2 * k[1], n[2] - 2 * k[2]]).unwrap_or(0);
-                        deriv.push((i as u16, c, rest as u16, (degree[i] - ksum) as u16));
+                        let deg = n[0] + n[1] + n[2];
+                        deriv.push((c, rest as u16, (deg - ksum) as u16));
                     }
                 }
             }
+            deriv_rows.push(deriv.len());
         }
         let nterms_lower = if p == 0 { 0 } else { nterms(p - 1) };
         let mut grad = Vec::with_capacity(nterms_lower);
@@ -135,7 +146,17 @@ impl Tables {
             .iter()
             .map(|&d| if d % 2 == 0 { 1.0 } else { -1.0 })
             .collect();
+        let inv_step = (0..nt)
+            .map(|i| {
+                if i == 0 {
+                    1.0
+                } else {
+                    1.0 / multi[i][parent[i].1] as f64
+                }
+            })
+            .collect();
         Tables {
+            inv_step,
             sign,
             p,
             nterms: nt,
@@ -143,8 +164,10 @@ impl Tables {
             degree,
             parent,
             m2l,
+            m2l_rows,
             shift,
             deriv,
+            deriv_rows,
             grad,
             nterms_lower,
         }
@@ -156,7 +179,7 @@ impl Tables {
         out[0] = 1.0;
         for i in 1..self.nterms {
             let (q, axis) = self.parent[i];
-            out[i] = out[q] * x[axis] / self.multi[i][axis] as f64;
+            out[i] = out[q] * x[axis] * self.inv_step[i];
         }
     }
 
@@ -171,9 +194,12 @@ impl Tables {
         for j in 1..=self.p {
             h[j] = -((2 * j - 1) as f64) * q * h[j - 1];
         }
-        out[..self.nterms].iter_mut().for_each(|v| *v = 0.0);
-        for &(n, c, rest, j) in &self.deriv {
-            out[n as usize] += c * scratch[rest as usize] * h[j as usize];
+        for (n, o) in out[..self.nterms].iter_mut().enumerate() {
+            let mut acc = 0.0;
+            for &(c, rest, j) in &self.deriv[self.deriv_rows[n]..self.deriv_rows[n + 1]] {
+                acc += c * scratch[rest as usize] * h[j as usize];
+            }
+            *o = acc;
         }
     }
 
@@ -246,8 +272,19 @@ impl Tables {
             deriv,
             scratch,
         );
-        for &(n, m, nm, sign) in &self.m2l {
-            local[n as usize] += sign * deriv[nm as usize] * mp[m as usize];
+        // Signed multipoles (-1)^{|m|} M_m, kept in `scratch` (free after `derivatives`).
+        for i in 0..self.nterms {
+            scratch[i] = self.sign[i] * mp[i];
+        }
+        let deriv: &[f64] = deriv;
+        for (n, l) in local[..self.nterms].iter_mut().enumerate() {
+            let row = &self.m2l[self.m2l_rows[n]..self.m2l_rows[n + 1]];
+            let acc: f64 = scratch[..row.len()]
+                .iter()
+                .zip(row)
+                .map(|(s, &nm)| s * deriv[nm as usize])
+                .sum();
+            *l += acc;
         }
     }
 

@@ -435,6 +435,7 @@ impl Fmm {
                     theta: self.params.theta,
                     task: nodes[t],
                     direct_max: DIRECT_PER_TERM * self.tables.nterms,
+                    m2p_ratio: 1.0,
                     m2p_max: usize::MAX,
                 };
                 w.walk(0, 0, &mut out);
@@ -472,6 +473,7 @@ struct Walker<'a> {
     direct_max: usize,
     /// Largest target leaf that takes M2P instead of M2L.
     m2p_max: usize,
+    m2p_ratio: f64,
 }
 
 impl Walker<'_> {
@@ -511,7 +513,10 @@ impl Walker<'_> {
                 // Exact and cheaper than M2L + L2P for few particles (falcON's choice).
                 if na.is_leaf() && na.count() * nb.count() <= self.direct_max {
                     out.p2p.push((a, b));
-                } else if na.is_leaf() && na.radius > nb.radius && na.count() <= self.m2p_max {
+                } else if na.is_leaf()
+                    && na.radius > self.m2p_ratio * nb.radius
+                    && na.count() <= self.m2p_max
+                {
                     // A sparse target leaf: evaluating the multipole at each particle is
                     // far more accurate than a local expansion about the leaf centre.
                     out.m2p.push((a, b));

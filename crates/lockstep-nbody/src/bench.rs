@@ -1,0 +1,318 @@
+//! `lockstep bench nbody`: force evaluations per second of the FMM (N = 1e5, 1e6) and of
+//! direct summation (N = 1e5), and the speed and accuracy against the Flatiron FMM3D
+//! (`fmm3dpy` from PyPI, run through `python3` in the same run) on the same points with the
+//! Laplace kernel, no softening, and FMM3D's precision set to our measured median error.
+//!
+//! Accuracy is measured on a subset of targets against direct summation in f64.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::accuracy::{compare, Accuracy};
+use crate::{direct, direct_on, Fmm, FmmParams, Forces, InitialConditions, NbodyError, SourceSet};
+
+/// Benchmark settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// Particle counts for the FMM.
+    pub fmm_sizes: Vec<usize>,
+    /// Particle counts for direct summation.
+    pub direct_sizes: Vec<usize>,
+    /// FMM parameters.
+    pub params: FmmParams,
+    /// Timed FMM evaluations per size (the best is reported).
+    pub repeats: usize,
+    /// Targets used for the accuracy measurement.
+    pub accuracy_targets: usize,
+    /// Compare with `fmm3dpy` through `python3`.
+    pub fmm3d: bool,
+    /// Python interpreter.
+    pub python: String,
+    /// Random seed of the Plummer-sphere points.
+    pub seed: u64,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            fmm_sizes: vec![100_000, 1_000_000],
+            direct_sizes: vec![100_000],
+            params: FmmParams::default(),
+            repeats: 3,
+            accuracy_targets: 2_000,
+            fmm3d: true,
+            python: "python3".into(),
+            seed: 2024,
+        }
+    }
+}
+
+/// One row of the benchmark table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchRow {
+    /// `"fmm"`, `"direct"` or `"fmm3d"`.
+    pub method: String,
+    /// Particles.
+    pub n: usize,
+    /// Seconds per force evaluation (best of the repeats).
+    pub seconds: f64,
+    /// Force evaluations per second.
+    pub evals_per_second: f64,
+    /// Accuracy against direct summation on the target subset (None for direct).
+    pub accuracy: Option<Accuracy>,
+    /// Requested precision (FMM3D) or parameters (ours).
+    pub setting: String,
+    /// Our FMM time / this row's time (only FMM3D rows: > 1 means FMM3D is faster).
+    pub speed_ratio: Option<f64>,
+}
+
+/// The benchmark result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// Rows in the order measured.
+    pub rows: Vec<BenchRow>,
+    /// Worker threads used by rayon.
+    pub threads: usize,
+    /// Why the FMM3D comparison is missing, if it is.
+    pub fmm3d_note: Option<String>,
+}
+
+const PY: &str = r#"
+import json, sys, time
+import numpy as np
+import fmm3dpy
+d = sys.argv[1]
+eps = float(sys.argv[2])
+pos = np.load(d + "/pos.npy")
+q = np.load(d + "/mass.npy")
+src = np.ascontiguousarray(pos.T)
+t0 = time.perf_counter()
+out = fmm3dpy.lfmm3d(eps=eps, sources=src, charges=q, pg=2)
+t1 = time.perf_counter()
+np.save(d + "/pot.npy", np.ascontiguousarray(out.pot))
+np.save(d + "/grad.npy", np.ascontiguousarray(out.grad.T))
+print(json.dumps({"seconds": t1 - t0, "version": getattr(fmm3dpy, "__version__", "unknown")}))
+"#;
+
+fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>), NbodyError> {
+    let p = InitialConditions::Plummer {
+        n: n as u64,
+        total_mass: 1.0,
+        scale_radius: 1.0,
+        max_radius: 30.0,
+        seed,
+    }
+    .generate(1.0, 0, 1, 1.0)?;
+    Ok((p.valid_pos().to_vec(), p.valid_mass().to_vec()))
+}
+
+fn write_npy(path: &Path, data: &[f64], shape: &[u64]) -> Result<(), NbodyError> {
+    use npyz::WriterBuilder;
+    let io = |e: std::io::Error| NbodyError::io(path, e);
+    let f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(f)
+        .begin_nd()
+        .map_err(io)?;
+    w.extend(data.iter().copied()).map_err(io)?;
+    w.finish().map_err(io)
+}
+
+fn read_npy(path: &Path) -> Result<Vec<f64>, NbodyError> {
+    let io = |e: std::io::Error| NbodyError::io(path, e);
+    let bytes = std::fs::read(path).map_err(io)?;
+    npyz::NpyFile::new(&bytes[..])
+        .map_err(io)?
+        .into_vec::<f64>()
+        .map_err(io)
+}
+
+/// Runs FMM3D on `pos`/`mass` with precision `eps`; returns (seconds, forces in our sign
+/// convention with G = 1, version). FMM3D's kernel normalisation (1/r or 1/(4 pi r)) is
+/// detected from the potential of the first target.
+fn run_fmm3d(
+    python: &str,
+    pos: &[[f64; 3]],
+    mass: &[f64],
+    eps: f64,
+    reference: &Forces,
+) -> Result<(f64, Forces, String), NbodyError> {
+    let dir = tempfile::tempdir().map_err(|e| NbodyError::io("temporary directory", e))?;
+    let d = dir.path();
+    let flat: Vec<f64> = pos.iter().flatten().copied().collect();
+    write_npy(&d.join("pos.npy"), &flat, &[pos.len() as u64, 3])?;
+    write_npy(&d.join("mass.npy"), mass, &[mass.len() as u64])?;
+    let script = d.join("bench_fmm3d.py");
+    std::fs::write(&script, PY).map_err(|e| NbodyError::io(&script, e))?;
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(d)
+        .arg(format!("{eps:e}"))
+        .output()
+        .map_err(|e| {
+            NbodyError::Bench(format!("could not start `{python}`: {e}; install Python 3"))
+        })?;
+    if !out.status.success() {
+        return Err(NbodyError::Bench(format!(
+            "`{python}` with fmm3dpy failed ({}): {}; install it with `pip install fmm3dpy numpy`",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| NbodyError::Bench(format!("unexpected fmm3dpy script output: {e}")))?;
+    let seconds = v["seconds"].as_f64().unwrap_or(f64::NAN);
+    let version = v["version"].as_str().unwrap_or("unknown").to_string();
+    let pot = read_npy(&d.join("pot.npy"))?;
+    let grad = read_npy(&d.join("grad.npy"))?;
+    if pot.len() != pos.len() || grad.len() != 3 * pos.len() {
+        return Err(NbodyError::Bench(format!(
+            "fmm3dpy returned {} potentials and {} gradient entries for {} points",
+            pot.len(),
+            grad.len(),
+            pos.len()
+        )));
+    }
+    // Our potential is -sum m / r; FMM3D's is +sum q / r, possibly divided by 4 pi.
+    let ratio = -pot[0] / reference.pot[0];
+    let scale = if (ratio * 4.0 * std::f64::consts::PI - 1.0).abs() < 0.1 {
+        4.0 * std::f64::consts::PI
+    } else {
+        1.0
+    };
+    let f = Forces {
+        pot: pot.iter().map(|p| -scale * p).collect(),
+        acc: grad
+            .chunks_exact(3)
+            .map(|g| [scale * g[0], scale * g[1], scale * g[2]])
+            .collect(),
+    };
+    Ok((seconds, f, version))
+}
+
+fn subset(f: &Forces, k: usize) -> Forces {
+    Forces {
+        acc: f.acc[..k].to_vec(),
+        pot: f.pot[..k].to_vec(),
+    }
+}
+
+/// Runs the benchmark and prints its table to stdout.
+pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport, NbodyError> {
+    let fmm = Fmm::new(opts.params)?;
+    let threads = rayon::current_num_threads();
+    let mut rows = Vec::new();
+    let mut note = None;
+    println!(
+        "lockstep bench nbody: Plummer sphere, G = 1, no softening, {threads} threads, FMM p = {}, theta = {}, leaf_size = {}",
+        opts.params.order, opts.params.theta, opts.params.leaf_size
+    );
+    println!(
+        "{:<7} {:>9} {:>11} {:>11} {:>10} {:>10} {:>10} {:>13}  setting",
+        "method", "N", "s/eval", "evals/s", "acc p50", "acc p99", "pot p99", "fmm3d/ours"
+    );
+    let print = |r: &BenchRow| {
+        let (a50, a99, p99) = r
+            .accuracy
+            .map(|a| {
+                (
+                    format!("{:.2e}", a.acc.p50),
+                    format!("{:.2e}", a.acc.p99),
+                    format!("{:.2e}", a.pot.p99),
+                )
+            })
+            .unwrap_or(("-".into(), "-".into(), "-".into()));
+        println!(
+            "{:<7} {:>9} {:>11.4} {:>11.3} {:>10} {:>10} {:>10} {:>13}  {}",
+            r.method,
+            r.n,
+            r.seconds,
+            r.evals_per_second,
+            a50,
+            a99,
+            p99,
+            r.speed_ratio
+                .map(|s| format!("{s:.2}x"))
+                .unwrap_or("-".into()),
+            r.setting
+        );
+    };
+    for &n in &opts.fmm_sizes {
+        let (pos, mass) = plummer_points(n, opts.seed)?;
+        let k = opts.accuracy_targets.min(n);
+        let reference = direct_on(&pos[..k], Some(0), &pos, &mass, 1.0, 0.0);
+        let mut best = f64::INFINITY;
+        let mut forces = Forces::default();
+        for _ in 0..opts.repeats.max(1) {
+            let t0 = Instant::now();
+            let (f, _) = fmm.forces(&SourceSet::local(&pos, &mass), 1.0, 0.0)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+            forces = f;
+        }
+        let acc = compare(&subset(&forces, k), &reference);
+        let row = BenchRow {
+            method: "fmm".into(),
+            n,
+            seconds: best,
+            evals_per_second: 1.0 / best,
+            accuracy: Some(acc),
+            setting: format!("p={} theta={}", opts.params.order, opts.params.theta),
+            speed_ratio: None,
+        };
+        print(&row);
+        rows.push(row);
+        if opts.fmm3d && note.is_none() {
+            let eps = acc.acc.p50;
+            match run_fmm3d(&opts.python, &pos, &mass, eps, &reference) {
+                Ok((secs, f, version)) => {
+                    let row = BenchRow {
+                        method: "fmm3d".into(),
+                        n,
+                        seconds: secs,
+                        evals_per_second: 1.0 / secs,
+                        accuracy: Some(compare(&subset(&f, k), &reference)),
+                        setting: format!("fmm3dpy {version} lfmm3d eps={eps:.1e}"),
+                        speed_ratio: Some(best / secs),
+                    };
+                    print(&row);
+                    rows.push(row);
+                }
+                Err(e) => {
+                    println!("fmm3d comparison skipped: {e}");
+                    note = Some(e.to_string());
+                }
+            }
+        }
+    }
+    for &n in &opts.direct_sizes {
+        let (pos, mass) = plummer_points(n, opts.seed)?;
+        let t0 = Instant::now();
+        let f = direct(&pos, &mass, 1.0, 0.0);
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(&f);
+        let row = BenchRow {
+            method: "direct".into(),
+            n,
+            seconds: secs,
+            evals_per_second: 1.0 / secs,
+            accuracy: None,
+            setting: "f64, blocked".into(),
+            speed_ratio: None,
+        };
+        print(&row);
+        rows.push(row);
+    }
+    Ok(BenchReport {
+        rows,
+        threads,
+        fmm3d_note: note,
+    })
+}
