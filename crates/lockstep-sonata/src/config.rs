@@ -212,7 +212,15 @@ impl SonataConfig {
                 ));
             };
             let net_path = PathBuf::from(net);
-            if stack.iter().any(|p| p == &net_path) || net_path == path {
+            let key = |p: &Path| {
+                resolve_against(
+                    Path::new("/"),
+                    &std::path::absolute(p)
+                        .unwrap_or(p.to_path_buf())
+                        .to_string_lossy(),
+                )
+            };
+            if stack.iter().any(|p| key(p) == key(&net_path)) || key(&net_path) == key(path) {
                 return Err(key_err(
                     "network",
                     format!(
@@ -656,6 +664,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("$NOPE") && e.contains("manifest.$A"), "{e}");
+    }
+
+    #[test]
+    fn network_include_cycle_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.json");
+        let b = dir.path().join("b.json");
+        std::fs::write(&a, r#"{"network": "./b.json", "run": {"dt": 0.1}}"#).unwrap();
+        std::fs::write(
+            &b,
+            r#"{"network": "$D/a.json", "manifest": {"$D": "${configdir}"}}"#,
+        )
+        .unwrap();
+        let e = SonataConfig::from_file(&a).unwrap_err().to_string();
+        assert!(e.contains("includes itself") && e.contains("a.json"), "{e}");
+        std::fs::write(
+            &b,
+            r#"{"networks": {"nodes": []}, "components": {"x_dir": "x"}}"#,
+        )
+        .unwrap();
+        let c = SonataConfig::from_file(&a).unwrap();
+        assert_eq!(c.components.dirs["x_dir"], dir.path().join("x"));
+        assert_eq!(c.dt(), Some(0.1));
     }
 
     #[test]

@@ -507,3 +507,18 @@ pub fn rewrite_syn_weights(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::build_edge_index;
+
+    #[test]
+    fn index_runs_gaps_and_order() {
+        // node 2 has two runs, node 1 none, node 0 one run of length 2
+        let (n2r, r2e) = build_edge_index(&[2, 0, 0, 3, 2]);
+        assert_eq!(n2r, [0, 1, 0, 0, 1, 3, 3, 4]); // no edges: [0, 0] as BMTK writes
+        assert_eq!(r2e, [1, 3, 0, 1, 4, 5, 3, 4]);
+        let (n2r, r2e) = build_edge_index(&[]);
+        assert!(n2r.is_empty() && r2e.is_empty());
+    }
+}
