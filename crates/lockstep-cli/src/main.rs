@@ -3,6 +3,7 @@
 
 mod bench_allreduce;
 mod info;
+mod plot;
 mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ enum Command {
     Info,
     /// Simulate a SONATA point-neuron network (BMTK-style config), NEST-exact; writes SONATA spikes.
     Simulate(simulate::SimulateArgs),
+    /// PNG figures of a training run: loss curves and a spike raster.
+    Plot(plot::PlotArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info => info::run(&world),
         Command::Simulate(args) => simulate::run(args, &world),
+        Command::Plot(args) => plot::run(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
     };

@@ -62,3 +62,45 @@ fn simulate_the_bundled_real_network() {
         .join("examples/point_450glifs/output/spikes.h5")
         .exists());
 }
+
+#[test]
+fn plot_writes_pngs_from_a_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("callbacks")).unwrap();
+    std::fs::write(
+        dir.path().join("callbacks/losses.csv"),
+        "step,epoch,rate,voltage,total\n1,0,4.0e2,1.0e-3,4.00001e2\n2,0,2.0e2,2.0e-3,2.00002e2\n3,0,1.0e2,2.0e-3,1.00002e2\n",
+    )
+    .unwrap();
+    let spikes = repo().join("../shared/data/reference/nest_point450_dt0.1_t1000.spikes.h5");
+    let out = Command::new(LOCKSTEP)
+        .arg("plot")
+        .arg(dir.path())
+        .arg("--spikes")
+        .arg(&spikes)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in ["plots/losses.png", "plots/raster.png"] {
+        let bytes = std::fs::read(dir.path().join(f)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{f} is not a PNG");
+        assert!(bytes.len() > 10_000, "{f} is suspiciously small");
+    }
+    // A broken CSV is a clear error naming the file and line.
+    std::fs::write(
+        dir.path().join("callbacks/losses.csv"),
+        "step,epoch,rate,total\n1,0,abc,1\n",
+    )
+    .unwrap();
+    let out = Command::new(LOCKSTEP)
+        .arg("plot")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("losses.csv line 2"));
+}
