@@ -10,6 +10,7 @@
 //! The single-step update is generic over [`scalar::Scalar`] (f32, f64, `num_dual::Dual64`),
 //! so the forward-mode dual-number oracle runs the very code the simulator runs.
 
+pub mod bench_net;
 pub mod error;
 pub mod input;
 pub mod loss;

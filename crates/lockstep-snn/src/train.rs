@@ -794,3 +794,175 @@ fn sign_of(w: f64) -> i8 {
         0
     }
 }
+
+/// Options of [`bench_train`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainBenchOptions {
+    /// Cells of the all-to-all GLIF3 network ([`crate::bench_net::all_to_all_glif3`]).
+    pub n_cells: usize,
+    /// Samples per step.
+    pub batch: usize,
+    /// Steps per sample.
+    pub seq_len: usize,
+    /// Time step (ms).
+    pub dt: f64,
+    /// Segmented-BPTT chunk size for the segmented run (steps).
+    pub chunk: usize,
+    /// Timed steps per configuration (after one warm-up step).
+    pub repeats: usize,
+    /// Samples on rayon.
+    pub parallel: bool,
+}
+
+impl Default for TrainBenchOptions {
+    fn default() -> Self {
+        TrainBenchOptions {
+            n_cells: 300,
+            batch: 16,
+            seq_len: 500,
+            dt: 1.0,
+            chunk: 25,
+            repeats: 3,
+            parallel: true,
+        }
+    }
+}
+
+/// One configuration of [`bench_train`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TrainBenchRun {
+    /// Segmented chunk size (`None`: every step stored).
+    pub chunk: Option<usize>,
+    /// Mean seconds per optimizer step (forward + backward + sign constraint; the O(params)
+    /// optimizer update itself is excluded).
+    pub s_per_step: f64,
+    /// Peak resident memory growth during the step (bytes), from `/proc/self/status`
+    /// `VmHWM` after resetting it; `None` where the kernel does not allow the reset.
+    pub peak_rss_bytes: Option<u64>,
+    /// Stored forward state per sample (bytes, analytic).
+    pub tape_bytes_per_sample: usize,
+    /// Stored forward state alive at once (bytes, analytic): per sample times the samples
+    /// that run concurrently (rayon threads, at most the batch).
+    pub tape_bytes_concurrent: usize,
+    /// Loss of the last step (both configurations must agree exactly).
+    pub loss: f64,
+}
+
+/// Report of [`bench_train`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TrainBenchReport {
+    /// Cells.
+    pub n_cells: usize,
+    /// Recurrent edges (trainable parameters).
+    pub n_params: usize,
+    /// Samples per step.
+    pub batch: usize,
+    /// Steps per sample.
+    pub seq_len: usize,
+    /// Time step (ms).
+    pub dt: f64,
+    /// Without segmented recompute.
+    pub full: TrainBenchRun,
+    /// With segmented recompute.
+    pub segmented: TrainBenchRun,
+    /// `segmented / full` of the stored forward state.
+    pub tape_memory_ratio: f64,
+    /// `segmented / full` of the measured peak RSS growth, when measurable.
+    pub rss_memory_ratio: Option<f64>,
+    /// `segmented / full` of the step time.
+    pub time_ratio: f64,
+}
+
+fn read_vm_hwm() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn read_vm_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn reset_hwm() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// `lockstep bench train`: seconds per optimizer step and peak memory of BPTT on the
+/// all-to-all GLIF3 network toward a 10 Hz target, with and without segmented recompute.
+pub fn bench_train(opts: &TrainBenchOptions) -> Result<TrainBenchReport> {
+    let spec = crate::bench_net::all_to_all_glif3(opts.n_cells, 50, 2024);
+    let input = InputSpec {
+        spike_trains: None,
+        poisson: Some(crate::input::PoissonSpec {
+            rates_hz: vec![20.0; 50],
+            seed: 7,
+        }),
+    };
+    let mut runs = Vec::new();
+    for chunk in [None, Some(opts.chunk.max(1))] {
+        let topts = TrainOptions {
+            seq_len: opts.seq_len,
+            gradient_checkpointing: chunk,
+            losses: vec![Loss::TargetFiringRate {
+                target: vec![10.0; opts.n_cells],
+                units: RateUnits::Hz,
+            }],
+            parallel: opts.parallel,
+            ..Default::default()
+        };
+        let model = SnnModel::new(&spec, opts.dt, &input, topts)?;
+        let mut params = model.initial_params();
+        let _ = model.loss_and_grad(&params, 0, opts.batch)?; // warm-up
+        let base = read_vm_rss();
+        let can_reset = reset_hwm();
+        let t = std::time::Instant::now();
+        let mut loss = 0.0;
+        for r in 0..opts.repeats.max(1) {
+            let lg = model.loss_and_grad(&params, (r * opts.batch) as u64, opts.batch)?;
+            model.constrain(&mut params);
+            loss = lg.loss;
+        }
+        let s_per_step = t.elapsed().as_secs_f64() / opts.repeats.max(1) as f64;
+        let peak = match (can_reset, base, read_vm_hwm()) {
+            (true, Some(b), Some(h)) => Some(h.saturating_sub(b)),
+            _ => None,
+        };
+        let (full_b, seg_b) = model.tape_bytes_per_sample();
+        let per_sample = if chunk.is_some() { seg_b } else { full_b };
+        let concurrent = if opts.parallel {
+            rayon::current_num_threads().min(opts.batch)
+        } else {
+            1
+        };
+        runs.push(TrainBenchRun {
+            chunk,
+            s_per_step,
+            peak_rss_bytes: peak,
+            tape_bytes_per_sample: per_sample,
+            tape_bytes_concurrent: per_sample * concurrent,
+            loss,
+        });
+    }
+    let segmented = runs.pop().expect("two runs");
+    let full = runs.pop().expect("two runs");
+    Ok(TrainBenchReport {
+        n_cells: opts.n_cells,
+        n_params: spec.recurrent_edges.len(),
+        batch: opts.batch,
+        seq_len: opts.seq_len,
+        dt: opts.dt,
+        tape_memory_ratio: segmented.tape_bytes_per_sample as f64
+            / full.tape_bytes_per_sample as f64,
+        rss_memory_ratio: match (segmented.peak_rss_bytes, full.peak_rss_bytes) {
+            (Some(s), Some(f)) if f > 0 => Some(s as f64 / f as f64),
+            _ => None,
+        },
+        time_ratio: segmented.s_per_step / full.s_per_step,
+        full,
+        segmented,
+    })
+}
