@@ -3,7 +3,12 @@
 
 use std::path::Path;
 
-use hdf5::types::{FloatSize, IntSize, TypeDescriptor, VarLenAscii, VarLenUnicode};
+use hdf5::types::{
+    FixedAscii, FixedUnicode, FloatSize, IntSize, TypeDescriptor, VarLenAscii, VarLenUnicode,
+};
+
+/// Longest fixed-length string (bytes) read from files (read through HDF5's string conversion).
+const MAX_FIXED_STR: usize = 1024;
 use hdf5::{Dataset, H5Type};
 
 use crate::error::{Result, SonataError, SonataErrorKind};
@@ -298,12 +303,26 @@ pub(crate) fn read_column(path: &Path, ds: &Dataset, name: &str) -> Result<Colum
                 .map(|s| s.as_str().to_string())
                 .collect(),
         ),
+        TypeDescriptor::FixedAscii(n) if n <= MAX_FIXED_STR => ColumnData::Str(
+            read_raw::<FixedAscii<MAX_FIXED_STR>>(path, ds)?
+                .into_iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        ),
+        TypeDescriptor::FixedUnicode(n) if n <= MAX_FIXED_STR => ColumnData::Str(
+            read_raw::<FixedUnicode<MAX_FIXED_STR>>(path, ds)?
+                .into_iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        ),
         other => {
             return Err(SonataErrorKind::WrongDtype {
                 path: path.to_path_buf(),
                 object: ds.name(),
                 found: describe(&other),
-                expected: "an integer, float32/float64 or variable-length string dataset".into(),
+                expected: format!(
+                    "an integer, float32/float64 or string (variable length, or fixed up to {MAX_FIXED_STR} bytes) dataset"
+                ),
             }
             .into())
         }
@@ -360,8 +379,11 @@ pub(crate) fn read_str_attr(
         TypeDescriptor::VarLenAscii => attr
             .read_scalar::<VarLenAscii>()
             .map(|s| s.as_str().to_string()),
-        TypeDescriptor::FixedAscii(_) | TypeDescriptor::FixedUnicode(_) => attr
-            .read_scalar::<VarLenUnicode>()
+        TypeDescriptor::FixedAscii(n) if n <= MAX_FIXED_STR => attr
+            .read_scalar::<FixedAscii<MAX_FIXED_STR>>()
+            .map(|s| s.as_str().to_string()),
+        TypeDescriptor::FixedUnicode(n) if n <= MAX_FIXED_STR => attr
+            .read_scalar::<FixedUnicode<MAX_FIXED_STR>>()
             .map(|s| s.as_str().to_string()),
         other => {
             return Err(SonataErrorKind::WrongDtype {

@@ -445,3 +445,37 @@ fn spike_sorting_is_checked_and_seconds_converted() {
     assert_eq!(r.get("x").unwrap().timestamps, [250.0]);
     assert_eq!(r.get("x").unwrap().sorting, SpikeSorting::None);
 }
+
+#[test]
+fn fixed_length_strings_are_read() {
+    use hdf5::types::FixedAscii;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("e.h5");
+    write_edges(&p, &[EdgesView::from(&recurrent())]).unwrap();
+    {
+        let f = hdf5::File::open_rw(&p).unwrap();
+        let ds = f.dataset("/edges/cortex_to_cortex/target_node_id").unwrap();
+        ds.delete_attr("node_population").unwrap();
+        let v = FixedAscii::<6>::from_ascii(b"cortex").unwrap();
+        ds.new_attr::<FixedAscii<6>>()
+            .create("node_population")
+            .unwrap()
+            .write_scalar(&v)
+            .unwrap();
+        let g = f.group("/edges/cortex_to_cortex/0").unwrap();
+        let col = [
+            FixedAscii::<3>::from_ascii(b"ab").unwrap(),
+            FixedAscii::<3>::from_ascii(b"xyz").unwrap(),
+        ];
+        g.new_dataset_builder()
+            .with_data(&col[..])
+            .create("tag")
+            .unwrap();
+    }
+    let parts = lockstep_sonata::read_edge_parts(&p).unwrap();
+    assert_eq!(parts[0].target_population, "cortex");
+    assert_eq!(
+        parts[0].groups[0].column("tag").unwrap().data,
+        ColumnData::Str(s(&["ab", "xyz"]))
+    );
+}
