@@ -40,10 +40,10 @@ pub struct FmmParams {
 }
 
 fn default_order() -> usize {
-    5
+    6
 }
 fn default_theta() -> f64 {
-    0.5
+    0.6
 }
 fn default_leaf() -> usize {
     32
@@ -462,7 +462,7 @@ impl Fmm {
 /// A well-separated pair with a leaf target is summed directly when `n_A n_B` is at most
 /// this many times the number of expansion coefficients (cost model: one M2L costs a few
 /// particle-particle interactions per coefficient).
-const DIRECT_PER_TERM: usize = 3;
+const DIRECT_PER_TERM: usize = 8;
 
 struct Walker<'a> {
     nodes: &'a [Node],
@@ -509,6 +509,13 @@ impl Walker<'_> {
         let nb = &self.nodes[b];
         let d = dist(na.center, nb.center);
         if na.radius + nb.radius < self.theta * d {
+            if na.count() * nb.count() <= self.direct_max && !na.is_leaf() {
+                // Few particles: descend to the target leaves and sum directly there.
+                for ca in na.children() {
+                    self.walk(ca, b, out);
+                }
+                return;
+            }
             if self.owns(na) {
                 // Exact and cheaper than M2L + L2P for few particles (falcON's choice).
                 if na.is_leaf() && na.count() * nb.count() <= self.direct_max {
