@@ -233,8 +233,7 @@ impl NodePopulation {
     /// Row of the node with id `node_id`, if it exists.
     pub fn index_of(&self, node_id: u64) -> Option<usize> {
         match &self.lookup {
-            IdLookup::Contiguous(n) => ((node_id as usize) < *n && node_id <= usize::MAX as u64)
-                .then_some(node_id as usize),
+            IdLookup::Contiguous(n) => usize::try_from(node_id).ok().filter(|&i| i < *n),
             IdLookup::Map(m) => m.get(&node_id).copied(),
         }
     }
