@@ -41,6 +41,10 @@ pub struct TrainSummary {
     pub final_losses: Vec<f64>,
     /// Reduced loss terms of every update run by this invocation, in order.
     pub loss_history: Vec<Vec<f64>>,
+    /// Per update of this invocation: seconds of data (batch generation and scatter),
+    /// compute (loss and gradient), communication (gradient all-reduce) and the whole update,
+    /// each the slowest rank's (MAX).
+    pub update_times: Vec<[f64; 4]>,
     /// Checksum of the final trainable and frozen parameters.
     pub params_checksum: u64,
     /// The run directory.
@@ -270,6 +274,7 @@ pub fn train(
         targets: vec![0.0; b * tw],
     };
     let mut history = Vec::new();
+    let mut update_times = Vec::new();
     let mut last = vec![f64::NAN; loss_names.len()];
     let mut update = start_update;
     let run_start = Instant::now();
@@ -416,6 +421,7 @@ pub fn train(
             }
         }
         history.push(reduced.clone());
+        update_times.push(times);
         last = reduced;
         if let Some(stop) = cfg.early_stop_loss {
             if total < stop {
@@ -462,6 +468,7 @@ pub fn train(
         updates: update,
         final_losses: last,
         loss_history: history,
+        update_times,
         params_checksum: checksum(&all),
         output_dir: cfg.output_dir.clone(),
         exported,
