@@ -26,7 +26,7 @@ pub mod train;
 
 pub use error::{Result, SnnError};
 pub use input::{InputSpec, Inputs, PoissonSpec};
-pub use loss::{Loss, RateTarget, RateUnits};
+pub use loss::{losses_from_json, Loss, RateTarget, RateUnits};
 pub use model::{CellConsts, CellModel, GlifParams, IafPscAlphaParams};
 pub use network::{CellType, EdgeSpec, Network, NetworkSpec, NeuronSpec, VirtualNodeSpec};
 pub use scalar::{PseudoDerivative, Scalar, Surrogate};

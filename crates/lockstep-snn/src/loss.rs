@@ -246,3 +246,241 @@ pub(crate) fn vreg_r_generic<S: Scalar>(v: S) -> S {
         S::zero()
     }
 }
+
+fn loss_err(key: &str, reason: impl Into<String>) -> SnnError {
+    SnnError::InvalidInput {
+        input: format!("training.losses.{key}"),
+        reason: reason.into(),
+    }
+}
+
+fn check_keys(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    allowed: &[&str],
+) -> Result<()> {
+    for k in obj.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(loss_err(
+                key,
+                format!("unknown key '{k}'; known: {}", allowed.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `training.losses`: a list of objects with `"name"` (`TargetFiringRate` or
+/// `VoltageRegularization`), or an object keyed by those names.
+///
+/// * `TargetFiringRate`: `firing_rate` (number, `{population or node type: rate}`, or a
+///   per-node CSV path relative to `base_dir`), `rate_units` (`"Hz"` default or
+///   `"spikes_per_step"`);
+/// * `VoltageRegularization`: `cost` (default 1).
+pub fn losses_from_json(
+    v: &serde_json::Value,
+    spec: &NetworkSpec,
+    base_dir: &Path,
+) -> Result<Vec<Loss>> {
+    use serde_json::Value;
+    let entries: Vec<(String, serde_json::Map<String, Value>)> = match v {
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let Value::Object(m) = e else {
+                    return Err(loss_err(
+                        &i.to_string(),
+                        format!("{e} must be an object with a \"name\""),
+                    ));
+                };
+                let name = m
+                    .get("name")
+                    .or_else(|| m.get("type"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        loss_err(
+                            &i.to_string(),
+                            "needs \"name\": \"TargetFiringRate\" or \"VoltageRegularization\"",
+                        )
+                    })?;
+                let mut m = m.clone();
+                m.remove("name");
+                m.remove("type");
+                Ok((name.to_string(), m))
+            })
+            .collect::<Result<_>>()?,
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, e)| match e {
+                Value::Object(o) => Ok((k.clone(), o.clone())),
+                other => Err(loss_err(k, format!("{other} must be an object"))),
+            })
+            .collect::<Result<_>>()?,
+        other => {
+            return Err(loss_err(
+                "",
+                format!("{other} must be a list or an object of losses"),
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    for (name, m) in entries {
+        match name.as_str() {
+            "TargetFiringRate" => {
+                check_keys(&m, &name, &["firing_rate", "rate_units"])?;
+                let rate = m
+                    .get("firing_rate")
+                    .ok_or_else(|| loss_err(&name, "needs \"firing_rate\""))?;
+                let units = match m.get("rate_units").and_then(Value::as_str) {
+                    None | Some("Hz") => RateUnits::Hz,
+                    Some("spikes_per_step") => RateUnits::SpikesPerStep,
+                    Some(u) => {
+                        return Err(loss_err(
+                            &name,
+                            format!("rate_units '{u}' must be \"Hz\" or \"spikes_per_step\""),
+                        ))
+                    }
+                };
+                let target = RateTarget::from_json(rate, base_dir)?.resolve(spec)?;
+                out.push(Loss::TargetFiringRate { target, units });
+            }
+            "VoltageRegularization" => {
+                check_keys(&m, &name, &["cost"])?;
+                let cost = match m.get("cost") {
+                    None => 1.0,
+                    Some(c) => c
+                        .as_f64()
+                        .ok_or_else(|| loss_err(&name, format!("cost {c} must be a number")))?,
+                };
+                out.push(Loss::VoltageRegularization { cost });
+            }
+            other => return Err(loss_err(
+                other,
+                "unknown loss; lockstep-snn provides TargetFiringRate and VoltageRegularization",
+            )),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CellModel;
+    use crate::network::{CellType, NeuronSpec};
+    use serde_json::json;
+
+    fn spec() -> NetworkSpec {
+        let iaf = CellModel::from_template("nest:iaf_psc_alpha", &json!({}), "x").unwrap();
+        NetworkSpec {
+            cell_types: vec![
+                CellType {
+                    name: "100 (Scnn1a)".into(),
+                    model: iaf.clone(),
+                },
+                CellType {
+                    name: "105 (LIF_exc)".into(),
+                    model: iaf,
+                },
+            ],
+            neurons: vec![
+                NeuronSpec {
+                    population: "v1".into(),
+                    node_id: 0,
+                    cell_type: 0,
+                },
+                NeuronSpec {
+                    population: "v1".into(),
+                    node_id: 1,
+                    cell_type: 1,
+                },
+                NeuronSpec {
+                    population: "v2".into(),
+                    node_id: 0,
+                    cell_type: 1,
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rate_targets_number_table_and_csv() {
+        let s = spec();
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            RateTarget::from_json(&json!(7.5), dir.path())
+                .unwrap()
+                .resolve(&s)
+                .unwrap(),
+            vec![7.5; 3]
+        );
+        let t = RateTarget::from_json(&json!({"Scnn1a": 10.0, "105": 3.0}), dir.path()).unwrap();
+        assert_eq!(t.resolve(&s).unwrap(), vec![10.0, 3.0, 3.0]);
+        let t = RateTarget::from_json(&json!({"v2": 1.0, "Scnn1a": 2.0}), dir.path()).unwrap();
+        let e = t.resolve(&s).unwrap_err().to_string();
+        assert!(e.contains("node 1 of population 'v1'"), "{e}");
+        std::fs::write(
+            dir.path().join("t.csv"),
+            "node_id,population,firing_rate\n0,v1,4\n1,v1,5\n0,v2,6\n",
+        )
+        .unwrap();
+        let t = RateTarget::from_json(&json!("t.csv"), dir.path()).unwrap();
+        assert_eq!(t.resolve(&s).unwrap(), vec![4.0, 5.0, 6.0]);
+        std::fs::write(dir.path().join("bad.csv"), "node_id firing_rate\n0 4\n").unwrap();
+        let e = RateTarget::from_json(&json!("bad.csv"), dir.path())
+            .unwrap()
+            .resolve(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("bad.csv") && e.contains("no row for node 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn losses_parse_from_list_and_object() {
+        let s = spec();
+        let d = Path::new(".");
+        let l = losses_from_json(
+            &json!([{"name": "TargetFiringRate", "firing_rate": 5, "rate_units": "spikes_per_step"},
+                    {"name": "VoltageRegularization", "cost": 0.5}]),
+            &s,
+            d,
+        )
+        .unwrap();
+        assert_eq!(
+            l,
+            vec![
+                Loss::TargetFiringRate {
+                    target: vec![5.0; 3],
+                    units: RateUnits::SpikesPerStep
+                },
+                Loss::VoltageRegularization { cost: 0.5 }
+            ]
+        );
+        assert!(l.iter().all(Loss::sample_separable));
+        let l =
+            losses_from_json(&json!({"TargetFiringRate": {"firing_rate": 2.0}}), &s, d).unwrap();
+        assert_eq!(
+            l,
+            vec![Loss::TargetFiringRate {
+                target: vec![2.0; 3],
+                units: RateUnits::Hz
+            }]
+        );
+        let e = losses_from_json(&json!([{"name": "Crossentropy"}]), &s, d)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Crossentropy") && e.contains("TargetFiringRate"),
+            "{e}"
+        );
+        let e = losses_from_json(&json!({"VoltageRegularization": {"cots": 1}}), &s, d)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cots"), "{e}");
+    }
+}

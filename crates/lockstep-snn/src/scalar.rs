@@ -53,6 +53,58 @@ impl Default for Surrogate {
 }
 
 impl Surrogate {
+    /// Parses the pseudo-derivative config: `"gauss"` / `"triangle"`, or
+    /// `{"name": "gauss" | "triangle", "gain": g, "width": w}` (missing values: defaults of
+    /// that shape; gauss gain 0.3 width 0.5, triangle gain 0.3 width 1). `None`: gauss.
+    pub fn from_json(v: Option<&serde_json::Value>) -> Result<Self, crate::SnnError> {
+        use serde_json::Value;
+        let bad = |reason: String| crate::SnnError::InvalidInput {
+            input: "training.pseudo_derivative".into(),
+            reason,
+        };
+        let (name, obj) = match v {
+            None | Some(Value::Null) => ("gauss", None),
+            Some(Value::String(s)) => (s.as_str(), None),
+            Some(Value::Object(m)) => {
+                for k in m.keys() {
+                    if !["name", "gain", "width"].contains(&k.as_str()) {
+                        return Err(bad(format!("unknown key '{k}'; known: name, gain, width")));
+                    }
+                }
+                (
+                    m.get("name").and_then(Value::as_str).unwrap_or("gauss"),
+                    Some(m),
+                )
+            }
+            Some(other) => {
+                return Err(bad(format!(
+                    "{other} must be \"gauss\", \"triangle\" or an object"
+                )))
+            }
+        };
+        let mut s = match name {
+            "gauss" => Surrogate::default(),
+            "triangle" => Surrogate {
+                kind: PseudoDerivative::Triangle,
+                gain: 0.3,
+                width: 1.0,
+            },
+            other => return Err(bad(format!("'{other}' is not \"gauss\" or \"triangle\""))),
+        };
+        if let Some(m) = obj {
+            for (k, slot) in [("gain", &mut s.gain), ("width", &mut s.width)] {
+                if let Some(x) = m.get(k) {
+                    let x = x
+                        .as_f64()
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                        .ok_or_else(|| bad(format!("{k} = {x} must be a positive number")))?;
+                    *slot = x;
+                }
+            }
+        }
+        Ok(s)
+    }
+
     /// Pseudo-derivative at normalized voltage `v` (dimensionless).
     #[inline]
     pub fn eval(&self, v: f64) -> f64 {
@@ -226,6 +278,24 @@ mod tests {
         assert!(sg.eval(1.5) < sg.eval(1.1));
         let x: f64 = 0.5 / 0.5;
         assert!((sg.eval(1.5) - 0.3 * (-(x * x)).exp()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn surrogate_from_json() {
+        use serde_json::json;
+        assert_eq!(Surrogate::from_json(None).unwrap(), Surrogate::default());
+        let t = Surrogate::from_json(Some(&json!({"name": "triangle", "gain": 0.5}))).unwrap();
+        assert_eq!(
+            t,
+            Surrogate {
+                kind: PseudoDerivative::Triangle,
+                gain: 0.5,
+                width: 1.0
+            }
+        );
+        assert!(Surrogate::from_json(Some(&json!("sigmoid"))).is_err());
+        assert!(Surrogate::from_json(Some(&json!({"name": "gauss", "width": -1}))).is_err());
+        assert!(Surrogate::from_json(Some(&json!({"nme": "gauss"}))).is_err());
     }
 
     #[test]

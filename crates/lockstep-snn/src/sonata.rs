@@ -208,3 +208,75 @@ pub fn spike_trains_for_virtual_nodes(
     }
     Ok(trains)
 }
+
+/// Writes trained weights as SONATA edges files into `dir`, one per edges file of `circuit`
+/// (same file name), readable by BMTK and NEST: each edge gets a per-edge `syn_weight` of
+/// `w / nsyns` (so that BMTK's `syn_weight * nsyns` is the trained weight `w`, pA).
+///
+/// `recurrent` and `input` are the weights in the spec order of
+/// [`network_spec_from_circuit`] (e.g. from [`crate::train::SnnModel::weights_in_spec_order`]).
+/// Returns the files written.
+pub fn export_trained_weights(
+    circuit: &Circuit,
+    recurrent: &[f64],
+    input: &[f64],
+    dir: &std::path::Path,
+) -> Result<Vec<std::path::PathBuf>> {
+    let mut written: Vec<std::path::PathBuf> = Vec::new();
+    let (mut r, mut i) = (0usize, 0usize);
+    let n_rec: usize = circuit
+        .edges
+        .iter()
+        .filter(|e| {
+            circuit
+                .node_population(&e.source_population)
+                .is_some_and(|p| !p.is_virtual)
+        })
+        .map(|e| e.len())
+        .sum();
+    let n_in: usize = circuit.edges.iter().map(|e| e.len()).sum::<usize>() - n_rec;
+    if recurrent.len() != n_rec || input.len() != n_in {
+        return Err(SnnError::Shape(format!(
+            "{} recurrent and {} input weights given; the circuit has {n_rec} and {n_in}",
+            recurrent.len(),
+            input.len()
+        )));
+    }
+    for ep in &circuit.edges {
+        let is_input = circuit
+            .node_population(&ep.source_population)
+            .is_some_and(|p| p.is_virtual);
+        let w = if is_input {
+            i += ep.len();
+            &input[i - ep.len()..i]
+        } else {
+            r += ep.len();
+            &recurrent[r - ep.len()..r]
+        };
+        let syn_weight: Vec<f64> = match &ep.nsyns {
+            Some(ns) => w
+                .iter()
+                .zip(ns)
+                .map(|(&w, &k)| if k > 0 { w / k as f64 } else { w })
+                .collect(),
+            None => w.to_vec(),
+        };
+        let name = ep.file.file_name().ok_or_else(|| {
+            SnnError::InvalidNetwork(format!(
+                "edges file '{}' has no file name",
+                ep.file.display()
+            ))
+        })?;
+        let dst = dir.join(name);
+        let src = if written.contains(&dst) {
+            dst.clone()
+        } else {
+            ep.file.clone()
+        };
+        lockstep_sonata::rewrite_syn_weights(&src, &dst, &ep.name, &syn_weight)?;
+        if !written.contains(&dst) {
+            written.push(dst);
+        }
+    }
+    Ok(written)
+}

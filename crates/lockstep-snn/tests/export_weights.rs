@@ -1,0 +1,84 @@
+//! Trained weights exported as SONATA edges files read back as the same network weights.
+
+use std::path::PathBuf;
+
+use lockstep_snn::sonata::{export_trained_weights, network_spec_from_circuit};
+use lockstep_snn::{InputSpec, Loss, RateUnits, SnnModel, TrainOptions};
+use serde_json::json;
+
+fn shared() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+}
+
+#[test]
+fn exported_weights_read_back_identically() {
+    let net_dir = shared().join("data/bmtk/point_450glifs");
+    let circuit =
+        lockstep_sonata::Circuit::from_config(net_dir.join("config.circuit.json")).unwrap();
+    let spec = network_spec_from_circuit(&circuit).unwrap();
+    let n = spec.neurons.len();
+    let opts = TrainOptions {
+        seq_len: 10,
+        train_input_weights: true,
+        losses: vec![Loss::TargetFiringRate {
+            target: vec![5.0; n],
+            units: RateUnits::Hz,
+        }],
+        ..Default::default()
+    };
+    let model = SnnModel::new(&spec, 1.0, &InputSpec::default(), opts).unwrap();
+    let mut params = model.initial_params();
+    for (i, p) in params.iter_mut().enumerate() {
+        *p *= 1.0 + (i % 7) as f32 * 0.1;
+    }
+    let (rec, inp) = model.weights_in_spec_order(&params).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let files = export_trained_weights(&circuit, &rec, &inp, tmp.path()).unwrap();
+    assert_eq!(files.len(), 2);
+
+    let nd = net_dir.join("network");
+    let s = |p: PathBuf| p.to_str().unwrap().to_string();
+    let cfg = json!({
+        "components": {
+            "point_neuron_models_dir": s(shared().join("data/bmtk/point_components/cell_models")),
+            "synaptic_models_dir": s(shared().join("data/bmtk/point_components/synaptic_models"))
+        },
+        "networks": {
+            "nodes": [
+                {"nodes_file": s(nd.join("v1_nodes.h5")), "node_types_file": s(nd.join("v1_node_types.csv"))},
+                {"nodes_file": s(nd.join("lgn_nodes.h5")), "node_types_file": s(nd.join("lgn_node_types.csv"))}
+            ],
+            "edges": [
+                {"edges_file": s(tmp.path().join("v1_v1_edges.h5")), "edge_types_file": s(nd.join("v1_v1_edge_types.csv"))},
+                {"edges_file": s(tmp.path().join("lgn_v1_edges.h5")), "edge_types_file": s(nd.join("lgn_v1_edge_types.csv"))}
+            ]
+        }
+    });
+    let cfg_path = tmp.path().join("circuit.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let back =
+        network_spec_from_circuit(&lockstep_sonata::Circuit::from_config(&cfg_path).unwrap())
+            .unwrap();
+    assert_eq!(back.recurrent_edges.len(), rec.len());
+    for (e, &w) in back.recurrent_edges.iter().zip(&rec) {
+        assert!(
+            (e.weight - w).abs() <= 1e-12 * w.abs(),
+            "{} vs {w}",
+            e.weight
+        );
+    }
+    for (e, &w) in back.input_edges.iter().zip(&inp) {
+        assert!(
+            (e.weight - w).abs() <= 1e-12 * w.abs(),
+            "{} vs {w}",
+            e.weight
+        );
+    }
+    // Structure (sources, targets, receptors, delays) is unchanged.
+    for (a, b) in back.recurrent_edges.iter().zip(&spec.recurrent_edges) {
+        assert_eq!(
+            (a.source, a.target, a.receptor, a.delay_ms),
+            (b.source, b.target, b.receptor, b.delay_ms)
+        );
+    }
+}
