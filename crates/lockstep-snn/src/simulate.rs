@@ -134,7 +134,31 @@ pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
         .ok_or_else(|| cfg_err(&cfg.path, "run.tstop", "is missing (ms)"))?;
     let network = spec.compile(dt)?;
     let n_steps = network.grid.run_steps(tstop)?;
-    let run_seed = get_f64(&cfg, "/run/seed", "run.seed")?.unwrap_or(0.0) as u64;
+    let (input, names) = inputs_from_config(&cfg, &spec)?;
+    let inputs = input.compile(
+        &names.join(","),
+        spec.virtual_nodes.len(),
+        &network.grid,
+        n_steps,
+    )?;
+    Ok(PreparedSimulation {
+        config: cfg,
+        spec,
+        network,
+        inputs,
+        n_steps,
+        tstop,
+    })
+}
+
+/// Parses the config's `inputs` (and `run.seed` for Poisson inputs) into an [`InputSpec`]
+/// for the virtual nodes of `spec`; returns it with the input names. Reads spike files;
+/// writes nothing.
+pub fn inputs_from_config(
+    cfg: &SonataConfig,
+    spec: &NetworkSpec,
+) -> Result<(InputSpec, Vec<String>)> {
+    let run_seed = get_f64(cfg, "/run/seed", "run.seed")?.unwrap_or(0.0) as u64;
 
     let mut input = InputSpec::default();
     let mut names = Vec::new();
@@ -156,12 +180,12 @@ pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
                 ));
             };
             let input_type =
-                get_str(&cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
-            let module = get_str(&cfg, &v["module"], &key("module"))?.unwrap_or("");
-            let node_set = get_str(&cfg, &v["node_set"], &key("node_set"))?;
+                get_str(cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
+            let module = get_str(cfg, &v["module"], &key("module"))?.unwrap_or("");
+            let node_set = get_str(cfg, &v["node_set"], &key("node_set"))?;
             match (input_type, module) {
                 ("spikes", "sonata" | "h5" | "hdf5") => {
-                    let file = get_str(&cfg, &v["input_file"], &key("input_file"))?
+                    let file = get_str(cfg, &v["input_file"], &key("input_file"))?
                         .ok_or_else(|| cfg_err(&cfg.path, &key("input_file"), "is missing"))?;
                     let path = cfg.resolve_path(file);
                     if !path.is_file() {
@@ -214,20 +238,7 @@ pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
             names.push(name.clone());
         }
     }
-    let inputs = input.compile(
-        &names.join(","),
-        spec.virtual_nodes.len(),
-        &network.grid,
-        n_steps,
-    )?;
-    Ok(PreparedSimulation {
-        config: cfg,
-        spec,
-        network,
-        inputs,
-        n_steps,
-        tstop,
-    })
+    Ok((input, names))
 }
 
 /// NEST's millisecond value of a spike stamped at step `stamp` (`Time::step(s).get_ms()`).

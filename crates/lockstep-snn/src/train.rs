@@ -966,3 +966,97 @@ pub fn bench_train(opts: &TrainBenchOptions) -> Result<TrainBenchReport> {
         segmented,
     })
 }
+
+/// Builds a trainable model from a lockstep training config (SONATA/BMTK style).
+///
+/// Keys read (others belong to the training engine and are left to it):
+/// * the network (`networks`/`network`, `components`) through `lockstep-sonata`;
+/// * `run.dt` (ms) and `run.seq_len` (steps), both required; `run.seed` seeds Poisson inputs;
+/// * `inputs` as in `lockstep simulate` (SONATA spike files and/or Poisson virtual nodes);
+/// * `training.losses` (see [`crate::loss::losses_from_json`]), required;
+/// * `training.pseudo_derivative` (see [`Surrogate::from_json`]);
+/// * `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
+///   chunk size in steps;
+/// * `training.train_input_weights`: `false` (default) or `true`.
+///
+/// Returns the circuit (for exporting weights) and the model. Writes nothing.
+pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
+    use serde_json::Value;
+    let cfg = lockstep_sonata::SonataConfig::from_file(config)?;
+    let circuit = lockstep_sonata::Circuit::from_sonata_config(cfg.clone())?;
+    let spec = crate::sonata::network_spec_from_circuit(&circuit)?;
+    let err = |key: &str, problem: String| SnnError::Config {
+        path: cfg.path.clone(),
+        key: key.into(),
+        problem,
+    };
+    let dt = cfg
+        .json
+        .pointer("/run/dt")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| err("run.dt", "is missing or not a number (ms)".into()))?;
+    let seq_len = cfg
+        .json
+        .pointer("/run/seq_len")
+        .and_then(Value::as_u64)
+        .filter(|&t| t > 0)
+        .ok_or_else(|| {
+            err(
+                "run.seq_len",
+                "is missing or not a positive integer (steps)".into(),
+            )
+        })? as usize;
+    let (input, _) = crate::simulate::inputs_from_config(&cfg, &spec)?;
+    let training = cfg.json.get("training").cloned().unwrap_or(Value::Null);
+    let losses_v = training.get("losses").ok_or_else(|| {
+        err(
+            "training.losses",
+            "is missing; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]".into(),
+        )
+    })?;
+    let losses = crate::loss::losses_from_json(losses_v, &spec, &cfg.dir)?;
+    if losses.is_empty() {
+        return Err(err("training.losses", "is empty".into()));
+    }
+    let surrogate = Surrogate::from_json(training.get("pseudo_derivative"))?;
+    let gradient_checkpointing = match training.get("gradient_checkpointing") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(25),
+        Some(v) => Some(v.as_u64().filter(|&k| k > 0).ok_or_else(|| {
+            err(
+                "training.gradient_checkpointing",
+                format!("{v} must be true, false or a chunk size in steps"),
+            )
+        })? as usize),
+    };
+    let train_input_weights = match training.get("train_input_weights") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(err(
+                "training.train_input_weights",
+                format!("{v} must be true or false"),
+            ))
+        }
+    };
+    let opts = TrainOptions {
+        seq_len,
+        surrogate,
+        train_input_weights,
+        gradient_checkpointing,
+        losses,
+        ..Default::default()
+    };
+    let model = SnnModel::new(&spec, dt, &input, opts)?;
+    Ok((circuit, model))
+}
+
+/// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`].
+pub fn loss_names(model: &SnnModel) -> Vec<String> {
+    model
+        .opts
+        .losses
+        .iter()
+        .map(|l| l.name().to_string())
+        .collect()
+}

@@ -82,3 +82,52 @@ fn exported_weights_read_back_identically() {
         );
     }
 }
+
+#[test]
+fn model_from_training_config_with_poisson_and_file_inputs() {
+    let net_dir = shared().join("data/bmtk/point_450glifs");
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = json!({
+        "network": net_dir.join("config.circuit.json").to_str().unwrap(),
+        "run": {"dt": 1.0, "seq_len": 50, "batch_size": 2, "seed": 3},
+        "inputs": {
+            "LGN_spikes": {"input_type": "spikes", "module": "sonata",
+                            "input_file": net_dir.join("inputs/lgn_spikes.h5").to_str().unwrap(), "node_set": "lgn"},
+            "background": {"input_type": "poisson", "rate": 30.0, "node_set": "lgn"}
+        },
+        "training": {
+            "losses": [{"name": "TargetFiringRate", "firing_rate": {"v1": 5.0}}, {"name": "VoltageRegularization", "cost": 0.1}],
+            "pseudo_derivative": {"name": "triangle", "gain": 0.4},
+            "gradient_checkpointing": 10,
+            "train_input_weights": true
+        }
+    });
+    let path = tmp.path().join("train.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let (_, model) = lockstep_snn::train::model_from_config(&path).unwrap();
+    assert_eq!(model.n_params(), 28555 + 36035);
+    assert_eq!(model.opts.gradient_checkpointing, Some(10));
+    assert_eq!(
+        lockstep_snn::train::loss_names(&model),
+        vec!["TargetFiringRate", "VoltageRegularization"]
+    );
+    let p = model.initial_params();
+    let a = model.loss_and_grad(&p, 0, 2).unwrap();
+    let b = model.loss_and_grad(&p, 0, 2).unwrap();
+    assert_eq!(a, b, "deterministic for the same samples");
+    assert!(a.n_spikes > 0 && a.grad.iter().any(|&g| g != 0.0));
+    let c = model.loss_and_grad(&p, 2, 2).unwrap();
+    assert_ne!(
+        a.n_spikes, c.n_spikes,
+        "other samples draw other Poisson input"
+    );
+
+    // Missing training.losses is a clear config error.
+    let mut bad = cfg.clone();
+    bad["training"].as_object_mut().unwrap().remove("losses");
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let e = lockstep_snn::train::model_from_config(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("training.losses"), "{e}");
+}
