@@ -101,19 +101,46 @@ impl<S: Scalar> TrialState<S> {
                 let c = &g.consts;
                 let gp = c.ports.len();
                 let ga = c.asc.len();
-                for i in g.start..g.end {
-                    z[i] = step_neuron(
-                        c,
-                        NeuronStateMut {
-                            u: &mut self.u[i],
-                            asc: &mut self.asc[i * na..i * na + ga],
-                            y1: &mut self.y1[i * np..i * np + gp],
-                            y2: &mut self.y2[i * np..i * np + gp],
-                            refr: &mut self.refr[i],
-                        },
-                        &arrivals[i * np..i * np + gp],
-                        sg,
-                    );
+                let (a, b) = (g.start, g.end);
+                let it = self.u[a..b]
+                    .iter_mut()
+                    .zip(self.refr[a..b].iter_mut())
+                    .zip(self.y1[a * np..b * np].chunks_exact_mut(np))
+                    .zip(self.y2[a * np..b * np].chunks_exact_mut(np))
+                    .zip(arrivals[a * np..b * np].chunks_exact(np))
+                    .zip(z[a..b].iter_mut());
+                if na > 0 {
+                    for ((((((u, refr), y1), y2), x), zi), asc) in
+                        it.zip(self.asc[a * na..b * na].chunks_exact_mut(na))
+                    {
+                        *zi = step_neuron(
+                            c,
+                            NeuronStateMut {
+                                u,
+                                asc: &mut asc[..ga],
+                                y1: &mut y1[..gp],
+                                y2: &mut y2[..gp],
+                                refr,
+                            },
+                            &x[..gp],
+                            sg,
+                        );
+                    }
+                } else {
+                    for (((((u, refr), y1), y2), x), zi) in it {
+                        *zi = step_neuron(
+                            c,
+                            NeuronStateMut {
+                                u,
+                                asc: &mut [],
+                                y1: &mut y1[..gp],
+                                y2: &mut y2[..gp],
+                                refr,
+                            },
+                            &x[..gp],
+                            sg,
+                        );
+                    }
                 }
             }
         }

@@ -196,7 +196,7 @@ pub fn inputs_from_config(
                     }
                     let spikes = lockstep_sonata::read_spikes(&path)?;
                     let label = path.display().to_string();
-                    let trains = spike_trains_for_virtual_nodes(&spec, &spikes, &label, node_set)?;
+                    let trains = spike_trains_for_virtual_nodes(spec, &spikes, &label, node_set)?;
                     let merged = input.spike_trains.get_or_insert_with(|| vec![Vec::new(); spec.virtual_nodes.len()]);
                     for (m, t) in merged.iter_mut().zip(trains) {
                         m.extend(t);
