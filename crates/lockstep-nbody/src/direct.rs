@@ -46,61 +46,92 @@ impl SoA {
     }
 }
 
-/// Adds the (unscaled, G = 1) field of sources `s[lo..hi]` at point `t` into
-/// `acc`/`pot`: `acc += sum m d / (r^2+eps^2)^{3/2}`, `pot -= sum m / sqrt(r^2+eps^2)`.
-/// The caller excludes the target itself by splitting the range.
+/// Adds the (unscaled, G = 1) field of the sources `s[lo..hi]` at each target
+/// `targets[k]` into `acc[k]`/`pot[k]`: `acc += sum m d / (r^2+eps^2)^{3/2}`,
+/// `pot -= sum m / sqrt(r^2+eps^2)`. With `skip_base = Some(b)`, target `k` is source
+/// `b + k` and does not act on itself. Dispatches once per block to an AVX-512 or AVX2
+/// build of the same arithmetic when the CPU has it.
 #[inline]
-pub(crate) fn p2p_range(
-    t: [f64; 3],
+pub(crate) fn p2p_block(
+    targets: &[[f64; 3]],
+    skip_base: Option<usize>,
     s: &SoA,
     lo: usize,
     hi: usize,
     eps2: f64,
-    acc: &mut [f64; 3],
-    pot: &mut f64,
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { p2p_avx512(t, s, lo, hi, eps2, acc, pot) };
+            return unsafe { block_avx512(targets, skip_base, s, lo, hi, eps2, acc, pot) };
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { p2p_avx2(t, s, lo, hi, eps2, acc, pot) };
+            return unsafe { block_avx2(targets, skip_base, s, lo, hi, eps2, acc, pot) };
         }
     }
-    p2p_body(t, s, lo, hi, eps2, acc, pot)
+    block_body(targets, skip_base, s, lo, hi, eps2, acc, pot)
 }
 
-/// [`p2p_body`] compiled for AVX-512 (8 f64 lanes).
+/// [`block_body`] compiled for AVX-512 (8 f64 lanes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn p2p_avx512(
-    t: [f64; 3],
+fn block_avx512(
+    targets: &[[f64; 3]],
+    skip_base: Option<usize>,
     s: &SoA,
     lo: usize,
     hi: usize,
     eps2: f64,
-    acc: &mut [f64; 3],
-    pot: &mut f64,
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
 ) {
-    p2p_body(t, s, lo, hi, eps2, acc, pot)
+    block_body(targets, skip_base, s, lo, hi, eps2, acc, pot)
 }
 
-/// [`p2p_body`] compiled for AVX2 (4 f64 lanes).
+/// [`block_body`] compiled for AVX2 (4 f64 lanes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn p2p_avx2(
-    t: [f64; 3],
+fn block_avx2(
+    targets: &[[f64; 3]],
+    skip_base: Option<usize>,
     s: &SoA,
     lo: usize,
     hi: usize,
     eps2: f64,
-    acc: &mut [f64; 3],
-    pot: &mut f64,
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
 ) {
-    p2p_body(t, s, lo, hi, eps2, acc, pot)
+    block_body(targets, skip_base, s, lo, hi, eps2, acc, pot)
+}
+
+#[inline(always)]
+fn block_body(
+    targets: &[[f64; 3]],
+    skip_base: Option<usize>,
+    s: &SoA,
+    lo: usize,
+    hi: usize,
+    eps2: f64,
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
+) {
+    for (k, (&t, (a, p))) in targets
+        .iter()
+        .zip(acc.iter_mut().zip(pot.iter_mut()))
+        .enumerate()
+    {
+        match skip_base.map(|b| b + k) {
+            Some(i) if i >= lo && i < hi => {
+                p2p_body(t, s, lo, i, eps2, a, p);
+                p2p_body(t, s, i + 1, hi, eps2, a, p);
+            }
+            _ => p2p_body(t, s, lo, hi, eps2, a, p),
+        }
+    }
 }
 
 /// The particle-particle kernel; the same arithmetic (no FMA contraction) on every
@@ -162,27 +193,6 @@ fn p2p_body(
     *pot -= ph;
 }
 
-/// Field at `t` of sources `s`, excluding source `skip` (the target itself) if given.
-#[inline]
-pub(crate) fn p2p_skip(
-    t: [f64; 3],
-    s: &SoA,
-    lo: usize,
-    hi: usize,
-    skip: Option<usize>,
-    eps2: f64,
-    acc: &mut [f64; 3],
-    pot: &mut f64,
-) {
-    match skip {
-        Some(k) if k >= lo && k < hi => {
-            p2p_range(t, s, lo, k, eps2, acc, pot);
-            p2p_range(t, s, k + 1, hi, eps2, acc, pot);
-        }
-        _ => p2p_range(t, s, lo, hi, eps2, acc, pot),
-    }
-}
-
 const TARGET_BLOCK: usize = 64;
 const SOURCE_BLOCK: usize = 4096;
 
@@ -216,13 +226,11 @@ pub fn direct_on(
         .enumerate()
         .for_each(|(b, (acc, pot))| {
             let t0 = b * TARGET_BLOCK;
+            let tg = &targets[t0..t0 + acc.len()];
+            let skip = self_offset.map(|o| o + t0);
             for lo in (0..ns).step_by(SOURCE_BLOCK) {
                 let hi = (lo + SOURCE_BLOCK).min(ns);
-                for k in 0..acc.len() {
-                    let i = t0 + k;
-                    let skip = self_offset.map(|o| o + i);
-                    p2p_skip(targets[i], &s, lo, hi, skip, eps2, &mut acc[k], &mut pot[k]);
-                }
+                p2p_block(tg, skip, &s, lo, hi, eps2, acc, pot);
             }
             for k in 0..acc.len() {
                 for c in 0..3 {

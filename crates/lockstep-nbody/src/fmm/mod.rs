@@ -19,7 +19,7 @@ pub mod tree;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::direct::{p2p_skip, Forces};
+use crate::direct::{p2p_block, Forces};
 use crate::NbodyError;
 use expansion::Tables;
 use tree::{Node, Tree};
@@ -172,8 +172,9 @@ struct Csr {
     items: Vec<usize>,
 }
 
-fn csr(mut pairs: Vec<(usize, usize)>, n: usize) -> Csr {
-    pairs.par_sort_unstable();
+/// Groups `(target, source)` pairs by target with a stable counting sort: the sources of a
+/// target keep the (deterministic) order of the traversal.
+fn csr(pairs: Vec<(usize, usize)>, n: usize) -> Csr {
     let mut offsets = vec![0usize; n + 1];
     for &(t, _) in &pairs {
         offsets[t + 1] += 1;
@@ -181,10 +182,13 @@ fn csr(mut pairs: Vec<(usize, usize)>, n: usize) -> Csr {
     for i in 0..n {
         offsets[i + 1] += offsets[i];
     }
-    Csr {
-        offsets,
-        items: pairs.into_iter().map(|p| p.1).collect(),
+    let mut cursor = offsets.clone();
+    let mut items = vec![0usize; pairs.len()];
+    for (t, s) in pairs {
+        items[cursor[t]] = s;
+        cursor[t] += 1;
     }
+    Csr { offsets, items }
 }
 
 impl Fmm {
@@ -362,23 +366,22 @@ impl Fmm {
                         }
                     }
                     let mut pairs = 0u64;
+                    let tg: Vec<[f64; 3]> = (nd.start..nd.end)
+                        .map(|i| [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]])
+                        .collect();
                     for &b in &p2p.items[p2p.offsets[lf]..p2p.offsets[lf + 1]] {
                         let src = &tree.nodes[b];
                         pairs += (src.count() * nd.count()) as u64;
-                        for k in 0..nd.count() {
-                            let i = nd.start + k;
-                            let x = [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]];
-                            p2p_skip(
-                                x,
-                                &tree.soa,
-                                src.start,
-                                src.end,
-                                Some(i),
-                                eps2,
-                                &mut acc[k],
-                                &mut pot[k],
-                            );
-                        }
+                        p2p_block(
+                            &tg,
+                            Some(nd.start),
+                            &tree.soa,
+                            src.start,
+                            src.end,
+                            eps2,
+                            acc,
+                            pot,
+                        );
                     }
                     pairs
                 },
@@ -436,6 +439,7 @@ impl Fmm {
                     task: nodes[t],
                     direct_max: DIRECT_PER_TERM * self.tables.nterms,
                     m2p_ratio: 1.0,
+                    p2p_node_max: P2P_NODE_LEAVES * self.params.leaf_size,
                     m2p_max: usize::MAX,
                 };
                 w.walk(0, 0, &mut out);
@@ -445,9 +449,7 @@ impl Fmm {
                 out
             })
             .reduce(Lists::default, |mut a, mut b| {
-                if a.m2l.len() < b.m2l.len() {
-                    std::mem::swap(&mut a, &mut b);
-                }
+                // Order-preserving (rayon reduces in sequence order): deterministic lists.
                 a.m2l.append(&mut b.m2l);
                 a.p2p.append(&mut b.p2p);
                 a.m2p.append(&mut b.m2p);
@@ -464,6 +466,10 @@ impl Fmm {
 /// particle-particle interactions per coefficient).
 const DIRECT_PER_TERM: usize = 8;
 
+/// A source node of at most this many leaf sizes that fails the opening test against a
+/// target leaf is summed directly as one contiguous range.
+const P2P_NODE_LEAVES: usize = 4;
+
 struct Walker<'a> {
     nodes: &'a [Node],
     remote: &'a [RemoteCell],
@@ -474,6 +480,8 @@ struct Walker<'a> {
     /// Largest target leaf that takes M2P instead of M2L.
     m2p_max: usize,
     m2p_ratio: f64,
+    /// Largest non-leaf source node summed directly against a neighbouring target leaf.
+    p2p_node_max: usize,
 }
 
 impl Walker<'_> {
@@ -535,6 +543,14 @@ impl Walker<'_> {
         }
         let split_a = match (na.is_leaf(), nb.is_leaf()) {
             (true, true) => {
+                if self.owns(na) {
+                    out.p2p.push((a, b));
+                }
+                return;
+            }
+            (true, false) if nb.count() <= self.p2p_node_max => {
+                // A small source subtree next to a leaf: one direct sum over its contiguous
+                // particle range instead of a walk down to its leaves.
                 if self.owns(na) {
                     out.p2p.push((a, b));
                 }
