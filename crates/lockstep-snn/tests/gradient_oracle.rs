@@ -303,3 +303,39 @@ fn sign_constraint_clips_to_zero_and_losses_are_sample_separable() {
         }
     }
 }
+
+#[test]
+fn threads_and_batch_split_do_not_change_the_gradient() {
+    let spec = small_network(5);
+    let n = spec.neurons.len();
+    let serial = model(&spec, Surrogate::default(), losses(n), None);
+    let mut par = model(&spec, Surrogate::default(), losses(n), None);
+    par.opts.parallel = true;
+    let p = serial.initial_params();
+    let a = serial.loss_and_grad(&p, 10, 4).unwrap();
+    let b = par.loss_and_grad(&p, 10, 4).unwrap();
+    assert_eq!(a, b, "rayon over samples must not change any bit");
+    // Two replicas of 2 samples == one replica of 4 samples (DESIGN.md invariant 5).
+    let h1 = serial.loss_and_grad(&p, 10, 2).unwrap();
+    let h2 = serial.loss_and_grad(&p, 12, 2).unwrap();
+    let mean: Vec<f64> = h1
+        .grad
+        .iter()
+        .zip(&h2.grad)
+        .map(|(&x, &y)| (x as f64 + y as f64) / 2.0)
+        .collect();
+    let num: f64 = mean
+        .iter()
+        .zip(&a.grad)
+        .map(|(m, &g)| (m - g as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let den: f64 = a
+        .grad
+        .iter()
+        .map(|&g| (g as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    assert!(num / den <= 1e-6, "relative L2 difference {}", num / den);
+    assert!(((h1.loss + h2.loss) / 2.0 - a.loss).abs() <= 1e-12 * a.loss.abs());
+}

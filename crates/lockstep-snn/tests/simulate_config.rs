@@ -236,3 +236,36 @@ fn delay_shorter_than_dt_is_rejected_and_writes_nothing() {
     assert!(e.contains("0.05 ms is shorter than one time step"), "{e}");
     no_leftovers(tmp.path());
 }
+
+#[test]
+fn poisson_inputs_are_seeded_and_bad_rates_write_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |seed: u64, rate: f64, name: &str| {
+        let cfg_path = config(
+            tmp.path(),
+            &orig_cells(),
+            &orig_v1v1_types(),
+            &orig_input(),
+            50.0,
+            true,
+        );
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg["run"]["seed"] = json!(seed);
+        cfg["inputs"] = json!({"bg": {"input_type": "poisson", "rate": rate, "node_set": "lgn"}});
+        cfg["manifest"]["$OUT"] = json!(tmp.path().join(name).to_str().unwrap());
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        simulate_config(&cfg_path, &SimulateOptions::default())
+    };
+    let a = run(1, 40.0, "a").unwrap();
+    let b = run(1, 40.0, "b").unwrap();
+    let c = run(2, 40.0, "c").unwrap();
+    let read =
+        |s: &lockstep_snn::SimulationSummary| lockstep_sonata::read_spikes(&s.spikes_file).unwrap();
+    assert!(a.n_spikes > 0);
+    assert_eq!(read(&a), read(&b), "same seed, same spikes");
+    assert_ne!(read(&a), read(&c), "another seed, other spikes");
+    let e = run(1, -3.0, "d").unwrap_err().to_string();
+    assert!(e.contains("-3"), "{e}");
+    assert!(!tmp.path().join("d").exists());
+}
