@@ -2,6 +2,7 @@
 //! lockstep. See the README for the quickstart.
 
 mod bench_allreduce;
+mod build_network;
 mod info;
 mod plot;
 mod simulate;
@@ -26,6 +27,8 @@ enum Command {
     Info,
     /// Simulate a SONATA point-neuron network (BMTK-style config), NEST-exact; writes SONATA spikes.
     Simulate(simulate::SimulateArgs),
+    /// Build a SONATA network from a JSON recipe.
+    BuildNetwork(build_network::BuildNetworkArgs),
     /// PNG figures of a training run: loss curves and a spike raster.
     Plot(plot::PlotArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info => info::run(&world),
         Command::Simulate(args) => simulate::run(args, &world),
+        Command::BuildNetwork(args) => build_network::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),

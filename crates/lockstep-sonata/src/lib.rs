@@ -10,7 +10,9 @@
 //!   in struct-of-arrays form (one `Vec` per column, `[node]` or `[edge]`);
 //! - spike files ([`SpikeTrains`], [`read_spikes`], [`write_spikes`]);
 //! - writers for nodes and edges files with BMTK's layout ([`write_nodes`], [`write_edges`])
-//!   and [`rewrite_syn_weights`] for exporting trained weights.
+//!   and [`rewrite_syn_weights`] for exporting trained weights;
+//! - [`builder`]: a network builder from a JSON recipe ([`builder::Recipe`],
+//!   [`builder::build`], [`builder::BuiltNetwork::save`]).
 //!
 //! Units follow SONATA/BMTK/NEST: times and delays in ms, weights in pA (current synapses).
 //!
@@ -22,6 +24,7 @@
 //! # Ok::<(), lockstep_sonata::SonataError>(())
 //! ```
 
+pub mod builder;
 mod circuit;
 mod column;
 mod components;
