@@ -104,3 +104,71 @@ fn plot_writes_pngs_from_a_run_directory() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("losses.csv line 2"));
 }
+
+/// `lockstep build-network` on the bundled recipe (into a fresh folder), the refusal to
+/// overwrite, and a 1000 ms simulation of the result with 20 Hz Poisson input: active, not
+/// saturated.
+#[test]
+fn build_network_then_simulate_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = repo().join("examples/glif_all2all/network_recipe.json");
+    let build = |extra: &[&str]| {
+        Command::new(LOCKSTEP)
+            .arg("build-network")
+            .arg(&recipe)
+            .arg("--output")
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = build(&[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("edges v1_to_v1: 89700 edges"), "{text}");
+    assert!(text.contains("edges lgn_to_v1: 30000 edges"), "{text}");
+    assert!(dir.path().join("network/v1_v1_edges.h5").is_file());
+    // existing output without --overwrite: refused, naming the file and the flag
+    let out = build(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("already exists") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert!(build(&["--overwrite"]).status.success());
+
+    let sim = serde_json::json!({
+        "manifest": {"$BASE_DIR": "."},
+        "run": {"tstop": 1000.0, "dt": 0.1},
+        "inputs": {"lgn": {"input_type": "poisson", "rate": 20.0, "node_set": "lgn", "seed": 1}},
+        "output": {"output_dir": "$BASE_DIR/output", "spikes_file": "spikes.h5"},
+        "network": "config.circuit.json"
+    });
+    let cfg = dir.path().join("config.simulate.json");
+    std::fs::write(&cfg, sim.to_string()).unwrap();
+    let out = Command::new(LOCKSTEP)
+        .arg("simulate")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("simulated 300 neurons"), "{text}");
+    let n: f64 = text
+        .split(": ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no spike count in: {text}"));
+    let rate = n / 300.0;
+    assert!((2.0..40.0).contains(&rate), "mean rate {rate} Hz: {text}");
+}
