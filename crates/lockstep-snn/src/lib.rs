@@ -5,10 +5,13 @@
 //! * Networks in CSR form per presynaptic source, grouped by delay and receptor port:
 //!   [`network`]; inputs from spike files and counter-based Poisson sources: [`input`].
 //! * Batched trials `[batch, neuron]`, optionally parallel over trials: [`sim`].
-//! * SONATA adapter and `lockstep simulate`: [`sonata`], [`simulate`].
+//! * SONATA adapter and `lockstep simulate`: [`sonata`], [`mod@simulate`].
+//! * BPTT with surrogate gradients, losses, segmented recompute: [`train`], [`loss`].
 //!
 //! The single-step update is generic over [`scalar::Scalar`] (f32, f64, `num_dual::Dual64`),
 //! so the forward-mode dual-number oracle runs the very code the simulator runs.
+
+#![warn(missing_docs)]
 
 pub mod bench_net;
 pub mod error;
@@ -34,4 +37,7 @@ pub use sim::{simulate, InitialState, SimOptions, SimOutput, TrialSpikes, TrialS
 pub use simulate::{
     bench_simulate, simulate_config, BenchOptions, BenchReport, SimulateOptions, SimulationSummary,
 };
-pub use train::{LossAndGrad, SnnModel, TrainOptions};
+pub use train::{
+    bench_train, model_from_config, LossAndGrad, SnnModel, TrainBenchOptions, TrainBenchReport,
+    TrainOptions,
+};
