@@ -379,6 +379,35 @@ fn bad_recipes_are_rejected_with_the_key() {
     r["components"]["synaptic_models_dir"] = json!("no_such_dir");
     expect_invalid(d, &r, "components.synaptic_models_dir", &["no_such_dir"]);
 
+    let mut r = recipe_json(3, 2, 1);
+    r["nodes"][1]["types"][0]["model_type"] = json!("point_neuron");
+    expect_invalid(
+        d,
+        &r,
+        "nodes[1].types[0].model_type",
+        &["virtual population"],
+    );
+
+    let mut r = recipe_json(3, 2, 1);
+    r["nodes"][0]["types"][0]["model_type"] = json!("virtual");
+    expect_invalid(
+        d,
+        &r,
+        "nodes[0].types[0].model_type",
+        &["\"virtual\": true"],
+    );
+
+    let mut r = recipe_json(3, 2, 1);
+    r["edges"][0]["types"][0]["nsyns"] = json!(0);
+    expect_invalid(d, &r, "edges[0].types[0].nsyns", &[">= 1"]);
+
+    let mut r = recipe_json(3, 2, 1);
+    r["edges"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"source": "v1", "target": "v1", "types": []}));
+    expect_invalid(d, &r, "edges[2]", &["second edge population"]);
+
     // an unknown rule is a parse error naming the allowed rules
     let mut r = recipe_json(3, 2, 1);
     r["edges"][0]["types"][0]["connection"] = json!({"rule": "distance"});
