@@ -94,7 +94,8 @@ pub struct SnnModel {
     pub net: Network,
     /// Inputs compiled for `seq_len` steps.
     pub inputs: Inputs,
-    /// Options.
+    /// Options. Only `parallel` (and `surrogate`) may be changed after construction; the
+    /// others shaped the model (parameter layout, tapes, loss coefficients).
     pub opts: TrainOptions,
     /// `[neuron]` `V_th - E_L` (mV), internal order.
     th: Vec<f64>,
@@ -233,6 +234,17 @@ impl SnnModel {
         })
     }
 
+    /// The options the model was built with.
+    pub fn options(&self) -> &TrainOptions {
+        &self.opts
+    }
+
+    /// Run the samples of a batch on rayon (`true`) or one after another. Results are
+    /// bitwise the same either way.
+    pub fn set_parallel(&mut self, parallel: bool) {
+        self.opts.parallel = parallel;
+    }
+
     /// Number of trainable parameters.
     pub fn n_params(&self) -> usize {
         self.net.weights_rec.len()
@@ -255,6 +267,39 @@ impl SnnModel {
             p.extend(self.net.weights_in.iter().map(|&w| w as f32));
         }
         p
+    }
+
+    /// Frozen parameters as `f32` (pA): the input weights in CSR order when they are not
+    /// trained, else empty. They never change during training; the engine may broadcast and
+    /// checkpoint them.
+    pub fn frozen_params(&self) -> Vec<f32> {
+        if self.opts.train_input_weights {
+            Vec::new()
+        } else {
+            self.net.weights_in.iter().map(|&w| w as f32).collect()
+        }
+    }
+
+    /// Sets the frozen parameters (as returned by [`SnnModel::frozen_params`]), e.g. after a
+    /// broadcast from the chief or a checkpoint restore.
+    pub fn set_frozen_params(&mut self, frozen: &[f32]) -> Result<()> {
+        let expect = if self.opts.train_input_weights {
+            0
+        } else {
+            self.net.weights_in.len()
+        };
+        if frozen.len() != expect {
+            return Err(SnnError::Shape(format!(
+                "{} frozen parameters given, the model has {expect}",
+                frozen.len()
+            )));
+        }
+        if !self.opts.train_input_weights {
+            for (w, &f) in self.net.weights_in.iter_mut().zip(frozen) {
+                *w = f as f64;
+            }
+        }
+        Ok(())
     }
 
     /// `[n_params]` sign of each parameter (+1, -1, 0 = unconstrained).

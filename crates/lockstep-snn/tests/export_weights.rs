@@ -106,7 +106,7 @@ fn model_from_training_config_with_poisson_and_file_inputs() {
     std::fs::write(&path, cfg.to_string()).unwrap();
     let (_, model) = lockstep_snn::train::model_from_config(&path).unwrap();
     assert_eq!(model.n_params(), 28555 + 36035);
-    assert_eq!(model.opts.gradient_checkpointing, Some(10));
+    assert_eq!(model.options().gradient_checkpointing, Some(10));
     assert_eq!(
         lockstep_snn::train::loss_names(&model),
         vec!["TargetFiringRate", "VoltageRegularization"]

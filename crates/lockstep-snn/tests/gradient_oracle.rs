@@ -310,7 +310,7 @@ fn threads_and_batch_split_do_not_change_the_gradient() {
     let n = spec.neurons.len();
     let serial = model(&spec, Surrogate::default(), losses(n), None);
     let mut par = model(&spec, Surrogate::default(), losses(n), None);
-    par.opts.parallel = true;
+    par.set_parallel(true);
     let p = serial.initial_params();
     let a = serial.loss_and_grad(&p, 10, 4).unwrap();
     let b = par.loss_and_grad(&p, 10, 4).unwrap();
