@@ -6,6 +6,7 @@ mod build_network;
 mod info;
 mod plot;
 mod simulate;
+mod train;
 
 use clap::{Parser, Subcommand};
 use lockstep_comm::World;
@@ -25,6 +26,8 @@ struct Cli {
 enum Command {
     /// Print the detected launch environment (serial, MPI, Slurm), each rank's device and the version.
     Info,
+    /// Train a SONATA point-neuron network with BPTT (serial, threads or MPI replicas: run.distribution).
+    Train(train::TrainArgs),
     /// Simulate a SONATA point-neuron network (BMTK-style config), NEST-exact; writes SONATA spikes.
     Simulate(simulate::SimulateArgs),
     /// Build a SONATA network from a JSON recipe.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Command::Info => info::run(&world),
+        Command::Train(args) => train::run(args, &world),
         Command::Simulate(args) => simulate::run(args, &world),
         Command::BuildNetwork(args) => build_network::run(args),
         Command::Plot(args) => plot::run(args),

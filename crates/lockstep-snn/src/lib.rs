@@ -20,6 +20,7 @@ pub mod loss;
 pub mod model;
 pub mod nest;
 pub mod network;
+pub mod replica;
 pub mod scalar;
 pub mod sim;
 pub mod simulate;

@@ -68,7 +68,7 @@
 //!
 //! `<out>/config.circuit.json` (BMTK-style manifest `$BASE_DIR`, `$NETWORK_DIR`), and in
 //! `<out>/<network_dir>/`: `<pop>_nodes.h5`, `<pop>_node_types.csv`, `<src>_<tgt>_edges.h5`,
-//! `<src>_<tgt>_edge_types.csv`; `<out>/target_rates.csv` (`node_id,population,target_rate_hz`)
+//! `<src>_<tgt>_edge_types.csv`; `<out>/target_rates.csv` (`node_id,population,firing_rate`, Hz; the column `lockstep train` reads)
 //! when any node type has `target_rate_hz`. Edges are sorted by target, then source node id.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1005,7 +1005,7 @@ impl BuiltNetwork {
             i += 2;
         }
         if self.has_target_rates() {
-            let mut csv = String::from("node_id,population,target_rate_hz\n");
+            let mut csv = String::from("node_id,population,firing_rate\n");
             for n in &self.nodes {
                 for (id, r) in n.parts.node_id.iter().zip(&n.target_rate_hz) {
                     if let Some(r) = r {

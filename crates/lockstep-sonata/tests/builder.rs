@@ -154,7 +154,7 @@ fn all_to_all_build_save_read_back() {
 
     let rates = std::fs::read_to_string(out.join("target_rates.csv")).unwrap();
     let lines: Vec<&str> = rates.lines().collect();
-    assert_eq!(lines[0], "node_id,population,target_rate_hz");
+    assert_eq!(lines[0], "node_id,population,firing_rate");
     assert_eq!(lines.len(), 1 + n);
     assert_eq!(lines[1], "0,v1,10");
     assert_eq!(lines[n], format!("{},v1,20", n - 1));

@@ -262,6 +262,9 @@ pub fn train(
         ))?;
     }
 
+    if let Some(d) = rundir.as_mut() {
+        d.start_progress(start_update, cfg.updates);
+    }
     let n = model.trainable().len();
     let mut grad = vec![0.0f32; n];
     let mut micro = vec![0.0f32; n];
@@ -390,6 +393,12 @@ pub fn train(
                 times[3],
                 samples_per_s,
             )?;
+            if d.has_progress() {
+                d.progress(
+                    update,
+                    format!("epoch {epoch} loss {total:.4e} {samples_per_s:.1} samples/s"),
+                );
+            }
             if update % cfg.log_every == 0 || update == cfg.updates {
                 let elapsed = run_start.elapsed().as_secs_f64();
                 let done = (update - start_update) as f64;
@@ -399,12 +408,17 @@ pub fn train(
                     .zip(&reduced)
                     .map(|(n, v)| format!("{n} {v:.4e}"))
                     .collect();
-                d.log(&format!(
+                let line = format!(
                     "update {update}/{} epoch {epoch} loss {total:.6e} ({}) {samples_per_s:.1} samples/s comm {:.0}% ETA {eta:.0} s",
                     cfg.updates,
                     parts.join(", "),
                     100.0 * times[2] / times[3].max(1e-12)
-                ))?;
+                );
+                if d.has_progress() {
+                    d.log_quiet(&line)?;
+                } else {
+                    d.log(&line)?;
+                }
             }
             if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
                 save(
@@ -439,6 +453,7 @@ pub fn train(
     let mut exported = Vec::new();
     let finish = match rundir.as_mut() {
         Some(d) => (|| -> Result<(), TrainError> {
+            d.finish_progress();
             save(
                 d.root(),
                 update,

@@ -143,12 +143,14 @@ impl OptimizerConfig {
                         total_updates: get_u64(s, sp, "total_updates")?.unwrap_or(0),
                         min_learning_rate: get_f64(s, sp, "min_learning_rate")?.unwrap_or(0.0),
                     },
-                    other => return Err(TrainError::config(
-                        "training.optimizer.schedule.name",
-                        format!(
+                    other => {
+                        return Err(TrainError::config(
+                            "training.optimizer.schedule.name",
+                            format!(
                             "{other:?} is not a schedule; use \"constant\" or \"warmup_cosine\""
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             Some(other) => {

@@ -16,6 +16,7 @@ pub struct RunDir {
     log: File,
     losses: File,
     performance: File,
+    progress: Option<indicatif::ProgressBar>,
 }
 
 impl RunDir {
@@ -67,7 +68,44 @@ impl RunDir {
             log,
             losses,
             performance,
+            progress: None,
         })
+    }
+
+    /// Shows a progress bar of `total` updates on stdout when stdout is a terminal (the log
+    /// lines then go above the bar); otherwise the periodic log lines are the progress.
+    pub fn start_progress(&mut self, done: u64, total: u64) {
+        use std::io::IsTerminal;
+        if !std::io::stdout().is_terminal() {
+            return;
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} update {pos}/{len} {msg} ETA {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_position(done);
+        self.progress = Some(bar);
+    }
+
+    /// True when a progress bar is shown.
+    pub fn has_progress(&self) -> bool {
+        self.progress.is_some()
+    }
+
+    /// Moves the progress bar to update `step` with a short message (loss, samples/s).
+    pub fn progress(&mut self, step: u64, message: String) {
+        if let Some(bar) = &self.progress {
+            bar.set_position(step);
+            bar.set_message(message);
+        }
+    }
+
+    /// Removes the progress bar.
+    pub fn finish_progress(&mut self) {
+        if let Some(bar) = self.progress.take() {
+            bar.finish_and_clear();
+        }
     }
 
     /// The directory.
@@ -77,7 +115,10 @@ impl RunDir {
 
     /// Appends a line to the log file and prints it on stdout.
     pub fn log(&mut self, line: &str) -> Result<(), TrainError> {
-        println!("{line}");
+        match &self.progress {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
         writeln!(self.log, "{line}").map_err(|e| TrainError::io(&self.root, e))
     }
 
