@@ -24,9 +24,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::integrate::{
-    simulate, Diagnostics, ForceSettings, Gravity, Integrator, SimulateOptions,
-};
+use lockstep_comm::{CommExt, Communicator, ReduceOp};
+
+use crate::integrate::{Diagnostics, ForceSettings, Gravity, Integrator, SimulateOptions};
+use crate::shard::simulate_sharded;
 use crate::snapshot::{write_hdf5, write_npz, SnapshotHeader};
 use crate::{InitialConditions, NbodyError, Units};
 
@@ -256,6 +257,20 @@ impl NbodyConfig {
 /// the diagnostics at each output and a summary of the energy drift (printed unless
 /// `opts.quiet`). Also writes `diagnostics.csv` into the output directory.
 pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, NbodyError> {
+    run_nbody_config_on(&lockstep_comm::SelfComm::new(), path, opts)
+}
+
+/// [`run_nbody_config`] on every rank of `comm` (SelfComm, ThreadComm or MpiComm; the
+/// same config for any number of ranks). Each rank generates its share of the initial
+/// conditions, the particles are redistributed along the Morton order, forces are globally
+/// correct (locally essential tree), diagnostics are summed over ranks, and every rank
+/// writes its own snapshot files (`NumFilesPerSnapshot` = ranks). Only the chief creates the
+/// output directory, prints, shows the progress bar and writes `diagnostics.csv`.
+pub fn run_nbody_config_on<C: Communicator + ?Sized>(
+    comm: &C,
+    path: &Path,
+    opts: &RunOptions,
+) -> Result<Summary, NbodyError> {
     let start = Instant::now();
     let mut cfg = NbodyConfig::load(path)?;
     if let Some(dir) = &opts.output_dir {
@@ -273,13 +288,20 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
         }
     }
     cfg.validate(path)?;
-    let (rank, size) = (0usize, 1usize);
+    let (rank, size) = (comm.rank(), comm.size());
+    let chief = comm.is_chief();
+    let opts = &RunOptions {
+        quiet: opts.quiet || !chief,
+        progress: opts.progress && chief,
+        ..opts.clone()
+    };
     let g = cfg.units.g();
     let ts = cfg.time.times()?;
     let mut particles = cfg
         .initial_conditions
         .generate(g, rank, size, cfg.capacity_factor)?;
-    let mut gravity = Gravity::new(cfg.forces, g)?;
+    // Validates the force settings on every rank before anything is written.
+    Gravity::new(cfg.forces, g)?;
     let steps = ts.len() - 1;
     let every = cfg.output.as_ref().map(|o| o.every).unwrap_or(steps.max(1));
     let mut outputs: Vec<usize> = (0..=steps).filter(|k| k % every == 0).collect();
@@ -287,7 +309,21 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
         outputs.push(steps);
     }
     if let Some(o) = &cfg.output {
-        std::fs::create_dir_all(&o.dir).map_err(|e| NbodyError::io(&o.dir, e))?;
+        let mut ok = [1u64];
+        if chief {
+            if let Err(e) = std::fs::create_dir_all(&o.dir) {
+                ok[0] = 0;
+                comm.all_reduce(&mut ok, ReduceOp::Min)?;
+                return Err(NbodyError::io(&o.dir, e));
+            }
+        }
+        comm.all_reduce(&mut ok, ReduceOp::Min)?;
+        if ok[0] == 0 {
+            return Err(NbodyError::io(
+                &o.dir,
+                std::io::Error::other("the chief could not create the output directory"),
+            ));
+        }
     }
     if !opts.quiet {
         println!(
@@ -320,10 +356,12 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
         integrator: cfg.integrator,
         outputs: outputs.clone(),
     };
-    let diags = simulate(
+    let diags = simulate_sharded(
+        comm,
         &mut particles,
         &ts,
-        &mut gravity,
+        &cfg.forces,
+        g,
         &sim_opts,
         |_k, p, d| {
             let d0 = *first.get_or_insert(*d);
@@ -382,7 +420,7 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
         .sum::<f64>())
     .sqrt()
         / d0.momentum_scale.max(f64::MIN_POSITIVE);
-    if let Some(o) = &cfg.output {
+    if let (Some(o), true) = (&cfg.output, chief) {
         let csv = o.dir.join("diagnostics.csv");
         let mut text = String::from("time,kinetic,potential,energy,px,py,pz,lx,ly,lz\n");
         for d in &diags {
@@ -458,6 +496,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("did you mean `order`"), "{e}");
+    }
+
+    #[test]
+    fn bundled_example_config_is_valid() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/plummer.json"));
+        let cfg = NbodyConfig::load(path).unwrap();
+        cfg.validate(path).unwrap();
+        assert_eq!(cfg.time.times().unwrap().len(), 101);
+        assert!(cfg.output.unwrap().dir.ends_with("configs/plummer_out"));
     }
 
     #[test]

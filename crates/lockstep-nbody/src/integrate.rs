@@ -249,6 +249,29 @@ pub fn simulate(
     ts: &[f64],
     gravity: &mut Gravity,
     opts: &SimulateOptions,
+    on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
+    on_step: impl FnMut(usize),
+) -> Result<Vec<Diagnostics>, NbodyError> {
+    simulate_with(
+        particles,
+        ts,
+        opts,
+        |p| gravity.forces(p),
+        |_| Ok(()),
+        on_output,
+        on_step,
+    )
+}
+
+/// [`simulate`] with the force evaluation and the diagnostics reduction supplied by the
+/// caller (sharded runs: forces through the locally essential tree, diagnostics summed
+/// over ranks by `reduce` before `on_output` sees them).
+pub fn simulate_with(
+    particles: &mut Particles,
+    ts: &[f64],
+    opts: &SimulateOptions,
+    mut forces_of: impl FnMut(&Particles) -> Result<Forces, NbodyError>,
+    mut reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
     mut on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     mut on_step: impl FnMut(usize),
 ) -> Result<Vec<Diagnostics>, NbodyError> {
@@ -272,10 +295,11 @@ pub fn simulate(
     let n = particles.num;
     let mut forces: Option<Forces> = None;
     if opts.integrator == Integrator::Kdk || want[0] {
-        forces = Some(gravity.forces(particles)?);
+        forces = Some(forces_of(particles)?);
     }
     if want[0] {
-        let d = Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[0]);
+        let mut d = Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[0]);
+        reduce(&mut d)?;
         on_output(0, particles, &d)?;
         diags.push(d);
     }
@@ -284,7 +308,7 @@ pub fn simulate(
         match opts.integrator {
             Integrator::Dkd => {
                 drift(particles, n, 0.5 * dt);
-                let f = gravity.forces(particles)?;
+                let f = forces_of(particles)?;
                 kick(particles, &f, dt);
                 drift(particles, n, 0.5 * dt);
                 forces = None;
@@ -292,11 +316,11 @@ pub fn simulate(
             Integrator::Kdk => {
                 let f0 = match forces.take() {
                     Some(f) => f,
-                    None => gravity.forces(particles)?,
+                    None => forces_of(particles)?,
                 };
                 kick(particles, &f0, 0.5 * dt);
                 drift(particles, n, dt);
-                let f1 = gravity.forces(particles)?;
+                let f1 = forces_of(particles)?;
                 kick(particles, &f1, 0.5 * dt);
                 forces = Some(f1);
             }
@@ -304,9 +328,11 @@ pub fn simulate(
         check_finite(particles, ts[k])?;
         if want[k] {
             if forces.is_none() {
-                forces = Some(gravity.forces(particles)?);
+                forces = Some(forces_of(particles)?);
             }
-            let d = Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[k]);
+            let mut d =
+                Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[k]);
+            reduce(&mut d)?;
             on_output(k, particles, &d)?;
             diags.push(d);
         }

@@ -15,6 +15,7 @@ pub mod ic;
 pub mod integrate;
 pub mod particles;
 pub mod rng;
+pub mod shard;
 pub mod snapshot;
 pub mod units;
 

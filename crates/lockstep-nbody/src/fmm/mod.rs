@@ -143,8 +143,8 @@ pub struct FmmStats {
     pub p2p_blocks: usize,
     /// Particle-particle interactions.
     pub p2p_pairs: u64,
-    /// M2L from imported cells into leaves that did not pass the opening test (the sender
-    /// should have sent particles instead; nonzero means reduced accuracy).
+    /// Imported cells that reached a target leaf without passing the opening test (the
+    /// sender should have sent particles instead; they are evaluated by M2P).
     pub forced_m2l: usize,
     /// Wall-clock seconds since the start at the end of: tree build, traversal, M2L, L2L,
     /// L2P+P2P.
@@ -354,7 +354,12 @@ impl Fmm {
                         pot[k] = -phi;
                     }
                     for &b in &m2p.items[m2p.offsets[lf]..m2p.offsets[lf + 1]] {
-                        let (zb, mp) = (tree.nodes[b].center, tree.multipole(b, nt));
+                        let (zb, mp) = if b < nn {
+                            (tree.nodes[b].center, tree.multipole(b, nt))
+                        } else {
+                            let c = &sources.remote_cells[b - nn];
+                            (c.center, &c.multipole[..])
+                        };
                         for k in 0..nd.count() {
                             let i = nd.start + k;
                             let x = [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]];
@@ -578,12 +583,19 @@ impl Walker<'_> {
         }
         let _ = self.remote;
         let d = dist(na.center, cell.center);
-        if na.radius + cell.radius < self.theta * d || na.is_leaf() {
+        let pass = na.radius + cell.radius < self.theta * d;
+        if pass || na.is_leaf() {
             if self.owns(na) {
-                if na.radius + cell.radius >= self.theta * d {
+                if !pass {
+                    // The sender should have sent particles; evaluate the multipole at each
+                    // particle, the most accurate use of what arrived.
                     out.forced += 1;
+                    out.m2p.push((a, b));
+                } else if na.is_leaf() && na.radius > self.m2p_ratio * cell.radius {
+                    out.m2p.push((a, b));
+                } else {
+                    out.m2l.push((a, b));
                 }
-                out.m2l.push((a, b));
             }
             return;
         }

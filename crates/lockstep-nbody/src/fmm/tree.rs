@@ -307,6 +307,15 @@ pub fn bounding_cube(pos: &[[f64; 3]]) -> ([f64; 3], f64) {
     if pos.is_empty() {
         return ([0.0; 3], 1.0);
     }
+    cube_from_bounds(bmin, bmax)
+}
+
+/// Cube (corner, side) holding the box `bmin..bmax`, slightly enlarged; a unit cube at the
+/// origin for an empty box.
+pub fn cube_from_bounds(bmin: [f64; 3], bmax: [f64; 3]) -> ([f64; 3], f64) {
+    if (0..3).any(|k| bmin[k].partial_cmp(&bmax[k]).is_none_or(|o| o.is_gt())) {
+        return ([0.0; 3], 1.0);
+    }
     let ext = (0..3).map(|k| bmax[k] - bmin[k]).fold(0.0f64, f64::max);
     let side = if ext > 0.0 { ext * (1.0 + 1e-9) } else { 1.0 };
     let pad = side * 1e-12;

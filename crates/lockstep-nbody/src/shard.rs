@@ -1,0 +1,413 @@
+//! Sharding across ranks (NBODY.md, "Sharding"; issue 9): Morton sample-sort
+//! redistribution and FMM forces with a locally essential tree exchanged through a
+//! [`Communicator`]. Every function here is a collective: every rank calls it in the same
+//! order, and errors that depend on one rank's data are agreed on by all ranks first.
+
+use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
+
+use crate::fmm::tree::{cube_from_bounds, morton_key};
+use crate::fmm::{Fmm, FmmStats, RemoteCell, SourceSet};
+use crate::integrate::{simulate_with, Diagnostics, ForceSettings, Method, SimulateOptions};
+use crate::{Forces, NbodyError, Particles};
+
+impl From<CommError> for NbodyError {
+    fn from(e: CommError) -> Self {
+        NbodyError::Comm(e.to_string())
+    }
+}
+
+/// Global bounding cube (corner, side) of the valid particles of all ranks (all-reduce).
+pub fn global_bounding_cube<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+) -> Result<([f64; 3], f64), NbodyError> {
+    let mut mn = [f64::INFINITY; 3];
+    let mut mx = [f64::NEG_INFINITY; 3];
+    for x in p.valid_pos() {
+        for k in 0..3 {
+            mn[k] = mn[k].min(x[k]);
+            mx[k] = mx[k].max(x[k]);
+        }
+    }
+    comm.all_reduce(&mut mn, ReduceOp::Min)?;
+    comm.all_reduce(&mut mx, ReduceOp::Max)?;
+    Ok(cube_from_bounds(mn, mx))
+}
+
+/// What a redistribution moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RedistributeStats {
+    /// Particles on this rank afterwards.
+    pub num: usize,
+    /// Bytes this rank sent in both exchanges.
+    pub bytes_sent: usize,
+    /// Largest rank count over the mean count (1 = perfectly balanced).
+    pub imbalance: f64,
+}
+
+/// One particle on the wire: position, velocity, mass (f64 bits) and id.
+type Record = [u64; 8];
+
+fn record(p: &Particles, i: usize) -> Record {
+    let (x, v) = (p.pos[i], p.vel[i]);
+    [
+        x[0].to_bits(),
+        x[1].to_bits(),
+        x[2].to_bits(),
+        v[0].to_bits(),
+        v[1].to_bits(),
+        v[2].to_bits(),
+        p.mass[i].to_bits(),
+        p.id[i],
+    ]
+}
+
+fn rec_pos(r: &Record) -> [f64; 3] {
+    [
+        f64::from_bits(r[0]),
+        f64::from_bits(r[1]),
+        f64::from_bits(r[2]),
+    ]
+}
+
+/// Samples per rank for the splitters of the sample sort.
+const SAMPLES: usize = 64;
+
+/// Moves every particle to the rank owning its Morton-key range: a sample sort (every rank
+/// contributes `SAMPLES` regularly spaced keys weighted by its count, all ranks agree on the
+/// splitters, one `all_to_all_v`) followed by an exact rebalancing exchange along the global
+/// key order, so rank `r` ends with particles `[r N/size, (r+1) N/size)` of the z-order
+/// (ties broken by id). Particles that do not fit the padded arrays are a
+/// [`NbodyError::CapacityOverflow`] on every rank, naming `capacity_factor`.
+pub fn redistribute<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &mut Particles,
+) -> Result<RedistributeStats, NbodyError> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let (lo, side) = global_bounding_cube(comm, p)?;
+    let key_of = |x: [f64; 3]| morton_key(x, lo, side);
+    let mut keyed: Vec<(u64, u64, usize)> =
+        (0..p.num).map(|i| (key_of(p.pos[i]), p.id[i], i)).collect();
+    keyed.sort_unstable();
+    // Splitters from weighted samples.
+    let mut samples = [u64::MAX; SAMPLES];
+    if p.num > 0 {
+        for (k, s) in samples.iter_mut().enumerate() {
+            *s = keyed[((2 * k + 1) * p.num) / (2 * SAMPLES)].0;
+        }
+    }
+    let all_samples = comm.all_gather_vec(&samples)?;
+    let counts = comm.all_gather_vec(&[p.num as u64])?;
+    let total: u64 = counts.iter().sum();
+    let mut weighted: Vec<(u64, f64)> = all_samples
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| counts[j / SAMPLES] > 0)
+        .map(|(j, &k)| (k, counts[j / SAMPLES] as f64 / SAMPLES as f64))
+        .collect();
+    weighted.sort_by_key(|a| a.0);
+    let mut splitters = Vec::with_capacity(size.saturating_sub(1));
+    let mut cum = 0.0;
+    let mut next = 1;
+    for &(k, w) in &weighted {
+        cum += w;
+        while next < size && cum >= next as f64 * total as f64 / size as f64 {
+            splitters.push(k);
+            next += 1;
+        }
+    }
+    while splitters.len() < size - 1 {
+        splitters.push(u64::MAX);
+    }
+    let mut send = Vec::with_capacity(p.num);
+    let mut send_counts = vec![0usize; size];
+    for &(k, _, i) in &keyed {
+        let d = splitters.partition_point(|&s| s <= k);
+        send_counts[d] += 1;
+        send.push(record(p, i));
+    }
+    let mut bytes_sent = send.len() * std::mem::size_of::<Record>();
+    let (recv, _) = comm.all_to_all_v(&send, &send_counts)?;
+    let mut recv: Vec<(u64, u64, Record)> = recv
+        .into_iter()
+        .map(|r| (key_of(rec_pos(&r)), r[7], r))
+        .collect();
+    recv.sort_unstable_by_key(|a| (a.0, a.1));
+    // Exact rebalancing along the global order (ranks now hold increasing key ranges).
+    let counts = comm.all_gather_vec(&[recv.len() as u64])?;
+    let offset: u64 = counts[..rank].iter().sum();
+    let mut send_counts = vec![0usize; size];
+    for (j, _) in recv.iter().enumerate() {
+        let g = offset + j as u64;
+        let d = ((g as u128 * size as u128) / total.max(1) as u128) as usize;
+        send_counts[d.min(size - 1)] += 1;
+    }
+    let send: Vec<Record> = recv.iter().map(|r| r.2).collect();
+    bytes_sent += send.len() * std::mem::size_of::<Record>();
+    let (mine, _) = comm.all_to_all_v(&send, &send_counts)?;
+    let overflow = comm.all_reduce_scalar(u64::from(mine.len() > p.capacity()), ReduceOp::Max)?;
+    if overflow > 0 {
+        return Err(NbodyError::CapacityOverflow {
+            rank,
+            needed: mine
+                .len()
+                .max(p.capacity() + usize::from(mine.len() > p.capacity())),
+            capacity: p.capacity(),
+        });
+    }
+    for (i, r) in mine.iter().enumerate() {
+        p.pos[i] = rec_pos(r);
+        p.vel[i] = [
+            f64::from_bits(r[3]),
+            f64::from_bits(r[4]),
+            f64::from_bits(r[5]),
+        ];
+        p.mass[i] = f64::from_bits(r[6]);
+        p.id[i] = r[7];
+    }
+    for i in mine.len()..p.capacity() {
+        p.pos[i] = [0.0; 3];
+        p.vel[i] = [0.0; 3];
+        p.mass[i] = 0.0;
+        p.id[i] = 0;
+    }
+    p.num = mine.len();
+    let max = comm.all_reduce_scalar(p.num as u64, ReduceOp::Max)?;
+    let mean = total as f64 / size as f64;
+    Ok(RedistributeStats {
+        num: p.num,
+        bytes_sent,
+        imbalance: if mean > 0.0 { max as f64 / mean } else { 1.0 },
+    })
+}
+
+/// Work and traffic of one sharded force evaluation on this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShardForceStats {
+    /// The local FMM (with imported sources).
+    pub fmm: FmmStats,
+    /// Multipole cells sent to other ranks.
+    pub cells_sent: usize,
+    /// Particles sent to other ranks.
+    pub particles_sent: usize,
+    /// Bytes sent in the locally essential tree exchange.
+    pub bytes_sent: usize,
+}
+
+/// Globally correct gravity on this rank's valid particles: every rank builds its tree,
+/// sends every other rank its locally essential tree (the multipoles of nodes that pass the
+/// opening test against the receiver's domain sphere, the particles of leaves that do not)
+/// with two `all_to_all_v` exchanges, and evaluates its FMM with the imported sources.
+pub fn sharded_forces<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+    fmm: &Fmm,
+    g: f64,
+    softening: f64,
+) -> Result<(Forces, ShardForceStats), NbodyError> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let (pos, mass) = (p.valid_pos(), p.valid_mass());
+    // Domain sphere: centre of the bounding box, largest distance; empty ranks send r = -1.
+    let mut sphere = [0.0f64, 0.0, 0.0, -1.0];
+    if !pos.is_empty() {
+        let mut mn = [f64::INFINITY; 3];
+        let mut mx = [f64::NEG_INFINITY; 3];
+        for x in pos {
+            for k in 0..3 {
+                mn[k] = mn[k].min(x[k]);
+                mx[k] = mx[k].max(x[k]);
+            }
+        }
+        let c = [
+            0.5 * (mn[0] + mx[0]),
+            0.5 * (mn[1] + mx[1]),
+            0.5 * (mn[2] + mx[2]),
+        ];
+        let r = pos
+            .iter()
+            .map(|x| ((x[0] - c[0]).powi(2) + (x[1] - c[1]).powi(2) + (x[2] - c[2]).powi(2)).sqrt())
+            .fold(0.0, f64::max);
+        sphere = [c[0], c[1], c[2], r];
+    }
+    let spheres = comm.all_gather_vec(&sphere)?;
+    let nt = fmm.nterms();
+    let cell_len = 4 + nt;
+    let mut cells_send: Vec<f64> = Vec::new();
+    let mut cell_counts = vec![0usize; size];
+    let mut parts_send: Vec<f64> = Vec::new();
+    let mut part_counts = vec![0usize; size];
+    let theta = fmm.params().theta;
+    if !pos.is_empty() {
+        let tree = fmm.build_tree(&SourceSet::local(pos, mass));
+        for d in 0..size {
+            let s = &spheres[4 * d..4 * d + 4];
+            if d == rank || s[3] < 0.0 {
+                continue;
+            }
+            let (c0, p0) = (cells_send.len(), parts_send.len());
+            let mut stack = vec![0usize];
+            while let Some(i) = stack.pop() {
+                let nd = &tree.nodes[i];
+                let dist = ((nd.center[0] - s[0]).powi(2)
+                    + (nd.center[1] - s[1]).powi(2)
+                    + (nd.center[2] - s[2]).powi(2))
+                .sqrt();
+                if nd.radius + s[3] < theta * dist {
+                    cells_send.extend_from_slice(&[
+                        nd.center[0],
+                        nd.center[1],
+                        nd.center[2],
+                        nd.radius,
+                    ]);
+                    cells_send.extend_from_slice(tree.multipole(i, nt));
+                } else if nd.is_leaf() {
+                    for k in nd.start..nd.end {
+                        let j = tree.perm[k];
+                        parts_send.extend_from_slice(&[pos[j][0], pos[j][1], pos[j][2], mass[j]]);
+                    }
+                } else {
+                    stack.extend(nd.children().rev());
+                }
+            }
+            cell_counts[d] = cells_send.len() - c0;
+            part_counts[d] = parts_send.len() - p0;
+        }
+    }
+    let bytes_sent = 8 * (cells_send.len() + parts_send.len());
+    let (cells_recv, _) = comm.all_to_all_v(&cells_send, &cell_counts)?;
+    let (parts_recv, _) = comm.all_to_all_v(&parts_send, &part_counts)?;
+    let remote_cells: Vec<RemoteCell> = cells_recv
+        .chunks_exact(cell_len)
+        .map(|c| RemoteCell {
+            center: [c[0], c[1], c[2]],
+            radius: c[3],
+            multipole: c[4..].to_vec(),
+        })
+        .collect();
+    let remote_pos: Vec<[f64; 3]> = parts_recv
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2]])
+        .collect();
+    let remote_mass: Vec<f64> = parts_recv.chunks_exact(4).map(|c| c[3]).collect();
+    let src = SourceSet {
+        pos,
+        mass,
+        remote_pos: &remote_pos,
+        remote_mass: &remote_mass,
+        remote_cells: &remote_cells,
+    };
+    let (forces, st) = fmm.forces(&src, g, softening)?;
+    Ok((
+        forces,
+        ShardForceStats {
+            fmm: st,
+            cells_sent: cells_send.len() / cell_len,
+            particles_sent: parts_send.len() / 4,
+            bytes_sent,
+        },
+    ))
+}
+
+/// Sums per-rank diagnostics over all ranks (one all-reduce of 9 values).
+pub fn reduce_diagnostics<C: Communicator + ?Sized>(
+    comm: &C,
+    d: &mut Diagnostics,
+) -> Result<(), NbodyError> {
+    let mut v = [
+        d.kinetic,
+        d.potential,
+        d.momentum_scale,
+        d.momentum[0],
+        d.momentum[1],
+        d.momentum[2],
+        d.angular_momentum[0],
+        d.angular_momentum[1],
+        d.angular_momentum[2],
+    ];
+    comm.all_reduce(&mut v, ReduceOp::Sum)?;
+    d.kinetic = v[0];
+    d.potential = v[1];
+    d.momentum_scale = v[2];
+    d.momentum = [v[3], v[4], v[5]];
+    d.angular_momentum = [v[6], v[7], v[8]];
+    Ok(())
+}
+
+/// Globally correct gravity on this rank's particles with the method of `settings`: FMM
+/// through [`sharded_forces`], or direct summation over the all-gathered particles.
+pub fn sharded_gravity<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+    settings: &ForceSettings,
+    fmm: &Fmm,
+    g: f64,
+) -> Result<(Forces, ShardForceStats), NbodyError> {
+    match settings.method {
+        Method::Fmm => sharded_forces(comm, p, fmm, g, settings.softening),
+        Method::Direct => {
+            let counts = comm.all_gather_vec(&[p.num as u64])?;
+            let maxn = *counts.iter().max().unwrap_or(&0) as usize;
+            let mut mine = vec![[0.0f64; 4]; maxn];
+            for i in 0..p.num {
+                mine[i] = [p.pos[i][0], p.pos[i][1], p.pos[i][2], p.mass[i]];
+            }
+            let flat: Vec<f64> = mine.iter().flatten().copied().collect();
+            let all = comm.all_gather_vec(&flat)?;
+            let mut pos = Vec::new();
+            let mut mass = Vec::new();
+            let mut offset = 0;
+            for (r, &c) in counts.iter().enumerate() {
+                if r == comm.rank() {
+                    offset = pos.len();
+                }
+                for k in 0..c as usize {
+                    let e = &all[(r * maxn + k) * 4..(r * maxn + k) * 4 + 4];
+                    pos.push([e[0], e[1], e[2]]);
+                    mass.push(e[3]);
+                }
+            }
+            let f = crate::direct::direct_on(
+                p.valid_pos(),
+                Some(offset),
+                &pos,
+                &mass,
+                g,
+                settings.softening,
+            );
+            Ok((
+                f,
+                ShardForceStats {
+                    bytes_sent: 8 * flat.len(),
+                    ..Default::default()
+                },
+            ))
+        }
+    }
+}
+
+/// [`crate::simulate`] across the ranks of `comm`: the particles are first redistributed
+/// (z-ordered layout, they stay there), then every step evaluates globally correct forces
+/// with one locally essential tree exchange, and the diagnostics passed to `on_output` and
+/// returned are sums over all ranks.
+pub fn simulate_sharded<C: Communicator + ?Sized>(
+    comm: &C,
+    particles: &mut Particles,
+    ts: &[f64],
+    settings: &ForceSettings,
+    g: f64,
+    opts: &SimulateOptions,
+    on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
+    on_step: impl FnMut(usize),
+) -> Result<Vec<Diagnostics>, NbodyError> {
+    let fmm = Fmm::new(settings.fmm_params())?;
+    redistribute(comm, particles)?;
+    simulate_with(
+        particles,
+        ts,
+        opts,
+        |p| Ok(sharded_gravity(comm, p, settings, &fmm, g)?.0),
+        |d| reduce_diagnostics(comm, d),
+        on_output,
+        on_step,
+    )
+}
