@@ -1,5 +1,5 @@
 # lockstep: one-command entry points (see README.md).
-#   make demo   installs what is missing, builds, and runs the main job on the bundled example
+#   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
 #   make test   installs what is missing, builds once (release) and runs every test
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
@@ -16,8 +16,12 @@ setup:
 build: setup
 	cargo build --release --workspace
 
-test: setup
-	cargo test --release --workspace
-
+# The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
+DEMO_ARGS ?=
 demo: build
-	mpirun -n 2 --oversubscribe target/release/lockstep info
+	mpirun -n 2 --oversubscribe target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
+
+# The main job itself on a reduced schedule (2 updates), then every test.
+test: build
+	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
+	cargo test --release --workspace

@@ -2,6 +2,7 @@
 //! lockstep. See the README for the quickstart.
 
 mod bench_allreduce;
+mod bench_scaling;
 mod build_network;
 mod info;
 mod plot;
@@ -43,6 +44,8 @@ enum Command {
 enum BenchCommand {
     /// All-reduce bandwidth of ThreadComm and MpiComm vs a single-core memcpy, 4 KiB to 256 MiB.
     Allreduce(bench_allreduce::AllreduceArgs),
+    /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
+    Scaling(bench_scaling::ScalingArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
     Simulate(simulate::BenchSimulateArgs),
 }
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Plot(args) => plot::run(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
+        Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

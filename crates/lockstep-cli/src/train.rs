@@ -80,34 +80,77 @@ pub fn check_config(json: &Value) -> Result<()> {
     Ok(())
 }
 
-/// Reads the config, applies the command-line overrides, and trains.
-pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
-    let sonata = SonataConfig::from_file(&args.config)?;
+/// Command-line overrides of a training config.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// training.optimizer_updates.
+    pub updates: Option<u64>,
+    /// output.output_dir.
+    pub output_dir: Option<PathBuf>,
+    /// output.overwrite_output_dir = true.
+    pub overwrite: bool,
+    /// run.distribution (`Some(Value::Null)` removes it: a serial run).
+    pub distribution: Option<Value>,
+    /// training.checkpoint_every.
+    pub checkpoint_every: Option<u64>,
+}
+
+/// Reads and checks a training config, applies `overrides`, and returns the resolved JSON
+/// (manifest substituted, paths resolved) with the engine's part of it.
+///
+/// Errors: unreadable config, unknown keys, invalid engine settings.
+pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineConfig)> {
+    let sonata = SonataConfig::from_file(config)?;
     let mut json = sonata.json.clone();
     check_config(&json)?;
-    if let Some(u) = args.updates {
-        let t = json
-            .as_object_mut()
-            .context("config")?
-            .entry("training")
-            .or_insert(json!({}));
+    let root = json.as_object_mut().context("config")?;
+    if let Some(u) = overrides.updates {
+        let t = root.entry("training").or_insert(json!({}));
         t["optimizer_updates"] = json!(u);
         if let Some(t) = t.as_object_mut() {
             t.remove("epochs");
         }
     }
-    if let Some(dir) = &args.output_dir {
-        json["output"]["output_dir"] = json!(std::path::absolute(dir)?.to_string_lossy());
+    if let Some(k) = overrides.checkpoint_every {
+        root.entry("training").or_insert(json!({}))["checkpoint_every"] = json!(k);
     }
-    if args.overwrite {
-        json["output"]["overwrite_output_dir"] = json!(true);
+    if let Some(d) = &overrides.distribution {
+        let run = root.entry("run").or_insert(json!({}));
+        match d {
+            Value::Null => {
+                if let Some(r) = run.as_object_mut() {
+                    r.remove("distribution");
+                }
+            }
+            d => run["distribution"] = d.clone(),
+        }
+    }
+    if let Some(dir) = &overrides.output_dir {
+        root.entry("output").or_insert(json!({}))["output_dir"] =
+            json!(std::path::absolute(dir)?.to_string_lossy());
+    }
+    if overrides.overwrite {
+        root.entry("output").or_insert(json!({}))["overwrite_output_dir"] = json!(true);
     }
     let cfg = EngineConfig::from_json(&json, &sonata.dir)?;
+    Ok((json, cfg))
+}
+
+/// Reads the config, applies the command-line overrides, and trains.
+pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
+    let overrides = Overrides {
+        updates: args.updates,
+        output_dir: args.output_dir.clone(),
+        overwrite: args.overwrite,
+        ..Overrides::default()
+    };
+    let (json, cfg) = prepare(&args.config, &overrides)?;
     // Serial runs use every core for the trials of a batch; replicas compute on one core each.
     let parallel = cfg.distribution.is_none();
     let opts = TrainOptions {
         resolved_config: json,
         resume: args.resume.clone(),
+        quiet: false,
     };
     let config: &Path = &args.config;
     run_job(world, &cfg, &opts, |_rank| {

@@ -30,6 +30,8 @@ pub struct TrainOptions {
     pub resolved_config: Value,
     /// Restore this checkpoint before training (`--resume PATH`).
     pub resume: Option<PathBuf>,
+    /// Write log lines to the log file only, not to stdout (benchmarks).
+    pub quiet: bool,
 }
 
 /// What a finished run reports (identical on every rank).
@@ -197,7 +199,10 @@ pub fn train(
                 &opts.resolved_config,
                 &loss_names,
             )
-            .map(|d| rundir = Some(d))
+            .map(|mut d| {
+                d.set_quiet(opts.quiet);
+                rundir = Some(d)
+            })
         }
     } else {
         Ok(())

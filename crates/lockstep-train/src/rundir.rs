@@ -17,6 +17,7 @@ pub struct RunDir {
     losses: File,
     performance: File,
     progress: Option<indicatif::ProgressBar>,
+    quiet: bool,
 }
 
 impl RunDir {
@@ -69,14 +70,20 @@ impl RunDir {
             losses,
             performance,
             progress: None,
+            quiet: false,
         })
+    }
+
+    /// With `quiet`, log lines go to the log file only (no stdout, no progress bar).
+    pub fn set_quiet(&mut self, quiet: bool) {
+        self.quiet = quiet;
     }
 
     /// Shows a progress bar of `total` updates on stdout when stdout is a terminal (the log
     /// lines then go above the bar); otherwise the periodic log lines are the progress.
     pub fn start_progress(&mut self, done: u64, total: u64) {
         use std::io::IsTerminal;
-        if !std::io::stdout().is_terminal() {
+        if self.quiet || !std::io::stdout().is_terminal() {
             return;
         }
         let bar = indicatif::ProgressBar::new(total);
@@ -117,7 +124,8 @@ impl RunDir {
     pub fn log(&mut self, line: &str) -> Result<(), TrainError> {
         match &self.progress {
             Some(bar) => bar.println(line),
-            None => println!("{line}"),
+            None if !self.quiet => println!("{line}"),
+            None => {}
         }
         writeln!(self.log, "{line}").map_err(|e| TrainError::io(&self.root, e))
     }

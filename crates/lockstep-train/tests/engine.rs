@@ -55,6 +55,7 @@ fn run(
     let opts = TrainOptions {
         resolved_config: config.clone(),
         resume: resume.map(Path::to_path_buf),
+        quiet: false,
     };
     let seed = cfg.seed;
     let built = AtomicUsize::new(0);
@@ -228,6 +229,7 @@ fn one_gradient_reduction_per_update() {
         let opts = TrainOptions {
             resolved_config: c.clone(),
             resume: None,
+            quiet: false,
         };
         train(&counting, &cfg, &p, &mut m, &mut s, &opts)?;
         Ok(counting.reductions.into_inner().unwrap())
@@ -295,6 +297,7 @@ fn early_stop_is_the_same_on_all_replicas() {
         let opts = TrainOptions {
             resolved_config: c.clone(),
             resume: None,
+            quiet: false,
         };
         Ok(train(&comm, &cfg, &p, &mut m, &mut s, &opts)?.updates)
     })
@@ -351,6 +354,7 @@ fn partial_final_batches_are_dropped() {
     let opts = TrainOptions {
         resolved_config: c.clone(),
         resume: None,
+        quiet: false,
     };
     train(&lockstep_comm::SelfComm, &cfg, &p, &mut m, &mut s, &opts).unwrap();
     // 20 samples, 8 per update: 2 updates per epoch, samples 16..19 dropped.

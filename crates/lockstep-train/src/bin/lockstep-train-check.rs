@@ -75,6 +75,7 @@ fn run(world: &World) -> Result<(), TrainError> {
     let opts = TrainOptions {
         resolved_config: config.clone(),
         resume,
+        quiet: false,
     };
     let seed = cfg.seed;
     let summary = run_job(world, &cfg, &opts, |rank| {

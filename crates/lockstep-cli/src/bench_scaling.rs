@@ -1,0 +1,194 @@
+//! `lockstep bench scaling CONFIG`: optimizer updates per second and samples per second with
+//! 1 replica (local batch B) and with N replicas (local batch B each), for threads and for
+//! MPI, in one invocation. Each replica computes on one core; the first updates are warm-up;
+//! the figures are medians over the timed updates (each update timed on the slowest rank).
+
+use crate::train::{prepare, Overrides};
+use anyhow::{bail, Context, Result};
+use lockstep_comm::launch::mpirun_command;
+use lockstep_comm::testing::run_with_limit;
+use lockstep_comm::World;
+use lockstep_snn::replica::{PoissonTrials, SnnReplica};
+use lockstep_train::job::run_job;
+use lockstep_train::TrainOptions;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `lockstep bench scaling`.
+#[derive(Debug, clap::Args)]
+pub struct ScalingArgs {
+    /// A training config; its run.batch_size is the local batch B of every replica.
+    pub config: PathBuf,
+    /// Replicas N of the parallel runs.
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// Timed updates per run (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    pub updates: u64,
+    /// Warm-up updates per run (not timed).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    /// Skip the MPI runs.
+    #[arg(long)]
+    pub no_mpi: bool,
+    /// Skip the thread runs.
+    #[arg(long)]
+    pub no_threads: bool,
+    /// Internal: one rank of the MPI measurement.
+    #[arg(long, hide = true)]
+    pub mpi_worker: bool,
+}
+
+/// Median seconds of (step, comm) over the timed updates.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Measured {
+    replicas: usize,
+    global_batch: usize,
+    step_s: f64,
+    comm_s: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn measure(
+    world: &World,
+    args: &ScalingArgs,
+    distribution: Value,
+    tmp: &std::path::Path,
+    tag: &str,
+) -> Result<Measured> {
+    let overrides = Overrides {
+        updates: Some(args.warmup + args.updates),
+        output_dir: Some(tmp.join(tag)),
+        overwrite: true,
+        distribution: Some(distribution),
+        checkpoint_every: Some(0),
+    };
+    let (json, cfg) = prepare(&args.config, &overrides)?;
+    let opts = TrainOptions {
+        resolved_config: json,
+        resume: None,
+        quiet: true,
+    };
+    let config = args.config.clone();
+    let s = run_job(world, &cfg, &opts, |_rank| {
+        Ok((SnnReplica::from_config(&config, false)?, PoissonTrials))
+    })?;
+    let timed = &s.update_times[args.warmup as usize..];
+    let replicas = match &cfg.distribution {
+        None => 1,
+        Some(_) => replicas_of(&opts.resolved_config, world),
+    };
+    Ok(Measured {
+        replicas,
+        global_batch: cfg.batch_size * replicas,
+        step_s: median(timed.iter().map(|t| t[3]).collect()),
+        comm_s: median(timed.iter().map(|t| t[2]).collect()),
+    })
+}
+
+fn replicas_of(config: &Value, world: &World) -> usize {
+    match config
+        .pointer("/run/distribution/devices")
+        .and_then(Value::as_array)
+    {
+        Some(d) => d.len(),
+        None => world.comm().size(),
+    }
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
+    if args.updates == 0 {
+        bail!("--updates must be at least 1");
+    }
+    let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
+    if args.mpi_worker {
+        let m = measure(world, args, json!({"strategy": "mpi"}), tmp.path(), "mpi")?;
+        if world.comm().is_chief() {
+            println!("{}", serde_json::to_string(&m)?);
+        }
+        return Ok(());
+    }
+    if world.comm().size() > 1 {
+        bail!("run `lockstep bench scaling` without mpirun: it starts its own MPI jobs");
+    }
+    let n = args.replicas;
+    eprintln!("1 replica ...");
+    let one = measure(world, args, Value::Null, tmp.path(), "serial")?;
+    let mut rows = vec![("1 replica", one)];
+    if !args.no_threads {
+        eprintln!("{n} thread replicas ...");
+        let devices: Vec<String> = (0..n).map(|r| format!("cpu:{r}")).collect();
+        let t = measure(
+            world,
+            args,
+            json!({"strategy": "threads", "devices": devices}),
+            tmp.path(),
+            "threads",
+        )?;
+        rows.push(("threads", t));
+    }
+    if !args.no_mpi {
+        eprintln!("{n} MPI replicas (mpirun -n {n}) ...");
+        let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
+        let mut cmd = mpirun_command(n);
+        cmd.arg(exe)
+            .args(["bench", "scaling"])
+            .arg(&args.config)
+            .args([
+                "--updates",
+                &args.updates.to_string(),
+                "--warmup",
+                &args.warmup.to_string(),
+                "--mpi-worker",
+            ]);
+        let out = run_with_limit(cmd, Duration::from_secs(3600)).map_err(anyhow::Error::msg)?;
+        if !out.success() {
+            bail!("the MPI measurement failed:\n{}", out.all_output());
+        }
+        let line = out
+            .stdout
+            .lines()
+            .rfind(|l| l.starts_with('{'))
+            .context("the MPI measurement printed no result")?;
+        rows.push(("mpi", serde_json::from_str(line)?));
+    }
+    println!(
+        "local batch {} per replica, median of {} updates after {} warm-up, one core per replica",
+        one.global_batch, args.updates, args.warmup
+    );
+    println!(
+        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10}",
+        "run", "replicas", "global batch", "updates/s", "samples/s", "ratio", "comm %"
+    );
+    for (name, m) in &rows {
+        let ups = 1.0 / m.step_s;
+        let sps = m.global_batch as f64 / m.step_s;
+        let ratio = sps / (one.global_batch as f64 / one.step_s);
+        println!(
+            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>10.3} {:>10.2}",
+            name,
+            m.replicas,
+            m.global_batch,
+            ups,
+            sps,
+            ratio,
+            100.0 * m.comm_s / m.step_s
+        );
+    }
+    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch)");
+    Ok(())
+}
