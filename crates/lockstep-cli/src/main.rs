@@ -51,6 +51,12 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of stdout goes away
+    // (`lockstep ... | head`) instead of panicking on a broken pipe.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let world = match World::init(cli.cpu) {
         Ok(w) => w,
