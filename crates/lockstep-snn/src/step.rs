@@ -80,11 +80,16 @@ pub fn step_neuron<S: Scalar>(
     }
     // Alpha-shaped PSCs, then this step's arrivals (NEST: "spikes arriving at T+1 have an
     // immediate effect on the state of the neuron").
-    for k in 0..np {
-        let pc = &c.ports[k];
-        y2[k] = y1[k].mulc(pc.p21) + y2[k].mulc(pc.p22);
-        y1[k] = y1[k].mulc(pc.p11);
-        y1[k] += arrivals[k].mulc(pc.psc_init);
+    for (((pc, y1k), y2k), &xk) in c
+        .ports
+        .iter()
+        .zip(y1.iter_mut())
+        .zip(y2.iter_mut())
+        .zip(arrivals)
+    {
+        *y2k = y1k.mulc(pc.p21) + y2k.mulc(pc.p22);
+        *y1k = y1k.mulc(pc.p11);
+        *y1k += xk.mulc(pc.psc_init);
     }
     z
 }
@@ -95,29 +100,26 @@ pub fn step_neuron<S: Scalar>(
 /// `iaf_psc_alpha`: `P30*I_e + sum_k (P31 y1 + P32 y2) + expm1*U + U`, clamped at `V_min`).
 #[inline]
 pub fn membrane_update<S: Scalar>(c: &CellConsts, u: S, asc: &mut [S], y1: &[S], y2: &[S]) -> S {
-    let np = c.ports.len();
     match c.kind {
         ModelKind::Glif => {
             // NEST glif_psc: mean ASC over the step, then decay to the end of the step.
             let mut asc_sum = S::zero();
-            for (a, ac) in c.asc.iter().enumerate() {
-                asc_sum += asc[a].mulc(ac.stable);
-                asc[a] = asc[a].mulc(ac.decay);
+            for (ac, ak) in c.asc.iter().zip(asc.iter_mut()) {
+                asc_sum += ak.mulc(ac.stable);
+                *ak = ak.mulc(ac.decay);
             }
             let mut un = u.mulc(c.p33) + (S::from_f64(c.i_e) + asc_sum).mulc(c.p30);
-            for k in 0..np {
-                let pc = &c.ports[k];
-                un += y1[k].mulc(pc.p31) + y2[k].mulc(pc.p32);
+            for ((pc, &y1k), &y2k) in c.ports.iter().zip(y1).zip(y2) {
+                un += y1k.mulc(pc.p31) + y2k.mulc(pc.p32);
             }
             un
         }
         ModelKind::Iaf => {
             // NEST iaf_psc_alpha: P30*(y0 + I_e) + sum_k (P31 dI + P32 I) + expm1*y3 + y3.
             let mut un = S::from_f64(0.0 + c.i_e).mulc(c.p30);
-            for k in 0..np {
-                let pc = &c.ports[k];
-                un += y1[k].mulc(pc.p31);
-                un += y2[k].mulc(pc.p32);
+            for ((pc, &y1k), &y2k) in c.ports.iter().zip(y1).zip(y2) {
+                un += y1k.mulc(pc.p31);
+                un += y2k.mulc(pc.p32);
             }
             un = un + u.mulc(c.expm1_tau_m) + u;
             if un.re() < c.lower_bound {
