@@ -47,7 +47,6 @@ pub fn step_neuron<S: Scalar>(
         y2,
         refr,
     } = st;
-    let np = c.ports.len();
     let mut z = S::zero();
     if *refr == 0 {
         let un = membrane_update(c, *u, asc, y1, y2);
