@@ -210,6 +210,13 @@ pub fn train(
     agree(comm, setup, "output setup")?;
 
     let hash = config_hash(&opts.resolved_config);
+    let ckpt = Checkpointer {
+        per_update,
+        steps_per_epoch,
+        dataset,
+        seed: cfg.seed,
+        hash: hash.clone(),
+    };
     let mut optimizer = Optimizer::new(cfg.optimizer.clone(), model.trainable().len());
     let mut start_update = 0u64;
     // Resume: the chief reads and verifies the checkpoint; everything reaches the peers in
@@ -426,17 +433,7 @@ pub fn train(
                 }
             }
             if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
-                save(
-                    d.root(),
-                    update,
-                    per_update,
-                    steps_per_epoch,
-                    dataset,
-                    cfg,
-                    model,
-                    &optimizer,
-                    &hash,
-                )?;
+                ckpt.save(d.root(), update, model, &optimizer)?;
             }
         }
         history.push(reduced.clone());
@@ -459,17 +456,7 @@ pub fn train(
     let finish = match rundir.as_mut() {
         Some(d) => (|| -> Result<(), TrainError> {
             d.finish_progress();
-            save(
-                d.root(),
-                update,
-                per_update,
-                steps_per_epoch,
-                dataset,
-                cfg,
-                model,
-                &optimizer,
-                &hash,
-            )?;
+            ckpt.save(d.root(), update, model, &optimizer)?;
             exported = model
                 .export(d.root())
                 .map_err(|e| TrainError::Model { update, source: e })?;
@@ -517,35 +504,50 @@ fn verify_identical(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn save(
-    root: &Path,
-    update: u64,
+/// Writes checkpoints of this run (chief only).
+struct Checkpointer {
     per_update: u64,
     steps_per_epoch: u64,
     dataset: Option<u64>,
-    cfg: &EngineConfig,
-    model: &dyn Model,
-    optimizer: &Optimizer,
-    hash: &str,
-) -> Result<(), TrainError> {
-    let mut state = TrainState {
-        update,
-        next_sample: first_sample_of(update, per_update, steps_per_epoch, dataset),
-        seed: cfg.seed,
-        trainable: model.trainable().to_vec(),
-        frozen: model.frozen().to_vec(),
-        optimizer_step: 0,
-        optimizer_slots: Vec::new(),
-        config_hash: hash.to_string(),
-    };
-    state.set_optimizer(optimizer);
-    let path = root.join(format!("checkpoints/update_{update:06}.safetensors"));
-    checkpoint::write(&path, &state)?;
-    checkpoint::write_atomic(
-        &root.join("checkpoints/latest"),
-        path.file_name().unwrap().to_string_lossy().as_bytes(),
-    )
+    seed: u64,
+    hash: String,
+}
+
+impl Checkpointer {
+    /// Writes `checkpoints/update_NNNNNN.safetensors` and points `checkpoints/latest` at it.
+    fn save(
+        &self,
+        root: &Path,
+        update: u64,
+        model: &dyn Model,
+        optimizer: &Optimizer,
+    ) -> Result<(), TrainError> {
+        let mut state = TrainState {
+            update,
+            next_sample: first_sample_of(
+                update,
+                self.per_update,
+                self.steps_per_epoch,
+                self.dataset,
+            ),
+            seed: self.seed,
+            trainable: model.trainable().to_vec(),
+            frozen: model.frozen().to_vec(),
+            optimizer_step: 0,
+            optimizer_slots: Vec::new(),
+            config_hash: self.hash.clone(),
+        };
+        state.set_optimizer(optimizer);
+        let path = root.join(format!("checkpoints/update_{update:06}.safetensors"));
+        checkpoint::write(&path, &state)?;
+        checkpoint::write_atomic(
+            &root.join("checkpoints/latest"),
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .as_bytes(),
+        )
+    }
 }
 
 /// Loads a checkpoint into the chief's model and optimizer; returns the update to continue from.
