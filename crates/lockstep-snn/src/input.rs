@@ -53,7 +53,14 @@ impl InputSpec {
         grid: &TimeGrid,
         n_steps: usize,
     ) -> Result<Inputs> {
-        let mut per_step: Vec<Vec<u32>> = vec![Vec::new(); n_steps];
+        if n_steps > u32::MAX as usize {
+            return Err(SnnError::InvalidInput {
+                input: name.into(),
+                reason: format!("{n_steps} steps are more than one run can hold (2^32 - 1)"),
+            });
+        }
+        // (emission step, node) of every file spike inside the run.
+        let mut events: Vec<(u32, u32)> = Vec::new();
         if let Some(trains) = &self.spike_trains {
             if trains.len() != n_virtual {
                 return Err(SnnError::InvalidInput {
@@ -74,28 +81,28 @@ impl InputSpec {
                             ),
                         });
                     }
-                    let stamp = grid.ms_stamp_steps(t);
-                    let emit = stamp - 1;
+                    let emit = grid.ms_stamp_steps(t) - 1;
                     if emit >= 0 && (emit as usize) < n_steps {
-                        per_step[emit as usize].push(v as u32);
+                        events.push((emit as u32, v as u32));
                     }
                 }
             }
         }
+        events.sort_unstable();
         let mut inputs = Inputs {
             n_steps,
             ..Default::default()
         };
+        inputs.step_ptr.reserve(n_steps + 1);
         inputs.step_ptr.push(0);
-        for mut nodes in per_step {
-            nodes.sort_unstable();
-            let mut i = 0;
-            while i < nodes.len() {
+        let mut i = 0;
+        for step in 0..n_steps as u32 {
+            while i < events.len() && events[i].0 == step {
                 let mut j = i;
-                while j < nodes.len() && nodes[j] == nodes[i] {
+                while j < events.len() && events[j] == events[i] {
                     j += 1;
                 }
-                inputs.node.push(nodes[i]);
+                inputs.node.push(events[i].1);
                 inputs.count.push((j - i) as u32);
                 i = j;
             }

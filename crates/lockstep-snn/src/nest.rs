@@ -97,7 +97,14 @@ impl TimeGrid {
                 reason: format!("run.tstop = {tstop} ms is not a whole number of steps of dt"),
             });
         }
-        Ok((tics / self.tics_per_step) as usize)
+        let steps = tics / self.tics_per_step;
+        if steps > u32::MAX as i64 {
+            return Err(SnnError::InvalidDt {
+                dt: self.dt,
+                reason: format!("run.tstop = {tstop} ms is {steps} steps, more than one run can hold (2^32 - 1); split the run or use a larger dt"),
+            });
+        }
+        Ok(steps as usize)
     }
 }
 
@@ -158,6 +165,7 @@ mod tests {
         assert_eq!(g.ms_stamp_steps(0.001), 1);
         assert_eq!(g.run_steps(1000.0).unwrap(), 10000);
         assert!(g.run_steps(1000.05).is_err());
+        assert!(g.run_steps(1e12).is_err());
         let g1 = TimeGrid::new(1.0).unwrap();
         assert_eq!(g1.ms_to_steps_ceil(2.6), 3);
         assert_eq!(g1.ms_stamp_steps(3.0), 3);
