@@ -111,6 +111,9 @@ pub struct Csr {
     pub segments: Vec<Segment>,
     /// `[n_edges]`: internal target neuron index per CSR slot.
     pub target: Vec<u32>,
+    /// `[n_edges]`: `target * n_ports`, the offset of the target within a
+    /// `[neuron, port]` slot of the ring buffer (add the segment's port).
+    pub target_off: Vec<u32>,
     /// `[n_edges]`: index of the edge in the spec's edge vector.
     pub edge_id: Vec<u32>,
 }
@@ -218,7 +221,7 @@ impl NetworkSpec {
             .unwrap_or(0);
 
         let mut max_delay = 1usize;
-        let (recurrent, weights_rec) = self.build_csr(
+        let (mut recurrent, weights_rec) = self.build_csr(
             &self.recurrent_edges,
             n,
             "recurrent",
@@ -227,7 +230,7 @@ impl NetworkSpec {
             &mut max_delay,
             true,
         )?;
-        let (input, weights_in) = self.build_csr(
+        let (mut input, weights_in) = self.build_csr(
             &self.input_edges,
             self.virtual_nodes.len(),
             "input",
@@ -236,6 +239,14 @@ impl NetworkSpec {
             &mut max_delay,
             false,
         )?;
+        if (n as u64) * (n_ports as u64) > u32::MAX as u64 {
+            return Err(SnnError::InvalidNetwork(format!(
+                "{n} neurons x {n_ports} ports exceed the 32-bit state index"
+            )));
+        }
+        for csr in [&mut recurrent, &mut input] {
+            csr.target_off = csr.target.iter().map(|&t| t * n_ports as u32).collect();
+        }
         Ok(Network {
             grid,
             cell_types: self.cell_types.clone(),
@@ -342,6 +353,7 @@ impl NetworkSpec {
             seg_ptr: Vec::with_capacity(n_sources + 1),
             segments: Vec::new(),
             target: Vec::with_capacity(keyed.len()),
+            target_off: Vec::new(),
             edge_id: Vec::with_capacity(keyed.len()),
         };
         let mut weights = Vec::with_capacity(keyed.len());

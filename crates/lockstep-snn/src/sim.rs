@@ -154,8 +154,8 @@ impl<S: Scalar> TrialState<S> {
             for seg in net.recurrent.segments_of(i) {
                 let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize;
                 let (a, b) = (seg.start as usize, seg.end as usize);
-                for (&tg, &w) in net.recurrent.target[a..b].iter().zip(&w_rec[a..b]) {
-                    self.ring[base + tg as usize * np] += w * zi;
+                for (&off, &w) in net.recurrent.target_off[a..b].iter().zip(&w_rec[a..b]) {
+                    self.ring[base + off as usize] += w * zi;
                 }
                 events += (b - a) as u64;
             }
@@ -167,8 +167,8 @@ impl<S: Scalar> TrialState<S> {
             for seg in net.input.segments_of(v as usize) {
                 let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize;
                 let (a, b) = (seg.start as usize, seg.end as usize);
-                for (&tg, &w) in net.input.target[a..b].iter().zip(&w_in[a..b]) {
-                    ring[base + tg as usize * np] += w.mulc(cnt);
+                for (&off, &w) in net.input.target_off[a..b].iter().zip(&w_in[a..b]) {
+                    ring[base + off as usize] += w.mulc(cnt);
                 }
                 events += (b - a) as u64;
             }

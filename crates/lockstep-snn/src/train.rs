@@ -682,11 +682,11 @@ impl SnnModel {
                     let base = ((t + d) % rl) * stride + seg.port as usize;
                     let (a, b) = (seg.start as usize, seg.end as usize);
                     let mu = &adj.mu[base..];
-                    let tg = &net.recurrent.target[a..b];
-                    acc += gather_dot(&w_rec[a..b], tg, mu, np);
+                    let offs = &net.recurrent.target_off[a..b];
+                    acc += gather_dot(&w_rec[a..b], offs, mu);
                     if spiked {
-                        for (g, &tt) in grad[a..b].iter_mut().zip(tg) {
-                            *g += mu[tt as usize * np];
+                        for (g, &off) in grad[a..b].iter_mut().zip(offs) {
+                            *g += mu[off as usize];
                         }
                     }
                 }
@@ -705,7 +705,7 @@ impl SnnModel {
                         }
                         let base = ((t + d) % rl) * stride + seg.port as usize;
                         for e in seg.start as usize..seg.end as usize {
-                            gin[e] += cnt * mu[base + net.input.target[e] as usize * np];
+                            gin[e] += cnt * mu[base + net.input.target_off[e] as usize];
                         }
                     }
                 });
@@ -844,21 +844,21 @@ impl SnnModel {
     }
 }
 
-/// `sum_e w[e] * mu[tgt[e] * np]` with four partial sums (breaks the add latency chain).
+/// `sum_e w[e] * mu[off[e]]` with four partial sums (breaks the add latency chain).
 #[inline]
-fn gather_dot(w: &[f64], tgt: &[u32], mu: &[f64], np: usize) -> f64 {
+fn gather_dot(w: &[f64], off: &[u32], mu: &[f64]) -> f64 {
     let mut s = [0.0f64; 4];
     let wc = w.chunks_exact(4);
-    let tc = tgt.chunks_exact(4);
+    let tc = off.chunks_exact(4);
     let (wr, tr) = (wc.remainder(), tc.remainder());
     for (w4, t4) in wc.zip(tc) {
         for k in 0..4 {
-            s[k] += w4[k] * mu[t4[k] as usize * np];
+            s[k] += w4[k] * mu[t4[k] as usize];
         }
     }
     let mut tail = 0.0;
     for (&w1, &t1) in wr.iter().zip(tr) {
-        tail += w1 * mu[t1 as usize * np];
+        tail += w1 * mu[t1 as usize];
     }
     (s[0] + s[1]) + (s[2] + s[3]) + tail
 }
