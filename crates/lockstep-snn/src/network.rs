@@ -405,3 +405,93 @@ impl Network {
         &g.consts
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn csr_groups_by_source_delay_and_port_and_maps_back() {
+        let glif = CellModel::from_template("nest:glif_psc", &json!({"tau_syn": [2.0, 3.0]}), "g")
+            .unwrap();
+        let iaf = CellModel::from_template("nest:iaf_psc_alpha", &json!({}), "i").unwrap();
+        let e = |source, target, weight, receptor, delay_ms| EdgeSpec {
+            source,
+            target,
+            weight,
+            receptor,
+            delay_ms,
+        };
+        let spec = NetworkSpec {
+            cell_types: vec![
+                CellType {
+                    name: "i".into(),
+                    model: iaf,
+                },
+                CellType {
+                    name: "g".into(),
+                    model: glif,
+                },
+            ],
+            // external order: glif, iaf, glif -> internal order: iaf (type 0) first
+            neurons: vec![
+                NeuronSpec {
+                    population: "p".into(),
+                    node_id: 0,
+                    cell_type: 1,
+                },
+                NeuronSpec {
+                    population: "p".into(),
+                    node_id: 1,
+                    cell_type: 0,
+                },
+                NeuronSpec {
+                    population: "p".into(),
+                    node_id: 2,
+                    cell_type: 1,
+                },
+            ],
+            virtual_nodes: vec![],
+            recurrent_edges: vec![
+                e(0, 2, 1.0, 2, 0.3),  // 0: delay 3, port 1
+                e(0, 1, -2.0, 0, 0.1), // 1: iaf, negative -> port 1, delay 1
+                e(0, 2, 3.0, 1, 0.1),  // 2: delay 1, port 0
+                e(2, 0, 4.0, 1, 0.2),  // 3
+                e(0, 1, 5.0, 0, 0.1),  // 4: iaf, positive -> port 0, delay 1
+            ],
+            input_edges: vec![],
+        };
+        let net = spec.compile(0.1).unwrap();
+        assert_eq!(net.order, vec![1, 0, 2]);
+        assert_eq!(net.rank, vec![1, 0, 2]);
+        assert_eq!(net.groups.len(), 2);
+        assert_eq!(
+            (
+                net.groups[0].start,
+                net.groups[0].end,
+                net.groups[1].start,
+                net.groups[1].end
+            ),
+            (0, 1, 1, 3)
+        );
+        assert_eq!(net.n_ports, 2);
+        assert_eq!(net.max_delay, 3);
+        // Source external 0 = internal 1: segments sorted by (delay, port).
+        let segs = net.recurrent.segments_of(1);
+        let keys: Vec<(u32, u32)> = segs.iter().map(|s| (s.delay, s.port)).collect();
+        assert_eq!(keys, vec![(1, 0), (1, 1), (3, 1)]);
+        // Delay 1, port 0 holds edge 4 (to iaf, internal 0) and edge 2 (to glif, internal 2).
+        let s0 = segs[0];
+        let ids: Vec<u32> = net.recurrent.edge_id[s0.start as usize..s0.end as usize].to_vec();
+        assert_eq!(ids, vec![4, 2]);
+        for (slot, &id) in net.recurrent.edge_id.iter().enumerate() {
+            let ed = &spec.recurrent_edges[id as usize];
+            assert_eq!(net.weights_rec[slot], ed.weight);
+            assert_eq!(net.recurrent.target[slot], net.rank[ed.target]);
+            assert_eq!(net.recurrent.target_off[slot], net.rank[ed.target] * 2);
+        }
+        assert!(net.recurrent.segments_of(0).is_empty());
+        assert_eq!(net.recurrent.segments_of(2).len(), 1);
+    }
+}
