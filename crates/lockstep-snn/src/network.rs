@@ -396,6 +396,9 @@ impl Network {
         self.max_delay + 1
     }
     /// Cell constants of the group containing internal neuron `i`.
+    ///
+    /// # Panics
+    /// If `i >= n_neurons()`.
     pub fn consts_of(&self, i: usize) -> &CellConsts {
         let g = self
             .groups

@@ -77,6 +77,10 @@ impl<S: Scalar> TrialState<S> {
     ///
     /// `w_rec`/`w_in` are the weights in CSR order (pA). `z` (`[neuron]`, internal order)
     /// receives the spikes of this step. Returns the number of synaptic events delivered.
+    ///
+    /// # Panics
+    /// If `self` was not made for `net`, or `w_rec`, `w_in`, `z` are shorter than
+    /// `net.recurrent.len()`, `net.input.len()`, `net.n_neurons()`.
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,

@@ -173,6 +173,11 @@ impl SnnModel {
                 "gradient_checkpointing chunk size must be at least 1 step".into(),
             ));
         }
+        if spec.neurons.is_empty() {
+            return Err(SnnError::InvalidNetwork(
+                "the network has no (non-virtual) neurons to train".into(),
+            ));
+        }
         let net = spec.compile(dt)?;
         let inputs = input.compile("training inputs", net.n_virtual(), &net.grid, opts.seq_len)?;
         let n = net.n_neurons();
