@@ -343,3 +343,109 @@ pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport, NbodyError> {
         fmm3d_note: note,
     })
 }
+
+/// One row of the sharded benchmark (`lockstep bench nbody --ranks 1,2`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RanksRow {
+    /// Ranks (ThreadComm replicas, each with `threads / ranks` rayon workers).
+    pub ranks: usize,
+    /// Particles over all ranks.
+    pub n: usize,
+    /// Seconds per force evaluation (slowest rank, best of the repeats).
+    pub seconds: f64,
+    /// Force evaluations per second.
+    pub evals_per_second: f64,
+    /// `t(1 rank) / t(ranks)` with the same total number of worker threads split over the
+    /// ranks: the share of the one-rank speed kept by the decomposition (1 = no overhead).
+    /// NaN when the list has no one-rank entry before this one.
+    pub efficiency: f64,
+    /// Bytes sent per step over all ranks (locally essential tree exchange).
+    pub bytes_per_step: usize,
+    /// Largest rank count over the mean count after redistribution.
+    pub imbalance: f64,
+}
+
+/// Sharded FMM benchmark on ThreadComm ranks: for each entry of `ranks`, a Plummer sphere of
+/// `n` particles generated across the ranks, redistributed along the Morton order, then
+/// `repeats` timed evaluations of [`crate::shard::sharded_forces`]. The machine's rayon
+/// workers are split evenly between the ranks, so the efficiency measures what the
+/// decomposition and the exchange cost. Prints a table.
+pub fn bench_nbody_ranks(
+    ranks: &[usize],
+    n: usize,
+    params: FmmParams,
+    repeats: usize,
+) -> Result<Vec<RanksRow>, NbodyError> {
+    use lockstep_comm::{CommExt, Communicator, ReduceOp};
+    let fmm = Fmm::new(params)?;
+    let threads = rayon::current_num_threads();
+    let ic = InitialConditions::Plummer {
+        n: n as u64,
+        total_mass: 1.0,
+        scale_radius: 1.0,
+        max_radius: 30.0,
+        seed: 2024,
+    };
+    println!(
+        "lockstep bench nbody --ranks: Plummer sphere N = {n}, eps = 1e-3, FMM p = {}, theta = {}, {threads} worker threads split over the ranks",
+        params.order, params.theta
+    );
+    println!(
+        "{:>5} {:>9} {:>10} {:>9} {:>10} {:>14} {:>9}",
+        "ranks", "N", "s/eval", "evals/s", "efficiency", "bytes/step", "imbalance"
+    );
+    let mut rows: Vec<RanksRow> = Vec::new();
+    for &r in ranks {
+        if r == 0 {
+            return Err(NbodyError::param("ranks", 0, "give rank counts >= 1"));
+        }
+        let per_rank = (threads / r).max(1);
+        let out = lockstep_comm::run_replicas(r, |comm| -> Result<(f64, usize, f64), NbodyError> {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(per_rank)
+                .build()
+                .map_err(|e| NbodyError::Bench(format!("rayon pool of {per_rank} threads: {e}")))?;
+            pool.install(|| {
+                let mut p = ic.generate(1.0, comm.rank(), r, 1.5)?;
+                let st = crate::shard::redistribute(&comm, &mut p)?;
+                let mut best = f64::INFINITY;
+                let mut bytes = 0usize;
+                for _ in 0..repeats.max(1) {
+                    comm.barrier()?;
+                    let t0 = Instant::now();
+                    let (_, fs) = crate::shard::sharded_forces(&comm, &p, &fmm, 1.0, 1e-3)?;
+                    let dt = comm.all_reduce_scalar(t0.elapsed().as_secs_f64(), ReduceOp::Max)?;
+                    best = best.min(dt);
+                    bytes = comm.all_reduce_scalar(fs.bytes_sent as u64, ReduceOp::Sum)? as usize;
+                }
+                Ok((best, bytes, st.imbalance))
+            })
+        })
+        .map_err(|e| NbodyError::Bench(e.to_string()))?;
+        let (secs, bytes, imbalance) = out[0];
+        let t1 = rows.iter().find(|x| x.ranks == 1).map(|x| x.seconds);
+        let row = RanksRow {
+            ranks: r,
+            n,
+            seconds: secs,
+            evals_per_second: 1.0 / secs,
+            efficiency: t1
+                .map(|t| t / secs)
+                .unwrap_or(if r == 1 { 1.0 } else { f64::NAN }),
+            bytes_per_step: bytes,
+            imbalance,
+        };
+        println!(
+            "{:>5} {:>9} {:>10.4} {:>9.3} {:>10.2} {:>14} {:>9.4}",
+            row.ranks,
+            row.n,
+            row.seconds,
+            row.evals_per_second,
+            row.efficiency,
+            row.bytes_per_step,
+            row.imbalance
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -19,7 +19,7 @@ pub mod shard;
 pub mod snapshot;
 pub mod units;
 
-pub use bench::{bench_nbody, BenchOptions, BenchReport};
+pub use bench::{bench_nbody, bench_nbody_ranks, BenchOptions, BenchReport, RanksRow};
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;

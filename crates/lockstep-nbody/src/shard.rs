@@ -181,6 +181,26 @@ pub fn redistribute<C: Communicator + ?Sized>(
     })
 }
 
+/// Bounding boxes per rank describing its domain in the locally essential tree exchange.
+const DOMAIN_BOXES: usize = 512;
+
+/// Nodes covering all particles of `tree` exactly once: the deepest level with at most
+/// `max` such nodes (its nodes plus the leaves above it).
+fn cover_nodes(tree: &crate::fmm::tree::Tree, max: usize) -> Vec<usize> {
+    let nodes = &tree.nodes;
+    let mut best = vec![0usize];
+    for level in 1..tree.level_start.len() - 1 {
+        let cover: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].level == level || (nodes[i].level < level && nodes[i].is_leaf()))
+            .collect();
+        if cover.len() > max {
+            break;
+        }
+        best = cover;
+    }
+    best
+}
+
 /// Work and traffic of one sharded force evaluation on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ShardForceStats {
@@ -195,8 +215,8 @@ pub struct ShardForceStats {
 }
 
 /// Globally correct gravity on this rank's valid particles: every rank builds its tree,
-/// sends every other rank its locally essential tree (the multipoles of nodes that pass the
-/// opening test against the receiver's domain sphere, the particles of leaves that do not)
+/// sends every other rank its locally essential tree (the multipoles of nodes with
+/// `r_B < theta dist(z_B, receiver's bounding box)`, the particles of leaves that fail it)
 /// with two `all_to_all_v` exchanges, and evaluates its FMM with the imported sources.
 pub fn sharded_forces<C: Communicator + ?Sized>(
     comm: &C,
@@ -207,29 +227,38 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
 ) -> Result<(Forces, ShardForceStats), NbodyError> {
     let (rank, size) = (comm.rank(), comm.size());
     let (pos, mass) = (p.valid_pos(), p.valid_mass());
-    // Domain sphere: centre of the bounding box, largest distance; empty ranks send r = -1.
-    let mut sphere = [0.0f64, 0.0, 0.0, -1.0];
-    if !pos.is_empty() {
-        let mut mn = [f64::INFINITY; 3];
-        let mut mx = [f64::NEG_INFINITY; 3];
-        for x in pos {
-            for k in 0..3 {
-                mn[k] = mn[k].min(x[k]);
-                mx[k] = mx[k].max(x[k]);
+    // Domain: bounding boxes of up to DOMAIN_BOXES top nodes of the local tree (a tight
+    // cover of the rank's particles); unused slots are inverted boxes.
+    let tree = if pos.is_empty() {
+        None
+    } else {
+        Some(fmm.build_tree(&SourceSet::local(pos, mass)))
+    };
+    let mut mine = vec![
+        [
+            f64::INFINITY,
+            f64::INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NEG_INFINITY,
+            f64::NEG_INFINITY
+        ];
+        DOMAIN_BOXES
+    ];
+    if let Some(tree) = &tree {
+        for (slot, i) in cover_nodes(tree, DOMAIN_BOXES).into_iter().enumerate() {
+            let nd = &tree.nodes[i];
+            for k in nd.start..nd.end {
+                let j = tree.perm[k];
+                for c in 0..3 {
+                    mine[slot][c] = mine[slot][c].min(pos[j][c]);
+                    mine[slot][3 + c] = mine[slot][3 + c].max(pos[j][c]);
+                }
             }
         }
-        let c = [
-            0.5 * (mn[0] + mx[0]),
-            0.5 * (mn[1] + mx[1]),
-            0.5 * (mn[2] + mx[2]),
-        ];
-        let r = pos
-            .iter()
-            .map(|x| ((x[0] - c[0]).powi(2) + (x[1] - c[1]).powi(2) + (x[2] - c[2]).powi(2)).sqrt())
-            .fold(0.0, f64::max);
-        sphere = [c[0], c[1], c[2], r];
     }
-    let spheres = comm.all_gather_vec(&sphere)?;
+    let flat: Vec<f64> = mine.iter().flatten().copied().collect();
+    let boxes = comm.all_gather_vec(&flat)?;
     let nt = fmm.nterms();
     let cell_len = 4 + nt;
     let mut cells_send: Vec<f64> = Vec::new();
@@ -237,22 +266,37 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
     let mut parts_send: Vec<f64> = Vec::new();
     let mut part_counts = vec![0usize; size];
     let theta = fmm.params().theta;
-    if !pos.is_empty() {
-        let tree = fmm.build_tree(&SourceSet::local(pos, mass));
+    if let Some(tree) = &tree {
         for d in 0..size {
-            let s = &spheres[4 * d..4 * d + 4];
-            if d == rank || s[3] < 0.0 {
+            let bxs: Vec<&[f64]> = boxes[6 * DOMAIN_BOXES * d..6 * DOMAIN_BOXES * (d + 1)]
+                .chunks_exact(6)
+                .filter(|b| b[0] <= b[3])
+                .collect();
+            if d == rank || bxs.is_empty() {
                 continue;
             }
             let (c0, p0) = (cells_send.len(), parts_send.len());
             let mut stack = vec![0usize];
             while let Some(i) = stack.pop() {
                 let nd = &tree.nodes[i];
-                let dist = ((nd.center[0] - s[0]).powi(2)
-                    + (nd.center[1] - s[1]).powi(2)
-                    + (nd.center[2] - s[2]).powi(2))
-                .sqrt();
-                if nd.radius + s[3] < theta * dist {
+                // Distance from the node centre to the receiver's box: every receiving
+                // particle sees the node under an angle below theta (tree-code criterion),
+                // so the multipole is accurate at any of them (M2L or M2P there).
+                let dist = bxs
+                    .iter()
+                    .map(|bx| {
+                        (0..3)
+                            .map(|k| {
+                                (bx[k] - nd.center[k])
+                                    .max(nd.center[k] - bx[3 + k])
+                                    .max(0.0)
+                                    .powi(2)
+                            })
+                            .sum::<f64>()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+                    .sqrt();
+                if nd.radius < theta * dist {
                     cells_send.extend_from_slice(&[
                         nd.center[0],
                         nd.center[1],
