@@ -2,6 +2,7 @@
 //! lockstep. See the README for the quickstart.
 
 mod bench_allreduce;
+mod bench_bptt;
 mod bench_scaling;
 mod build_network;
 mod info;
@@ -44,6 +45,8 @@ enum Command {
 enum BenchCommand {
     /// All-reduce bandwidth of ThreadComm and MpiComm vs a single-core memcpy, 4 KiB to 256 MiB.
     Allreduce(bench_allreduce::AllreduceArgs),
+    /// BPTT seconds per step and memory, with and without segmented recompute.
+    Bptt(bench_bptt::BpttArgs),
     /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
     Scaling(bench_scaling::ScalingArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
+        Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

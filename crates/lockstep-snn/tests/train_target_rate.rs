@@ -3,27 +3,7 @@
 
 use lockstep_snn::bench_net::all_to_all_glif3;
 use lockstep_snn::{InputSpec, Loss, PoissonSpec, RateUnits, SnnModel, TrainOptions};
-
-/// Minimal Adam (Kingma & Ba 2015, bias-corrected) for this test; the production optimizers
-/// live in lockstep-train.
-struct Adam {
-    lr: f32,
-    m: Vec<f32>,
-    v: Vec<f32>,
-    t: i32,
-}
-impl Adam {
-    fn step(&mut self, p: &mut [f32], g: &[f32]) {
-        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
-        self.t += 1;
-        let (c1, c2) = (1.0 - b1.powi(self.t), 1.0 - b2.powi(self.t));
-        for i in 0..p.len() {
-            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g[i];
-            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g[i] * g[i];
-            p[i] -= self.lr * (self.m[i] / c1) / ((self.v[i] / c2).sqrt() + eps);
-        }
-    }
-}
+use lockstep_train::optim::{Optimizer, OptimizerConfig};
 
 #[test]
 fn all_to_all_glif3_halves_target_rate_loss_in_50_adam_updates() {
@@ -48,12 +28,12 @@ fn all_to_all_glif3_halves_target_rate_loss_in_50_adam_updates() {
     };
     let model = SnnModel::new(&spec, 1.0, &input, opts).unwrap();
     let mut params = model.initial_params();
-    let mut adam = Adam {
-        lr: 0.05,
-        m: vec![0.0; params.len()],
-        v: vec![0.0; params.len()],
-        t: 0,
-    };
+    // The engine's Adam (bias-corrected, betas 0.9/0.999, epsilon 1e-8).
+    let adam_cfg = OptimizerConfig::from_json(Some(
+        &serde_json::json!({"name": "adam", "learning_rate": 0.05}),
+    ))
+    .unwrap();
+    let mut adam = Optimizer::new(adam_cfg, params.len());
     let mut first = None;
     let mut best = f64::INFINITY;
     let mut last = Vec::new();
@@ -67,7 +47,7 @@ fn all_to_all_glif3_halves_target_rate_loss_in_50_adam_updates() {
             lg.loss, lg.mean_rate_hz
         );
         last.push(lg.loss);
-        adam.step(&mut params, &lg.grad);
+        adam.update(&mut params, &lg.grad);
         model.constrain(&mut params);
     }
     let l0 = first.unwrap();
