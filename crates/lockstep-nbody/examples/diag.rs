@@ -1,3 +1,7 @@
+//! Error of one FMM setting against direct summation on a 20,000-particle Plummer sphere,
+//! with the largest error per radial bin (log2 radius).
+//!
+//! `cargo run --release -p lockstep-nbody --example diag -- P THETA`
 use lockstep_nbody::accuracy::compare;
 use lockstep_nbody::{direct, Fmm, FmmParams, InitialConditions, SourceSet};
 fn main() -> Result<(), Box<dyn std::error::Error>> {

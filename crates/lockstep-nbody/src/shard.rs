@@ -455,3 +455,74 @@ pub fn simulate_sharded<C: Communicator + ?Sized>(
         on_step,
     )
 }
+
+/// Bits of a temporary id that hold the particle's index on its original rank.
+const INDEX_BITS: u32 = 40;
+
+/// [`sharded_forces`] with the results returned to the original rank and index: the
+/// particles of `p` are left where they are; a copy is redistributed along the Morton order
+/// (its ids temporarily replaced by `(rank, index)` tags), forces are computed there, and
+/// one more `all_to_all_v` sends each particle's acceleration and potential home. Output
+/// `[p.num]` in `p`'s order.
+pub fn sharded_forces_in_place<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+    fmm: &Fmm,
+    g: f64,
+    softening: f64,
+) -> Result<(Forces, ShardForceStats), NbodyError> {
+    let (rank, size) = (comm.rank(), comm.size());
+    if p.num as u64 >= 1 << INDEX_BITS || size as u64 >= 1 << (64 - INDEX_BITS) {
+        return Err(NbodyError::param(
+            "sharded_forces_in_place",
+            format!("{} particles on rank {rank} of {size}", p.num),
+            "at most 2^40 particles per rank and 2^24 ranks; use the z-ordered layout (sharded_forces)",
+        ));
+    }
+    let share = (p.num_total as usize).div_ceil(size.max(1)) + 1;
+    let mut q = Particles::with_capacity(p.num.max(share), p.num_total);
+    for i in 0..p.num {
+        q.push(
+            p.pos[i],
+            p.vel[i],
+            p.mass[i],
+            ((rank as u64) << INDEX_BITS) | i as u64,
+            rank,
+        )?;
+    }
+    redistribute(comm, &mut q)?;
+    let (f, stats) = sharded_forces(comm, &q, fmm, g, softening)?;
+    let mut order: Vec<usize> = (0..q.num).collect();
+    order.sort_by_key(|&i| q.id[i]);
+    let mut send = Vec::with_capacity(5 * q.num);
+    let mut counts = vec![0usize; size];
+    for &i in &order {
+        let home = (q.id[i] >> INDEX_BITS) as usize;
+        counts[home] += 5;
+        send.extend_from_slice(&[
+            f64::from_bits(q.id[i] & ((1 << INDEX_BITS) - 1)),
+            f.acc[i][0],
+            f.acc[i][1],
+            f.acc[i][2],
+            f.pot[i],
+        ]);
+    }
+    let (back, _) = comm.all_to_all_v(&send, &counts)?;
+    let mut out = Forces::zeros(p.num);
+    let mut seen = 0usize;
+    for r in back.chunks_exact(5) {
+        let i = r[0].to_bits() as usize;
+        if i < p.num {
+            out.acc[i] = [r[1], r[2], r[3]];
+            out.pot[i] = r[4];
+            seen += 1;
+        }
+    }
+    if seen != p.num {
+        return Err(NbodyError::Comm(format!(
+            "rank {rank} got {seen} of its {} particles' forces back",
+            p.num
+        )));
+    }
+    Ok((out, stats))
+}

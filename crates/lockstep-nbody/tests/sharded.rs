@@ -5,7 +5,7 @@
 
 use lockstep_comm::{run_replicas, Communicator};
 use lockstep_nbody::accuracy::compare;
-use lockstep_nbody::shard::{redistribute, sharded_forces};
+use lockstep_nbody::shard::{redistribute, sharded_forces, sharded_forces_in_place};
 use lockstep_nbody::{
     direct, Fmm, FmmParams, Forces, InitialConditions, NbodyError, Particles, SourceSet,
 };
@@ -160,4 +160,42 @@ fn redistribution_balances_keeps_every_particle_and_reports_overflow() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("capacity_factor"), "{err}");
+}
+
+#[test]
+fn forces_return_to_the_original_rank_and_index() {
+    let n = 6_000;
+    let ic = InitialConditions::Clumps {
+        n,
+        clumps: 5,
+        total_mass: 1.0,
+        box_size: 6.0,
+        clump_radius: 0.2,
+        velocity_dispersion: 0.0,
+        seed: 8,
+    };
+    let all = ic.generate(1.0, 0, 1, 1.0).unwrap();
+    let reference = direct(all.valid_pos(), all.valid_mass(), 1.0, EPS);
+    let fmm = Fmm::new(FmmParams::default()).unwrap();
+    let parts = run_replicas(3, |comm| -> Result<_, NbodyError> {
+        // Each rank keeps its generated particles in generation order.
+        let p = ic.generate(1.0, comm.rank(), 3, 1.0)?;
+        let (f, _) = sharded_forces_in_place(&comm, &p, &fmm, 1.0, EPS)?;
+        assert_eq!(f.acc.len(), p.num);
+        Ok((0..p.num)
+            .map(|i| (p.id[i], f.acc[i], f.pot[i]))
+            .collect::<Vec<_>>())
+    })
+    .unwrap();
+    // Rank r holds ids [r n/3, (r+1) n/3) in order, and their forces at the same index.
+    for (r, part) in parts.iter().enumerate() {
+        let start = (n as usize * r) / 3;
+        assert!(part
+            .iter()
+            .enumerate()
+            .all(|(i, x)| x.0 == (start + i) as u64));
+    }
+    let f = by_id(parts, n as usize);
+    let a = compare(&f, &reference);
+    assert!(a.acc.p99 <= 1e-3, "{a:?}");
 }
