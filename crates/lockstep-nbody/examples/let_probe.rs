@@ -1,6 +1,7 @@
 //! Locally essential tree traffic per rank for a Plummer sphere on ThreadComm ranks.
 //!
 //! `cargo run --release -p lockstep-nbody --example let_probe [RANKS [N]]`
+#![allow(clippy::needless_range_loop)]
 use lockstep_comm::{run_replicas, CommExt, Communicator};
 use lockstep_nbody::shard::{redistribute, sharded_forces};
 use lockstep_nbody::{Fmm, FmmParams, InitialConditions, NbodyError};
