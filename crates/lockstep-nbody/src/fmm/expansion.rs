@@ -16,6 +16,27 @@
 //! `d^n f = sum_{2k<=n} n! / ((n-2k)! k! 2^{|k|}) x^{n-2k} h^{(|n|-|k|)}`, with
 //! `h^{(j)} = (-1)^j (2j-1)!! (r^2 + eps^2)^{-j-1/2}` for the Plummer kernel.
 
+/// Sources per batched M2L ([`Tables::m2l_batch`]).
+pub const LANES: usize = 8;
+
+/// Work arrays of [`Tables::m2l_batch`] (one per thread).
+#[derive(Debug, Clone, Default)]
+pub struct BatchWork {
+    mono: Vec<[f64; LANES]>,
+    d: Vec<[f64; LANES]>,
+    ms: Vec<[f64; LANES]>,
+}
+
+impl BatchWork {
+    fn resize(&mut self, n: usize) {
+        if self.mono.len() < n {
+            self.mono.resize(n, [0.0; LANES]);
+            self.d.resize(n, [0.0; LANES]);
+            self.ms.resize(n, [0.0; LANES]);
+        }
+    }
+}
+
 /// Index tables for expansions of order `p`.
 #[derive(Debug, Clone)]
 pub struct Tables {
@@ -288,6 +309,234 @@ impl Tables {
         }
     }
 
+    /// Adds to `local` (about `za`) the M2L translations of up to [`LANES`] source
+    /// multipoles `mps[k]` about `zbs[k]` at once: the same arithmetic as [`Tables::m2l`]
+    /// with the sources in SIMD lanes (results equal up to the order of the final sums).
+    pub fn m2l_batch(
+        &self,
+        mps: &[&[f64]],
+        zbs: &[[f64; 3]],
+        za: [f64; 3],
+        eps2: f64,
+        local: &mut [f64],
+        work: &mut BatchWork,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F, checked just above.
+                return unsafe { self.m2l_batch_avx512(mps, zbs, za, eps2, local, work) };
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                return unsafe { self.m2l_batch_avx2(mps, zbs, za, eps2, local, work) };
+            }
+        }
+        self.m2l_batch_body(mps, zbs, za, eps2, local, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn m2l_batch_avx512(
+        &self,
+        mps: &[&[f64]],
+        zbs: &[[f64; 3]],
+        za: [f64; 3],
+        eps2: f64,
+        local: &mut [f64],
+        work: &mut BatchWork,
+    ) {
+        self.m2l_batch_body(mps, zbs, za, eps2, local, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn m2l_batch_avx2(
+        &self,
+        mps: &[&[f64]],
+        zbs: &[[f64; 3]],
+        za: [f64; 3],
+        eps2: f64,
+        local: &mut [f64],
+        work: &mut BatchWork,
+    ) {
+        self.m2l_batch_body(mps, zbs, za, eps2, local, work)
+    }
+
+    #[inline(always)]
+    fn m2l_batch_body(
+        &self,
+        mps: &[&[f64]],
+        zbs: &[[f64; 3]],
+        za: [f64; 3],
+        eps2: f64,
+        local: &mut [f64],
+        work: &mut BatchWork,
+    ) {
+        let nt = self.nterms;
+        let k = mps.len().min(LANES).min(zbs.len());
+        work.resize(nt);
+        // Lane geometry; unused lanes get a unit separation and zero multipoles.
+        let mut r = [[1.0f64; LANES], [0.0; LANES], [0.0; LANES]];
+        for l in 0..k {
+            for c in 0..3 {
+                r[c][l] = za[c] - zbs[l][c];
+            }
+        }
+        self.lane_derivatives(&r, eps2, work);
+        let d = &work.d;
+        let ms = &mut work.ms;
+        for i in 0..nt {
+            let mut v = [0.0f64; LANES];
+            for l in 0..k {
+                v[l] = self.sign[i] * mps[l][i];
+            }
+            ms[i] = v;
+        }
+        for n in 0..nt {
+            let row = &self.m2l[self.m2l_rows[n]..self.m2l_rows[n + 1]];
+            let mut acc = [0.0f64; LANES];
+            for (m, &nm) in row.iter().enumerate() {
+                let a = &ms[m];
+                let b = &d[nm as usize];
+                for l in 0..LANES {
+                    acc[l] += a[l] * b[l];
+                }
+            }
+            local[n] +=
+                ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        }
+    }
+
+    /// [`Tables::m2p`] at up to [`LANES`] points `xs` at once (points in SIMD lanes):
+    /// returns `(Phi, grad Phi)` per point.
+    pub fn m2p_batch(
+        &self,
+        mp: &[f64],
+        zb: [f64; 3],
+        xs: &[[f64; 3]],
+        eps2: f64,
+        work: &mut BatchWork,
+    ) -> ([f64; LANES], [[f64; LANES]; 3]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F, checked just above.
+                return unsafe { self.m2p_batch_avx512(mp, zb, xs, eps2, work) };
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                return unsafe { self.m2p_batch_avx2(mp, zb, xs, eps2, work) };
+            }
+        }
+        self.m2p_batch_body(mp, zb, xs, eps2, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn m2p_batch_avx512(
+        &self,
+        mp: &[f64],
+        zb: [f64; 3],
+        xs: &[[f64; 3]],
+        eps2: f64,
+        work: &mut BatchWork,
+    ) -> ([f64; LANES], [[f64; LANES]; 3]) {
+        self.m2p_batch_body(mp, zb, xs, eps2, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn m2p_batch_avx2(
+        &self,
+        mp: &[f64],
+        zb: [f64; 3],
+        xs: &[[f64; 3]],
+        eps2: f64,
+        work: &mut BatchWork,
+    ) -> ([f64; LANES], [[f64; LANES]; 3]) {
+        self.m2p_batch_body(mp, zb, xs, eps2, work)
+    }
+
+    #[inline(always)]
+    fn m2p_batch_body(
+        &self,
+        mp: &[f64],
+        zb: [f64; 3],
+        xs: &[[f64; 3]],
+        eps2: f64,
+        work: &mut BatchWork,
+    ) -> ([f64; LANES], [[f64; LANES]; 3]) {
+        let nt = self.nterms;
+        let k = xs.len().min(LANES);
+        work.resize(nt);
+        let mut r = [[1.0f64; LANES], [0.0; LANES], [0.0; LANES]];
+        for l in 0..k {
+            for c in 0..3 {
+                r[c][l] = xs[l][c] - zb[c];
+            }
+        }
+        self.lane_derivatives(&r, eps2, work);
+        let d = &work.d;
+        let mut phi = [0.0f64; LANES];
+        for i in 0..nt {
+            let sm = self.sign[i] * mp[i];
+            for l in 0..LANES {
+                phi[l] += sm * d[i][l];
+            }
+        }
+        let mut g = [[0.0f64; LANES]; 3];
+        for i in 0..self.nterms_lower {
+            let sm = self.sign[i] * mp[i];
+            let gi = self.grad[i];
+            for c in 0..3 {
+                let dd = &d[gi[c]];
+                for l in 0..LANES {
+                    g[c][l] += sm * dd[l];
+                }
+            }
+        }
+        (phi, g)
+    }
+
+    /// Derivative tensors `work.d[n][lane] = D_n(r[.][lane])` for all lanes.
+    #[inline(always)]
+    fn lane_derivatives(&self, r: &[[f64; LANES]; 3], eps2: f64, work: &mut BatchWork) {
+        let nt = self.nterms;
+        let mono = &mut work.mono;
+        mono[0] = [1.0; LANES];
+        for i in 1..nt {
+            let (q, axis) = self.parent[i];
+            let f = self.inv_step[i];
+            let prev = mono[q];
+            let mut v = [0.0; LANES];
+            for l in 0..LANES {
+                v[l] = prev[l] * r[axis][l] * f;
+            }
+            mono[i] = v;
+        }
+        let mut h = [[0.0f64; LANES]; 16];
+        for l in 0..LANES {
+            let q = 1.0 / (r[0][l] * r[0][l] + r[1][l] * r[1][l] + r[2][l] * r[2][l] + eps2);
+            h[0][l] = q.sqrt();
+            for j in 1..=self.p {
+                h[j][l] = -((2 * j - 1) as f64) * q * h[j - 1][l];
+            }
+        }
+        let d = &mut work.d;
+        for n in 0..nt {
+            let mut acc = [0.0f64; LANES];
+            for &(c, rest, j) in &self.deriv[self.deriv_rows[n]..self.deriv_rows[n + 1]] {
+                let m = &mono[rest as usize];
+                let hj = &h[j as usize];
+                for l in 0..LANES {
+                    acc[l] += c * m[l] * hj[l];
+                }
+            }
+            d[n] = acc;
+        }
+    }
+
     /// Evaluates the multipole `mp` about `zb` directly at the point `x` (M2P, the
     /// tree-code interaction): `Phi = sum_{|m|<=p} (-1)^{|m|} D_m(x - z_b) M_m` and
     /// `d_j Phi = sum_{|m|<=p-1} (-1)^{|m|} D_{m+e_j}(x - z_b) M_m`.
@@ -355,6 +604,60 @@ mod tests {
 
     fn psi(r: [f64; 3], eps2: f64) -> f64 {
         1.0 / (r[0] * r[0] + r[1] * r[1] + r[2] * r[2] + eps2).sqrt()
+    }
+
+    #[test]
+    fn batched_m2l_equals_single_m2l() {
+        let t = Tables::new(6);
+        let nt = t.nterms;
+        let mut w = BatchWork::default();
+        let (mut d, mut s) = (vec![0.0; nt], vec![0.0; nt]);
+        let mps: Vec<Vec<f64>> = (0..5)
+            .map(|k| {
+                (0..nt)
+                    .map(|i| ((i * 7 + k * 3) % 11) as f64 / 11.0 - 0.4)
+                    .collect()
+            })
+            .collect();
+        let zbs: Vec<[f64; 3]> = (0..5)
+            .map(|k| [k as f64 * 0.3, -1.0, 0.5 * k as f64])
+            .collect();
+        let za = [4.0, 2.0, -3.0];
+        let mut single = vec![0.0; nt];
+        for k in 0..5 {
+            t.m2l(&mps[k], zbs[k], za, 0.01, &mut single, &mut d, &mut s);
+        }
+        let mut batch = vec![0.0; nt];
+        let refs: Vec<&[f64]> = mps.iter().map(|v| &v[..]).collect();
+        t.m2l_batch(&refs, &zbs, za, 0.01, &mut batch, &mut w);
+        for i in 0..nt {
+            assert!(
+                (single[i] - batch[i]).abs() <= 1e-12 * single[i].abs().max(1e-300),
+                "{i}: {} {}",
+                single[i],
+                batch[i]
+            );
+        }
+    }
+
+    #[test]
+    fn batched_m2p_equals_single_m2p() {
+        let t = Tables::new(5);
+        let nt = t.nterms;
+        let mut w = BatchWork::default();
+        let (mut d, mut s) = (vec![0.0; nt], vec![0.0; nt]);
+        let mp: Vec<f64> = (0..nt).map(|i| ((i * 5) % 7) as f64 / 7.0 - 0.3).collect();
+        let xs: Vec<[f64; 3]> = (0..6)
+            .map(|k| [3.0 + 0.1 * k as f64, -2.0, 1.0 - 0.2 * k as f64])
+            .collect();
+        let (phi, g) = t.m2p_batch(&mp, [0.1, 0.2, -0.1], &xs, 0.0, &mut w);
+        for (l, &x) in xs.iter().enumerate() {
+            let (p1, g1) = t.m2p(&mp, [0.1, 0.2, -0.1], x, 0.0, &mut d, &mut s);
+            assert!((phi[l] - p1).abs() <= 1e-13 * p1.abs());
+            for c in 0..3 {
+                assert!((g[c][l] - g1[c]).abs() <= 1e-13 * g1[c].abs().max(1e-12));
+            }
+        }
     }
 
     #[test]

@@ -271,17 +271,24 @@ impl Fmm {
         let tables = &self.tables;
         let mut locals = vec![0.0; nn * nt];
         locals.par_chunks_mut(nt).enumerate().for_each_init(
-            || (vec![0.0; nt], vec![0.0; nt]),
-            |(d, s), (a, loc)| {
+            expansion::BatchWork::default,
+            |w, (a, loc)| {
                 let za = tree.nodes[a].center;
-                for &b in &m2l.items[m2l.offsets[a]..m2l.offsets[a + 1]] {
-                    let (zb, mp) = if b < nn {
-                        (tree.nodes[b].center, tree.multipole(b, nt))
-                    } else {
-                        let c = &sources.remote_cells[b - nn];
-                        (c.center, &c.multipole[..])
-                    };
-                    tables.m2l(mp, zb, za, eps2, loc, d, s);
+                for chunk in m2l.items[m2l.offsets[a]..m2l.offsets[a + 1]].chunks(expansion::LANES)
+                {
+                    let mut mps: [&[f64]; expansion::LANES] = [&[]; expansion::LANES];
+                    let mut zbs = [[0.0f64; 3]; expansion::LANES];
+                    for (k, &b) in chunk.iter().enumerate() {
+                        let (zb, mp) = if b < nn {
+                            (tree.nodes[b].center, tree.multipole(b, nt))
+                        } else {
+                            let c = &sources.remote_cells[b - nn];
+                            (c.center, &c.multipole[..])
+                        };
+                        mps[k] = mp;
+                        zbs[k] = zb;
+                    }
+                    tables.m2l_batch(&mps[..chunk.len()], &zbs[..chunk.len()], za, eps2, loc, w);
                 }
             },
         );
@@ -336,8 +343,8 @@ impl Fmm {
         let pairs: u64 = work
             .into_par_iter()
             .map_init(
-                || (vec![0.0; nt], vec![0.0; nt]),
-                |(s, dv), (lf, acc, pot)| {
+                || (vec![0.0; nt], expansion::BatchWork::default()),
+                |(s, w), (lf, acc, pot)| {
                     let nd: &Node = &tree.nodes[lf];
                     if nd.ntargets == 0 {
                         return 0u64;
@@ -353,6 +360,9 @@ impl Fmm {
                         acc[k] = gr;
                         pot[k] = -phi;
                     }
+                    let xs: Vec<[f64; 3]> = (nd.start..nd.end)
+                        .map(|i| [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]])
+                        .collect();
                     for &b in &m2p.items[m2p.offsets[lf]..m2p.offsets[lf + 1]] {
                         let (zb, mp) = if b < nn {
                             (tree.nodes[b].center, tree.multipole(b, nt))
@@ -360,14 +370,15 @@ impl Fmm {
                             let c = &sources.remote_cells[b - nn];
                             (c.center, &c.multipole[..])
                         };
-                        for k in 0..nd.count() {
-                            let i = nd.start + k;
-                            let x = [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]];
-                            let (phi, gr) = tables.m2p(mp, zb, x, eps2, dv, s);
-                            for c in 0..3 {
-                                acc[k][c] += gr[c];
+                        for (c0, chunk) in xs.chunks(expansion::LANES).enumerate() {
+                            let (phi, gr) = tables.m2p_batch(mp, zb, chunk, eps2, w);
+                            for l in 0..chunk.len() {
+                                let k = c0 * expansion::LANES + l;
+                                for c in 0..3 {
+                                    acc[k][c] += gr[c][l];
+                                }
+                                pot[k] -= phi[l];
                             }
-                            pot[k] -= phi;
                         }
                     }
                     let mut pairs = 0u64;
