@@ -73,10 +73,12 @@ pub fn injected(point: &str, rank: usize, update: Option<u64>) -> bool {
     }
 }
 
-/// Hash of the config parts that define the model and its training: everything except
-/// `run.distribution`, `run.batch_size`, `output`, and the run-length and bookkeeping keys of `training`, so a
-/// checkpoint can resume on another replica count or with more updates, but not with another
-/// network or loss. SHA-256 of the canonical (sorted-key) JSON, first 16 hex digits.
+/// Fingerprint of the config parts that define the model and its training, one short hash
+/// per top-level section (`"inputs:1a2b..,run:..,training:.."`), so a mismatch can name the
+/// sections that differ. Left out: `run.distribution`, `run.batch_size`, `output`, and the
+/// run-length and bookkeeping keys of `training` (a checkpoint resumes on another replica
+/// count, with more updates, or into another directory). Absolute paths count by file name
+/// only, so a moved project still resumes. SHA-256 of the canonical (sorted-key) JSON.
 pub fn config_hash(resolved: &Value) -> String {
     let mut v = resolved.clone();
     if let Some(run) = v.get_mut("run").and_then(Value::as_object_mut) {
@@ -85,6 +87,7 @@ pub fn config_hash(resolved: &Value) -> String {
     }
     if let Some(obj) = v.as_object_mut() {
         obj.remove("output");
+        obj.remove("manifest");
     }
     if let Some(t) = v.get_mut("training").and_then(Value::as_object_mut) {
         for k in [
@@ -98,9 +101,50 @@ pub fn config_hash(resolved: &Value) -> String {
             t.remove(k);
         }
     }
-    let text = serde_json::to_string(&v).unwrap_or_default();
-    let d = Sha256::digest(text.as_bytes());
-    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    fn file_names(v: &mut Value) {
+        match v {
+            Value::String(s) if s.starts_with('/') => {
+                if let Some(name) = Path::new(s.as_str()).file_name() {
+                    *s = name.to_string_lossy().into_owned();
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(file_names),
+            Value::Object(o) => o.values_mut().for_each(file_names),
+            _ => {}
+        }
+    }
+    file_names(&mut v);
+    let sections: Vec<String> = match v.as_object() {
+        Some(obj) => obj
+            .iter()
+            .map(|(k, sec)| {
+                let text = serde_json::to_string(sec).unwrap_or_default();
+                let d = Sha256::digest(text.as_bytes());
+                let h: String = d.iter().take(4).map(|b| format!("{b:02x}")).collect();
+                format!("{k}:{h}")
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    sections.join(",")
+}
+
+/// The sections whose hashes differ between two [`config_hash`] fingerprints.
+fn differing_sections(a: &str, b: &str) -> Vec<String> {
+    let parse = |s: &str| -> std::collections::BTreeMap<String, String> {
+        s.split(',')
+            .filter_map(|p| p.split_once(':'))
+            .map(|(k, h)| (k.to_string(), h.to_string()))
+            .collect()
+    };
+    let (a, b) = (parse(a), parse(b));
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect()
 }
 
 /// Chief-side failure shared with the peers: the chief broadcasts 0 (ok) or 1 (failed) so
@@ -186,29 +230,12 @@ pub fn train(
     }
     let loss_names = model.loss_names();
 
-    // Output setup: the chief alone creates the run directory; the peers wait for its verdict.
-    let mut rundir = None;
-    let setup = if comm.is_chief() {
-        if injected("output_setup", rank, None) {
-            Err(TrainError::Injected("output setup".into(), rank))
-        } else {
-            RunDir::create(
-                &cfg.output_dir,
-                cfg.overwrite_output_dir,
-                &cfg.log_file,
-                &opts.resolved_config,
-                &loss_names,
-            )
-            .map(|mut d| {
-                d.set_quiet(opts.quiet);
-                rundir = Some(d)
-            })
-        }
-    } else {
-        Ok(())
-    };
-    agree(comm, setup, "output setup")?;
-
+    if model.trainable().is_empty() {
+        return Err(TrainError::config(
+            "training",
+            "the model has no trainable parameters (an empty network, or no edges to train); check the network files and training.train_input_weights",
+        ));
+    }
     let hash = config_hash(&opts.resolved_config);
     let ckpt = Checkpointer {
         per_update,
@@ -219,8 +246,8 @@ pub fn train(
     };
     let mut optimizer = Optimizer::new(cfg.optimizer.clone(), model.trainable().len());
     let mut start_update = 0u64;
-    // Resume: the chief reads and verifies the checkpoint; everything reaches the peers in
-    // the startup broadcast below.
+    // Resume: the chief reads and verifies the checkpoint before anything is written (so an
+    // unusable checkpoint loses nothing); the peers get the state in the startup broadcast.
     if let Some(path) = &opts.resume {
         let restored = if comm.is_chief() {
             restore(path, &hash, cfg, model, &mut optimizer).map(|u| {
@@ -231,6 +258,44 @@ pub fn train(
         };
         agree(comm, restored, "checkpoint restore")?;
     }
+
+    // Output setup: the chief alone creates the run directory; the peers wait for its verdict.
+    // Resuming from a checkpoint inside the output directory continues that run in place.
+    let mut rundir = None;
+    let setup = if comm.is_chief() {
+        if injected("output_setup", rank, None) {
+            Err(TrainError::Injected("output setup".into(), rank))
+        } else {
+            let in_place = opts.resume.as_ref().is_some_and(|p| {
+                is_inside(p, &cfg.output_dir)
+                    && cfg.output_dir.join(crate::rundir::MARKER).is_file()
+            });
+            let dir = if in_place {
+                RunDir::reopen(
+                    &cfg.output_dir,
+                    &cfg.log_file,
+                    &opts.resolved_config,
+                    &loss_names,
+                    start_update,
+                )
+            } else {
+                RunDir::create(
+                    &cfg.output_dir,
+                    cfg.overwrite_output_dir,
+                    &cfg.log_file,
+                    &opts.resolved_config,
+                    &loss_names,
+                )
+            };
+            dir.map(|mut d| {
+                d.set_quiet(opts.quiet);
+                rundir = Some(d)
+            })
+        }
+    } else {
+        Ok(())
+    };
+    agree(comm, setup, "output setup")?;
 
     // Startup broadcast of every piece of state from the chief (invariant 7).
     let sizes = [
@@ -305,10 +370,10 @@ pub fn train(
             let global = if comm.is_chief() {
                 let batch = source
                     .global_batch(first, g)
-                    .map_err(|e| TrainError::Model { update, source: e });
+                    .map_err(|e| TrainError::Model { update, error: e });
                 let ok = batch.as_ref().map(|_| ()).map_err(|e| TrainError::Model {
                     update,
-                    source: anyhow::anyhow!("{e}"),
+                    error: anyhow::anyhow!("{e}"),
                 });
                 agree(comm, ok, "batch generation")?;
                 Some(batch?)
@@ -340,11 +405,11 @@ pub fn train(
             }
             let lt = model
                 .loss_and_grad(&local, target)
-                .map_err(|e| TrainError::Model { update, source: e })?;
+                .map_err(|e| TrainError::Model { update, error: e })?;
             if lt.len() != terms.len() {
                 return Err(TrainError::Model {
                     update,
-                    source: anyhow::anyhow!(
+                    error: anyhow::anyhow!(
                         "the model returned {} loss terms but names {}",
                         lt.len(),
                         terms.len()
@@ -367,6 +432,19 @@ pub fn train(
         optimizer.update(model.trainable_mut(), &grad);
         model.after_update();
         update += 1;
+        // Identical on every replica, so every rank stops here together (invariant 9).
+        if let Some((index, value)) = model
+            .trainable()
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+        {
+            return Err(TrainError::NonFiniteParameter {
+                update,
+                index,
+                value: *value,
+            });
+        }
 
         // Metrics: loss terms weighted by samples (one small sum), timings by MAX.
         let mut metric: Vec<f64> = terms.iter().map(|t| t * b as f64).collect();
@@ -459,7 +537,7 @@ pub fn train(
             ckpt.save(d.root(), update, model, &optimizer)?;
             exported = model
                 .export(d.root())
-                .map_err(|e| TrainError::Model { update, source: e })?;
+                .map_err(|e| TrainError::Model { update, error: e })?;
             for f in &exported {
                 d.log(&format!("exported {}", f.display()))?;
             }
@@ -502,6 +580,16 @@ fn verify_identical(
         });
     }
     Ok(())
+}
+
+/// True when `path` lies inside `dir` (both resolved to absolute, symlinks followed where
+/// they exist).
+fn is_inside(path: &Path, dir: &Path) -> bool {
+    let abs = |p: &Path| std::fs::canonicalize(p).or_else(|_| std::path::absolute(p));
+    match (abs(path), abs(dir)) {
+        (Ok(p), Ok(d)) => p.starts_with(d),
+        _ => false,
+    }
 }
 
 /// Writes checkpoints of this run (chief only).
@@ -565,8 +653,8 @@ fn restore(
     };
     if state.config_hash != hash {
         return Err(bad(format!(
-            "it was written for another configuration (config hash {} here {hash}): the network, inputs, losses or optimizer differ",
-            state.config_hash
+            "it was written for another configuration: the config sections {} differ (only run.batch_size, run.distribution, output and the run length may change on resume)",
+            differing_sections(&state.config_hash, hash).join(", ")
         )));
     }
     if state.seed != cfg.seed {
@@ -615,6 +703,14 @@ mod tests {
         let c = json!({"run": {"batch_size": 4, "seed": 9}, "training": {"optimizer_updates": 8}, "output": {"output_dir": "b"}});
         assert_eq!(config_hash(&a), config_hash(&b));
         assert_ne!(config_hash(&a), config_hash(&c));
+        assert_eq!(
+            differing_sections(&config_hash(&a), &config_hash(&c)),
+            vec!["run".to_string()]
+        );
+        // A moved project (same file names, other folders) keeps its fingerprint.
+        let d = json!({"network": "/home/a/net/config.circuit.json", "run": {"batch_size": 4}});
+        let e = json!({"network": "/scratch/b/net/config.circuit.json", "run": {"batch_size": 4}});
+        assert_eq!(config_hash(&d), config_hash(&e));
     }
 
     #[test]

@@ -58,13 +58,26 @@ pub enum TrainError {
         /// Its report.
         message: String,
     },
-    /// The model reported an error.
-    #[error("model error at update {update}: {source:#}")]
+    /// The model or the batch source failed during training.
+    #[error("model error at update {update}: {error}")]
     Model {
         /// The update during which it happened.
         update: u64,
-        /// The model's error.
-        source: anyhow::Error,
+        /// The model's error (its message carries its causes).
+        error: anyhow::Error,
+    },
+    /// The model could not be built (network, inputs or losses of the config).
+    #[error("{0}")]
+    Build(anyhow::Error),
+    /// The parameters are no longer finite after an update.
+    #[error("parameter {index} became {value} after update {update}; lower training.optimizer.learning_rate or check the optimizer settings")]
+    NonFiniteParameter {
+        /// The update.
+        update: u64,
+        /// Index in the flat trainable buffer.
+        index: usize,
+        /// The value.
+        value: f32,
     },
     /// A failure injected by the test-only switch `LOCKSTEP_TEST_INJECT_FAILURE`.
     #[error("injected failure ({0}) on rank {1}")]

@@ -30,10 +30,7 @@ pub fn run_job<M: Model, S: BatchSource>(
     opts: &TrainOptions,
     build: impl ReplicaFactory<M, S>,
 ) -> Result<TrainSummary, TrainError> {
-    let (mut model, mut source) = build(world.comm().rank()).map_err(|e| TrainError::Model {
-        update: 0,
-        source: e,
-    })?;
+    let (mut model, mut source) = build(world.comm().rank()).map_err(TrainError::Build)?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -41,10 +38,7 @@ pub fn run_job<M: Model, S: BatchSource>(
     if plan.strategy == Some(Strategy::Threads) {
         drop(model);
         let mut results = run_replicas(plan.replicas, |comm| {
-            let (mut m, mut s) = build(comm.rank()).map_err(|e| TrainError::Model {
-                update: 0,
-                source: e,
-            })?;
+            let (mut m, mut s) = build(comm.rank()).map_err(TrainError::Build)?;
             train(&comm, cfg, &plan, &mut m, &mut s, opts)
         })
         .map_err(|f| TrainError::PeerFailed {

@@ -114,6 +114,55 @@ impl OptimizerConfig {
                 ))
             }
         };
+        let in_range =
+            |key: &str, v: f32, lo: f32, hi: f32, what: &str| -> Result<(), TrainError> {
+                if v >= lo && v < hi {
+                    Ok(())
+                } else {
+                    Err(TrainError::config(
+                        format!("training.optimizer.{key}"),
+                        format!("{v} is out of range: {what}"),
+                    ))
+                }
+            };
+        match kind {
+            OptimizerKind::Adam {
+                beta1,
+                beta2,
+                epsilon,
+            } => {
+                in_range(
+                    "beta1",
+                    beta1,
+                    0.0,
+                    1.0,
+                    "use 0 <= beta1 < 1 (typically 0.9)",
+                )?;
+                in_range(
+                    "beta2",
+                    beta2,
+                    0.0,
+                    1.0,
+                    "use 0 <= beta2 < 1 (typically 0.999)",
+                )?;
+                in_range(
+                    "epsilon",
+                    epsilon,
+                    f32::MIN_POSITIVE,
+                    1.0,
+                    "use a small positive number such as 1e-8",
+                )?;
+            }
+            OptimizerKind::Sgd { momentum } => {
+                in_range(
+                    "momentum",
+                    momentum,
+                    0.0,
+                    1.0,
+                    "use 0 <= momentum < 1 (e.g. 0.9)",
+                )?;
+            }
+        }
         let learning_rate = get_f64(obj, path, "learning_rate")?.unwrap_or(1e-3);
         if !(learning_rate > 0.0 && learning_rate.is_finite()) {
             return Err(TrainError::config(
@@ -138,11 +187,20 @@ impl OptimizerConfig {
                 )?;
                 match get_str(s, sp, "name")?.unwrap_or("constant") {
                     "constant" => Schedule::Constant,
-                    "warmup_cosine" => Schedule::WarmupCosine {
-                        warmup_updates: get_u64(s, sp, "warmup_updates")?.unwrap_or(0),
-                        total_updates: get_u64(s, sp, "total_updates")?.unwrap_or(0),
-                        min_learning_rate: get_f64(s, sp, "min_learning_rate")?.unwrap_or(0.0),
-                    },
+                    "warmup_cosine" => {
+                        let min_learning_rate = get_f64(s, sp, "min_learning_rate")?.unwrap_or(0.0);
+                        if !(0.0..=learning_rate).contains(&min_learning_rate) {
+                            return Err(TrainError::config(
+                                "training.optimizer.schedule.min_learning_rate",
+                                format!("{min_learning_rate} must lie between 0 and the learning_rate {learning_rate}"),
+                            ));
+                        }
+                        Schedule::WarmupCosine {
+                            warmup_updates: get_u64(s, sp, "warmup_updates")?.unwrap_or(0),
+                            total_updates: get_u64(s, sp, "total_updates")?.unwrap_or(0),
+                            min_learning_rate,
+                        }
+                    }
                     other => {
                         return Err(TrainError::config(
                             "training.optimizer.schedule.name",

@@ -9,6 +9,37 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The file that marks a directory as written by lockstep (a training run or a simulation
+/// output): only such directories, or empty ones, are ever deleted to honour
+/// `output.overwrite_output_dir`.
+pub const MARKER: &str = ".lockstep-output";
+
+/// Whether `dir` may be deleted to be replaced by a new output: it must be empty or carry
+/// the lockstep [`MARKER`]. A project folder, a data folder or any directory lockstep did not
+/// write is never deleted, whatever the config says.
+///
+/// Errors: a message naming the directory and the fix.
+pub fn check_replaceable(dir: &Path) -> Result<(), String> {
+    if dir.is_symlink() {
+        return Ok(()); // the link itself is replaced; its target is never touched
+    }
+    if dir.is_file() {
+        return Err(format!(
+            "{} is a file, not an output directory; choose another output_dir",
+            dir.display()
+        ));
+    }
+    let mut entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    if entries.next().is_none() || dir.join(MARKER).is_file() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} exists and was not written by lockstep (it has no {MARKER} file), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself",
+        dir.display()
+    ))
+}
+
 /// Open files of a run directory.
 #[derive(Debug)]
 pub struct RunDir {
@@ -24,8 +55,9 @@ impl RunDir {
     /// Creates `root` (refusing an existing one unless `overwrite`), writes the resolved config
     /// atomically, opens the log and the CSV callbacks with their headers.
     ///
-    /// Errors: [`TrainError::Io`] naming the directory; an existing directory with
-    /// `overwrite == false` is left untouched and the error names `output.overwrite_output_dir`.
+    /// Errors: [`TrainError::Io`] naming the directory. An existing directory is left
+    /// untouched unless `overwrite` is set *and* it is empty or a lockstep output directory
+    /// (see [`check_replaceable`]).
     pub fn create(
         root: &Path,
         overwrite: bool,
@@ -33,20 +65,77 @@ impl RunDir {
         resolved_config: &serde_json::Value,
         loss_names: &[String],
     ) -> Result<RunDir, TrainError> {
-        if root.exists() {
+        if root.exists() || root.is_symlink() {
             if !overwrite {
                 return Err(TrainError::io(
                     root,
                     "the output directory already exists; set output.overwrite_output_dir to true to replace it, or choose another output.output_dir",
                 ));
             }
-            std::fs::remove_dir_all(root).map_err(|e| TrainError::io(root, e))?;
+            check_replaceable(root).map_err(|m| TrainError::io(root, m))?;
+            if root.is_symlink() || root.is_file() {
+                std::fs::remove_file(root).map_err(|e| TrainError::io(root, e))?;
+            } else {
+                std::fs::remove_dir_all(root).map_err(|e| TrainError::io(root, e))?;
+            }
         }
-        std::fs::create_dir_all(root.join("callbacks")).map_err(|e| TrainError::io(root, e))?;
-        std::fs::create_dir_all(root.join("checkpoints")).map_err(|e| TrainError::io(root, e))?;
+        Self::open(root, log_file, resolved_config, loss_names, None)
+    }
+
+    /// Reopens the run directory `root` of an interrupted run to continue it after update
+    /// `update` (resume in place): keeps its files, drops CSV rows of later updates, appends.
+    ///
+    /// Errors: [`TrainError::Io`] naming the directory.
+    pub fn reopen(
+        root: &Path,
+        log_file: &str,
+        resolved_config: &serde_json::Value,
+        loss_names: &[String],
+        update: u64,
+    ) -> Result<RunDir, TrainError> {
+        Self::open(root, log_file, resolved_config, loss_names, Some(update))
+    }
+
+    fn open(
+        root: &Path,
+        log_file: &str,
+        resolved_config: &serde_json::Value,
+        loss_names: &[String],
+        continue_after: Option<u64>,
+    ) -> Result<RunDir, TrainError> {
+        let mkdir = |p: PathBuf| {
+            std::fs::create_dir_all(&p)
+                .map_err(|e| TrainError::io(p, format!("cannot create the output directory: {e}")))
+        };
+        mkdir(root.join("callbacks"))?;
+        mkdir(root.join("checkpoints"))?;
+        write_atomic(
+            &root.join(MARKER),
+            b"written by lockstep; overwrite_output_dir may replace this directory\n",
+        )?;
         let text = serde_json::to_string_pretty(resolved_config)
             .map_err(|e| TrainError::io(root.join("config.json"), e))?;
         write_atomic(&root.join("config.json"), text.as_bytes())?;
+        let header = format!("step,epoch,{},total", loss_names.join(","));
+        let perf_header = "step,data_s,compute_s,comm_s,step_s,samples_per_s,peak_rss_mib";
+        let losses_path = root.join("callbacks/losses.csv");
+        let perf_path = root.join("callbacks/performance.csv");
+        for (path, head) in [(&losses_path, header.as_str()), (&perf_path, perf_header)] {
+            let mut text = format!("{head}\n");
+            if let Some(update) = continue_after {
+                // Keep the rows up to the checkpoint; later ones are recomputed.
+                if let Ok(old) = std::fs::read_to_string(path) {
+                    for line in old.lines().skip(1) {
+                        let step: Option<u64> = line.split(',').next().and_then(|s| s.parse().ok());
+                        if step.is_some_and(|s| s <= update) {
+                            text.push_str(line);
+                            text.push('\n');
+                        }
+                    }
+                }
+            }
+            write_atomic(path, text.as_bytes())?;
+        }
         let open = |p: PathBuf| -> Result<File, TrainError> {
             OpenOptions::new()
                 .create(true)
@@ -54,21 +143,11 @@ impl RunDir {
                 .open(&p)
                 .map_err(|e| TrainError::io(p, e))
         };
-        let log = open(root.join(log_file))?;
-        let mut losses = open(root.join("callbacks/losses.csv"))?;
-        let mut performance = open(root.join("callbacks/performance.csv"))?;
-        let header = format!("step,epoch,{},total", loss_names.join(","));
-        writeln!(losses, "{header}").map_err(|e| TrainError::io(root, e))?;
-        writeln!(
-            performance,
-            "step,data_s,compute_s,comm_s,step_s,samples_per_s,peak_rss_mib"
-        )
-        .map_err(|e| TrainError::io(root, e))?;
         Ok(RunDir {
             root: root.to_path_buf(),
-            log,
-            losses,
-            performance,
+            log: open(root.join(log_file))?,
+            losses: open(losses_path)?,
+            performance: open(perf_path)?,
             progress: None,
             quiet: false,
         })
@@ -79,11 +158,13 @@ impl RunDir {
         self.quiet = quiet;
     }
 
-    /// Shows a progress bar of `total` updates on stdout when stdout is a terminal (the log
-    /// lines then go above the bar); otherwise the periodic log lines are the progress.
+    /// Shows a progress bar of `total` updates when stderr is a terminal (the log lines then
+    /// go above the bar); otherwise the periodic log lines on stdout are the progress.
     pub fn start_progress(&mut self, done: u64, total: u64) {
         use std::io::IsTerminal;
-        if self.quiet || !std::io::stdout().is_terminal() {
+        // indicatif draws on stderr: show the bar only where stderr is a terminal (under
+        // mpirun it is a pipe, and the periodic log lines are the progress).
+        if self.quiet || !std::io::stderr().is_terminal() {
             return;
         }
         let bar = indicatif::ProgressBar::new(total);

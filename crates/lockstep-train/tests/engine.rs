@@ -432,3 +432,72 @@ fn existing_output_dir_is_left_untouched() {
         "keep"
     );
 }
+
+/// overwrite_output_dir never deletes a directory lockstep did not write.
+#[test]
+fn overwrite_refuses_foreign_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("my_notes.txt"), "keep").unwrap();
+    let c = config(dir.path(), "t", 4, Value::Null, 2, json!({}));
+    let e = run(&c, None, false, None).unwrap_err().to_string();
+    assert!(e.contains("was not written by lockstep"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("my_notes.txt")).unwrap(),
+        "keep"
+    );
+    // A lockstep run directory is replaced.
+    std::fs::remove_file(out.join("my_notes.txt")).unwrap();
+    run(&c, None, false, None).unwrap();
+    run(&c, None, false, None).unwrap();
+    assert!(out.join(lockstep_train::rundir::MARKER).is_file());
+}
+
+/// Resuming from a checkpoint inside the output directory continues that run in place, even
+/// with overwrite on: nothing of the run is lost, later CSV rows are recomputed.
+#[test]
+fn resume_in_place_keeps_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = config(
+        dir.path(),
+        "full",
+        8,
+        Value::Null,
+        4,
+        json!({"checkpoint_every": 2}),
+    );
+    let a = run(&full, None, false, None).unwrap();
+    let ckpt = dir
+        .path()
+        .join("full/checkpoints/update_000002.safetensors");
+    let b = run(&full, Some(&ckpt), false, None).unwrap();
+    assert_eq!(a.params_checksum, b.params_checksum);
+    assert!(ckpt.exists(), "the checkpoint resumed from was deleted");
+    let csv = std::fs::read_to_string(dir.path().join("full/callbacks/losses.csv")).unwrap();
+    let steps: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(steps, vec!["1", "2", "3", "4"], "{csv}");
+}
+
+/// Parameters that overflow stop every replica with an error naming the update.
+#[test]
+fn non_finite_parameters_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        3,
+        json!({"optimizer": {"name": "sgd", "learning_rate": 1e38}}),
+    );
+    let e = run(&c, None, false, None).unwrap_err().to_string();
+    assert!(
+        e.contains("became NaN after update") || e.contains("became inf after update"),
+        "{e}"
+    );
+}
