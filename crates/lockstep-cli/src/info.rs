@@ -53,7 +53,12 @@ fn hostname() -> String {
 #[cfg(feature = "mpi")]
 fn mpi_library() -> String {
     let v = lockstep_comm::MpiComm::library_version();
-    let first = v.lines().next().unwrap_or("").trim().to_string();
+    let first = v
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim_matches(|c: char| c.is_whitespace() || c == '\0')
+        .to_string();
     if first.is_empty() {
         String::new()
     } else {

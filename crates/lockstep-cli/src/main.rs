@@ -68,6 +68,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let single_process = match &cli.command {
+        Command::Simulate(_) | Command::BuildNetwork(_) | Command::Plot(_) => true,
+        Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,
+        Command::Bench(BenchCommand::Scaling(a)) => !a.mpi_worker,
+        Command::Bench(_) => true,
+        Command::Info | Command::Train(_) => false,
+    };
+    if single_process && world.comm().size() > 1 {
+        world.fail(&"this command runs in one process (it writes shared files or starts its own MPI jobs); start it without mpirun/srun");
+    }
     let result = match &cli.command {
         Command::Info => info::run(&world),
         Command::Train(args) => train::run(args, &world),

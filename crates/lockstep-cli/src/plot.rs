@@ -24,12 +24,13 @@ pub struct PlotArgs {
 pub fn run(args: &PlotArgs) -> Result<()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))?;
+    let csv = args.run_dir.join("callbacks/losses.csv");
+    let losses = read_losses(&csv)?;
     let plots = args.run_dir.join("plots");
     std::fs::create_dir_all(&plots)
         .with_context(|| format!("cannot create {}", plots.display()))?;
-    let csv = args.run_dir.join("callbacks/losses.csv");
     let out = plots.join("losses.png");
-    plot_losses(&csv, &out)?;
+    plot_losses(losses, &out)?;
     println!("wrote {}", out.display());
     let spikes = match &args.spikes {
         Some(p) => Some(p.clone()),
@@ -91,24 +92,27 @@ fn read_losses(csv: &Path) -> Result<(Vec<String>, Vec<Vec<f64>>)> {
     Ok((header, rows))
 }
 
-fn plot_losses(csv: &Path, out: &Path) -> Result<()> {
-    let (header, rows) = read_losses(csv)?;
+fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Result<()> {
     let steps: Vec<f64> = rows.iter().map(|r| r[0]).collect();
     let x_max = steps.iter().cloned().fold(1.0, f64::max);
+    // Only finite positive values can be drawn on a log axis; the axis spans at most 12
+    // decades below the largest value (a log axis reaching inf or 1e-300 has no usable ticks).
+    let finite = |x: &f64| x.is_finite() && *x > 0.0;
     let series: Vec<(String, Vec<f64>)> = (2..header.len())
         .map(|c| (header[c].clone(), rows.iter().map(|r| r[c]).collect()))
-        .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(|x| *x > 0.0))
+        .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(finite))
         .collect();
-    let positive = series
+    let (lo, hi) = series
         .iter()
         .flat_map(|(_, v)| v.iter())
-        .filter(|x| **x > 0.0);
-    let (lo, hi) = positive.fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        .filter(|x| finite(x))
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     let (lo, hi) = if lo <= hi {
-        (lo * 0.8, hi * 1.25)
+        ((lo * 0.8).max(hi * 1e-12), hi * 1.25)
     } else {
         (1e-3, 1.0)
     };
+    let drawable = |x: &f64| finite(x) && *x >= lo && *x <= hi;
     let root = BitMapBackend::new(out, (1000, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -130,7 +134,7 @@ fn plot_losses(csv: &Path, out: &Path) -> Result<()> {
                 steps
                     .iter()
                     .zip(values)
-                    .filter(|(_, v)| **v > 0.0)
+                    .filter(|(_, v)| drawable(v))
                     .map(|(s, v)| (*s, *v)),
                 color.stroke_width(2),
             ))?

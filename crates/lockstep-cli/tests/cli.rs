@@ -90,6 +90,16 @@ fn plot_writes_pngs_from_a_run_directory() {
         assert_eq!(&bytes[1..4], b"PNG", "{f} is not a PNG");
         assert!(bytes.len() > 10_000, "{f} is suspiciously small");
     }
+    // Values a log axis cannot show (inf, subnormal) are left out instead of hanging.
+    std::fs::write(
+        dir.path().join("callbacks/losses.csv"),
+        "step,epoch,rate,total\n1,0,5,5\n2,0,inf,inf\n3,0,5e-324,1e-300\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.arg("plot").arg(dir.path());
+    let out = run_with_limit(cmd, Duration::from_secs(20)).unwrap();
+    assert!(out.success(), "{}", out.all_output());
     // A broken CSV is a clear error naming the file and line.
     std::fs::write(
         dir.path().join("callbacks/losses.csv"),

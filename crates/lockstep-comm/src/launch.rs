@@ -244,7 +244,8 @@ pub enum BindError {
 /// Binds a device to node-local rank `local_rank`.
 ///
 /// - `force_cpu` (`--cpu`): always [`Device::Cpu`].
-/// - `cuda_visible_devices` unset or empty: [`Device::Cpu`].
+/// - `cuda_visible_devices` unset or empty, `-1` or `NoDevFiles`: [`Device::Cpu`] (as CUDA,
+///   entries from the first negative one on are ignored).
 /// - otherwise rank r gets the r-th comma-separated token, kept as given (`2,3` gives ranks
 ///   0 and 1 the tokens `2` and `3`, never renumbered).
 ///
@@ -262,7 +263,18 @@ pub fn bind_device(
         None | Some("") => return Ok(Device::Cpu),
         Some(l) => l,
     };
-    let tokens: Vec<&str> = list.split(',').map(str::trim).collect();
+    let mut tokens: Vec<&str> = list.split(',').map(str::trim).collect();
+    // CUDA stops enumerating at the first invalid entry: "-1" (or any negative index) hides
+    // every GPU after it, and Slurm's "NoDevFiles" means no GPU was allocated.
+    if let Some(stop) = tokens
+        .iter()
+        .position(|t| t.starts_with('-') || t.eq_ignore_ascii_case("NoDevFiles"))
+    {
+        tokens.truncate(stop);
+        if tokens.is_empty() {
+            return Ok(Device::Cpu);
+        }
+    }
     if tokens.iter().any(|t| t.is_empty()) {
         return Err(BindError::EmptyToken { list: list.into() });
     }
@@ -409,6 +421,12 @@ mod tests {
             }
         );
         assert_eq!(bind_device(5, Some("2,3"), true).unwrap(), Device::Cpu);
+        assert_eq!(bind_device(0, Some("-1"), false).unwrap(), Device::Cpu);
+        assert_eq!(
+            bind_device(0, Some("NoDevFiles"), false).unwrap(),
+            Device::Cpu
+        );
+        assert!(bind_device(1, Some("0,-1,1"), false).is_err());
     }
 
     #[test]

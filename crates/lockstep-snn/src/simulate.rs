@@ -354,6 +354,11 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     if output_dir.exists() && !overwrite {
         return Err(SnnError::OutputExists { path: output_dir });
     }
+    if output_dir.exists() {
+        // Never delete a folder lockstep did not write (a project or data folder).
+        lockstep_train::rundir::check_replaceable(&output_dir)
+            .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m))?;
+    }
     if opts.batch == 0 {
         return Err(cfg_err(&cfg.path, "batch", "must be at least 1"));
     }
@@ -389,6 +394,12 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         .prefix(".lockstep-simulate-")
         .tempdir_in(&parent)
         .map_err(|e| io_err("cannot create a temporary output folder in", &parent, e))?;
+    let marker = tmp.path().join(lockstep_train::rundir::MARKER);
+    std::fs::write(
+        &marker,
+        "written by lockstep simulate; overwrite_output_dir may replace this directory\n",
+    )
+    .map_err(|e| io_err("cannot write", &marker, e))?;
     lockstep_sonata::write_spikes(tmp.path().join(&spikes_name), &trains)?;
     if let Some(c) = &csv_name {
         write_spikes_csv(&tmp.path().join(c), &trains)?;

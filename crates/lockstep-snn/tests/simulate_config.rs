@@ -269,3 +269,20 @@ fn poisson_inputs_are_seeded_and_bad_rates_write_nothing() {
     assert!(e.contains("-3"), "{e}");
     assert!(!tmp.path().join("d").exists());
 }
+
+#[test]
+fn overwrite_never_deletes_a_folder_lockstep_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("analysis.ipynb"), "precious").unwrap();
+    let cfg = config(dir.path(), &orig_cells(), &orig_v1v1_types(), &orig_input(), 20.0, true);
+    let err = simulate_config(&cfg, &SimulateOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("was not written by lockstep"), "{err}");
+    assert_eq!(std::fs::read_to_string(out.join("analysis.ipynb")).unwrap(), "precious");
+    // Our own output folder is replaced on the next run.
+    std::fs::remove_file(out.join("analysis.ipynb")).unwrap();
+    simulate_config(&cfg, &SimulateOptions::default()).unwrap();
+    simulate_config(&cfg, &SimulateOptions::default()).unwrap();
+    assert!(out.join("spikes.h5").exists());
+}

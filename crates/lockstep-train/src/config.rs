@@ -354,6 +354,8 @@ pub struct Plan {
     pub global_batch: usize,
     /// The device of each replica, e.g. `cpu:0`.
     pub devices: Vec<String>,
+    /// Things the user should know (logged by the chief), e.g. more thread replicas than cores.
+    pub warnings: Vec<String>,
 }
 
 /// Decides the distribution of a run from its config and the launch (invariants 1-3).
@@ -398,6 +400,7 @@ pub fn plan(
             local_batch: b,
             global_batch: b,
             devices: vec!["cpu:0".into()],
+            warnings: Vec::new(),
         });
     };
     let replicas = match dist.strategy {
@@ -423,6 +426,12 @@ pub fn plan(
             match (&dist.devices, dist.global_batch_size) {
                 (Some(d), _) => d.len(),
                 (None, Some(g)) if g % b == 0 && g >= b => g / b,
+                (None, Some(0)) => {
+                    return Err(TrainError::config(
+                        "run.distribution.global_batch_size",
+                        format!("must be at least run.batch_size ({b}): it is batch_size x replicas"),
+                    ))
+                }
                 (None, Some(g)) => {
                     return Err(TrainError::config(
                         "run.distribution.global_batch_size",
@@ -481,12 +490,19 @@ pub fn plan(
             "a loss of this run is not sample-separable (not a mean over samples), so replicas cannot average their gradients; train it serially",
         ));
     }
+    let mut warnings = Vec::new();
+    if dist.strategy == Strategy::Threads && replicas > available_cores {
+        warnings.push(format!(
+            "warning: {replicas} thread replicas share {available_cores} CPU cores; each replica is meant to compute on its own core (lower run.distribution.global_batch_size, or use \"mpi\" across machines)"
+        ));
+    }
     Ok(Plan {
         strategy: Some(dist.strategy),
         replicas,
         local_batch: b,
         global_batch: b * replicas,
         devices,
+        warnings,
     })
 }
 

@@ -324,6 +324,9 @@ pub fn train(
     start_update = counters[0];
     optimizer.step = counters[1];
     if let Some(d) = rundir.as_mut() {
+        for w in &plan.warnings {
+            d.log(w)?;
+        }
         d.log(&format!(
             "lockstep train: {} replica(s) ({}), local batch {b}, global batch {g}{}, {} trainable parameters, updates {}..{}, output {}",
             replicas,

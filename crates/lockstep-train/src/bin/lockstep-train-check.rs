@@ -27,6 +27,10 @@ fn main() {
 
 fn run(world: &World) -> Result<(), TrainError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("usage: lockstep-train-check CONFIG [--resume CHECKPOINT]\n\ntrains the reference linear model with the engine under the current launch (serial, threads, mpirun)");
+        return Ok(());
+    }
     let path = PathBuf::from(args.first().ok_or_else(|| {
         TrainError::config(
             "argv",
@@ -60,18 +64,66 @@ fn run(world: &World) -> Result<(), TrainError> {
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
     let cfg = EngineConfig::from_json(&config, dir)?;
     let model = config.get("model").cloned().unwrap_or(Value::Null);
-    let dim = model.get("dim").and_then(Value::as_u64).unwrap_or(8) as usize;
-    let by_rank = model
-        .get("init_by_rank")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let dataset = model.get("dataset").and_then(Value::as_u64);
-    let diverge = model.get("diverge_at").and_then(Value::as_array).map(|a| {
-        (
-            a[0].as_u64().unwrap_or(0),
-            a[1].as_u64().unwrap_or(0) as usize,
-        )
-    });
+    let empty = serde_json::Map::new();
+    let model = match &model {
+        Value::Null => &empty,
+        Value::Object(m) => m,
+        other => {
+            return Err(TrainError::config(
+                "model",
+                format!("must be an object, found {other}"),
+            ))
+        }
+    };
+    check_keys(
+        model,
+        &["dim", "init_by_rank", "diverge_at", "dataset"],
+        "model",
+    )?;
+    let uint = |key: &str| -> Result<Option<u64>, TrainError> {
+        match model.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                TrainError::config(
+                    format!("model.{key}"),
+                    format!("must be a non-negative integer, found {v}"),
+                )
+            }),
+        }
+    };
+    let dim = uint("dim")?.unwrap_or(8) as usize;
+    if !(1..=1 << 20).contains(&dim) {
+        return Err(TrainError::config(
+            "model.dim",
+            format!("{dim} must be between 1 and 1048576"),
+        ));
+    }
+    let by_rank = match model.get("init_by_rank") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            TrainError::config(
+                "model.init_by_rank",
+                format!("must be true or false, found {v}"),
+            )
+        })?,
+    };
+    let dataset = uint("dataset")?;
+    let diverge = match model.get("diverge_at") {
+        None => None,
+        Some(v) => match v
+            .as_array()
+            .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
+            .as_deref()
+        {
+            Some([Some(u), Some(r)]) => Some((*u, *r as usize)),
+            _ => {
+                return Err(TrainError::config(
+                    "model.diverge_at",
+                    format!("must be [update, rank], found {v}"),
+                ))
+            }
+        },
+    };
     let opts = TrainOptions {
         resolved_config: config.clone(),
         resume,
