@@ -356,7 +356,10 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     }
     if output_dir.exists() {
         // Never delete a folder lockstep did not write (a project or data folder).
-        lockstep_train::rundir::check_replaceable(&output_dir)
+        let mut own: Vec<&str> = vec![spikes_name.as_str()];
+        own.extend(csv_name.as_deref());
+        own.extend(log_name.as_deref());
+        lockstep_train::rundir::check_replaceable(&output_dir, &own)
             .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m))?;
     }
     if opts.batch == 0 {

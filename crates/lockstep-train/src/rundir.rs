@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 /// `output.overwrite_output_dir`.
 pub const MARKER: &str = ".lockstep-output";
 
-/// Whether `dir` may be deleted to be replaced by a new output: it must be empty or carry
-/// the lockstep [`MARKER`]. A project folder, a data folder or any directory lockstep did not
-/// write is never deleted, whatever the config says.
+/// Whether `dir` may be deleted to be replaced by a new output: it must be empty, carry the
+/// lockstep [`MARKER`], or hold nothing but plain files named in `own_files` (the files the
+/// command itself writes, e.g. an older simulation's `spikes.h5` and `log.txt`). A project
+/// folder, a data folder or any other directory is never deleted, whatever the config says.
 ///
 /// Errors: a message naming the directory and the fix.
-pub fn check_replaceable(dir: &Path) -> Result<(), String> {
+pub fn check_replaceable(dir: &Path, own_files: &[&str]) -> Result<(), String> {
     if dir.is_symlink() {
         return Ok(()); // the link itself is replaced; its target is never touched
     }
@@ -29,15 +30,23 @@ pub fn check_replaceable(dir: &Path) -> Result<(), String> {
             dir.display()
         ));
     }
-    let mut entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    if entries.next().is_none() || dir.join(MARKER).is_file() {
+    if dir.join(MARKER).is_file() {
         return Ok(());
     }
-    Err(format!(
-        "{} exists and was not written by lockstep (it has no {MARKER} file), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself",
-        dir.display()
-    ))
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let plain = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if !plain || !own_files.contains(&name.as_str()) {
+            return Err(format!(
+                "{} exists and was not written by lockstep (it has no {MARKER} file and holds {name:?}), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself",
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Open files of a run directory.
@@ -72,7 +81,7 @@ impl RunDir {
                     "the output directory already exists; set output.overwrite_output_dir to true to replace it, or choose another output.output_dir",
                 ));
             }
-            check_replaceable(root).map_err(|m| TrainError::io(root, m))?;
+            check_replaceable(root, &[]).map_err(|m| TrainError::io(root, m))?;
             if root.is_symlink() || root.is_file() {
                 std::fs::remove_file(root).map_err(|e| TrainError::io(root, e))?;
             } else {
