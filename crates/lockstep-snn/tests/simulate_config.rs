@@ -276,10 +276,22 @@ fn overwrite_never_deletes_a_folder_lockstep_did_not_write() {
     let out = dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("analysis.ipynb"), "precious").unwrap();
-    let cfg = config(dir.path(), &orig_cells(), &orig_v1v1_types(), &orig_input(), 20.0, true);
-    let err = simulate_config(&cfg, &SimulateOptions::default()).unwrap_err().to_string();
+    let cfg = config(
+        dir.path(),
+        &orig_cells(),
+        &orig_v1v1_types(),
+        &orig_input(),
+        20.0,
+        true,
+    );
+    let err = simulate_config(&cfg, &SimulateOptions::default())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("was not written by lockstep"), "{err}");
-    assert_eq!(std::fs::read_to_string(out.join("analysis.ipynb")).unwrap(), "precious");
+    assert_eq!(
+        std::fs::read_to_string(out.join("analysis.ipynb")).unwrap(),
+        "precious"
+    );
     // Our own output folder is replaced on the next run.
     std::fs::remove_file(out.join("analysis.ipynb")).unwrap();
     simulate_config(&cfg, &SimulateOptions::default()).unwrap();
