@@ -171,6 +171,19 @@ fn bad_training_configs_fail_before_any_output() {
     );
     assert!(!d.join("typo").exists());
 
+    let c = config(d, "input_typo", 2, Value::Null);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v["inputs"]["lgn"]["rat"] = v["inputs"]["lgn"]["rate"].take();
+    v["inputs"]["lgn"].as_object_mut().unwrap().remove("rate");
+    std::fs::write(&c, v.to_string()).unwrap();
+    let out = lockstep(&["train", c.to_str().unwrap()]);
+    assert!(
+        out.stderr.contains("inputs.lgn.rat") && out.stderr.contains("did you mean `rate`"),
+        "{}",
+        out.stderr
+    );
+    assert!(!d.join("input_typo").exists());
+
     let c = config(d, "mpi_alone", 2, json!({"strategy": "mpi"}));
     let out = lockstep(&["train", c.to_str().unwrap()]);
     assert!(

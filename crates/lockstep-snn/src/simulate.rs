@@ -172,13 +172,31 @@ pub fn inputs_from_config(
         };
         for (name, v) in map {
             let key = |k: &str| format!("inputs.{name}.{k}");
-            let Value::Object(_) = v else {
+            let Value::Object(entry) = v else {
                 return Err(cfg_err(
                     &cfg.path,
                     &format!("inputs.{name}"),
                     "must be an object",
                 ));
             };
+            // Unknown keys are typos (a misspelled `rate` would otherwise be ignored).
+            const KNOWN: &[&str] = &[
+                "input_type",
+                "module",
+                "node_set",
+                "input_file",
+                "rate",
+                "seed",
+                "trial",
+            ];
+            lockstep_train::config::check_keys(entry, KNOWN, &format!("inputs.{name}")).map_err(
+                |e| match e {
+                    lockstep_train::TrainError::Config { key, message } => {
+                        cfg_err(&cfg.path, &key, message)
+                    }
+                    other => cfg_err(&cfg.path, &format!("inputs.{name}"), other.to_string()),
+                },
+            )?;
             let input_type =
                 get_str(cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
             let module = get_str(cfg, &v["module"], &key("module"))?.unwrap_or("");
