@@ -182,7 +182,7 @@ pub fn redistribute<C: Communicator + ?Sized>(
 }
 
 /// Bounding boxes per rank describing its domain in the locally essential tree exchange.
-const DOMAIN_BOXES: usize = 512;
+const DOMAIN_BOXES: usize = 4096;
 
 /// Nodes covering all particles of `tree` exactly once: the deepest level with at most
 /// `max` such nodes (its nodes plus the leaves above it).
@@ -216,7 +216,7 @@ pub struct ShardForceStats {
 
 /// Globally correct gravity on this rank's valid particles: every rank builds its tree,
 /// sends every other rank its locally essential tree (the multipoles of nodes with
-/// `r_B < theta dist(z_B, receiver's bounding box)`, the particles of leaves that fail it)
+/// `r_B < theta dist(z_B, receiver's domain boxes)`, the particles of leaves that fail it)
 /// with two `all_to_all_v` exchanges, and evaluates its FMM with the imported sources.
 pub fn sharded_forces<C: Communicator + ?Sized>(
     comm: &C,
@@ -296,7 +296,8 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
                     })
                     .fold(f64::INFINITY, f64::min)
                     .sqrt();
-                if nd.radius < theta * dist {
+                let pass = nd.radius < theta * dist;
+                if pass {
                     cells_send.extend_from_slice(&[
                         nd.center[0],
                         nd.center[1],
