@@ -1,7 +1,11 @@
 //! `lockstep nbody CONFIG` as a standalone program: one rank, or one rank per process under
 //! `mpirun -n K` (the communicator comes from the launch environment).
 //!
-//! `cargo run --release -p lockstep-nbody --example nbody_run -- CONFIG [--quiet]`
+//! `cargo run --release -p lockstep-nbody --example nbody_run -- CONFIG [--quiet]
+//! [--crash-rank R --crash-after-ms T]`
+//!
+//! `--crash-rank` is fault injection for the tests: rank R exits with status 3 after T ms,
+//! as a crashed process would, and the job must end instead of hanging.
 
 use std::path::PathBuf;
 
@@ -22,6 +26,21 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if let (Some(r), Some(ms)) = (flag("--crash-rank"), flag("--crash-after-ms")) {
+        if world.comm().rank() as u64 == r {
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                eprintln!("nbody_run: rank {r} crashes on purpose (--crash-rank)");
+                std::process::exit(3);
+            });
+        }
+    }
     let opts = RunOptions {
         quiet: args.iter().any(|a| a == "--quiet"),
         progress: true,

@@ -214,3 +214,55 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
         );
     }
 }
+
+#[test]
+fn a_crashing_mpi_rank_ends_the_job_within_10_s() {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("nbody_run");
+    let has_mpirun = std::process::Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !bin.exists() || !has_mpirun {
+        println!(
+            "NOTE: skipping the mpirun crash test (mpirun available: {has_mpirun}, {} exists: {})",
+            bin.display(),
+            bin.exists()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A run long enough that the crash happens mid-run.
+    let path = config(dir.path(), "crash", "fmm", 100_000);
+    let cmd = lockstep_comm::launch::mpirun_command(2);
+    let start = Instant::now();
+    let out = std::process::Command::new("timeout")
+        .arg("10")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .envs(
+            cmd.get_envs()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+        )
+        .arg(&bin)
+        .arg(&path)
+        .args(["--quiet", "--crash-rank", "1", "--crash-after-ms", "1500"])
+        .output()
+        .unwrap();
+    let elapsed = start.elapsed();
+    let code = out.status.code();
+    println!(
+        "exit {code:?} after {elapsed:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(code, Some(124), "the job hung until the 10 s limit");
+    assert!(!out.status.success(), "a crashed rank must fail the job");
+    assert!(elapsed < Duration::from_secs(10));
+}
