@@ -6,6 +6,7 @@ mod bench_bptt;
 mod bench_scaling;
 mod build_network;
 mod info;
+mod nbody;
 mod plot;
 mod simulate;
 mod train;
@@ -34,6 +35,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Build a SONATA network from a JSON recipe.
     BuildNetwork(build_network::BuildNetworkArgs),
+    /// Gravitational N-body simulation with FMM forces; under mpirun the particles are sharded over the ranks.
+    Nbody(nbody::NbodyArgs),
     /// PNG figures of a training run: loss curves and a spike raster.
     Plot(plot::PlotArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
@@ -49,6 +52,8 @@ enum BenchCommand {
     Bptt(bench_bptt::BpttArgs),
     /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
     Scaling(bench_scaling::ScalingArgs),
+    /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), or sharded over --ranks 1,2.
+    Nbody(nbody::BenchNbodyArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
     Simulate(simulate::BenchSimulateArgs),
 }
@@ -73,7 +78,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,
         Command::Bench(BenchCommand::Scaling(a)) => !a.mpi_worker,
         Command::Bench(_) => true,
-        Command::Info | Command::Train(_) => false,
+        Command::Info | Command::Train(_) | Command::Nbody(_) => false,
     };
     if single_process && world.comm().size() > 1 {
         world.fail(&"this command runs in one process (it writes shared files or starts its own MPI jobs); start it without mpirun/srun");
@@ -84,10 +89,12 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args, &world),
         Command::BuildNetwork(args) => build_network::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::Nbody(args) => nbody::run(args, &world),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
         Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
+        Command::Bench(BenchCommand::Nbody(args)) => nbody::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
