@@ -23,10 +23,10 @@ pub enum Integrator {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
-    /// Fast multipole method ([`crate::fmm`]).
+    /// Fast multipole method ([`mod@crate::fmm`]).
     #[default]
     Fmm,
-    /// Direct summation ([`crate::direct`]), O(N^2).
+    /// Direct summation ([`mod@crate::direct`]), O(N^2).
     Direct,
 }
 
