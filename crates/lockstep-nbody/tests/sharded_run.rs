@@ -165,7 +165,11 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
         bin.exists()
     );
     let dir = tempfile::tempdir().unwrap();
-    for (method, ranks, tol) in [("direct", 2usize, 1e-10), ("fmm", 3, 5e-5)] {
+    for (method, ranks, tol) in [
+        ("direct", 2usize, 1e-10),
+        ("fmm", 3, 5e-5),
+        ("fmm", 4, 5e-5),
+    ] {
         let one = config(dir.path(), &format!("mpi_{method}_1"), method, 100);
         run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &quiet()).unwrap();
         let reference = final_snapshot(&dir.path().join(format!("mpi_{method}_1")), 1);
