@@ -19,7 +19,7 @@ build: setup
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=
 demo: build
-	mpirun -n 2 --oversubscribe target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
+	mpirun -n 2 --oversubscribe --bind-to none target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
 
 # The main job itself on a reduced schedule (2 updates), then every test.
 test: build

@@ -2,6 +2,8 @@
 //! 1 replica (local batch B) and with N replicas (local batch B each), for threads and for
 //! MPI, in one invocation. Each replica computes on one core; the first updates are warm-up;
 //! the figures are medians over the timed updates (each update timed on the slowest rank).
+//! The weights are held fixed (SGD with a vanishing learning rate) so that all runs simulate
+//! the same network: training would change the firing, and with it the cost of a sample.
 
 use crate::train::{prepare, Overrides};
 use anyhow::{bail, Context, Result};
@@ -29,6 +31,10 @@ pub struct ScalingArgs {
     /// Warm-up updates per run (not timed).
     #[arg(long, default_value_t = 2)]
     pub warmup: u64,
+    /// Rounds: the 1-replica, thread and MPI runs are repeated in turn this many times and
+    /// the medians taken over all rounds, so drift in the machine's speed hits all alike.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Skip the MPI runs.
     #[arg(long)]
     pub no_mpi: bool,
@@ -40,13 +46,24 @@ pub struct ScalingArgs {
     pub mpi_worker: bool,
 }
 
-/// Median seconds of (step, comm) over the timed updates.
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+/// Seconds of the timed updates (slowest rank): whole update, communication, compute.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Measured {
     replicas: usize,
     global_batch: usize,
-    step_s: f64,
-    comm_s: f64,
+    step_s: Vec<f64>,
+    comm_s: Vec<f64>,
+    compute_s: Vec<f64>,
+}
+
+impl Measured {
+    fn add(&mut self, other: Measured) {
+        self.replicas = other.replicas;
+        self.global_batch = other.global_batch;
+        self.step_s.extend(other.step_s);
+        self.comm_s.extend(other.comm_s);
+        self.compute_s.extend(other.compute_s);
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -75,6 +92,9 @@ fn measure(
         overwrite: true,
         distribution: Some(distribution),
         checkpoint_every: Some(0),
+        // The weights stay as they are (SGD with a vanishing step), so every run simulates the
+        // same network and the cost per sample does not drift with the training.
+        optimizer: Some(json!({"name": "sgd", "learning_rate": 1e-30})),
     };
     let (json, cfg) = prepare(&args.config, &overrides)?;
     let opts = TrainOptions {
@@ -94,8 +114,9 @@ fn measure(
     Ok(Measured {
         replicas,
         global_batch: cfg.batch_size * replicas,
-        step_s: median(timed.iter().map(|t| t[3]).collect()),
-        comm_s: median(timed.iter().map(|t| t[2]).collect()),
+        step_s: timed.iter().map(|t| t[3]).collect(),
+        comm_s: timed.iter().map(|t| t[2]).collect(),
+        compute_s: timed.iter().map(|t| t[1]).collect(),
     })
 }
 
@@ -126,67 +147,82 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         bail!("run `lockstep bench scaling` without mpirun: it starts its own MPI jobs");
     }
     let n = args.replicas;
-    eprintln!("1 replica ...");
-    let one = measure(world, args, Value::Null, tmp.path(), "serial")?;
-    let mut rows = vec![("1 replica", one)];
+    let (mut one, mut threads, mut mpi) = (
+        Measured::default(),
+        Measured::default(),
+        Measured::default(),
+    );
+    for round in 1..=args.rounds.max(1) {
+        eprintln!("round {round}: 1 replica ...");
+        one.add(measure(world, args, Value::Null, tmp.path(), "serial")?);
+        if !args.no_threads {
+            eprintln!("round {round}: {n} thread replicas ...");
+            let devices: Vec<String> = (0..n).map(|r| format!("cpu:{r}")).collect();
+            threads.add(measure(
+                world,
+                args,
+                json!({"strategy": "threads", "devices": devices}),
+                tmp.path(),
+                "threads",
+            )?);
+        }
+        if !args.no_mpi {
+            eprintln!("round {round}: {n} MPI replicas (mpirun -n {n}) ...");
+            let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
+            let mut cmd = mpirun_command(n);
+            cmd.arg(exe)
+                .args(["bench", "scaling"])
+                .arg(&args.config)
+                .args([
+                    "--updates",
+                    &args.updates.to_string(),
+                    "--warmup",
+                    &args.warmup.to_string(),
+                    "--mpi-worker",
+                ]);
+            let out = run_with_limit(cmd, Duration::from_secs(3600)).map_err(anyhow::Error::msg)?;
+            if !out.success() {
+                bail!("the MPI measurement failed:\n{}", out.all_output());
+            }
+            let line = out
+                .stdout
+                .lines()
+                .rfind(|l| l.starts_with('{'))
+                .context("the MPI measurement printed no result")?;
+            mpi.add(serde_json::from_str(line)?);
+        }
+    }
+    let mut rows = vec![("1 replica", &one)];
     if !args.no_threads {
-        eprintln!("{n} thread replicas ...");
-        let devices: Vec<String> = (0..n).map(|r| format!("cpu:{r}")).collect();
-        let t = measure(
-            world,
-            args,
-            json!({"strategy": "threads", "devices": devices}),
-            tmp.path(),
-            "threads",
-        )?;
-        rows.push(("threads", t));
+        rows.push(("threads", &threads));
     }
     if !args.no_mpi {
-        eprintln!("{n} MPI replicas (mpirun -n {n}) ...");
-        let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
-        let mut cmd = mpirun_command(n);
-        cmd.arg(exe)
-            .args(["bench", "scaling"])
-            .arg(&args.config)
-            .args([
-                "--updates",
-                &args.updates.to_string(),
-                "--warmup",
-                &args.warmup.to_string(),
-                "--mpi-worker",
-            ]);
-        let out = run_with_limit(cmd, Duration::from_secs(3600)).map_err(anyhow::Error::msg)?;
-        if !out.success() {
-            bail!("the MPI measurement failed:\n{}", out.all_output());
-        }
-        let line = out
-            .stdout
-            .lines()
-            .rfind(|l| l.starts_with('{'))
-            .context("the MPI measurement printed no result")?;
-        rows.push(("mpi", serde_json::from_str(line)?));
+        rows.push(("mpi", &mpi));
     }
+    let one_sps = one.global_batch as f64 / median(one.step_s.clone());
     println!(
-        "local batch {} per replica, median of {} updates after {} warm-up, one core per replica",
-        one.global_batch, args.updates, args.warmup
+        "local batch {} per replica, median of {} rounds x {} updates (after {} warm-up each), one core per replica",
+        one.global_batch, args.rounds.max(1), args.updates, args.warmup
     );
     println!(
-        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10}",
-        "run", "replicas", "global batch", "updates/s", "samples/s", "ratio", "comm %"
+        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
+        "run", "replicas", "global batch", "updates/s", "samples/s", "ratio", "comm %", "compute s"
     );
     for (name, m) in &rows {
-        let ups = 1.0 / m.step_s;
-        let sps = m.global_batch as f64 / m.step_s;
-        let ratio = sps / (one.global_batch as f64 / one.step_s);
+        let step = median(m.step_s.clone());
+        let ups = 1.0 / step;
+        let sps = m.global_batch as f64 / step;
+        let ratio = sps / one_sps;
         println!(
-            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>10.3} {:>10.2}",
+            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>10.3} {:>10.2} {:>12.4}",
             name,
             m.replicas,
             m.global_batch,
             ups,
             sps,
             ratio,
-            100.0 * m.comm_s / m.step_s
+            100.0 * median(m.comm_s.clone()) / step,
+            median(m.compute_s.clone())
         );
     }
     println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch)");

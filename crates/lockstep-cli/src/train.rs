@@ -93,6 +93,8 @@ pub struct Overrides {
     pub distribution: Option<Value>,
     /// training.checkpoint_every.
     pub checkpoint_every: Option<u64>,
+    /// training.optimizer (replaces the whole object).
+    pub optimizer: Option<Value>,
 }
 
 /// Reads and checks a training config, applies `overrides`, and returns the resolved JSON
@@ -110,6 +112,9 @@ pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineCon
         if let Some(t) = t.as_object_mut() {
             t.remove("epochs");
         }
+    }
+    if let Some(o) = &overrides.optimizer {
+        root.entry("training").or_insert(json!({}))["optimizer"] = o.clone();
     }
     if let Some(k) = overrides.checkpoint_every {
         root.entry("training").or_insert(json!({}))["checkpoint_every"] = json!(k);
