@@ -92,63 +92,52 @@ fn read_losses(csv: &Path) -> Result<(Vec<String>, Vec<Vec<f64>>)> {
     Ok((header, rows))
 }
 
+/// One panel per loss column (each term and the total), each with its own log axis, so
+/// terms of very different size are all visible.
 fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Result<()> {
     let steps: Vec<f64> = rows.iter().map(|r| r[0]).collect();
     let x_max = steps.iter().cloned().fold(1.0, f64::max);
-    // Only finite positive values can be drawn on a log axis; the axis spans at most 12
-    // decades below the largest value (a log axis reaching inf or 1e-300 has no usable ticks).
+    // Only finite positive values can be drawn on a log axis; each axis spans at most 12
+    // decades below its largest value (a log axis reaching inf or 1e-300 has no usable ticks).
     let finite = |x: &f64| x.is_finite() && *x > 0.0;
     let series: Vec<(String, Vec<f64>)> = (2..header.len())
         .map(|c| (header[c].clone(), rows.iter().map(|r| r[c]).collect()))
         .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(finite))
         .collect();
-    let (lo, hi) = series
-        .iter()
-        .flat_map(|(_, v)| v.iter())
-        .filter(|x| finite(x))
-        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-    let (lo, hi) = if lo <= hi {
-        ((lo * 0.8).max(hi * 1e-12), hi * 1.25)
-    } else {
-        (1e-3, 1.0)
-    };
-    let drawable = |x: &f64| finite(x) && *x >= lo && *x <= hi;
-    let root = BitMapBackend::new(out, (1000, 600)).into_drawing_area();
+    let panels = series.len().max(1);
+    let root = BitMapBackend::new(out, (1000, 220 * panels as u32 + 60)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("training loss", ("sans-serif", 28))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..x_max, (lo..hi).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("optimizer update")
-        .y_desc("loss (log scale)")
-        .label_style(("sans-serif", 16))
-        .draw()?;
-    for (i, (name, values)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+    let root = root.titled("training loss", ("sans-serif", 28))?;
+    let areas = root.split_evenly((panels, 1));
+    for (i, ((name, values), area)) in series.iter().zip(areas.iter()).enumerate() {
+        let (lo, hi) = values
+            .iter()
+            .filter(|x| finite(x))
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        let (lo, hi) = ((lo * 0.8).max(hi * 1e-12), hi * 1.25);
+        let mut chart = ChartBuilder::on(area)
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(95)
+            .caption(name, ("sans-serif", 20))
+            .build_cartesian_2d(0.0..x_max, (lo..hi).log_scale())?;
         chart
-            .draw_series(LineSeries::new(
-                steps
-                    .iter()
-                    .zip(values)
-                    .filter(|(_, v)| drawable(v))
-                    .map(|(s, v)| (*s, *v)),
-                color.stroke_width(2),
-            ))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .configure_mesh()
+            .x_desc("optimizer update")
+            .y_label_formatter(&|v| format!("{v:.2e}"))
+            .y_labels(5)
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        let color = Palette99::pick(i).to_rgba();
+        chart.draw_series(LineSeries::new(
+            steps
+                .iter()
+                .zip(values)
+                .filter(|(_, v)| finite(v) && **v >= lo)
+                .map(|(s, v)| (*s, *v)),
+            color.stroke_width(2),
+        ))?;
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
@@ -187,6 +176,7 @@ fn plot_raster(spikes: &Path, out: &Path) -> Result<()> {
         .configure_mesh()
         .x_desc("time (ms)")
         .y_desc("node id")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style(("sans-serif", 16))
         .draw()?;
     chart.draw_series(
