@@ -58,6 +58,19 @@ enum BenchCommand {
     Simulate(simulate::BenchSimulateArgs),
 }
 
+/// BPTT allocates and frees large per-sample buffers. glibc would return them to the kernel
+/// (munmap, heap trimming) and take page faults to get them back; with several replica
+/// threads in one process those calls also serialise on the address-space lock. Keeping freed
+/// memory in the allocator avoids both. glibc only; elsewhere the allocator's defaults stay.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts allocator parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 fn main() -> ExitCode {
     // Like other command-line tools, end quietly when the reader of stdout goes away
     // (`lockstep ... | head`) instead of panicking on a broken pipe.
@@ -65,6 +78,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    keep_freed_memory();
     let cli = Cli::parse();
     let world = match World::init(cli.cpu) {
         Ok(w) => w,
