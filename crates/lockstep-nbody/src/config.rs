@@ -167,28 +167,13 @@ pub struct Summary {
     pub wall_seconds: f64,
 }
 
-fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
 /// Adds "did you mean `x`?" to serde's unknown-field / unknown-variant messages.
 fn suggest(msg: &str) -> String {
     let ticks: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
     if (msg.starts_with("unknown field") || msg.starts_with("unknown variant")) && ticks.len() >= 2
     {
         let bad = ticks[0];
-        if let Some(best) = ticks[1..].iter().min_by_key(|k| levenshtein(bad, k)) {
+        if let Some(best) = lockstep_train::config::nearest_key(bad, &ticks[1..]) {
             return format!("{msg}; did you mean `{best}`?");
         }
     }

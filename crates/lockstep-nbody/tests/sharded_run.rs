@@ -142,8 +142,9 @@ fn a_failing_rank_ends_the_run_within_seconds() {
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
 }
 
-#[test]
-fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
+/// The `nbody_run` example binary (built by `cargo test`); fails when it or mpirun is missing
+/// (CI installs Open MPI).
+fn nbody_run_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe
         .parent()
@@ -152,18 +153,19 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
         .unwrap()
         .join("examples")
         .join("nbody_run");
-    let has_mpirun = std::process::Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    // CI installs Open MPI and `cargo test` builds the examples: a missing one is a failure.
     assert!(
-        bin.exists() && has_mpirun,
-        "the mpirun test needs mpirun (found: {has_mpirun}) and {} (exists: {})",
+        lockstep_comm::testing::have_mpirun() && bin.exists(),
+        "the mpirun tests need mpirun (found: {}) and {} (exists: {})",
+        lockstep_comm::testing::have_mpirun(),
         bin.display(),
         bin.exists()
     );
+    bin
+}
+
+#[test]
+fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
+    let bin = nbody_run_binary();
     let dir = tempfile::tempdir().unwrap();
     for (method, ranks, tol) in [
         ("direct", 2usize, 1e-10),
@@ -220,26 +222,7 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
 
 #[test]
 fn a_crashing_mpi_rank_ends_the_job_within_10_s() {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("nbody_run");
-    let has_mpirun = std::process::Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    // CI installs Open MPI and `cargo test` builds the examples: a missing one is a failure.
-    assert!(
-        bin.exists() && has_mpirun,
-        "the mpirun test needs mpirun (found: {has_mpirun}) and {} (exists: {})",
-        bin.display(),
-        bin.exists()
-    );
+    let bin = nbody_run_binary();
     let dir = tempfile::tempdir().unwrap();
     // A run long enough that the crash happens mid-run.
     let path = config(dir.path(), "crash", "fmm", 100_000);

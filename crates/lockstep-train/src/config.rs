@@ -99,6 +99,11 @@ fn distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// The known key nearest to `key` (Levenshtein distance), for "did you mean" messages.
+pub fn nearest_key<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known.iter().min_by_key(|k| distance(key, k)).copied()
+}
+
 /// Rejects keys of `obj` not in `allowed`, suggesting the nearest known key.
 ///
 /// Errors: [`TrainError::Config`] naming `path.key` and the suggestion.
@@ -109,7 +114,7 @@ pub fn check_keys(
 ) -> Result<(), TrainError> {
     for key in obj.keys() {
         if !allowed.contains(&key.as_str()) {
-            let nearest = allowed.iter().min_by_key(|k| distance(key, k)).copied();
+            let nearest = nearest_key(key, allowed);
             let hint = match nearest {
                 Some(n) if distance(key, n) <= 3 => format!("; did you mean `{n}`?"),
                 _ => format!("; known keys: {}", allowed.join(", ")),
