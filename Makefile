@@ -8,13 +8,20 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # file while another thread spawns a process would then fail to lock it.
 export HDF5_USE_FILE_LOCKING := FALSE
 
-.PHONY: setup build test demo
+.PHONY: setup build lint test demo
 
 setup:
 	bash scripts/setup.sh
 
 build: setup
 	cargo build --release --workspace
+
+# Guardrails: formatting, clippy and rustdoc with warnings denied (the workspace lints in
+# Cargo.toml: missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks).
+lint: setup
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=

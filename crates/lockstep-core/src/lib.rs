@@ -1,0 +1,21 @@
+//! The leaf every lockstep crate builds on; it depends on no other lockstep crate.
+//!
+//! - [`config`]: the one config idiom. Each crate declares typed serde sections for the keys it
+//!   owns; this module deserializes them into values or one [`ConfigError`] `{file, key,
+//!   problem}`, refuses unknown keys with the nearest known key suggested, and resolves paths
+//!   relative to the config file.
+//! - [`rng`]: SplitMix64 (Steele, Lea & Flood 2014), the one generator behind every seeded
+//!   stream (network building, Poisson inputs, reference models, initial conditions), so a
+//!   stream keyed by (seed, sample, ...) gives the same numbers in every crate.
+//! - [`memory`]: the memory this process may still use (cgroup limit or `MemAvailable`) and its
+//!   peak resident set, for the checks that refuse runs which cannot fit before any output is
+//!   touched, and for the benchmarks.
+//!
+//! Guarantees: no I/O beyond reading the files and `/proc`/cgroup entries named in the docs;
+//! no global state; every function is deterministic given its inputs.
+
+pub mod config;
+pub mod memory;
+pub mod rng;
+
+pub use config::ConfigError;
