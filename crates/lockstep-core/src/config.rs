@@ -150,6 +150,40 @@ pub fn check_keys(
     }
 }
 
+/// The keys a serde struct accepts (serde's `FIELDS`, aliases included, in serde's order),
+/// for sections shared by several crates: each crate deserializes its own typed struct from
+/// the section (without `deny_unknown_fields`), and the caller that knows every part refuses
+/// the rest with [`check_keys`] over the union of their `field_names`.
+///
+/// Returns an empty list for types that are not structs with named fields.
+pub fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    struct Catch<'a>(&'a mut &'static [&'static str]);
+    impl<'de> de::Deserializer<'de> for Catch<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("fields caught"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Catch(&mut fields));
+    fields
+}
+
 /// Deserializes a config section from a JSON value.
 ///
 /// `section` is the dotted path of `value` inside its file (`""` for the whole file); error
@@ -292,6 +326,28 @@ mod tests {
         let e = from_value::<Run>(&json!({"seed": "x"}), "run").unwrap_err();
         assert_eq!(e.key, "run.seed");
         assert!(e.problem.contains("invalid type"), "{e}");
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct ModelRun {
+        dt: f64,
+        #[serde(alias = "n_steps")]
+        seq_len: u64,
+    }
+
+    #[test]
+    fn shared_sections_check_the_union_of_their_parts() {
+        let mut names = field_names::<ModelRun>().to_vec();
+        names.sort_unstable();
+        assert_eq!(names, ["dt", "n_steps", "seq_len"]);
+        assert_eq!(field_names::<Run>(), &["seed", "distribution"]);
+        assert!(field_names::<u64>().is_empty());
+        let keys = [field_names::<Run>(), field_names::<ModelRun>()].concat();
+        let v = json!({"seed": 1, "dt": 1.0, "seq_len": 5, "sed": 2});
+        let e = check_keys(v.as_object().unwrap(), &keys, "run").unwrap_err();
+        assert_eq!(e.key, "run.sed");
+        assert!(e.problem.contains("did you mean `seed`"), "{e}");
     }
 
     #[test]

@@ -108,8 +108,8 @@ mod tests {
     fn probes_read_this_machine() {
         let avail = available_bytes().expect("Linux has /proc/meminfo");
         assert!(avail > 1 << 20, "{avail}");
-        let peak = peak_rss_bytes().expect("Linux has VmHWM");
         let now = rss_bytes().expect("Linux has VmRSS");
+        let peak = peak_rss_bytes().expect("Linux has VmHWM");
         assert!(peak >= now && now > 0, "{peak} {now}");
     }
 
