@@ -8,6 +8,120 @@
 
 use std::path::Path;
 
+/// What a run will hold in memory, part by part, and the config keys that drive it.
+///
+/// Commands build one during validation (from the config alone, before allocating) and call
+/// [`MemoryEstimate::check`] before they create, replace or delete any output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    /// `(what, bytes)` for each large allocation, e.g. `("per-sample state", 1 << 30)`.
+    pub parts: Vec<(String, u64)>,
+    /// The config keys (dotted paths) whose values drive the total, e.g. `run.seq_len`.
+    pub keys: Vec<String>,
+}
+
+impl MemoryEstimate {
+    /// An empty estimate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a part of `bytes` bytes (saturating).
+    pub fn add(&mut self, what: impl Into<String>, bytes: u64) -> &mut Self {
+        self.parts.push((what.into(), bytes));
+        self
+    }
+
+    /// Names a config key that drives the estimate (listed in the error, once each).
+    pub fn driven_by(&mut self, key: impl Into<String>) -> &mut Self {
+        let key = key.into();
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+        }
+        self
+    }
+
+    /// Every part `times` over (e.g. replicas in one process), saturating.
+    #[must_use]
+    pub fn times(mut self, times: u64, why: &str) -> Self {
+        if times > 1 {
+            for (what, bytes) in &mut self.parts {
+                *bytes = bytes.saturating_mul(times);
+                what.push_str(&format!(" x {times} {why}"));
+            }
+        }
+        self
+    }
+
+    /// Sum of the parts in bytes (saturating).
+    pub fn total(&self) -> u64 {
+        self.parts
+            .iter()
+            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+    }
+
+    /// Refuses the run when the estimate exceeds `available` bytes (`None`: the machine's
+    /// memory is unknown and nothing is refused). `what` names the run in the message
+    /// (`"this training run"`).
+    ///
+    /// Errors: [`MemoryError`] with the estimate, the parts, the available memory and the keys.
+    pub fn check(&self, available: Option<u64>, what: &str) -> Result<(), MemoryError> {
+        match available {
+            Some(avail) if self.total() > avail => Err(MemoryError {
+                what: what.to_string(),
+                need: self.total(),
+                available: avail,
+                estimate: self.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`check`](Self::check) against [`available_bytes`] of this machine.
+    ///
+    /// Errors: as [`check`](Self::check).
+    pub fn check_here(&self, what: &str) -> Result<(), MemoryError> {
+        self.check(available_bytes(), what)
+    }
+}
+
+/// A run that cannot fit in the memory available: what it needs, what is there, why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} needs about {} ({}) but only {} of memory is available; reduce {}",
+    human_bytes(*need),
+    parts(&estimate.parts),
+    human_bytes(*available),
+    keys(&estimate.keys)
+)]
+pub struct MemoryError {
+    /// The run, as the caller named it.
+    pub what: String,
+    /// Estimated bytes.
+    pub need: u64,
+    /// Available bytes.
+    pub available: u64,
+    /// The estimate itself.
+    pub estimate: MemoryEstimate,
+}
+
+fn parts(p: &[(String, u64)]) -> String {
+    let mut v: Vec<&(String, u64)> = p.iter().filter(|(_, b)| *b > 0).collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.1));
+    v.iter()
+        .map(|(w, b)| format!("{w} {}", human_bytes(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn keys(k: &[String]) -> String {
+    if k.is_empty() {
+        "the size of the run".to_string()
+    } else {
+        k.join(", ")
+    }
+}
+
 /// Bytes this process may still allocate: the smaller of the cgroup's remaining allowance
 /// (cgroup v2 `memory.max - memory.current`, or v1 `memory.limit_in_bytes - memory.usage_in_bytes`)
 /// and the kernel's `MemAvailable` (`/proc/meminfo`). `None` when neither can be read.
@@ -111,6 +225,27 @@ mod tests {
         let now = rss_bytes().expect("Linux has VmRSS");
         let peak = peak_rss_bytes().expect("Linux has VmHWM");
         assert!(peak >= now && now > 0, "{peak} {now}");
+    }
+
+    #[test]
+    fn an_estimate_over_the_available_memory_names_parts_and_keys() {
+        let mut e = MemoryEstimate::new();
+        e.add("per-sample state", 3 << 30)
+            .add("tapes", 1 << 30)
+            .driven_by("run.seq_len")
+            .driven_by("run.batch_size")
+            .driven_by("run.seq_len");
+        let e = e.times(2, "replicas");
+        assert_eq!(e.total(), 8 << 30);
+        assert!(e.check(Some(9 << 30), "this run").is_ok());
+        assert!(e.check(None, "this run").is_ok());
+        let err = e.check(Some(2 << 30), "this training run").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "this training run needs about 8.00 GiB (per-sample state x 2 replicas 6.00 GiB, \
+             tapes x 2 replicas 2.00 GiB) but only 2.00 GiB of memory is available; reduce \
+             run.seq_len, run.batch_size"
+        );
     }
 
     #[test]
