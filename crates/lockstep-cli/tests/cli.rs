@@ -72,7 +72,8 @@ fn plot_writes_pngs_from_a_run_directory() {
         "step,epoch,rate,voltage,total\n1,0,4.0e2,1.0e-3,4.00001e2\n2,0,2.0e2,2.0e-3,2.00002e2\n3,0,1.0e2,2.0e-3,1.00002e2\n",
     )
     .unwrap();
-    let spikes = repo().join("../shared/data/reference/nest_point450_dt0.1_t1000.spikes.h5");
+    let spikes =
+        repo().join("examples/point_450glifs/reference/nest_point450_dt0.1_t1000.spikes.h5");
     let out = Command::new(LOCKSTEP)
         .arg("plot")
         .arg(dir.path())

@@ -6,13 +6,15 @@ use lockstep_snn::sonata::{export_trained_weights, network_spec_from_circuit};
 use lockstep_snn::{InputSpec, Loss, RateUnits, SnnModel, TrainOptions};
 use serde_json::json;
 
-fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 #[test]
 fn exported_weights_read_back_identically() {
-    let net_dir = shared().join("data/bmtk/point_450glifs");
+    let net_dir = examples().join("point_450glifs");
     let circuit =
         lockstep_sonata::Circuit::from_config(net_dir.join("config.circuit.json")).unwrap();
     let spec = network_spec_from_circuit(&circuit).unwrap();
@@ -40,8 +42,8 @@ fn exported_weights_read_back_identically() {
     let s = |p: PathBuf| p.to_str().unwrap().to_string();
     let cfg = json!({
         "components": {
-            "point_neuron_models_dir": s(shared().join("data/bmtk/point_components/cell_models")),
-            "synaptic_models_dir": s(shared().join("data/bmtk/point_components/synaptic_models"))
+            "point_neuron_models_dir": s(examples().join("point_components/cell_models")),
+            "synaptic_models_dir": s(examples().join("point_components/synaptic_models"))
         },
         "networks": {
             "nodes": [
@@ -85,7 +87,7 @@ fn exported_weights_read_back_identically() {
 
 #[test]
 fn model_from_training_config_with_poisson_and_file_inputs() {
-    let net_dir = shared().join("data/bmtk/point_450glifs");
+    let net_dir = examples().join("point_450glifs");
     let tmp = tempfile::tempdir().unwrap();
     let cfg = json!({
         "network": net_dir.join("config.circuit.json").to_str().unwrap(),

@@ -7,21 +7,23 @@ use std::path::PathBuf;
 
 use lockstep_snn::{simulate, InputSpec, SimOptions};
 
-fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 #[test]
 fn point450_matches_nest_reference() {
-    let base = shared().join("data");
+    let base = examples();
     let circuit =
-        lockstep_sonata::Circuit::from_config(base.join("bmtk/point_450glifs/config.circuit.json"))
+        lockstep_sonata::Circuit::from_config(base.join("point_450glifs/config.circuit.json"))
             .unwrap();
     let spec = lockstep_snn::sonata::network_spec_from_circuit(&circuit).unwrap();
     assert_eq!(spec.neurons.len(), 450);
     assert_eq!(spec.recurrent_edges.len(), 28555);
     assert_eq!(spec.input_edges.len(), 36035);
-    let lgn_file = base.join("bmtk/point_450glifs/inputs/lgn_spikes.h5");
+    let lgn_file = base.join("point_450glifs/inputs/lgn_spikes.h5");
     let lgn = lockstep_sonata::read_spikes(&lgn_file).unwrap();
     let trains = lockstep_snn::sonata::spike_trains_for_virtual_nodes(
         &spec,
@@ -42,9 +44,10 @@ fn point450_matches_nest_reference() {
     let out = simulate(&net, &inputs, n_steps, 1, 0, &SimOptions::default());
     let ours = &out.trials[0].spikes;
 
-    let reference =
-        lockstep_sonata::read_spikes(base.join("reference/nest_point450_dt0.1_t1000.spikes.h5"))
-            .unwrap();
+    let reference = lockstep_sonata::read_spikes(
+        base.join("point_450glifs/reference/nest_point450_dt0.1_t1000.spikes.h5"),
+    )
+    .unwrap();
     let rv1 = reference.get("v1").unwrap();
     // NEST stamps: time = (step + 1) * dt.
     let mut nest_counts = vec![0usize; 450];

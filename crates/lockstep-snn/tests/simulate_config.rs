@@ -6,18 +6,20 @@ use std::path::{Path, PathBuf};
 use lockstep_snn::{simulate_config, SimulateOptions, SnnError};
 use serde_json::{json, Value};
 
-fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 fn net_dir() -> PathBuf {
-    shared().join("data/bmtk/point_450glifs")
+    examples().join("point_450glifs")
 }
 
 fn components(cells: &Path) -> Value {
     json!({
         "point_neuron_models_dir": cells.to_str().unwrap(),
-        "synaptic_models_dir": shared().join("data/bmtk/point_components/synaptic_models").to_str().unwrap(),
+        "synaptic_models_dir": examples().join("point_components/synaptic_models").to_str().unwrap(),
     })
 }
 
@@ -58,7 +60,7 @@ fn config(
 }
 
 fn orig_cells() -> PathBuf {
-    shared().join("data/bmtk/point_components/cell_models")
+    examples().join("point_components/cell_models")
 }
 fn orig_v1v1_types() -> PathBuf {
     net_dir().join("network/v1_v1_edge_types.csv")
@@ -98,7 +100,7 @@ fn simulate_writes_nest_identical_spikes_and_respects_overwrite() {
     let ours = lockstep_sonata::read_spikes(&summary.spikes_file).unwrap();
     let ours = ours.get("v1").unwrap();
     let reference = lockstep_sonata::read_spikes(
-        shared().join("data/reference/nest_point450_dt0.1_t1000.spikes.h5"),
+        examples().join("point_450glifs/reference/nest_point450_dt0.1_t1000.spikes.h5"),
     )
     .unwrap();
     let r = reference.get("v1").unwrap();

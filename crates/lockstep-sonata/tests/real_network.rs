@@ -6,13 +6,14 @@ use std::time::Instant;
 
 use lockstep_sonata::{read_spikes, Circuit, SonataConfig, SpikeSorting};
 
-fn shared() -> PathBuf {
-    // canonical, because config paths are normalised lexically (`a/../b` -> `b`)
-    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).unwrap()
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 fn net_dir() -> PathBuf {
-    shared().join("data/bmtk/point_450glifs")
+    examples().join("point_450glifs")
 }
 
 fn circuit() -> Circuit {
@@ -31,7 +32,7 @@ fn simulation_config_resolves_manifest_and_circuit() {
         dir.join("network/lgn_node_types.csv")
     );
     assert_eq!(cfg.edges[1].edges_file, dir.join("network/lgn_v1_edges.h5"));
-    let comps = shared().join("data/bmtk/point_components");
+    let comps = examples().join("point_components");
     assert_eq!(
         cfg.components.point_neuron_models_dir,
         Some(comps.join("cell_models"))
@@ -40,8 +41,9 @@ fn simulation_config_resolves_manifest_and_circuit() {
         cfg.components.synaptic_models_dir,
         Some(comps.join("synaptic_models"))
     );
-    assert_eq!(cfg.tstop(), Some(3000.0));
-    assert_eq!(cfg.dt(), Some(0.001));
+    // The bundled copy runs BMTK's config at the NEST reference settings (see its README).
+    assert_eq!(cfg.tstop(), Some(1000.0));
+    assert_eq!(cfg.dt(), Some(0.1));
     assert_eq!(
         cfg.json["inputs"]["LGN_spikes"]["input_file"]
             .as_str()
@@ -293,8 +295,10 @@ fn input_and_reference_spikes() {
     assert_eq!(ids.len(), 100);
     assert_eq!(*ids.last().unwrap(), 99);
 
-    let r =
-        read_spikes(shared().join("data/reference/nest_point450_dt0.1_t1000.spikes.h5")).unwrap();
+    let r = read_spikes(
+        examples().join("point_450glifs/reference/nest_point450_dt0.1_t1000.spikes.h5"),
+    )
+    .unwrap();
     let v1 = r.get("v1").unwrap();
     assert_eq!(v1.len(), 19_263);
     assert_eq!(v1.sorting, SpikeSorting::ByTime);

@@ -19,12 +19,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn shared() -> PathBuf {
-    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).unwrap()
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 fn net_dir() -> PathBuf {
-    shared().join("data/bmtk/point_450glifs")
+    examples().join("point_450glifs")
 }
 
 fn circuit() -> Circuit {
@@ -67,7 +69,7 @@ fn write_copy(c: &Circuit, dir: &Path) -> PathBuf {
             "edge_types_file": format!("$NET/{file}_edge_types.csv"),
         }));
     }
-    let comps = shared().join("data/bmtk/point_components");
+    let comps = examples().join("point_components");
     let cfg = serde_json::json!({
         "manifest": {"$BASE": "${configdir}", "$NET": "$BASE/network", "$COMP": comps.to_str().unwrap()},
         "components": {

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use lockstep_sonata::{read_spikes, Circuit, SonataConfig, SonataErrorKind};
 
-fn shared() -> PathBuf {
-    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).unwrap()
+/// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
+/// and NEST 3.10's reference output in `point_450glifs/reference/`.
+fn examples() -> PathBuf {
+    std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -14,6 +16,9 @@ fn copy_dir(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let target = to.join(e.file_name());
+        if matches!(e.file_name().to_str(), Some("runs" | "output")) {
+            continue; // outputs of local runs of the example, not part of the network
+        }
         if e.file_type().unwrap().is_dir() {
             copy_dir(&e.path(), &target);
         } else {
@@ -25,7 +30,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A private copy of `point_450glifs` and `point_components`; returns (tempdir, network dir).
 fn copy_network() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
-    let bmtk = shared().join("data/bmtk");
+    let bmtk = examples();
     copy_dir(
         &bmtk.join("point_450glifs"),
         &tmp.path().join("point_450glifs"),
