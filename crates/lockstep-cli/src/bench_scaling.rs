@@ -8,7 +8,7 @@
 use crate::train::{prepare, Overrides};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::run_with_limit;
+use lockstep_comm::launch::run_with_limit;
 use lockstep_comm::World;
 use lockstep_snn::replica::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;

@@ -1,7 +1,7 @@
 //! The `lockstep` binary as a user runs it.
 
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::run_with_limit;
+use lockstep_comm::launch::run_with_limit;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! weights are exported as SONATA edges, and the run can be resumed.
 
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::{run_with_limit, JobOutput};
+use lockstep_comm::launch::{run_with_limit, JobOutput};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;

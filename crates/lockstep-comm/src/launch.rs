@@ -1,10 +1,18 @@
-//! Launch detection (how was this process started?) and device binding (which device does
-//! this rank compute on?).
+//! Launch detection (how was this process started?), device binding (which device does
+//! this rank compute on?), and starting child MPI jobs under a time limit.
 //!
-//! Both are pure functions of the environment so they can be unit-tested; the `*_from_env`
-//! wrappers read the real process environment.
+//! Detection and binding are pure functions of the environment so they can be unit-tested;
+//! [`detect_launch`] reads the real process environment.
+//!
+//! A child job that outlives its limit ([`run_with_limit`]) is killed with its whole process
+//! group (mpirun and every rank) and reported as timed out: a timeout is a failure, never a
+//! pass.
 
 use std::fmt;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Who started this process.
@@ -302,8 +310,8 @@ pub fn bind_device(
 /// is fine for tests), `--bind-to none` (in oversubscribed mode Open MPI's default placement
 /// slowed each rank's compute by a third on the 2-core development machine; unbound, the
 /// kernel spreads the ranks), and the allow-run-as-root variables when running as root.
-pub fn mpirun_command(ranks: usize) -> std::process::Command {
-    let mut cmd = std::process::Command::new("mpirun");
+pub fn mpirun_command(ranks: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
     cmd.arg("-n")
         .arg(ranks.to_string())
         .args(["--oversubscribe", "--bind-to", "none"]);
@@ -313,6 +321,86 @@ pub fn mpirun_command(ranks: usize) -> std::process::Command {
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     }
     cmd
+}
+
+/// What a finished (or killed) job did.
+#[derive(Debug, Clone)]
+pub struct JobOutput {
+    /// Exit code; `None` when killed by a signal (including the time limit).
+    pub code: Option<i32>,
+    /// True when the time limit killed the job.
+    pub timed_out: bool,
+    /// Wall-clock time until exit or kill.
+    pub elapsed: Duration,
+    /// Captured standard output.
+    pub stdout: String,
+    /// Captured standard error.
+    pub stderr: String,
+}
+
+impl JobOutput {
+    /// True when the job exited by itself with status 0.
+    pub fn success(&self) -> bool {
+        !self.timed_out && self.code == Some(0)
+    }
+
+    /// Standard output and error together, for assertions and failure messages.
+    pub fn all_output(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs `cmd` in its own process group, capturing stdout and stderr, and kills the group
+/// (SIGKILL) after `limit`.
+///
+/// Errors: the command cannot be started (message names the program).
+pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Result<JobOutput, String> {
+    let program = format!("{:?}", cmd.get_program());
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .process_group(0);
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if start.elapsed() > limit {
+            timed_out = true;
+            // SAFETY: signalling the process group we created for the child.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            break child.wait().map_err(|e| e.to_string())?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    // Kill stragglers of the group (ranks that outlive mpirun) so the pipes close.
+    // SAFETY: as above; ESRCH when the group is already gone is fine.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    Ok(JobOutput {
+        code: status.code(),
+        timed_out,
+        elapsed,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

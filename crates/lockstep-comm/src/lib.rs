@@ -1,4 +1,22 @@
-//! Communicators for lockstep: one trait, three backends.
+//! Communicators for lockstep: one trait, three backends, and the launch around them.
+//!
+//! What this crate guarantees:
+//!
+//! - **Every rank ends a collective with the same bytes.** A broadcast copies the root's
+//!   bytes; an all-reduce leaves bitwise the same values on every rank: [`ThreadComm`]
+//!   reduces each element in rank order 0, 1, ..., size-1 once and copies that result to every
+//!   rank; `MpiComm` reduces in place with `MPI_Allreduce`, whose implementations compute each
+//!   element once and distribute it (the conformance suite checks this with inexact floats).
+//! - **Failures never hang.** A failed peer turns every later collective on every other rank
+//!   into [`CommError::PeerFailed`] ([`ThreadComm`], within milliseconds) or ends the whole
+//!   job through `MPI_Abort` (`MpiComm`, see [`install_mpi_abort_on_panic`]).
+//! - **Misuse is an error, not undefined behaviour.** Unequal lengths, a root that is not a
+//!   rank, or (on [`ThreadComm`]) ranks entering different collectives give
+//!   [`CommError::InvalidArgument`] / [`CommError::Mismatch`] naming the rank and the fix.
+//! - **Launch detection and device binding are pure functions of the environment**
+//!   ([`launch::detect_launch_from`], [`launch::bind_device`]), unit-tested without a
+//!   launcher; child MPI jobs started by this crate ([`launch::run_with_limit`]) never
+//!   outlive their time limit.
 //!
 //! Every rank of a job runs the same program (SPMD) and talks to its peers only through a
 //! [`Communicator`]. The backends are
@@ -12,21 +30,18 @@
 //! The trait itself is object safe (`&dyn Communicator`) and works on bytes and on typed
 //! [`ReduceBuf`]s; the typed API that code normally calls (`broadcast(&mut [T], root)`,
 //! `all_reduce(&mut [T], op)`, ...) lives in the [`CommExt`] extension trait, implemented for
-//! every communicator.
+//! every communicator. [`World`] puts launch, device and communicator together for a program.
 //!
-//! Failures never hang: a failed peer turns every later collective on every other rank into
-//! [`CommError::PeerFailed`] (ThreadComm) or ends the whole job through `MPI_Abort` (MpiComm,
-//! see [`install_mpi_abort_on_panic`]).
-//!
-//! [`launch`] detects how the process was started (serial, Open MPI, MPICH/Hydra, Slurm) and
-//! binds a device to each rank.
+//! The Cargo feature `testing` adds the conformance suite every backend passes
+//! (`conformance`), test helpers (`testing`) and the `lockstep-comm-check` binary.
 
-pub mod bench;
+#[cfg(feature = "testing")]
 pub mod conformance;
 pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod self_comm;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod thread_comm;
 mod world;

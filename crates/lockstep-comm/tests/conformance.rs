@@ -3,7 +3,7 @@
 
 use lockstep_comm::conformance::{run_suite, SuiteOptions};
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::run_with_limit;
+use lockstep_comm::launch::run_with_limit;
 use lockstep_comm::{run_replicas, SelfComm};
 use std::time::Duration;
 

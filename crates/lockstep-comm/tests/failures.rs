@@ -2,7 +2,7 @@
 //! Every job runs under an external time limit; a timeout fails the test.
 
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::{run_with_limit, JobOutput};
+use lockstep_comm::launch::{run_with_limit, JobOutput};
 use std::process::Command;
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! model) under an external time limit; a timeout fails.
 
 use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::testing::{run_with_limit, JobOutput};
+use lockstep_comm::launch::{run_with_limit, JobOutput};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
