@@ -25,6 +25,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
+use lockstep_core::config::{self, ConfigError};
 
 use crate::integrate::{Diagnostics, ForceSettings, Gravity, Integrator, SimulateOptions};
 use crate::shard::simulate_sharded;
@@ -167,52 +168,36 @@ pub struct Summary {
     pub wall_seconds: f64,
 }
 
-/// Adds "did you mean `x`?" to serde's unknown-field / unknown-variant messages.
-fn suggest(msg: &str) -> String {
-    let ticks: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
-    if (msg.starts_with("unknown field") || msg.starts_with("unknown variant")) && ticks.len() >= 2
-    {
-        let bad = ticks[0];
-        if let Some(best) = lockstep_train::config::nearest_key(bad, &ticks[1..]) {
-            return format!("{msg}; did you mean `{best}`?");
-        }
-    }
-    msg.to_string()
-}
-
 impl NbodyConfig {
     /// Parses a config from JSON text; `path` names the file in errors.
+    ///
+    /// Errors: [`NbodyError::Config`] naming `path`, the dotted key and the problem (unknown
+    /// keys and values suggest the nearest known one).
     pub fn from_json(text: &str, path: &Path) -> Result<Self, NbodyError> {
-        serde_json::from_str(text).map_err(|e| NbodyError::Config {
-            path: path.to_path_buf(),
-            message: suggest(&e.to_string()),
-        })
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::new("", format!("not valid JSON: {e}")).in_file(path))?;
+        Ok(config::from_value(&value, "").map_err(|e| e.in_file(path))?)
     }
 
-    /// Reads and parses a config file, resolving relative paths against its directory.
+    /// Reads and parses a config file, resolving relative paths (the output directory, a
+    /// GADGET input file) against its directory ([`config::resolve_path`]).
+    ///
+    /// Errors: the file cannot be read or parsed ([`NbodyError::Config`]).
     pub fn load(path: &Path) -> Result<Self, NbodyError> {
-        let text = std::fs::read_to_string(path).map_err(|e| NbodyError::io(path, e))?;
-        let mut cfg = Self::from_json(&text, path)?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        let mut cfg: Self = config::from_json_file(path)?;
+        let base = config::config_dir(path);
         if let InitialConditions::GadgetHdf5 { path: p } = &mut cfg.initial_conditions {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
+            *p = config::resolve_path(&base, &*p);
         }
         if let Some(o) = &mut cfg.output {
-            if o.dir.is_relative() {
-                o.dir = base.join(&o.dir);
-            }
+            o.dir = config::resolve_path(&base, &o.dir);
         }
         Ok(cfg)
     }
 
     /// Checks every value that can be checked before the run starts.
     pub fn validate(&self, path: &Path) -> Result<(), NbodyError> {
-        let wrap = |e: NbodyError| NbodyError::Config {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        };
+        let wrap = |e: NbodyError| e.in_config(path);
         self.units.validate().map_err(wrap)?;
         self.forces.fmm_params().validate().map_err(wrap)?;
         self.time.times().map_err(wrap)?;
@@ -466,21 +451,28 @@ mod tests {
             e.contains("x.json") && e.contains("forcs") && e.contains("did you mean `forces`"),
             "{e}"
         );
+        assert_eq!(
+            e,
+            "x.json: forcs: unknown key `forcs`; did you mean `forces`?"
+        );
         let text = r#"{"initial_conditions": {"kind": "plummer", "n": 10, "sead": 1}, "time": {"ts": [0, 1]}}"#;
         let e = NbodyConfig::from_json(text, Path::new("x.json"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("did you mean `seed`"), "{e}");
+        assert!(e.starts_with("x.json: initial_conditions.sead: "), "{e}");
         let text = r#"{"initial_conditions": {"kind": "plumer", "n": 10}, "time": {"ts": [0, 1]}}"#;
         let e = NbodyConfig::from_json(text, Path::new("x.json"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("did you mean `plummer`"), "{e}");
+        assert!(e.starts_with("x.json: initial_conditions"), "{e}");
         let text = r#"{"initial_conditions": {"kind": "plummer", "n": 10}, "time": {"ts": [0, 1]}, "forces": {"ordr": 3}}"#;
         let e = NbodyConfig::from_json(text, Path::new("x.json"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("did you mean `order`"), "{e}");
+        assert!(e.starts_with("x.json: forces.ordr: "), "{e}");
     }
 
     #[test]

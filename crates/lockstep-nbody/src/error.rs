@@ -1,7 +1,9 @@
 //! Error type of the crate: every message names the file, key or parameter, the offending
 //! value, and the fix.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use lockstep_core::ConfigError;
 
 /// Errors of `lockstep-nbody`. Bad input never panics; it ends up here.
 #[derive(Debug, thiserror::Error)]
@@ -30,14 +32,9 @@ pub enum NbodyError {
         /// What a valid value looks like.
         fix: String,
     },
-    /// The JSON configuration could not be read or is invalid.
-    #[error("config {path}: {message}")]
-    Config {
-        /// Config file.
-        path: PathBuf,
-        /// What is wrong and how to fix it.
-        message: String,
-    },
+    /// The JSON configuration could not be read or is invalid (`FILE: KEY: PROBLEM`).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// An HDF5 file could not be read or written.
     #[error("HDF5 file {path}, object `{object}`: {message}")]
     Hdf5 {
@@ -72,6 +69,19 @@ impl NbodyError {
             name: name.to_string(),
             value: value.to_string(),
             fix: fix.to_string(),
+        }
+    }
+
+    /// This error as a problem with a key of the config file `file`: an
+    /// [`NbodyError::InvalidParameter`] becomes `FILE: NAME: VALUE is invalid: FIX`, any other
+    /// error `FILE: MESSAGE` (a [`NbodyError::Config`] keeps its own file).
+    pub fn in_config(self, file: &Path) -> Self {
+        match self {
+            NbodyError::InvalidParameter { name, value, fix } => NbodyError::Config(
+                ConfigError::new(name, format!("invalid value {value}: {fix}")).in_file(file),
+            ),
+            NbodyError::Config(e) => NbodyError::Config(e.in_file(file)),
+            other => NbodyError::Config(ConfigError::new("", other.to_string()).in_file(file)),
         }
     }
 
