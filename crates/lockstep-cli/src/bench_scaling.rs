@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use lockstep_comm::launch::mpirun_command;
 use lockstep_comm::launch::run_with_limit;
 use lockstep_comm::World;
-use lockstep_snn::replica::{PoissonTrials, SnnReplica};
+use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;
 use lockstep_train::TrainOptions;
 use serde_json::{json, Value};

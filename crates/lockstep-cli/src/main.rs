@@ -4,6 +4,7 @@
 mod bench_allreduce;
 mod bench_bptt;
 mod bench_scaling;
+mod bench_simulate;
 mod build_network;
 mod info;
 mod nbody;
@@ -55,7 +56,7 @@ enum BenchCommand {
     /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), or sharded over --ranks 1,2.
     Nbody(nbody::BenchNbodyArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
-    Simulate(simulate::BenchSimulateArgs),
+    Simulate(bench_simulate::BenchSimulateArgs),
 }
 
 /// BPTT allocates and frees large per-sample buffers. glibc would return them to the kernel
@@ -105,7 +106,7 @@ fn main() -> ExitCode {
         Command::Plot(args) => plot::run(args),
         Command::Nbody(args) => nbody::run(args, &world),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
-        Command::Bench(BenchCommand::Simulate(args)) => simulate::bench(args),
+        Command::Bench(BenchCommand::Simulate(args)) => bench_simulate::run(args),
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
         Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
         Command::Bench(BenchCommand::Nbody(args)) => nbody::bench(args),

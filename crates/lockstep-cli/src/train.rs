@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
-use lockstep_snn::replica::{PoissonTrials, SnnReplica};
+use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_sonata::SonataConfig;
 use lockstep_train::config::{check_keys, EngineConfig, OUTPUT_KEYS, RUN_KEYS, TRAINING_KEYS};
 use lockstep_train::job::run_job;

@@ -112,18 +112,6 @@ pub enum SnnError {
         source: std::io::Error,
     },
 
-    /// An HDF5 call failed while writing or reading a file of this crate.
-    #[error("HDF5 file '{path}', object '{object}': {source}")]
-    Hdf5 {
-        /// The HDF5 file.
-        path: PathBuf,
-        /// Group or dataset.
-        object: String,
-        /// The HDF5 error.
-        #[source]
-        source: Box<hdf5::Error>,
-    },
-
     /// Shapes of buffers passed to the training API disagree.
     #[error("shape mismatch: {0}")]
     Shape(String),

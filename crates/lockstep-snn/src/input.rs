@@ -147,7 +147,7 @@ impl InputSpec {
 
 /// SplitMix64 finalizer (Steele, Lea & Flood 2014): a bijective 64-bit mixer.
 #[inline]
-pub fn splitmix64(mut x: u64) -> u64 {
+pub(crate) fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -156,7 +156,7 @@ pub fn splitmix64(mut x: u64) -> u64 {
 
 /// Uniform number in `[0, 1)` keyed by `(seed, sample, node, step)` (counter-based, stateless).
 #[inline]
-pub fn keyed_uniform(seed: u64, sample: u64, node: u64, step: u64) -> f64 {
+pub(crate) fn keyed_uniform(seed: u64, sample: u64, node: u64, step: u64) -> f64 {
     let mut x = splitmix64(seed ^ 0x005E_ED0F_1A57_u64);
     x = splitmix64(x ^ sample);
     x = splitmix64(x ^ node.wrapping_mul(0x9E37_79B9));

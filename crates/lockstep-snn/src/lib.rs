@@ -1,44 +1,60 @@
 //! `lockstep-snn`: GLIF3 / LIF point-neuron networks for lockstep.
 //!
-//! * NEST-exact forward dynamics of `nest:glif_psc` (GLIF1/GLIF3) and `nest:iaf_psc_alpha`
-//!   on NEST's time grid (`../shared/GLIF3.md`, NEST 3.x sources): [`model`], [`step`], [`nest`].
-//! * Networks in CSR form per presynaptic source, grouped by delay and receptor port:
-//!   [`network`]; inputs from spike files and counter-based Poisson sources: [`input`].
-//! * Batched trials `[batch, neuron]`, optionally parallel over trials: [`sim`].
-//! * SONATA adapter and `lockstep simulate`: [`sonata`], [`mod@simulate`].
-//! * BPTT with surrogate gradients, losses, segmented recompute: [`train`], [`loss`].
+//! What this crate guarantees:
+//! * **NEST-exact forward dynamics** of `nest:glif_psc` (GLIF1/GLIF3) and
+//!   `nest:iaf_psc_alpha` on NEST's time grid (`../shared/GLIF3.md`, NEST 3.x sources): the
+//!   same spikes, at the same steps, as NEST for the same network and inputs
+//!   (`tests/reference_point450.rs`).
+//! * **Reproducible trials:** trials are independent and batched `[batch, neuron]`; Poisson
+//!   inputs are drawn per (seed, global sample index, node, step), so results do not depend
+//!   on the thread count, the batch split or the replica count.
+//! * **Exact gradients of the surrogate model:** BPTT is the hand-written adjoint of the very
+//!   forward recursion the simulator runs; segmented recompute (`gradient_checkpointing`)
+//!   gives bitwise the same gradients; the single-step update is generic over [`Scalar`]
+//!   (f32, f64, `num_dual::Dual64`) so a dual-number oracle checks them.
+//! * **Bad input is refused, not guessed:** unsupported models, parameters, receptors, delays
+//!   and config keys are errors ([`SnnError`]) naming the node type, edge, file or key.
 //!
-//! The single-step update is generic over [`scalar::Scalar`] (f32, f64, `num_dual::Dual64`),
-//! so the forward-mode dual-number oracle runs the very code the simulator runs.
+//! Layout: cell models and NEST's propagators (`model`, `nest`, `step`), networks in CSR form
+//! per presynaptic source grouped by delay and receptor port (`network`), inputs (`input`),
+//! the batched forward kernel (`forward`), BPTT and losses (`bptt`, `loss`), the SONATA
+//! adapter (`sonata`), config reading (`config`), the `lockstep simulate` run
+//! (`simulate_config`) and the trainer's replica (`replica`). Every public item is
+//! re-exported here, at one path.
 
-#![warn(missing_docs)]
+mod all_to_all;
+mod bptt;
+mod config;
+mod error;
+mod forward;
+mod input;
+mod loss;
+mod model;
+mod nest;
+mod network;
+mod replica;
+mod scalar;
+mod simulate_config;
+mod sonata;
+mod step;
 
-pub mod bench_net;
-pub mod error;
-pub mod input;
-pub mod loss;
-pub mod model;
-pub mod nest;
-pub mod network;
-pub mod replica;
-pub mod scalar;
-pub mod sim;
-pub mod simulate;
-pub mod sonata;
-pub mod step;
-pub mod train;
-
+pub use all_to_all::all_to_all_glif3;
+pub use bptt::{BpttOptions, LossAndGrad, SnnModel};
+pub use config::{loss_names, model_from_config};
 pub use error::{Result, SnnError};
+pub use forward::{simulate, InitialState, SimOptions, SimOutput, TrialSpikes, TrialState};
 pub use input::{InputSpec, Inputs, PoissonSpec};
-pub use loss::{losses_from_json, Loss, RateTarget, RateUnits};
-pub use model::{CellConsts, CellModel, GlifParams, IafPscAlphaParams};
-pub use network::{CellType, EdgeSpec, Network, NetworkSpec, NeuronSpec, VirtualNodeSpec};
-pub use scalar::{PseudoDerivative, Scalar, Surrogate};
-pub use sim::{simulate, InitialState, SimOptions, SimOutput, TrialSpikes, TrialState};
-pub use simulate::{
-    bench_simulate, simulate_config, BenchOptions, BenchReport, SimulateOptions, SimulationSummary,
+pub use loss::{Loss, RateTarget, RateUnits};
+pub use model::{
+    AscConsts, CellConsts, CellModel, GlifParams, IafPscAlphaParams, ModelKind, PortConsts,
 };
-pub use train::{
-    bench_train, model_from_config, LossAndGrad, SnnModel, TrainBenchOptions, TrainBenchReport,
-    TrainOptions,
+pub use nest::{TimeGrid, TICS_PER_MS};
+pub use network::{
+    CellType, Csr, EdgeSpec, Group, Network, NetworkSpec, NeuronSpec, Segment, VirtualNodeSpec,
+};
+pub use replica::{PoissonTrials, SnnReplica};
+pub use scalar::{PseudoDerivative, Scalar, Surrogate};
+pub use simulate_config::{simulate_config, SimulateOptions, SimulationSummary};
+pub use sonata::{
+    export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,
 };

@@ -277,7 +277,7 @@ fn check_keys(
 ///   per-node CSV path relative to `base_dir`), `rate_units` (`"Hz"` default or
 ///   `"spikes_per_step"`);
 /// * `VoltageRegularization`: `cost` (default 1).
-pub fn losses_from_json(
+pub(crate) fn losses_from_json(
     v: &serde_json::Value,
     spec: &NetworkSpec,
     base_dir: &Path,

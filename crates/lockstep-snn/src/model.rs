@@ -15,11 +15,11 @@ use crate::error::{Result, SnnError};
 use crate::nest::{alpha_propagator, TimeGrid};
 
 /// NEST's default `V_m` of `glif_psc` (mV) when the parameters do not set it.
-pub const GLIF_DEFAULT_V_M: f64 = -78.85;
+pub(crate) const GLIF_DEFAULT_V_M: f64 = -78.85;
 /// NEST's default `E_L` of `glif_psc` (mV).
-pub const GLIF_DEFAULT_E_L: f64 = -78.85;
+pub(crate) const GLIF_DEFAULT_E_L: f64 = -78.85;
 /// NEST's default `E_L` (and resting `V_m`) of `iaf_psc_alpha` (mV).
-pub const IAF_DEFAULT_E_L: f64 = -70.0;
+pub(crate) const IAF_DEFAULT_E_L: f64 = -70.0;
 
 /// Parameters of `nest:glif_psc` (GLIF1/GLIF3). Units: mV, nS, pF, ms, pA, 1/ms.
 #[derive(Debug, Clone, PartialEq)]

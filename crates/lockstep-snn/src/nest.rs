@@ -114,7 +114,7 @@ impl TimeGrid {
 ///
 /// Arguments in ms, ms, pF, ms. Returns `(P31, P32)`: the contributions of `dI/dt`-state `y1`
 /// and current `y2` to `V` after one step `h`.
-pub fn alpha_propagator(tau_syn: f64, tau_m: f64, c_m: f64, h: f64) -> (f64, f64) {
+pub(crate) fn alpha_propagator(tau_syn: f64, tau_m: f64, c_m: f64, h: f64) -> (f64, f64) {
     const NUMERICAL_STABILITY_FACTOR: f64 = 1e-7;
     let h_min_regular = NUMERICAL_STABILITY_FACTOR * tau_m * tau_m / (tau_m - tau_syn).abs();
     let beta = tau_syn * tau_m / (tau_m - tau_syn);

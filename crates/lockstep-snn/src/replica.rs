@@ -6,8 +6,9 @@
 //! A batch therefore carries no data, only the global index of its first sample: replicas
 //! draw exactly the inputs that one replica with the whole global batch would draw.
 
+use crate::bptt::SnnModel;
+use crate::config::{loss_names, model_from_config};
 use crate::sonata::export_trained_weights;
-use crate::train::{loss_names, model_from_config, SnnModel};
 use lockstep_sonata::Circuit;
 use lockstep_train::{Batch, BatchSource, Model};
 use std::path::{Path, PathBuf};

@@ -214,7 +214,7 @@ pub fn spike_trains_for_virtual_nodes(
 /// `w / nsyns` (so that BMTK's `syn_weight * nsyns` is the trained weight `w`, pA).
 ///
 /// `recurrent` and `input` are the weights in the spec order of
-/// [`network_spec_from_circuit`] (e.g. from [`crate::train::SnnModel::weights_in_spec_order`]).
+/// [`network_spec_from_circuit`] (e.g. from [`crate::SnnModel::weights_in_spec_order`]).
 /// Returns the files written.
 pub fn export_trained_weights(
     circuit: &Circuit,

@@ -4,7 +4,7 @@
 //! and `iaf_psc_alpha::update` operation by operation (same order of floating-point
 //! operations for `f64`), so that the forward pass is NEST-exact. Running it on dual numbers
 //! gives the surrogate-gradient directional derivative that the BPTT backward pass
-//! ([`crate::train`]) must reproduce:
+//! ([`crate::bptt`]) must reproduce:
 //!
 //! * spike `z = H(U_n - th)` with derivative `pseudo_derivative(U_n / th) / th * dU_n`;
 //! * after-spike currents `A'' = A' + z * (amp + A' * refr_decay - A')` (value: NEST's jump);
@@ -16,7 +16,7 @@ use crate::scalar::{Scalar, Surrogate};
 
 /// Mutable state of one neuron (one trial). Shapes: `asc` `[n_asc]`, `y1`/`y2` `[n_ports]`.
 #[derive(Debug)]
-pub struct NeuronStateMut<'a, S> {
+pub(crate) struct NeuronStateMut<'a, S> {
     /// Membrane potential relative to `E_L` (mV).
     pub u: &'a mut S,
     /// After-spike currents (pA).
@@ -34,7 +34,7 @@ pub struct NeuronStateMut<'a, S> {
 /// `arrivals[k]` is the summed weight (pA) of spikes arriving at port `k` in this step
 /// (NEST's ring-buffer value). Returns the spike `z` (value 0 or 1).
 #[inline]
-pub fn step_neuron<S: Scalar>(
+pub(crate) fn step_neuron<S: Scalar>(
     c: &CellConsts,
     st: NeuronStateMut<'_, S>,
     arrivals: &[S],
@@ -98,7 +98,13 @@ pub fn step_neuron<S: Scalar>(
 /// (`glif_psc`: `U*P33 + (I_e + sum_a stable_a*A_a)*P30 + sum_k (P31 y1 + P32 y2)`;
 /// `iaf_psc_alpha`: `P30*I_e + sum_k (P31 y1 + P32 y2) + expm1*U + U`, clamped at `V_min`).
 #[inline]
-pub fn membrane_update<S: Scalar>(c: &CellConsts, u: S, asc: &mut [S], y1: &[S], y2: &[S]) -> S {
+pub(crate) fn membrane_update<S: Scalar>(
+    c: &CellConsts,
+    u: S,
+    asc: &mut [S],
+    y1: &[S],
+    y2: &[S],
+) -> S {
     match c.kind {
         ModelKind::Glif => {
             // NEST glif_psc: mean ASC over the step, then decay to the end of the step.

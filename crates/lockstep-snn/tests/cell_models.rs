@@ -7,7 +7,7 @@
 //!   recomputed by hand with the update of GLIF3.md.
 //! * Delays of 1 and several steps between two cells.
 
-use lockstep_snn::model::CellModel;
+use lockstep_snn::CellModel;
 use lockstep_snn::{
     CellType, EdgeSpec, InitialState, InputSpec, Network, NetworkSpec, NeuronSpec, Surrogate,
     TrialState, VirtualNodeSpec,

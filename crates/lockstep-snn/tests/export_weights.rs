@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use lockstep_snn::sonata::{export_trained_weights, network_spec_from_circuit};
-use lockstep_snn::{InputSpec, Loss, RateUnits, SnnModel, TrainOptions};
+use lockstep_snn::{export_trained_weights, network_spec_from_circuit};
+use lockstep_snn::{BpttOptions, InputSpec, Loss, RateUnits, SnnModel};
 use serde_json::json;
 
 /// The repository's `examples/` folder: BMTK's `point_450glifs` network and `point_components`,
@@ -19,7 +19,7 @@ fn exported_weights_read_back_identically() {
         lockstep_sonata::Circuit::from_config(net_dir.join("config.circuit.json")).unwrap();
     let spec = network_spec_from_circuit(&circuit).unwrap();
     let n = spec.neurons.len();
-    let opts = TrainOptions {
+    let opts = BpttOptions {
         seq_len: 10,
         train_input_weights: true,
         losses: vec![Loss::TargetFiringRate {
@@ -106,11 +106,11 @@ fn model_from_training_config_with_poisson_and_file_inputs() {
     });
     let path = tmp.path().join("train.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
-    let (_, model) = lockstep_snn::train::model_from_config(&path).unwrap();
+    let (_, model) = lockstep_snn::model_from_config(&path).unwrap();
     assert_eq!(model.n_params(), 28555 + 36035);
     assert_eq!(model.options().gradient_checkpointing, Some(10));
     assert_eq!(
-        lockstep_snn::train::loss_names(&model),
+        lockstep_snn::loss_names(&model),
         vec!["TargetFiringRate", "VoltageRegularization"]
     );
     let p = model.initial_params();
@@ -128,7 +128,7 @@ fn model_from_training_config_with_poisson_and_file_inputs() {
     let mut bad = cfg.clone();
     bad["training"].as_object_mut().unwrap().remove("losses");
     std::fs::write(&path, bad.to_string()).unwrap();
-    let e = lockstep_snn::train::model_from_config(&path)
+    let e = lockstep_snn::model_from_config(&path)
         .unwrap_err()
         .to_string();
     assert!(e.contains("training.losses"), "{e}");

@@ -7,10 +7,10 @@
 
 #![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
 
-use lockstep_snn::model::CellModel;
+use lockstep_snn::CellModel;
 use lockstep_snn::{
-    CellType, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec, PseudoDerivative,
-    RateUnits, SnnModel, Surrogate, TrainOptions, VirtualNodeSpec,
+    BpttOptions, CellType, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec,
+    PseudoDerivative, RateUnits, SnnModel, Surrogate, VirtualNodeSpec,
 };
 use serde_json::json;
 
@@ -161,7 +161,7 @@ fn model(
             seed: 11,
         }),
     };
-    let opts = TrainOptions {
+    let opts = BpttOptions {
         seq_len: 120,
         surrogate,
         train_input_weights: true,

@@ -19,19 +19,15 @@ fn point450_matches_nest_reference() {
     let circuit =
         lockstep_sonata::Circuit::from_config(base.join("point_450glifs/config.circuit.json"))
             .unwrap();
-    let spec = lockstep_snn::sonata::network_spec_from_circuit(&circuit).unwrap();
+    let spec = lockstep_snn::network_spec_from_circuit(&circuit).unwrap();
     assert_eq!(spec.neurons.len(), 450);
     assert_eq!(spec.recurrent_edges.len(), 28555);
     assert_eq!(spec.input_edges.len(), 36035);
     let lgn_file = base.join("point_450glifs/inputs/lgn_spikes.h5");
     let lgn = lockstep_sonata::read_spikes(&lgn_file).unwrap();
-    let trains = lockstep_snn::sonata::spike_trains_for_virtual_nodes(
-        &spec,
-        &lgn,
-        "lgn_spikes.h5",
-        Some("lgn"),
-    )
-    .unwrap();
+    let trains =
+        lockstep_snn::spike_trains_for_virtual_nodes(&spec, &lgn, "lgn_spikes.h5", Some("lgn"))
+            .unwrap();
     let dt = 0.1;
     let net = spec.compile(dt).unwrap();
     let n_steps = net.grid.run_steps(1000.0).unwrap();

@@ -1,8 +1,8 @@
 //! Training a 300-cell all-to-all GLIF3 network toward a target firing rate with BPTT and
 //! Adam: the loss must fall below half its initial value within 50 updates (fixed seed).
 
-use lockstep_snn::bench_net::all_to_all_glif3;
-use lockstep_snn::{InputSpec, Loss, PoissonSpec, RateUnits, SnnModel, TrainOptions};
+use lockstep_snn::all_to_all_glif3;
+use lockstep_snn::{BpttOptions, InputSpec, Loss, PoissonSpec, RateUnits, SnnModel};
 use lockstep_train::optim::{Optimizer, OptimizerConfig};
 
 #[test]
@@ -17,7 +17,7 @@ fn all_to_all_glif3_halves_target_rate_loss_in_50_adam_updates() {
             seed: 7,
         }),
     };
-    let opts = TrainOptions {
+    let opts = BpttOptions {
         seq_len: 200,
         losses: vec![Loss::TargetFiringRate {
             target: vec![10.0; n],

@@ -1,6 +1,6 @@
 //! Backpropagation through time of the exact forward recursion (`GLIF3.md`, "Training").
 //!
-//! The forward pass is [`crate::sim::TrialState::step`] on `f64`; the backward pass is its
+//! The forward pass is [`crate::forward::TrialState::step`] on `f64`; the backward pass is its
 //! hand-written adjoint, step by step in reverse:
 //!
 //! * spike: `dz/dU_n = pseudo_derivative(v) / (V_th - E_L)`, `v = U_n / (V_th - E_L)` (surrogate,
@@ -30,17 +30,17 @@ use num_dual::Dual64;
 use rayon::prelude::*;
 
 use crate::error::{Result, SnnError};
+use crate::forward::{InitialState, TrialState};
 use crate::input::{InputSpec, Inputs};
 use crate::loss::{vreg_r, vreg_r_generic, Loss, RateUnits};
 use crate::model::ModelKind;
 use crate::network::{Network, NetworkSpec};
 use crate::scalar::{Scalar, Surrogate};
-use crate::sim::{InitialState, TrialState};
 use crate::step::membrane_update;
 
 /// Options of a trainable model.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TrainOptions {
+pub struct BpttOptions {
     /// Steps per sample.
     pub seq_len: usize,
     /// Pseudo-derivative of the spike.
@@ -57,9 +57,9 @@ pub struct TrainOptions {
     pub parallel: bool,
 }
 
-impl Default for TrainOptions {
+impl Default for BpttOptions {
     fn default() -> Self {
-        TrainOptions {
+        BpttOptions {
             seq_len: 500,
             surrogate: Surrogate::default(),
             train_input_weights: false,
@@ -76,7 +76,7 @@ impl Default for TrainOptions {
 pub struct LossAndGrad {
     /// Total loss (sum of the terms), mean over the batch.
     pub loss: f64,
-    /// Each loss term, mean over the batch, in the order of `TrainOptions::losses`.
+    /// Each loss term, mean over the batch, in the order of `BpttOptions::losses`.
     pub terms: Vec<(&'static str, f64)>,
     /// `[n_params]` gradient of `loss` (mean over the batch) with respect to the parameters.
     pub grad: Vec<f32>,
@@ -96,7 +96,7 @@ pub struct SnnModel {
     pub inputs: Inputs,
     /// Options. Only `parallel` (and `surrogate`) may be changed after construction; the
     /// others shaped the model (parameter layout, tapes, loss coefficients).
-    pub opts: TrainOptions,
+    pub opts: BpttOptions,
     /// `[neuron]` `V_th - E_L` (mV), internal order.
     th: Vec<f64>,
     /// Per rate loss: `[neuron]` target (internal order) and the count -> rate factor.
@@ -164,7 +164,7 @@ struct Adjoint {
 
 impl SnnModel {
     /// Builds a trainable model from a network description, a time step (ms) and inputs.
-    pub fn new(spec: &NetworkSpec, dt: f64, input: &InputSpec, opts: TrainOptions) -> Result<Self> {
+    pub fn new(spec: &NetworkSpec, dt: f64, input: &InputSpec, opts: BpttOptions) -> Result<Self> {
         if opts.seq_len == 0 {
             return Err(SnnError::Shape("seq_len must be at least 1".into()));
         }
@@ -240,7 +240,7 @@ impl SnnModel {
     }
 
     /// The options the model was built with.
-    pub fn options(&self) -> &TrainOptions {
+    pub fn options(&self) -> &BpttOptions {
         &self.opts
     }
 
@@ -876,272 +876,4 @@ fn sign_of(w: f64) -> i8 {
     } else {
         0
     }
-}
-
-/// Options of [`bench_train`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainBenchOptions {
-    /// Cells of the all-to-all GLIF3 network ([`crate::bench_net::all_to_all_glif3`]).
-    pub n_cells: usize,
-    /// Samples per step.
-    pub batch: usize,
-    /// Steps per sample.
-    pub seq_len: usize,
-    /// Time step (ms).
-    pub dt: f64,
-    /// Segmented-BPTT chunk size for the segmented run (steps).
-    pub chunk: usize,
-    /// Timed steps per configuration (after one warm-up step).
-    pub repeats: usize,
-    /// Samples on rayon.
-    pub parallel: bool,
-}
-
-impl Default for TrainBenchOptions {
-    fn default() -> Self {
-        TrainBenchOptions {
-            n_cells: 300,
-            batch: 16,
-            seq_len: 500,
-            dt: 1.0,
-            chunk: 25,
-            repeats: 3,
-            parallel: true,
-        }
-    }
-}
-
-/// One configuration of [`bench_train`].
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct TrainBenchRun {
-    /// Segmented chunk size (`None`: every step stored).
-    pub chunk: Option<usize>,
-    /// Mean seconds per optimizer step (forward + backward + sign constraint; the O(params)
-    /// optimizer update itself is excluded).
-    pub s_per_step: f64,
-    /// Peak resident memory growth during the step (bytes), from `/proc/self/status`
-    /// `VmHWM` after resetting it; `None` where the kernel does not allow the reset.
-    pub peak_rss_bytes: Option<u64>,
-    /// Stored forward state per sample (bytes, analytic).
-    pub tape_bytes_per_sample: usize,
-    /// Stored forward state alive at once (bytes, analytic): per sample times the samples
-    /// that run concurrently (rayon threads, at most the batch).
-    pub tape_bytes_concurrent: usize,
-    /// Loss of the last step (both configurations must agree exactly).
-    pub loss: f64,
-}
-
-/// Report of [`bench_train`].
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct TrainBenchReport {
-    /// Cells.
-    pub n_cells: usize,
-    /// Recurrent edges (trainable parameters).
-    pub n_params: usize,
-    /// Samples per step.
-    pub batch: usize,
-    /// Steps per sample.
-    pub seq_len: usize,
-    /// Time step (ms).
-    pub dt: f64,
-    /// Without segmented recompute.
-    pub full: TrainBenchRun,
-    /// With segmented recompute.
-    pub segmented: TrainBenchRun,
-    /// `segmented / full` of the stored forward state.
-    pub tape_memory_ratio: f64,
-    /// `segmented / full` of the measured peak RSS growth, when measurable.
-    pub rss_memory_ratio: Option<f64>,
-    /// `segmented / full` of the step time.
-    pub time_ratio: f64,
-}
-
-fn read_vm_hwm() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-fn read_vm_rss() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-fn reset_hwm() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// `lockstep bench train`: seconds per optimizer step and peak memory of BPTT on the
-/// all-to-all GLIF3 network toward a 10 Hz target, with and without segmented recompute.
-pub fn bench_train(opts: &TrainBenchOptions) -> Result<TrainBenchReport> {
-    let spec = crate::bench_net::all_to_all_glif3(opts.n_cells, 50, 2024);
-    let input = InputSpec {
-        spike_trains: None,
-        poisson: Some(crate::input::PoissonSpec {
-            rates_hz: vec![20.0; 50],
-            seed: 7,
-        }),
-    };
-    let mut runs = Vec::new();
-    // Segmented first: the allocator keeps freed memory, so the smaller run must not follow
-    // the larger one for its peak to be visible.
-    for chunk in [Some(opts.chunk.max(1)), None] {
-        let topts = TrainOptions {
-            seq_len: opts.seq_len,
-            gradient_checkpointing: chunk,
-            losses: vec![Loss::TargetFiringRate {
-                target: vec![10.0; opts.n_cells],
-                units: RateUnits::Hz,
-            }],
-            parallel: opts.parallel,
-            ..Default::default()
-        };
-        let model = SnnModel::new(&spec, opts.dt, &input, topts)?;
-        let mut params = model.initial_params();
-        let base = read_vm_rss();
-        let can_reset = reset_hwm();
-        let _ = model.loss_and_grad(&params, 0, opts.batch)?; // warm-up (counted in the peak)
-        let t = std::time::Instant::now();
-        let mut loss = 0.0;
-        for r in 0..opts.repeats.max(1) {
-            let lg = model.loss_and_grad(&params, (r * opts.batch) as u64, opts.batch)?;
-            model.constrain(&mut params);
-            loss = lg.loss;
-        }
-        let s_per_step = t.elapsed().as_secs_f64() / opts.repeats.max(1) as f64;
-        let peak = match (can_reset, base, read_vm_hwm()) {
-            (true, Some(b), Some(h)) => Some(h.saturating_sub(b)),
-            _ => None,
-        };
-        let (full_b, seg_b) = model.tape_bytes_per_sample();
-        let per_sample = if chunk.is_some() { seg_b } else { full_b };
-        let concurrent = if opts.parallel {
-            rayon::current_num_threads().min(opts.batch)
-        } else {
-            1
-        };
-        runs.push(TrainBenchRun {
-            chunk,
-            s_per_step,
-            peak_rss_bytes: peak,
-            tape_bytes_per_sample: per_sample,
-            tape_bytes_concurrent: per_sample * concurrent,
-            loss,
-        });
-    }
-    let full = runs.pop().expect("two runs");
-    let segmented = runs.pop().expect("two runs");
-    Ok(TrainBenchReport {
-        n_cells: opts.n_cells,
-        n_params: spec.recurrent_edges.len(),
-        batch: opts.batch,
-        seq_len: opts.seq_len,
-        dt: opts.dt,
-        tape_memory_ratio: segmented.tape_bytes_per_sample as f64
-            / full.tape_bytes_per_sample as f64,
-        rss_memory_ratio: match (segmented.peak_rss_bytes, full.peak_rss_bytes) {
-            (Some(s), Some(f)) if f > 0 => Some(s as f64 / f as f64),
-            _ => None,
-        },
-        time_ratio: segmented.s_per_step / full.s_per_step,
-        full,
-        segmented,
-    })
-}
-
-/// Builds a trainable model from a lockstep training config (SONATA/BMTK style).
-///
-/// Keys read (others belong to the training engine and are left to it):
-/// * the network (`networks`/`network`, `components`) through `lockstep-sonata`;
-/// * `run.dt` (ms) and `run.seq_len` (steps), both required; `run.seed` seeds Poisson inputs;
-/// * `inputs` as in `lockstep simulate` (SONATA spike files and/or Poisson virtual nodes);
-/// * `training.losses` (see [`crate::loss::losses_from_json`]), required;
-/// * `training.pseudo_derivative` (see [`Surrogate::from_json`]);
-/// * `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
-///   chunk size in steps;
-/// * `training.train_input_weights`: `false` (default) or `true`.
-///
-/// Returns the circuit (for exporting weights) and the model. Writes nothing.
-pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
-    use serde_json::Value;
-    let cfg = lockstep_sonata::SonataConfig::from_file(config)?;
-    let circuit = lockstep_sonata::Circuit::from_sonata_config(cfg.clone())?;
-    let spec = crate::sonata::network_spec_from_circuit(&circuit)?;
-    let err = |key: &str, problem: String| SnnError::Config {
-        path: cfg.path.clone(),
-        key: key.into(),
-        problem,
-    };
-    let dt = cfg
-        .json
-        .pointer("/run/dt")
-        .and_then(Value::as_f64)
-        .ok_or_else(|| err("run.dt", "is missing or not a number (ms)".into()))?;
-    let seq_len = cfg
-        .json
-        .pointer("/run/seq_len")
-        .and_then(Value::as_u64)
-        .filter(|&t| t > 0)
-        .ok_or_else(|| {
-            err(
-                "run.seq_len",
-                "is missing or not a positive integer (steps)".into(),
-            )
-        })? as usize;
-    let (input, _) = crate::simulate::inputs_from_config(&cfg, &spec)?;
-    let training = cfg.json.get("training").cloned().unwrap_or(Value::Null);
-    let losses_v = training.get("losses").ok_or_else(|| {
-        err(
-            "training.losses",
-            "is missing; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]".into(),
-        )
-    })?;
-    let losses = crate::loss::losses_from_json(losses_v, &spec, &cfg.dir)?;
-    if losses.is_empty() {
-        return Err(err("training.losses", "is empty".into()));
-    }
-    let surrogate = Surrogate::from_json(training.get("pseudo_derivative"))?;
-    let gradient_checkpointing = match training.get("gradient_checkpointing") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-        Some(Value::Bool(true)) => Some(25),
-        Some(v) => Some(v.as_u64().filter(|&k| k > 0).ok_or_else(|| {
-            err(
-                "training.gradient_checkpointing",
-                format!("{v} must be true, false or a chunk size in steps"),
-            )
-        })? as usize),
-    };
-    let train_input_weights = match training.get("train_input_weights") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(err(
-                "training.train_input_weights",
-                format!("{v} must be true or false"),
-            ))
-        }
-    };
-    let opts = TrainOptions {
-        seq_len,
-        surrogate,
-        train_input_weights,
-        gradient_checkpointing,
-        losses,
-        ..Default::default()
-    };
-    let model = SnnModel::new(&spec, dt, &input, opts)?;
-    Ok((circuit, model))
-}
-
-/// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`].
-pub fn loss_names(model: &SnnModel) -> Vec<String> {
-    model
-        .opts
-        .losses
-        .iter()
-        .map(|l| l.name().to_string())
-        .collect()
 }

@@ -1,5 +1,5 @@
-//! `lockstep simulate CONFIG`: run a BMTK-style simulation config and write the spikes, and
-//! `lockstep bench simulate`: throughput on the reference network.
+//! `lockstep simulate CONFIG`: from a BMTK-style simulation config to a run of the forward
+//! kernel ([`crate::forward`]) and its spike files.
 //!
 //! Config keys used (after `$VARIABLE` resolution by `lockstep-sonata`):
 //! * `run.tstop`, `run.dt` (ms; required), `run.seed` (Poisson inputs, default 0);
@@ -20,12 +20,12 @@ use std::time::Instant;
 use lockstep_sonata::{Circuit, PopulationSpikes, SonataConfig, SpikeSorting, SpikeTrains};
 use serde_json::Value;
 
+use crate::config::{cfg_err, get_f64, get_str, inputs_from_config};
 use crate::error::{Result, SnnError};
-use crate::input::{InputSpec, PoissonSpec};
+use crate::forward::{simulate, InitialState, SimOptions, SimOutput};
 use crate::nest::TICS_PER_MS;
-use crate::network::{Network, NetworkSpec};
-use crate::sim::{simulate, InitialState, SimOptions, SimOutput};
-use crate::sonata::{network_spec_from_circuit, spike_trains_for_virtual_nodes};
+use crate::network::Network;
+use crate::sonata::network_spec_from_circuit;
 
 /// Options of [`simulate_config`] beyond the config file.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,11 +77,9 @@ pub struct SimulationSummary {
 
 /// A fully validated simulation, ready to run.
 #[derive(Debug)]
-pub struct PreparedSimulation {
+pub(crate) struct PreparedSimulation {
     /// The resolved config.
     pub config: SonataConfig,
-    /// The network description.
-    pub spec: NetworkSpec,
     /// The compiled network.
     pub network: Network,
     /// The compiled inputs.
@@ -92,39 +90,9 @@ pub struct PreparedSimulation {
     pub tstop: f64,
 }
 
-fn cfg_err(path: &Path, key: &str, problem: impl Into<String>) -> SnnError {
-    SnnError::Config {
-        path: path.to_path_buf(),
-        key: key.into(),
-        problem: problem.into(),
-    }
-}
-
-fn get_f64(cfg: &SonataConfig, ptr: &str, key: &str) -> Result<Option<f64>> {
-    match cfg.json.pointer(ptr) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| cfg_err(&cfg.path, key, format!("must be a number, found {v}"))),
-    }
-}
-
-fn get_str<'a>(cfg: &'a SonataConfig, v: &'a Value, key: &str) -> Result<Option<&'a str>> {
-    match v {
-        Value::Null => Ok(None),
-        Value::String(s) => Ok(Some(s)),
-        other => Err(cfg_err(
-            &cfg.path,
-            key,
-            format!("must be a string, found {other}"),
-        )),
-    }
-}
-
 /// Reads the config and everything it names, validates it and compiles network and inputs.
 /// Writes nothing.
-pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
+pub(crate) fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
     let cfg = SonataConfig::from_file(config)?;
     let circuit = Circuit::from_sonata_config(cfg.clone())?;
     let spec = network_spec_from_circuit(&circuit)?;
@@ -143,7 +111,6 @@ pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
     )?;
     Ok(PreparedSimulation {
         config: cfg,
-        spec,
         network,
         inputs,
         n_steps,
@@ -151,122 +118,14 @@ pub fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
     })
 }
 
-/// Parses the config's `inputs` (and `run.seed` for Poisson inputs) into an [`InputSpec`]
-/// for the virtual nodes of `spec`; returns it with the input names. Reads spike files;
-/// writes nothing.
-pub fn inputs_from_config(
-    cfg: &SonataConfig,
-    spec: &NetworkSpec,
-) -> Result<(InputSpec, Vec<String>)> {
-    let run_seed = get_f64(cfg, "/run/seed", "run.seed")?.unwrap_or(0.0) as u64;
-
-    let mut input = InputSpec::default();
-    let mut names = Vec::new();
-    if let Some(inputs) = cfg.json.get("inputs") {
-        let Value::Object(map) = inputs else {
-            return Err(cfg_err(
-                &cfg.path,
-                "inputs",
-                format!("must be an object, found {inputs}"),
-            ));
-        };
-        for (name, v) in map {
-            let key = |k: &str| format!("inputs.{name}.{k}");
-            let Value::Object(entry) = v else {
-                return Err(cfg_err(
-                    &cfg.path,
-                    &format!("inputs.{name}"),
-                    "must be an object",
-                ));
-            };
-            // Unknown keys are typos (a misspelled `rate` would otherwise be ignored).
-            const KNOWN: &[&str] = &[
-                "input_type",
-                "module",
-                "node_set",
-                "input_file",
-                "rate",
-                "seed",
-                "trial",
-            ];
-            lockstep_train::config::check_keys(entry, KNOWN, &format!("inputs.{name}")).map_err(
-                |e| match e {
-                    lockstep_train::TrainError::Config { key, message } => {
-                        cfg_err(&cfg.path, &key, message)
-                    }
-                    other => cfg_err(&cfg.path, &format!("inputs.{name}"), other.to_string()),
-                },
-            )?;
-            let input_type =
-                get_str(cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
-            let module = get_str(cfg, &v["module"], &key("module"))?.unwrap_or("");
-            let node_set = get_str(cfg, &v["node_set"], &key("node_set"))?;
-            match (input_type, module) {
-                ("spikes", "sonata" | "h5" | "hdf5") => {
-                    let file = get_str(cfg, &v["input_file"], &key("input_file"))?
-                        .ok_or_else(|| cfg_err(&cfg.path, &key("input_file"), "is missing"))?;
-                    let path = cfg.resolve_path(file);
-                    if !path.is_file() {
-                        return Err(SnnError::InvalidInput {
-                            input: format!("inputs.{name}"),
-                            reason: format!("input_file '{}' does not exist; check the path and manifest", path.display()),
-                        });
-                    }
-                    let spikes = lockstep_sonata::read_spikes(&path)?;
-                    let label = path.display().to_string();
-                    let trains = spike_trains_for_virtual_nodes(spec, &spikes, &label, node_set)?;
-                    let merged = input.spike_trains.get_or_insert_with(|| vec![Vec::new(); spec.virtual_nodes.len()]);
-                    for (m, t) in merged.iter_mut().zip(trains) {
-                        m.extend(t);
-                        m.sort_by(f64::total_cmp);
-                    }
-                }
-                ("poisson", _) | ("spikes", "poisson") => {
-                    let rate = v["rate"]
-                        .as_f64()
-                        .ok_or_else(|| cfg_err(&cfg.path, &key("rate"), "is missing or not a number (Hz)"))?;
-                    let seed = v["seed"].as_u64().unwrap_or(run_seed);
-                    let ns = node_set.ok_or_else(|| {
-                        cfg_err(&cfg.path, &key("node_set"), "is missing (the virtual population to drive)")
-                    })?;
-                    if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
-                        return Err(cfg_err(&cfg.path, &key("node_set"), format!("'{ns}' is not a virtual population")));
-                    }
-                    let p = input.poisson.get_or_insert_with(|| PoissonSpec {
-                        rates_hz: vec![0.0; spec.virtual_nodes.len()],
-                        seed,
-                    });
-                    p.seed = seed;
-                    for (r, vn) in p.rates_hz.iter_mut().zip(&spec.virtual_nodes) {
-                        if vn.population == ns {
-                            *r = rate;
-                        }
-                    }
-                }
-                _ => {
-                    return Err(cfg_err(
-                        &cfg.path,
-                        &format!("inputs.{name}"),
-                        format!(
-                            "input_type '{input_type}' with module '{module}' is not supported; use input_type \"spikes\" with module \"sonata\", or input_type \"poisson\""
-                        ),
-                    ))
-                }
-            }
-            names.push(name.clone());
-        }
-    }
-    Ok((input, names))
-}
-
 /// NEST's millisecond value of a spike stamped at step `stamp` (`Time::step(s).get_ms()`).
-pub fn stamp_to_ms(net: &Network, stamp: u64) -> f64 {
+pub(crate) fn stamp_to_ms(net: &Network, stamp: u64) -> f64 {
     (stamp as i64 * net.grid.tics_per_step) as f64 * (1.0 / TICS_PER_MS)
 }
 
 /// Spikes of one trial as SONATA spike trains: one population per non-virtual population,
 /// sorted by time, ties by node id (as the reference files).
-pub fn to_spike_trains(net: &Network, spikes: &[(u32, u32)]) -> SpikeTrains {
+pub(crate) fn to_spike_trains(net: &Network, spikes: &[(u32, u32)]) -> SpikeTrains {
     let mut pops: Vec<PopulationSpikes> = Vec::new();
     for nr in &net.neurons {
         if !pops.iter().any(|p| p.population == nr.population) {
@@ -307,7 +166,7 @@ fn io_err(what: &str, path: &Path, source: std::io::Error) -> SnnError {
 }
 
 /// Writes spikes as BMTK's CSV (`timestamps population node_ids`, space separated).
-pub fn write_spikes_csv(path: &Path, trains: &SpikeTrains) -> Result<()> {
+pub(crate) fn write_spikes_csv(path: &Path, trains: &SpikeTrains) -> Result<()> {
     let mut rows: Vec<(f64, &str, u64)> = Vec::new();
     for p in &trains.populations {
         for (&id, &t) in p.node_ids.iter().zip(&p.timestamps) {
@@ -469,116 +328,5 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         syn_events: trial.syn_events,
         build_s,
         simulate_s,
-    })
-}
-
-/// Options of [`bench_simulate`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct BenchOptions {
-    /// The `shared/` folder (holds `data/bmtk/point_450glifs` and `data/reference`).
-    pub shared_dir: PathBuf,
-    /// Timed repetitions (the best is reported).
-    pub repeats: usize,
-    /// Trials per run (batched, parallel over trials when `parallel`).
-    pub batch: usize,
-    /// Use rayon over trials.
-    pub parallel: bool,
-}
-
-/// Throughput of the forward simulation on `point_450glifs` with the reference input, dt and
-/// duration, and its ratio to NEST's recorded wall time.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct BenchReport {
-    /// Neurons simulated.
-    pub n_neurons: usize,
-    /// Steps per trial.
-    pub n_steps: usize,
-    /// Trials per run.
-    pub batch: usize,
-    /// Seconds to read and compile network and inputs.
-    pub build_s: f64,
-    /// Best seconds of one batched simulation.
-    pub simulate_s: f64,
-    /// `batch * neurons * steps / simulate_s`.
-    pub neuron_steps_per_s: f64,
-    /// Synaptic events (all trials) per second.
-    pub syn_events_per_s: f64,
-    /// Spikes in trial 0 (19,263 for NEST).
-    pub n_spikes: usize,
-    /// NEST's `wall_s` (build + simulate) from the reference JSON.
-    pub nest_wall_s: f64,
-    /// NEST's `wall_s_simulate`.
-    pub nest_simulate_s: f64,
-    /// `nest_wall_s / (build_s + simulate_s / batch)`: > 1 means faster than NEST per trial.
-    pub speedup_vs_nest_wall: f64,
-    /// `nest_simulate_s / (simulate_s / batch)`.
-    pub speedup_vs_nest_simulate: f64,
-}
-
-/// `lockstep bench simulate`: runs the reference network `repeats` times.
-pub fn bench_simulate(opts: &BenchOptions) -> Result<BenchReport> {
-    let data = opts.shared_dir.join("data");
-    let ref_json = data.join("reference/nest_point450_dt0.1_t1000.json");
-    let text = std::fs::read_to_string(&ref_json)
-        .map_err(|e| io_err("cannot read the NEST reference", &ref_json, e))?;
-    let meta: Value = serde_json::from_str(&text)
-        .map_err(|e| cfg_err(&ref_json, "<root>", format!("is not valid JSON: {e}")))?;
-    let num = |k: &str| {
-        meta[k]
-            .as_f64()
-            .ok_or_else(|| cfg_err(&ref_json, k, "is missing or not a number"))
-    };
-    let (dt, tstop, nest_wall_s, nest_simulate_s) = (
-        num("dt")?,
-        num("tstop")?,
-        num("wall_s")?,
-        num("wall_s_simulate")?,
-    );
-
-    let t0 = Instant::now();
-    let circuit = Circuit::from_config(data.join("bmtk/point_450glifs/config.circuit.json"))?;
-    let spec = network_spec_from_circuit(&circuit)?;
-    let lgn_path = data.join("bmtk/point_450glifs/inputs/lgn_spikes.h5");
-    let lgn = lockstep_sonata::read_spikes(&lgn_path)?;
-    let trains =
-        spike_trains_for_virtual_nodes(&spec, &lgn, &lgn_path.display().to_string(), Some("lgn"))?;
-    let net = spec.compile(dt)?;
-    let n_steps = net.grid.run_steps(tstop)?;
-    let inputs = InputSpec {
-        spike_trains: Some(trains),
-        poisson: None,
-    }
-    .compile("lgn", net.n_virtual(), &net.grid, n_steps)?;
-    let build_s = t0.elapsed().as_secs_f64();
-
-    let batch = opts.batch.max(1);
-    let sim_opts = SimOptions {
-        parallel: opts.parallel,
-        ..Default::default()
-    };
-    let mut best = f64::INFINITY;
-    let mut last = None;
-    for _ in 0..opts.repeats.max(1) {
-        let t = Instant::now();
-        let out = simulate(&net, &inputs, n_steps, batch, 0, &sim_opts);
-        best = best.min(t.elapsed().as_secs_f64());
-        last = Some(out);
-    }
-    let out = last.unwrap_or_default();
-    let events: u64 = out.trials.iter().map(|t| t.syn_events).sum();
-    let per_trial = best / batch as f64;
-    Ok(BenchReport {
-        n_neurons: net.n_neurons(),
-        n_steps,
-        batch,
-        build_s,
-        simulate_s: best,
-        neuron_steps_per_s: (batch * net.n_neurons() * n_steps) as f64 / best,
-        syn_events_per_s: events as f64 / best,
-        n_spikes: out.trials.first().map_or(0, |t| t.spikes.len()),
-        nest_wall_s,
-        nest_simulate_s,
-        speedup_vs_nest_wall: nest_wall_s / (build_s + per_trial),
-        speedup_vs_nest_simulate: nest_simulate_s / per_trial,
     })
 }
