@@ -38,17 +38,27 @@ fn tenth_scale_recipe_has_v1_statistics() {
     assert_eq!(lgn.len(), 1740);
     let exc = v1.node_type_id.iter().filter(|&&t| t <= 102).count();
     let frac_exc = exc as f64 / v1.len() as f64;
-    assert!((frac_exc - 0.85).abs() < 0.005, "excitatory fraction {frac_exc}");
+    assert!(
+        (frac_exc - 0.85).abs() < 0.005,
+        "excitatory fraction {frac_exc}"
+    );
     let mut types: Vec<u64> = v1.node_type_id.clone();
     types.sort_unstable();
     types.dedup();
-    assert_eq!(types, [100, 101, 102, 103, 104], "three excitatory, two inhibitory types");
+    assert_eq!(
+        types,
+        [100, 101, 102, 103, 104],
+        "three excitatory, two inhibitory types"
+    );
 
     let rec = circuit.edge_population("v1_to_v1").unwrap();
     let input = circuit.edge_population("lgn_to_v1").unwrap();
     // V1: about 367 recurrent and 30 LGN inputs per cell.
     let in_degree = rec.len() as f64 / v1.len() as f64;
-    assert!((in_degree - 367.0).abs() < 5.0, "recurrent in-degree {in_degree}");
+    assert!(
+        (in_degree - 367.0).abs() < 5.0,
+        "recurrent in-degree {in_degree}"
+    );
     let lgn_in = input.len() as f64 / v1.len() as f64;
     assert!((lgn_in - 30.0).abs() < 1.0, "LGN inputs per cell {lgn_in}");
     assert!(rec
@@ -76,6 +86,9 @@ fn tenth_scale_recipe_has_v1_statistics() {
 
     // Per-type target rates for TargetFiringRate.
     let rates = std::fs::read_to_string(out_dir.path().join("target_rates.csv")).unwrap();
-    assert!(rates.starts_with("node_id,population,firing_rate"), "{rates}");
+    assert!(
+        rates.starts_with("node_id,population,firing_rate"),
+        "{rates}"
+    );
     assert_eq!(rates.lines().count(), 1 + 6667);
 }
