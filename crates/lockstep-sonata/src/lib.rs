@@ -9,6 +9,8 @@
 //!   their types CSVs ([`TypeTable`]) and component JSON files ([`ComponentStore`]), validated,
 //!   in struct-of-arrays form (one `Vec` per column, `[node]` or `[edge]`);
 //! - spike files ([`SpikeTrains`], [`read_spikes`], [`write_spikes`]);
+//! - membrane reports ([`Report`], [`write_report`], [`read_report`]) and the `reports` block
+//!   of a simulation config ([`membrane_reports`]);
 //! - writers for nodes and edges files with BMTK's layout ([`write_nodes`], [`write_edges`])
 //!   and [`rewrite_syn_weights`] for exporting trained weights;
 //! - [`builder`]: a network builder from a JSON recipe ([`builder::Recipe`],
@@ -32,6 +34,7 @@ mod config;
 mod edges;
 mod error;
 mod nodes;
+mod report;
 mod spikes;
 mod types_csv;
 mod write;
@@ -45,6 +48,10 @@ pub use edges::{
 };
 pub use error::{Result, SonataError, SonataErrorKind};
 pub use nodes::{join_nodes, read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};
+pub use report::{
+    membrane_reports, node_selection, node_sets, read_report, write_report, MembraneReportSettings,
+    NodeSelection, Report, ReportConfig, ReportDtype, ReportPopulation, MEMBRANE_REPORT_MODULES,
+};
 pub use spikes::{
     read_spikes, write_spikes, PopulationSpikes, SpikeSorting, SpikeTrains, LEGACY_POPULATION,
 };
