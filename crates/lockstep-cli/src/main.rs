@@ -13,13 +13,15 @@ mod simulate;
 mod train;
 
 use clap::{Parser, Subcommand};
+use lockstep_comm::launch::ComputeKind;
 use lockstep_comm::World;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
 #[command(name = "lockstep", version, about = "Sample-parallel training and sharded simulation of scientific models", long_about = None)]
 struct Cli {
-    /// Compute on CPU cores only; bind no GPU even when CUDA_VISIBLE_DEVICES is set.
+    /// Compute on CPU cores only: bind no GPU even for a model that runs on GPUs, and do not
+    /// warn about GPUs in CUDA_VISIBLE_DEVICES that a CPU model leaves unused.
     #[arg(long, global = true)]
     cpu: bool,
     #[command(subcommand)]
@@ -47,7 +49,7 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
-    /// All-reduce bandwidth of ThreadComm and MpiComm vs a single-core memcpy, 4 KiB to 256 MiB.
+    /// All-reduce time and bandwidth of ThreadComm and MpiComm vs MPI_Allreduce and a single-core memcpy, 16 B to 256 MiB.
     Allreduce(bench_allreduce::AllreduceArgs),
     /// BPTT seconds per step and memory, with and without segmented recompute.
     Bptt(bench_bptt::BpttArgs),
@@ -72,6 +74,21 @@ fn keep_freed_memory() {
     }
 }
 
+/// What the command's model computes on (decides whether ranks bind GPUs), and whether it
+/// computes at all (`None`: no model, nothing to warn about). Every model of this build runs
+/// on CPU cores: the spiking networks (train, simulate, bench bptt/scaling/simulate), the
+/// N-body code (nbody, bench nbody) and the communicator benchmarks; `info` reports the
+/// devices these models bind.
+fn compute_kind(command: &Command) -> Option<ComputeKind> {
+    match command {
+        Command::Info | Command::Train(_) | Command::Simulate(_) | Command::Nbody(_) => {
+            Some(ComputeKind::Cpu)
+        }
+        Command::Bench(_) => Some(ComputeKind::Cpu),
+        Command::BuildNetwork(_) | Command::Plot(_) => None,
+    }
+}
+
 fn main() -> ExitCode {
     // Like other command-line tools, end quietly when the reader of stdout goes away
     // (`lockstep ... | head`) instead of panicking on a broken pipe.
@@ -81,13 +98,22 @@ fn main() -> ExitCode {
     }
     keep_freed_memory();
     let cli = Cli::parse();
-    let world = match World::init(cli.cpu) {
+    let kind = compute_kind(&cli.command);
+    let world = match World::init(kind.unwrap_or(ComputeKind::Cpu), cli.cpu) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("lockstep: {e:#}");
             return ExitCode::from(2);
         }
     };
+    let mpi_worker = match &cli.command {
+        Command::Bench(BenchCommand::Allreduce(a)) => a.mpi_worker,
+        Command::Bench(BenchCommand::Scaling(a)) => a.mpi_worker,
+        _ => false,
+    };
+    if kind.is_some() && !mpi_worker {
+        world.warn_unused_gpus();
+    }
     let single_process = match &cli.command {
         Command::Simulate(_) | Command::BuildNetwork(_) | Command::Plot(_) => true,
         Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,

@@ -256,6 +256,44 @@ fn large_all_reduce(comm: &dyn Communicator, bytes: usize) -> Result<(), String>
     Ok(())
 }
 
+/// Float sums whose rounding depends on the order of the terms must still come out bitwise
+/// the same on every rank: compares a hash of each rank's result with rank 0's, for a tiny,
+/// a medium and a large (MPI's segmented algorithms) buffer of f32 and f64.
+fn bitwise_equal_sums(comm: &dyn Communicator) -> Result<(), String> {
+    fn check<T: Reducible + Copy>(
+        comm: &dyn Communicator,
+        n: usize,
+        make: impl Fn(f64) -> T,
+        bits: impl Fn(T) -> u64,
+    ) -> Result<(), String> {
+        let r = comm.rank() as f64;
+        let mut buf: Vec<T> = (0..n)
+            .map(|i| make(((i as f64) * 0.7 + r * 1.3).sin() * 10f64.powi((i % 9) as i32 - 4)))
+            .collect();
+        comm.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(err("all_reduce (bitwise check)"))?;
+        // FNV-1a over the element bits.
+        let hash = buf.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &v| {
+            (h ^ bits(v)).wrapping_mul(0x100_0000_01b3)
+        });
+        let all = comm
+            .all_gather_vec(&[hash])
+            .map_err(err("all_gather (bitwise check)"))?;
+        if let Some(q) = all.iter().position(|&h| h != all[0]) {
+            return Err(format!(
+                "sum of {n} {} elements: rank {q}'s result differs bitwise from rank 0's",
+                std::any::type_name::<T>()
+            ));
+        }
+        Ok(())
+    }
+    for n in [3, 4099, 1 << 20] {
+        check(comm, n, |x| x as f32, |v: f32| u64::from(v.to_bits()))?;
+        check(comm, n, |x| x, |v: f64| v.to_bits())?;
+    }
+    Ok(())
+}
+
 fn many_small(comm: &dyn Communicator, count: usize) -> Result<(), String> {
     let size = comm.size() as u64;
     let me = comm.rank() as u64;
@@ -326,6 +364,9 @@ pub fn run_suite(comm: &dyn Communicator, opts: &SuiteOptions) -> Result<Vec<Str
     run("all_to_all_v f64", &|| all_to_all_v_typed::<f64>(comm))?;
     run("all_to_all_v u64", &|| all_to_all_v_typed::<u64>(comm))?;
     run("all_to_all_v i64", &|| all_to_all_v_typed::<i64>(comm))?;
+    run("all_reduce float sums bitwise equal on every rank", &|| {
+        bitwise_equal_sums(comm)
+    })?;
     let large = opts.large_all_reduce_bytes;
     run(&format!("all_reduce of {} MiB f32", large >> 20), &|| {
         large_all_reduce(comm, large)

@@ -249,26 +249,21 @@ pub enum BindError {
     },
 }
 
-/// Binds a device to node-local rank `local_rank`.
-///
-/// - `force_cpu` (`--cpu`): always [`Device::Cpu`].
-/// - `cuda_visible_devices` unset or empty, `-1` or `NoDevFiles`: [`Device::Cpu`] (as CUDA,
-///   entries from the first negative one on are ignored).
-/// - otherwise rank r gets the r-th comma-separated token, kept as given (`2,3` gives ranks
-///   0 and 1 the tokens `2` and `3`, never renumbered).
-///
-/// Errors: [`BindError`] when there are fewer tokens than `local_rank + 1`, a token repeats,
-/// or a token is empty; each names the list.
-pub fn bind_device(
-    local_rank: usize,
-    cuda_visible_devices: Option<&str>,
-    force_cpu: bool,
-) -> Result<Device, BindError> {
-    if force_cpu {
-        return Ok(Device::Cpu);
-    }
+/// What a model computes on; decides whether its ranks need GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeKind {
+    /// CPU cores (the spiking network model, the N-body code): no GPU is bound or required,
+    /// whatever `CUDA_VISIBLE_DEVICES` says.
+    Cpu,
+    /// CUDA GPUs: each node-local rank binds one `CUDA_VISIBLE_DEVICES` token.
+    Gpu,
+}
+
+/// The GPU tokens of a `CUDA_VISIBLE_DEVICES` value as CUDA enumerates them: trimmed,
+/// stopping at the first negative entry or Slurm's `NoDevFiles`. `None` or empty: no token.
+fn visible_tokens(cuda_visible_devices: Option<&str>) -> (&str, Vec<&str>) {
     let list = match cuda_visible_devices.map(str::trim) {
-        None | Some("") => return Ok(Device::Cpu),
+        None | Some("") => return ("", Vec::new()),
         Some(l) => l,
     };
     let mut tokens: Vec<&str> = list.split(',').map(str::trim).collect();
@@ -279,9 +274,33 @@ pub fn bind_device(
         .position(|t| t.starts_with('-') || t.eq_ignore_ascii_case("NoDevFiles"))
     {
         tokens.truncate(stop);
-        if tokens.is_empty() {
-            return Ok(Device::Cpu);
-        }
+    }
+    (list, tokens)
+}
+
+/// Binds a device to node-local rank `local_rank` for a model that computes on `kind`.
+///
+/// - [`ComputeKind::Cpu`] or `force_cpu` (`--cpu`): always [`Device::Cpu`]; the list is not
+///   read, so a CPU model runs with any number of ranks per node on a GPU node.
+/// - [`ComputeKind::Gpu`] with `cuda_visible_devices` unset or empty, `-1` or `NoDevFiles`:
+///   [`Device::Cpu`] (as CUDA, entries from the first negative one on are ignored).
+/// - otherwise rank r gets the r-th comma-separated token, kept as given (`2,3` gives ranks
+///   0 and 1 the tokens `2` and `3`, never renumbered).
+///
+/// Errors (GPU models only): [`BindError`] when there are fewer tokens than
+/// `local_rank + 1`, a token repeats, or a token is empty; each names the list.
+pub fn bind_device(
+    local_rank: usize,
+    cuda_visible_devices: Option<&str>,
+    kind: ComputeKind,
+    force_cpu: bool,
+) -> Result<Device, BindError> {
+    if force_cpu || kind == ComputeKind::Cpu {
+        return Ok(Device::Cpu);
+    }
+    let (list, tokens) = visible_tokens(cuda_visible_devices);
+    if tokens.is_empty() {
+        return Ok(Device::Cpu);
     }
     if tokens.iter().any(|t| t.is_empty()) {
         return Err(BindError::EmptyToken { list: list.into() });
@@ -304,6 +323,21 @@ pub fn bind_device(
             count: tokens.len(),
         }),
     }
+}
+
+/// The warning for GPUs made visible (`CUDA_VISIBLE_DEVICES`) to a model that computes on
+/// CPU cores and cannot use them; `None` for a GPU model or when no GPU is listed.
+pub fn unused_gpus_warning(
+    cuda_visible_devices: Option<&str>,
+    kind: ComputeKind,
+) -> Option<String> {
+    let (list, tokens) = visible_tokens(cuda_visible_devices);
+    if kind != ComputeKind::Cpu || tokens.iter().all(|t| t.is_empty()) {
+        return None;
+    }
+    Some(format!(
+        "CUDA_VISIBLE_DEVICES={list:?} makes GPUs visible, but this model computes on CPU cores and leaves them unused (pass --cpu to silence this warning)"
+    ))
 }
 
 /// A `mpirun -n N` command for Open MPI on one host: `--oversubscribe` (more ranks than cores
@@ -490,8 +524,11 @@ mod tests {
         assert!(err.to_string().contains("below the process count 2"));
     }
 
+    use ComputeKind::{Cpu, Gpu};
+
     #[test]
     fn binding_keeps_tokens_as_given() {
+        let bind_device = |r, l, f| super::bind_device(r, l, Gpu, f);
         assert_eq!(bind_device(0, None, false).unwrap(), Device::Cpu);
         assert_eq!(bind_device(0, Some(""), false).unwrap(), Device::Cpu);
         assert_eq!(
@@ -523,6 +560,7 @@ mod tests {
 
     #[test]
     fn binding_errors_name_the_list() {
+        let bind_device = |r, l, f| super::bind_device(r, l, Gpu, f);
         let e = bind_device(2, Some("2,3"), false).unwrap_err();
         assert!(matches!(e, BindError::TooFewDevices { count: 2, .. }));
         assert!(e.to_string().contains("\"2,3\""), "{e}");
@@ -530,5 +568,54 @@ mod tests {
         assert!(e.to_string().contains("\"1,0,1\"") && e.to_string().contains("twice"));
         let e = bind_device(0, Some("0,,1"), false).unwrap_err();
         assert!(matches!(e, BindError::EmptyToken { .. }));
+    }
+
+    #[test]
+    fn cpu_models_need_no_gpu_tokens() {
+        // One GPU token, two ranks on the node: a CPU model binds CPU on both ranks ...
+        for rank in 0..4 {
+            assert_eq!(
+                bind_device(rank, Some("0"), Cpu, false).unwrap(),
+                Device::Cpu
+            );
+        }
+        // ... and ignores even a malformed list, which only a GPU model would read.
+        assert_eq!(
+            bind_device(0, Some("1,1"), Cpu, false).unwrap(),
+            Device::Cpu
+        );
+        assert_eq!(
+            bind_device(0, Some("0,,1"), Cpu, false).unwrap(),
+            Device::Cpu
+        );
+        // A GPU model on the same node needs a token per node-local rank.
+        assert_eq!(
+            bind_device(0, Some("0"), Gpu, false).unwrap(),
+            Device::Cuda {
+                visible_token: "0".into()
+            }
+        );
+        let e = bind_device(1, Some("0"), Gpu, false).unwrap_err();
+        assert!(
+            matches!(e, BindError::TooFewDevices { count: 1, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("lists only 1"), "{e}");
+        assert_eq!(bind_device(1, Some("0"), Gpu, true).unwrap(), Device::Cpu);
+    }
+
+    #[test]
+    fn cpu_models_warn_about_visible_gpus_only() {
+        let w = unused_gpus_warning(Some("0"), Cpu).unwrap();
+        assert!(
+            w.contains("CUDA_VISIBLE_DEVICES=\"0\"") && w.contains("CPU"),
+            "{w}"
+        );
+        assert!(unused_gpus_warning(Some("2,3"), Cpu).is_some());
+        assert_eq!(unused_gpus_warning(Some("0"), Gpu), None);
+        assert_eq!(unused_gpus_warning(None, Cpu), None);
+        assert_eq!(unused_gpus_warning(Some(" "), Cpu), None);
+        assert_eq!(unused_gpus_warning(Some("-1"), Cpu), None);
+        assert_eq!(unused_gpus_warning(Some("NoDevFiles"), Cpu), None);
     }
 }

@@ -47,7 +47,7 @@ mod thread_comm;
 mod world;
 
 #[cfg(feature = "mpi")]
-pub use mpi_comm::{install_mpi_abort_on_panic, MpiComm};
+pub use mpi_comm::{install_mpi_abort_on_panic, mpi_in_place, MpiComm};
 pub use self_comm::SelfComm;
 pub use thread_comm::{run_replicas, ReplicaFailure, ThreadComm};
 pub use world::{World, WorldError};

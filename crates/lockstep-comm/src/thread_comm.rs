@@ -1,23 +1,33 @@
 //! One process, one thread per replica: shared-memory collectives.
 //!
 //! Each collective publishes the caller's buffer address in a per-rank slot, meets the other
-//! ranks at a barrier, then reads the peers' buffers directly. The all-reduce is a
-//! reduce-scatter followed by an all-gather over `size` contiguous chunks: rank r reduces
-//! chunk r (reading it from every rank, in rank order, so all ranks get bitwise identical
-//! results) into its own buffer, then copies the other chunks from their owners. Each rank
-//! reads about `2n` and writes about `n` elements, whatever the group size.
+//! ranks at a barrier, then reads the peers' buffers directly. The all-reduce splits the
+//! buffers into `size` contiguous chunks; rank r reduces chunk r (reading it from every rank,
+//! in rank order 0, 1, ..., size-1) block by block and writes each reduced block into chunk r
+//! of every rank's buffer, so all ranks get bitwise identical results in one pass. Chunk r of
+//! every buffer is touched only by rank r between the two barriers. Each rank reads and
+//! writes about `n` elements in all, whatever the group size (a memcpy's traffic).
 //!
-//! The barrier is poisonable: when a replica fails (error or panic, see [`run_replicas`]) or
-//! a collective is misused, the group is poisoned and every rank waiting in, or later
-//! entering, a collective gets [`CommError::PeerFailed`] at once. Nothing waits forever on a
-//! dead peer.
+//! The barrier spins for up to [`SPIN`] (`std::hint::spin_loop`), so back-to-back small
+//! collectives cost microseconds, then sleeps on a condition variable. It is poisonable: when
+//! a replica fails (error or panic, see [`run_replicas`]) or a collective is misused, the
+//! group is poisoned and every rank spinning or sleeping in, or later entering, a collective
+//! gets [`CommError::PeerFailed`] at once. Nothing waits forever on a dead peer.
 
 use crate::{check_counts, check_root, CommError, Communicator, ReduceBuf, ReduceOp, Reducible};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use Ordering::{Acquire, Relaxed, SeqCst};
+
+/// How long a rank spins in a barrier before it sleeps. Peers in step (back-to-back
+/// collectives) arrive within microseconds; a peer that is still computing lets the waiter
+/// sleep after this bounded spin, so a waiting replica costs a core for at most this long.
+const SPIN: Duration = Duration::from_micros(50);
 
 #[derive(Default)]
 struct Slot {
@@ -27,15 +37,18 @@ struct Slot {
     aux: AtomicUsize,
 }
 
-struct SyncState {
-    arrived: usize,
-    generation: u64,
-    failure: Option<(usize, String)>,
-}
-
 struct Shared {
     size: usize,
-    sync: Mutex<SyncState>,
+    /// Ranks that have entered the current barrier.
+    arrived: AtomicUsize,
+    /// Completed barriers; waiters spin or sleep until it changes.
+    generation: AtomicU64,
+    /// Ranks asleep on `cv`: the last arriver takes the lock to wake them only when nonzero.
+    sleepers: AtomicUsize,
+    /// Set together with `failure` (under its lock); spinning waiters poll it.
+    failed: AtomicBool,
+    /// The first failure: rank and message.
+    failure: Mutex<Option<(usize, String)>>,
     cv: Condvar,
     /// Two slot sets, used alternately by consecutive collectives: a fast rank can only write
     /// a set again two collectives later, after every rank has left the collective that read it.
@@ -43,21 +56,22 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, SyncState> {
-        self.sync.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Option<(usize, String)>> {
+        self.failure.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn poison(&self, rank: usize, message: String) {
-        let mut s = self.lock();
-        if s.failure.is_none() {
-            s.failure = Some((rank, message));
+        let mut f = self.lock();
+        if f.is_none() {
+            *f = Some((rank, message));
         }
-        drop(s);
+        self.failed.store(true, SeqCst);
+        drop(f);
         self.cv.notify_all();
     }
 
     fn failure(&self) -> Option<(usize, String)> {
-        self.lock().failure.clone()
+        self.lock().clone()
     }
 }
 
@@ -128,11 +142,11 @@ impl ThreadComm {
         assert!(size > 0, "a ThreadComm group needs at least one rank");
         let shared = Arc::new(Shared {
             size,
-            sync: Mutex::new(SyncState {
-                arrived: 0,
-                generation: 0,
-                failure: None,
-            }),
+            arrived: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            sleepers: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
             cv: Condvar::new(),
             slots: [
                 (0..size).map(|_| Slot::default()).collect(),
@@ -167,32 +181,60 @@ impl ThreadComm {
         CommError::PeerFailed { rank, message }
     }
 
-    /// The poisonable barrier.
+    /// The poisonable barrier: spins for up to [`SPIN`], then sleeps on the condition variable.
+    ///
+    /// The last rank to arrive resets the count and advances the generation; the others wait
+    /// for the generation to change. A sleeper registers in `sleepers` and re-checks the
+    /// generation under the lock; the last arriver advances the generation before it reads
+    /// `sleepers` (both sequentially consistent), so either the sleeper sees the new generation
+    /// or the arriver sees the sleeper and wakes it under the lock: no wake-up is lost.
     fn sync(&self) -> Result<(), CommError> {
         let sh = &*self.shared;
-        let mut s = sh.lock();
-        if s.failure.is_some() {
-            drop(s);
+        if sh.failed.load(Acquire) {
             return Err(self.peer_failed());
         }
-        let gen = s.generation;
-        s.arrived += 1;
-        if s.arrived == sh.size {
-            s.arrived = 0;
-            s.generation = s.generation.wrapping_add(1);
-            drop(s);
-            sh.cv.notify_all();
+        let gen = sh.generation.load(Acquire);
+        if sh.arrived.fetch_add(1, SeqCst) + 1 == sh.size {
+            sh.arrived.store(0, Relaxed);
+            sh.generation.fetch_add(1, SeqCst);
+            if sh.sleepers.load(SeqCst) > 0 {
+                drop(sh.lock());
+                sh.cv.notify_all();
+            }
             return Ok(());
         }
+        let start = Instant::now();
+        let mut spins: u32 = 0;
         loop {
-            s = sh.cv.wait(s).unwrap_or_else(|e| e.into_inner());
-            if s.failure.is_some() {
-                drop(s);
-                return Err(self.peer_failed());
-            }
-            if s.generation != gen {
+            if sh.generation.load(Acquire) != gen {
                 return Ok(());
             }
+            if sh.failed.load(Relaxed) {
+                return Err(self.peer_failed());
+            }
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                break;
+            }
+        }
+        let mut failure = sh.lock();
+        sh.sleepers.fetch_add(1, SeqCst);
+        let done = loop {
+            if sh.generation.load(SeqCst) != gen {
+                break true;
+            }
+            if failure.is_some() {
+                break false;
+            }
+            failure = sh.cv.wait(failure).unwrap_or_else(|e| e.into_inner());
+        };
+        sh.sleepers.fetch_sub(1, SeqCst);
+        drop(failure);
+        if done {
+            Ok(())
+        } else {
+            Err(self.peer_failed())
         }
     }
 
@@ -254,51 +296,36 @@ impl ThreadComm {
                 ));
             }
         }
-        let ptrs: Vec<*const T> = (0..size).map(|q| self.slot(q).0 as *const T).collect();
+        if size == 1 {
+            return self.sync();
+        }
+        let ptrs: Vec<*mut T> = (0..size).map(|q| self.slot(q).0 as *mut T).collect();
         let (lo, hi) = chunk(n, size, self.rank);
         match op {
-            ReduceOp::Sum => {
-                reduce_chunk(&ptrs, base, lo, hi, |a, b| T::combine(a, b, ReduceOp::Sum))
-            }
-            ReduceOp::Max => {
-                reduce_chunk(&ptrs, base, lo, hi, |a, b| T::combine(a, b, ReduceOp::Max))
-            }
-            ReduceOp::Min => {
-                reduce_chunk(&ptrs, base, lo, hi, |a, b| T::combine(a, b, ReduceOp::Min))
-            }
+            ReduceOp::Sum => reduce_chunk(&ptrs, lo, hi, |a, b| T::combine(a, b, ReduceOp::Sum)),
+            ReduceOp::Max => reduce_chunk(&ptrs, lo, hi, |a, b| T::combine(a, b, ReduceOp::Max)),
+            ReduceOp::Min => reduce_chunk(&ptrs, lo, hi, |a, b| T::combine(a, b, ReduceOp::Min)),
         }
-        self.sync()?;
-        for (c, &src) in ptrs.iter().enumerate() {
-            if c == self.rank {
-                continue;
-            }
-            let (lo, hi) = chunk(n, size, c);
-            // SAFETY: chunk c of rank c's buffer is final after the barrier above and is not
-            // written again during this collective; `base` is this rank's own buffer, whose
-            // chunk c nobody else reads in this phase. The trailing barrier keeps every
-            // buffer alive until all copies are done.
-            unsafe { ptr::copy_nonoverlapping(src.add(lo), base.add(lo), hi - lo) };
-        }
+        // Every chunk of every buffer is final once all ranks are here; no rank returns (and
+        // frees or reuses its buffer) while a peer may still write into it.
         self.sync()
     }
 }
 
-/// Reduces elements `lo..hi` of every rank's buffer (in rank order) into `out[lo..hi]`.
-fn reduce_chunk<T: Reducible>(
-    ptrs: &[*const T],
-    out: *mut T,
-    lo: usize,
-    hi: usize,
-    f: impl Fn(T, T) -> T,
-) {
+/// Reduces elements `lo..hi` of every rank's buffer (in rank order 0, 1, ...) block by block
+/// and writes each reduced block back into elements `lo..hi` of every rank's buffer.
+fn reduce_chunk<T: Reducible>(ptrs: &[*mut T], lo: usize, hi: usize, f: impl Fn(T, T) -> T) {
     const BLOCK: usize = 1024;
     let mut tmp = [T::zeroed(); BLOCK];
     let mut i = lo;
     while i < hi {
         let m = BLOCK.min(hi - i);
         // SAFETY: every pointer addresses a live buffer of at least `hi` elements (lengths were
-        // checked equal); during this phase only its owner writes, and only its own chunk,
-        // which no other rank reads now. Element i < hi of rank q is read, never written.
+        // checked equal after the entry barrier, and each buffer stays alive until the closing
+        // barrier). Between the two barriers, elements lo..hi (this rank's chunk) of every
+        // buffer are read and written by this rank only: the owners are inside the collective
+        // and touch only their own chunks, which do not overlap this one. Each block is read
+        // completely before it is written.
         unsafe {
             ptr::copy_nonoverlapping(ptrs[0].add(i), tmp.as_mut_ptr(), m);
             for &p in &ptrs[1..] {
@@ -307,7 +334,9 @@ fn reduce_chunk<T: Reducible>(
                     *t = f(*t, s);
                 }
             }
-            ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(i), m);
+            for &p in ptrs {
+                ptr::copy_nonoverlapping(tmp.as_ptr(), p.add(i), m);
+            }
         }
         i += m;
     }

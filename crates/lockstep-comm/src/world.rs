@@ -1,7 +1,10 @@
 //! The process group of one program run: the launch, the bound device and the communicator
 //! (MPI under `mpirun`/`mpiexec`/`srun`, else a one-rank group).
 
-use crate::launch::{bind_device, detect_launch, BindError, Device, LaunchEnv, LaunchError};
+use crate::launch::{
+    bind_device, detect_launch, unused_gpus_warning, BindError, ComputeKind, Device, LaunchEnv,
+    LaunchError,
+};
 use crate::{CommError, Communicator, SelfComm};
 use thiserror::Error;
 
@@ -33,27 +36,38 @@ pub struct World {
     pub launch: LaunchEnv,
     /// The device bound to this rank.
     pub device: Device,
+    /// For a CPU model started with GPUs in `CUDA_VISIBLE_DEVICES` (and no `--cpu`): the
+    /// warning that they stay unused. The caller prints it once, on the chief
+    /// ([`World::warn_unused_gpus`]).
+    pub unused_gpus: Option<String>,
     comm: Box<dyn Communicator>,
 }
 
 impl World {
-    /// Detects the launch, binds the device (`force_cpu`: bind no GPU) and creates the
+    /// Detects the launch, binds the device for a model that computes on `kind`
+    /// (`force_cpu`, the `--cpu` flag: bind no GPU and do not warn) and creates the
     /// communicator: `MpiComm` under an MPI launcher, else `SelfComm`.
     ///
-    /// Errors: [`WorldError`] for malformed launcher variables, an impossible device binding
+    /// Only a [`ComputeKind::Gpu`] model reads `CUDA_VISIBLE_DEVICES` to bind one token per
+    /// node-local rank; a CPU model binds [`Device::Cpu`] on every rank, whatever the list.
+    ///
+    /// Errors: [`WorldError`] for malformed launcher variables, an impossible GPU binding
     /// (naming the rank and the `CUDA_VISIBLE_DEVICES` list), MPI initialisation failure, or an
     /// MPI launch of a build without the `mpi` feature.
-    pub fn init(force_cpu: bool) -> Result<World, WorldError> {
+    pub fn init(kind: ComputeKind, force_cpu: bool) -> Result<World, WorldError> {
         let launch = detect_launch()?;
-        let device = bind_device(
-            launch.local_rank,
-            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
-            force_cpu,
-        )
-        .map_err(|source| WorldError::Bind {
-            rank: launch.rank,
-            source,
-        })?;
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let device = bind_device(launch.local_rank, visible.as_deref(), kind, force_cpu).map_err(
+            |source| WorldError::Bind {
+                rank: launch.rank,
+                source,
+            },
+        )?;
+        let unused_gpus = if force_cpu {
+            None
+        } else {
+            unused_gpus_warning(visible.as_deref(), kind)
+        };
         let comm: Box<dyn Communicator> = if launch.is_mpi_launch() {
             mpi_world(&launch)?
         } else {
@@ -62,8 +76,19 @@ impl World {
         Ok(World {
             launch,
             device,
+            unused_gpus,
             comm,
         })
+    }
+
+    /// Prints the [`unused_gpus`](World::unused_gpus) warning to stderr on the chief (launch
+    /// rank 0) only, so a job warns once however many ranks it has.
+    pub fn warn_unused_gpus(&self) {
+        if let Some(w) = &self.unused_gpus {
+            if self.launch.rank == 0 {
+                crate::eprint_flush(&format!("lockstep: warning: {w}"));
+            }
+        }
     }
 
     /// The communicator.

@@ -8,7 +8,7 @@ use lockstep_comm::{run_replicas, SelfComm};
 use std::time::Duration;
 
 const CHECK: &str = env!("CARGO_BIN_EXE_lockstep-comm-check");
-const CHECKS: usize = 19;
+const CHECKS: usize = 20;
 
 #[test]
 fn self_comm_passes_the_suite() {

@@ -19,7 +19,7 @@ fn main() {
         eprintln!("usage: nbody_run CONFIG [--quiet]");
         std::process::exit(2);
     };
-    let world = match World::init(true) {
+    let world = match World::init(lockstep_comm::launch::ComputeKind::Cpu, true) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("nbody_run: {e}");

@@ -50,7 +50,7 @@ fn run(
     init_by_rank: bool,
     diverge: Option<(u64, usize)>,
 ) -> Result<TrainSummary, TrainError> {
-    let world = World::init(true).unwrap();
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
     let opts = TrainOptions {
         resolved_config: config.clone(),

@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 fn main() {
-    let world = World::init(true).unwrap_or_else(|e| {
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap_or_else(|e| {
         eprintln!("lockstep-train-check: {e}");
         std::process::exit(2)
     });
