@@ -13,7 +13,8 @@ SPEC (written by lockstep): {"dt": ms, "tstop": ms, "threads": n,
   "cell_models_dir": dir, "synaptic_models_dir": dir,
   "inputs": [{"file": spikes_h5, "population": name}],
   "record": population}
-OUT: {"nest_version", "build_s", "simulate_s", "node_ids": [...], "times": [...]}
+OUT: {"nest_version", "build_s" (network and inputs, after importing nest), "simulate_s",
+     "node_ids": [...], "times": [...]}
 
 Mapping (BMTK pointnet on NEST 3): `model_template` "nest:<model>" -> NEST model <model> with
 the node type's dynamics_params JSON; virtual nodes -> spike_generator (precise_times);
@@ -39,8 +40,9 @@ def main(spec_path, out_path):
     import numpy as np
 
     spec = json.load(open(spec_path))
-    t0 = time.perf_counter()
     import nest
+
+    t0 = time.perf_counter()
 
     nest.set_verbosity("M_ERROR")
     nest.ResetKernel()
@@ -93,10 +95,9 @@ def main(spec_path, out_path):
         for n, t in zip(nid.tolist(), ts.tolist()):
             by_node.setdefault(n, []).append(t)
         for k, n in enumerate(ids.tolist()):
-            times = sorted(by_node.get(n, []))
-            times = [t for t in times if t > 0.0]
+            times = sorted(t for t in by_node.get(n, []) if t > 0.0)
             if times:
-                nest.SetStatus(gens[k], {"spike_times": np.round(times, 3)})
+                nest.SetStatus(gens[k], {"spike_times": times})
 
     syn_cache = {}
     for entry in spec["edges"]:
