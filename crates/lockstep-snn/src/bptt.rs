@@ -274,39 +274,6 @@ impl SnnModel {
         p
     }
 
-    /// Frozen parameters as `f32` (pA): the input weights in CSR order when they are not
-    /// trained, else empty. They never change during training; the engine may broadcast and
-    /// checkpoint them.
-    pub fn frozen_params(&self) -> Vec<f32> {
-        if self.opts.train_input_weights {
-            Vec::new()
-        } else {
-            self.net.weights_in.iter().map(|&w| w as f32).collect()
-        }
-    }
-
-    /// Sets the frozen parameters (as returned by [`SnnModel::frozen_params`]), e.g. after a
-    /// broadcast from the chief or a checkpoint restore.
-    pub fn set_frozen_params(&mut self, frozen: &[f32]) -> Result<()> {
-        let expect = if self.opts.train_input_weights {
-            0
-        } else {
-            self.net.weights_in.len()
-        };
-        if frozen.len() != expect {
-            return Err(SnnError::Shape(format!(
-                "{} frozen parameters given, the model has {expect}",
-                frozen.len()
-            )));
-        }
-        if !self.opts.train_input_weights {
-            for (w, &f) in self.net.weights_in.iter_mut().zip(frozen) {
-                *w = f as f64;
-            }
-        }
-        Ok(())
-    }
-
     /// `[n_params]` sign of each parameter (+1, -1, 0 = unconstrained).
     pub fn param_signs(&self) -> &[i8] {
         &self.sign

@@ -7,6 +7,8 @@
 //! counter-based generator keyed by `(seed, global sample index, node, step)`, so the draw
 //! never depends on the rank, the batch split or the thread count (`DESIGN.md` invariant 5).
 
+use lockstep_core::rng::{splitmix64, unit_f64};
+
 use crate::error::{Result, SnnError};
 use crate::nest::TimeGrid;
 
@@ -145,15 +147,6 @@ impl InputSpec {
     }
 }
 
-/// SplitMix64 finalizer (Steele, Lea & Flood 2014): a bijective 64-bit mixer.
-#[inline]
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 /// Uniform number in `[0, 1)` keyed by `(seed, sample, node, step)` (counter-based, stateless).
 #[inline]
 pub(crate) fn keyed_uniform(seed: u64, sample: u64, node: u64, step: u64) -> f64 {
@@ -161,7 +154,7 @@ pub(crate) fn keyed_uniform(seed: u64, sample: u64, node: u64, step: u64) -> f64
     x = splitmix64(x ^ sample);
     x = splitmix64(x ^ node.wrapping_mul(0x9E37_79B9));
     x = splitmix64(x ^ step);
-    (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    unit_f64(x)
 }
 
 impl Inputs {

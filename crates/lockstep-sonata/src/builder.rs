@@ -74,6 +74,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use lockstep_core::rng::SplitMix64;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -337,37 +338,13 @@ impl Recipe {
     }
 }
 
-/// SplitMix64 (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators").
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)` with 53 random bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-    /// Standard normal (Box-Muller).
-    fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform(); // (0, 1]
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
-
 /// Seed of edge type `t` of edge population `e`: a hash of (seed, e, t).
 fn stream_seed(seed: u64, e: usize, t: usize) -> u64 {
-    let mut s = SplitMix64(seed ^ 0x6C6F_636B_7374_6570); // "lockstep"
+    let mut s = SplitMix64::new(seed ^ 0x6C6F_636B_7374_6570); // "lockstep"
     let a = s.next_u64();
-    let mut s = SplitMix64(a ^ (e as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    let mut s = SplitMix64::new(a ^ (e as u64).wrapping_mul(0xA24B_AED4_963E_E407));
     let b = s.next_u64();
-    let mut s = SplitMix64(b ^ (t as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25));
+    let mut s = SplitMix64::new(b ^ (t as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25));
     s.next_u64()
 }
 
@@ -813,7 +790,7 @@ pub fn build(recipe: &Recipe) -> BResult<BuiltNetwork> {
                     (*p, *allow_self, *seed)
                 }
             };
-            let mut rng = SplitMix64(seed.unwrap_or_else(|| stream_seed(recipe.seed, ei, k)));
+            let mut rng = SplitMix64::new(seed.unwrap_or_else(|| stream_seed(recipe.seed, ei, k)));
             for &tg in &tgt {
                 for &s in &src {
                     if same && s == tg && !allow_self {
@@ -1086,14 +1063,14 @@ mod tests {
     #[test]
     fn splitmix_reference_values() {
         // First outputs of SplitMix64 seeded with 0 (reference implementation by Vigna).
-        let mut r = SplitMix64(0);
+        let mut r = SplitMix64::new(0);
         assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
         assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
     }
 
     #[test]
     fn normal_moments() {
-        let mut r = SplitMix64(7);
+        let mut r = SplitMix64::new(7);
         let n = 20_000;
         let xs: Vec<f64> = (0..n).map(|_| r.normal()).collect();
         let m = xs.iter().sum::<f64>() / n as f64;

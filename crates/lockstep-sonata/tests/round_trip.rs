@@ -1,5 +1,5 @@
 //! Round trips: read the real network, write it with this crate, read it back; compare with
-//! the BMTK originals (also through h5py when python3 + h5py are installed).
+//! the BMTK originals (also through h5py, which these tests require).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -234,17 +234,21 @@ fn spikes_round_trip_and_legacy_layout() {
     assert_eq!(only.sorting, SpikeSorting::ById);
 }
 
-/// Runs a python3 snippet; `None` (with a printed note) when python3 or h5py is missing.
-fn python(script: &str) -> Option<String> {
+/// Runs a python3 snippet and returns its stdout. Fails the test (with the fix) when python3
+/// or h5py/numpy is missing: the check must not pass by skipping (`make setup` installs them).
+fn python(script: &str) -> String {
     let probe = Command::new("python3")
         .args(["-c", "import h5py, numpy"])
         .output();
     match probe {
         Ok(o) if o.status.success() => {}
-        _ => {
-            println!("NOTE: python3 with h5py/numpy not available; skipping the h5py check");
-            return None;
-        }
+        Ok(o) => panic!(
+            "python3 cannot import h5py/numpy, which this test needs to read our files; run `make setup` (or pip install h5py numpy): {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => panic!(
+            "python3 is not available ({e}); this test needs python3 with h5py and numpy; run `make setup`"
+        ),
     }
     let out = Command::new("python3")
         .args(["-c", script])
@@ -256,7 +260,7 @@ fn python(script: &str) -> Option<String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Python that prints one line per object: path, kind, dtype, shape, maxshape, chunks,
@@ -302,7 +306,7 @@ fn written_files_have_bmtk_layout_in_h5py() {
             net.join(f).to_str().unwrap(),
             dir.path().join("network").join(f).to_str().unwrap()
         );
-        let Some(out) = python(&script) else { return };
+        let out = python(&script);
         let diff: Vec<&str> = out.lines().filter(|l| !l.starts_with("LINES")).collect();
         assert!(
             diff.iter().all(|l| l.trim().is_empty()),
@@ -366,7 +370,7 @@ print('N', len(w), 'DTYPE', w.dtype, 'W0', repr(float(w[0])), 'W6', repr(float(w
         src = src.to_str().unwrap(),
         dst = dst.to_str().unwrap()
     );
-    let Some(out) = python(&script) else { return };
+    let out = python(&script);
     let expect = format!(
         "N 28555 DTYPE float64 W0 {:?} W6 {:?} W28554 {:?}",
         new[0], new[6], new[28554]
