@@ -12,7 +12,7 @@ use lockstep_comm::launch::run_with_limit;
 use lockstep_comm::World;
 use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;
-use lockstep_train::TrainOptions;
+use lockstep_train::EngineOptions;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -97,10 +97,10 @@ fn measure(
         optimizer: Some(json!({"name": "sgd", "learning_rate": 1e-30})),
     };
     let (json, cfg) = prepare(&args.config, &overrides)?;
-    let opts = TrainOptions {
+    let opts = EngineOptions {
         resolved_config: json,
-        resume: None,
         quiet: true,
+        ..EngineOptions::default()
     };
     let config = args.config.clone();
     let s = run_job(world, &cfg, &opts, |_rank| {

@@ -139,6 +139,19 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => world.fail(&e),
+        Err(e) => match e.downcast_ref::<lockstep_train::TrainError>() {
+            // Every rank stopped at the same point and knows it (e.g. a config error all
+            // ranks read): one rank reports, every rank leaves through MPI_Finalize with a
+            // non-zero status, and the launcher prints no abort report over the message.
+            Some(t) if t.is_agreed() => {
+                if !matches!(t, lockstep_train::TrainError::RefusedByPeer { .. }) {
+                    let rank = world.comm().rank();
+                    lockstep_comm::eprint_flush(&format!("lockstep: error on rank {rank}: {e:#}"));
+                }
+                drop(world);
+                ExitCode::FAILURE
+            }
+            _ => world.fail(&e),
+        },
     }
 }

@@ -1,13 +1,14 @@
 //! `lockstep train CONFIG`: trains a SONATA point-neuron network with BPTT, serially or
 //! sample-parallel (threads or MPI), as `run.distribution` says.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use lockstep_comm::World;
+use lockstep_core::config::{check_keys, field_names, ConfigError};
 use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_sonata::SonataConfig;
-use lockstep_train::config::{check_keys, EngineConfig, OUTPUT_KEYS, RUN_KEYS, TRAINING_KEYS};
-use lockstep_train::job::run_job;
-use lockstep_train::TrainOptions;
+use lockstep_train::config::{EngineConfig, EngineOutput, EngineRun, EngineTraining};
+use lockstep_train::job::{agree_on_validation, run_job};
+use lockstep_train::{EngineOptions, TrainError};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -56,28 +57,36 @@ const MODEL_TRAINING_KEYS: &[&str] = &[
 /// Keys of `output` read by the simulate-style outputs.
 const MODEL_OUTPUT_KEYS: &[&str] = &["spikes_file", "spikes_file_csv"];
 
-/// Rejects unknown keys (with the nearest known key) and unsupported values.
-pub fn check_config(json: &Value) -> Result<()> {
+/// Rejects unknown keys (with the nearest known key) and unsupported values: the shared
+/// sections against the union of the engine's and the model's keys.
+///
+/// Errors: a [`ConfigError`] naming the key (no file; the caller adds it).
+pub fn check_config(json: &Value) -> Result<(), ConfigError> {
     let obj = json
         .as_object()
-        .context("the config must be a JSON object")?;
-    check_keys(obj, TOP_KEYS, "config")?;
+        .ok_or_else(|| ConfigError::new("", "the config must be a JSON object"))?;
+    check_keys(obj, TOP_KEYS, "")?;
     let sections: [(&str, &[&str], &[&str]); 3] = [
-        ("run", RUN_KEYS, MODEL_RUN_KEYS),
-        ("training", TRAINING_KEYS, MODEL_TRAINING_KEYS),
-        ("output", OUTPUT_KEYS, MODEL_OUTPUT_KEYS),
+        ("run", field_names::<EngineRun>(), MODEL_RUN_KEYS),
+        (
+            "training",
+            field_names::<EngineTraining>(),
+            MODEL_TRAINING_KEYS,
+        ),
+        ("output", field_names::<EngineOutput>(), MODEL_OUTPUT_KEYS),
     ];
     for (name, engine, model) in sections {
         if let Some(sec) = json.get(name).and_then(Value::as_object) {
-            let allowed: Vec<&str> = engine.iter().chain(model).copied().collect();
-            check_keys(sec, &allowed, name)?;
+            check_keys(sec, &[engine, model].concat(), name)?;
         }
     }
     match json.pointer("/run/dtype").and_then(Value::as_str) {
-        None | Some("float32") => {}
-        Some(other) => bail!("config error at `run.dtype`: {other:?} is not supported; lockstep trains in \"float32\""),
+        None | Some("float32") => Ok(()),
+        Some(other) => Err(ConfigError::new(
+            "run.dtype",
+            format!("{other:?} is not supported; lockstep trains in \"float32\""),
+        )),
     }
-    Ok(())
 }
 
 /// Command-line overrides of a training config.
@@ -104,7 +113,7 @@ pub struct Overrides {
 pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineConfig)> {
     let sonata = SonataConfig::from_file(config)?;
     let mut json = sonata.json.clone();
-    check_config(&json)?;
+    check_config(&json).map_err(|e| e.in_file(config))?;
     let root = json.as_object_mut().context("config")?;
     if let Some(u) = overrides.updates {
         let t = root.entry("training").or_insert(json!({}));
@@ -137,11 +146,18 @@ pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineCon
     if overrides.overwrite {
         root.entry("output").or_insert(json!({}))["overwrite_output_dir"] = json!(true);
     }
-    let cfg = EngineConfig::from_json(&json, &sonata.dir)?;
+    let cfg = EngineConfig::from_json(&json, &sonata.dir).map_err(|e| match e {
+        TrainError::Config(c) => TrainError::Config(c.in_file(config)),
+        other => other,
+    })?;
     Ok((json, cfg))
 }
 
-/// Reads the config, applies the command-line overrides, and trains.
+/// Reads the config, applies the command-line overrides, and trains. Under MPI every rank
+/// reads the config and the ranks agree on any error before anything is written.
+///
+/// Errors: config errors (agreed across ranks, see [`TrainError::is_agreed`]) and every
+/// error of the run.
 pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
     let overrides = Overrides {
         updates: args.updates,
@@ -149,13 +165,14 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         overwrite: args.overwrite,
         ..Overrides::default()
     };
-    let (json, cfg) = prepare(&args.config, &overrides)?;
+    let prepared = prepare(&args.config, &overrides).map_err(TrainError::Build);
+    let (json, cfg) = agree_on_validation(world.comm(), prepared)?;
     // Serial runs use every core for the trials of a batch; replicas compute on one core each.
     let parallel = cfg.distribution.is_none();
-    let opts = TrainOptions {
+    let opts = EngineOptions {
         resolved_config: json,
         resume: args.resume.clone(),
-        quiet: false,
+        ..EngineOptions::default()
     };
     let config: &Path = &args.config;
     run_job(world, &cfg, &opts, |_rank| {

@@ -86,14 +86,8 @@ pub(crate) fn inputs_from_config(
                 "seed",
                 "trial",
             ];
-            lockstep_train::config::check_keys(entry, KNOWN, &format!("inputs.{name}")).map_err(
-                |e| match e {
-                    lockstep_train::TrainError::Config { key, message } => {
-                        cfg_err(&cfg.path, &key, message)
-                    }
-                    other => cfg_err(&cfg.path, &format!("inputs.{name}"), other.to_string()),
-                },
-            )?;
+            lockstep_train::config::check_keys(entry, KNOWN, &format!("inputs.{name}"))
+                .map_err(|e| cfg_err(&cfg.path, &e.key, e.problem))?;
             let input_type =
                 get_str(cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
             let module = get_str(cfg, &v["module"], &key("module"))?.unwrap_or("");

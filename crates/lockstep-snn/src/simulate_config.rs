@@ -237,7 +237,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         own.extend(csv_name.as_deref());
         own.extend(log_name.as_deref());
         lockstep_train::rundir::check_replaceable(&output_dir, &own)
-            .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m))?;
+            .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m.to_string()))?;
     }
     if opts.batch == 0 {
         return Err(cfg_err(&cfg.path, "batch", "must be at least 1"));

@@ -14,7 +14,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "lockstep-checkpoint-1";
 
@@ -80,7 +80,8 @@ fn tensors_of(state: &TrainState) -> BTreeMap<String, Vec<f32>> {
 
 /// Writes `state` to `path` atomically (temp file + fsync + rename).
 ///
-/// Errors: [`TrainError::Io`] naming the file.
+/// Errors: [`TrainError::Io`] naming the file, [`TrainError::Checkpoint`] when the state
+/// cannot be serialized.
 pub fn write(path: &Path, state: &TrainState) -> Result<(), TrainError> {
     let tensors = tensors_of(state);
     let mut meta = BTreeMap::new();
@@ -108,11 +109,17 @@ pub fn write(path: &Path, state: &TrainState) -> Result<(), TrainError> {
         .map(|(k, b)| {
             TensorView::new(Dtype::F32, vec![b.len() / 4], b)
                 .map(|v| (k.clone(), v))
-                .map_err(|e| TrainError::io(path, format!("cannot build tensor {k}: {e}")))
+                .map_err(|e| TrainError::Checkpoint {
+                    path: path.to_path_buf(),
+                    message: format!("cannot build tensor {k}: {e}"),
+                })
         })
         .collect::<Result<_, _>>()?;
     let data = safetensors::serialize(views, Some(meta.into_iter().collect::<HashMap<_, _>>()))
-        .map_err(|e| TrainError::io(path, format!("cannot serialise checkpoint: {e}")))?;
+        .map_err(|e| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message: format!("cannot serialise: {e}"),
+        })?;
     write_atomic(path, &data)
 }
 
@@ -139,8 +146,55 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), TrainError> {
     })();
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        TrainError::io(path, e)
+        TrainError::io(path, "cannot write", e)
     })
+}
+
+/// The name of the pointer file in `checkpoints/` that holds the file name of the newest
+/// checkpoint.
+pub const LATEST: &str = "latest";
+
+/// The checkpoint file that `path` names, as a user passes it to `--resume`: a checkpoint
+/// file itself; a [`LATEST`] pointer (a small text file holding the checkpoint's file name,
+/// resolved in the pointer's folder); a `checkpoints/` folder or a run directory (its
+/// pointer).
+///
+/// Errors: [`TrainError::Checkpoint`] when `path` does not exist, is a folder without a
+/// pointer, or the pointer names a missing file.
+pub fn resolve(path: &Path) -> Result<PathBuf, TrainError> {
+    let bad = |p: &Path, m: String| TrainError::Checkpoint {
+        path: p.to_path_buf(),
+        message: m,
+    };
+    if path.is_dir() {
+        let pointer = [path.join("checkpoints").join(LATEST), path.join(LATEST)]
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                bad(path, format!("is a folder without checkpoints/{LATEST}: pass a run directory, its checkpoints/{LATEST} or a checkpoint file (checkpoints/update_NNNNNN.safetensors)"))
+            })?;
+        return resolve(&pointer);
+    }
+    let meta = std::fs::metadata(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    let pointer = path.file_name().is_some_and(|n| n == LATEST) || meta.len() < 256;
+    if !pointer {
+        return Ok(path.to_path_buf());
+    }
+    let Ok(name) = std::fs::read_to_string(path) else {
+        return Ok(path.to_path_buf()); // binary: a (possibly damaged) checkpoint
+    };
+    let name = name.trim();
+    if name.is_empty() || name.contains(['/', '\\']) || !name.ends_with(".safetensors") {
+        return Ok(path.to_path_buf());
+    }
+    let target = path.parent().unwrap_or(Path::new(".")).join(name);
+    if !target.is_file() {
+        return Err(bad(
+            path,
+            format!("points to {name}, which does not exist next to it"),
+        ));
+    }
+    Ok(target)
 }
 
 /// Reads and verifies a checkpoint.
@@ -242,6 +296,30 @@ mod tests {
         let p = dir.path().join("c.safetensors");
         write(&p, &state()).unwrap();
         assert_eq!(read(&p).unwrap(), state());
+    }
+
+    #[test]
+    fn resume_paths_resolve_to_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpts = dir.path().join("checkpoints");
+        std::fs::create_dir_all(&ckpts).unwrap();
+        let file = ckpts.join("update_000004.safetensors");
+        write(&file, &state()).unwrap();
+        write_atomic(&ckpts.join(LATEST), b"update_000004.safetensors").unwrap();
+        for p in [dir.path(), &ckpts, &ckpts.join(LATEST), &file] {
+            assert_eq!(resolve(p).unwrap(), file, "{}", p.display());
+        }
+        assert_eq!(read(&resolve(dir.path()).unwrap()).unwrap(), state());
+        let e = resolve(&dir.path().join("nothing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing") && e.contains("cannot read"), "{e}");
+        let empty = tempfile::tempdir().unwrap();
+        let e = resolve(empty.path()).unwrap_err().to_string();
+        assert!(e.contains("without checkpoints/latest"), "{e}");
+        write_atomic(&ckpts.join(LATEST), b"update_000009.safetensors").unwrap();
+        let e = resolve(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("update_000009.safetensors"), "{e}");
     }
 
     #[test]

@@ -1,53 +1,100 @@
 //! The engine's part of a training config (`run`, `training`, `output`) and the distribution
 //! plan derived from it and from the launch.
 //!
-//! The engine reads only its own keys; the model reads the rest. [`check_keys`] rejects
-//! unknown keys with the nearest known key suggested, so the caller that knows the whole schema
-//! (engine keys + model keys) can reject typos.
+//! The sections are shared with the model: the engine deserializes its typed parts
+//! ([`EngineRun`], [`EngineTraining`], [`EngineOutput`]) with
+//! [`lockstep_core::config::from_value`] and ignores the model's keys; the caller that knows
+//! the whole schema refuses unknown keys with [`lockstep_core::config::check_keys`] over the
+//! union of [`field_names`](lockstep_core::config::field_names) of the engine's and the
+//! model's sections. `run.distribution` and `training.optimizer` belong to the engine alone
+//! and refuse unknown keys themselves.
 
 use crate::optim::{OptimizerConfig, Schedule};
 use crate::TrainError;
 use lockstep_comm::launch::LaunchEnv;
-use serde_json::{Map, Value};
+use lockstep_core::config::{from_value, ConfigError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// Keys of `run` the engine reads.
-pub const RUN_KEYS: &[&str] = &["batch_size", "seed", "distribution"];
-/// Keys of `training` the engine reads.
-pub const TRAINING_KEYS: &[&str] = &[
-    "optimizer",
-    "optimizer_updates",
-    "epochs",
-    "steps_per_epoch",
-    "gradient_updates_per_optimizer_step",
-    "checkpoint_every",
-    "checksum_every",
-    "early_stop_loss",
-    "log_every",
-];
-/// Keys of `output` the engine reads.
-pub const OUTPUT_KEYS: &[&str] = &["output_dir", "overwrite_output_dir", "log_file"];
-/// Keys of `run.distribution`.
-pub const DISTRIBUTION_KEYS: &[&str] = &["strategy", "devices", "global_batch_size"];
-
 /// How replicas are run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// One process per device, launched by `mpirun`/`srun` (recommended).
     Mpi,
     /// One process, one thread per device (`"threads"`, synonym `"mirrored"`).
+    #[serde(alias = "mirrored")]
     Threads,
 }
 
-/// `run.distribution`.
+/// `run.distribution` as written (unknown keys refused).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistributionSection {
+    /// `strategy`: `"mpi"`, `"threads"` or `"mirrored"` (required).
+    pub strategy: Option<Strategy>,
+    /// `devices`: explicit device list such as `["cpu:0", "cpu:1"]`.
+    pub devices: Option<Vec<String>>,
+    /// `global_batch_size`: must equal `run.batch_size x replicas`.
+    pub global_batch_size: Option<usize>,
+}
+
+/// `run.distribution`, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DistributionConfig {
-    /// `strategy`: `"mpi"`, `"threads"` or `"mirrored"`.
+    /// `strategy`.
     pub strategy: Strategy,
     /// `devices`: explicit device list such as `["cpu:0", "cpu:1"]`.
     pub devices: Option<Vec<String>>,
     /// `global_batch_size`: must equal `run.batch_size x replicas`.
     pub global_batch_size: Option<usize>,
+}
+
+/// The engine's keys of `run` (the model reads the others, e.g. `dt`, `seq_len`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct EngineRun {
+    /// Samples per replica per micro-batch (required, at least 1).
+    pub batch_size: Option<usize>,
+    /// Seeds every random stream, keyed with the global sample index (default 0).
+    pub seed: Option<u64>,
+    /// The distribution; absent: a serial run.
+    pub distribution: Option<DistributionSection>,
+}
+
+/// The engine's keys of `training` (the model reads the others, e.g. `losses`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct EngineTraining {
+    /// The optimizer (default Adam, learning rate 1e-3).
+    pub optimizer: Option<OptimizerConfig>,
+    /// Optimizer updates to run (or `epochs` x `steps_per_epoch`).
+    pub optimizer_updates: Option<u64>,
+    /// Epochs (with `steps_per_epoch`).
+    pub epochs: Option<u64>,
+    /// Updates per epoch.
+    pub steps_per_epoch: Option<u64>,
+    /// Micro-batches accumulated per optimizer update (default 1).
+    pub gradient_updates_per_optimizer_step: Option<usize>,
+    /// Checkpoint every this many updates (default 0: only at the end).
+    pub checkpoint_every: Option<u64>,
+    /// Compare the replicas' parameter checksums every this many updates (default 10).
+    pub checksum_every: Option<u64>,
+    /// Stop once the reduced total loss falls below this value.
+    pub early_stop_loss: Option<f64>,
+    /// Log a line every this many updates (default 1).
+    pub log_every: Option<u64>,
+}
+
+/// The engine's keys of `output` (the model may read others, e.g. `spikes_file`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct EngineOutput {
+    /// The run directory (required; relative to the config's folder).
+    pub output_dir: Option<PathBuf>,
+    /// Replace an existing run directory (default false).
+    pub overwrite_output_dir: Option<bool>,
+    /// The log file's name inside the run directory (default `run.log`).
+    pub log_file: Option<String>,
 }
 
 /// The engine's settings, read from a config's `run`, `training` and `output` sections.
@@ -83,240 +130,100 @@ pub struct EngineConfig {
     pub log_file: String,
 }
 
-/// Levenshtein distance, for "did you mean" suggestions.
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
-        }
-        prev = cur;
+/// Kept only until `lockstep-snn` uses [`lockstep_core::config`] directly.
+pub use lockstep_core::config::check_keys;
+
+/// Deserializes section `name` of `config` (absent: the type's default).
+fn section<T: DeserializeOwned + Default>(config: &Value, name: &str) -> Result<T, ConfigError> {
+    match config.get(name) {
+        None | Some(Value::Null) => Ok(T::default()),
+        Some(v) => from_value(v, name),
     }
-    prev[b.len()]
-}
-
-/// The known key nearest to `key` (Levenshtein distance), for "did you mean" messages.
-pub fn nearest_key<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
-    known.iter().min_by_key(|k| distance(key, k)).copied()
-}
-
-/// Rejects keys of `obj` not in `allowed`, suggesting the nearest known key.
-///
-/// Errors: [`TrainError::Config`] naming `path.key` and the suggestion.
-pub fn check_keys(
-    obj: &Map<String, Value>,
-    allowed: &[&str],
-    path: &str,
-) -> Result<(), TrainError> {
-    for key in obj.keys() {
-        if !allowed.contains(&key.as_str()) {
-            let nearest = nearest_key(key, allowed);
-            let hint = match nearest {
-                Some(n) if distance(key, n) <= 3 => format!("; did you mean `{n}`?"),
-                _ => format!("; known keys: {}", allowed.join(", ")),
-            };
-            return Err(TrainError::config(
-                format!("{path}.{key}"),
-                format!("unknown key{hint}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Map<String, Value>, TrainError> {
-    static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-    match root.get(name) {
-        None => Ok(EMPTY.get_or_init(Map::new)),
-        Some(Value::Object(m)) => Ok(m),
-        Some(other) => Err(TrainError::config(
-            name,
-            format!("must be an object, found {other}"),
-        )),
-    }
-}
-
-pub(crate) fn get_u64(
-    obj: &Map<String, Value>,
-    path: &str,
-    key: &str,
-) -> Result<Option<u64>, TrainError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            TrainError::config(
-                format!("{path}.{key}"),
-                format!("must be a non-negative integer, found {v}"),
-            )
-        }),
-    }
-}
-
-pub(crate) fn get_f64(
-    obj: &Map<String, Value>,
-    path: &str,
-    key: &str,
-) -> Result<Option<f64>, TrainError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-            TrainError::config(
-                format!("{path}.{key}"),
-                format!("must be a number, found {v}"),
-            )
-        }),
-    }
-}
-
-fn get_bool(obj: &Map<String, Value>, path: &str, key: &str) -> Result<Option<bool>, TrainError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-            TrainError::config(
-                format!("{path}.{key}"),
-                format!("must be true or false, found {v}"),
-            )
-        }),
-    }
-}
-
-pub(crate) fn get_str<'a>(
-    obj: &'a Map<String, Value>,
-    path: &str,
-    key: &str,
-) -> Result<Option<&'a str>, TrainError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_str().map(Some).ok_or_else(|| {
-            TrainError::config(
-                format!("{path}.{key}"),
-                format!("must be a string, found {v}"),
-            )
-        }),
-    }
-}
-
-fn parse_distribution(v: &Value) -> Result<DistributionConfig, TrainError> {
-    let path = "run.distribution";
-    let obj = v
-        .as_object()
-        .ok_or_else(|| TrainError::config(path, format!("must be an object, found {v}")))?;
-    check_keys(obj, DISTRIBUTION_KEYS, path)?;
-    let strategy = match get_str(obj, path, "strategy")? {
-        Some("mpi") => Strategy::Mpi,
-        Some("threads") | Some("mirrored") => Strategy::Threads,
-        Some(other) => {
-            return Err(TrainError::config(
-                "run.distribution.strategy",
-                format!("{other:?} is not a strategy; use \"mpi\" (one process per device) or \"threads\" (one thread per device; synonym \"mirrored\")"),
-            ))
-        }
-        None => {
-            return Err(TrainError::config(
-                "run.distribution.strategy",
-                "missing; use \"mpi\" or \"threads\"",
-            ))
-        }
-    };
-    let devices = match obj.get("devices") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|d| {
-                    d.as_str().map(str::to_string).ok_or_else(|| {
-                        TrainError::config(
-                            "run.distribution.devices",
-                            format!("entries must be strings such as \"cpu:0\", found {d}"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        Some(other) => {
-            return Err(TrainError::config(
-                "run.distribution.devices",
-                format!("must be a list such as [\"cpu:0\", \"cpu:1\"], found {other}"),
-            ))
-        }
-    };
-    let global_batch_size = get_u64(obj, path, "global_batch_size")?.map(|g| g as usize);
-    Ok(DistributionConfig {
-        strategy,
-        devices,
-        global_batch_size,
-    })
 }
 
 impl EngineConfig {
-    /// Reads the engine's keys from a resolved config (`run`, `training`, `output`); relative
-    /// `output_dir` is resolved against `config_dir`. Unknown keys are the caller's to check.
+    /// Reads the engine's keys from a resolved config (`run`, `training`, `output`); a
+    /// relative `output_dir` is resolved against `config_dir`. Unknown keys of the shared
+    /// sections are the caller's to refuse (see the module docs).
     ///
-    /// Errors: [`TrainError::Config`] naming the key, the value and the fix.
+    /// Errors: [`TrainError::Config`] naming the key, the value and the fix (no file: the
+    /// caller adds it with [`ConfigError::in_file`]).
     pub fn from_json(config: &Value, config_dir: &Path) -> Result<EngineConfig, TrainError> {
-        let run = section(config, "run")?;
-        let training = section(config, "training")?;
-        let output = section(config, "output")?;
-        let batch_size = get_u64(run, "run", "batch_size")?.ok_or_else(|| {
-            TrainError::config(
-                "run.batch_size",
-                "missing; set the samples per replica, e.g. 16",
-            )
-        })? as usize;
-        if batch_size == 0 {
-            return Err(TrainError::config("run.batch_size", "must be at least 1"));
-        }
-        let seed = get_u64(run, "run", "seed")?.unwrap_or(0);
-        let distribution = match run.get("distribution") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(parse_distribution(v)?),
+        let run: EngineRun = section(config, "run")?;
+        let training: EngineTraining = section(config, "training")?;
+        let output: EngineOutput = section(config, "output")?;
+        Ok(Self::from_sections(run, training, output, config_dir)?)
+    }
+
+    /// Checks the engine's typed sections and combines them (defaults filled in,
+    /// `output_dir` resolved against `config_dir`).
+    ///
+    /// Errors: a [`ConfigError`] naming the key.
+    pub fn from_sections(
+        run: EngineRun,
+        training: EngineTraining,
+        output: EngineOutput,
+        config_dir: &Path,
+    ) -> Result<EngineConfig, ConfigError> {
+        let batch_size = match run.batch_size {
+            None => {
+                return Err(ConfigError::new(
+                    "run.batch_size",
+                    "missing; set the samples per replica, e.g. 16",
+                ))
+            }
+            Some(0) => return Err(ConfigError::new("run.batch_size", "must be at least 1")),
+            Some(b) => b,
         };
-        let optimizer = OptimizerConfig::from_json(training.get("optimizer"))?;
-        let epochs = get_u64(training, "training", "epochs")?;
-        let steps_per_epoch = get_u64(training, "training", "steps_per_epoch")?;
+        let distribution = run.distribution.map(|d| match d.strategy {
+            Some(strategy) => Ok(DistributionConfig {
+                strategy,
+                devices: d.devices,
+                global_batch_size: d.global_batch_size,
+            }),
+            None => Err(ConfigError::new(
+                "run.distribution.strategy",
+                "missing; use \"mpi\" (one process per device) or \"threads\" (one thread per device)",
+            )),
+        });
+        let distribution = distribution.transpose()?;
+        let mut optimizer = training.optimizer.unwrap_or_default();
+        optimizer
+            .validate()
+            .map_err(|e| e.under("training.optimizer"))?;
         let updates = match (
-            get_u64(training, "training", "optimizer_updates")?,
-            epochs,
-            steps_per_epoch,
+            training.optimizer_updates,
+            training.epochs,
+            training.steps_per_epoch,
         ) {
             (Some(u), None, _) => u,
             (None, Some(e), Some(s)) => e * s,
             (Some(_), Some(_), _) => {
-                return Err(TrainError::config(
+                return Err(ConfigError::new(
                     "training.optimizer_updates",
                     "give either optimizer_updates or epochs x steps_per_epoch, not both",
                 ))
             }
             _ => {
-                return Err(TrainError::config(
+                return Err(ConfigError::new(
                     "training.optimizer_updates",
                     "missing; set training.optimizer_updates, or training.epochs and training.steps_per_epoch",
                 ))
             }
         };
-        let accumulation = get_u64(training, "training", "gradient_updates_per_optimizer_step")?
-            .unwrap_or(1) as usize;
+        let accumulation = training.gradient_updates_per_optimizer_step.unwrap_or(1);
         if accumulation == 0 {
-            return Err(TrainError::config(
+            return Err(ConfigError::new(
                 "training.gradient_updates_per_optimizer_step",
                 "must be at least 1",
             ));
         }
-        let output_dir = get_str(output, "output", "output_dir")?.ok_or_else(|| {
-            TrainError::config(
+        let output_dir = output.output_dir.ok_or_else(|| {
+            ConfigError::new(
                 "output.output_dir",
                 "missing; name the run's output directory",
             )
         })?;
-        let output_dir = if Path::new(output_dir).is_absolute() {
-            PathBuf::from(output_dir)
-        } else {
-            config_dir.join(output_dir)
-        };
-        let mut optimizer = optimizer;
         if let Schedule::WarmupCosine { total_updates, .. } = &mut optimizer.schedule {
             if *total_updates == 0 {
                 *total_updates = updates;
@@ -324,24 +231,19 @@ impl EngineConfig {
         }
         Ok(EngineConfig {
             batch_size,
-            seed,
+            seed: run.seed.unwrap_or(0),
             distribution,
             optimizer,
             updates,
-            steps_per_epoch: steps_per_epoch.unwrap_or(updates).max(1),
+            steps_per_epoch: training.steps_per_epoch.unwrap_or(updates).max(1),
             accumulation,
-            checkpoint_every: get_u64(training, "training", "checkpoint_every")?.unwrap_or(0),
-            checksum_every: get_u64(training, "training", "checksum_every")?.unwrap_or(10),
-            early_stop_loss: get_f64(training, "training", "early_stop_loss")?,
-            log_every: get_u64(training, "training", "log_every")?
-                .unwrap_or(1)
-                .max(1),
-            output_dir,
-            overwrite_output_dir: get_bool(output, "output", "overwrite_output_dir")?
-                .unwrap_or(false),
-            log_file: get_str(output, "output", "log_file")?
-                .unwrap_or("run.log")
-                .to_string(),
+            checkpoint_every: training.checkpoint_every.unwrap_or(0),
+            checksum_every: training.checksum_every.unwrap_or(10),
+            early_stop_loss: training.early_stop_loss,
+            log_every: training.log_every.unwrap_or(1).max(1),
+            output_dir: lockstep_core::config::resolve_path(config_dir, output_dir),
+            overwrite_output_dir: output.overwrite_output_dir.unwrap_or(false),
+            log_file: output.log_file.unwrap_or_else(|| "run.log".to_string()),
         })
     }
 }
@@ -361,6 +263,31 @@ pub struct Plan {
     pub devices: Vec<String>,
     /// Things the user should know (logged by the chief), e.g. more thread replicas than cores.
     pub warnings: Vec<String>,
+    /// Replicas that share this machine's memory: 1 serially, every replica of a threads
+    /// run, the node-local rank count of an MPI launch ([`node_local_ranks`]).
+    pub replicas_on_this_machine: usize,
+}
+
+/// MPI ranks on this node, from the launcher's environment read through `get`: Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH/Hydra's `MPI_LOCALNRANKS`, Slurm's
+/// `SLURM_NTASKS_PER_NODE` or the largest count of `SLURM_TASKS_PER_NODE` (`"2(x3),1"`).
+/// Without any of them, every rank of the launch is assumed to share this node (the safe
+/// side for a memory check). At least 1, at most `launch.size`.
+pub fn node_local_ranks(launch: &LaunchEnv, get: &dyn Fn(&str) -> Option<String>) -> usize {
+    let int = |k: &str| get(k).and_then(|v| v.trim().parse::<usize>().ok());
+    let slurm_max = || {
+        get("SLURM_TASKS_PER_NODE").and_then(|v| {
+            v.split(',')
+                .filter_map(|p| p.split('(').next()?.trim().parse::<usize>().ok())
+                .max()
+        })
+    };
+    let local = int("OMPI_COMM_WORLD_LOCAL_SIZE")
+        .or_else(|| int("MPI_LOCALNRANKS"))
+        .or_else(|| int("SLURM_NTASKS_PER_NODE"))
+        .or_else(slurm_max)
+        .unwrap_or(launch.size);
+    local.clamp(1, launch.size.max(1))
 }
 
 /// Decides the distribution of a run from its config and the launch (invariants 1-3).
@@ -382,12 +309,6 @@ pub fn plan(
     available_cores: usize,
     loss_is_sample_separable: bool,
 ) -> Result<Plan, TrainError> {
-    if crate::engine::injected("validation", launch.rank, None) {
-        return Err(TrainError::config(
-            "run",
-            "injected failure at config validation",
-        ));
-    }
     let b = cfg.batch_size;
     let Some(dist) = &cfg.distribution else {
         if launch.size > 1 {
@@ -406,6 +327,7 @@ pub fn plan(
             global_batch: b,
             devices: vec!["cpu:0".into()],
             warnings: Vec::new(),
+            replicas_on_this_machine: 1,
         });
     };
     let replicas = match dist.strategy {
@@ -508,6 +430,10 @@ pub fn plan(
         global_batch: b * replicas,
         devices,
         warnings,
+        replicas_on_this_machine: match dist.strategy {
+            Strategy::Threads => replicas,
+            Strategy::Mpi => node_local_ranks(launch, &|k| std::env::var(k).ok()),
+        },
     })
 }
 
@@ -647,17 +573,79 @@ mod tests {
 
     #[test]
     fn unknown_keys_get_a_suggestion() {
-        let obj = json!({"stratgy": "mpi"});
-        let e = check_keys(
-            obj.as_object().unwrap(),
-            DISTRIBUTION_KEYS,
-            "run.distribution",
-        )
-        .unwrap_err()
-        .to_string();
+        let c = json!({"run": {"batch_size": 4, "distribution": {"stratgy": "mpi"}},
+            "training": {"optimizer_updates": 3}, "output": {"output_dir": "out"}});
+        let e = EngineConfig::from_json(&c, Path::new("/tmp"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("run.distribution.stratgy") && e.contains("did you mean `strategy`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn node_local_ranks_from_each_launcher() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let l = mpi(8);
+        assert_eq!(
+            node_local_ranks(&l, &env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")])),
+            4
+        );
+        assert_eq!(node_local_ranks(&l, &env(&[("MPI_LOCALNRANKS", "2")])), 2);
+        assert_eq!(
+            node_local_ranks(&l, &env(&[("SLURM_TASKS_PER_NODE", "2(x3),3")])),
+            3
+        );
+        assert_eq!(node_local_ranks(&l, &env(&[])), 8);
+        assert_eq!(
+            node_local_ranks(&mpi(2), &env(&[("MPI_LOCALNRANKS", "9")])),
+            2
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let base = |run: Value, training: Value| json!({"run": run, "training": training, "output": {"output_dir": "out"}});
+        let err = |c: Value| {
+            EngineConfig::from_json(&c, Path::new("/tmp"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(base(json!({}), json!({"optimizer_updates": 3})));
+        assert!(e.contains("run.batch_size: missing"), "{e}");
+        let e = err(base(
+            json!({"batch_size": -1}),
+            json!({"optimizer_updates": 3}),
+        ));
+        assert!(
+            e.contains("run.batch_size") && e.contains("invalid value"),
+            "{e}"
+        );
+        let e = err(base(
+            json!({"batch_size": 2, "distribution": {"strategy": "mirroed"}}),
+            json!({"optimizer_updates": 3}),
+        ));
+        assert!(
+            e.contains("run.distribution.strategy") && e.contains("did you mean `mirrored`"),
+            "{e}"
+        );
+        let e = err(base(
+            json!({"batch_size": 2}),
+            json!({"optimizer_updates": 3, "gradient_updates_per_optimizer_step": 0}),
+        ));
+        assert!(
+            e.contains("training.gradient_updates_per_optimizer_step: must be at least 1"),
+            "{e}"
+        );
+        let e = err(base(json!({"batch_size": 2}), json!({"epochs": 3})));
+        assert!(e.contains("training.optimizer_updates: missing"), "{e}");
     }
 }

@@ -25,13 +25,55 @@ use std::time::Instant;
 
 /// Per-run options that are not part of the config.
 #[derive(Debug, Clone, Default)]
-pub struct TrainOptions {
+pub struct EngineOptions {
     /// The resolved config, copied into the run directory and hashed into checkpoints.
     pub resolved_config: Value,
-    /// Restore this checkpoint before training (`--resume PATH`).
+    /// Restore this checkpoint before training (`--resume PATH`): a checkpoint file, the
+    /// `checkpoints/latest` pointer, or a run directory (its latest checkpoint); see
+    /// [`checkpoint::resolve`].
     pub resume: Option<PathBuf>,
     /// Write log lines to the log file only, not to stdout (benchmarks).
     pub quiet: bool,
+    /// A failure to inject (the failure tests' check binary only).
+    #[cfg(feature = "testing")]
+    pub fault: Option<crate::testing::Fault>,
+}
+
+impl EngineOptions {
+    /// True when the test-only fault `point` is set for this rank and update.
+    #[cfg(feature = "testing")]
+    fn injected(
+        &self,
+        point: crate::testing::FaultPoint,
+        rank: usize,
+        update: u64,
+    ) -> Result<(), TrainError> {
+        match &self.fault {
+            Some(f) if f.fires(point, rank, update) => Err(TrainError::Injected {
+                what: f.to_string(),
+                rank,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(not(feature = "testing"))]
+    #[inline(always)]
+    fn injected(&self, _point: FaultPoint, _rank: usize, _update: u64) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+#[cfg(feature = "testing")]
+use crate::testing::FaultPoint;
+
+/// Where a test fault can be injected (without the `testing` feature nothing is injected).
+#[cfg(not(feature = "testing"))]
+#[derive(Debug, Clone, Copy)]
+enum FaultPoint {
+    OutputSetup,
+    Update,
+    Callback,
 }
 
 /// What a finished run reports (identical on every rank).
@@ -53,24 +95,6 @@ pub struct TrainSummary {
     pub output_dir: PathBuf,
     /// Files written by the model's export hook (chief only; empty elsewhere).
     pub exported: Vec<PathBuf>,
-}
-
-/// The test-only failure switch: `LOCKSTEP_TEST_INJECT_FAILURE` = `validation`,
-/// `output_setup`, `update:K:RANK` or `callback:K`. Used by the failure tests to check that
-/// an error at each point ends the whole job; never set it in real runs.
-pub fn injected(point: &str, rank: usize, update: Option<u64>) -> bool {
-    let Ok(spec) = std::env::var("LOCKSTEP_TEST_INJECT_FAILURE") else {
-        return false;
-    };
-    let parts: Vec<&str> = spec.split(':').collect();
-    match (parts.as_slice(), point) {
-        (["validation"], "validation") | (["output_setup"], "output_setup") => true,
-        (["update", k, r], "update") => {
-            k.parse().ok() == update && r.parse::<usize>().ok() == Some(rank)
-        }
-        (["callback", k], "callback") => k.parse().ok() == update,
-        _ => false,
-    }
 }
 
 /// Fingerprint of the config parts that define the model and its training, one short hash
@@ -147,29 +171,33 @@ fn differing_sections(a: &str, b: &str) -> Vec<String> {
         .collect()
 }
 
-/// Chief-side failure shared with the peers: the chief broadcasts 0 (ok) or 1 (failed) so
-/// every rank leaves together instead of waiting in the next collective.
-fn agree(
+/// Shares the outcome of a chief-only step with the peers: the chief passes `Some(result)`,
+/// the peers `None`; the chief broadcasts 0 (ok) or 1 (failed) so every rank leaves together
+/// instead of waiting in the next collective. Returns the chief's value on the chief and
+/// `None` on the peers.
+///
+/// Errors: the chief's own error on the chief; [`TrainError::PeerFailed`] naming `what` on
+/// the peers.
+fn agree_with_chief<T>(
     comm: &dyn Communicator,
-    chief_result: Result<(), TrainError>,
+    chief: Option<Result<T, TrainError>>,
     what: &str,
-) -> Result<(), TrainError> {
-    let mut flag = [u64::from(chief_result.is_err())];
-    if comm.is_chief() {
-        comm.broadcast(&mut flag, 0)?;
-        return chief_result;
-    }
+) -> Result<Option<T>, TrainError> {
+    let mut flag = [u64::from(matches!(chief, Some(Err(_))))];
     comm.broadcast(&mut flag, 0)?;
-    if flag[0] != 0 {
-        // The chief returns its error and ends the job (MPI: abort; threads: the group is
-        // poisoned), so this barrier returns the chief's own failure at once.
-        comm.barrier()?;
-        return Err(TrainError::PeerFailed {
-            rank: 0,
-            message: format!("{what} failed on the chief"),
-        });
+    match chief {
+        Some(result) => result.map(Some),
+        None if flag[0] != 0 => {
+            // The chief returns its error and ends the job (MPI: abort; threads: the group
+            // is poisoned), so this barrier returns the chief's own failure at once.
+            comm.barrier()?;
+            Err(TrainError::PeerFailed {
+                rank: 0,
+                message: format!("{what} failed on the chief"),
+            })
+        }
+        None => Ok(None),
     }
-    Ok(())
 }
 
 /// Where update `u`'s first sample lies (finite sources restart at a multiple of their size
@@ -184,6 +212,10 @@ fn first_sample_of(u: u64, per_update: u64, steps_per_epoch: u64, dataset: Optio
 /// Trains `model` on this rank (a collective: call it on every rank of `comm` with the same
 /// config, plan and an equally built model).
 ///
+/// Phases (the methods of a private `Trainer`): validate, restore a checkpoint, set up the
+/// outputs (chief), broadcast the state, then per update run it, reduce its metrics and run
+/// the callbacks, and finally finish (last checksum, checkpoint, export).
+///
 /// Errors: config/plan inconsistencies, output directory problems (chief), checkpoint
 /// problems, model errors, divergence, non-finite losses, and any failed collective (a peer's
 /// failure arrives as [`TrainError::Comm`] or [`TrainError::PeerFailed`]).
@@ -193,374 +225,555 @@ pub fn train(
     plan: &Plan,
     model: &mut dyn Model,
     source: &mut dyn BatchSource,
-    opts: &TrainOptions,
+    opts: &EngineOptions,
 ) -> Result<TrainSummary, TrainError> {
-    let rank = comm.rank();
-    let replicas = comm.size();
-    if replicas != plan.replicas {
-        return Err(TrainError::config(
-            "run.distribution",
-            format!(
-                "the plan has {} replicas but the communicator has {replicas} ranks",
-                plan.replicas
-            ),
-        ));
-    }
-    let b = plan.local_batch;
-    let g = plan.global_batch;
-    let k = cfg.accumulation;
-    let per_update = (g * k) as u64;
-    let dataset = source.num_samples();
-    let mut steps_per_epoch = cfg.steps_per_epoch;
-    if let Some(n) = dataset {
-        let fit = n / per_update;
-        if fit == 0 {
-            return Err(TrainError::config(
-                "run.batch_size",
-                format!("the data set has {n} samples, fewer than one update needs ({g} per micro-batch x {k}); lower run.batch_size"),
-            ));
+    let mut t = Trainer::new(comm, cfg, plan, model, source, opts)?;
+    t.restore_checkpoint()?;
+    t.set_up_outputs()?;
+    t.broadcast_state()?;
+    t.announce()?;
+    while t.update < cfg.updates {
+        let step = t.run_update()?;
+        let metrics = t.reduce_metrics(step)?;
+        t.callbacks(&metrics)?;
+        if t.early_stop(&metrics)? {
+            break;
         }
-        if cfg.steps_per_epoch > fit && cfg.steps_per_epoch != cfg.updates {
-            return Err(TrainError::config(
-                "training.steps_per_epoch",
-                format!("{} updates of {per_update} samples exceed the data set's {n} samples; at most {fit} fit (partial batches are never padded)", cfg.steps_per_epoch),
-            ));
-        }
-        steps_per_epoch = steps_per_epoch.min(fit);
     }
-    let loss_names = model.loss_names();
+    t.finish()
+}
 
-    if model.trainable().is_empty() {
-        return Err(TrainError::config(
-            "training",
-            "the model has no trainable parameters (an empty network, or no edges to train); check the network files and training.train_input_weights",
-        ));
-    }
-    let hash = config_hash(&opts.resolved_config);
-    let ckpt = Checkpointer {
-        per_update,
-        steps_per_epoch,
-        dataset,
-        seed: cfg.seed,
-        hash: hash.clone(),
-    };
-    let mut optimizer = Optimizer::new(cfg.optimizer.clone(), model.trainable().len());
-    let mut start_update = 0u64;
-    // Resume: the chief reads and verifies the checkpoint before anything is written (so an
-    // unusable checkpoint loses nothing); the peers get the state in the startup broadcast.
-    if let Some(path) = &opts.resume {
-        let restored = if comm.is_chief() {
-            restore(path, &hash, cfg, model, &mut optimizer).map(|u| {
-                start_update = u;
-            })
-        } else {
-            Ok(())
+/// What one update measured on this rank, before reduction.
+struct UpdateStep {
+    /// Sum over this rank's micro-batches of each loss term (each a mean over its samples).
+    terms: Vec<f64>,
+    /// Seconds of data, compute and communication on this rank.
+    times: [f64; 3],
+    /// When the update began.
+    start: Instant,
+}
+
+/// What one update measured across all ranks.
+struct Metrics {
+    /// Each loss term as the mean over every sample of the global batch (all micro-batches,
+    /// all replicas).
+    losses: Vec<f64>,
+    /// The sum of `losses`.
+    total: f64,
+    /// Seconds of data, compute, communication and the whole update, the slowest rank's.
+    times: [f64; 4],
+}
+
+/// One rank's training run: the state shared by the phases of [`train`].
+struct Trainer<'a> {
+    comm: &'a dyn Communicator,
+    cfg: &'a EngineConfig,
+    plan: &'a Plan,
+    model: &'a mut dyn Model,
+    source: &'a mut dyn BatchSource,
+    opts: &'a EngineOptions,
+    loss_names: Vec<String>,
+    checkpointer: Checkpointer,
+    optimizer: Optimizer,
+    rundir: Option<RunDir>,
+    start_update: u64,
+    update: u64,
+    grad: Vec<f32>,
+    micro: Vec<f32>,
+    local: Batch,
+    history: Vec<Vec<f64>>,
+    update_times: Vec<[f64; 4]>,
+    last: Vec<f64>,
+    run_start: Instant,
+}
+
+impl<'a> Trainer<'a> {
+    /// Validates the plan against the communicator and the data set and allocates the
+    /// buffers (nothing is written).
+    ///
+    /// Errors: [`TrainError::Config`] for a plan that does not match the communicator, a data
+    /// set smaller than one update, or a model without trainable parameters.
+    fn new(
+        comm: &'a dyn Communicator,
+        cfg: &'a EngineConfig,
+        plan: &'a Plan,
+        model: &'a mut dyn Model,
+        source: &'a mut dyn BatchSource,
+        opts: &'a EngineOptions,
+    ) -> Result<Self, TrainError> {
+        if comm.size() != plan.replicas {
+            return Err(TrainError::config(
+                "run.distribution",
+                format!(
+                    "the plan has {} replicas but the communicator has {} ranks",
+                    plan.replicas,
+                    comm.size()
+                ),
+            ));
+        }
+        let (g, k) = (plan.global_batch, cfg.accumulation);
+        let per_update = (g * k) as u64;
+        let dataset = source.num_samples();
+        let mut steps_per_epoch = cfg.steps_per_epoch;
+        if let Some(n) = dataset {
+            let fit = n / per_update;
+            if fit == 0 {
+                return Err(TrainError::config(
+                    "run.batch_size",
+                    format!("the data set has {n} samples, fewer than one update needs ({g} per micro-batch x {k}); lower run.batch_size"),
+                ));
+            }
+            if cfg.steps_per_epoch > fit && cfg.steps_per_epoch != cfg.updates {
+                return Err(TrainError::config(
+                    "training.steps_per_epoch",
+                    format!("{} updates of {per_update} samples exceed the data set's {n} samples; at most {fit} fit (partial batches are never padded)", cfg.steps_per_epoch),
+                ));
+            }
+            steps_per_epoch = steps_per_epoch.min(fit);
+        }
+        let n = model.trainable().len();
+        if n == 0 {
+            return Err(TrainError::config(
+                "training",
+                "the model has no trainable parameters (an empty network, or no edges to train); check the network files and training.train_input_weights",
+            ));
+        }
+        let b = plan.local_batch;
+        let local = Batch {
+            first_sample: 0,
+            samples: b,
+            inputs: vec![0.0; b * source.input_width()],
+            targets: vec![0.0; b * source.target_width()],
         };
-        agree(comm, restored, "checkpoint restore")?;
+        let loss_names = model.loss_names();
+        Ok(Trainer {
+            comm,
+            cfg,
+            plan,
+            checkpointer: Checkpointer {
+                per_update,
+                steps_per_epoch,
+                dataset,
+                seed: cfg.seed,
+                hash: config_hash(&opts.resolved_config),
+            },
+            optimizer: Optimizer::new(cfg.optimizer.clone(), n),
+            model,
+            source,
+            opts,
+            last: vec![f64::NAN; loss_names.len()],
+            loss_names,
+            rundir: None,
+            start_update: 0,
+            update: 0,
+            grad: vec![0.0; n],
+            micro: if k > 1 { vec![0.0; n] } else { Vec::new() },
+            local,
+            history: Vec::new(),
+            update_times: Vec::new(),
+            run_start: Instant::now(),
+        })
     }
 
-    // Output setup: the chief alone creates the run directory; the peers wait for its verdict.
-    // Resuming from a checkpoint inside the output directory continues that run in place.
-    let mut rundir = None;
-    let setup = if comm.is_chief() {
-        if injected("output_setup", rank, None) {
-            Err(TrainError::Injected("output setup".into(), rank))
-        } else {
-            let in_place = opts.resume.as_ref().is_some_and(|p| {
-                is_inside(p, &cfg.output_dir)
-                    && cfg.output_dir.join(crate::rundir::MARKER).is_file()
-            });
-            let dir = if in_place {
-                RunDir::reopen(
-                    &cfg.output_dir,
-                    &cfg.log_file,
-                    &opts.resolved_config,
-                    &loss_names,
-                    start_update,
-                )
-            } else {
-                RunDir::create(
-                    &cfg.output_dir,
-                    cfg.overwrite_output_dir,
-                    &cfg.log_file,
-                    &opts.resolved_config,
-                    &loss_names,
-                )
-            };
-            dir.map(|mut d| {
-                d.set_quiet(opts.quiet);
-                rundir = Some(d)
-            })
+    /// Resume: the chief reads and verifies the checkpoint before anything is written (so an
+    /// unusable checkpoint loses nothing); the peers get the state in the startup broadcast.
+    ///
+    /// Errors: [`TrainError::Checkpoint`] (chief) or [`TrainError::PeerFailed`] (peers).
+    fn restore_checkpoint(&mut self) -> Result<(), TrainError> {
+        let Some(path) = &self.opts.resume else {
+            return Ok(());
+        };
+        let restored = self.comm.is_chief().then(|| {
+            let hash = &self.checkpointer.hash;
+            restore(path, hash, self.cfg, &mut *self.model, &mut self.optimizer)
+        });
+        if let Some(update) = agree_with_chief(self.comm, restored, "checkpoint restore")? {
+            self.start_update = update;
         }
-    } else {
         Ok(())
-    };
-    agree(comm, setup, "output setup")?;
+    }
 
-    // Startup broadcast of every piece of state from the chief (invariant 7).
-    let sizes = [
-        model.trainable().len() as u64,
-        model.frozen().len() as u64,
-        optimizer.slots.len() as u64,
-        source.input_width() as u64,
-        source.target_width() as u64,
-    ];
-    let mut chief_sizes = sizes;
-    comm.broadcast(&mut chief_sizes, 0)?;
-    let mismatch = comm.all_reduce_scalar(u64::from(chief_sizes != sizes), ReduceOp::Max)?;
-    if mismatch != 0 {
-        return Err(TrainError::config(
-            "networks",
-            format!("replicas were built differently: rank {rank} has (trainable, frozen, optimizer slots, input width, target width) = {sizes:?}, the chief {chief_sizes:?}"),
-        ));
+    /// The chief alone creates the run directory (or continues it in place when resuming
+    /// from one of its checkpoints); the peers wait for its verdict.
+    ///
+    /// Errors: [`TrainError::OutputDir`] / [`TrainError::Io`] (chief) or
+    /// [`TrainError::PeerFailed`] (peers).
+    fn set_up_outputs(&mut self) -> Result<(), TrainError> {
+        let chief = self.comm.is_chief().then(|| self.open_run_dir());
+        self.rundir = agree_with_chief(self.comm, chief, "output setup")?;
+        Ok(())
     }
-    comm.broadcast(model.trainable_mut(), 0)?;
-    comm.broadcast(model.frozen_mut(), 0)?;
-    for slot in optimizer.slots.iter_mut() {
-        comm.broadcast(slot, 0)?;
+
+    fn open_run_dir(&self) -> Result<RunDir, TrainError> {
+        let (cfg, opts) = (self.cfg, self.opts);
+        opts.injected(FaultPoint::OutputSetup, self.comm.rank(), 0)?;
+        let resumed = opts
+            .resume
+            .as_deref()
+            .map(checkpoint::resolve)
+            .transpose()?;
+        let in_place = resumed.is_some_and(|p| {
+            is_inside(&p, &cfg.output_dir) && cfg.output_dir.join(crate::rundir::MARKER).is_file()
+        });
+        let mut dir = if in_place {
+            RunDir::reopen(
+                &cfg.output_dir,
+                &cfg.log_file,
+                &opts.resolved_config,
+                &self.loss_names,
+                self.start_update,
+            )?
+        } else {
+            RunDir::create(
+                &cfg.output_dir,
+                cfg.overwrite_output_dir,
+                &cfg.log_file,
+                &opts.resolved_config,
+                &self.loss_names,
+            )?
+        };
+        dir.set_quiet(opts.quiet);
+        Ok(dir)
     }
-    let mut counters = [start_update, optimizer.step, cfg.seed];
-    comm.broadcast(&mut counters, 0)?;
-    start_update = counters[0];
-    optimizer.step = counters[1];
-    if let Some(d) = rundir.as_mut() {
+
+    /// Startup broadcast of every piece of state from the chief (invariant 7): parameters,
+    /// frozen parameters, optimizer state and counters.
+    ///
+    /// Errors: [`TrainError::Config`] when the replicas were built with different sizes.
+    fn broadcast_state(&mut self) -> Result<(), TrainError> {
+        let comm = self.comm;
+        let sizes = [
+            self.model.trainable().len() as u64,
+            self.model.frozen().len() as u64,
+            self.optimizer.slots.len() as u64,
+            self.source.input_width() as u64,
+            self.source.target_width() as u64,
+        ];
+        let mut chief_sizes = sizes;
+        comm.broadcast(&mut chief_sizes, 0)?;
+        let mismatch = comm.all_reduce_scalar(u64::from(chief_sizes != sizes), ReduceOp::Max)?;
+        if mismatch != 0 {
+            return Err(TrainError::config(
+                "networks",
+                format!("replicas were built differently: rank {} has (trainable, frozen, optimizer slots, input width, target width) = {sizes:?}, the chief {chief_sizes:?}", comm.rank()),
+            ));
+        }
+        comm.broadcast(self.model.trainable_mut(), 0)?;
+        comm.broadcast(self.model.frozen_mut(), 0)?;
+        for slot in self.optimizer.slots.iter_mut() {
+            comm.broadcast(slot, 0)?;
+        }
+        let mut counters = [self.start_update, self.optimizer.step, self.cfg.seed];
+        comm.broadcast(&mut counters, 0)?;
+        self.start_update = counters[0];
+        self.update = counters[0];
+        self.optimizer.step = counters[1];
+        Ok(())
+    }
+
+    /// The chief logs the plan's warnings and the run's shape, and starts the progress bar.
+    fn announce(&mut self) -> Result<(), TrainError> {
+        let (cfg, plan) = (self.cfg, self.plan);
+        let trainable = self.model.trainable().len();
+        let Some(d) = self.rundir.as_mut() else {
+            return Ok(());
+        };
         for w in &plan.warnings {
             d.log(w)?;
         }
+        let k = cfg.accumulation;
         d.log(&format!(
-            "lockstep train: {} replica(s) ({}), local batch {b}, global batch {g}{}, {} trainable parameters, updates {}..{}, output {}",
-            replicas,
+            "lockstep train: {} replica(s) ({}), local batch {}, global batch {}{}, {trainable} trainable parameters, updates {}..{}, output {}",
+            plan.replicas,
             match plan.strategy {
                 None => "serial".to_string(),
                 Some(s) => format!("{s:?}").to_lowercase(),
             },
+            plan.local_batch,
+            plan.global_batch,
             if k > 1 { format!(" x {k} micro-batches") } else { String::new() },
-            model.trainable().len(),
-            start_update,
+            self.start_update,
             cfg.updates,
             cfg.output_dir.display()
         ))?;
+        d.start_progress(self.start_update, cfg.updates);
+        self.run_start = Instant::now();
+        Ok(())
     }
 
-    if let Some(d) = rundir.as_mut() {
-        d.start_progress(start_update, cfg.updates);
-    }
-    let n = model.trainable().len();
-    let mut grad = vec![0.0f32; n];
-    let mut micro = vec![0.0f32; n];
-    let iw = source.input_width();
-    let tw = source.target_width();
-    let mut local = Batch {
-        first_sample: 0,
-        samples: b,
-        inputs: vec![0.0; b * iw],
-        targets: vec![0.0; b * tw],
-    };
-    let mut history = Vec::new();
-    let mut update_times = Vec::new();
-    let mut last = vec![f64::NAN; loss_names.len()];
-    let mut update = start_update;
-    let run_start = Instant::now();
-    while update < cfg.updates {
-        let t_update = Instant::now();
-        let (mut t_data, mut t_compute) = (0.0f64, 0.0f64);
-        let base = first_sample_of(update, per_update, steps_per_epoch, dataset);
-        grad.iter_mut().for_each(|x| *x = 0.0);
-        let mut terms = vec![0.0f64; loss_names.len()];
-        for m in 0..k {
+    /// One optimizer update: `k` micro-batches (the chief draws each global batch and
+    /// scatters contiguous slices), one all-reduce of the packed gradient (invariant 6),
+    /// the same optimizer step on every replica, then the constraints.
+    ///
+    /// Errors: model and batch errors, failed collectives, non-finite parameters.
+    fn run_update(&mut self) -> Result<UpdateStep, TrainError> {
+        let start = Instant::now();
+        let base = self.checkpointer.first_sample(self.update);
+        self.grad.iter_mut().for_each(|x| *x = 0.0);
+        let mut terms = vec![0.0f64; self.loss_names.len()];
+        let (mut t_data, mut t_compute) = (0.0, 0.0);
+        for m in 0..self.cfg.accumulation {
             let t0 = Instant::now();
-            let first = base + (m * g) as u64;
-            let global = if comm.is_chief() {
-                let batch = source
-                    .global_batch(first, g)
-                    .map_err(|e| TrainError::Model { update, error: e });
-                let ok = batch.as_ref().map(|_| ()).map_err(|e| TrainError::Model {
-                    update,
-                    error: anyhow::anyhow!("{e}"),
-                });
-                agree(comm, ok, "batch generation")?;
-                Some(batch?)
-            } else {
-                agree(comm, Ok(()), "batch generation")?;
-                None
-            };
-            let empty = Vec::new();
-            let (gi, gt) = match &global {
-                Some(batch) => (&batch.inputs, &batch.targets),
-                None => (&empty, &empty),
-            };
-            if iw > 0 {
-                comm.scatter(gi, &mut local.inputs, 0)?;
-            }
-            if tw > 0 {
-                comm.scatter(gt, &mut local.targets, 0)?;
-            }
-            local.first_sample = first + (rank * b) as u64;
+            self.scatter_micro_batch(base + (m * self.plan.global_batch) as u64)?;
             t_data += t0.elapsed().as_secs_f64();
-
             let t0 = Instant::now();
-            if injected("update", rank, Some(update)) {
-                return Err(TrainError::Injected(format!("update {update}"), rank));
-            }
-            let target: &mut [f32] = if k == 1 { &mut grad } else { &mut micro };
-            if k > 1 {
-                target.iter_mut().for_each(|x| *x = 0.0);
-            }
-            let lt = model
-                .loss_and_grad(&local, target)
-                .map_err(|e| TrainError::Model { update, error: e })?;
-            if lt.len() != terms.len() {
-                return Err(TrainError::Model {
-                    update,
-                    error: anyhow::anyhow!(
-                        "the model returned {} loss terms but names {}",
-                        lt.len(),
-                        terms.len()
-                    ),
-                });
-            }
-            if k > 1 {
-                grad.iter_mut().zip(&micro).for_each(|(a, b)| *a += *b);
-            }
-            terms.iter_mut().zip(&lt).for_each(|(a, b)| *a += *b);
+            self.accumulate_gradient(&mut terms)?;
             t_compute += t0.elapsed().as_secs_f64();
         }
 
-        // One reduction of all gradients, packed in one buffer (invariant 6).
         let t0 = Instant::now();
-        comm.all_reduce(&mut grad, ReduceOp::Sum)?;
+        self.comm.all_reduce(&mut self.grad, ReduceOp::Sum)?;
         let t_comm = t0.elapsed().as_secs_f64();
-        let scale = 1.0 / (replicas * k) as f32;
-        grad.iter_mut().for_each(|x| *x *= scale);
-        optimizer.update(model.trainable_mut(), &grad);
-        model.after_update();
-        update += 1;
+        let scale = 1.0 / (self.plan.replicas * self.cfg.accumulation) as f32;
+        self.grad.iter_mut().for_each(|x| *x *= scale);
+        self.optimizer
+            .update(self.model.trainable_mut(), &self.grad);
+        self.model.after_update();
+        self.update += 1;
         // Identical on every replica, so every rank stops here together (invariant 9).
-        if let Some((index, value)) = model
+        if let Some((index, value)) = self
+            .model
             .trainable()
             .iter()
             .enumerate()
             .find(|(_, v)| !v.is_finite())
         {
             return Err(TrainError::NonFiniteParameter {
-                update,
+                update: self.update,
                 index,
                 value: *value,
             });
         }
+        Ok(UpdateStep {
+            terms,
+            times: [t_data, t_compute, t_comm],
+            start,
+        })
+    }
 
-        // Metrics: loss terms weighted by samples (one small sum), timings by MAX.
-        let mut metric: Vec<f64> = terms.iter().map(|t| t * b as f64).collect();
-        metric.push((b * k) as f64);
-        comm.all_reduce(&mut metric, ReduceOp::Sum)?;
-        let total_samples = metric.pop().unwrap_or(1.0);
-        let reduced: Vec<f64> = metric
-            .iter()
-            .map(|t| t * k as f64 / total_samples)
-            .collect();
-        let mut times = [t_data, t_compute, t_comm, t_update.elapsed().as_secs_f64()];
-        comm.all_reduce(&mut times, ReduceOp::Max)?;
-        let total: f64 = reduced.iter().sum();
+    /// The chief draws the global micro-batch starting at sample `first` and scatters the
+    /// replicas' contiguous slices into `self.local` (invariant 4).
+    fn scatter_micro_batch(&mut self, first: u64) -> Result<(), TrainError> {
+        let (comm, update) = (self.comm, self.update);
+        let drawn = comm.is_chief().then(|| {
+            self.source
+                .global_batch(first, self.plan.global_batch)
+                .map_err(|error| TrainError::Model { update, error })
+        });
+        let global = agree_with_chief(comm, drawn, "batch generation")?;
+        let empty = Vec::new();
+        let (gi, gt) = match &global {
+            Some(batch) => (&batch.inputs, &batch.targets),
+            None => (&empty, &empty),
+        };
+        if !self.local.inputs.is_empty() {
+            comm.scatter(gi, &mut self.local.inputs, 0)?;
+        }
+        if !self.local.targets.is_empty() {
+            comm.scatter(gt, &mut self.local.targets, 0)?;
+        }
+        self.local.first_sample = first + (comm.rank() * self.plan.local_batch) as u64;
+        Ok(())
+    }
+
+    /// Adds the local slice's loss terms into `terms` and its mean gradient into the
+    /// update's gradient.
+    fn accumulate_gradient(&mut self, terms: &mut [f64]) -> Result<(), TrainError> {
+        let update = self.update;
+        self.opts
+            .injected(FaultPoint::Update, self.comm.rank(), update)?;
+        let accumulate = self.cfg.accumulation > 1;
+        let target: &mut [f32] = if accumulate {
+            self.micro.iter_mut().for_each(|x| *x = 0.0);
+            &mut self.micro
+        } else {
+            &mut self.grad
+        };
+        let lt = self
+            .model
+            .loss_and_grad(&self.local, target)
+            .map_err(|error| TrainError::Model { update, error })?;
+        if lt.len() != terms.len() {
+            return Err(TrainError::Model {
+                update,
+                error: anyhow::anyhow!(
+                    "the model returned {} loss terms but names {}",
+                    lt.len(),
+                    terms.len()
+                ),
+            });
+        }
+        if accumulate {
+            self.grad
+                .iter_mut()
+                .zip(&self.micro)
+                .for_each(|(a, b)| *a += *b);
+        }
+        terms.iter_mut().zip(&lt).for_each(|(a, b)| *a += *b);
+        Ok(())
+    }
+
+    /// Reduces the update's loss terms (one small sum, weighted by samples) and timings (MAX).
+    /// Each reported term is the mean over all `replicas x k x local batch` samples of the
+    /// update, whatever the replica count and the accumulation `k`. Every decision that
+    /// changes the number of collectives is taken from these reduced values (invariant 9).
+    ///
+    /// Errors: failed collectives, [`TrainError::NonFinite`].
+    fn reduce_metrics(&mut self, step: UpdateStep) -> Result<Metrics, TrainError> {
+        let b = self.plan.local_batch as f64;
+        let mut sums: Vec<f64> = step.terms.iter().map(|t| t * b).collect();
+        sums.push(b * self.cfg.accumulation as f64);
+        self.comm.all_reduce(&mut sums, ReduceOp::Sum)?;
+        let samples = sums.pop().unwrap_or(1.0);
+        let losses: Vec<f64> = sums.iter().map(|t| t / samples).collect();
+        let [d, c, m] = step.times;
+        let mut times = [d, c, m, step.start.elapsed().as_secs_f64()];
+        self.comm.all_reduce(&mut times, ReduceOp::Max)?;
+        let total: f64 = losses.iter().sum();
         if !total.is_finite() {
             return Err(TrainError::NonFinite {
-                update,
+                update: self.update,
                 value: total,
             });
         }
+        Ok(Metrics {
+            losses,
+            total,
+            times,
+        })
+    }
+
+    /// After each update: the replicas' checksums every `checksum_every` updates (all
+    /// ranks); the chief's CSV rows, progress, log line and checkpoint.
+    ///
+    /// Errors: [`TrainError::Diverged`], write errors on the chief.
+    fn callbacks(&mut self, metrics: &Metrics) -> Result<(), TrainError> {
+        let (cfg, update) = (self.cfg, self.update);
         if cfg.checksum_every > 0 && update % cfg.checksum_every == 0 {
-            verify_identical(comm, model, update)?;
+            verify_identical(self.comm, &*self.model, update)?;
         }
-        let epoch = (update - 1) / steps_per_epoch;
-        if let Some(d) = rundir.as_mut() {
-            if injected("callback", rank, Some(update)) {
-                return Err(TrainError::Injected(
-                    format!("callback at update {update}"),
-                    rank,
-                ));
+        self.history.push(metrics.losses.clone());
+        self.update_times.push(metrics.times);
+        self.last.clone_from(&metrics.losses);
+        if self.rundir.is_none() {
+            return Ok(());
+        }
+        self.opts
+            .injected(FaultPoint::Callback, self.comm.rank(), update)?;
+        self.write_rows(metrics)?;
+        if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
+            if let Some(d) = &self.rundir {
+                self.checkpointer
+                    .save(d.root(), update, &*self.model, &self.optimizer)?;
             }
-            d.losses_row(update, epoch, &reduced)?;
-            let samples_per_s = per_update as f64 / times[3].max(1e-12);
-            d.performance_row(
+        }
+        Ok(())
+    }
+
+    /// The chief's rows of `losses.csv` and `performance.csv`, the progress bar and the
+    /// periodic log line.
+    fn write_rows(&mut self, metrics: &Metrics) -> Result<(), TrainError> {
+        let (cfg, update) = (self.cfg, self.update);
+        let epoch = (update - 1) / self.checkpointer.steps_per_epoch;
+        let elapsed = self.run_start.elapsed().as_secs_f64();
+        let done = (update - self.start_update) as f64;
+        let Some(d) = self.rundir.as_mut() else {
+            return Ok(());
+        };
+        let (times, total) = (metrics.times, metrics.total);
+        d.losses_row(update, epoch, &metrics.losses)?;
+        let samples_per_s = self.checkpointer.per_update as f64 / times[3].max(1e-12);
+        d.performance_row(
+            update,
+            [times[0], times[1], times[2]],
+            times[3],
+            samples_per_s,
+        )?;
+        if d.has_progress() {
+            d.progress(
                 update,
-                [times[0], times[1], times[2]],
-                times[3],
-                samples_per_s,
-            )?;
+                format!("epoch {epoch} loss {total:.4e} {samples_per_s:.1} samples/s"),
+            );
+        }
+        if update % cfg.log_every == 0 || update == cfg.updates {
+            let eta = elapsed / done * (cfg.updates - update) as f64;
+            let parts: Vec<String> = self
+                .loss_names
+                .iter()
+                .zip(&metrics.losses)
+                .map(|(n, v)| format!("{n} {v:.4e}"))
+                .collect();
+            let line = format!(
+                "update {update}/{} epoch {epoch} loss {total:.6e} ({}) {samples_per_s:.1} samples/s comm {:.0}% ETA {eta:.0} s",
+                cfg.updates,
+                parts.join(", "),
+                100.0 * times[2] / times[3].max(1e-12)
+            );
             if d.has_progress() {
-                d.progress(
-                    update,
-                    format!("epoch {epoch} loss {total:.4e} {samples_per_s:.1} samples/s"),
-                );
-            }
-            if update % cfg.log_every == 0 || update == cfg.updates {
-                let elapsed = run_start.elapsed().as_secs_f64();
-                let done = (update - start_update) as f64;
-                let eta = elapsed / done * (cfg.updates - update) as f64;
-                let parts: Vec<String> = loss_names
-                    .iter()
-                    .zip(&reduced)
-                    .map(|(n, v)| format!("{n} {v:.4e}"))
-                    .collect();
-                let line = format!(
-                    "update {update}/{} epoch {epoch} loss {total:.6e} ({}) {samples_per_s:.1} samples/s comm {:.0}% ETA {eta:.0} s",
-                    cfg.updates,
-                    parts.join(", "),
-                    100.0 * times[2] / times[3].max(1e-12)
-                );
-                if d.has_progress() {
-                    d.log_quiet(&line)?;
-                } else {
-                    d.log(&line)?;
-                }
-            }
-            if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
-                ckpt.save(d.root(), update, model, &optimizer)?;
+                d.log_quiet(&line)?;
+            } else {
+                d.log(&line)?;
             }
         }
-        history.push(reduced.clone());
-        update_times.push(times);
-        last = reduced;
-        if let Some(stop) = cfg.early_stop_loss {
-            if total < stop {
-                if let Some(d) = rundir.as_mut() {
+        Ok(())
+    }
+
+    /// True when the reduced total loss fell below `training.early_stop_loss` (the same
+    /// decision on every replica, invariant 9).
+    ///
+    /// Errors: a failed log write on the chief.
+    fn early_stop(&mut self, metrics: &Metrics) -> Result<bool, TrainError> {
+        let total = metrics.total;
+        match self.cfg.early_stop_loss {
+            Some(stop) if total < stop => {
+                if let Some(d) = self.rundir.as_mut() {
                     d.log(&format!(
-                        "early stop: loss {total:.6e} < {stop} at update {update}"
+                        "early stop: loss {total:.6e} < {stop} at update {}",
+                        self.update
                     ))?;
                 }
-                break;
+                Ok(true)
             }
+            _ => Ok(false),
         }
     }
 
-    verify_identical(comm, model, update)?;
-    let mut exported = Vec::new();
-    let finish = match rundir.as_mut() {
-        Some(d) => (|| -> Result<(), TrainError> {
+    /// Compares the replicas once more, then the chief writes the final checkpoint and the
+    /// model's exported weights; every rank returns the same summary.
+    ///
+    /// Errors: [`TrainError::Diverged`], write or export errors (chief) /
+    /// [`TrainError::PeerFailed`] (peers).
+    fn finish(mut self) -> Result<TrainSummary, TrainError> {
+        let update = self.update;
+        verify_identical(self.comm, &*self.model, update)?;
+        let finished = self.rundir.as_mut().map(|d| {
             d.finish_progress();
-            ckpt.save(d.root(), update, model, &optimizer)?;
-            exported = model
+            self.checkpointer
+                .save(d.root(), update, &*self.model, &self.optimizer)?;
+            let exported = self
+                .model
                 .export(d.root())
-                .map_err(|e| TrainError::Model { update, error: e })?;
+                .map_err(|error| TrainError::Model { update, error })?;
             for f in &exported {
                 d.log(&format!("exported {}", f.display()))?;
             }
             d.log(&format!("Completed {update} optimizer updates."))?;
-            d.log(&format!("Outputs in {}", d.root().display()))
-        })(),
-        None => Ok(()),
-    };
-    agree(comm, finish, "writing the final outputs")?;
-    let mut all = model.trainable().to_vec();
-    all.extend_from_slice(model.frozen());
-    Ok(TrainSummary {
-        updates: update,
-        final_losses: last,
-        loss_history: history,
-        update_times,
-        params_checksum: checksum(&all),
-        output_dir: cfg.output_dir.clone(),
-        exported,
-    })
+            d.log(&format!("Outputs in {}", d.root().display()))?;
+            Ok(exported)
+        });
+        let exported = agree_with_chief(self.comm, finished, "writing the final outputs")?;
+        let mut all = self.model.trainable().to_vec();
+        all.extend_from_slice(self.model.frozen());
+        Ok(TrainSummary {
+            updates: update,
+            final_losses: self.last,
+            loss_history: self.history,
+            update_times: self.update_times,
+            params_checksum: checksum(&all),
+            output_dir: self.cfg.output_dir.clone(),
+            exported: exported.unwrap_or_default(),
+        })
+    }
 }
 
 /// Compares the parameter checksums of all ranks (invariant 7).
@@ -605,6 +818,11 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
+    /// The global index of update `u`'s first sample.
+    fn first_sample(&self, u: u64) -> u64 {
+        first_sample_of(u, self.per_update, self.steps_per_epoch, self.dataset)
+    }
+
     /// Writes `checkpoints/update_NNNNNN.safetensors` and points `checkpoints/latest` at it.
     fn save(
         &self,
@@ -615,12 +833,7 @@ impl Checkpointer {
     ) -> Result<(), TrainError> {
         let mut state = TrainState {
             update,
-            next_sample: first_sample_of(
-                update,
-                self.per_update,
-                self.steps_per_epoch,
-                self.dataset,
-            ),
+            next_sample: self.first_sample(update),
             seed: self.seed,
             trainable: model.trainable().to_vec(),
             frozen: model.frozen().to_vec(),
@@ -641,7 +854,11 @@ impl Checkpointer {
     }
 }
 
-/// Loads a checkpoint into the chief's model and optimizer; returns the update to continue from.
+/// Loads a checkpoint (any form [`checkpoint::resolve`] accepts) into the chief's model and
+/// optimizer; returns the update to continue from.
+///
+/// Errors: [`TrainError::Checkpoint`] for an unusable checkpoint; [`TrainError::Config`] when
+/// it already has as many updates as the run asks for.
 fn restore(
     path: &Path,
     hash: &str,
@@ -649,11 +866,24 @@ fn restore(
     model: &mut dyn Model,
     optimizer: &mut Optimizer,
 ) -> Result<u64, TrainError> {
+    let path = &checkpoint::resolve(path)?;
     let state = checkpoint::read(path)?;
     let bad = |m: String| TrainError::Checkpoint {
         path: path.to_path_buf(),
         message: m,
     };
+    if state.update >= cfg.updates {
+        return Err(TrainError::config(
+            "training.optimizer_updates",
+            format!(
+                "is {} but the checkpoint {} already has {} updates, so there is nothing to train; ask for more than {} updates in total (lockstep train --updates N) to continue it",
+                cfg.updates,
+                path.display(),
+                state.update,
+                state.update
+            ),
+        ));
+    }
     if state.config_hash != hash {
         return Err(bad(format!(
             "it was written for another configuration: the config sections {} differ (only run.batch_size, run.distribution, output and the run length may change on resume)",

@@ -1,30 +1,43 @@
 //! Errors of the training engine.
+//!
+//! Display rule: a variant either prints its cause in its own message or exposes it as
+//! [`std::error::Error::source`], never both, so a caller that prints the whole chain
+//! (`{:#}` of an `anyhow::Error`) shows every cause exactly once.
 
+use crate::rundir::OutputDirError;
 use lockstep_comm::CommError;
+use lockstep_core::config::ConfigError;
+use lockstep_core::memory::MemoryError;
 use std::path::PathBuf;
 use thiserror::Error;
 
 /// Everything that can stop a training run. Messages name the key, file or value and the fix.
 #[derive(Debug, Error)]
 pub enum TrainError {
-    /// The configuration is invalid; detected before any output is written.
-    #[error("config error at `{key}`: {message}")]
-    Config {
-        /// The JSON key path, e.g. `run.distribution.global_batch_size`.
-        key: String,
-        /// What is wrong and how to fix it.
-        message: String,
-    },
-    /// Reading or writing a file failed.
-    #[error("{path}: {message}")]
+    /// The configuration is invalid; detected before any output is written. Displayed as
+    /// `FILE: KEY: PROBLEM`.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The run would not fit in the memory of this machine; detected before any output is
+    /// written.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The output directory cannot be used (exists without overwrite, not lockstep's, ...).
+    #[error(transparent)]
+    OutputDir(#[from] OutputDirError),
+    /// Reading or writing a file failed; the OS error is the [`source`](std::error::Error::source).
+    #[error("{}: {action}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// What failed.
-        message: String,
+        /// What was being done, e.g. `cannot create the output directory`.
+        action: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
     },
-    /// A checkpoint cannot be used.
-    #[error("checkpoint {path}: {message}")]
+    /// A checkpoint cannot be used or written.
+    #[error("checkpoint {}: {message}", path.display())]
     Checkpoint {
         /// The checkpoint file.
         path: PathBuf,
@@ -32,7 +45,7 @@ pub enum TrainError {
         message: String,
     },
     /// A collective failed (a peer died, mismatched collectives, ...).
-    #[error("communication failed: {0}")]
+    #[error("communication failed")]
     Comm(#[from] CommError),
     /// The replicas' parameters differ (invariant 7).
     #[error("replicas diverged at update {update}: parameter checksums differ across ranks ({checksums}); every replica must apply the same update")]
@@ -58,17 +71,31 @@ pub enum TrainError {
         /// Its report.
         message: String,
     },
-    /// The model or the batch source failed during training.
-    #[error("model error at update {update}: {error}")]
+    /// The model or the batch source failed during training; its error (with its own causes)
+    /// is the [`source`](std::error::Error::source).
+    #[error("model error at update {update}")]
     Model {
         /// The update during which it happened.
         update: u64,
-        /// The model's error (its message carries its causes).
+        /// The model's error.
+        #[source]
         error: anyhow::Error,
     },
-    /// The model could not be built (network, inputs or losses of the config).
-    #[error("{0}")]
+    /// The model or its config could not be read or built (network, inputs, losses); the
+    /// model's error, shown as is.
+    #[error(transparent)]
     Build(anyhow::Error),
+    /// Every rank of the job stopped during validation, before any output; this is this
+    /// rank's own reason (only the lowest-numbered refusing rank carries one).
+    #[error(transparent)]
+    Refused(Box<TrainError>),
+    /// Every rank of the job stopped during validation because rank `rank` refused the run
+    /// (that rank reports why).
+    #[error("rank {rank} refused the run during validation")]
+    RefusedByPeer {
+        /// The rank that reports the reason.
+        rank: usize,
+    },
     /// The parameters are no longer finite after an update.
     #[error("parameter {index} became {value} after update {update}; lower training.optimizer.learning_rate or check the optimizer settings")]
     NonFiniteParameter {
@@ -79,25 +106,40 @@ pub enum TrainError {
         /// The value.
         value: f32,
     },
-    /// A failure injected by the test-only switch `LOCKSTEP_TEST_INJECT_FAILURE`.
-    #[error("injected failure ({0}) on rank {1}")]
-    Injected(String, usize),
+    /// A failure injected by a [`crate::testing::Fault`] (test builds only).
+    #[cfg(feature = "testing")]
+    #[error("injected failure ({what}) on rank {rank}")]
+    Injected {
+        /// Where it was injected.
+        what: String,
+        /// The rank it was injected on.
+        rank: usize,
+    },
 }
 
 impl TrainError {
-    /// A [`TrainError::Config`] for `key`.
-    pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
-        TrainError::Config {
-            key: key.into(),
-            message: message.into(),
+    /// A [`TrainError::Config`] for `key` (file unknown).
+    pub fn config(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        TrainError::Config(ConfigError::new(key, problem))
+    }
+
+    /// A [`TrainError::Io`]: `action` on `path` failed with `source`.
+    pub fn io(path: impl Into<PathBuf>, action: impl Into<String>, source: std::io::Error) -> Self {
+        TrainError::Io {
+            path: path.into(),
+            action: action.into(),
+            source,
         }
     }
 
-    /// A [`TrainError::Io`] for `path`.
-    pub fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
-        TrainError::Io {
-            path: path.into(),
-            message: err.to_string(),
-        }
+    /// True for errors that every rank of the job returns at the same point, each knowing the
+    /// job failed (validation agreed across ranks, the chief's output setup broadcast to all):
+    /// the process may then leave through `MPI_Finalize` and a non-zero exit instead of
+    /// aborting the job. Anything else (a model error on one rank, a lost peer) must abort.
+    pub fn is_agreed(&self) -> bool {
+        matches!(
+            self,
+            TrainError::Refused(_) | TrainError::RefusedByPeer { .. }
+        )
     }
 }

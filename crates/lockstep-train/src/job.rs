@@ -1,10 +1,15 @@
 //! Running a training job on the process group: serial, one thread per replica, or one MPI
 //! process per replica, as the plan says.
+//!
+//! [`run_job`] validates everything that does not need the output directory first (the
+//! model can be built, the launch matches the config, the run fits in this machine's memory)
+//! and, under MPI, makes every rank agree on the verdict ([`agree_on_validation`]) before any
+//! rank touches an output.
 
-use crate::config::{plan, EngineConfig, Strategy};
-use crate::engine::{train, TrainOptions, TrainSummary};
+use crate::config::{plan, EngineConfig, Plan, Strategy};
+use crate::engine::{train, EngineOptions, TrainSummary};
 use crate::{BatchSource, Model, TrainError};
-use lockstep_comm::{run_replicas, Communicator, World};
+use lockstep_comm::{run_replicas, CommExt, Communicator, ReduceOp, World};
 
 /// Builds the model replica of a rank and its batch source; called once for planning and
 /// once per replica (on the replica's own thread for the threads strategy) with the replica's
@@ -18,23 +23,108 @@ impl<M: Model, S: BatchSource, F: Fn(usize) -> anyhow::Result<(M, S)> + Sync> Re
 {
 }
 
-/// Validates the distribution against the launch (before any output), then trains:
-/// serially or under MPI on `world`'s communicator, or on `plan.replicas` threads with a
-/// `ThreadComm` for the threads strategy.
+/// Makes every rank of `comm` agree on a validation step that each rank ran on its own: if
+/// any rank failed, every rank returns an error that [`TrainError::is_agreed`] marks, the
+/// lowest failing rank its own ([`TrainError::Refused`]) and every other rank
+/// [`TrainError::RefusedByPeer`] naming it, so exactly one rank reports the reason and all
+/// may leave through `MPI_Finalize` without waiting for each other. One process (`size`
+/// 1): the result unchanged.
 ///
-/// Errors: every [`TrainError`]; a failed thread replica is reported as
-/// [`TrainError::PeerFailed`] naming its rank.
-pub fn run_job<M: Model, S: BatchSource>(
+/// Errors: as described, or [`TrainError::Comm`] when the agreement itself fails.
+pub fn agree_on_validation<T>(
+    comm: &dyn Communicator,
+    local: Result<T, TrainError>,
+) -> Result<T, TrainError> {
+    if comm.size() == 1 {
+        return local;
+    }
+    let mine = if local.is_err() {
+        comm.rank() as u64
+    } else {
+        u64::MAX
+    };
+    let first = comm.all_reduce_scalar(mine, ReduceOp::Min)?;
+    match local {
+        Ok(v) if first == u64::MAX => Ok(v),
+        Err(e) if first == comm.rank() as u64 => Err(TrainError::Refused(Box::new(e))),
+        _ => Err(TrainError::RefusedByPeer {
+            rank: first as usize,
+        }),
+    }
+}
+
+/// Refuses a run that does not fit in this machine's memory: the model's estimate for its
+/// local batch, plus the engine's gradient and optimizer buffers, times the replicas that
+/// share this machine ([`Plan::replicas_on_this_machine`]).
+///
+/// Errors: [`TrainError::Memory`] naming the need, the parts, the available memory and the
+/// keys that drive it.
+pub fn check_memory(model: &dyn Model, plan: &Plan, cfg: &EngineConfig) -> Result<(), TrainError> {
+    let mut estimate = model.memory_estimate(plan.local_batch);
+    let n = model.trainable().len() as u64;
+    let slots = match cfg.optimizer.kind {
+        crate::optim::OptimizerKind::Adam { .. } => 2,
+        crate::optim::OptimizerKind::Sgd { .. } => 1,
+    };
+    let buffers = 1 + u64::from(cfg.accumulation > 1) + slots;
+    estimate.add(
+        "gradients and optimizer state",
+        n.saturating_mul(4 * buffers),
+    );
+    let why = match plan.strategy {
+        Some(Strategy::Threads) => "thread replicas in this process",
+        Some(Strategy::Mpi) => "MPI ranks on this node",
+        None => "replicas",
+    };
+    estimate
+        .times(plan.replicas_on_this_machine as u64, why)
+        .check_here("this training run")?;
+    Ok(())
+}
+
+/// Builds this rank's model, plans the distribution and checks the memory (no output yet).
+fn validate<M: Model, S: BatchSource>(
     world: &World,
     cfg: &EngineConfig,
-    opts: &TrainOptions,
-    build: impl ReplicaFactory<M, S>,
-) -> Result<TrainSummary, TrainError> {
-    let (mut model, mut source) = build(world.comm().rank()).map_err(TrainError::Build)?;
+    opts: &EngineOptions,
+    build: &impl ReplicaFactory<M, S>,
+) -> Result<(M, S, Plan), TrainError> {
+    #[cfg(feature = "testing")]
+    if let Some(f) = opts
+        .fault
+        .filter(|f| f.fires(crate::testing::FaultPoint::Validation, 0, 0))
+    {
+        return Err(TrainError::Injected {
+            what: f.to_string(),
+            rank: world.comm().rank(),
+        });
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = opts;
+    let (model, source) = build(world.comm().rank()).map_err(TrainError::Build)?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     let plan = plan(cfg, &world.launch, cores, model.sample_separable())?;
+    check_memory(&model, &plan, cfg)?;
+    Ok((model, source, plan))
+}
+
+/// Validates the run against the launch and this machine (before any output; every MPI rank
+/// agrees on the verdict), then trains: serially or under MPI on `world`'s communicator, or
+/// on `plan.replicas` threads with a `ThreadComm` for the threads strategy.
+///
+/// Errors: every [`TrainError`]; validation failures under MPI are agreed errors
+/// ([`TrainError::is_agreed`]); a failed thread replica is reported as
+/// [`TrainError::PeerFailed`] naming its rank.
+pub fn run_job<M: Model, S: BatchSource>(
+    world: &World,
+    cfg: &EngineConfig,
+    opts: &EngineOptions,
+    build: impl ReplicaFactory<M, S>,
+) -> Result<TrainSummary, TrainError> {
+    let validated = validate(world, cfg, opts, &build);
+    let (mut model, mut source, plan) = agree_on_validation(world.comm(), validated)?;
     if plan.strategy == Some(Strategy::Threads) {
         drop(model);
         let mut results = run_replicas(plan.replicas, |comm| {

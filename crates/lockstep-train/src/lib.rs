@@ -7,8 +7,36 @@
 //! engine knows nothing about neurons: a model is flat f32 parameter buffers plus a
 //! loss-and-gradient function; a [`BatchSource`] produces global batches on the chief.
 //!
-//! The ten invariants of `../shared/DESIGN.md` ("Invariants of sample-parallel training") are
-//! implemented here: [`config::plan`] (1-3), [`engine::train`] (4-9) and [`checkpoint`] (10).
+//! # Guarantees
+//!
+//! The ten invariants of `../shared/DESIGN.md` ("Invariants of sample-parallel training"):
+//! [`config::plan`] (1-3: opt-in, batch sizes, launcher and config agree), [`engine::train`]
+//! (4-9: the chief draws and scatters contiguous slices, noise keyed by sample, one gradient
+//! reduction per update, identical replicas, chief-owned outputs, the same control flow on
+//! every rank) and [`checkpoint`] (10: complete, portable, verified checkpoints). Also:
+//!
+//! - Everything is validated before any output is created, replaced or deleted: the config
+//!   ([`EngineConfig`]), the launch ([`plan`]), the memory the run needs on this machine
+//!   ([`Model::memory_estimate`] times the replicas that share it, [`job::run_job`]), the
+//!   checkpoint to resume from, and the output directory (only empty or lockstep-written
+//!   directories are ever replaced, [`rundir::check_replaceable`]).
+//! - The logged loss of an update (`callbacks/losses.csv`, the log line, `early_stop_loss`)
+//!   is the mean of each term over every sample of the global batch, whatever the replica
+//!   count and `gradient_updates_per_optimizer_step`.
+//! - A failure on any rank ends every rank: chief-only steps share their verdict, thread
+//!   replicas poison their group, MPI jobs abort; validation errors that every rank sees end
+//!   the job through [`TrainError::is_agreed`] errors instead.
+//!
+//! # Errors
+//!
+//! The engine returns [`TrainError`]. [`Model`] and [`BatchSource`] methods return
+//! [`anyhow::Result`]: models live in other crates with their own error types, and the engine
+//! only wraps what they return (as [`TrainError::Model`] with the update, or
+//! [`TrainError::Build`]) and never turns it into text, so the model's whole cause chain
+//! reaches the user once.
+//!
+//! Feature `testing` adds the [`reference`] model, failure injection ([`testing::Fault`]) and
+//! the `lockstep-train-check` binary, for this crate's tests and installation checks.
 
 pub mod checkpoint;
 pub mod config;
@@ -16,14 +44,18 @@ pub mod engine;
 mod error;
 pub mod job;
 pub mod optim;
+#[cfg(feature = "testing")]
 pub mod reference;
 pub mod rundir;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{plan, EngineConfig, Plan, Strategy};
-pub use engine::{train, TrainOptions, TrainSummary};
+pub use engine::{train, EngineOptions, TrainSummary};
 pub use error::TrainError;
 pub use optim::{Optimizer, OptimizerConfig};
 
+use lockstep_core::memory::MemoryEstimate;
 use std::path::{Path, PathBuf};
 
 /// A batch of samples: the global batch on the chief, or one replica's contiguous slice.
@@ -45,6 +77,8 @@ pub struct Batch {
 
 /// Produces global batches on the chief, exactly as a serial run with the global batch size
 /// would (invariant 4). Only the chief calls [`BatchSource::global_batch`].
+///
+/// Errors are [`anyhow::Error`] with the source's own causes (see the crate docs).
 pub trait BatchSource {
     /// f32 values per sample in [`Batch::inputs`].
     fn input_width(&self) -> usize;
@@ -65,12 +99,15 @@ pub trait BatchSource {
 ///
 /// Every replica must compute deterministically from (parameters, batch): any randomness is
 /// keyed by `(seed, global sample index, time step)`, never by rank (invariant 5).
+///
+/// Errors are [`anyhow::Error`] with the model's own causes (see the crate docs).
 pub trait Model {
     /// Trainable parameters, flat.
     fn trainable(&self) -> &[f32];
     /// Trainable parameters, mutable (the engine applies updates and broadcasts here).
     fn trainable_mut(&mut self) -> &mut [f32];
-    /// Frozen parameters (broadcast at startup and checkpointed, never updated). Default: none.
+    /// Frozen parameters: broadcast from the chief at startup, saved in and restored from
+    /// checkpoints, included in the replicas' checksums, never updated. Default: none.
     fn frozen(&self) -> &[f32] {
         &[]
     }
@@ -86,6 +123,15 @@ pub trait Model {
     /// The loss terms (each a mean over the batch's samples) and, written into `grad`
     /// (zeroed by the caller, length `trainable().len()`), the gradient of their sum.
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>>;
+    /// The memory one replica needs to train on `local_batch` samples per micro-batch
+    /// (per-sample state, tapes, buffers), with the config keys that drive it. The engine
+    /// multiplies it by the replicas that share this machine and refuses a run that does not
+    /// fit before any output is touched. Computed from sizes alone, without allocating.
+    /// Default: an empty estimate (nothing is checked).
+    fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
+        let _ = local_batch;
+        MemoryEstimate::new()
+    }
     /// Applies constraints after each update (e.g. sign constraints). Default: none.
     fn after_update(&mut self) {}
     /// Writes the trained parameters in the model's native format into `dir` (chief only);

@@ -5,8 +5,8 @@
 //! The optimizer state is plain data (`slots`, `step`) so checkpoints can save and restore it
 //! exactly, and every replica applying the same update to the same state stays bitwise equal.
 
-use crate::config::{check_keys, get_f64, get_str, get_u64};
-use crate::TrainError;
+use lockstep_core::config::{from_value, ConfigError};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 /// Which update rule.
@@ -28,24 +28,91 @@ pub enum OptimizerKind {
     },
 }
 
-/// Learning-rate schedule over optimizer updates.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Learning-rate schedule over optimizer updates: `"constant"`, or an object tagged by
+/// `name` (`{"name": "warmup_cosine", "warmup_updates": 10, "min_learning_rate": 0}`; an
+/// object without `name` is constant).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Schedule {
     /// The base learning rate at every update.
+    #[default]
     Constant,
     /// Linear warm-up from 0 over `warmup_updates`, then cosine decay to `min_learning_rate`
     /// at `total_updates` (0 = the run's update count).
     WarmupCosine {
         /// Updates of linear warm-up.
+        #[serde(default)]
         warmup_updates: u64,
         /// Update at which the cosine reaches its minimum.
+        #[serde(default)]
         total_updates: u64,
         /// The final learning rate.
+        #[serde(default)]
         min_learning_rate: f64,
     },
 }
 
-/// `training.optimizer`.
+fn default_learning_rate() -> f64 {
+    1e-3
+}
+fn default_beta1() -> f32 {
+    0.9
+}
+fn default_beta2() -> f32 {
+    0.999
+}
+fn default_epsilon() -> f32 {
+    1e-8
+}
+
+/// `training.optimizer` as written: tagged by `name` (default `"adam"`), unknown keys refused.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+enum OptimizerSection {
+    Adam {
+        #[serde(default = "default_learning_rate")]
+        learning_rate: f64,
+        #[serde(default = "default_beta1")]
+        beta1: f32,
+        #[serde(default = "default_beta2")]
+        beta2: f32,
+        #[serde(default = "default_epsilon")]
+        epsilon: f32,
+        #[serde(default, deserialize_with = "schedule")]
+        schedule: Schedule,
+    },
+    Sgd {
+        #[serde(default = "default_learning_rate")]
+        learning_rate: f64,
+        #[serde(default)]
+        momentum: f32,
+        #[serde(default, deserialize_with = "schedule")]
+        schedule: Schedule,
+    },
+}
+
+/// Inserts the default tag `name` into an object that has none.
+fn with_default_name(mut v: Value, name: &str) -> Value {
+    if let Value::Object(m) = &mut v {
+        m.entry("name").or_insert_with(|| Value::from(name));
+    }
+    v
+}
+
+/// A schedule written as a name (`"constant"`) or as a tagged object (default `constant`).
+fn schedule<'de, D: Deserializer<'de>>(d: D) -> Result<Schedule, D::Error> {
+    let v = match Value::deserialize(d)? {
+        Value::String(name) => serde_json::json!({ "name": name }),
+        other => with_default_name(other, "constant"),
+    };
+    Schedule::deserialize(v).map_err(serde::de::Error::custom)
+}
+
+/// `training.optimizer`: the update rule, its learning rate and schedule, e.g.
+/// `{"name": "adam", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
+///   "schedule": {"name": "warmup_cosine", "warmup_updates": 10, "min_learning_rate": 0}}`
+/// or `{"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}`. Default: Adam, lr 1e-3.
+/// Deserializing checks the structure; [`OptimizerConfig::validate`] checks the ranges.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerConfig {
     /// The update rule.
@@ -56,76 +123,85 @@ pub struct OptimizerConfig {
     pub schedule: Schedule,
 }
 
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            kind: OptimizerKind::Adam {
+                beta1: default_beta1(),
+                beta2: default_beta2(),
+                epsilon: default_epsilon(),
+            },
+            learning_rate: default_learning_rate(),
+            schedule: Schedule::Constant,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OptimizerConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = with_default_name(Value::deserialize(d)?, "adam");
+        Ok(
+            match OptimizerSection::deserialize(v).map_err(serde::de::Error::custom)? {
+                OptimizerSection::Adam {
+                    learning_rate,
+                    beta1,
+                    beta2,
+                    epsilon,
+                    schedule,
+                } => OptimizerConfig {
+                    kind: OptimizerKind::Adam {
+                        beta1,
+                        beta2,
+                        epsilon,
+                    },
+                    learning_rate,
+                    schedule,
+                },
+                OptimizerSection::Sgd {
+                    learning_rate,
+                    momentum,
+                    schedule,
+                } => OptimizerConfig {
+                    kind: OptimizerKind::Sgd { momentum },
+                    learning_rate,
+                    schedule,
+                },
+            },
+        )
+    }
+}
+
 impl OptimizerConfig {
-    /// Parses `training.optimizer`, e.g.
-    /// `{"name": "adam", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
-    ///   "schedule": {"name": "warmup_cosine", "warmup_updates": 10, "min_learning_rate": 0}}`
-    /// or `{"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}`. Absent: Adam, lr 1e-3.
+    /// Reads and validates a `training.optimizer` value (`None`: the default).
     ///
-    /// Errors: [`TrainError::Config`] naming the key.
-    pub fn from_json(v: Option<&Value>) -> Result<OptimizerConfig, TrainError> {
-        let path = "training.optimizer";
-        let empty = serde_json::Map::new();
-        let obj = match v {
-            None | Some(Value::Null) => &empty,
-            Some(Value::Object(m)) => m,
-            Some(other) => {
-                return Err(TrainError::config(
-                    path,
-                    format!("must be an object, found {other}"),
+    /// Errors: a [`ConfigError`] under `training.optimizer` naming the key.
+    pub fn from_json(v: Option<&Value>) -> Result<OptimizerConfig, ConfigError> {
+        let section = "training.optimizer";
+        let cfg: OptimizerConfig = match v {
+            None | Some(Value::Null) => OptimizerConfig::default(),
+            Some(v) => from_value(v, section)?,
+        };
+        cfg.validate().map_err(|e| e.under(section))?;
+        Ok(cfg)
+    }
+
+    /// Checks the ranges: `0 <= beta1, beta2, momentum < 1`, `0 < epsilon < 1`, a positive
+    /// finite learning rate, `0 <= min_learning_rate <= learning_rate`.
+    ///
+    /// Errors: a [`ConfigError`] whose key is relative to the optimizer (`beta1`,
+    /// `schedule.min_learning_rate`, ...).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let in_range = |key: &str, v: f32, lo: f32, hi: f32, what: &str| {
+            if v >= lo && v < hi {
+                Ok(())
+            } else {
+                Err(ConfigError::new(
+                    key,
+                    format!("{v} is out of range: {what}"),
                 ))
             }
         };
-        let name = get_str(obj, path, "name")?.unwrap_or("adam");
-        let kind = match name {
-            "adam" => {
-                check_keys(
-                    obj,
-                    &[
-                        "name",
-                        "learning_rate",
-                        "beta1",
-                        "beta2",
-                        "epsilon",
-                        "schedule",
-                    ],
-                    path,
-                )?;
-                OptimizerKind::Adam {
-                    beta1: get_f64(obj, path, "beta1")?.unwrap_or(0.9) as f32,
-                    beta2: get_f64(obj, path, "beta2")?.unwrap_or(0.999) as f32,
-                    epsilon: get_f64(obj, path, "epsilon")?.unwrap_or(1e-8) as f32,
-                }
-            }
-            "sgd" => {
-                check_keys(
-                    obj,
-                    &["name", "learning_rate", "momentum", "schedule"],
-                    path,
-                )?;
-                OptimizerKind::Sgd {
-                    momentum: get_f64(obj, path, "momentum")?.unwrap_or(0.0) as f32,
-                }
-            }
-            other => {
-                return Err(TrainError::config(
-                    "training.optimizer.name",
-                    format!("{other:?} is not an optimizer; use \"adam\" or \"sgd\""),
-                ))
-            }
-        };
-        let in_range =
-            |key: &str, v: f32, lo: f32, hi: f32, what: &str| -> Result<(), TrainError> {
-                if v >= lo && v < hi {
-                    Ok(())
-                } else {
-                    Err(TrainError::config(
-                        format!("training.optimizer.{key}"),
-                        format!("{v} is out of range: {what}"),
-                    ))
-                }
-            };
-        match kind {
+        match self.kind {
             OptimizerKind::Adam {
                 beta1,
                 beta2,
@@ -163,66 +239,25 @@ impl OptimizerConfig {
                 )?;
             }
         }
-        let learning_rate = get_f64(obj, path, "learning_rate")?.unwrap_or(1e-3);
-        if !(learning_rate > 0.0 && learning_rate.is_finite()) {
-            return Err(TrainError::config(
-                "training.optimizer.learning_rate",
-                format!("must be a positive number, found {learning_rate}"),
+        let lr = self.learning_rate;
+        if !(lr > 0.0 && lr.is_finite()) {
+            return Err(ConfigError::new(
+                "learning_rate",
+                format!("must be a positive number, found {lr}"),
             ));
         }
-        let schedule = match obj.get("schedule") {
-            None | Some(Value::Null) => Schedule::Constant,
-            Some(Value::String(s)) if s == "constant" => Schedule::Constant,
-            Some(Value::Object(s)) => {
-                let sp = "training.optimizer.schedule";
-                check_keys(
-                    s,
-                    &[
-                        "name",
-                        "warmup_updates",
-                        "total_updates",
-                        "min_learning_rate",
-                    ],
-                    sp,
-                )?;
-                match get_str(s, sp, "name")?.unwrap_or("constant") {
-                    "constant" => Schedule::Constant,
-                    "warmup_cosine" => {
-                        let min_learning_rate = get_f64(s, sp, "min_learning_rate")?.unwrap_or(0.0);
-                        if !(0.0..=learning_rate).contains(&min_learning_rate) {
-                            return Err(TrainError::config(
-                                "training.optimizer.schedule.min_learning_rate",
-                                format!("{min_learning_rate} must lie between 0 and the learning_rate {learning_rate}"),
-                            ));
-                        }
-                        Schedule::WarmupCosine {
-                            warmup_updates: get_u64(s, sp, "warmup_updates")?.unwrap_or(0),
-                            total_updates: get_u64(s, sp, "total_updates")?.unwrap_or(0),
-                            min_learning_rate,
-                        }
-                    }
-                    other => {
-                        return Err(TrainError::config(
-                            "training.optimizer.schedule.name",
-                            format!(
-                            "{other:?} is not a schedule; use \"constant\" or \"warmup_cosine\""
-                        ),
-                        ))
-                    }
-                }
+        if let Schedule::WarmupCosine {
+            min_learning_rate, ..
+        } = self.schedule
+        {
+            if !(0.0..=lr).contains(&min_learning_rate) {
+                return Err(ConfigError::new(
+                    "schedule.min_learning_rate",
+                    format!("{min_learning_rate} must lie between 0 and the learning_rate {lr}"),
+                ));
             }
-            Some(other) => {
-                return Err(TrainError::config(
-                    "training.optimizer.schedule",
-                    format!("must be \"constant\" or an object, found {other}"),
-                ))
-            }
-        };
-        Ok(OptimizerConfig {
-            kind,
-            learning_rate,
-            schedule,
-        })
+        }
+        Ok(())
     }
 }
 
@@ -363,7 +398,26 @@ mod tests {
     #[test]
     fn bad_optimizer_names_the_key() {
         let e = OptimizerConfig::from_json(Some(&json!({"name": "adamw"}))).unwrap_err();
-        assert!(e.to_string().contains("training.optimizer.name"));
+        assert!(e.to_string().contains("training.optimizer"), "{e}");
+        assert!(e.to_string().contains("did you mean `adam`"), "{e}");
+        let e =
+            OptimizerConfig::from_json(Some(&json!({"name": "sgd", "momentum": 1.5}))).unwrap_err();
+        assert!(e.to_string().contains("training.optimizer.momentum"), "{e}");
+        let e = OptimizerConfig::from_json(Some(
+            &json!({"schedule": {"name": "warmup_cosine", "min_learning_rate": 1.0}}),
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("training.optimizer.schedule.min_learning_rate"),
+            "{e}"
+        );
+        let e = OptimizerConfig::from_json(Some(&json!({"schedule": "warmup_cosin"}))).unwrap_err();
+        assert!(
+            e.to_string().contains("did you mean `warmup_cosine`"),
+            "{e}"
+        );
+
         let e =
             OptimizerConfig::from_json(Some(&json!({"name": "adam", "beta_1": 0.9}))).unwrap_err();
         assert!(e.to_string().contains("did you mean `beta1`"), "{e}");

@@ -6,20 +6,23 @@
 //! the global sample index, never the rank: invariant 5) and scales its inputs by frozen
 //! per-dimension factors. Loss terms, each a mean over samples: `mse = mean (s*w.x - y~)^2`
 //! and `l2 = 1e-3 * |w|^2`.
+//!
+//! Feature `testing` only: this is not a model for users.
 
 use crate::{Batch, BatchSource, Model};
 use anyhow::{bail, Result};
+use lockstep_core::memory::MemoryEstimate;
+use lockstep_core::rng::{splitmix64, GOLDEN_GAMMA};
 
-/// Uniform in [-1, 1) from a counter-based hash (SplitMix64) of `(seed, a, b)`.
+/// Uniform in [-1, 1) from a counter-based hash of `(seed, a, b)`: SplitMix64's mixer of
+/// `(seed - 1) * gamma + a * c1 + b * c2` (24 random bits).
 pub fn uniform(seed: u64, a: u64, b: u64) -> f32 {
-    let mut z = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    let key = seed
+        .wrapping_sub(1)
+        .wrapping_mul(GOLDEN_GAMMA)
         .wrapping_add(a.wrapping_mul(0xD1B5_4A32_D192_ED03))
         .wrapping_add(b.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    ((splitmix64(key) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
 /// The data source: `dim` inputs and one target per sample.
@@ -77,6 +80,7 @@ pub struct LinearRegression {
     rank: usize,
     diverge_at: Option<(u64, usize)>,
     updates: u64,
+    bytes_per_sample: u64,
 }
 
 impl LinearRegression {
@@ -103,7 +107,16 @@ impl LinearRegression {
             rank,
             diverge_at,
             updates: 0,
+            bytes_per_sample: 4 * (dim as u64 + 1),
         }
+    }
+
+    /// Claims `bytes` of working memory per sample in [`Model::memory_estimate`] (the
+    /// memory-check tests make it huge on purpose); default: one input row and target.
+    #[must_use]
+    pub fn with_memory_per_sample(mut self, bytes: u64) -> Self {
+        self.bytes_per_sample = bytes;
+        self
     }
 }
 
@@ -149,6 +162,15 @@ impl Model for LinearRegression {
             *g += 2e-3 * w;
         }
         Ok(vec![mse / batch.samples as f64, l2 as f64])
+    }
+    fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
+        let mut e = MemoryEstimate::new();
+        e.add(
+            "per-sample inputs",
+            self.bytes_per_sample.saturating_mul(local_batch as u64),
+        )
+        .driven_by("run.batch_size");
+        e
     }
     fn after_update(&mut self) {
         self.updates += 1;

@@ -14,36 +14,62 @@ use std::path::{Path, PathBuf};
 /// `output.overwrite_output_dir`.
 pub const MARKER: &str = ".lockstep-output";
 
+/// Why an output directory cannot be used. Each message names the directory and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputDirError {
+    /// The directory exists and the config does not allow replacing it.
+    #[error("{}: the output directory already exists; set output.overwrite_output_dir to true to replace it, or choose another output.output_dir", .0.display())]
+    Exists(PathBuf),
+    /// The output path is a file.
+    #[error("{} is a file, not an output directory; choose another output_dir", .0.display())]
+    IsAFile(PathBuf),
+    /// The directory holds something lockstep did not write.
+    #[error("{} exists and was not written by lockstep (it has no {MARKER} file and holds {entry:?}), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself", dir.display())]
+    Foreign {
+        /// The directory.
+        dir: PathBuf,
+        /// An entry lockstep did not write.
+        entry: String,
+    },
+    /// The directory cannot be listed (the OS error is part of the message, not a source).
+    #[error("cannot read {}: {error}", dir.display())]
+    Unreadable {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+}
+
 /// Whether `dir` may be deleted to be replaced by a new output: it must be empty, carry the
 /// lockstep [`MARKER`], or hold nothing but plain files named in `own_files` (the files the
 /// command itself writes, e.g. an older simulation's `spikes.h5` and `log.txt`). A project
 /// folder, a data folder or any other directory is never deleted, whatever the config says.
 ///
-/// Errors: a message naming the directory and the fix.
-pub fn check_replaceable(dir: &Path, own_files: &[&str]) -> Result<(), String> {
+/// Errors: [`OutputDirError`] naming the directory and the fix.
+pub fn check_replaceable(dir: &Path, own_files: &[&str]) -> Result<(), OutputDirError> {
     if dir.is_symlink() {
         return Ok(()); // the link itself is replaced; its target is never touched
     }
     if dir.is_file() {
-        return Err(format!(
-            "{} is a file, not an output directory; choose another output_dir",
-            dir.display()
-        ));
+        return Err(OutputDirError::IsAFile(dir.to_path_buf()));
     }
     if dir.join(MARKER).is_file() {
         return Ok(());
     }
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let unreadable = |error| OutputDirError::Unreadable {
+        dir: dir.to_path_buf(),
+        error,
+    };
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let plain = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
         if !plain || !own_files.contains(&name.as_str()) {
-            return Err(format!(
-                "{} exists and was not written by lockstep (it has no {MARKER} file and holds {name:?}), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself",
-                dir.display()
-            ));
+            return Err(OutputDirError::Foreign {
+                dir: dir.to_path_buf(),
+                entry: name,
+            });
         }
     }
     Ok(())
@@ -64,9 +90,10 @@ impl RunDir {
     /// Creates `root` (refusing an existing one unless `overwrite`), writes the resolved config
     /// atomically, opens the log and the CSV callbacks with their headers.
     ///
-    /// Errors: [`TrainError::Io`] naming the directory. An existing directory is left
-    /// untouched unless `overwrite` is set *and* it is empty or a lockstep output directory
-    /// (see [`check_replaceable`]).
+    /// Errors: [`TrainError::OutputDir`] when the directory exists and may not be replaced,
+    /// [`TrainError::Io`] naming the file that cannot be written. An existing directory is
+    /// left untouched unless `overwrite` is set *and* it is empty or a lockstep output
+    /// directory (see [`check_replaceable`]).
     pub fn create(
         root: &Path,
         overwrite: bool,
@@ -76,16 +103,16 @@ impl RunDir {
     ) -> Result<RunDir, TrainError> {
         if root.exists() || root.is_symlink() {
             if !overwrite {
-                return Err(TrainError::io(
-                    root,
-                    "the output directory already exists; set output.overwrite_output_dir to true to replace it, or choose another output.output_dir",
-                ));
+                return Err(OutputDirError::Exists(root.to_path_buf()).into());
             }
-            check_replaceable(root, &[]).map_err(|m| TrainError::io(root, m))?;
+            check_replaceable(root, &[])?;
             if root.is_symlink() || root.is_file() {
-                std::fs::remove_file(root).map_err(|e| TrainError::io(root, e))?;
+                std::fs::remove_file(root)
+                    .map_err(|e| TrainError::io(root, "cannot remove the old output", e))?;
             } else {
-                std::fs::remove_dir_all(root).map_err(|e| TrainError::io(root, e))?;
+                std::fs::remove_dir_all(root).map_err(|e| {
+                    TrainError::io(root, "cannot remove the old output directory", e)
+                })?;
             }
         }
         Self::open(root, log_file, resolved_config, loss_names, None)
@@ -114,7 +141,7 @@ impl RunDir {
     ) -> Result<RunDir, TrainError> {
         let mkdir = |p: PathBuf| {
             std::fs::create_dir_all(&p)
-                .map_err(|e| TrainError::io(p, format!("cannot create the output directory: {e}")))
+                .map_err(|e| TrainError::io(p, "cannot create the output directory", e))
         };
         mkdir(root.join("callbacks"))?;
         mkdir(root.join("checkpoints"))?;
@@ -122,8 +149,8 @@ impl RunDir {
             &root.join(MARKER),
             b"written by lockstep; overwrite_output_dir may replace this directory\n",
         )?;
-        let text = serde_json::to_string_pretty(resolved_config)
-            .map_err(|e| TrainError::io(root.join("config.json"), e))?;
+        // Serializing a `Value` cannot fail (its map keys are strings).
+        let text = serde_json::to_string_pretty(resolved_config).unwrap_or_default();
         write_atomic(&root.join("config.json"), text.as_bytes())?;
         let header = format!("step,epoch,{},total", loss_names.join(","));
         let perf_header = "step,data_s,compute_s,comm_s,step_s,samples_per_s,peak_rss_mib";
@@ -150,7 +177,7 @@ impl RunDir {
                 .create(true)
                 .append(true)
                 .open(&p)
-                .map_err(|e| TrainError::io(p, e))
+                .map_err(|e| TrainError::io(p, "cannot open", e))
         };
         Ok(RunDir {
             root: root.to_path_buf(),
@@ -217,12 +244,13 @@ impl RunDir {
             None if !self.quiet => println!("{line}"),
             None => {}
         }
-        writeln!(self.log, "{line}").map_err(|e| TrainError::io(&self.root, e))
+        self.log_quiet(line)
     }
 
     /// Appends a line to the log file only.
     pub fn log_quiet(&mut self, line: &str) -> Result<(), TrainError> {
-        writeln!(self.log, "{line}").map_err(|e| TrainError::io(&self.root, e))
+        writeln!(self.log, "{line}")
+            .map_err(|e| TrainError::io(&self.root, "cannot write the log", e))
     }
 
     /// Appends one row to `callbacks/losses.csv`.
@@ -230,7 +258,7 @@ impl RunDir {
         let total: f64 = terms.iter().sum();
         let cols: Vec<String> = terms.iter().map(|t| format!("{t:.9e}")).collect();
         writeln!(self.losses, "{step},{epoch},{},{total:.9e}", cols.join(","))
-            .map_err(|e| TrainError::io(self.root.join("callbacks/losses.csv"), e))
+            .map_err(|e| TrainError::io(self.root.join("callbacks/losses.csv"), "cannot write", e))
     }
 
     /// Appends one row to `callbacks/performance.csv` (times in s, the slowest rank's).
@@ -247,22 +275,14 @@ impl RunDir {
             times[0],
             times[1],
             times[2],
-            peak_rss_mib()
+            lockstep_core::memory::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
         )
-        .map_err(|e| TrainError::io(self.root.join("callbacks/performance.csv"), e))
-    }
-}
-
-/// Peak resident memory of this process in MiB (`VmHWM` of `/proc/self/status`; 0 elsewhere).
-pub fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
+        .map_err(|e| {
+            TrainError::io(
+                self.root.join("callbacks/performance.csv"),
+                "cannot write",
+                e,
+            )
         })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
+    }
 }

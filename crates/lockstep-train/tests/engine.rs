@@ -7,7 +7,7 @@ use lockstep_comm::{
 use lockstep_train::job::run_job;
 use lockstep_train::reference::{LinearRegression, RegressionData};
 use lockstep_train::{
-    checkpoint, plan, train, Batch, BatchSource, EngineConfig, TrainError, TrainOptions,
+    checkpoint, plan, train, Batch, BatchSource, EngineConfig, EngineOptions, TrainError,
     TrainSummary,
 };
 use serde_json::{json, Value};
@@ -50,12 +50,24 @@ fn run(
     init_by_rank: bool,
     diverge: Option<(u64, usize)>,
 ) -> Result<TrainSummary, TrainError> {
+    run_claiming(config, resume, init_by_rank, diverge, None)
+}
+
+/// [`run`] with a model that claims `memory_per_sample` bytes per sample in its estimate.
+fn run_claiming(
+    config: &Value,
+    resume: Option<&Path>,
+    init_by_rank: bool,
+    diverge: Option<(u64, usize)>,
+    memory_per_sample: Option<u64>,
+) -> Result<TrainSummary, TrainError> {
     let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
-    let opts = TrainOptions {
+    let opts = EngineOptions {
         resolved_config: config.clone(),
         resume: resume.map(Path::to_path_buf),
         quiet: false,
+        ..Default::default()
     };
     let seed = cfg.seed;
     let built = AtomicUsize::new(0);
@@ -63,8 +75,12 @@ fn run(
         // Garbage start: every build gets other initial parameters when asked.
         let n = built.fetch_add(1, Ordering::SeqCst) as u64;
         let init = if init_by_rank { 1000 + n } else { 0 };
+        let mut model = LinearRegression::new(DIM, seed, rank, init, diverge);
+        if let Some(bytes) = memory_per_sample {
+            model = model.with_memory_per_sample(bytes);
+        }
         Ok((
-            LinearRegression::new(DIM, seed, rank, init, diverge),
+            model,
             RegressionData {
                 dim: DIM,
                 seed,
@@ -226,10 +242,11 @@ fn one_gradient_reduction_per_update() {
             seed: 11,
             dataset: None,
         };
-        let opts = TrainOptions {
+        let opts = EngineOptions {
             resolved_config: c.clone(),
             resume: None,
             quiet: false,
+            ..Default::default()
         };
         train(&counting, &cfg, &p, &mut m, &mut s, &opts)?;
         Ok(counting.reductions.into_inner().unwrap())
@@ -294,10 +311,11 @@ fn early_stop_is_the_same_on_all_replicas() {
             seed: 11,
             dataset: None,
         };
-        let opts = TrainOptions {
+        let opts = EngineOptions {
             resolved_config: c.clone(),
             resume: None,
             quiet: false,
+            ..Default::default()
         };
         Ok(train(&comm, &cfg, &p, &mut m, &mut s, &opts)?.updates)
     })
@@ -351,10 +369,11 @@ fn partial_final_batches_are_dropped() {
         },
         asked: Vec::new(),
     };
-    let opts = TrainOptions {
+    let opts = EngineOptions {
         resolved_config: c.clone(),
         resume: None,
         quiet: false,
+        ..Default::default()
     };
     train(&lockstep_comm::SelfComm, &cfg, &p, &mut m, &mut s, &opts).unwrap();
     // 20 samples, 8 per update: 2 updates per epoch, samples 16..19 dropped.
@@ -499,5 +518,163 @@ fn non_finite_parameters_are_an_error() {
     assert!(
         e.contains("became NaN after update") || e.contains("became inf after update"),
         "{e}"
+    );
+}
+
+/// The logged loss of an update is the mean over every sample of the global batch: a plain
+/// batch of 8, 2 accumulated micro-batches of 4, and 2 thread replicas x 2 micro-batches of 2
+/// log the same losses and stop early at the same update.
+#[test]
+fn accumulation_and_replicas_log_the_loss_of_the_plain_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let training = |k: usize| {
+        json!({"gradient_updates_per_optimizer_step": k, "early_stop_loss": 0.02,
+               "optimizer": {"name": "adam", "learning_rate": 0.05}})
+    };
+    let plain = config(dir.path(), "plain", 8, Value::Null, 100, training(1));
+    let acc = config(dir.path(), "acc", 4, Value::Null, 100, training(2));
+    let threads = config(
+        dir.path(),
+        "threads",
+        2,
+        json!({"strategy": "threads", "global_batch_size": 4}),
+        100,
+        training(2),
+    );
+    let a = run(&plain, None, false, None).unwrap();
+    assert!(a.updates > 3 && a.updates < 100, "stopped at {}", a.updates);
+    let csv = |name: &str| -> Vec<Vec<f64>> {
+        std::fs::read_to_string(dir.path().join(name).join("callbacks/losses.csv"))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').skip(2).map(|v| v.parse().unwrap()).collect())
+            .collect()
+    };
+    for other in [&acc, &threads] {
+        let name = other["output"]["output_dir"].as_str().unwrap().to_string();
+        let b = run(other, None, false, None).unwrap();
+        assert_eq!(b.updates, a.updates, "{name}: early stop at another update");
+        for (hist_a, hist_b) in [
+            (a.loss_history.clone(), b.loss_history.clone()),
+            (csv("plain"), csv(&name)),
+        ] {
+            assert_eq!(hist_a.len(), hist_b.len());
+            for (u, (x, y)) in hist_a.iter().zip(&hist_b).enumerate() {
+                for (p, q) in x.iter().zip(y) {
+                    assert!(
+                        (p - q).abs() <= 1e-6 * p.abs().max(1e-12),
+                        "{name}: update {} logs {q}, the plain batch {p}",
+                        u + 1
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A run that does not fit in memory is refused before the output directory is touched,
+/// naming the estimate's keys; thread replicas in one process count once each.
+#[test]
+fn a_run_that_cannot_fit_in_memory_leaves_the_previous_run_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), "t", 4, Value::Null, 2, json!({}));
+    run(&c, None, false, None).unwrap();
+    let out = dir.path().join("t");
+    let listing = |p: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<(String, Vec<u8>)> = walk(p)
+            .into_iter()
+            .map(|f| (f.display().to_string(), std::fs::read(&f).unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(&out);
+    assert!(
+        before.len() >= 5,
+        "{:?}",
+        before.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    let e = run_claiming(&c, None, false, None, Some(u64::MAX / 16))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("this training run needs") && e.contains("run.batch_size"),
+        "{e}"
+    );
+    assert_eq!(listing(&out), before, "the previous run was changed");
+
+    // Per replica 0.6 of the available memory: one replica fits, two threads do not.
+    let avail = lockstep_core::memory::available_bytes().expect("Linux reports MemAvailable");
+    let per_sample = avail / 10 * 6 / 4;
+    run_claiming(&c, None, false, None, Some(per_sample)).unwrap();
+    let two = config(
+        dir.path(),
+        "t",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        2,
+        json!({}),
+    );
+    let before = listing(&out);
+    let e = run_claiming(&two, None, false, None, Some(per_sample))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x 2 thread replicas in this process"), "{e}");
+    assert_eq!(listing(&out), before);
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files
+}
+
+/// `resume` takes a run directory or its `checkpoints/latest` pointer; a checkpoint that
+/// already has the updates the run asks for is refused before anything is rewritten.
+#[test]
+fn resume_from_a_run_directory_or_its_latest_pointer() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = config(dir.path(), "first", 8, Value::Null, 4, json!({}));
+    let full = config(dir.path(), "full", 8, Value::Null, 6, json!({}));
+    let a = run(&full, None, false, None).unwrap();
+    run(&first, None, false, None).unwrap();
+    let run_dir = dir.path().join("first");
+    for (name, resume) in [
+        ("from_dir", run_dir.clone()),
+        ("from_latest", run_dir.join("checkpoints/latest")),
+    ] {
+        let c = config(dir.path(), name, 8, Value::Null, 6, json!({}));
+        let b = run(&c, Some(&resume), false, None).unwrap();
+        assert_eq!(
+            (b.updates, b.params_checksum),
+            (6, a.params_checksum),
+            "{name}"
+        );
+    }
+    let config_before = std::fs::read(run_dir.join("config.json")).unwrap();
+    let losses_before = std::fs::read(run_dir.join("callbacks/losses.csv")).unwrap();
+    let shorter = config(dir.path(), "first", 8, Value::Null, 3, json!({}));
+    let e = run(&shorter, Some(&run_dir), false, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("training.optimizer_updates") && e.contains("already has 4 updates"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(run_dir.join("config.json")).unwrap(),
+        config_before
+    );
+    assert_eq!(
+        std::fs::read(run_dir.join("callbacks/losses.csv")).unwrap(),
+        losses_before
     );
 }

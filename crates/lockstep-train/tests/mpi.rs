@@ -18,26 +18,37 @@ fn write_config(
     dist: Value,
     overwrite: bool,
 ) -> std::path::PathBuf {
+    let training = json!({"optimizer": {"name": "adam", "learning_rate": 0.05}, "optimizer_updates": 3, "checksum_every": 1});
+    write_config_with(dir, name, batch, dist, overwrite, training, json!({}))
+}
+
+fn write_config_with(
+    dir: &Path,
+    name: &str,
+    batch: usize,
+    dist: Value,
+    overwrite: bool,
+    training: Value,
+    model: Value,
+) -> std::path::PathBuf {
     let mut run = json!({"batch_size": batch, "seed": 21});
     if !dist.is_null() {
         run["distribution"] = dist;
     }
     let c = json!({
         "run": run,
-        "training": {"optimizer": {"name": "adam", "learning_rate": 0.05}, "optimizer_updates": 3, "checksum_every": 1},
+        "training": training,
         "output": {"output_dir": name, "overwrite_output_dir": overwrite},
+        "model": model,
     });
     let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
     path
 }
 
-fn mpirun(n: usize, config: &Path, env: &[(&str, &str)]) -> JobOutput {
+fn mpirun(n: usize, config: &Path, args: &[&str]) -> JobOutput {
     let mut cmd = mpirun_command(n);
-    for (k, v) in env {
-        cmd.arg("-x").arg(format!("{k}={v}"));
-    }
-    cmd.arg(CHECK).arg(config);
+    cmd.arg(CHECK).arg(config).args(args);
     let out = run_with_limit(cmd, Duration::from_secs(60)).unwrap();
     assert!(!out.timed_out, "job timed out:\n{}", out.all_output());
     out
@@ -142,7 +153,7 @@ fn launcher_mismatches_fail_before_any_output() {
 fn injected(spec: &str, rank_text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), "out", 4, json!({"strategy": "mpi"}), true);
-    let out = mpirun(2, &cfg, &[("LOCKSTEP_TEST_INJECT_FAILURE", spec)]);
+    let out = mpirun(2, &cfg, &["--inject-failure", spec]);
     assert!(
         out.code != Some(0),
         "{spec}: exited 0:\n{}",
@@ -207,4 +218,81 @@ fn existing_output_dir_stops_the_job_and_is_untouched() {
         std::fs::read_to_string(dir.path().join("out/results.csv")).unwrap(),
         "precious"
     );
+}
+
+/// Issue 13 item 3 over real MPI: 2 ranks x 2 accumulated micro-batches of 2 log the loss
+/// of a serial batch of 8 and stop early at the same update.
+#[test]
+fn mpi_accumulation_logs_the_loss_of_the_plain_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let training = |k: usize| {
+        json!({"optimizer": {"name": "adam", "learning_rate": 0.05}, "optimizer_updates": 100,
+               "gradient_updates_per_optimizer_step": k, "early_stop_loss": 0.02})
+    };
+    let serial = write_config_with(
+        dir.path(),
+        "serial",
+        8,
+        Value::Null,
+        true,
+        training(1),
+        json!({}),
+    );
+    let mpi = write_config_with(
+        dir.path(),
+        "mpi",
+        2,
+        json!({"strategy": "mpi", "global_batch_size": 4}),
+        true,
+        training(2),
+        json!({}),
+    );
+    let s = run_with_limit(check(&serial), Duration::from_secs(60)).unwrap();
+    assert!(s.success(), "{}", s.all_output());
+    let m = mpirun(2, &mpi, &[]);
+    assert!(m.success(), "{}", m.all_output());
+    let (hs, hm) = (summary(&s), summary(&m));
+    let updates = hs["updates"].as_u64().unwrap();
+    assert!(updates > 3 && updates < 100, "serial stopped at {updates}");
+    assert_eq!(hm["updates"], hs["updates"], "early stop at another update");
+    let rows = |v: &Value| -> Vec<f64> {
+        v["loss_history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+            .collect()
+    };
+    for (a, b) in rows(&hs).iter().zip(rows(&hm)) {
+        assert!((a - b).abs() <= 1e-6 * a.abs(), "mpi logs {b}, serial {a}");
+    }
+}
+
+/// The memory check counts the MPI ranks on this node: a run where one rank fits but two do
+/// not is refused before any output, by one clean message (no MPI_Abort).
+#[test]
+fn mpi_memory_check_counts_the_ranks_on_this_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let avail = lockstep_core::memory::available_bytes().expect("Linux reports MemAvailable");
+    let training = json!({"optimizer_updates": 2});
+    let model = json!({"memory_per_sample": avail / 10 * 6 / 4});
+    let cfg = write_config_with(
+        dir.path(),
+        "out",
+        4,
+        json!({"strategy": "mpi"}),
+        true,
+        training,
+        model,
+    );
+    let out = mpirun(2, &cfg, &[]);
+    let text = out.all_output();
+    assert!(out.code != Some(0) && out.elapsed < LIMIT, "{text}");
+    assert!(
+        text.contains("x 2 MPI ranks on this node") && text.contains("run.batch_size"),
+        "{text}"
+    );
+    assert_eq!(text.matches("this training run needs").count(), 1, "{text}");
+    assert!(!text.contains("MPI_ABORT"), "{text}");
+    assert!(!dir.path().join("out").exists());
 }

@@ -1,19 +1,59 @@
-//! `lockstep-train-check CONFIG [--resume CHECKPOINT]`: trains the reference linear model
-//! (`lockstep_train::reference`) with the engine under the current launch (serial, threads or
-//! `mpirun`), to check an installation and to test the engine end to end.
+//! `lockstep-train-check CONFIG [--resume CHECKPOINT] [--inject-failure FAULT]`: trains the
+//! reference linear model (`lockstep_train::reference`) with the engine under the current
+//! launch (serial, threads or `mpirun`), to check an installation and to test the engine end
+//! to end. Built with the `testing` feature only.
 //!
 //! The config is a training config (`run`, `training`, `output`) plus
-//! `"model": {"dim": 8, "init_by_rank": false, "diverge_at": [update, rank], "dataset": n}`.
-//! Prints the summary as one JSON line on the chief: updates, final losses, loss history and
-//! the parameters' checksum.
+//! `"model": {"dim": 8, "init_by_rank": false, "diverge_at": [update, rank], "dataset": n,
+//! "memory_per_sample": bytes}`. `--inject-failure` takes a [`Fault`] (`validation`,
+//! `output_setup`, `update:K:RANK`, `callback:K`). Prints the summary as one JSON line on the
+//! chief: updates, final losses, loss history and the parameters' checksum.
 
 use lockstep_comm::World;
-use lockstep_train::config::{check_keys, OUTPUT_KEYS, RUN_KEYS, TRAINING_KEYS};
-use lockstep_train::job::run_job;
+use lockstep_core::config::{check_keys, config_dir, field_names, from_value, read_json};
+use lockstep_train::config::{EngineOutput, EngineRun, EngineTraining};
+use lockstep_train::job::{agree_on_validation, run_job};
 use lockstep_train::reference::{LinearRegression, RegressionData};
-use lockstep_train::{EngineConfig, TrainError, TrainOptions};
+use lockstep_train::testing::Fault;
+use lockstep_train::{EngineConfig, EngineOptions, TrainError};
+use serde::Deserialize;
 use serde_json::Value;
 use std::path::PathBuf;
+
+const USAGE: &str =
+    "usage: lockstep-train-check CONFIG [--resume CHECKPOINT] [--inject-failure FAULT]";
+
+/// `model` of the check config.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelSection {
+    #[serde(default = "default_dim")]
+    dim: usize,
+    #[serde(default)]
+    init_by_rank: bool,
+    #[serde(default)]
+    diverge_at: Option<(u64, usize)>,
+    #[serde(default)]
+    dataset: Option<u64>,
+    #[serde(default)]
+    memory_per_sample: Option<u64>,
+}
+
+fn default_dim() -> usize {
+    8
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            dim: default_dim(),
+            init_by_rank: false,
+            diverge_at: None,
+            dataset: None,
+            memory_per_sample: None,
+        }
+    }
+}
 
 fn main() {
     let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap_or_else(|e| {
@@ -21,121 +61,103 @@ fn main() {
         std::process::exit(2)
     });
     if let Err(e) = run(&world) {
-        world.fail(&e);
+        let rank = world.comm().rank();
+        if e.is_agreed() {
+            // Every rank knows: one reports, all leave through MPI_Finalize.
+            if !matches!(e, TrainError::RefusedByPeer { .. }) {
+                lockstep_comm::eprint_flush(&format!(
+                    "lockstep-train-check: error on rank {rank}: {:#}",
+                    anyhow::Error::from(e)
+                ));
+            }
+            drop(world);
+            std::process::exit(1);
+        }
+        world.fail(&anyhow::Error::from(e));
     }
+}
+
+fn usage() -> TrainError {
+    TrainError::config("argv", USAGE)
+}
+
+/// Reads the arguments and the config (nothing is written).
+fn prepare(args: &[String]) -> Result<(EngineConfig, EngineOptions, ModelSection), TrainError> {
+    let path = PathBuf::from(args.first().ok_or_else(usage)?);
+    let (mut resume, mut fault) = (None, None);
+    let mut rest = args[1..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or_else(usage)?;
+        match flag.as_str() {
+            "--resume" => resume = Some(PathBuf::from(value)),
+            "--inject-failure" => {
+                fault = Some(
+                    value
+                        .parse::<Fault>()
+                        .map_err(|m| TrainError::config("--inject-failure", m))?,
+                )
+            }
+            _ => return Err(usage()),
+        }
+    }
+    let config = read_json(&path)?;
+    let in_file = |e: lockstep_core::config::ConfigError| e.in_file(&path);
+    if let Some(obj) = config.as_object() {
+        check_keys(obj, &["run", "training", "output", "model"], "").map_err(in_file)?;
+    }
+    for (section, keys) in [
+        ("run", field_names::<EngineRun>()),
+        ("training", field_names::<EngineTraining>()),
+        ("output", field_names::<EngineOutput>()),
+    ] {
+        if let Some(obj) = config.get(section).and_then(Value::as_object) {
+            check_keys(obj, keys, section).map_err(in_file)?;
+        }
+    }
+    let cfg = EngineConfig::from_json(&config, &config_dir(&path)).map_err(|e| match e {
+        TrainError::Config(c) => TrainError::Config(c.in_file(&path)),
+        other => other,
+    })?;
+    let model: ModelSection = match config.get("model") {
+        None => ModelSection::default(),
+        Some(v) => from_value(v, "model").map_err(in_file)?,
+    };
+    if !(1..=1 << 20).contains(&model.dim) {
+        return Err(TrainError::config(
+            "model.dim",
+            format!("{} must be between 1 and 1048576", model.dim),
+        ));
+    }
+    let opts = EngineOptions {
+        resolved_config: config.clone(),
+        resume,
+        quiet: false,
+        fault,
+    };
+    Ok((cfg, opts, model))
 }
 
 fn run(world: &World) -> Result<(), TrainError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: lockstep-train-check CONFIG [--resume CHECKPOINT]\n\ntrains the reference linear model with the engine under the current launch (serial, threads, mpirun)");
+        println!("{USAGE}\n\ntrains the reference linear model with the engine under the current launch (serial, threads, mpirun)");
         return Ok(());
     }
-    let path = PathBuf::from(args.first().ok_or_else(|| {
-        TrainError::config(
-            "argv",
-            "usage: lockstep-train-check CONFIG [--resume CHECKPOINT]",
-        )
-    })?);
-    let resume = match (args.get(1).map(String::as_str), args.get(2)) {
-        (Some("--resume"), Some(p)) => Some(PathBuf::from(p)),
-        (None, _) => None,
-        _ => {
-            return Err(TrainError::config(
-                "argv",
-                "usage: lockstep-train-check CONFIG [--resume CHECKPOINT]",
-            ))
-        }
-    };
-    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io(&path, e))?;
-    let config: Value = serde_json::from_str(&text).map_err(|e| TrainError::io(&path, e))?;
-    if let Some(obj) = config.as_object() {
-        check_keys(obj, &["run", "training", "output", "model"], "")?;
-    }
-    for (section, keys) in [
-        ("run", RUN_KEYS),
-        ("training", TRAINING_KEYS),
-        ("output", OUTPUT_KEYS),
-    ] {
-        if let Some(obj) = config.get(section).and_then(Value::as_object) {
-            check_keys(obj, keys, section)?;
-        }
-    }
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    let cfg = EngineConfig::from_json(&config, dir)?;
-    let model = config.get("model").cloned().unwrap_or(Value::Null);
-    let empty = serde_json::Map::new();
-    let model = match &model {
-        Value::Null => &empty,
-        Value::Object(m) => m,
-        other => {
-            return Err(TrainError::config(
-                "model",
-                format!("must be an object, found {other}"),
-            ))
-        }
-    };
-    check_keys(
-        model,
-        &["dim", "init_by_rank", "diverge_at", "dataset"],
-        "model",
-    )?;
-    let uint = |key: &str| -> Result<Option<u64>, TrainError> {
-        match model.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                TrainError::config(
-                    format!("model.{key}"),
-                    format!("must be a non-negative integer, found {v}"),
-                )
-            }),
-        }
-    };
-    let dim = uint("dim")?.unwrap_or(8) as usize;
-    if !(1..=1 << 20).contains(&dim) {
-        return Err(TrainError::config(
-            "model.dim",
-            format!("{dim} must be between 1 and 1048576"),
-        ));
-    }
-    let by_rank = match model.get("init_by_rank") {
-        None => false,
-        Some(v) => v.as_bool().ok_or_else(|| {
-            TrainError::config(
-                "model.init_by_rank",
-                format!("must be true or false, found {v}"),
-            )
-        })?,
-    };
-    let dataset = uint("dataset")?;
-    let diverge = match model.get("diverge_at") {
-        None => None,
-        Some(v) => match v
-            .as_array()
-            .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
-            .as_deref()
-        {
-            Some([Some(u), Some(r)]) => Some((*u, *r as usize)),
-            _ => {
-                return Err(TrainError::config(
-                    "model.diverge_at",
-                    format!("must be [update, rank], found {v}"),
-                ))
-            }
-        },
-    };
-    let opts = TrainOptions {
-        resolved_config: config.clone(),
-        resume,
-        quiet: false,
-    };
+    // Every rank reads the same arguments and files: they agree on any error.
+    let (cfg, opts, model) = agree_on_validation(world.comm(), prepare(&args))?;
     let seed = cfg.seed;
     let summary = run_job(world, &cfg, &opts, |rank| {
-        let init = if by_rank { rank as u64 } else { 0 };
-        Ok((
-            LinearRegression::new(dim, seed, rank, init, diverge),
-            RegressionData { dim, seed, dataset },
-        ))
+        let init = if model.init_by_rank { rank as u64 } else { 0 };
+        let mut m = LinearRegression::new(model.dim, seed, rank, init, model.diverge_at);
+        if let Some(bytes) = model.memory_per_sample {
+            m = m.with_memory_per_sample(bytes);
+        }
+        let data = RegressionData {
+            dim: model.dim,
+            seed,
+            dataset: model.dataset,
+        };
+        Ok((m, data))
     })?;
     if world.comm().is_chief() {
         println!(
