@@ -3,6 +3,7 @@
 
 mod bench_allreduce;
 mod bench_bptt;
+mod bench_nbody;
 mod bench_scaling;
 mod bench_simulate;
 mod build_network;
@@ -56,7 +57,7 @@ enum BenchCommand {
     /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
     Scaling(bench_scaling::ScalingArgs),
     /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), or sharded over --ranks 1,2.
-    Nbody(nbody::BenchNbodyArgs),
+    Nbody(bench_nbody::BenchNbodyArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
     Simulate(bench_simulate::BenchSimulateArgs),
 }
@@ -135,7 +136,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Simulate(args)) => bench_simulate::run(args),
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
         Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
-        Command::Bench(BenchCommand::Nbody(args)) => nbody::bench(args),
+        Command::Bench(BenchCommand::Nbody(args)) => bench_nbody::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,12 +1,9 @@
 //! `lockstep nbody CONFIG` (serial or under `mpirun`/`srun`: the same config, the particles
-//! sharded over the ranks) and `lockstep bench nbody` (lockstep-nbody).
+//! sharded over the ranks).
 
 use anyhow::Result;
 use lockstep_comm::World;
-use lockstep_nbody::{
-    bench_nbody, bench_nbody_ranks, config::run_nbody_config_on, BenchOptions, FmmParams,
-    RunOptions,
-};
+use lockstep_nbody::{config::run_nbody_config_on, RunOptions};
 use std::path::PathBuf;
 
 /// Options of `lockstep nbody`.
@@ -44,45 +41,6 @@ pub fn run(args: &NbodyArgs, world: &World) -> Result<()> {
             s.momentum_drift,
             s.files.len()
         );
-    }
-    Ok(())
-}
-
-/// Options of `lockstep bench nbody`.
-#[derive(Debug, clap::Args)]
-pub struct BenchNbodyArgs {
-    /// Rank counts for the sharded benchmark, e.g. `1,2` (ThreadComm ranks sharing the cores);
-    /// without it: FMM and direct evaluations per second and the comparison with fmm3dpy.
-    #[arg(long, value_delimiter = ',')]
-    pub ranks: Option<Vec<usize>>,
-    /// Particles (sharded benchmark).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub n: usize,
-    /// Timed evaluations per configuration (the best is reported).
-    #[arg(long, default_value_t = 3)]
-    pub repeats: usize,
-    /// Skip the comparison with fmm3dpy (Flatiron FMM3D through python3).
-    #[arg(long)]
-    pub no_fmm3d: bool,
-}
-
-/// Runs the benchmark; the library prints its table.
-pub fn bench(args: &BenchNbodyArgs) -> Result<()> {
-    match &args.ranks {
-        Some(ranks) => {
-            bench_nbody_ranks(ranks, args.n, FmmParams::default(), args.repeats.max(1))?;
-        }
-        None => {
-            let opts = BenchOptions {
-                repeats: args.repeats.max(1),
-                fmm3d: !args.no_fmm3d,
-                ..BenchOptions::default()
-            };
-            let report = bench_nbody(&opts)?;
-            if let Some(note) = report.fmm3d_note {
-                println!("note: {note}");
-            }
-        }
     }
     Ok(())
 }

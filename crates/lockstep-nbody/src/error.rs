@@ -57,9 +57,6 @@ pub enum NbodyError {
     /// A collective operation failed (a peer rank failed or the arguments disagree).
     #[error("collective communication failed: {0}")]
     Comm(String),
-    /// The benchmark could not run (for example `python3` or `fmm3dpy` failed).
-    #[error("benchmark: {0}")]
-    Bench(String),
 }
 
 impl NbodyError {

@@ -6,7 +6,6 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod accuracy;
-pub mod bench;
 pub mod config;
 pub mod direct;
 pub mod error;
@@ -19,7 +18,6 @@ pub mod shard;
 pub mod snapshot;
 pub mod units;
 
-pub use bench::{bench_nbody, bench_nbody_ranks, BenchOptions, BenchReport, RanksRow};
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;

@@ -2,39 +2,28 @@
 //! seeded through SplitMix64. Every particle draws from its own stream keyed by
 //! `(seed, global id)`, so the initial conditions do not depend on the number of ranks.
 
+use lockstep_core::rng::{splitmix64, SplitMix64};
+
 /// xoshiro256** generator.
 #[derive(Debug, Clone)]
 pub struct Rng {
     s: [u64; 4],
 }
 
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl Rng {
-    /// Generator seeded from `seed`.
+    /// Generator seeded from `seed`: the state is the first four outputs of SplitMix64
+    /// started at `seed` (as Vigna recommends for seeding xoshiro).
     pub fn new(seed: u64) -> Self {
-        let mut sm = seed;
-        let s = [
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-        ];
+        let mut sm = SplitMix64::new(seed);
+        let s = [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()];
         Rng { s }
     }
 
-    /// Independent stream `stream` of `seed` (e.g. the particle id).
+    /// Independent stream `stream` of `seed` (e.g. the particle id): seeded from
+    /// `splitmix64(stream * K ^ splitmix64(seed ^ C))`.
     pub fn for_stream(seed: u64, stream: u64) -> Self {
-        let mut sm = seed ^ 0x6A09_E667_F3BC_C909;
-        let a = splitmix64(&mut sm);
-        let mut sm2 = stream.wrapping_mul(0xD605_BBB5_8C8A_BBB7) ^ a;
-        Rng::new(splitmix64(&mut sm2))
+        let a = splitmix64(seed ^ 0x6A09_E667_F3BC_C909);
+        Rng::new(splitmix64(stream.wrapping_mul(0xD605_BBB5_8C8A_BBB7) ^ a))
     }
 
     /// Next 64 random bits.
@@ -99,5 +88,35 @@ mod tests {
         let c = Rng::for_stream(2, 0).next_u64();
         assert!(a != b && a != c && b != c);
         assert_eq!(a, Rng::for_stream(1, 0).next_u64());
+    }
+
+    #[test]
+    fn streams_are_unchanged_by_the_shared_splitmix64() {
+        // Values of the crate's former private SplitMix64 seeding (initial conditions of
+        // earlier runs must reproduce bit for bit).
+        fn old_splitmix64(state: &mut u64) -> u64 {
+            *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = *state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        for (seed, stream) in [(0u64, 0u64), (1, 0), (42, 7), (u64::MAX, 123_456_789)] {
+            let mut sm = seed ^ 0x6A09_E667_F3BC_C909;
+            let a = old_splitmix64(&mut sm);
+            let mut sm2 = stream.wrapping_mul(0xD605_BBB5_8C8A_BBB7) ^ a;
+            let mut st = old_splitmix64(&mut sm2);
+            let s = [
+                old_splitmix64(&mut st),
+                old_splitmix64(&mut st),
+                old_splitmix64(&mut st),
+                old_splitmix64(&mut st),
+            ];
+            let mut old = Rng { s };
+            let mut new = Rng::for_stream(seed, stream);
+            for _ in 0..8 {
+                assert_eq!(old.next_u64(), new.next_u64());
+            }
+        }
     }
 }

@@ -142,17 +142,10 @@ fn a_failing_rank_ends_the_run_within_seconds() {
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
 }
 
-/// The `nbody_run` example binary (built by `cargo test`); fails when it or mpirun is missing
+/// The `lockstep-nbody-check` binary (built by `cargo test`); fails when mpirun is missing
 /// (CI installs Open MPI).
-fn nbody_run_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("nbody_run");
+fn check_binary() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_lockstep-nbody-check"));
     assert!(
         lockstep_comm::testing::have_mpirun() && bin.exists(),
         "the mpirun tests need mpirun (found: {}) and {} (exists: {})",
@@ -165,7 +158,7 @@ fn nbody_run_binary() -> PathBuf {
 
 #[test]
 fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
-    let bin = nbody_run_binary();
+    let bin = check_binary();
     let dir = tempfile::tempdir().unwrap();
     for (method, ranks, tol) in [
         ("direct", 2usize, 1e-10),
@@ -222,7 +215,7 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
 
 #[test]
 fn a_crashing_mpi_rank_ends_the_job_within_10_s() {
-    let bin = nbody_run_binary();
+    let bin = check_binary();
     let dir = tempfile::tempdir().unwrap();
     // A run long enough that the crash happens mid-run.
     let path = config(dir.path(), "crash", "fmm", 100_000);

@@ -1,8 +1,8 @@
-//! `lockstep nbody CONFIG` as a standalone program: one rank, or one rank per process under
-//! `mpirun -n K` (the communicator comes from the launch environment).
+//! `lockstep-nbody-check`: `lockstep nbody CONFIG` as a standalone program for the mpirun
+//! tests of this crate: one rank, or one rank per process under `mpirun -n K` (the
+//! communicator comes from the launch environment).
 //!
-//! `cargo run --release -p lockstep-nbody --example nbody_run -- CONFIG [--quiet]
-//! [--crash-rank R --crash-after-ms T]`
+//! `lockstep-nbody-check CONFIG [--quiet] [--overwrite] [--crash-rank R --crash-after-ms T]`
 //!
 //! `--crash-rank` is fault injection for the tests: rank R exits with status 3 after T ms,
 //! as a crashed process would, and the job must end instead of hanging.
@@ -16,13 +16,13 @@ use lockstep_nbody::RunOptions;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1).map(PathBuf::from) else {
-        eprintln!("usage: nbody_run CONFIG [--quiet]");
+        eprintln!("usage: lockstep-nbody-check CONFIG [--quiet] [--overwrite] [--crash-rank R --crash-after-ms T]");
         std::process::exit(2);
     };
     let world = match World::init(lockstep_comm::launch::ComputeKind::Cpu, true) {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("nbody_run: {e}");
+            eprintln!("lockstep-nbody-check: {e}");
             std::process::exit(1);
         }
     };
@@ -36,7 +36,7 @@ fn main() {
         if world.comm().rank() as u64 == r {
             std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
-                eprintln!("nbody_run: rank {r} crashes on purpose (--crash-rank)");
+                eprintln!("lockstep-nbody-check: rank {r} crashes on purpose (--crash-rank)");
                 std::process::exit(3);
             });
         }

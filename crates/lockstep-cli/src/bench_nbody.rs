@@ -6,15 +6,58 @@
 //! percentile acceleration error is at most ours, and the speed ratio compares with it.
 //!
 //! Accuracy is measured on a subset of targets against direct summation in f64.
+//!
+//! `lockstep bench nbody --ranks 1,2` runs the sharded benchmark instead
+//! ([`bench_nbody_ranks`]).
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use serde::Serialize;
+use anyhow::{anyhow, bail, Context, Result};
+use lockstep_comm::{CommExt, Communicator, ReduceOp};
+use lockstep_nbody::accuracy::{compare, Accuracy};
+use lockstep_nbody::shard::{redistribute, sharded_forces};
+use lockstep_nbody::{direct, direct_on, Fmm, FmmParams, Forces, InitialConditions, SourceSet};
 
-use crate::accuracy::{compare, Accuracy};
-use crate::{direct, direct_on, Fmm, FmmParams, Forces, InitialConditions, NbodyError, SourceSet};
+/// Options of `lockstep bench nbody`.
+#[derive(Debug, clap::Args)]
+pub struct BenchNbodyArgs {
+    /// Rank counts for the sharded benchmark, e.g. `1,2` (ThreadComm ranks sharing the cores);
+    /// without it: FMM and direct evaluations per second and the comparison with fmm3dpy.
+    #[arg(long, value_delimiter = ',')]
+    pub ranks: Option<Vec<usize>>,
+    /// Particles (sharded benchmark).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub n: usize,
+    /// Timed evaluations per configuration (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Skip the comparison with fmm3dpy (Flatiron FMM3D through python3).
+    #[arg(long)]
+    pub no_fmm3d: bool,
+}
+
+/// Runs the benchmark selected by `args` and prints its table.
+pub fn run(args: &BenchNbodyArgs) -> Result<()> {
+    match &args.ranks {
+        Some(ranks) => {
+            bench_nbody_ranks(ranks, args.n, FmmParams::default(), args.repeats.max(1))?;
+        }
+        None => {
+            let opts = BenchOptions {
+                repeats: args.repeats.max(1),
+                fmm3d: !args.no_fmm3d,
+                ..BenchOptions::default()
+            };
+            let report = bench_nbody(&opts)?;
+            if let Some(note) = report.fmm3d_note {
+                println!("note: {note}");
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Benchmark settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +99,7 @@ impl Default for BenchOptions {
 }
 
 /// One row of the benchmark table.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BenchRow {
     /// `"fmm"`, `"direct"` or `"fmm3d"`.
     pub method: String,
@@ -75,7 +118,7 @@ pub struct BenchRow {
 }
 
 /// The benchmark result.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BenchReport {
     /// Rows in the order measured.
     pub rows: Vec<BenchRow>,
@@ -103,7 +146,7 @@ for k, e in enumerate(sys.argv[2:]):
 print(json.dumps({"seconds": secs, "version": getattr(fmm3dpy, "__version__", "unknown")}))
 "#;
 
-fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>), NbodyError> {
+fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
     let p = InitialConditions::Plummer {
         n: n as u64,
         total_mass: 1.0,
@@ -115,27 +158,27 @@ fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>), Nbod
     Ok((p.valid_pos().to_vec(), p.valid_mass().to_vec()))
 }
 
-fn write_npy(path: &Path, data: &[f64], shape: &[u64]) -> Result<(), NbodyError> {
+fn write_npy(path: &Path, data: &[f64], shape: &[u64]) -> Result<()> {
     use npyz::WriterBuilder;
-    let io = |e: std::io::Error| NbodyError::io(path, e);
-    let f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    let ctx = || format!("writing {}", path.display());
+    let f = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
     let mut w = npyz::WriteOptions::new()
         .default_dtype()
         .shape(shape)
         .writer(f)
         .begin_nd()
-        .map_err(io)?;
-    w.extend(data.iter().copied()).map_err(io)?;
-    w.finish().map_err(io)
+        .with_context(ctx)?;
+    w.extend(data.iter().copied()).with_context(ctx)?;
+    w.finish().with_context(ctx)
 }
 
-fn read_npy(path: &Path) -> Result<Vec<f64>, NbodyError> {
-    let io = |e: std::io::Error| NbodyError::io(path, e);
-    let bytes = std::fs::read(path).map_err(io)?;
+fn read_npy(path: &Path) -> Result<Vec<f64>> {
+    let ctx = || format!("reading {}", path.display());
+    let bytes = std::fs::read(path).with_context(ctx)?;
     npyz::NpyFile::new(&bytes[..])
-        .map_err(io)?
+        .with_context(ctx)?
         .into_vec::<f64>()
-        .map_err(io)
+        .with_context(ctx)
 }
 
 /// Runs FMM3D on `pos`/`mass` at each precision of `eps`; returns per precision (seconds,
@@ -147,34 +190,32 @@ fn run_fmm3d(
     mass: &[f64],
     eps: &[f64],
     reference: &Forces,
-) -> Result<(Vec<(f64, Forces)>, String), NbodyError> {
-    let dir = tempfile::tempdir().map_err(|e| NbodyError::io("temporary directory", e))?;
+) -> Result<(Vec<(f64, Forces)>, String)> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
     let d = dir.path();
     let flat: Vec<f64> = pos.iter().flatten().copied().collect();
     write_npy(&d.join("pos.npy"), &flat, &[pos.len() as u64, 3])?;
     write_npy(&d.join("mass.npy"), mass, &[mass.len() as u64])?;
     let script = d.join("bench_fmm3d.py");
-    std::fs::write(&script, PY).map_err(|e| NbodyError::io(&script, e))?;
+    std::fs::write(&script, PY).with_context(|| format!("writing {}", script.display()))?;
     let out = Command::new(python)
         .arg(&script)
         .arg(d)
         .args(eps.iter().map(|e| format!("{e:e}")))
         .output()
-        .map_err(|e| {
-            NbodyError::Bench(format!("could not start `{python}`: {e}; install Python 3"))
-        })?;
+        .map_err(|e| anyhow!("could not start `{python}`: {e}; install Python 3"))?;
     if !out.status.success() {
-        return Err(NbodyError::Bench(format!(
+        bail!(
             "`{python}` with fmm3dpy failed ({}): {}; install it with `pip install fmm3dpy numpy`",
             out.status,
             String::from_utf8_lossy(&out.stderr)
                 .lines()
                 .last()
                 .unwrap_or("")
-        )));
+        );
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| NbodyError::Bench(format!("unexpected fmm3dpy script output: {e}")))?;
+        .map_err(|e| anyhow!("unexpected fmm3dpy script output: {e}"))?;
     let version = v["version"].as_str().unwrap_or("unknown").to_string();
     let mut res = Vec::new();
     for k in 0..eps.len() {
@@ -182,12 +223,12 @@ fn run_fmm3d(
         let pot = read_npy(&d.join(format!("pot{k}.npy")))?;
         let grad = read_npy(&d.join(format!("grad{k}.npy")))?;
         if pot.len() != pos.len() || grad.len() != 3 * pos.len() {
-            return Err(NbodyError::Bench(format!(
+            bail!(
                 "fmm3dpy returned {} potentials and {} gradient entries for {} points",
                 pot.len(),
                 grad.len(),
                 pos.len()
-            )));
+            );
         }
         // Our potential is -sum m / r; FMM3D's is +sum q / r, possibly divided by 4 pi.
         let ratio = -pot[0] / reference.pot[0];
@@ -216,7 +257,7 @@ fn subset(f: &Forces, k: usize) -> Forces {
 }
 
 /// Runs the benchmark and prints its table to stdout.
-pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport, NbodyError> {
+pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport> {
     let fmm = Fmm::new(opts.params)?;
     let threads = rayon::current_num_threads();
     let mut rows = Vec::new();
@@ -345,7 +386,7 @@ pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport, NbodyError> {
 }
 
 /// One row of the sharded benchmark (`lockstep bench nbody --ranks 1,2`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RanksRow {
     /// Ranks (ThreadComm replicas, each with `threads / ranks` rayon workers).
     pub ranks: usize,
@@ -367,7 +408,7 @@ pub struct RanksRow {
 
 /// Sharded FMM benchmark on ThreadComm ranks: for each entry of `ranks`, a Plummer sphere of
 /// `n` particles generated across the ranks, redistributed along the Morton order, then
-/// `repeats` timed evaluations of [`crate::shard::sharded_forces`]. The machine's rayon
+/// `repeats` timed evaluations of [`sharded_forces`]. The machine's rayon
 /// workers are split evenly between the ranks, so the efficiency measures what the
 /// decomposition and the exchange cost. Prints a table.
 pub fn bench_nbody_ranks(
@@ -375,8 +416,7 @@ pub fn bench_nbody_ranks(
     n: usize,
     params: FmmParams,
     repeats: usize,
-) -> Result<Vec<RanksRow>, NbodyError> {
-    use lockstep_comm::{CommExt, Communicator, ReduceOp};
+) -> Result<Vec<RanksRow>> {
     let fmm = Fmm::new(params)?;
     let threads = rayon::current_num_threads();
     let ic = InitialConditions::Plummer {
@@ -397,23 +437,23 @@ pub fn bench_nbody_ranks(
     let mut rows: Vec<RanksRow> = Vec::new();
     for &r in ranks {
         if r == 0 {
-            return Err(NbodyError::param("ranks", 0, "give rank counts >= 1"));
+            bail!("--ranks: give rank counts >= 1 (got 0)");
         }
         let per_rank = (threads / r).max(1);
-        let out = lockstep_comm::run_replicas(r, |comm| -> Result<(f64, usize, f64), NbodyError> {
+        let out = lockstep_comm::run_replicas(r, |comm| -> Result<(f64, usize, f64)> {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .build()
-                .map_err(|e| NbodyError::Bench(format!("rayon pool of {per_rank} threads: {e}")))?;
+                .with_context(|| format!("rayon pool of {per_rank} threads"))?;
             pool.install(|| {
                 let mut p = ic.generate(1.0, comm.rank(), r, 1.5)?;
-                let st = crate::shard::redistribute(&comm, &mut p)?;
+                let st = redistribute(&comm, &mut p)?;
                 let mut best = f64::INFINITY;
                 let mut bytes = 0usize;
                 for _ in 0..repeats.max(1) {
                     comm.barrier()?;
                     let t0 = Instant::now();
-                    let (_, fs) = crate::shard::sharded_forces(&comm, &p, &fmm, 1.0, 1e-3)?;
+                    let (_, fs) = sharded_forces(&comm, &p, &fmm, 1.0, 1e-3)?;
                     let dt = comm.all_reduce_scalar(t0.elapsed().as_secs_f64(), ReduceOp::Max)?;
                     best = best.min(dt);
                     bytes = comm.all_reduce_scalar(fs.bytes_sent as u64, ReduceOp::Sum)? as usize;
@@ -421,7 +461,7 @@ pub fn bench_nbody_ranks(
                 Ok((best, bytes, st.imbalance))
             })
         })
-        .map_err(|e| NbodyError::Bench(e.to_string()))?;
+        .map_err(|e| anyhow!("{e}"))?;
         let (secs, bytes, imbalance) = out[0];
         let t1 = rows.iter().find(|x| x.ranks == 1).map(|x| x.seconds);
         let row = RanksRow {
