@@ -6,7 +6,10 @@
 
 use std::collections::HashMap;
 
-use lockstep_sonata::{Circuit, SpikeTrains};
+use lockstep_sonata::{
+    Circuit, ComponentKind, ComponentStore, EdgePopulation, NodePopulation, SpikeTrains,
+};
+use serde_json::Value;
 
 use crate::error::{Result, SnnError};
 use crate::model::CellModel;
@@ -23,7 +26,9 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
     // (population index, node index) -> neuron / virtual index
     let mut neuron_base: HashMap<&str, usize> = HashMap::new();
     let mut virtual_base: HashMap<&str, usize> = HashMap::new();
-    let mut type_index: HashMap<(usize, u32), usize> = HashMap::new();
+    // (population, type row, per-node parameters as JSON text or "") -> cell type
+    let mut type_index: HashMap<(usize, u32, String), usize> = HashMap::new();
+    let mut store = circuit.components.clone();
     for (pi, pop) in circuit.nodes.iter().enumerate() {
         if pop.is_virtual {
             virtual_base.insert(pop.name.as_str(), spec.virtual_nodes.len());
@@ -35,33 +40,49 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
             }
             continue;
         }
+        refuse_per_node_model_columns(pop)?;
         neuron_base.insert(pop.name.as_str(), spec.neurons.len());
         for i in 0..pop.len() {
             let row = pop.type_row[i];
-            let ct = match type_index.get(&(pi, row)) {
+            let own = node_own_params(circuit, &mut store, pop, i)?;
+            let key = (
+                pi,
+                row,
+                own.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+            );
+            let ct = match type_index.get(&key) {
                 Some(&ct) => ct,
                 None => {
                     let table = &pop.types.table;
                     let type_id = pop.node_type_id[i];
-                    let label = table
+                    let mut label = table
                         .get(row as usize, "model_name")
                         .or_else(|| table.get(row as usize, "pop_name"))
                         .map(|n| format!("{type_id} ({n})"))
                         .unwrap_or_else(|| type_id.to_string());
+                    if own.is_some() {
+                        label = format!(
+                            "{label}, node {} with its own dynamics_params",
+                            pop.node_id[i]
+                        );
+                    }
                     let name = format!("{label} of population '{}'", pop.name);
                     let template = pop.model_template(i).ok_or_else(|| SnnError::UnsupportedModel {
                         node_type: name.clone(),
                         model: "<none>".into(),
                         reason: "the node type has no model_template; point neurons need e.g. nest:glif_psc".into(),
                     })?;
-                    let params = pop
-                        .dynamics_params(i)
-                        .map(|a| (**a).clone())
-                        .unwrap_or(serde_json::Value::Null);
+                    let params = match &own {
+                        Some(v) => v.clone(),
+                        None => pop
+                            .dynamics_params(i)
+                            .map(|a| (**a).clone())
+                            .unwrap_or(serde_json::Value::Null),
+                    };
                     let model = CellModel::from_template(template, &params, &name)?;
                     spec.cell_types.push(CellType { name: label, model });
                     let ct = spec.cell_types.len() - 1;
-                    type_index.insert((pi, row), ct);
+                    type_index.insert(key, ct);
                     ct
                 }
             };
@@ -97,6 +118,7 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
                 tgt_pop.name
             )));
         };
+        refuse_unapplied_edge_columns(ep)?;
         let weights = ep.weights();
         let (is_input, sbase) = match virtual_base.get(src_pop.name.as_str()) {
             Some(&b) => (true, b),
@@ -131,6 +153,124 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
         }
     }
     Ok(spec)
+}
+
+/// The parameters of node row `i` when they differ from its type's: BMTK's per-node
+/// parameter file (group column `dynamics_params`, loaded from `point_neuron_models_dir`)
+/// or the type's JSON, with the node's SONATA per-node values (its group's
+/// `dynamics_params/<name>` datasets) on top. `None` when the node uses its type's JSON as is.
+fn node_own_params(
+    circuit: &Circuit,
+    store: &mut ComponentStore,
+    pop: &NodePopulation,
+    i: usize,
+) -> Result<Option<Value>> {
+    let file = pop.dynamics_params_file(i);
+    let overrides = pop.dynamics_params_overrides(i);
+    if file.is_none() && overrides.is_empty() {
+        return Ok(None);
+    }
+    let base = match file {
+        Some(name) => Some(store.load(
+            circuit.config.components.point_neuron_models_dir.as_deref(),
+            ComponentKind::Cell,
+            name,
+            &format!(
+                "the per-node dynamics_params of node {} of population '{}' in '{}'",
+                pop.node_id[i],
+                pop.name,
+                pop.file.display()
+            ),
+        )?),
+        None => pop.dynamics_params(i).cloned(),
+    };
+    let mut merged = match base.as_deref() {
+        Some(Value::Object(m)) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in overrides {
+        merged.insert(k.to_string(), v);
+    }
+    Ok(Some(Value::Object(merged)))
+}
+
+/// Node group columns that would change a node's model per node, which lockstep-snn does not
+/// apply: refused by name instead of ignored.
+const PER_NODE_MODEL_COLUMNS: &[&str] = &["model_template", "model_type"];
+
+/// Refuses per-node `model_template` / `model_type` columns (the model is chosen per node
+/// type here; BMTK reads them per node).
+fn refuse_per_node_model_columns(pop: &NodePopulation) -> Result<()> {
+    for g in &pop.groups {
+        for &col in PER_NODE_MODEL_COLUMNS {
+            if g.column(col).is_some() {
+                return Err(SnnError::InvalidNetwork(format!(
+                    "nodes '{}' ({}): group {} has a per-node '{col}' column; lockstep-snn takes {col} from the node types CSV only. Give such nodes their own node type instead",
+                    pop.name,
+                    pop.file.display(),
+                    g.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Edge group columns and edge-type columns that BMTK's point simulator applies per edge and
+/// lockstep-snn does not: refused by name instead of ignored.
+fn refuse_unapplied_edge_columns(ep: &EdgePopulation) -> Result<()> {
+    for g in &ep.groups {
+        for col in [
+            "dynamics_params",
+            "model_template",
+            "weight_function",
+            "receptor_type",
+        ] {
+            if g.column(col).is_some() {
+                return Err(SnnError::InvalidNetwork(format!(
+                    "edges '{}' ({}): group {} has a per-edge '{col}' column, which lockstep-snn does not apply; put it in the edge types CSV (one edge type per value)",
+                    ep.name,
+                    ep.file.display(),
+                    g.id
+                )));
+            }
+        }
+        if let Some(c) = g.dynamics_params.first() {
+            return Err(SnnError::InvalidNetwork(format!(
+                "edges '{}' ({}): group {} has per-edge synapse parameters (dynamics_params/{}), which lockstep-snn does not apply; use one edge type per synapse model",
+                ep.name,
+                ep.file.display(),
+                g.id,
+                c.name
+            )));
+        }
+    }
+    let table = &ep.types.table;
+    for row in 0..table.len() {
+        if let Some(f) = table
+            .get(row, "weight_function")
+            .filter(|f| !f.is_empty() && *f != "NULL")
+        {
+            return Err(SnnError::InvalidNetwork(format!(
+                "edges '{}': edge type {} has weight_function '{f}' ({}), a BMTK Python function lockstep-snn cannot run; write the weights it computes into syn_weight instead",
+                ep.name,
+                table.ids[row],
+                table.shown_path().display()
+            )));
+        }
+        if let Some(m) = table
+            .get(row, "model_template")
+            .filter(|m| !m.is_empty() && *m != "NULL" && *m != "static_synapse")
+        {
+            return Err(SnnError::InvalidNetwork(format!(
+                "edges '{}': edge type {} has model_template '{m}' ({}); lockstep-snn simulates static_synapse only",
+                ep.name,
+                table.ids[row],
+                table.shown_path().display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Spike trains (ms) per virtual node of `spec` from a SONATA spike file.

@@ -243,26 +243,56 @@ impl NodePopulation {
         self.types.dynamics_params[self.type_row[i] as usize].as_ref()
     }
 
+    /// The node's own `dynamics_params` values (SONATA per-node overrides): one `(name, value)`
+    /// per dataset of its group's `dynamics_params` subgroup, in name order; a 1-D dataset
+    /// gives a number (or string), a `[node, k]` dataset an array of `k` values (e.g.
+    /// `asc_amps`). Empty when the node has none.
+    pub fn dynamics_params_overrides(&self, i: usize) -> Vec<(&str, Value)> {
+        let gid = self.node_group_id[i];
+        let Some(g) = self.groups.iter().find(|g| g.id == gid) else {
+            return Vec::new();
+        };
+        let row = self.node_group_index[i] as usize;
+        g.dynamics_params
+            .iter()
+            .filter_map(|c| {
+                let v = if c.width == 1 {
+                    c.data.get_json(row)?
+                } else {
+                    let vals: Option<Vec<Value>> = (0..c.width)
+                        .map(|k| c.data.get_json(row * c.width + k))
+                        .collect();
+                    Value::Array(vals?)
+                };
+                Some((c.name.as_str(), v))
+            })
+            .collect()
+    }
+
+    /// BMTK's per-node parameter file: the value of the node's group column
+    /// `dynamics_params` (a JSON file name in `point_neuron_models_dir`), when its group has
+    /// such a string column and the value is neither empty nor `NULL`.
+    pub fn dynamics_params_file(&self, i: usize) -> Option<&str> {
+        let gid = self.node_group_id[i];
+        let g = self.groups.iter().find(|g| g.id == gid)?;
+        let c = g.column("dynamics_params")?;
+        match &c.data {
+            crate::column::ColumnData::Str(v) => v
+                .get(self.node_group_index[i] as usize)
+                .map(String::as_str)
+                .filter(|s| !s.is_empty() && *s != "NULL"),
+            _ => None,
+        }
+    }
+
     /// The cell parameters of node row `i`: its type's `dynamics_params` JSON with the
-    /// node's own values from its group's `dynamics_params` subgroup (SONATA per-node
-    /// overrides, 1-D columns) replacing the keys they name. Borrowed when the node has no
-    /// overrides; `None` when the type has no JSON and the node no overrides.
+    /// node's own values ([`NodePopulation::dynamics_params_overrides`]) replacing the keys
+    /// they name. Borrowed when the node has no overrides; `None` when the type has no JSON
+    /// and the node no overrides. (A per-node parameter file,
+    /// [`NodePopulation::dynamics_params_file`], is the caller's to load.)
     pub fn cell_params(&self, i: usize) -> Option<Cow<'_, Value>> {
         let base = self.dynamics_params(i);
-        let gid = self.node_group_id[i];
-        let overrides: Vec<(&str, Value)> = self
-            .groups
-            .iter()
-            .find(|g| g.id == gid)
-            .map(|g| {
-                let row = self.node_group_index[i] as usize;
-                g.dynamics_params
-                    .iter()
-                    .filter(|c| c.width == 1)
-                    .filter_map(|c| c.data.get_json(row).map(|v| (c.name.as_str(), v)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let overrides = self.dynamics_params_overrides(i);
         if overrides.is_empty() {
             return base.map(|b| Cow::Borrowed(b.as_ref()));
         }

@@ -239,7 +239,9 @@ impl TypeTable {
         format!("{}{more}", shown.join(", "))
     }
 
-    pub(crate) fn shown_path(&self) -> PathBuf {
+    /// The CSV file this table was read from, for messages (`<in-memory types table>` when
+    /// it was built in memory).
+    pub fn shown_path(&self) -> PathBuf {
         self.file
             .clone()
             .unwrap_or_else(|| PathBuf::from("<in-memory types table>"))
