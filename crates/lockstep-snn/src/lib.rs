@@ -37,6 +37,7 @@ mod scalar;
 mod simulate_config;
 mod sonata;
 mod step;
+mod trained_simulation;
 
 pub use all_to_all::all_to_all_glif3;
 pub use bptt::{BpttOptions, LossAndGrad, SnnModel};
@@ -58,3 +59,4 @@ pub use simulate_config::{simulate_config, SimulateOptions, SimulationSummary};
 pub use sonata::{
     export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,
 };
+pub use trained_simulation::{write_trained_simulation_config, TRAINED_SIMULATION_CONFIG};

@@ -9,6 +9,7 @@
 use crate::bptt::SnnModel;
 use crate::config::{loss_names, model_from_config};
 use crate::sonata::export_trained_weights;
+use crate::trained_simulation::write_trained_simulation_config;
 use lockstep_sonata::Circuit;
 use lockstep_train::{Batch, BatchSource, Model};
 use std::path::{Path, PathBuf};
@@ -85,12 +86,15 @@ impl Model for SnnReplica {
     }
 
     /// Writes the trained weights as SONATA edges files (`syn_weight = w / nsyns`, all else
-    /// unchanged) into `dir/network/`.
+    /// unchanged) into `dir/network/`, and `dir/config.simulate.json` that simulates them
+    /// (see [`write_trained_simulation_config`]).
     fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let (rec, input) = self.model.weights_in_spec_order(&self.params)?;
         let out = dir.join("network");
         std::fs::create_dir_all(&out)?;
-        Ok(export_trained_weights(&self.circuit, &rec, &input, &out)?)
+        let mut files = export_trained_weights(&self.circuit, &rec, &input, &out)?;
+        files.push(write_trained_simulation_config(&self.circuit, dir)?);
+        Ok(files)
     }
 }
 
