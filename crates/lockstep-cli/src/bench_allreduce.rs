@@ -121,141 +121,129 @@ fn summarize(bytes: usize, sample_s: &mut [f64], ops: usize) -> Timing {
     }
 }
 
-/// Times `op` on `buf` for each size on `comm` (a collective: call it on every rank).
+/// An operation on a buffer `buf` with a source `src` of the same size.
+type OpFn<'a> = dyn Fn(&mut [f32], &[f32]) -> Result<(), CommError> + 'a;
+
+/// One operation to time on a buffer: `run(buf, src)` (`src`: a second buffer of the same
+/// size, for the memcpy), on every rank or on the chief only (the others then only meet it
+/// at the barriers).
+struct Op<'a> {
+    run: &'a OpFn<'a>,
+    chief_only: bool,
+}
+
+/// Times each of `ops` for each size on `comm` (a collective: call it on every rank), with
+/// the samples of the different ops interleaved, so that a change in the machine's speed
+/// during the run hits all of them alike.
 ///
-/// Per size: the buffer is written, one untimed operation warms it, one timed operation
-/// (the slowest rank's) sets the operations per sample, then `samples` samples are taken,
-/// each the slowest rank's time.
+/// Per size: page-aligned buffers are written, each op is warmed by one untimed run and
+/// timed once (the slowest rank's) to set its operations per sample; then `samples` rounds
+/// take one sample of each op in turn, each the slowest rank's time. Returns one timing list
+/// per op.
 ///
-/// Errors: any [`CommError`] of the collectives or of `op`.
-fn collective_timings(
+/// Errors: any [`CommError`] of the collectives or of an op.
+fn interleaved_timings(
     comm: &dyn Communicator,
     sizes: &[usize],
     budget_s: f64,
     samples: usize,
-    op: &dyn Fn(&mut [f32]) -> Result<(), CommError>,
-) -> Result<Vec<Timing>, CommError> {
-    let mut out = Vec::with_capacity(sizes.len());
+    ops: &[Op<'_>],
+) -> Result<Vec<Vec<Timing>>, CommError> {
+    let mut out = vec![Vec::with_capacity(sizes.len()); ops.len()];
     for &bytes in sizes {
+        let n = bytes / 4;
         // Zeros: sums stay zero (no overflow to infinity).
-        let (mut storage, off) = page_aligned::<f32>(bytes / 4);
-        let buf = &mut storage[off..off + bytes / 4];
-        op(buf)?;
-        comm.barrier()?;
-        let t = Instant::now();
-        op(buf)?;
-        let one = comm.all_reduce_scalar(t.elapsed().as_secs_f64(), ReduceOp::Max)?;
-        let ops = ops_per_sample(one, budget_s, samples);
-        let mut sample_s = Vec::with_capacity(samples);
-        for _ in 0..samples.max(1) {
+        let (mut storage, off) = page_aligned::<f32>(n);
+        let buf = &mut storage[off..off + n];
+        let needs_src = comm.is_chief() && ops.iter().any(|o| o.chief_only);
+        let m = if needs_src { n } else { 0 };
+        let (src_storage, src_off) = page_aligned::<f32>(m);
+        let src = &src_storage[src_off..src_off + m];
+        let runs_here = |op: &Op<'_>| !op.chief_only || comm.is_chief();
+        let mut counts = Vec::with_capacity(ops.len());
+        for op in ops {
+            if runs_here(op) {
+                (op.run)(buf, src)?;
+            }
             comm.barrier()?;
             let t = Instant::now();
-            for _ in 0..ops {
-                op(std::hint::black_box(&mut *buf))?;
+            if runs_here(op) {
+                (op.run)(buf, src)?;
             }
-            let s = t.elapsed().as_secs_f64();
-            sample_s.push(comm.all_reduce_scalar(s, ReduceOp::Max)?);
+            let one = comm.all_reduce_scalar(t.elapsed().as_secs_f64(), ReduceOp::Max)?;
+            counts.push(ops_per_sample(one, budget_s, samples));
         }
-        out.push(summarize(bytes, &mut sample_s, ops));
+        let mut sample_s = vec![Vec::with_capacity(samples); ops.len()];
+        for _ in 0..samples.max(1) {
+            for (k, op) in ops.iter().enumerate() {
+                comm.barrier()?;
+                let t = Instant::now();
+                if runs_here(op) {
+                    for _ in 0..counts[k] {
+                        (op.run)(std::hint::black_box(&mut *buf), std::hint::black_box(src))?;
+                    }
+                }
+                let s = t.elapsed().as_secs_f64();
+                sample_s[k].push(comm.all_reduce_scalar(s, ReduceOp::Max)?);
+            }
+        }
+        for (k, s) in sample_s.iter_mut().enumerate() {
+            out[k].push(summarize(bytes, s, counts[k]));
+        }
     }
     Ok(out)
 }
 
-/// Times an in-place f32 sum all-reduce through `comm` (a collective) for each size.
-///
-/// Errors: any [`CommError`] of the collectives.
-pub fn all_reduce_timings(
-    comm: &dyn Communicator,
-    sizes: &[usize],
-    budget_s: f64,
-    samples: usize,
-) -> Result<Vec<Timing>, CommError> {
-    collective_timings(comm, sizes, budget_s, samples, &|buf| {
-        comm.all_reduce(buf, ReduceOp::Sum)
-    })
+/// The in-place f32 sum all-reduce through a [`Communicator`].
+fn comm_all_reduce<'a>(
+    comm: &'a dyn Communicator,
+) -> impl Fn(&mut [f32], &[f32]) -> Result<(), CommError> + 'a {
+    move |buf, _| comm.all_reduce(buf, ReduceOp::Sum)
 }
 
-/// Times Open MPI's own in-place `MPI_Allreduce` (f32, `MPI_SUM`, `MPI_COMM_WORLD`) called
-/// directly through the raw bindings, the bound for MpiComm; `comm` (an MpiComm) only
-/// synchronises the samples.
+/// A single-core memcpy (`copy_from_slice`) of `src` into `buf`.
+fn memcpy(buf: &mut [f32], src: &[f32]) -> Result<(), CommError> {
+    buf.copy_from_slice(src);
+    Ok(())
+}
+
+/// Open MPI's own in-place `MPI_Allreduce` (f32, `MPI_SUM`, `MPI_COMM_WORLD`) called
+/// directly through the raw bindings: the bound for MpiComm.
 ///
-/// Errors: any [`CommError`] of the collectives, or a non-zero MPI return code.
+/// Errors: a count beyond C `int`, or a non-zero MPI return code.
 #[cfg(feature = "mpi")]
-fn raw_mpi_timings(
-    comm: &dyn Communicator,
-    sizes: &[usize],
-    budget_s: f64,
-    samples: usize,
-) -> Result<Vec<Timing>, CommError> {
+fn raw_mpi_all_reduce(buf: &mut [f32], _src: &[f32]) -> Result<(), CommError> {
     use mpi::collective::SystemOperation;
     use mpi::datatype::Equivalence;
     use mpi::raw::AsRaw;
-    let datatype = f32::equivalent_datatype().as_raw();
-    let sum = SystemOperation::sum().as_raw();
-    collective_timings(comm, sizes, budget_s, samples, &|buf| {
-        let count = std::ffi::c_int::try_from(buf.len()).map_err(|_| {
-            CommError::Setup(format!("{} elements exceed MPI's int count", buf.len()))
-        })?;
-        // SAFETY: MPI is initialised (the world communicator is an MpiComm) on this thread;
-        // `buf` is a live, exclusively borrowed f32 buffer of `count` elements, reduced in
-        // place by the blocking call; RSMPI_COMM_WORLD is a constant handle set at load time.
-        let code = unsafe {
-            mpi::ffi::MPI_Allreduce(
-                lockstep_comm::mpi_in_place(),
-                buf.as_mut_ptr().cast(),
-                count,
-                datatype,
-                sum,
-                mpi::ffi::RSMPI_COMM_WORLD,
-            )
-        };
-        if code != 0 {
-            return Err(CommError::Setup(format!(
-                "MPI_Allreduce returned error code {code}"
-            )));
-        }
-        Ok(())
-    })
+    let count = std::ffi::c_int::try_from(buf.len())
+        .map_err(|_| CommError::Setup(format!("{} elements exceed MPI's int count", buf.len())))?;
+    // SAFETY: MPI is initialised on this thread (the worker's world communicator is an
+    // MpiComm); `buf` is a live, exclusively borrowed f32 buffer of `count` elements, reduced
+    // in place by the blocking call; RSMPI_COMM_WORLD is a constant handle set at load time.
+    let code = unsafe {
+        mpi::ffi::MPI_Allreduce(
+            lockstep_comm::mpi_in_place(),
+            buf.as_mut_ptr().cast(),
+            count,
+            f32::equivalent_datatype().as_raw(),
+            SystemOperation::sum().as_raw(),
+            mpi::ffi::RSMPI_COMM_WORLD,
+        )
+    };
+    if code != 0 {
+        return Err(CommError::Setup(format!(
+            "MPI_Allreduce returned error code {code}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn raw_mpi_timings(
-    _comm: &dyn Communicator,
-    _sizes: &[usize],
-    _budget_s: f64,
-    _samples: usize,
-) -> Result<Vec<Timing>, CommError> {
+fn raw_mpi_all_reduce(_buf: &mut [f32], _src: &[f32]) -> Result<(), CommError> {
     Err(CommError::Setup(
         "this lockstep was built without the `mpi` feature".into(),
     ))
-}
-
-/// Times a single-core `memcpy` (`copy_from_slice`) of `bytes` bytes between two buffers,
-/// both page-aligned, written before timing and warmed by one copy; median and best of
-/// `samples` samples.
-pub fn memcpy_timing(bytes: usize, budget_s: f64, samples: usize) -> Timing {
-    let (mut src_storage, src_off) = page_aligned::<u8>(bytes);
-    let (mut dst_storage, dst_off) = page_aligned::<u8>(bytes);
-    let src = &mut src_storage[src_off..src_off + bytes];
-    src.fill(1);
-    let src = &*src;
-    let dst = &mut dst_storage[dst_off..dst_off + bytes];
-    let copy = |dst: &mut [u8], src: &[u8]| {
-        std::hint::black_box(dst).copy_from_slice(std::hint::black_box(src));
-    };
-    copy(dst, src);
-    let t = Instant::now();
-    copy(dst, src);
-    let ops = ops_per_sample(t.elapsed().as_secs_f64(), budget_s, samples);
-    let mut sample_s = Vec::with_capacity(samples);
-    for _ in 0..samples.max(1) {
-        let t = Instant::now();
-        for _ in 0..ops {
-            copy(dst, src);
-        }
-        sample_s.push(t.elapsed().as_secs_f64());
-    }
-    summarize(bytes, &mut sample_s, ops)
 }
 
 /// Runs the benchmark and prints the table.
@@ -266,9 +254,26 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
     }
     if args.mpi_worker {
         let comm = world.comm();
+        let through_comm = comm_all_reduce(comm);
+        let mut t = interleaved_timings(
+            comm,
+            &sizes,
+            args.seconds,
+            args.samples,
+            &[
+                Op {
+                    run: &through_comm,
+                    chief_only: false,
+                },
+                Op {
+                    run: &raw_mpi_all_reduce,
+                    chief_only: false,
+                },
+            ],
+        )?;
         let timings = MpiTimings {
-            mpi_comm: all_reduce_timings(comm, &sizes, args.seconds, args.samples)?,
-            mpi_allreduce: raw_mpi_timings(comm, &sizes, args.seconds, args.samples)?,
+            mpi_allreduce: t.pop().expect("two timing lists"),
+            mpi_comm: t.pop().expect("two timing lists"),
         };
         if comm.is_chief() {
             println!("{}", serde_json::to_string(&timings)?);
@@ -279,18 +284,32 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
         bail!("run `lockstep bench allreduce` without mpirun: it starts its own MPI job");
     }
     eprintln!(
-        "measuring memcpy and ThreadComm with {} ranks ...",
+        "measuring a memcpy (on rank 0) and ThreadComm with {} ranks ...",
         args.ranks
     );
-    let memcpy: Vec<Timing> = sizes
-        .iter()
-        .map(|&b| memcpy_timing(b, args.seconds, args.samples))
-        .collect();
-    let threads = run_replicas(args.ranks, |comm| {
-        all_reduce_timings(&comm, &sizes, args.seconds, args.samples)
+    let mut chief = run_replicas(args.ranks, |comm| {
+        let through_comm = comm_all_reduce(&comm);
+        interleaved_timings(
+            &comm,
+            &sizes,
+            args.seconds,
+            args.samples,
+            &[
+                Op {
+                    run: &memcpy,
+                    chief_only: true,
+                },
+                Op {
+                    run: &through_comm,
+                    chief_only: false,
+                },
+            ],
+        )
     })
     .map_err(|f| anyhow::anyhow!("{f}"))?
     .remove(0);
+    let threads = chief.pop().expect("two timing lists");
+    let memcpy = chief.pop().expect("two timing lists");
     let mpi = if args.no_mpi {
         None
     } else {
@@ -417,10 +436,29 @@ mod tests {
 
     #[test]
     fn timings_are_positive() {
-        let t = all_reduce_timings(&SelfComm, &[4096], 0.001, 3).unwrap();
-        assert!(t[0].seconds > 0.0 && t[0].ops >= 1 && t[0].samples == 3);
-        assert!(t[0].best_seconds <= t[0].seconds);
-        assert!(memcpy_timing(1 << 16, 0.001, 3).gbps() > 0.0);
+        let through_comm = comm_all_reduce(&SelfComm);
+        let t = interleaved_timings(
+            &SelfComm,
+            &[4096, 1 << 16],
+            0.001,
+            3,
+            &[
+                Op {
+                    run: &memcpy,
+                    chief_only: true,
+                },
+                Op {
+                    run: &through_comm,
+                    chief_only: false,
+                },
+            ],
+        )
+        .unwrap();
+        assert_eq!((t.len(), t[0].len()), (2, 2));
+        for x in t.iter().flatten() {
+            assert!(x.seconds > 0.0 && x.ops >= 1 && x.samples == 3);
+            assert!(x.best_seconds <= x.seconds);
+        }
     }
 
     #[test]
