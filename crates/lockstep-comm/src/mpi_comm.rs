@@ -38,13 +38,6 @@ fn nonempty(buf: &[u8]) -> &[u8] {
 /// Largest element count handed to one MPI call (MPI counts are C `int`).
 const MAX_COUNT: usize = 1 << 30;
 
-/// Bytes per `MPI_Allreduce` call of a large all-reduce. Open MPI's shared-memory all-reduce
-/// passes over the message several times; in pieces that stay in cache it ran about twice
-/// as fast (`lockstep bench allreduce`, 2 ranks, one run: 7.1 GB/s at 1-4 MiB, 4.1 GB/s at
-/// 16 MiB, 3.6 GB/s at 64 MiB). Every rank splits the same length the same way, so the
-/// result stays bitwise equal on all ranks.
-const SEGMENT_BYTES: usize = 2 << 20;
-
 /// A rank of `MPI_COMM_WORLD`.
 ///
 /// Creating it initialises MPI (`MPI_Init_thread`, funneled: only the thread that created it
@@ -97,8 +90,10 @@ impl MpiComm {
         self.world.process_at_rank(root as i32)
     }
 
-    /// `MPI_Allreduce` with `MPI_IN_PLACE` on `buf` (no send copy), in pieces of
-    /// [`SEGMENT_BYTES`] (at most [`MAX_COUNT`] elements: MPI counts are C `int`).
+    /// `MPI_Allreduce` with `MPI_IN_PLACE` on `buf` (no send copy), in pieces of at most
+    /// [`MAX_COUNT`] elements (MPI counts are C `int`). Smaller pieces (2 MiB) were tried and
+    /// were not faster than one call with Open MPI's samples interleaved in one
+    /// `lockstep bench allreduce` run (64 MiB: 19.0 ms vs 18.5 ms; 256 MiB: 69 vs 65 ms).
     ///
     /// Errors: [`CommError::Setup`] if MPI returns an error code (with MPI's default error
     /// handler, `MPI_ERRORS_ARE_FATAL`, it aborts the job instead).
@@ -113,8 +108,7 @@ impl MpiComm {
             ReduceOp::Min => SystemOperation::min(),
         };
         let datatype = T::equivalent_datatype();
-        let piece = (SEGMENT_BYTES / std::mem::size_of::<T>()).clamp(1, MAX_COUNT);
-        for part in buf.chunks_mut(piece) {
+        for part in buf.chunks_mut(MAX_COUNT) {
             // SAFETY: `part` is a live, exclusively borrowed buffer of `part.len()` elements of
             // the MPI datatype equivalent to T; MPI_IN_PLACE makes it both input and output,
             // and MPI_Allreduce is blocking, so MPI touches it only during this call. Only the
