@@ -3,9 +3,13 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/mpi_constants.c");
-    if std::env::var_os("CARGO_FEATURE_MPI").is_none() {
-        return;
-    }
+    #[cfg(feature = "mpi")]
+    compile_mpi_constants();
+}
+
+/// The build dependencies `cc` and `build-probe-mpi` exist only with the `mpi` feature.
+#[cfg(feature = "mpi")]
+fn compile_mpi_constants() {
     let lib = build_probe_mpi::probe().unwrap_or_else(|errs| {
         let reasons: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         panic!(
