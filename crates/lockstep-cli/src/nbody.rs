@@ -11,9 +11,13 @@ use std::path::PathBuf;
 pub struct NbodyArgs {
     /// The N-body config (units, initial conditions, forces, integrator, time, output).
     pub config: PathBuf,
-    /// Replace output.dir of the config.
+    /// Replace output.dir of the config (default: ./nbody_output in the current directory).
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// Replace an earlier lockstep nbody output in the output folder (output.overwrite_output_dir
+    /// = true); only files lockstep nbody wrote are deleted.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Print only the final summary.
     #[arg(long)]
     pub quiet: bool,
@@ -26,12 +30,13 @@ pub fn run(args: &NbodyArgs, world: &World) -> Result<()> {
         progress: world.comm().is_chief() && !args.quiet && std::io::stderr().is_terminal(),
         quiet: args.quiet || !world.comm().is_chief(),
         output_dir: args.output_dir.clone(),
+        overwrite: args.overwrite,
     };
     let s = run_nbody_config_on(world.comm(), &args.config, &opts)?;
     // Without --quiet the library has printed the table and the summary already.
     if args.quiet && world.comm().is_chief() {
         println!(
-            "{} particles on {} rank(s), {} steps in {:.2} s: energy drift {:.3e} (max {:.3e}), momentum drift {:.3e}, {} snapshot files",
+            "{} particles on {} rank(s), {} steps in {:.2} s: energy drift {:.3e} (max {:.3e}), momentum drift {:.3e}, {} snapshot files of rank 0{}",
             s.num_total,
             world.comm().size(),
             s.steps,
@@ -39,7 +44,14 @@ pub fn run(args: &NbodyArgs, world: &World) -> Result<()> {
             s.energy_drift,
             s.max_energy_drift,
             s.momentum_drift,
-            s.files.len()
+            s.files.len(),
+            match &s.output_dir {
+                Some(d) => format!(
+                    "; outputs in {}",
+                    std::path::absolute(d).unwrap_or_else(|_| d.clone()).display()
+                ),
+                None => String::new(),
+            }
         );
     }
     Ok(())

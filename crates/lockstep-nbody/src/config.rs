@@ -18,7 +18,6 @@
 //! (the output directory, a GADGET input file) are resolved against the config file's
 //! directory.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -26,11 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_core::config::{self, ConfigError};
+use lockstep_core::memory::MemoryEstimate;
 
-use crate::integrate::{Diagnostics, ForceSettings, Gravity, Integrator, SimulateOptions};
+use crate::integrate::{Diagnostics, ForceSettings, Gravity, Integrator, Method, SimulateOptions};
+use crate::output::DEFAULT_DIR;
 use crate::shard::simulate_sharded;
 use crate::snapshot::{write_hdf5, write_npz, SnapshotHeader};
-use crate::{InitialConditions, NbodyError, Units};
+use crate::{InitialConditions, NbodyError, Particles, Units};
 
 /// Time axis: `t_start`/`t_end`/`steps` or an explicit array `ts`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -85,8 +86,14 @@ impl TimeConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutputConfig {
-    /// Output directory (created by the chief).
-    pub dir: PathBuf,
+    /// Output folder (created by the chief; relative paths are relative to the config file).
+    /// Absent: [`crate::output::DEFAULT_DIR`] in the current working directory.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// Replace an earlier `lockstep nbody` output in `dir` (only the files it wrote; see
+    /// [`crate::output`]). Default false: an existing non-empty folder is refused.
+    #[serde(default)]
+    pub overwrite_output_dir: bool,
     /// Write an output every `every` steps (and always at the start and the end).
     #[serde(default = "default_every")]
     pub every: usize,
@@ -145,6 +152,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Replace `output.dir` of the config.
     pub output_dir: Option<PathBuf>,
+    /// Set `output.overwrite_output_dir` to true.
+    pub overwrite: bool,
 }
 
 /// Result of a run.
@@ -156,14 +165,20 @@ pub struct Summary {
     pub steps: usize,
     /// Diagnostics at each output (start and end included).
     pub diagnostics: Vec<Diagnostics>,
-    /// `E_end / E_start - 1`.
+    /// `E_end / E_start - 1`, or the absolute `E_end - E_start` when `E_start = 0`.
     pub energy_drift: f64,
-    /// Largest `|E / E_start - 1|` over outputs.
+    /// Largest `|E / E_start - 1|` over outputs (absolute `|E - E_start|` when `E_start = 0`).
     pub max_energy_drift: f64,
-    /// `|P_end - P_start| / sum m |v|` at the start.
+    /// `|P_end - P_start| / sum m |v|` at the start, or the absolute `|P_end - P_start|`
+    /// when nothing moves at the start (`sum m |v| = 0`).
     pub momentum_drift: f64,
-    /// Snapshot files written.
+    /// Whether the drifts are absolute: `(energy, momentum)`, true where the initial scale
+    /// is zero.
+    pub drift_is_absolute: (bool, bool),
+    /// Snapshot files written by this rank.
     pub files: Vec<PathBuf>,
+    /// The output folder (None when the config writes no outputs).
+    pub output_dir: Option<PathBuf>,
     /// Wall-clock seconds.
     pub wall_seconds: f64,
 }
@@ -189,8 +204,8 @@ impl NbodyConfig {
         if let InitialConditions::GadgetHdf5 { path: p } = &mut cfg.initial_conditions {
             *p = config::resolve_path(&base, &*p);
         }
-        if let Some(o) = &mut cfg.output {
-            o.dir = config::resolve_path(&base, &o.dir);
+        if let Some(dir) = cfg.output.as_mut().and_then(|o| o.dir.as_mut()) {
+            *dir = config::resolve_path(&base, &*dir);
         }
         Ok(cfg)
     }
@@ -222,10 +237,182 @@ impl NbodyConfig {
     }
 }
 
+/// `value` relative to `reference` (`value / reference - 1`), or the absolute difference
+/// when the reference is zero (a system at rest, zero total energy): never NaN or inf for
+/// finite inputs. Returns `(drift, absolute)`.
+pub fn relative_or_absolute(value: f64, reference: f64) -> (f64, bool) {
+    if reference != 0.0 {
+        (value / reference - 1.0, false)
+    } else {
+        (value - reference, true)
+    }
+}
+
+/// Momentum drift `|P - P0| / sum m |v|` at the start, or the absolute `|P - P0|` when
+/// nothing moves at the start. Returns `(drift, absolute)`.
+pub fn momentum_drift(d: &Diagnostics, d0: &Diagnostics) -> (f64, bool) {
+    let dp = (0..3)
+        .map(|c| (d.momentum[c] - d0.momentum[c]).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    if d0.momentum_scale > 0.0 {
+        (dp / d0.momentum_scale, false)
+    } else {
+        (dp, true)
+    }
+}
+
+/// Memory one rank of a run needs, from the config alone: `num_total` particles over `ranks`
+/// ranks (bytes per particle of the padded shard, forces, the tree and its expansions, the
+/// redistribution and tree-exchange buffers, the snapshot copies; direct summation gathers
+/// every particle on every rank). `count_key` names the key that sets `num_total`.
+pub fn memory_estimate(
+    cfg: &NbodyConfig,
+    num_total: u64,
+    ranks: usize,
+    count_key: &str,
+) -> MemoryEstimate {
+    let share = num_total.div_ceil(ranks.max(1) as u64);
+    let cap = (share as f64 * cfg.capacity_factor.max(1.0)).ceil() as u64;
+    let nterms = crate::fmm::expansion::nterms(cfg.forces.order) as u64;
+    let nodes = 2 * share / cfg.forces.leaf_size.max(1) as u64 + 1;
+    let mut e = MemoryEstimate::new();
+    e.add("particle shard (64 B per slot)", cap.saturating_mul(64))
+        .add("forces (2 x 32 B per particle)", share.saturating_mul(64))
+        .add(
+            "redistribution buffers (232 B per particle)",
+            share.saturating_mul(232),
+        )
+        .add(
+            "snapshot copies (56 B per particle)",
+            share.saturating_mul(56),
+        );
+    match cfg.forces.method {
+        Method::Fmm => {
+            e.add(
+                "tree (sorted copies, keys, permutation: 56 B per particle)",
+                share.saturating_mul(56),
+            )
+            .add(
+                "tree nodes and expansions",
+                nodes.saturating_mul(96 + 16 * nterms),
+            )
+            .add(
+                "imported particles and cells (64 B per particle)",
+                share.saturating_mul(64),
+            );
+            e.driven_by("forces.order").driven_by("forces.leaf_size");
+        }
+        Method::Direct => {
+            e.add(
+                "all particles gathered for direct summation (96 B each)",
+                num_total.saturating_mul(96),
+            );
+            e.driven_by("forces.method");
+        }
+    }
+    e.driven_by(count_key).driven_by("capacity_factor");
+    e
+}
+
+/// Ranks of this job on this machine (they share its memory): Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE` or MPICH's `MPI_LOCALNRANKS`, else 1.
+fn ranks_on_this_node() -> u64 {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse::<u64>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// A validated run, before anything is generated or written.
+struct Plan {
+    cfg: NbodyConfig,
+    ts: Vec<f64>,
+    outputs: Vec<usize>,
+    /// The output folder and settings (None: no outputs).
+    output: Option<(PathBuf, OutputConfig)>,
+}
+
+/// Loads and validates the config, applies the command-line overrides, checks the memory the
+/// run needs. Touches nothing.
+fn plan_run(path: &Path, opts: &RunOptions, ranks: usize) -> Result<Plan, NbodyError> {
+    let mut cfg = NbodyConfig::load(path)?;
+    if opts.output_dir.is_some() || opts.overwrite {
+        let o = cfg.output.get_or_insert(OutputConfig {
+            dir: None,
+            overwrite_output_dir: false,
+            every: 1,
+            npz: true,
+            hdf5: true,
+            box_size: 0.0,
+        });
+        if let Some(dir) = &opts.output_dir {
+            o.dir = Some(dir.clone());
+        }
+        o.overwrite_output_dir |= opts.overwrite;
+    }
+    cfg.validate(path)?;
+    let ts = cfg.time.times()?;
+    let steps = ts.len() - 1;
+    let every = cfg.output.as_ref().map(|o| o.every).unwrap_or(steps.max(1));
+    let mut outputs: Vec<usize> = (0..=steps).filter(|k| k % every == 0).collect();
+    if outputs.last() != Some(&steps) {
+        outputs.push(steps);
+    }
+    let (num_total, key) = match &cfg.initial_conditions {
+        InitialConditions::GadgetHdf5 { path: p } => (
+            crate::snapshot::gadget_total(p).map_err(|e| e.in_config(path))?,
+            "initial_conditions.path (its NumPart_Total)",
+        ),
+        ic => (ic.count().unwrap_or(0), "initial_conditions.n"),
+    };
+    memory_estimate(&cfg, num_total, ranks, key)
+        .times(ranks_on_this_node(), "ranks on this machine")
+        .check_here("this N-body run")
+        .map_err(|e| ConfigError::new("", e.to_string()).in_file(path))?;
+    let output = cfg.output.clone().map(|o| {
+        let dir = o.dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+        (dir, o)
+    });
+    Ok(Plan {
+        cfg,
+        ts,
+        outputs,
+        output,
+    })
+}
+
+/// Makes every rank return an error when any rank's `result` is one: the failing rank its
+/// own, the others one naming the first failing rank (so no rank waits in a collective for a
+/// rank that has given up). `what` says what failed.
+fn agree<T, C: Communicator + ?Sized>(
+    comm: &C,
+    result: Result<T, NbodyError>,
+    what: &str,
+) -> Result<T, NbodyError> {
+    let size = comm.size() as u64;
+    let mine = if result.is_ok() {
+        size
+    } else {
+        comm.rank() as u64
+    };
+    let first = comm.all_reduce_scalar(mine, ReduceOp::Min)?;
+    match result {
+        Ok(_) if first < size => Err(NbodyError::Comm(format!(
+            "{what} failed on rank {first} (its message says why); nothing was written"
+        ))),
+        r => r,
+    }
+}
+
 /// Runs the simulation of the config file `path` on one rank: initial conditions, leapfrog
 /// through the time array, snapshots every `output.every` steps, a progress bar, a table of
 /// the diagnostics at each output and a summary of the energy drift (printed unless
-/// `opts.quiet`). Also writes `diagnostics.csv` into the output directory.
+/// `opts.quiet`). Also writes `diagnostics.csv` into the output folder.
+///
+/// Errors: [`NbodyError`]; every check (config, memory, initial conditions, output folder)
+/// runs before the output folder is touched.
 pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, NbodyError> {
     run_nbody_config_on(&lockstep_comm::SelfComm::new(), path, opts)
 }
@@ -234,71 +421,67 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
 /// same config for any number of ranks). Each rank generates its share of the initial
 /// conditions, the particles are redistributed along the Morton order, forces are globally
 /// correct (locally essential tree), diagnostics are summed over ranks, and every rank
-/// writes its own snapshot files (`NumFilesPerSnapshot` = ranks). Only the chief creates the
-/// output directory, prints, shows the progress bar and writes `diagnostics.csv`.
+/// writes its own snapshot files (`NumFilesPerSnapshot` = ranks). Only the chief checks and
+/// prepares the output folder (see [`crate::output`]), prints, shows the progress bar and
+/// writes `diagnostics.csv`. Ranks may hold no particles.
+///
+/// Errors: as [`run_nbody_config`]; an error on one rank before the run starts is an error
+/// on every rank.
 pub fn run_nbody_config_on<C: Communicator + ?Sized>(
     comm: &C,
     path: &Path,
     opts: &RunOptions,
 ) -> Result<Summary, NbodyError> {
     let start = Instant::now();
-    let mut cfg = NbodyConfig::load(path)?;
-    if let Some(dir) = &opts.output_dir {
-        match &mut cfg.output {
-            Some(o) => o.dir = dir.clone(),
-            None => {
-                cfg.output = Some(OutputConfig {
-                    dir: dir.clone(),
-                    every: 1,
-                    npz: true,
-                    hdf5: true,
-                    box_size: 0.0,
-                })
-            }
-        }
-    }
-    cfg.validate(path)?;
-    let (rank, size) = (comm.rank(), comm.size());
     let chief = comm.is_chief();
     let opts = &RunOptions {
         quiet: opts.quiet || !chief,
         progress: opts.progress && chief,
         ..opts.clone()
     };
-    let g = cfg.units.g();
-    let ts = cfg.time.times()?;
-    let mut particles = cfg
-        .initial_conditions
-        .generate(g, rank, size, cfg.capacity_factor)?;
+    let plan = agree(comm, plan_run(path, opts, comm.size()), "validation")?;
+    let g = plan.cfg.units.g();
+    let particles =
+        plan.cfg
+            .initial_conditions
+            .generate(g, comm.rank(), comm.size(), plan.cfg.capacity_factor);
+    let mut particles = agree(comm, particles, "reading the initial conditions")?;
     // Validates the force settings on every rank before anything is written.
-    Gravity::new(cfg.forces, g)?;
-    let steps = ts.len() - 1;
-    let every = cfg.output.as_ref().map(|o| o.every).unwrap_or(steps.max(1));
-    let mut outputs: Vec<usize> = (0..=steps).filter(|k| k % every == 0).collect();
-    if outputs.last() != Some(&steps) {
-        outputs.push(steps);
-    }
-    if let Some(o) = &cfg.output {
-        let mut ok = [1u64];
-        if chief {
-            if let Err(e) = std::fs::create_dir_all(&o.dir) {
-                ok[0] = 0;
-                comm.all_reduce(&mut ok, ReduceOp::Min)?;
-                return Err(NbodyError::io(&o.dir, e));
-            }
-        }
-        comm.all_reduce(&mut ok, ReduceOp::Min)?;
-        if ok[0] == 0 {
-            return Err(NbodyError::io(
-                &o.dir,
-                std::io::Error::other("the chief could not create the output directory"),
-            ));
-        }
-    }
+    agree(
+        comm,
+        Gravity::new(plan.cfg.forces, g),
+        "checking the forces",
+    )?;
+    let prepared = match (&plan.output, chief) {
+        (Some((dir, o)), true) => crate::output::plan(dir, o.overwrite_output_dir)
+            .and_then(|p| crate::output::prepare(dir, &p)),
+        _ => Ok(()),
+    };
+    agree(comm, prepared, "preparing the output folder")?;
+    let (diags, files) = integrate(comm, &plan, &mut particles, opts)?;
+    finish(comm, &plan, &particles, diags, files, opts, start)
+}
+
+/// The time integration with its outputs: the table row and the snapshot files of each
+/// output, the progress bar. Returns the diagnostics and this rank's files.
+fn integrate<C: Communicator + ?Sized>(
+    comm: &C,
+    plan: &Plan,
+    particles: &mut Particles,
+    opts: &RunOptions,
+) -> Result<(Vec<Diagnostics>, Vec<PathBuf>), NbodyError> {
+    let cfg = &plan.cfg;
+    let steps = plan.ts.len() - 1;
     if !opts.quiet {
         println!(
-            "lockstep nbody: {} particles, {} steps, {:?} with {:?}, softening {} kpc, G = {:e}",
-            particles.num_total, steps, cfg.integrator, cfg.forces.method, cfg.forces.softening, g
+            "lockstep nbody: {} particles on {} rank(s), {} steps, {:?} with {:?}, softening {} kpc, G = {:e}",
+            particles.num_total,
+            comm.size(),
+            steps,
+            cfg.integrator,
+            cfg.forces.method,
+            cfg.forces.softening,
+            cfg.units.g()
         );
         println!(
             "{:>6} {:>12} {:>14} {:>14} {:>14} {:>11} {:>11}",
@@ -319,53 +502,52 @@ pub fn run_nbody_config_on<C: Communicator + ?Sized>(
     let mut files = Vec::new();
     let mut first: Option<Diagnostics> = None;
     let mut out_index = 0usize;
-    let output = cfg.output.clone();
-    let quiet = opts.quiet;
-    let units = cfg.units;
+    let (rank, size) = (comm.rank(), comm.size());
     let sim_opts = SimulateOptions {
         integrator: cfg.integrator,
-        outputs: outputs.clone(),
+        outputs: plan.outputs.clone(),
     };
     let diags = simulate_sharded(
         comm,
-        &mut particles,
-        &ts,
+        particles,
+        &plan.ts,
         &cfg.forces,
-        g,
+        cfg.units.g(),
         &sim_opts,
         |_k, p, d| {
             let d0 = *first.get_or_insert(*d);
-            if !quiet {
-                let dp = ((0..3)
-                    .map(|c| (d.momentum[c] - d0.momentum[c]).powi(2))
-                    .sum::<f64>())
-                .sqrt()
-                    / d0.momentum_scale.max(f64::MIN_POSITIVE);
+            if !opts.quiet {
+                // Absolute drifts where the initial scale is zero (marked with a *).
+                let (de, de_abs) = relative_or_absolute(d.energy(), d0.energy());
+                let (dp, dp_abs) = momentum_drift(d, &d0);
+                let mark = |abs: bool| if abs { "*" } else { " " };
                 bar.suspend(|| {
                     println!(
-                        "{:>6} {:>12.6e} {:>14.7e} {:>14.7e} {:>14.7e} {:>11.3e} {:>11.3e}",
+                        "{:>6} {:>12.6e} {:>14.7e} {:>14.7e} {:>14.7e} {:>10.3e}{} {:>10.3e}{}",
                         out_index,
                         d.time,
                         d.kinetic,
                         d.potential,
                         d.energy(),
-                        d.energy() / d0.energy() - 1.0,
-                        dp
+                        de,
+                        mark(de_abs),
+                        dp,
+                        mark(dp_abs)
                     )
                 });
             }
-            if let Some(o) = &output {
+            if let Some((dir, o)) = &plan.output {
                 if o.npz {
-                    files.push(write_npz(&o.dir, out_index, rank, p)?);
+                    files.push(write_npz(dir, out_index, rank, p)?);
                 }
                 if o.hdf5 {
                     let h = SnapshotHeader {
                         time: d.time,
                         num_files: size,
                         box_size: o.box_size,
-                        units,
+                        units: cfg.units,
                     };
-                    files.push(write_hdf5(&o.dir, out_index, rank, p, &h)?);
+                    files.push(write_hdf5(dir, out_index, rank, p, &h)?);
                 }
             }
             out_index += 1;
@@ -374,67 +556,97 @@ pub fn run_nbody_config_on<C: Communicator + ?Sized>(
         |_| bar.inc(1),
     )?;
     bar.finish_and_clear();
+    Ok((diags, files))
+}
+
+/// The end of a run: `diagnostics.csv` (chief), the summary, and where the outputs are.
+fn finish<C: Communicator + ?Sized>(
+    comm: &C,
+    plan: &Plan,
+    particles: &Particles,
+    diags: Vec<Diagnostics>,
+    files: Vec<PathBuf>,
+    opts: &RunOptions,
+    start: Instant,
+) -> Result<Summary, NbodyError> {
+    let steps = plan.ts.len() - 1;
     let d0 = diags[0];
     let dl = diags[diags.len() - 1];
-    let e0 = d0.energy();
-    let rel = |d: &Diagnostics| {
-        if e0 != 0.0 {
-            d.energy() / e0 - 1.0
-        } else {
-            d.energy() - e0
-        }
-    };
-    let max_energy_drift = diags.iter().map(|d| rel(d).abs()).fold(0.0, f64::max);
-    let momentum_drift = ((0..3)
-        .map(|c| (dl.momentum[c] - d0.momentum[c]).powi(2))
-        .sum::<f64>())
-    .sqrt()
-        / d0.momentum_scale.max(f64::MIN_POSITIVE);
-    if let (Some(o), true) = (&cfg.output, chief) {
-        let csv = o.dir.join("diagnostics.csv");
-        let mut text = String::from("time,kinetic,potential,energy,px,py,pz,lx,ly,lz\n");
-        for d in &diags {
-            text += &format!(
-                "{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e}\n",
-                d.time,
-                d.kinetic,
-                d.potential,
-                d.energy(),
-                d.momentum[0],
-                d.momentum[1],
-                d.momentum[2],
-                d.angular_momentum[0],
-                d.angular_momentum[1],
-                d.angular_momentum[2]
-            );
-        }
-        std::fs::File::create(&csv)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(|e| NbodyError::io(&csv, e))?;
+    let (energy_drift, e_abs) = relative_or_absolute(dl.energy(), d0.energy());
+    let max_energy_drift = diags
+        .iter()
+        .map(|d| relative_or_absolute(d.energy(), d0.energy()).0.abs())
+        .fold(0.0, f64::max);
+    let (momentum_drift, p_abs) = momentum_drift(&dl, &d0);
+    if let (Some((dir, _)), true) = (&plan.output, comm.is_chief()) {
+        write_diagnostics_csv(&dir.join("diagnostics.csv"), &diags)?;
     }
+    let all_files = comm.all_reduce_scalar(files.len() as u64, ReduceOp::Sum)?;
     let summary = Summary {
         num_total: particles.num_total,
         steps,
         diagnostics: diags,
-        energy_drift: rel(&dl),
+        energy_drift,
         max_energy_drift,
         momentum_drift,
+        drift_is_absolute: (e_abs, p_abs),
         files,
+        output_dir: plan.output.as_ref().map(|(d, _)| d.clone()),
         wall_seconds: start.elapsed().as_secs_f64(),
     };
     if !opts.quiet {
+        let kind = |abs: bool| {
+            if abs {
+                "absolute, initial value 0"
+            } else {
+                "relative"
+            }
+        };
         println!(
-            "summary: {} steps in {:.2} s ({:.3} s/step); energy drift E_end/E_0 - 1 = {:.3e} (max |dE/E0| = {:.3e}); momentum drift |dP|/sum m|v| = {:.3e}; {} snapshot files",
+            "summary: {} steps in {:.2} s ({:.3} s/step); energy drift {:.3e} ({}; max {:.3e}); momentum drift {:.3e} ({})",
             steps,
             summary.wall_seconds,
             summary.wall_seconds / steps.max(1) as f64,
             summary.energy_drift,
+            kind(e_abs),
             summary.max_energy_drift,
             summary.momentum_drift,
-            summary.files.len()
+            kind(p_abs),
         );
+        match &summary.output_dir {
+            Some(dir) => println!(
+                "Outputs in {} ({all_files} snapshot files from {} rank(s), diagnostics.csv)",
+                std::path::absolute(dir).unwrap_or_else(|_| dir.clone()).display(),
+                comm.size()
+            ),
+            None => println!("No outputs written (the config has no `output` section; pass --output-dir to write snapshots)"),
+        }
     }
     Ok(summary)
+}
+
+/// Writes the diagnostics at each output as CSV (time, K, W, E, P, L), atomically.
+fn write_diagnostics_csv(csv: &Path, diags: &[Diagnostics]) -> Result<(), NbodyError> {
+    let mut text = String::from("time,kinetic,potential,energy,px,py,pz,lx,ly,lz\n");
+    for d in diags {
+        text += &format!(
+            "{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e}\n",
+            d.time,
+            d.kinetic,
+            d.potential,
+            d.energy(),
+            d.momentum[0],
+            d.momentum[1],
+            d.momentum[2],
+            d.angular_momentum[0],
+            d.angular_momentum[1],
+            d.angular_momentum[2]
+        );
+    }
+    let tmp = csv.with_extension("csv.partial");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, csv))
+        .map_err(|e| NbodyError::io(csv, e))
 }
 
 #[cfg(test)]
@@ -481,7 +693,9 @@ mod tests {
         let cfg = NbodyConfig::load(path).unwrap();
         cfg.validate(path).unwrap();
         assert_eq!(cfg.time.times().unwrap().len(), 101);
-        assert!(cfg.output.unwrap().dir.ends_with("configs/plummer_out"));
+        // The bundled config writes to the default folder in the current directory, not
+        // into the source tree.
+        assert_eq!(cfg.output.unwrap().dir, None);
     }
 
     #[test]

@@ -10,9 +10,9 @@ use lockstep_core::ConfigError;
 pub enum NbodyError {
     /// More particles must live on a rank than its padded arrays hold.
     #[error(
-        "particle capacity exceeded on rank {rank}: {needed} particles do not fit into capacity \
-         {capacity}; raise `capacity_factor` in the config (or pass a larger capacity to \
-         `Particles::with_capacity`)"
+        "particle capacity exceeded on rank {rank}: {needed} particles do not fit into the \
+         {capacity} slots of its arrays; allocate at least {needed} slots \
+         (`Particles::with_capacity`; `capacity_factor` pads the count a rank starts with)"
     )]
     CapacityOverflow {
         /// Rank that overflowed.
@@ -35,6 +35,15 @@ pub enum NbodyError {
     /// The JSON configuration could not be read or is invalid (`FILE: KEY: PROBLEM`).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The output folder cannot be used (exists and may not be replaced, is a file, holds
+    /// files lockstep did not write).
+    #[error("output folder {}: {problem}", dir.display())]
+    OutputDir {
+        /// The folder.
+        dir: PathBuf,
+        /// What is wrong and the fix.
+        problem: String,
+    },
     /// An HDF5 file could not be read or written.
     #[error("HDF5 file {path}, object `{object}`: {message}")]
     Hdf5 {

@@ -12,6 +12,7 @@ pub mod error;
 pub mod fmm;
 pub mod ic;
 pub mod integrate;
+pub mod output;
 pub mod particles;
 pub mod rng;
 pub mod shard;

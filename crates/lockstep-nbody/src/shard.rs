@@ -76,8 +76,9 @@ const SAMPLES: usize = 64;
 /// Moves every particle to the rank owning its Morton-key range: a sample sort (every rank
 /// contributes `SAMPLES` regularly spaced keys weighted by its count, all ranks agree on the
 /// splitters, one `all_to_all_v`) followed by an exact rebalancing exchange along the global
-/// key order, so rank `r` ends with particles `[r N/size, (r+1) N/size)` of the z-order
-/// (ties broken by id). Particles that do not fit the padded arrays are a
+/// key order, so rank `r` ends with particles `[floor(r N/size), floor((r+1) N/size))` of the
+/// z-order (ties broken by id; the split of [`crate::ic::rank_range`], so a shard sized for
+/// its initial share always fits, and ranks may end with none). Particles that do not fit the padded arrays are a
 /// [`NbodyError::CapacityOverflow`] on every rank, naming `capacity_factor`.
 pub fn redistribute<C: Communicator + ?Sized>(
     comm: &C,
@@ -138,8 +139,11 @@ pub fn redistribute<C: Communicator + ?Sized>(
     let offset: u64 = counts[..rank].iter().sum();
     let mut send_counts = vec![0usize; size];
     for (j, _) in recv.iter().enumerate() {
+        // Rank d owns global positions [floor(d N / size), floor((d+1) N / size)), the same
+        // split as the initial conditions (`ic::rank_range`), so a rank never receives more
+        // particles than it was sized for; with N < size some ranks own none.
         let g = offset + j as u64;
-        let d = ((g as u128 * size as u128) / total.max(1) as u128) as usize;
+        let d = (((g as u128 + 1) * size as u128 - 1) / total.max(1) as u128) as usize;
         send_counts[d.min(size - 1)] += 1;
     }
     let send: Vec<Record> = recv.iter().map(|r| r.2).collect();

@@ -244,6 +244,43 @@ fn snapshot_files(path: &Path) -> Result<Vec<PathBuf>, NbodyError> {
     }
 }
 
+/// A header attribute array (`Header/NAME`) read as u64 (HDF5 converts from the stored
+/// integer type: GADGET-2 writes uint32, GADGET-4 int64/uint64). None when absent.
+fn header_u64s(f: &hdf5::File, name: &str) -> Option<Vec<u64>> {
+    f.group("Header")
+        .and_then(|h| h.attr(name))
+        .and_then(|a| a.read_raw::<u64>())
+        .ok()
+}
+
+/// Number of `PartType1` particles of a GADGET snapshot (all files of a multi-file set), from
+/// the header alone: `NumPart_Total[1] + 2^32 NumPart_Total_HighWord[1]`, or the sum of
+/// `NumPart_ThisFile[1]` over the files when the total is absent, or the `Coordinates` rows.
+/// Used to check the memory a run needs before reading the particles.
+///
+/// Errors: [`NbodyError::Hdf5`] naming the file that cannot be opened.
+pub fn gadget_total(path: &Path) -> Result<u64, NbodyError> {
+    let files = snapshot_files(path)?;
+    let f = hdf5::File::open(&files[0]).map_err(|e| h5err(&files[0], "/", e))?;
+    if let Some(tot) = header_u64s(&f, "NumPart_Total") {
+        let high = header_u64s(&f, "NumPart_Total_HighWord").unwrap_or_default();
+        let t = tot.get(1).copied().unwrap_or(0) + (high.get(1).copied().unwrap_or(0) << 32);
+        return Ok(t);
+    }
+    let mut sum = 0u64;
+    for file in &files {
+        let f = hdf5::File::open(file).map_err(|e| h5err(file, "/", e))?;
+        sum += match header_u64s(&f, "NumPart_ThisFile") {
+            Some(this) => this.get(1).copied().unwrap_or(0),
+            None => f
+                .dataset("PartType1/Coordinates")
+                .map(|d| d.shape().first().copied().unwrap_or(0) as u64)
+                .unwrap_or(0),
+        };
+    }
+    Ok(sum)
+}
+
 /// Reads rank `rank`'s share (the contiguous range of the particles in file order) of a
 /// GADGET-style HDF5 snapshot (`PartType1`), padded by `capacity_factor`. Masses come from
 /// `PartType1/Masses` or, when absent, `Header/MassTable[1]`.

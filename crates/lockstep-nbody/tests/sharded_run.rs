@@ -166,7 +166,12 @@ fn mpirun_ranks_reproduce_the_one_rank_snapshot() {
         ("fmm", 4, 5e-5),
     ] {
         let one = config(dir.path(), &format!("mpi_{method}_1"), method, 100);
-        run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &quiet()).unwrap();
+        // The same reference folder serves two rank counts: the second run replaces it.
+        let replace = RunOptions {
+            overwrite: true,
+            ..quiet()
+        };
+        run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &replace).unwrap();
         let reference = final_snapshot(&dir.path().join(format!("mpi_{method}_1")), 1);
         let name = format!("mpi_{method}_{ranks}");
         let path = config(dir.path(), &name, method, 100);
@@ -243,4 +248,46 @@ fn a_crashing_mpi_rank_ends_the_job_within_10_s() {
     assert_ne!(code, Some(124), "the job hung until the 10 s limit");
     assert!(!out.status.success(), "a crashed rank must fail the job");
     assert!(elapsed < Duration::from_secs(10));
+}
+
+#[test]
+fn mpirun_with_a_rank_that_holds_no_particle_runs() {
+    let bin = check_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "units": {"gravitational_constant": 1.0},
+        "initial_conditions": {"kind": "plummer", "n": 1, "seed": 5},
+        "forces": {"method": "fmm", "softening": 0.05},
+        "time": {"t_start": 0.0, "t_end": 0.01, "steps": 4},
+        "output": {"dir": "one", "every": 4}
+    });
+    let path = dir.path().join("one.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let cmd = lockstep_comm::launch::mpirun_command(2);
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .envs(
+            cmd.get_envs()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+        )
+        .arg(&bin)
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mpirun -n 2 on one particle failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("NaN") && !stdout.contains("inf"),
+        "{stdout}"
+    );
+    let p = final_snapshot(&dir.path().join("one"), 1);
+    assert_eq!(p.num, 1);
+    assert!(dir.path().join("one/snap_001.1.hdf5").exists());
 }

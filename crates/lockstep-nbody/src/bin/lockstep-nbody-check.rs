@@ -45,6 +45,7 @@ fn main() {
         quiet: args.iter().any(|a| a == "--quiet"),
         progress: true,
         output_dir: None,
+        overwrite: args.iter().any(|a| a == "--overwrite"),
     };
     if let Err(e) = run_nbody_config_on(world.comm(), &path, &opts) {
         world.fail(&format!("rank {}: {e}", world.comm().rank()));
