@@ -1,0 +1,448 @@
+//! Layers of the embedding and conditioner networks: linear maps, normalization (LayerNorm,
+//! BatchNorm or none), ELU residual blocks with an optional context gate, and the two
+//! residual networks Dingo uses (`DenseResidualNet` for the embedding, nflows' `ResidualNet`
+//! for the coupling conditioners).
+//!
+//! All layers are functional: they hold parameter handles into a [`Layout`] and read the
+//! values from a [`Params`] at forward time. Activations are `[batch, features]` tensors.
+//! Sources: nflows `nn/nets/resnet.py` (ResidualBlock, ResidualNet; Durkan et al. 2019) and
+//! Dingo `core/nn/enets.py` (DenseResidualNet; Dax et al. 2021).
+
+use crate::params::{to_vec, Layout, Params};
+use burn::tensor::activation::{elu, sigmoid};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use lockstep_core::rng::SplitMix64;
+use serde::{Deserialize, Serialize};
+
+/// Normalization inside residual blocks, selectable per network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    /// No normalization.
+    #[default]
+    None,
+    /// `LayerNorm` over the features of each sample (eps 1e-5, affine); needs no
+    /// communication between replicas.
+    LayerNorm,
+    /// `BatchNorm1d` over the batch (eps 1e-5, momentum 0.1, affine, running statistics used
+    /// in evaluation). Couples the samples of a batch, so it is not sample-separable.
+    BatchNorm,
+}
+
+/// How a parameter or state buffer starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Uniform on `[-bound, bound]`.
+    Uniform(f32),
+    /// Every value equal to the constant.
+    Constant(f32),
+}
+
+/// Builds a network's parameter [`Layout`] (trainable), its state layout (BatchNorm running
+/// statistics) and the initial values of both.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    /// Trainable parameters in buffer order.
+    pub params: Layout,
+    /// Non-trainable state (running statistics) in buffer order.
+    pub state: Layout,
+    param_init: Vec<Init>,
+    state_init: Vec<Init>,
+}
+
+impl Builder {
+    /// Appends a trainable parameter.
+    pub fn param(&mut self, name: String, shape: &[usize], init: Init) -> usize {
+        self.param_init.push(init);
+        self.params.add(name, shape)
+    }
+
+    /// Appends a state buffer.
+    pub fn state(&mut self, name: String, shape: &[usize], init: Init) -> usize {
+        self.state_init.push(init);
+        self.state.add(name, shape)
+    }
+
+    /// Initial (trainable, state) values; uniform draws come from one SplitMix64 stream of
+    /// `seed` in buffer order, so the same seed gives the same network everywhere.
+    pub fn initial_values(&self, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = SplitMix64::new(seed);
+        let mut fill = |layout: &Layout, inits: &[Init]| {
+            let mut v = vec![0.0f32; layout.len()];
+            for (i, init) in inits.iter().enumerate() {
+                let out = layout.slice_mut(&mut v, i);
+                match *init {
+                    Init::Uniform(b) => out
+                        .iter_mut()
+                        .for_each(|x| *x = ((2.0 * rng.uniform() - 1.0) * b as f64) as f32),
+                    Init::Constant(c) => out.iter_mut().for_each(|x| *x = c),
+                }
+            }
+            v
+        };
+        let p = fill(&self.params, &self.param_init);
+        let s = fill(&self.state, &self.state_init);
+        (p, s)
+    }
+}
+
+/// One forward pass: the parameters, and in training mode the state buffer whose BatchNorm
+/// running statistics are updated from the batch.
+pub struct Pass<'a, B: Backend> {
+    /// Parameter tensors.
+    pub params: &'a Params<B>,
+    /// State values (running statistics) read in evaluation and updated in training.
+    pub state: &'a mut [f32],
+    /// State layout (offsets of the running statistics).
+    pub state_layout: &'a Layout,
+    /// Training mode: BatchNorm uses batch statistics and updates the running ones.
+    pub training: bool,
+}
+
+/// Affine map `y = x W^T + b`, `W: [out, in]`, `b: [out]` (PyTorch `nn.Linear`).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: usize,
+    bias: usize,
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+}
+
+impl Linear {
+    /// PyTorch's default initialization: weight and bias uniform on `±1/sqrt(in)`.
+    pub fn new(b: &mut Builder, name: &str, inputs: usize, outputs: usize) -> Self {
+        let bound = 1.0 / (inputs as f32).sqrt();
+        Self::with_init(b, name, inputs, outputs, Init::Uniform(bound))
+    }
+
+    /// Weight and bias drawn with `init` (nflows' last block layer: uniform ±1e-3).
+    pub fn with_init(
+        b: &mut Builder,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        init: Init,
+    ) -> Self {
+        Linear {
+            weight: b.param(format!("{name}.weight"), &[outputs, inputs], init),
+            bias: b.param(format!("{name}.bias"), &[outputs], init),
+            inputs,
+            outputs,
+        }
+    }
+
+    /// `x: [batch, inputs]` -> `[batch, outputs]`.
+    pub fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        x.matmul(p.matrix(self.weight).transpose()) + p.row(self.bias)
+    }
+}
+
+/// A normalization layer over `features` (see [`Norm`]).
+#[derive(Debug, Clone)]
+pub enum NormLayer {
+    /// Identity.
+    None,
+    /// LayerNorm with affine `weight`, `bias` `[features]`.
+    Layer {
+        /// Handle of the scale.
+        weight: usize,
+        /// Handle of the shift.
+        bias: usize,
+    },
+    /// BatchNorm1d with affine parameters and running mean/variance state `[features]`.
+    Batch {
+        /// Handle of the scale.
+        weight: usize,
+        /// Handle of the shift.
+        bias: usize,
+        /// State handle of the running mean.
+        running_mean: usize,
+        /// State handle of the running (unbiased) variance.
+        running_var: usize,
+    },
+}
+
+const NORM_EPS: f64 = 1e-5;
+const BN_MOMENTUM: f32 = 0.1;
+
+impl NormLayer {
+    /// A normalization of kind `norm` named `name` over `features`.
+    pub fn new(b: &mut Builder, name: &str, norm: Norm, features: usize) -> Self {
+        match norm {
+            Norm::None => NormLayer::None,
+            Norm::LayerNorm => NormLayer::Layer {
+                weight: b.param(format!("{name}.weight"), &[features], Init::Constant(1.0)),
+                bias: b.param(format!("{name}.bias"), &[features], Init::Constant(0.0)),
+            },
+            Norm::BatchNorm => NormLayer::Batch {
+                weight: b.param(format!("{name}.weight"), &[features], Init::Constant(1.0)),
+                bias: b.param(format!("{name}.bias"), &[features], Init::Constant(0.0)),
+                running_mean: b.state(
+                    format!("{name}.running_mean"),
+                    &[features],
+                    Init::Constant(0.0),
+                ),
+                running_var: b.state(
+                    format!("{name}.running_var"),
+                    &[features],
+                    Init::Constant(1.0),
+                ),
+            },
+        }
+    }
+
+    /// `x: [batch, features]` -> normalized `[batch, features]`.
+    pub fn forward<B: Backend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match *self {
+            NormLayer::None => x,
+            NormLayer::Layer { weight, bias } => {
+                let (var, mean) = x.clone().var_mean_bias(1);
+                let y = (x - mean) / var.add_scalar(NORM_EPS).sqrt();
+                y * pass.params.row(weight) + pass.params.row(bias)
+            }
+            NormLayer::Batch {
+                weight,
+                bias,
+                running_mean,
+                running_var,
+            } => {
+                let device = x.device();
+                let n = x.dims()[0];
+                let (mean, var) = if pass.training {
+                    let (var, mean) = x.clone().var_mean_bias(0);
+                    // Running statistics (PyTorch: unbiased variance, momentum 0.1).
+                    let m = to_vec(mean.clone().detach());
+                    let v = to_vec(var.clone().detach());
+                    let unbias = if n > 1 {
+                        n as f32 / (n as f32 - 1.0)
+                    } else {
+                        1.0
+                    };
+                    let rm = pass.state_layout.slice_mut(pass.state, running_mean);
+                    rm.iter_mut()
+                        .zip(&m)
+                        .for_each(|(r, x)| *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * x);
+                    let rv = pass.state_layout.slice_mut(pass.state, running_var);
+                    rv.iter_mut().zip(&v).for_each(|(r, x)| {
+                        *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * x * unbias
+                    });
+                    (mean, var)
+                } else {
+                    let f = x.dims()[1];
+                    let m = pass.state_layout.slice(pass.state, running_mean).to_vec();
+                    let v = pass.state_layout.slice(pass.state, running_var).to_vec();
+                    (
+                        Tensor::from_data(TensorData::new(m, [1, f]), &device),
+                        Tensor::from_data(TensorData::new(v, [1, f]), &device),
+                    )
+                };
+                let y = (x - mean) / var.add_scalar(NORM_EPS).sqrt();
+                y * pass.params.row(weight) + pass.params.row(bias)
+            }
+        }
+    }
+}
+
+/// Residual block (nflows `ResidualBlock`, as used by Dingo):
+/// `t = lin1(elu(norm1(lin0(elu(norm0(x)))))`, optionally gated by the context,
+/// `t = t * sigmoid(ctx(context))` (the GLU of `cat(t, ctx(context))`), output `x + t`.
+/// The last linear layer starts uniform on ±1e-3, so each block starts near the identity.
+#[derive(Debug, Clone)]
+pub struct ResidualBlock {
+    norm0: NormLayer,
+    linear0: Linear,
+    norm1: NormLayer,
+    linear1: Linear,
+    context: Option<Linear>,
+}
+
+impl ResidualBlock {
+    /// A block over `features`, with a context gate when `context_features` is given.
+    pub fn new(
+        b: &mut Builder,
+        name: &str,
+        features: usize,
+        context_features: Option<usize>,
+        norm: Norm,
+    ) -> Self {
+        let context =
+            context_features.map(|c| Linear::new(b, &format!("{name}.context_layer"), c, features));
+        let norm0 = NormLayer::new(b, &format!("{name}.norm_layers.0"), norm, features);
+        let norm1 = NormLayer::new(b, &format!("{name}.norm_layers.1"), norm, features);
+        let linear0 = Linear::new(b, &format!("{name}.linear_layers.0"), features, features);
+        let linear1 = Linear::with_init(
+            b,
+            &format!("{name}.linear_layers.1"),
+            features,
+            features,
+            Init::Uniform(1e-3),
+        );
+        ResidualBlock {
+            norm0,
+            linear0,
+            norm1,
+            linear1,
+            context,
+        }
+    }
+
+    /// `x: [batch, features]`, `context: [batch, context_features]` -> `[batch, features]`.
+    pub fn forward<B: Backend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: Tensor<B, 2>,
+        context: Option<&Tensor<B, 2>>,
+    ) -> Tensor<B, 2> {
+        let t = self.norm0.forward(pass, x.clone());
+        let t = self.linear0.forward(pass.params, elu(t, 1.0));
+        let t = self.norm1.forward(pass, t);
+        let mut t = self.linear1.forward(pass.params, elu(t, 1.0));
+        if let (Some(layer), Some(c)) = (&self.context, context) {
+            t = t * sigmoid(layer.forward(pass.params, c.clone()));
+        }
+        x + t
+    }
+}
+
+/// Dingo's embedding network (`DenseResidualNet`): `initial_layer: in -> hidden_dims[0]`, then
+/// for each block `n` a [`ResidualBlock`] of width `hidden_dims[n]` followed by a resize layer
+/// (linear to `hidden_dims[n+1]` when the width changes, identity otherwise; the last one is
+/// linear to `output_dim`). `[batch, input_dim]` -> `[batch, output_dim]`.
+#[derive(Debug, Clone)]
+pub struct DenseResidualNet {
+    initial: Linear,
+    blocks: Vec<ResidualBlock>,
+    resize: Vec<Option<Linear>>,
+}
+
+impl DenseResidualNet {
+    /// Builds the network under `name` (e.g. `embedding`). `hidden_dims` must be non-empty.
+    pub fn new(
+        b: &mut Builder,
+        name: &str,
+        input_dim: usize,
+        hidden_dims: &[usize],
+        output_dim: usize,
+        norm: Norm,
+    ) -> Self {
+        let initial = Linear::new(
+            b,
+            &format!("{name}.initial_layer"),
+            input_dim,
+            hidden_dims[0],
+        );
+        let mut blocks = Vec::new();
+        let mut resize = Vec::new();
+        for (n, &h) in hidden_dims.iter().enumerate() {
+            blocks.push(ResidualBlock::new(
+                b,
+                &format!("{name}.blocks.{n}"),
+                h,
+                None,
+                norm,
+            ));
+        }
+        for n in 0..hidden_dims.len() {
+            let from = hidden_dims[n];
+            let to = hidden_dims.get(n + 1).copied().unwrap_or(output_dim);
+            let last = n + 1 == hidden_dims.len();
+            resize.push(if from != to || last {
+                Some(Linear::new(
+                    b,
+                    &format!("{name}.resize_layers.{n}"),
+                    from,
+                    to,
+                ))
+            } else {
+                None
+            });
+        }
+        DenseResidualNet {
+            initial,
+            blocks,
+            resize,
+        }
+    }
+
+    /// `x: [batch, input_dim]` -> `[batch, output_dim]`.
+    pub fn forward<B: Backend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let mut x = self.initial.forward(pass.params, x);
+        for (block, resize) in self.blocks.iter().zip(&self.resize) {
+            x = block.forward(pass, x, None);
+            if let Some(l) = resize {
+                x = l.forward(pass.params, x);
+            }
+        }
+        x
+    }
+}
+
+/// nflows' `ResidualNet`, the conditioner of each coupling transform:
+/// `initial_layer: cat(x, context) -> hidden`, `num_blocks` context-gated [`ResidualBlock`]s,
+/// `final_layer: hidden -> out`. `[batch, in] x [batch, context] -> [batch, out]`.
+#[derive(Debug, Clone)]
+pub struct ResidualNet {
+    initial: Linear,
+    blocks: Vec<ResidualBlock>,
+    final_layer: Linear,
+    /// Hidden width (the spline divides its bin logits by `sqrt(hidden)`, as nflows does).
+    pub hidden: usize,
+}
+
+impl ResidualNet {
+    /// Builds the conditioner under `name`.
+    pub fn new(
+        b: &mut Builder,
+        name: &str,
+        inputs: usize,
+        context: usize,
+        hidden: usize,
+        outputs: usize,
+        num_blocks: usize,
+        norm: Norm,
+    ) -> Self {
+        let initial = Linear::new(
+            b,
+            &format!("{name}.initial_layer"),
+            inputs + context,
+            hidden,
+        );
+        let blocks = (0..num_blocks)
+            .map(|n| {
+                ResidualBlock::new(
+                    b,
+                    &format!("{name}.blocks.{n}"),
+                    hidden,
+                    Some(context),
+                    norm,
+                )
+            })
+            .collect();
+        let final_layer = Linear::new(b, &format!("{name}.final_layer"), hidden, outputs);
+        ResidualNet {
+            initial,
+            blocks,
+            final_layer,
+            hidden,
+        }
+    }
+
+    /// `x: [batch, inputs]`, `context: [batch, context]` -> `[batch, outputs]`.
+    pub fn forward<B: Backend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        let mut h = self
+            .initial
+            .forward(pass.params, Tensor::cat(vec![x, context.clone()], 1));
+        for block in &self.blocks {
+            h = block.forward(pass, h, Some(context));
+        }
+        self.final_layer.forward(pass.params, h)
+    }
+}

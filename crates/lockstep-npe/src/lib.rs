@@ -1,0 +1,37 @@
+//! Neural posterior estimation (NPE), Dingo style, trained by lockstep's sample-parallel engine.
+//!
+//! What this crate guarantees:
+//! - a conditional normalizing flow `q(θ | x)` ([`flow::NpeNetwork`]): per step a random
+//!   permutation, an LU-factorized linear map and a rational-quadratic spline coupling
+//!   transform ([`spline`], Durkan et al. 2019, as nflows/glasflow/Dingo), conditioned on the
+//!   output of a residual embedding network ([`layers::DenseResidualNet`]) with LayerNorm,
+//!   BatchNorm or no normalization; `log_prob(θ, x)` and `sample(x, n)` over a standard
+//!   normal base;
+//! - all trainable values live in one flat f32 buffer in a fixed, named order
+//!   ([`params::Layout`]), so [`model::NpeModel`] is a lockstep-train [`lockstep_train::Model`]
+//!   whose gradients go through one packed all-reduce, and replicas stay bitwise identical;
+//! - SBI tasks ([`tasks`]) simulate `(θ, x)` keyed by (seed, global sample index), so the data
+//!   never depends on the replica count.
+//!
+//! Tensors and autodiff come from burn (CPU: the ndarray backend; the `cuda` feature adds
+//! [`CudaAutodiff`], which loads CUDA at run time).
+
+pub mod flow;
+pub mod layers;
+pub mod model;
+pub mod params;
+pub mod spline;
+pub mod tasks;
+
+pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
+pub use layers::Norm;
+pub use model::NpeModel;
+pub use tasks::{GaussianLinear, Task, TaskSource, TwoMoons};
+
+/// The CPU backend (burn's ndarray backend, f32).
+pub type CpuBackend = burn::backend::NdArray<f32>;
+/// The CPU backend with reverse-mode autodiff (what training uses).
+pub type CpuAutodiff = burn::backend::Autodiff<CpuBackend>;
+/// The CUDA backend with autodiff (feature `cuda`; CUDA is loaded at run time).
+#[cfg(feature = "cuda")]
+pub type CudaAutodiff = burn::backend::Autodiff<burn::backend::Cuda>;
