@@ -9,7 +9,7 @@
 //! returned `log_prob` is the density of θ in its own units (the standardization's Jacobian
 //! `-Σ log σ_θ` included).
 
-use crate::layers::{Builder, DenseResidualNet, Init, Norm, Pass, ResidualNet};
+use crate::layers::{Builder, DenseResidualNet, Init, Norm, Pass, ResidualNet, ResidualNetShape};
 use crate::params::{to_vec, Layout, Params};
 use crate::spline::{rational_quadratic_spline, SplineParams};
 use burn::tensor::activation::softplus;
@@ -61,7 +61,7 @@ pub struct NetworkConfig {
 }
 
 /// Fixed affine standardization of θ and x: `(v - mean) / std` per component.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Standardization {
     /// Means of θ `[theta_dim]`.
     pub theta_mean: Vec<f64>,
@@ -278,7 +278,7 @@ impl Coupling {
         step: usize,
         cfg: &FlowConfig,
     ) -> Self {
-        let start = if step % 2 == 0 { 0 } else { 1 };
+        let start = if step.is_multiple_of(2) { 0 } else { 1 };
         let transform: Vec<usize> = (start..features).step_by(2).collect();
         let identity: Vec<usize> = (0..features).filter(|i| !transform.contains(i)).collect();
         let mut order = vec![0; features];
@@ -289,12 +289,14 @@ impl Coupling {
         let net = ResidualNet::new(
             b,
             &format!("{name}.transform_net"),
-            identity.len(),
-            context,
-            cfg.hidden_dim,
-            transform.len() * spline.params_per_feature(),
-            cfg.num_transform_blocks,
-            cfg.norm,
+            ResidualNetShape {
+                inputs: identity.len(),
+                context,
+                hidden: cfg.hidden_dim,
+                outputs: transform.len() * spline.params_per_feature(),
+                num_blocks: cfg.num_transform_blocks,
+                norm: cfg.norm,
+            },
         );
         Coupling {
             identity,
@@ -383,7 +385,12 @@ impl NpeNetwork {
         if e.hidden_dims.is_empty() || e.hidden_dims.contains(&0) || e.output_dim == 0 {
             anyhow::bail!("embedding.hidden_dims must be a non-empty list of positive widths and embedding.output_dim positive");
         }
-        if f.num_flow_steps == 0 || f.hidden_dim == 0 || f.num_bins < 2 || !(f.tail_bound > 0.0) {
+        if f.num_flow_steps == 0
+            || f.hidden_dim == 0
+            || f.num_bins < 2
+            || !f.tail_bound.is_finite()
+            || f.tail_bound <= 0.0
+        {
             anyhow::bail!("flow: num_flow_steps and hidden_dim must be positive, num_bins at least 2 and tail_bound positive");
         }
         if standardization.theta_std.len() != theta_dim || standardization.x_std.len() != x_dim {
@@ -442,6 +449,31 @@ impl NpeNetwork {
     /// Initial (trainable, state) values from `seed`.
     pub fn initial_values(&self, seed: u64) -> (Vec<f32>, Vec<f32>) {
         self.builder.initial_values(seed)
+    }
+
+    /// f32 values the forward pass keeps per sample for the backward pass (an upper-end
+    /// estimate: every layer's inputs and outputs, each normalization's and activation's
+    /// intermediates, and the spline's ~40 per-bin tensors per transformed component).
+    pub fn activation_floats_per_sample(&self) -> u64 {
+        let e = &self.config.embedding;
+        let f = &self.config.flow;
+        let per_block = |h: usize| 12 * h as u64;
+        let embed: u64 = self.x_dim as u64
+            + e.hidden_dims
+                .iter()
+                .map(|&h| per_block(h) + h as u64)
+                .sum::<u64>()
+            + e.output_dim as u64;
+        let d = self.theta_dim as u64;
+        let t = d.div_ceil(2);
+        let hidden = f.hidden_dim as u64;
+        let k = f.num_bins as u64;
+        let conditioner = (d + e.output_dim as u64)
+            + f.num_transform_blocks as u64 * (per_block(f.hidden_dim) + 3 * hidden)
+            + hidden
+            + t * (3 * k - 1);
+        let spline = 40 * t * (k + 1);
+        embed + f.num_flow_steps as u64 * (6 * d + conditioner + spline)
     }
 
     /// True when some layer is BatchNorm (the loss then couples the samples of a batch).

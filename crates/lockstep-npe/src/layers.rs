@@ -380,6 +380,23 @@ impl DenseResidualNet {
     }
 }
 
+/// The widths of a [`ResidualNet`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResidualNetShape {
+    /// Input features (the untransformed θ components).
+    pub inputs: usize,
+    /// Context features (the embedding's output).
+    pub context: usize,
+    /// Hidden width.
+    pub hidden: usize,
+    /// Output features (`3K - 1` per transformed component).
+    pub outputs: usize,
+    /// Residual blocks.
+    pub num_blocks: usize,
+    /// Normalization inside the blocks.
+    pub norm: Norm,
+}
+
 /// nflows' `ResidualNet`, the conditioner of each coupling transform:
 /// `initial_layer: cat(x, context) -> hidden`, `num_blocks` context-gated [`ResidualBlock`]s,
 /// `final_layer: hidden -> out`. `[batch, in] x [batch, context] -> [batch, out]`.
@@ -394,16 +411,15 @@ pub struct ResidualNet {
 
 impl ResidualNet {
     /// Builds the conditioner under `name`.
-    pub fn new(
-        b: &mut Builder,
-        name: &str,
-        inputs: usize,
-        context: usize,
-        hidden: usize,
-        outputs: usize,
-        num_blocks: usize,
-        norm: Norm,
-    ) -> Self {
+    pub fn new(b: &mut Builder, name: &str, shape: ResidualNetShape) -> Self {
+        let ResidualNetShape {
+            inputs,
+            context,
+            hidden,
+            outputs,
+            num_blocks,
+            norm,
+        } = shape;
         let initial = Linear::new(
             b,
             &format!("{name}.initial_layer"),

@@ -35,3 +35,10 @@ pub type CpuAutodiff = burn::backend::Autodiff<CpuBackend>;
 /// The CUDA backend with autodiff (feature `cuda`; CUDA is loaded at run time).
 #[cfg(feature = "cuda")]
 pub type CudaAutodiff = burn::backend::Autodiff<burn::backend::Cuda>;
+
+/// The NPE model on CUDA device `index` (feature `cuda`; the CUDA driver and NVRTC are loaded
+/// when the first kernel runs, so building needs no CUDA toolkit).
+#[cfg(feature = "cuda")]
+pub fn cuda_model(network: NpeNetwork, seed: u64, index: usize) -> NpeModel<CudaAutodiff> {
+    NpeModel::new(network, seed, burn::backend::cuda::CudaDevice::new(index))
+}

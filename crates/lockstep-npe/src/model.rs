@@ -12,7 +12,13 @@ use crate::flow::NpeNetwork;
 use crate::layers::Pass;
 use crate::params::{to_vec, Params};
 use burn::tensor::backend::AutodiffBackend;
-use lockstep_train::{Batch, Model};
+use lockstep_train::{checkpoint, Batch, Model};
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// File name of the exported network in a run directory.
+pub const EXPORT_FILE: &str = "posterior.safetensors";
 
 /// The NPE network with its parameters, on an autodiff backend `B`.
 pub struct NpeModel<B: AutodiffBackend> {
@@ -65,6 +71,22 @@ impl<B: AutodiffBackend> NpeModel<B> {
         self.network.sample(&mut pass, x, n, seed)
     }
 
+    /// The memory one replica needs to train on `local_batch` samples: the flat parameters,
+    /// their per-pass tensor copies, the leaf gradients and the flat gradient (4 x P f32), and
+    /// the activations the autodiff tape keeps (estimated per sample, times the batch, times 2
+    /// for the gradients flowing back through them).
+    pub fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
+        let mut m = lockstep_core::memory::MemoryEstimate::new();
+        let p = self.params.len() as u64 + self.state.len() as u64;
+        m.add("parameters, their tensors and gradients", 4 * p * 4)
+            .driven_by("model.embedding_kwargs")
+            .driven_by("model.posterior_kwargs");
+        let act = self.network.activation_floats_per_sample() * local_batch as u64 * 4 * 2;
+        m.add("activations and autodiff tape", act)
+            .driven_by("run.batch_size");
+        m
+    }
+
     /// The mean negative log-probability of a batch and its gradient (training mode, updates
     /// the BatchNorm running statistics). `grad` has the length of the trainable buffer.
     pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
@@ -104,6 +126,52 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
     fn sample_separable(&self) -> bool {
         !self.network.uses_batch_norm()
     }
+    /// Writes `posterior.safetensors`: every parameter and running statistic under its
+    /// PyTorch-style name and shape (e.g. `flow.steps.0.coupling.transform_net.final_layer.weight`
+    /// `[out, in]`), with the network config, standardization and widths as JSON metadata.
+    fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        let path = dir.join(EXPORT_FILE);
+        let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (layout, values) in [
+            (self.network.layout(), &self.params),
+            (self.network.state_layout(), &self.state),
+        ] {
+            for (i, spec) in layout.specs().iter().enumerate() {
+                let bytes = layout
+                    .slice(values, i)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                named.push((spec.name.clone(), spec.shape.clone(), bytes));
+            }
+        }
+        let views = named
+            .iter()
+            .map(|(name, shape, bytes)| {
+                Ok((
+                    name.clone(),
+                    TensorView::new(Dtype::F32, shape.clone(), bytes)?,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let meta: HashMap<String, String> = [
+            ("format", "lockstep-npe".to_string()),
+            ("network", serde_json::to_string(&self.network.config)?),
+            (
+                "standardization",
+                serde_json::to_string(&self.network.standardization)?,
+            ),
+            ("theta_dim", self.network.theta_dim.to_string()),
+            ("x_dim", self.network.x_dim.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let data = safetensors::serialize(views, Some(meta))?;
+        checkpoint::write_atomic(&path, &data)?;
+        Ok(vec![path])
+    }
+
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
         let (td, xd) = (self.network.theta_dim, self.network.x_dim);
         if batch.targets.len() != batch.samples * td || batch.inputs.len() != batch.samples * xd {
