@@ -13,8 +13,18 @@
 //! - SBI tasks ([`tasks`]) simulate `(θ, x)` keyed by (seed, global sample index), so the data
 //!   never depends on the replica count.
 //!
+//! - BatchNorm makes the loss depend on the whole batch: [`model::NpeModel`] then reports a
+//!   non-separable loss and the engine refuses to split it over replicas (SyncBatchNorm is
+//!   issue 17); its running statistics are the model's frozen buffer, so they are
+//!   checkpointed and restored exactly.
+//!
 //! Tensors and autodiff come from burn (CPU: the ndarray backend; the `cuda` feature adds
-//! [`CudaAutodiff`], which loads CUDA at run time).
+//! `CudaAutodiff` and `cuda_model`, which load CUDA at run time). burn's ndarray backends share
+//! one CPU device whose float type is fixed by its first use in a process: use one precision
+//! per process.
+//!
+//! Not yet here (issue 16): the SVD-initialized first embedding layer, the `slcp` and GW chirp
+//! tasks, Dingo-shaped YAML settings and the `lockstep npe` commands, benchmarks.
 
 pub mod flow;
 pub mod layers;

@@ -38,7 +38,7 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Appends a parameter; returns its index (a handle for [`Params::get`]).
+    /// Appends a parameter; returns its index (a handle for [`Params::vector`] and [`Params::matrix`]).
     pub fn add(&mut self, name: impl Into<String>, shape: &[usize]) -> usize {
         let spec = ParamSpec {
             name: name.into(),
