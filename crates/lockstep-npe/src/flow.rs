@@ -179,15 +179,15 @@ impl LuLinear {
         let diag = softplus(p.vector(self.diag), 1.0).add_scalar(LU_EPS);
         let lv = Tensor::cat(
             vec![
-                Tensor::zeros([1], &device),
-                Tensor::ones([1], &device),
+                diag.clone().narrow(0, 0, 1).zeros_like(),
+                diag.clone().narrow(0, 0, 1).ones_like(),
                 p.vector(self.lower),
             ],
             0,
         );
         let uv = Tensor::cat(
             vec![
-                Tensor::zeros([1], &device),
+                diag.clone().narrow(0, 0, 1).zeros_like(),
                 diag.clone(),
                 p.vector(self.upper),
             ],
@@ -531,7 +531,7 @@ impl NpeNetwork {
         let device = context.device();
         let s = &self.standardization;
         let mut z = Self::standardize::<B>(theta, n, &s.theta_mean, &s.theta_std, &device);
-        let mut logdet = Tensor::<B, 1>::zeros([n], &device);
+        let mut logdet = z.clone().slice([0..n, 0..1]).reshape([n]).zeros_like();
         for step in &self.steps {
             z = z.select(1, index_tensor::<B>(&step.permutation.perm, &device));
             let (y, ld) = step.lu.forward(pass.params, z);

@@ -51,7 +51,9 @@ impl SplineParams {
 /// cumulative sum mapped to `[-B, B]` with the end knots exactly at `±B`.
 fn knots<B: Backend>(unnormalized: Tensor<B, 2>, min: f64, bound: f64) -> Tensor<B, 2> {
     let [m, k] = unnormalized.dims();
-    let device = unnormalized.device();
+    // Constants take the dtype of the data (`full_like`): the backend's default float type
+    // may differ from its element type (see the crate docs).
+    let column = unnormalized.clone().slice([0..m, 0..1]);
     let sizes = softmax(unnormalized, 1)
         .mul_scalar(1.0 - min * k as f64)
         .add_scalar(min);
@@ -59,9 +61,9 @@ fn knots<B: Backend>(unnormalized: Tensor<B, 2>, min: f64, bound: f64) -> Tensor
     let interior = cum.slice([0..m, 0..k - 1]);
     Tensor::cat(
         vec![
-            Tensor::full([m, 1], -bound, &device),
+            column.clone().full_like(-bound),
             interior,
-            Tensor::full([m, 1], bound, &device),
+            column.full_like(bound),
         ],
         1,
     )
@@ -71,15 +73,15 @@ fn knots<B: Backend>(unnormalized: Tensor<B, 2>, min: f64, bound: f64) -> Tensor
 /// (nflows `searchsorted`, the last knot nudged up by 1e-6 so `x = B` falls in the last bin).
 fn search_bins<B: Backend>(locations: Tensor<B, 2>, x: Tensor<B, 2>) -> Tensor<B, 2, Int> {
     let [m, k1] = locations.dims();
-    let device = locations.device();
+    let loc = locations.detach();
     let nudge = Tensor::cat(
         vec![
-            Tensor::zeros([m, k1 - 1], &device),
-            Tensor::full([m, 1], 1e-6, &device),
+            loc.clone().slice([0..m, 0..k1 - 1]).zeros_like(),
+            loc.clone().slice([0..m, 0..1]).full_like(1e-6),
         ],
         1,
     );
-    let loc = locations.detach() + nudge;
+    let loc = loc + nudge;
     let ge = x.detach().expand([m, k1]).greater_equal(loc);
     ge.int().sum_dim(1).sub_scalar(1).clamp(0, k1 as i64 - 2)
 }
@@ -97,7 +99,6 @@ pub fn rational_quadratic_spline<B: Backend>(
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
     let bound = sp.tail_bound;
     let [m, k] = unnormalized_widths.dims();
-    let device = x.device();
     let inside = x
         .clone()
         .greater_equal_elem(-bound)
@@ -108,9 +109,9 @@ pub fn rational_quadratic_spline<B: Backend>(
     let c = ((1.0 - sp.min_derivative).exp() - 1.0).ln();
     let ud = Tensor::cat(
         vec![
-            Tensor::full([m, 1], c, &device),
+            x.clone().full_like(c),
             unnormalized_derivatives,
-            Tensor::full([m, 1], c, &device),
+            x.clone().full_like(c),
         ],
         1,
     );
@@ -168,6 +169,6 @@ pub fn rational_quadratic_spline<B: Backend>(
         (y, ld)
     };
     let out = x.mask_where(inside.clone(), y);
-    let ld = Tensor::zeros([m, 1], &device).mask_where(inside, logdet);
+    let ld = logdet.mask_fill(inside.bool_not(), 0.0);
     (out, ld)
 }

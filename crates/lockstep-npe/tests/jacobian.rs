@@ -1,4 +1,5 @@
-//! Log-determinants of the spline and of the whole flow against numerical Jacobians, in f64
+//! Log-determinants of the spline and of the whole flow against numerical Jacobians, and the
+//! model's parameter gradient against finite differences, in f64
 //! (burn's ndarray backend with f64 elements; only f64 in this test binary).
 
 mod common;
@@ -8,7 +9,8 @@ use lockstep_core::rng::SplitMix64;
 use lockstep_npe::layers::Pass;
 use lockstep_npe::params::Params;
 use lockstep_npe::spline::SplineParams;
-use lockstep_npe::Norm;
+use lockstep_npe::{Norm, NpeModel};
+use lockstep_train::Model;
 
 type F64 = burn::backend::NdArray<f64>;
 
@@ -137,6 +139,72 @@ fn flow_log_det_matches_the_numerical_jacobian() {
             "point {i}: log|det J| {} vs numerical {}",
             ld[i],
             numerical
+        );
+    }
+}
+
+/// The gradient the model hands the engine (autodiff, written into the flat buffer in layout
+/// order) equals central differences of the batch's mean negative log-probability, for
+/// parameters of every kind, with each normalization.
+#[test]
+fn gradient_matches_finite_differences() {
+    type Ad64 = burn::backend::Autodiff<F64>;
+    for norm in [Norm::None, Norm::LayerNorm, Norm::BatchNorm] {
+        let net = small_network(3, 2, norm, 2.5);
+        let (p, st) = random_params(&net, 0.1, 11);
+        let mut model = NpeModel::<Ad64>::new(net.clone(), 0, Default::default());
+        model.trainable_mut().copy_from_slice(&p);
+        model.frozen_mut().copy_from_slice(&st);
+        let n = 16;
+        let mut rng = SplitMix64::new(12);
+        let theta: Vec<f32> = (0..n * 3).map(|_| rng.normal() as f32).collect();
+        let x: Vec<f32> = (0..n * 2).map(|_| rng.normal() as f32).collect();
+        let mut grad = vec![0.0f32; p.len()];
+        model.nll_and_grad(&theta, &x, n, &mut grad);
+
+        let loss = |q: &[f32]| -> f64 {
+            let params = Params::<F64>::from_flat(net.layout(), q, &Default::default());
+            let mut state = st.clone();
+            let mut pass = Pass {
+                params: &params,
+                state: &mut state,
+                state_layout: net.state_layout(),
+                training: true,
+            };
+            let lp = net.log_prob(&mut pass, &theta, &x, n);
+            -lp.mean()
+                .into_data()
+                .convert::<f64>()
+                .to_vec::<f64>()
+                .unwrap()[0]
+        };
+        // Two entries of every parameter tensor (first and last). The tolerance allows for
+        // the loss's limited smoothness (the spline is C¹ in its knots, which move with the
+        // parameters) and for burn computing sigmoid in f32 on every backend (loss noise
+        // ~3e-7); a gradient written to the wrong place is off by O(1).
+        let mut checked = 0;
+        for spec in net.layout().specs() {
+            for i in [spec.offset, spec.offset + spec.numel() - 1] {
+                let h = 1.0 / 1024.0;
+                let (mut qp, mut qm) = (p.clone(), p.clone());
+                qp[i] += h;
+                qm[i] -= h;
+                let step = qp[i] as f64 - qm[i] as f64;
+                let fd = (loss(&qp) - loss(&qm)) / step;
+                let g = grad[i] as f64;
+                assert!(
+                    (fd - g).abs() <= 1e-2 * g.abs().max(fd.abs()) + 2e-3,
+                    "{norm:?} {} [{}]: autodiff {g} vs finite differences {fd}",
+                    spec.name,
+                    i - spec.offset
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2 * net.layout().specs().len());
+        assert!(
+            grad.iter().any(|g| g.abs() > 1e-3),
+            "{norm:?}: a zero gradient proves nothing"
         );
     }
 }
