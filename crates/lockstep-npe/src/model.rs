@@ -123,6 +123,9 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
     fn loss_names(&self) -> Vec<String> {
         vec!["nll".to_string()]
     }
+    fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
+        NpeModel::memory_estimate(self, local_batch)
+    }
     fn sample_separable(&self) -> bool {
         !self.network.uses_batch_norm()
     }

@@ -8,7 +8,7 @@ use lockstep_npe::{
     NpeNetwork, Task, TaskSource,
 };
 use lockstep_train::job::run_job;
-use lockstep_train::{checkpoint, EngineConfig, Model, TrainError, TrainOptions, TrainSummary};
+use lockstep_train::{checkpoint, EngineConfig, EngineOptions, Model, TrainError, TrainSummary};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
@@ -72,10 +72,11 @@ fn train(
 ) -> Result<TrainSummary, TrainError> {
     let world = World::init(true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
-    let opts = TrainOptions {
+    let opts = EngineOptions {
         resolved_config: config.clone(),
         resume: resume.map(Path::to_path_buf),
         quiet: true,
+        ..Default::default()
     };
     let seed = cfg.seed;
     run_job(&world, &cfg, &opts, |_rank| {
