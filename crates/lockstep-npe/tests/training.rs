@@ -70,8 +70,11 @@ fn train(
     task: Arc<dyn Task>,
     resume: Option<&Path>,
 ) -> Result<TrainSummary, TrainError> {
-    let world = World::init(true).unwrap();
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
+    // `..Default::default()` fills the fault-injection field that exists when another
+    // workspace member enables lockstep-train's `testing` feature.
+    #[allow(clippy::needless_update)]
     let opts = EngineOptions {
         resolved_config: config.clone(),
         resume: resume.map(Path::to_path_buf),
