@@ -26,6 +26,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
 
+use lockstep_core::memory::MemoryEstimate;
 use num_dual::Dual64;
 use rayon::prelude::*;
 
@@ -344,6 +345,54 @@ impl SnnModel {
             None => full,
         };
         (full, seg)
+    }
+
+    /// The memory [`SnnModel::loss_and_grad`] needs for a local batch of `local_batch`
+    /// samples, from sizes alone (nothing is allocated): the stored forward state of every
+    /// sample alive at once (the whole tape, or with `gradient_checkpointing` one chunk plus
+    /// the chunk-boundary states; [`SnnModel::tape_bytes_per_sample`]), its adjoint state and
+    /// per-sample gradient (`8 * n_params` bytes each), the batch gradient in f64 and f32,
+    /// and the weights in f64. Samples alive at once: the rayon threads (at most the batch)
+    /// when `parallel`, else one. Driven by `run.seq_len`, `run.batch_size` and
+    /// `training.gradient_checkpointing`.
+    pub fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
+        let (full, seg) = self.tape_bytes_per_sample();
+        let tape = if self.opts.gradient_checkpointing.is_some() {
+            seg
+        } else {
+            full
+        } as u64;
+        let alive = if self.opts.parallel {
+            rayon::current_num_threads().clamp(1, local_batch.max(1))
+        } else {
+            1
+        } as u64;
+        let n = self.net.n_neurons() as u64;
+        let ports = self.net.n_ports as u64;
+        let adjoint = 8
+            * n
+            * (1 + self.net.n_asc as u64 + 2 * ports + self.net.ring_len() as u64 * ports + 1);
+        let params = self.n_params() as u64;
+        let weights = 8 * (self.net.weights_rec.len() + self.net.weights_in.len()) as u64;
+        let mut e = MemoryEstimate::new();
+        e.add(
+            format!(
+                "stored forward state ({} steps per sample, {alive} sample(s) at once)",
+                self.opts.seq_len
+            ),
+            tape.saturating_add(adjoint).saturating_mul(alive),
+        )
+        .add(
+            "per-sample gradients and the batch gradient",
+            (8 * params)
+                .saturating_mul(alive + 1)
+                .saturating_add(4 * params),
+        )
+        .add("weights (f64)", weights)
+        .driven_by("run.seq_len")
+        .driven_by("run.batch_size")
+        .driven_by("training.gradient_checkpointing");
+        e
     }
 
     /// Loss and mean gradient over the local batch of global samples

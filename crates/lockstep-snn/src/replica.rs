@@ -10,6 +10,7 @@ use crate::bptt::SnnModel;
 use crate::config::{loss_names, model_from_config};
 use crate::sonata::export_trained_weights;
 use crate::trained_simulation::write_trained_simulation_config;
+use lockstep_core::memory::MemoryEstimate;
 use lockstep_sonata::Circuit;
 use lockstep_train::{Batch, BatchSource, Model};
 use std::path::{Path, PathBuf};
@@ -79,6 +80,11 @@ impl Model for SnnReplica {
             *g += *d;
         }
         Ok(r.terms.iter().map(|(_, v)| *v).collect())
+    }
+
+    /// [`SnnModel::memory_estimate`] of the local batch.
+    fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
+        self.model.memory_estimate(local_batch)
     }
 
     fn after_update(&mut self) {
