@@ -1,53 +1,281 @@
-//! `lockstep plot RUN_DIR`: PNG figures of a training run — the loss curves of
-//! `callbacks/losses.csv` and a spike raster of an inference run's SONATA spikes file.
+//! `lockstep plot PATH`: PNG figures of a training run or a simulation — the loss curves of
+//! `callbacks/losses.csv` and a spike raster of a SONATA spikes file (`spikes.h5`) or
+//! BMTK's spikes CSV (`spikes.csv`, `timestamps population node_ids`).
 //! Text is drawn with the bundled DejaVu Sans font (assets/, Bitstream Vera/DejaVu license),
 //! so no system font is needed.
 
 use anyhow::{bail, Context, Result};
+use lockstep_sonata::{PopulationSpikes, SpikeSorting, SpikeTrains};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::{Path, PathBuf};
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
+/// Line colours that read on white (the Tableau 10 palette without its yellow-green and
+/// cyan): blue, orange, green, red, purple, brown, pink, grey.
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
 /// Options of `lockstep plot`.
 #[derive(Debug, clap::Args)]
 pub struct PlotArgs {
-    /// A training run's output directory (holds callbacks/losses.csv).
+    /// A training run's output directory (callbacks/losses.csv), a simulation's output
+    /// folder (spikes.h5 or spikes.csv), or a spikes file (.h5 or .csv).
     pub run_dir: PathBuf,
-    /// The SONATA spikes file for the raster (default: RUN_DIR/spikes.h5 when present).
+    /// The spikes file for the raster (default: spikes.h5, else spikes.csv, in the folder).
     #[arg(long)]
     pub spikes: Option<PathBuf>,
 }
 
-/// Writes `RUN_DIR/plots/losses.png` and, when a spikes file is found, `raster.png`.
+/// Writes `plots/losses.png` when there are losses and `plots/raster.png` when there are
+/// spikes (into the folder, or next to a spikes file given as the path).
+///
+/// Errors: nothing to plot, unreadable or malformed files (naming file and line).
 pub fn run(args: &PlotArgs) -> Result<()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))?;
-    let csv = args.run_dir.join("callbacks/losses.csv");
-    let losses = read_losses(&csv)?;
-    let plots = args.run_dir.join("plots");
+    let (folder, spikes) = if args.run_dir.is_file() {
+        let parent = args
+            .run_dir
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        (parent, Some(args.run_dir.clone()))
+    } else {
+        let found = ["spikes.h5", "spikes.csv"]
+            .iter()
+            .map(|n| args.run_dir.join(n))
+            .find(|p| p.is_file());
+        (args.run_dir.clone(), args.spikes.clone().or(found))
+    };
+    let csv = folder.join("callbacks/losses.csv");
+    let has_losses = csv.is_file() && !args.run_dir.is_file();
+    if !has_losses && spikes.is_none() {
+        bail!(
+            "{}: nothing to plot: it holds neither callbacks/losses.csv (a training run) nor spikes.h5 or spikes.csv (a simulation); pass a run directory, a simulation output folder or a spikes file",
+            args.run_dir.display()
+        );
+    }
+    let losses = if has_losses {
+        Some(read_losses(&csv)?)
+    } else {
+        None
+    };
+    let trains = match &spikes {
+        Some(p) => Some(read_any_spikes(p)?),
+        None => None,
+    };
+    let plots = folder.join("plots");
     std::fs::create_dir_all(&plots)
         .with_context(|| format!("cannot create {}", plots.display()))?;
-    let out = plots.join("losses.png");
-    plot_losses(losses, &out)?;
-    println!("wrote {}", out.display());
-    let spikes = match &args.spikes {
-        Some(p) => Some(p.clone()),
-        None => Some(args.run_dir.join("spikes.h5")).filter(|p| p.exists()),
-    };
-    match spikes {
-        Some(p) => {
+    if let Some(losses) = losses {
+        let out = plots.join("losses.png");
+        plot_losses(losses, &out)?;
+        println!("wrote {}", out.display());
+    }
+    match (trains, &spikes) {
+        (Some(t), Some(p)) => {
             let out = plots.join("raster.png");
-            plot_raster(&p, &out)?;
+            plot_raster(&t, p, &out)?;
             println!("wrote {}", out.display());
         }
-        None => println!(
-            "no spike raster: {} has no spikes.h5 (pass --spikes FILE)",
-            args.run_dir.display()
+        _ => println!(
+            "no spike raster: {} has no spikes.h5 or spikes.csv (pass --spikes FILE)",
+            folder.display()
         ),
     }
     Ok(())
+}
+
+/// Reads a spikes file lockstep writes: SONATA HDF5 (recognised by its signature) or
+/// BMTK's CSV (`timestamps population node_ids`, space, tab or comma separated).
+///
+/// Errors: unreadable file; a CSV without those columns or with a malformed row (naming the
+/// line).
+fn read_any_spikes(path: &Path) -> Result<SpikeTrains> {
+    let mut head = [0u8; 8];
+    let n = std::io::Read::read(
+        &mut std::fs::File::open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?,
+        &mut head,
+    )
+    .with_context(|| format!("cannot read {}", path.display()))?;
+    if head[..n] == b"\x89HDF\r\n\x1a\n"[..n.min(8)] && n == 8 {
+        return Ok(lockstep_sonata::read_spikes(path)?);
+    }
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read {} (neither a SONATA HDF5 nor a text spikes file)",
+            path.display()
+        )
+    })?;
+    parse_spikes_csv(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// Parses BMTK's spikes CSV: a header naming `timestamps` (ms), `node_ids` and optionally
+/// `population`, then one spike per row.
+fn parse_spikes_csv(text: &str) -> Result<SpikeTrains> {
+    let split = |l: &str| -> Vec<String> {
+        l.split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let (_, header) = lines.next().context("empty file")?;
+    let cols = split(header);
+    let col = |name: &str| cols.iter().position(|c| c == name);
+    let (Some(t), Some(id)) = (col("timestamps"), col("node_ids")) else {
+        bail!("line 1: header {cols:?} lacks the columns timestamps and node_ids (BMTK's spikes CSV: timestamps population node_ids)");
+    };
+    let pop = col("population");
+    let mut populations: Vec<PopulationSpikes> = Vec::new();
+    for (i, line) in lines {
+        let f = split(line);
+        let bad = || anyhow::anyhow!("line {}: not a spike row: {line:?}", i + 1);
+        let time: f64 = f.get(t).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        let node: u64 = f.get(id).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        let name = match pop {
+            Some(p) => f.get(p).ok_or_else(bad)?.clone(),
+            None => lockstep_sonata::LEGACY_POPULATION.to_string(),
+        };
+        let idx = match populations.iter().position(|p| p.population == name) {
+            Some(k) => k,
+            None => {
+                populations.push(PopulationSpikes {
+                    population: name,
+                    node_ids: Vec::new(),
+                    timestamps: Vec::new(),
+                    sorting: SpikeSorting::None,
+                });
+                populations.len() - 1
+            }
+        };
+        populations[idx].node_ids.push(node);
+        populations[idx].timestamps.push(time);
+    }
+    Ok(SpikeTrains { populations })
+}
+
+/// Tick values for a log axis over `[lo, hi]` (`0 < lo < hi`): powers of ten, with 2x and
+/// 5x added while fewer than 3 fall in the range; for a span below about half a decade,
+/// evenly spaced round values. Always at least 2 ticks inside the range, at most 10.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    for mults in [&[1.0][..], &[1.0, 2.0, 5.0][..]] {
+        let ticks: Vec<f64> = (a..=b)
+            .flat_map(|e| mults.iter().map(move |m| m * 10f64.powi(e)))
+            .filter(|v| *v >= lo && *v <= hi)
+            .collect();
+        if ticks.len() >= 3 {
+            let stride = ticks.len().div_ceil(10);
+            return ticks.into_iter().step_by(stride).collect();
+        }
+    }
+    linear_ticks(lo, hi, 5)
+}
+
+/// About `target` round values (1, 2 or 5 times a power of ten apart) inside `[lo, hi]`.
+pub fn linear_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
+    let step = nice_step((hi - lo) / target.max(1) as f64);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|k| k as f64 * step).collect()
+}
+
+/// The round step (1, 2 or 5 times a power of ten) nearest above `raw`.
+fn nice_step(raw: f64) -> f64 {
+    let raw = if raw > 0.0 && raw.is_finite() {
+        raw
+    } else {
+        1.0
+    };
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * p)
+        .find(|s| *s >= raw * 0.999)
+        .unwrap_or(10.0 * p)
+}
+
+/// Integer update ticks from 0 to `last` (about 8, at round steps of at least 1).
+pub fn update_ticks(last: u64) -> Vec<u64> {
+    let step = nice_step(last.max(1) as f64 / 8.0).max(1.0) as u64;
+    (0..=last).step_by(step as usize).collect()
+}
+
+/// A tick label with just enough digits to tell ticks `step` apart.
+pub fn tick_label(v: f64, step: f64) -> String {
+    if v == 0.0 {
+        return "0".to_string();
+    }
+    let mag = v.abs().log10().floor() as i32;
+    let step_mag = step.abs().max(f64::MIN_POSITIVE).log10().floor() as i32;
+    if (-3..5).contains(&mag) {
+        format!("{v:.*}", (-step_mag).max(0) as usize)
+    } else {
+        format!("{v:.*e}", (mag - step_mag).clamp(0, 6) as usize)
+    }
+}
+
+/// A linear or log axis whose labelled ticks are exactly `ticks` (plotters' own log axis
+/// labels nothing on a span below a decade).
+#[derive(Debug, Clone)]
+struct TickedAxis {
+    range: std::ops::Range<f64>,
+    log: bool,
+    ticks: Vec<f64>,
+}
+
+impl plotters::coord::ranged1d::Ranged for TickedAxis {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        let f = |v: f64| {
+            if self.log {
+                v.max(f64::MIN_POSITIVE).ln()
+            } else {
+                v
+            }
+        };
+        let (a, b) = (f(self.range.start), f(self.range.end));
+        let t = if b > a {
+            (f(*value) - a) / (b - a)
+        } else {
+            0.5
+        };
+        limit.0 + (t * (limit.1 - limit.0) as f64).round() as i32
+    }
+
+    fn key_points<H: plotters::coord::ranged1d::KeyPointHint>(&self, _hint: H) -> Vec<f64> {
+        self.ticks.clone()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
+    }
+}
+
+/// The smallest gap between consecutive ticks (for [`tick_label`]).
+fn min_gap(ticks: &[f64]) -> f64 {
+    ticks
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(f64::INFINITY, f64::min)
+        .min(ticks.first().map_or(1.0, |t| t.abs()))
 }
 
 /// Reads `losses.csv` (`step,epoch,<terms...>,total`): the column names and the rows.
@@ -92,11 +320,11 @@ fn read_losses(csv: &Path) -> Result<(Vec<String>, Vec<Vec<f64>>)> {
     Ok((header, rows))
 }
 
-/// One panel per loss column (each term and the total), each with its own log axis, so
-/// terms of very different size are all visible.
+/// One panel per loss column (each term and the total), each with its own log axis and its
+/// own labelled ticks ([`log_ticks`]), integer update ticks, colours from [`COLOURS`].
 fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Result<()> {
     let steps: Vec<f64> = rows.iter().map(|r| r[0]).collect();
-    let x_max = steps.iter().cloned().fold(1.0, f64::max);
+    let x_max = steps.iter().cloned().fold(1.0, f64::max).ceil();
     // Only finite positive values can be drawn on a log axis; each axis spans at most 12
     // decades below its largest value (a log axis reaching inf or 1e-300 has no usable ticks).
     let finite = |x: &f64| x.is_finite() && *x > 0.0;
@@ -109,26 +337,48 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
     root.fill(&WHITE)?;
     let root = root.titled("training loss", ("sans-serif", 28))?;
     let areas = root.split_evenly((panels, 1));
+    let x_ticks: Vec<f64> = update_ticks(x_max as u64)
+        .into_iter()
+        .map(|u| u as f64)
+        .collect();
     for (i, ((name, values), area)) in series.iter().zip(areas.iter()).enumerate() {
         let (lo, hi) = values
             .iter()
             .filter(|x| finite(x))
             .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-        let (lo, hi) = ((lo * 0.8).max(hi * 1e-12), hi * 1.25);
+        let (lo, hi) = if lo < hi {
+            (lo, hi)
+        } else {
+            (lo * 0.9, hi * 1.1)
+        };
+        let (lo, hi) = ((lo / 1.05).max(hi * 1e-12), hi * 1.05);
+        let y_ticks = log_ticks(lo, hi);
+        let y_gap = min_gap(&y_ticks);
         let mut chart = ChartBuilder::on(area)
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(95)
             .caption(name, ("sans-serif", 20))
-            .build_cartesian_2d(0.0..x_max, (lo..hi).log_scale())?;
+            .build_cartesian_2d(
+                TickedAxis {
+                    range: 0.0..x_max,
+                    log: false,
+                    ticks: x_ticks.clone(),
+                },
+                TickedAxis {
+                    range: lo..hi,
+                    log: true,
+                    ticks: y_ticks,
+                },
+            )?;
         chart
             .configure_mesh()
             .x_desc("optimizer update")
-            .y_label_formatter(&|v| format!("{v:.2e}"))
-            .y_labels(5)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| tick_label(*v, y_gap))
             .label_style(("sans-serif", 14))
             .draw()?;
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLOURS[i % COLOURS.len()];
         chart.draw_series(LineSeries::new(
             steps
                 .iter()
@@ -143,8 +393,7 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
     Ok(())
 }
 
-fn plot_raster(spikes: &Path, out: &Path) -> Result<()> {
-    let trains = lockstep_sonata::read_spikes(spikes)?;
+fn plot_raster(trains: &SpikeTrains, spikes: &Path, out: &Path) -> Result<()> {
     let mut points = Vec::new();
     let mut labels = Vec::new();
     for pop in &trains.populations {
@@ -187,4 +436,61 @@ fn plot_raster(spikes: &Path, out: &Path) -> Result<()> {
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_axes_get_labelled_ticks_at_any_range() {
+        for (lo, hi) in [
+            (125.0, 140.0),
+            (100.0, 400.0),
+            (0.9, 1.2),
+            (3e-7, 2e3),
+            (1.0001e-3, 1.0004e-3),
+            (7.0, 70.0),
+        ] {
+            let t = log_ticks(lo, hi);
+            assert!(t.len() >= 2 && t.len() <= 10, "{lo}..{hi}: {t:?}");
+            assert!(t.iter().all(|v| *v >= lo && *v <= hi), "{lo}..{hi}: {t:?}");
+            let labels: Vec<String> = t.iter().map(|v| tick_label(*v, min_gap(&t))).collect();
+            let mut unique = labels.clone();
+            unique.dedup();
+            assert_eq!(unique, labels, "{lo}..{hi}: labels repeat");
+        }
+        assert_eq!(log_ticks(1e-3, 2e1), vec![1e-3, 1e-2, 1e-1, 1.0, 10.0]);
+        assert_eq!(tick_label(130.0, 5.0), "130");
+        assert_eq!(tick_label(0.25, 0.05), "0.25");
+        assert_eq!(tick_label(1.5e-6, 1e-7), "1.5e-6");
+    }
+
+    #[test]
+    fn update_ticks_are_integers() {
+        assert_eq!(update_ticks(2), vec![0, 1, 2]);
+        assert_eq!(update_ticks(20), vec![0, 5, 10, 15, 20]);
+        assert!(update_ticks(1000).len() <= 11);
+    }
+
+    #[test]
+    fn colours_read_on_white() {
+        for c in COLOURS {
+            // Relative luminance (ITU-R BT.709) well below white's, and not yellow.
+            let l = 0.2126 * c.0 as f64 + 0.7152 * c.1 as f64 + 0.0722 * c.2 as f64;
+            assert!(l < 180.0, "{c:?} is too light on white");
+            assert!(!(c.0 > 150 && c.1 > 150 && c.2 < 100), "{c:?} is yellow");
+        }
+    }
+
+    #[test]
+    fn bmtk_spike_csv_parses() {
+        let t = parse_spikes_csv("timestamps population node_ids\n1.5 v1 3\n2.0 lgn 0\n2.5 v1 4\n")
+            .unwrap();
+        assert_eq!(t.populations.len(), 2);
+        assert_eq!(t.populations[0].node_ids, vec![3, 4]);
+        assert_eq!(t.populations[0].timestamps, vec![1.5, 2.5]);
+        let e = parse_spikes_csv("timestamps population node_ids\n1.5 v1 x\n").unwrap_err();
+        assert!(format!("{e:#}").contains("line 2"), "{e:#}");
+    }
 }

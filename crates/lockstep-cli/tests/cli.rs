@@ -197,3 +197,57 @@ fn build_network_then_simulate_it() {
     let rate = n / 300.0;
     assert!((2.0..40.0).contains(&rate), "mean rate {rate} Hz: {text}");
 }
+
+/// `lockstep plot` draws a raster from a simulation output folder and from either spike file
+/// lockstep writes (HDF5 or BMTK's CSV), without a losses.csv.
+#[test]
+fn plot_draws_a_raster_from_a_simulation_folder_or_a_spikes_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference =
+        repo().join("examples/point_450glifs/reference/nest_point450_dt0.1_t1000.spikes.h5");
+    let sim = dir.path().join("sim");
+    std::fs::create_dir_all(&sim).unwrap();
+    std::fs::copy(&reference, sim.join("spikes.h5")).unwrap();
+    let csv_dir = dir.path().join("csv");
+    std::fs::create_dir_all(&csv_dir).unwrap();
+    let mut csv = String::from("timestamps population node_ids\n");
+    for i in 0..400u64 {
+        csv.push_str(&format!("{} v1 {}\n", i as f64 * 2.5, i % 50));
+    }
+    std::fs::write(csv_dir.join("spikes.csv"), csv).unwrap();
+    for (arg, png) in [
+        (sim.clone(), sim.join("plots/raster.png")),
+        (csv_dir.clone(), csv_dir.join("plots/raster.png")),
+        (csv_dir.join("spikes.csv"), csv_dir.join("plots/raster.png")),
+    ] {
+        let _ = std::fs::remove_file(&png);
+        let out = Command::new(LOCKSTEP)
+            .arg("plot")
+            .arg(&arg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            arg.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{}", png.display());
+        assert!(
+            bytes.len() > 10_000,
+            "{} is suspiciously small",
+            png.display()
+        );
+    }
+    // A folder with nothing to plot says what it looked for.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = Command::new(LOCKSTEP)
+        .arg("plot")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("spikes.csv"), "{err}");
+}

@@ -193,3 +193,77 @@ fn bad_training_configs_fail_before_any_output() {
     );
     assert!(!d.join("mpi_alone").exists());
 }
+
+/// `--resume` takes a run directory or its `checkpoints/latest` pointer; a run that already
+/// has the updates asked for is refused without touching it; the run's resolved
+/// `config.json` trains again as it is.
+#[test]
+fn resume_from_a_run_directory_and_rerun_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = config(d, "first", 2, Value::Null);
+    ok(lockstep(&["train", c.to_str().unwrap()]));
+    let run_dir = d.join("first");
+    for (name, resume) in [
+        ("from_dir", run_dir.clone()),
+        ("from_latest", run_dir.join("checkpoints/latest")),
+    ] {
+        let out = ok(lockstep(&[
+            "train",
+            c.to_str().unwrap(),
+            "--updates",
+            "3",
+            "--resume",
+            resume.to_str().unwrap(),
+            "--output-dir",
+            d.join(name).to_str().unwrap(),
+        ]));
+        assert!(
+            out.stdout.contains("updates 2..3"),
+            "{name}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("Completed 3 optimizer updates."),
+            "{name}"
+        );
+    }
+    let before = std::fs::read(run_dir.join("config.json")).unwrap();
+    let out = lockstep(&[
+        "train",
+        c.to_str().unwrap(),
+        "--updates",
+        "1",
+        "--resume",
+        run_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("already has 2 updates") && out.stderr.contains("optimizer_updates"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!out.stdout.contains("updates 2..1"), "{}", out.stdout);
+    assert_eq!(std::fs::read(run_dir.join("config.json")).unwrap(), before);
+
+    // The resolved config of the run, passed back from another working directory.
+    let resolved = run_dir.join("config.json");
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.current_dir(d.join("from_dir")).args([
+        "train",
+        resolved.to_str().unwrap(),
+        "--output-dir",
+        d.join("again").to_str().unwrap(),
+    ]);
+    let out = ok(run_with_limit(cmd, Duration::from_secs(300)).unwrap());
+    assert!(
+        out.stdout.contains("Completed 2 optimizer updates."),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        trained(d, "again"),
+        trained(d, "first"),
+        "the resolved config trains differently"
+    );
+}
