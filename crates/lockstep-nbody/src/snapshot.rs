@@ -283,7 +283,10 @@ pub fn gadget_total(path: &Path) -> Result<u64, NbodyError> {
 
 /// Reads rank `rank`'s share (the contiguous range of the particles in file order) of a
 /// GADGET-style HDF5 snapshot (`PartType1`), padded by `capacity_factor`. Masses come from
-/// `PartType1/Masses` or, when absent, `Header/MassTable[1]`.
+/// `PartType1/Masses` or, when absent, `Header/MassTable[1]`. Single- or double-precision
+/// datasets and 32- or 64-bit ids are read (HDF5 converts); files of a multi-file set that
+/// hold no `PartType1` particles (`NumPart_ThisFile[1] = 0`, group absent) are skipped; the
+/// particles read must add up to the header's `NumPart_Total[1]` (+ `2^32 HighWord[1]`).
 pub fn read_gadget_hdf5(
     path: &Path,
     rank: usize,
@@ -296,6 +299,12 @@ pub fn read_gadget_hdf5(
     let mut ids = Vec::new();
     for file in snapshot_files(path)? {
         let f = hdf5::File::open(&file).map_err(|e| h5err(&file, "/", e))?;
+        // A file of a multi-file set may hold no particles of the type: GADGET-4 then
+        // writes `NumPart_ThisFile[1] = 0` and no `PartType1` group.
+        let this = header_u64s(&f, "NumPart_ThisFile").and_then(|v| v.get(1).copied());
+        if this == Some(0) || (this.is_none() && f.group("PartType1").is_err()) {
+            continue;
+        }
         let read3 = |name: &str| -> Result<Vec<[f64; 3]>, NbodyError> {
             let obj = format!("PartType1/{name}");
             let d = f.dataset(&obj).map_err(|e| h5err(&file, &obj, e))?;
@@ -364,6 +373,21 @@ pub fn read_gadget_hdf5(
         ids.extend(id);
     }
     let n = pos.len() as u64;
+    let total = gadget_total(path)?;
+    if total != n {
+        return Err(h5err(
+            path,
+            "Header/NumPart_Total",
+            format!("the header gives {total} PartType1 particles but the files hold {n}; is a file of the set missing or truncated?"),
+        ));
+    }
+    if n == 0 {
+        return Err(h5err(
+            path,
+            "PartType1",
+            "the snapshot holds no PartType1 particles",
+        ));
+    }
     let (start, end) = ic::rank_range(n, rank, size);
     let local = (end - start) as usize;
     let mut p = Particles::with_capacity(ic::padded_capacity(local, capacity_factor)?, n);
