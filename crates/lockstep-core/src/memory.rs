@@ -18,6 +18,8 @@ pub struct MemoryEstimate {
     pub parts: Vec<(String, u64)>,
     /// The config keys (dotted paths) whose values drive the total, e.g. `run.seq_len`.
     pub keys: Vec<String>,
+    /// The config keys whose larger values shrink the total, e.g. a time step `run.dt`.
+    pub inverse_keys: Vec<String>,
 }
 
 impl MemoryEstimate {
@@ -37,6 +39,16 @@ impl MemoryEstimate {
         let key = key.into();
         if !self.keys.contains(&key) {
             self.keys.push(key);
+        }
+        self
+    }
+
+    /// Names a config key whose *larger* values shrink the estimate (a time step, a
+    /// recording interval); the error advises raising it.
+    pub fn shrunk_by(&mut self, key: impl Into<String>) -> &mut Self {
+        let key = key.into();
+        if !self.inverse_keys.contains(&key) {
+            self.inverse_keys.push(key);
         }
         self
     }
@@ -88,11 +100,11 @@ impl MemoryEstimate {
 /// A run that cannot fit in the memory available: what it needs, what is there, why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{what} needs about {} ({}) but only {} of memory is available; reduce {}",
+    "{what} needs about {} ({}) but only {} of memory is available; {}",
     human_bytes(*need),
     parts(&estimate.parts),
     human_bytes(*available),
-    keys(&estimate.keys)
+    advice(&estimate.keys, &estimate.inverse_keys)
 )]
 pub struct MemoryError {
     /// The run, as the caller named it.
@@ -114,11 +126,12 @@ fn parts(p: &[(String, u64)]) -> String {
         .join(", ")
 }
 
-fn keys(k: &[String]) -> String {
-    if k.is_empty() {
-        "the size of the run".to_string()
-    } else {
-        k.join(", ")
+fn advice(reduce: &[String], raise: &[String]) -> String {
+    match (reduce.is_empty(), raise.is_empty()) {
+        (true, true) => "reduce the size of the run".to_string(),
+        (false, true) => format!("reduce {}", reduce.join(", ")),
+        (true, false) => format!("raise {}", raise.join(", ")),
+        (false, false) => format!("reduce {} or raise {}", reduce.join(", "), raise.join(", ")),
     }
 }
 
@@ -246,6 +259,20 @@ mod tests {
              tapes x 2 replicas 2.00 GiB) but only 2.00 GiB of memory is available; reduce \
              run.seq_len, run.batch_size"
         );
+        let mut e = MemoryEstimate::new();
+        e.add("report", 4 << 30)
+            .driven_by("run.tstop")
+            .shrunk_by("reports.m.dt")
+            .shrunk_by("reports.m.dt");
+        let err = e.check(Some(1 << 30), "this simulation").unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("available; reduce run.tstop or raise reports.m.dt"),
+            "{err}"
+        );
+        e.keys.clear();
+        let err = e.check(Some(1 << 30), "this simulation").unwrap_err();
+        assert!(err.to_string().ends_with("; raise reports.m.dt"), "{err}");
     }
 
     #[test]

@@ -119,6 +119,10 @@ pub enum SnnError {
     /// An error from the SONATA reader.
     #[error(transparent)]
     Sonata(Box<lockstep_sonata::SonataError>),
+
+    /// The run would need more memory than the machine has (checked before any output).
+    #[error(transparent)]
+    Memory(#[from] lockstep_core::memory::MemoryError),
 }
 
 impl From<lockstep_sonata::SonataError> for SnnError {

@@ -214,6 +214,55 @@ pub struct TrialSpikes {
     pub syn_events: u64,
 }
 
+/// A membrane-potential recording of trial 0: `V_m` (mV, NEST's `U + E_L`) of `neurons`
+/// after update step counts `first_step`, `first_step + stride`, ... (`n_frames` frames),
+/// i.e. at times `first_step * dt`, `(first_step + stride) * dt`, ... ms: the state at the end
+/// of the step that ends at that time, as NEST's `multimeter` samples it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmRecorder {
+    /// `[cell]` neurons to record (external indices).
+    pub neurons: Vec<u32>,
+    /// Step count (>= 1) of the first frame.
+    pub first_step: usize,
+    /// Steps between frames (>= 1).
+    pub stride: usize,
+    /// Number of frames; the last is at step count `first_step + (n_frames - 1) * stride`,
+    /// which must not exceed the run's steps.
+    pub n_frames: usize,
+}
+
+impl VmRecorder {
+    /// Bytes the recording holds: `n_frames * neurons * 8`.
+    pub fn bytes(&self) -> u64 {
+        (self.n_frames as u64)
+            .saturating_mul(self.neurons.len() as u64)
+            .saturating_mul(8)
+    }
+}
+
+/// Optional parts of a run of [`simulate_with`].
+#[derive(Clone, Copy, Default)]
+pub struct SimExtras<'a> {
+    /// Membrane-potential recordings of trial 0.
+    pub record_vm: &'a [VmRecorder],
+    /// Called from the trials' threads with the number of update steps a trial has just
+    /// completed (in chunks of at most [`PROGRESS_CHUNK`] steps); a run makes
+    /// `batch * n_steps` in all.
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl std::fmt::Debug for SimExtras<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimExtras")
+            .field("record_vm", &self.record_vm)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// Steps between two progress reports of a trial.
+pub const PROGRESS_CHUNK: usize = 1024;
+
 /// Result of [`simulate`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimOutput {
@@ -223,6 +272,9 @@ pub struct SimOutput {
     pub n_steps: usize,
     /// Time step (ms).
     pub dt: f64,
+    /// One `[frame, cell]` row-major `V_m` block (mV) of trial 0 per [`VmRecorder`] of the
+    /// run, in the recorders' order (empty without recorders).
+    pub vm: Vec<Vec<f64>>,
 }
 
 /// Simulate `batch` trials (global sample indices `first_sample..first_sample + batch`) for
@@ -235,7 +287,55 @@ pub fn simulate(
     first_sample: u64,
     opts: &SimOptions,
 ) -> SimOutput {
-    let run = |b: usize| -> TrialSpikes {
+    simulate_with(
+        net,
+        inputs,
+        n_steps,
+        batch,
+        first_sample,
+        opts,
+        &SimExtras::default(),
+    )
+}
+
+/// [`simulate`], also recording the membrane potentials of trial 0 and reporting progress
+/// ([`SimExtras`]). Recording reads the state; it changes no spike.
+///
+/// # Panics
+/// If a recorder names a neuron index `>= net.n_neurons()`, has `first_step` or `stride` 0,
+/// or ends after `n_steps` (validate recorders against the run first).
+pub fn simulate_with(
+    net: &Network,
+    inputs: &Inputs,
+    n_steps: usize,
+    batch: usize,
+    first_sample: u64,
+    opts: &SimOptions,
+    extras: &SimExtras<'_>,
+) -> SimOutput {
+    for r in extras.record_vm {
+        assert!(
+            r.first_step >= 1
+                && r.stride >= 1
+                && (r.n_frames == 0 || r.first_step + (r.n_frames - 1) * r.stride <= n_steps),
+            "V_m recorder outside the run's {n_steps} steps: {r:?}"
+        );
+    }
+    // (internal index, E_L) of every recorded neuron.
+    let recorded: Vec<Vec<(usize, f64)>> = extras
+        .record_vm
+        .iter()
+        .map(|r| {
+            r.neurons
+                .iter()
+                .map(|&e| {
+                    let i = net.rank[e as usize] as usize;
+                    (i, net.consts_of(i).e_l)
+                })
+                .collect()
+        })
+        .collect();
+    let run = |b: usize| -> (TrialSpikes, Vec<Vec<f64>>) {
         let sample = first_sample + b as u64;
         let mut st = TrialState::<f64>::new(net, opts.initial);
         let mut z = vec![0.0f64; net.n_neurons()];
@@ -243,7 +343,20 @@ pub fn simulate(
             sample,
             ..Default::default()
         };
+        let record = b == 0;
+        let mut vm: Vec<Vec<f64>> = extras
+            .record_vm
+            .iter()
+            .map(|r| {
+                Vec::with_capacity(if record {
+                    r.n_frames * r.neurons.len()
+                } else {
+                    0
+                })
+            })
+            .collect();
         let mut fired: Vec<u32> = Vec::new();
+        let mut since_report = 0usize;
         for t in 0..n_steps {
             out.syn_events += st.step(
                 net,
@@ -264,17 +377,42 @@ pub fn simulate(
             );
             fired.sort_unstable();
             out.spikes.extend(fired.iter().map(|&e| (t as u32, e)));
+            if record {
+                // The state now holds time (t + 1) * dt.
+                let m = t + 1;
+                for ((r, cells), v) in extras.record_vm.iter().zip(&recorded).zip(&mut vm) {
+                    if m >= r.first_step
+                        && (m - r.first_step) % r.stride == 0
+                        && (m - r.first_step) / r.stride < r.n_frames
+                    {
+                        v.extend(cells.iter().map(|&(i, e_l)| st.u[i] + e_l));
+                    }
+                }
+            }
+            since_report += 1;
+            if since_report == PROGRESS_CHUNK || t + 1 == n_steps {
+                if let Some(p) = extras.progress {
+                    p(since_report as u64);
+                }
+                since_report = 0;
+            }
         }
-        out
+        (out, vm)
     };
-    let trials: Vec<TrialSpikes> = if opts.parallel {
+    let mut results: Vec<(TrialSpikes, Vec<Vec<f64>>)> = if opts.parallel {
         (0..batch).into_par_iter().map(run).collect()
     } else {
         (0..batch).map(run).collect()
     };
+    let vm = if results.is_empty() {
+        vec![Vec::new(); extras.record_vm.len()]
+    } else {
+        std::mem::take(&mut results[0].1)
+    };
     SimOutput {
-        trials,
+        trials: results.into_iter().map(|(t, _)| t).collect(),
         n_steps,
         dt: net.grid.dt,
+        vm,
     }
 }

@@ -43,7 +43,10 @@ pub use all_to_all::all_to_all_glif3;
 pub use bptt::{BpttOptions, LossAndGrad, SnnModel};
 pub use config::{loss_names, model_from_config};
 pub use error::{Result, SnnError};
-pub use forward::{simulate, InitialState, SimOptions, SimOutput, TrialSpikes, TrialState};
+pub use forward::{
+    simulate, simulate_with, InitialState, SimExtras, SimOptions, SimOutput, TrialSpikes,
+    TrialState, VmRecorder, PROGRESS_CHUNK,
+};
 pub use input::{InputSpec, Inputs, PoissonSpec};
 pub use loss::{Loss, RateTarget, RateUnits};
 pub use model::{
@@ -55,7 +58,10 @@ pub use network::{
 };
 pub use replica::{PoissonTrials, SnnReplica};
 pub use scalar::{PseudoDerivative, Scalar, Surrogate};
-pub use simulate_config::{simulate_config, SimulateOptions, SimulationSummary};
+pub use simulate_config::{
+    firing_rates, simulate_config, RateGroup, RateRow, ReportSummary, RunProgress, SimulateOptions,
+    SimulationOutput, SimulationRun, SimulationSummary,
+};
 pub use sonata::{
     export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,
 };

@@ -487,6 +487,7 @@ impl CellModel {
                     } else {
                         p.v_m - p.e_l
                     },
+                    e_l: p.e_l,
                 }
             }
             CellModel::IafPscAlpha(p) => {
@@ -521,6 +522,7 @@ impl CellModel {
                     } else {
                         p.v_m - p.e_l
                     },
+                    e_l: p.e_l,
                 }
             }
         }
@@ -586,6 +588,9 @@ pub struct CellConsts {
     pub refractory_steps: u32,
     /// Initial `U` (mV rel. to `E_L`) as NEST starts it.
     pub u0: f64,
+    /// Resting potential `E_L` (mV): the membrane potential is `V_m = U + E_L` (NEST's
+    /// `get_V_m_()` of `glif_psc` and `iaf_psc_alpha`).
+    pub e_l: f64,
 }
 
 #[cfg(test)]

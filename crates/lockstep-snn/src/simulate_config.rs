@@ -1,41 +1,139 @@
 //! `lockstep simulate CONFIG`: from a BMTK-style simulation config to a run of the forward
-//! kernel ([`crate::forward`]) and its spike files.
+//! kernel ([`crate::forward`]), its spike files, membrane reports and rate table.
 //!
-//! Config keys used (after `$VARIABLE` resolution by `lockstep-sonata`):
-//! * `run.tstop`, `run.dt` (ms; required), `run.seed` (Poisson inputs, default 0);
+//! Config keys (after `$VARIABLE` resolution by `lockstep-sonata`); every other key is an
+//! error naming the nearest known key:
+//! * top level: `manifest`, `target_simulator`, `run`, `inputs`, `output`, `reports`,
+//!   `network`, `networks`, `components`, `node_sets`, `node_sets_file`;
+//! * `run.tstop` (alias `duration`), `run.dt` (ms; required), `run.seed` (Poisson inputs,
+//!   default 0) ([`SimulationRun`]);
 //! * `inputs.<name>`: `{"input_type": "spikes", "module": "sonata" | "h5" | "hdf5",
 //!   "input_file": ..., "node_set": <virtual population>}` or
 //!   `{"input_type": "poisson", "rate": Hz, "node_set": <virtual population>, "seed": n}`;
 //! * `output.output_dir` (required), `output.spikes_file` (default `spikes.h5`),
-//!   `output.spikes_file_csv` (optional), `output.log_file` (optional),
-//!   `output.overwrite_output_dir` (default false).
+//!   `output.spikes_file_csv`, `output.log_file`, `output.overwrite_output_dir` (default
+//!   false), `output.quiet_simulator` (no progress bar) ([`SimulationOutput`]);
+//! * `reports.<name>`: SONATA membrane reports of `V_m` (see
+//!   [`lockstep_sonata::membrane_reports`]); `start_time`, `end_time` and `dt` must lie on
+//!   the run's time grid. A report records `V_m` at the multiples of its `dt` in
+//!   `(start_time, end_time]` (defaults 0, `run.tstop`, `run.dt`): the state at the end of
+//!   the step that ends at that time, as NEST's `multimeter` samples it (NEST itself loses
+//!   the samples of its last `min_delay` slice; lockstep keeps them).
 //!
-//! Everything is read and validated before anything is written; the outputs are written
-//! into a temporary folder beside `output_dir`, which then replaces it, so a rejected or
-//! failed run leaves no partial output behind.
+//! Everything is read and validated, and the memory the run needs is checked against the
+//! memory available, before anything is written; the outputs are written into a temporary
+//! folder beside `output_dir`, which then replaces it, so a rejected or failed run leaves the
+//! previous output untouched and no partial output behind.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use lockstep_sonata::{Circuit, PopulationSpikes, SonataConfig, SpikeSorting, SpikeTrains};
+use lockstep_core::config::{self as idiom, ConfigError};
+use lockstep_core::memory::MemoryEstimate;
+use lockstep_sonata::{
+    Circuit, PopulationSpikes, Report, ReportDtype, ReportPopulation, SonataConfig, SpikeSorting,
+    SpikeTrains,
+};
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{cfg_err, get_f64, get_str, inputs_from_config};
+use crate::config::{cfg_err, inputs_from_config};
 use crate::error::{Result, SnnError};
-use crate::forward::{simulate, InitialState, SimOptions, SimOutput};
+use crate::forward::{simulate_with, InitialState, SimExtras, SimOptions, SimOutput, VmRecorder};
 use crate::nest::TICS_PER_MS;
 use crate::network::Network;
 use crate::sonata::network_spec_from_circuit;
 
+/// The top-level keys of a simulation config.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "manifest",
+    "target_simulator",
+    "run",
+    "inputs",
+    "output",
+    "reports",
+    "network",
+    "networks",
+    "components",
+    "node_sets",
+    "node_sets_file",
+];
+
+/// The `run` section of a simulation config (lockstep simulate owns all of it).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulationRun {
+    /// Simulated time (ms); BMTK also reads it as `duration`.
+    #[serde(default, alias = "duration")]
+    pub tstop: Option<f64>,
+    /// Time step (ms).
+    #[serde(default)]
+    pub dt: Option<f64>,
+    /// Seed of Poisson inputs without their own seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// The `output` section of a simulation config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulationOutput {
+    /// The output folder (resolved against the config's folder).
+    #[serde(default)]
+    pub output_dir: Option<String>,
+    /// SONATA spikes file name inside `output_dir` (default `spikes.h5`).
+    #[serde(default)]
+    pub spikes_file: Option<String>,
+    /// BMTK's space-separated spikes CSV inside `output_dir`.
+    #[serde(default)]
+    pub spikes_file_csv: Option<String>,
+    /// A short run log inside `output_dir`.
+    #[serde(default)]
+    pub log_file: Option<String>,
+    /// Replace an existing `output_dir` that lockstep wrote (default false).
+    #[serde(default)]
+    pub overwrite_output_dir: Option<bool>,
+    /// BMTK's switch to silence the simulator: no progress bar.
+    #[serde(default)]
+    pub quiet_simulator: Option<bool>,
+}
+
+/// Receives the progress of a run: [`start`](RunProgress::start) once with the total number
+/// of trial steps (`trials x steps`), [`advance`](RunProgress::advance) from the trials'
+/// threads as steps complete, [`finish`](RunProgress::finish) once at the end.
+pub trait RunProgress: Send + Sync {
+    /// The run begins; `total_steps` trial steps will be reported.
+    fn start(&self, total_steps: u64);
+    /// `steps` more trial steps are done.
+    fn advance(&self, steps: u64);
+    /// The run is over (before the outputs are written).
+    fn finish(&self);
+}
+
 /// Options of [`simulate_config`] beyond the config file.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Clone)]
 pub struct SimulateOptions {
     /// Initial state (default: as NEST starts the cells).
     pub initial: InitialState,
-    /// Number of independent trials (default 1; spikes of trial 0 are written).
+    /// Number of independent trials (default 1; spikes and reports of trial 0 are written).
     pub batch: usize,
     /// Run trials in parallel with rayon.
     pub parallel: bool,
+    /// Where to report progress (none by default; `output.quiet_simulator` turns it off).
+    pub progress: Option<Arc<dyn RunProgress>>,
+}
+
+impl std::fmt::Debug for SimulateOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulateOptions")
+            .field("initial", &self.initial)
+            .field("batch", &self.batch)
+            .field("parallel", &self.parallel)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl Default for SimulateOptions {
@@ -44,8 +142,51 @@ impl Default for SimulateOptions {
             initial: InitialState::Nest,
             batch: 1,
             parallel: true,
+            progress: None,
         }
     }
+}
+
+/// What a row of the rate table aggregates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateGroup {
+    /// Every simulated cell.
+    All,
+    /// One node population.
+    Population,
+    /// One node type (`node_type_id (model_name)`).
+    NodeType,
+}
+
+/// One row of the rate table of a run (trial 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateRow {
+    /// What the row aggregates.
+    pub group: RateGroup,
+    /// `all`, the population name, or the node type label (with its population when the
+    /// network has several).
+    pub name: String,
+    /// Cells in the group.
+    pub cells: usize,
+    /// Spikes of those cells.
+    pub spikes: usize,
+    /// Mean firing rate: `spikes / cells / (tstop / 1000)` (Hz; 0 for an empty group).
+    pub rate_hz: f64,
+}
+
+/// A membrane report written by a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportSummary {
+    /// The report's name in `reports`.
+    pub name: String,
+    /// The file written.
+    pub file: PathBuf,
+    /// Recorded cells.
+    pub cells: usize,
+    /// Recorded frames.
+    pub frames: usize,
+    /// `[start, stop, step]` (ms) as written in `mapping/time`.
+    pub time: [f64; 3],
 }
 
 /// What [`simulate_config`] did.
@@ -57,6 +198,8 @@ pub struct SimulationSummary {
     pub spikes_file: PathBuf,
     /// The spikes CSV written, if configured.
     pub spikes_file_csv: Option<PathBuf>,
+    /// The membrane reports written, in config order.
+    pub reports: Vec<ReportSummary>,
     /// Simulated (non-virtual) neurons.
     pub n_neurons: usize,
     /// Steps simulated.
@@ -69,10 +212,31 @@ pub struct SimulationSummary {
     pub n_spikes: usize,
     /// Synaptic events delivered in trial 0.
     pub syn_events: u64,
+    /// Firing rates of trial 0: all cells, then per population, then per node type.
+    pub rates: Vec<RateRow>,
     /// Seconds to read and build the network and inputs.
     pub build_s: f64,
     /// Seconds of simulation.
     pub simulate_s: f64,
+}
+
+/// A membrane report placed on the run's time grid.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlannedReport {
+    /// The report's name.
+    pub name: String,
+    /// File name inside `output_dir`.
+    pub file_name: String,
+    /// The recorded population.
+    pub population: String,
+    /// `[cell]` recorded node ids (ascending).
+    pub node_ids: Vec<u64>,
+    /// What the kernel records.
+    pub recorder: VmRecorder,
+    /// `[start, stop, step]` in ms for `mapping/time`.
+    pub time: [f64; 3],
+    /// Data type of the file.
+    pub dtype: ReportDtype,
 }
 
 /// A fully validated simulation, ready to run.
@@ -88,21 +252,308 @@ pub(crate) struct PreparedSimulation {
     pub n_steps: usize,
     /// `run.tstop` (ms).
     pub tstop: f64,
+    /// The `output` section.
+    pub output: SimulationOutput,
+    /// The membrane reports.
+    pub reports: Vec<PlannedReport>,
 }
 
-/// Reads the config and everything it names, validates it and compiles network and inputs.
-/// Writes nothing.
-pub(crate) fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
+/// A [`ConfigError`] of `path` as this crate's error.
+fn config_error(path: &Path, e: ConfigError) -> SnnError {
+    SnnError::Config {
+        path: e.file.unwrap_or_else(|| path.to_path_buf()),
+        key: e.key,
+        problem: e.problem,
+    }
+}
+
+/// Refuses unknown top-level keys of the config file itself (the circuit file it includes
+/// through `network` is read by `lockstep-sonata`).
+fn check_top_level(config: &Path) -> Result<()> {
+    let raw = idiom::read_json(config).map_err(|e| config_error(config, e))?;
+    let Value::Object(root) = &raw else {
+        return Err(cfg_err(config, "<root>", "must be a JSON object"));
+    };
+    if let Some(k) = root.keys().find(|k| *k == "training") {
+        return Err(cfg_err(
+            config,
+            k,
+            "belongs to training configs; run it with `lockstep train`, or simulate with a simulation config (run.tstop, run.dt, output)",
+        ));
+    }
+    idiom::check_keys(root, TOP_LEVEL_KEYS, "").map_err(|e| config_error(config, e))
+}
+
+/// `x` ms as a whole number of steps of `net`'s grid, or `None` when it is off the grid.
+fn grid_steps(net: &Network, x: f64) -> Option<i64> {
+    let tics = x * TICS_PER_MS;
+    let rounded = tics.round();
+    let on_tic = (tics - rounded).abs() <= 1e-6 * rounded.abs().max(1.0);
+    (x.is_finite() && on_tic && (rounded as i64) % net.grid.tics_per_step == 0)
+        .then(|| rounded as i64 / net.grid.tics_per_step)
+}
+
+/// Places the config's membrane reports on the run's grid and resolves their cells.
+fn plan_reports(
+    cfg: &SonataConfig,
+    net: &Network,
+    n_steps: usize,
+    output_dir: &Path,
+) -> Result<Vec<PlannedReport>> {
+    let sets = lockstep_sonata::node_sets(&cfg.json).map_err(|e| config_error(&cfg.path, e))?;
+    let settings = lockstep_sonata::membrane_reports(cfg.json.get("reports"), &sets, output_dir)
+        .map_err(|e| config_error(&cfg.path, e))?;
+    let mut by_node: HashMap<(&str, u64), u32> = HashMap::new();
+    for (e, nr) in net.neurons.iter().enumerate() {
+        by_node.insert((nr.population.as_str(), nr.node_id), e as u32);
+    }
+    let mut out = Vec::with_capacity(settings.len());
+    for s in settings {
+        let key = |k: &str| format!("reports.{}.{k}", s.name);
+        let err = |k: &str, p: String| cfg_err(&cfg.path, &key(k), p);
+        let dt_ms = net.grid.dt;
+        let step_ms = |m: i64| (m * net.grid.tics_per_step) as f64 / TICS_PER_MS;
+        let stride = match s.dt {
+            None => 1,
+            Some(d) => match grid_steps(net, d) {
+                Some(k) if k >= 1 => k,
+                _ => {
+                    return Err(err(
+                        "dt",
+                        format!("{d} ms must be a positive whole multiple of run.dt ({dt_ms} ms)"),
+                    ))
+                }
+            },
+        };
+        let on_grid = |k: &str, x: f64| {
+            grid_steps(net, x).filter(|&m| m >= 0).ok_or_else(|| {
+                err(
+                    k,
+                    format!("{x} ms must be a non-negative multiple of run.dt ({dt_ms} ms)"),
+                )
+            })
+        };
+        let start = s.start_time.map_or(Ok(0), |x| on_grid("start_time", x))?;
+        let end = s
+            .end_time
+            .map_or(Ok(n_steps as i64), |x| on_grid("end_time", x))?;
+        if end > n_steps as i64 {
+            return Err(err(
+                "end_time",
+                format!(
+                    "{} ms is after run.tstop ({} ms)",
+                    step_ms(end),
+                    step_ms(n_steps as i64)
+                ),
+            ));
+        }
+        if start >= end {
+            return Err(err(
+                "start_time",
+                format!(
+                    "{} ms must be before end_time ({} ms)",
+                    step_ms(start),
+                    step_ms(end)
+                ),
+            ));
+        }
+        let first = (start / stride + 1) * stride;
+        let last = (end / stride) * stride;
+        if first > last {
+            return Err(err(
+                "dt",
+                format!(
+                    "no recording time: no multiple of {} ms lies in ({} ms, {} ms]",
+                    step_ms(stride),
+                    step_ms(start),
+                    step_ms(end)
+                ),
+            ));
+        }
+        let n_frames = ((last - first) / stride + 1) as usize;
+        let pop = s.cells.population.as_str();
+        if !net.neurons.iter().any(|n| n.population == pop) {
+            let virt = net.virtual_nodes.iter().any(|v| v.population == pop);
+            let mut known: Vec<&str> = net.neurons.iter().map(|n| n.population.as_str()).collect();
+            known.dedup();
+            return Err(err(
+                "cells",
+                if virt {
+                    format!("'{pop}' is a virtual (input) population; it has no membrane potential. Record one of: {}", known.join(", "))
+                } else {
+                    format!("'{pop}' is not a node population or node set of this network (populations: {})", known.join(", "))
+                },
+            ));
+        }
+        let mut node_ids: Vec<u64> = match &s.cells.node_ids {
+            Some(ids) => ids.clone(),
+            None => net
+                .neurons
+                .iter()
+                .filter(|n| n.population == pop)
+                .map(|n| n.node_id)
+                .collect(),
+        };
+        node_ids.sort_unstable();
+        node_ids.dedup();
+        let mut neurons = Vec::with_capacity(node_ids.len());
+        for &id in &node_ids {
+            neurons.push(*by_node.get(&(pop, id)).ok_or_else(|| {
+                err(
+                    "cells",
+                    format!("population '{pop}' has no node with id {id}"),
+                )
+            })?);
+        }
+        if neurons.is_empty() {
+            return Err(err(
+                "cells",
+                "selects no cell; list at least one node id".into(),
+            ));
+        }
+        out.push(PlannedReport {
+            name: s.name.clone(),
+            file_name: s.file_name.clone(),
+            population: pop.to_string(),
+            node_ids,
+            time: [step_ms(first), step_ms(last + stride), step_ms(stride)],
+            recorder: VmRecorder {
+                neurons,
+                first_step: first as usize,
+                stride: stride as usize,
+                n_frames,
+            },
+            dtype: s.dtype,
+        });
+    }
+    Ok(out)
+}
+
+/// The memory a run holds beyond the compiled network: per-trial state and spike ring
+/// buffers, recorded spikes (bounded by one spike per cell per refractory period), the input
+/// schedule and the membrane reports.
+pub(crate) fn memory_estimate(
+    net: &Network,
+    n_steps: usize,
+    batch: usize,
+    reports: &[PlannedReport],
+    csv: bool,
+) -> MemoryEstimate {
+    let n = net.n_neurons() as u64;
+    let (np, na) = (net.n_ports as u64, net.n_asc as u64);
+    let trials = batch as u64;
+    let mut est = MemoryEstimate::new();
+    // U, spikes z, refractory counters, ASCs, y1/y2 per neuron; the ring buffer.
+    let state = n * (8 + 8 + 4 + 8 * na + 16 * np);
+    let ring = (net.ring_len() as u64)
+        .saturating_mul(n)
+        .saturating_mul(np)
+        .saturating_mul(8);
+    est.add(
+        format!("trial state ({trials} trial(s))"),
+        state.saturating_mul(trials),
+    );
+    est.add(
+        format!(
+            "spike ring buffers ({} delay slots, {trials} trial(s))",
+            net.ring_len()
+        ),
+        ring.saturating_mul(trials),
+    );
+    let steps = n_steps as u64;
+    let max_spikes: u64 = net
+        .groups
+        .iter()
+        .map(|g| {
+            let per_cell = steps.div_ceil(g.consts.refractory_steps as u64 + 1);
+            per_cell.saturating_mul((g.end - g.start) as u64)
+        })
+        .fold(0, u64::saturating_add);
+    // 8 bytes per spike in the kernel (every trial), 16 in the SONATA trains of trial 0,
+    // about 32 per CSV line.
+    let per_spike = 8 * trials + 16 + if csv { 32 } else { 0 };
+    est.add(
+        "recorded spikes (at most one per cell per refractory period)",
+        max_spikes.saturating_mul(per_spike),
+    );
+    est.add(
+        "input schedule (one index per step)",
+        (steps + 1).saturating_mul(4),
+    );
+    est.driven_by("run.tstop").shrunk_by("run.dt");
+    if batch > 1 {
+        est.driven_by("--trials");
+    }
+    for r in reports {
+        let extra = if r.dtype == ReportDtype::Float32 {
+            3
+        } else {
+            2
+        };
+        // The kernel's block, the report's copy, and a float32 copy when asked for.
+        est.add(
+            format!(
+                "report '{}' ({} frames x {} cells)",
+                r.name,
+                r.recorder.n_frames,
+                r.recorder.neurons.len()
+            ),
+            r.recorder.bytes().saturating_mul(extra) / 2,
+        );
+        est.driven_by(format!("reports.{}.cells", r.name))
+            .shrunk_by(format!("reports.{}.dt", r.name));
+    }
+    est
+}
+
+/// Reads the config and everything it names, validates it, checks the memory the run
+/// needs and compiles network and inputs. `batch` is the number of trials. Writes nothing.
+pub(crate) fn prepare_simulation(config: &Path, batch: usize) -> Result<PreparedSimulation> {
+    check_top_level(config)?;
     let cfg = SonataConfig::from_file(config)?;
+    let section = |k: &str| {
+        cfg.json
+            .get(k)
+            .cloned()
+            .unwrap_or(Value::Object(Default::default()))
+    };
+    let run: SimulationRun =
+        idiom::from_value(&section("run"), "run").map_err(|e| config_error(&cfg.path, e))?;
+    let output: SimulationOutput =
+        idiom::from_value(&section("output"), "output").map_err(|e| config_error(&cfg.path, e))?;
+    let dt = run
+        .dt
+        .ok_or_else(|| cfg_err(&cfg.path, "run.dt", "is missing (ms)"))?;
+    let tstop = run
+        .tstop
+        .ok_or_else(|| cfg_err(&cfg.path, "run.tstop", "is missing (ms)"))?;
+    let output_dir = cfg.resolve_path(
+        output
+            .output_dir
+            .as_deref()
+            .ok_or_else(|| cfg_err(&cfg.path, "output.output_dir", "is missing"))?,
+    );
+    if batch == 0 {
+        return Err(cfg_err(
+            &cfg.path,
+            "--trials",
+            "must be at least 1 (the trials run together; trial 0 is written)",
+        ));
+    }
     let circuit = Circuit::from_sonata_config(cfg.clone())?;
     let spec = network_spec_from_circuit(&circuit)?;
-    let dt = get_f64(&cfg, "/run/dt", "run.dt")?
-        .ok_or_else(|| cfg_err(&cfg.path, "run.dt", "is missing (ms)"))?;
-    let tstop = get_f64(&cfg, "/run/tstop", "run.tstop")?
-        .ok_or_else(|| cfg_err(&cfg.path, "run.tstop", "is missing (ms)"))?;
     let network = spec.compile(dt)?;
     let n_steps = network.grid.run_steps(tstop)?;
+    let reports = plan_reports(&cfg, &network, n_steps, &output_dir)?;
     let (input, names) = inputs_from_config(&cfg, &spec)?;
+    memory_estimate(
+        &network,
+        n_steps,
+        batch,
+        &reports,
+        output.spikes_file_csv.is_some(),
+    )
+    .check_here("this simulation")?;
     let inputs = input.compile(
         &names.join(","),
         spec.virtual_nodes.len(),
@@ -115,7 +566,70 @@ pub(crate) fn prepare_simulation(config: &Path) -> Result<PreparedSimulation> {
         inputs,
         n_steps,
         tstop,
+        output,
+        reports,
     })
+}
+
+/// Firing rates of one trial: all cells, then each population, then each node type (in the
+/// network's order). `spikes` are `(step, neuron)` pairs (external neuron index); `tstop` in
+/// ms.
+pub fn firing_rates(net: &Network, spikes: &[(u32, u32)], tstop: f64) -> Vec<RateRow> {
+    let mut per_neuron = vec![0usize; net.n_neurons()];
+    for &(_, e) in spikes {
+        per_neuron[e as usize] += 1;
+    }
+    let seconds = tstop / 1000.0;
+    let row = |group, name: String, cells: usize, spikes: usize| RateRow {
+        group,
+        name,
+        cells,
+        spikes,
+        rate_hz: if cells == 0 || seconds <= 0.0 {
+            0.0
+        } else {
+            spikes as f64 / cells as f64 / seconds
+        },
+    };
+    let mut rows = vec![row(
+        RateGroup::All,
+        "all".into(),
+        net.n_neurons(),
+        spikes.len(),
+    )];
+    let mut pops: Vec<(&str, usize, usize)> = Vec::new();
+    let mut types: Vec<(usize, &str, usize, usize)> = Vec::new();
+    for (e, nr) in net.neurons.iter().enumerate() {
+        match pops.iter_mut().find(|p| p.0 == nr.population) {
+            Some(p) => {
+                p.1 += 1;
+                p.2 += per_neuron[e];
+            }
+            None => pops.push((&nr.population, 1, per_neuron[e])),
+        }
+        match types.iter_mut().find(|t| t.0 == nr.cell_type) {
+            Some(t) => {
+                t.2 += 1;
+                t.3 += per_neuron[e];
+            }
+            None => types.push((nr.cell_type, &nr.population, 1, per_neuron[e])),
+        }
+    }
+    let several = pops.len() > 1;
+    rows.extend(
+        pops.iter()
+            .map(|&(p, c, s)| row(RateGroup::Population, p.to_string(), c, s)),
+    );
+    rows.extend(types.iter().map(|&(ct, p, c, s)| {
+        let label = &net.cell_types[ct].name;
+        let name = if several {
+            format!("{label} ({p})")
+        } else {
+            label.clone()
+        };
+        row(RateGroup::NodeType, name, c, s)
+    }));
+    rows
 }
 
 /// NEST's millisecond value of a spike stamped at step `stamp` (`Time::step(s).get_ms()`).
@@ -182,50 +696,55 @@ pub(crate) fn write_spikes_csv(path: &Path, trains: &SpikeTrains) -> Result<()> 
     std::fs::write(path, text).map_err(|e| io_err("cannot write spikes CSV", path, e))
 }
 
-/// Runs `lockstep simulate CONFIG`: validates everything, simulates, writes
-/// `output_dir/spikes_file` (SONATA HDF5) and `spikes_file_csv` of all non-virtual nodes.
+/// Runs `lockstep simulate CONFIG`: validates everything, checks the memory the run needs,
+/// simulates, writes `output_dir/spikes_file` (SONATA HDF5) and `spikes_file_csv` of all
+/// non-virtual nodes, and each membrane report of trial 0.
 ///
-/// Refuses an existing `output_dir` unless `output.overwrite_output_dir` is true. On any
-/// error nothing is written.
+/// Refuses an existing `output_dir` unless `output.overwrite_output_dir` is true (and then
+/// only replaces a folder lockstep wrote). On any error, including a run that cannot fit in
+/// memory ([`SnnError::Memory`]), the previous output is left untouched and nothing is
+/// written.
 pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<SimulationSummary> {
     let t0 = Instant::now();
-    let prep = prepare_simulation(config)?;
+    let prep = prepare_simulation(config, opts.batch)?;
     let cfg = &prep.config;
-    let out = cfg.json.get("output").cloned().unwrap_or(Value::Null);
-    let out_dir_s = get_str(cfg, &out["output_dir"], "output.output_dir")?
-        .ok_or_else(|| cfg_err(&cfg.path, "output.output_dir", "is missing"))?;
-    let output_dir = cfg.resolve_path(out_dir_s);
-    let overwrite = match &out["overwrite_output_dir"] {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        other => {
+    let out = &prep.output;
+    let output_dir = cfg.resolve_path(out.output_dir.as_deref().unwrap_or_default());
+    let overwrite = out.overwrite_output_dir.unwrap_or(false);
+    let spikes_name = out
+        .spikes_file
+        .clone()
+        .unwrap_or_else(|| "spikes.h5".into());
+    let csv_name = out.spikes_file_csv.clone();
+    let log_name = out.log_file.clone();
+    let mut names: Vec<(String, &str)> = vec![("output.spikes_file".into(), spikes_name.as_str())];
+    names.extend(
+        csv_name
+            .as_deref()
+            .map(|n| ("output.spikes_file_csv".into(), n)),
+    );
+    names.extend(log_name.as_deref().map(|n| ("output.log_file".into(), n)));
+    names.extend(prep.reports.iter().map(|r| {
+        (
+            format!("reports.{}.file_name", r.name),
+            r.file_name.as_str(),
+        )
+    }));
+    for (i, (k, n)) in names.iter().enumerate() {
+        let p = Path::new(n);
+        if p.is_absolute() || p.components().count() != 1 {
             return Err(cfg_err(
                 &cfg.path,
-                "output.overwrite_output_dir",
-                format!("must be true or false, found {other}"),
-            ))
+                k,
+                format!("'{n}' must be a plain file name inside output_dir"),
+            ));
         }
-    };
-    let spikes_name = get_str(cfg, &out["spikes_file"], "output.spikes_file")?
-        .unwrap_or("spikes.h5")
-        .to_string();
-    let csv_name =
-        get_str(cfg, &out["spikes_file_csv"], "output.spikes_file_csv")?.map(str::to_string);
-    let log_name = get_str(cfg, &out["log_file"], "output.log_file")?.map(str::to_string);
-    for (k, n) in [
-        ("output.spikes_file", Some(&spikes_name)),
-        ("output.spikes_file_csv", csv_name.as_ref()),
-        ("output.log_file", log_name.as_ref()),
-    ] {
-        if let Some(n) = n {
-            let p = Path::new(n);
-            if p.is_absolute() || p.components().count() != 1 {
-                return Err(cfg_err(
-                    &cfg.path,
-                    k,
-                    format!("'{n}' must be a plain file name inside output_dir"),
-                ));
-            }
+        if let Some((k0, _)) = names[..i].iter().find(|(_, m)| m == n) {
+            return Err(cfg_err(
+                &cfg.path,
+                k,
+                format!("'{n}' is also the file of {k0}; give each output its own name"),
+            ));
         }
     }
     if output_dir.exists() && !overwrite {
@@ -233,14 +752,9 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     }
     if output_dir.exists() {
         // Never delete a folder lockstep did not write (a project or data folder).
-        let mut own: Vec<&str> = vec![spikes_name.as_str()];
-        own.extend(csv_name.as_deref());
-        own.extend(log_name.as_deref());
+        let own: Vec<&str> = names.iter().map(|(_, n)| *n).collect();
         lockstep_train::rundir::check_replaceable(&output_dir, &own)
             .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m.to_string()))?;
-    }
-    if opts.batch == 0 {
-        return Err(cfg_err(&cfg.path, "batch", "must be at least 1"));
     }
     let build_s = t0.elapsed().as_secs_f64();
 
@@ -250,17 +764,38 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         parallel: opts.parallel,
         ..Default::default()
     };
-    let result: SimOutput = simulate(
+    let progress = opts
+        .progress
+        .as_ref()
+        .filter(|_| !out.quiet_simulator.unwrap_or(false));
+    if let Some(p) = progress {
+        p.start((prep.n_steps as u64).saturating_mul(opts.batch as u64));
+    }
+    let advance = |k: u64| {
+        if let Some(p) = progress {
+            p.advance(k);
+        }
+    };
+    let recorders: Vec<VmRecorder> = prep.reports.iter().map(|r| r.recorder.clone()).collect();
+    let result: SimOutput = simulate_with(
         &prep.network,
         &prep.inputs,
         prep.n_steps,
         opts.batch,
         0,
         &sim_opts,
+        &SimExtras {
+            record_vm: &recorders,
+            progress: progress.map(|_| &advance as &(dyn Fn(u64) + Sync)),
+        },
     );
+    if let Some(p) = progress {
+        p.finish();
+    }
     let simulate_s = t1.elapsed().as_secs_f64();
     let trial = &result.trials[0];
     let trains = to_spike_trains(&prep.network, &trial.spikes);
+    let rates = firing_rates(&prep.network, &trial.spikes, prep.tstop);
 
     // Write into a temporary sibling folder, then move it into place.
     let parent = output_dir
@@ -284,8 +819,33 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     if let Some(c) = &csv_name {
         write_spikes_csv(&tmp.path().join(c), &trains)?;
     }
+    let mut reports = Vec::with_capacity(prep.reports.len());
+    for (r, data) in prep.reports.iter().zip(result.vm) {
+        let mut pop = ReportPopulation::single_compartment(
+            r.population.clone(),
+            r.node_ids.clone(),
+            r.time[0],
+            r.time[2],
+            data,
+            "mV",
+        );
+        pop.time = r.time;
+        let frames = pop.n_frames();
+        let report = Report {
+            variable: "V_m".into(),
+            populations: vec![pop],
+        };
+        lockstep_sonata::write_report(tmp.path().join(&r.file_name), &report, r.dtype)?;
+        reports.push(ReportSummary {
+            name: r.name.clone(),
+            file: output_dir.join(&r.file_name),
+            cells: r.node_ids.len(),
+            frames,
+            time: r.time,
+        });
+    }
     if let Some(l) = &log_name {
-        let text = format!(
+        let mut text = format!(
             "lockstep simulate {}\nneurons {}\nvirtual nodes {}\nrecurrent edges {}\ninput edges {}\ndt {} ms\ntstop {} ms\nsteps {}\nspikes {}\nsynaptic events {}\nbuild {:.3} s\nsimulate {:.3} s\n",
             cfg.path.display(),
             prep.network.n_neurons(),
@@ -300,6 +860,20 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
             build_s,
             simulate_s
         );
+        for r in &rates {
+            text.push_str(&format!(
+                "rate {} {} cells {} spikes {} Hz {}\n",
+                match r.group {
+                    RateGroup::All => "all",
+                    RateGroup::Population => "population",
+                    RateGroup::NodeType => "node_type",
+                },
+                r.name,
+                r.cells,
+                r.spikes,
+                r.rate_hz
+            ));
+        }
         let p = tmp.path().join(l);
         std::fs::write(&p, text).map_err(|e| io_err("cannot write log", &p, e))?;
     }
@@ -319,6 +893,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     Ok(SimulationSummary {
         spikes_file: output_dir.join(&spikes_name),
         spikes_file_csv: csv_name.map(|c| output_dir.join(c)),
+        reports,
         output_dir,
         n_neurons: prep.network.n_neurons(),
         n_steps: prep.n_steps,
@@ -326,6 +901,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         tstop: prep.tstop,
         n_spikes: trial.spikes.len(),
         syn_events: trial.syn_events,
+        rates,
         build_s,
         simulate_s,
     })
