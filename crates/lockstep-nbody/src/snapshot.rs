@@ -253,6 +253,40 @@ fn header_u64s(f: &hdf5::File, name: &str) -> Option<Vec<u64>> {
         .ok()
 }
 
+/// Refuses snapshots with particles of a type other than 1 (gas, disk, bulge, stars,
+/// boundary), which the reader would otherwise drop silently: lockstep nbody simulates one
+/// collisionless species (`PartType1`).
+///
+/// Errors: [`NbodyError::Hdf5`] naming the file, the type and its particle count.
+fn refuse_other_types(files: &[std::path::PathBuf]) -> Result<(), NbodyError> {
+    for file in files {
+        let f = hdf5::File::open(file).map_err(|e| h5err(file, "/", e))?;
+        let counts = header_u64s(&f, "NumPart_Total")
+            .or_else(|| header_u64s(&f, "NumPart_ThisFile"))
+            .unwrap_or_default();
+        for t in (0..6).filter(|&t| t != 1) {
+            let group = format!("PartType{t}");
+            let rows = f
+                .dataset(&format!("{group}/Coordinates"))
+                .map(|d| d.shape().first().copied().unwrap_or(0) as u64)
+                .unwrap_or(0);
+            let n = counts.get(t).copied().unwrap_or(0).max(rows);
+            if n > 0 {
+                return Err(h5err(
+                    file,
+                    &group,
+                    format!(
+                        "the snapshot holds {n} particles of type {t}; lockstep nbody simulates \
+                         collisionless particles of type 1 (PartType1) only and does not drop \
+                         the others silently: convert them to PartType1 or remove them"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Number of `PartType1` particles of a GADGET snapshot (all files of a multi-file set), from
 /// the header alone: `NumPart_Total[1] + 2^32 NumPart_Total_HighWord[1]`, or the sum of
 /// `NumPart_ThisFile[1]` over the files when the total is absent, or the `Coordinates` rows.
@@ -261,6 +295,7 @@ fn header_u64s(f: &hdf5::File, name: &str) -> Option<Vec<u64>> {
 /// Errors: [`NbodyError::Hdf5`] naming the file that cannot be opened.
 pub fn gadget_total(path: &Path) -> Result<u64, NbodyError> {
     let files = snapshot_files(path)?;
+    refuse_other_types(&files)?;
     let f = hdf5::File::open(&files[0]).map_err(|e| h5err(&files[0], "/", e))?;
     if let Some(tot) = header_u64s(&f, "NumPart_Total") {
         let high = header_u64s(&f, "NumPart_Total_HighWord").unwrap_or_default();
@@ -297,7 +332,9 @@ pub fn read_gadget_hdf5(
     let mut vel = Vec::new();
     let mut mass = Vec::new();
     let mut ids = Vec::new();
-    for file in snapshot_files(path)? {
+    let files = snapshot_files(path)?;
+    refuse_other_types(&files)?;
+    for file in files {
         let f = hdf5::File::open(&file).map_err(|e| h5err(&file, "/", e))?;
         // A file of a multi-file set may hold no particles of the type: GADGET-4 then
         // writes `NumPart_ThisFile[1] = 0` and no `PartType1` group.

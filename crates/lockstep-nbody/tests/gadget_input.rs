@@ -141,3 +141,29 @@ fn totals_use_the_high_word_and_must_match_the_files() {
     let e = read_gadget_hdf5(&q, 0, 1, 1.0).unwrap_err().to_string();
     assert!(e.contains("snap_001.1.hdf5"), "{e}");
 }
+
+#[test]
+fn other_particle_types_are_refused_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("with_gas.hdf5");
+    write_file(&p, 5, 5, 1, 0, false);
+    {
+        let f = hdf5::File::open_rw(&p).unwrap();
+        let g = f.create_group("PartType0").unwrap();
+        g.new_dataset::<f32>()
+            .shape([4, 3])
+            .create("Coordinates")
+            .unwrap()
+            .write_raw(&[0f32; 12])
+            .unwrap();
+    }
+    for e in [
+        gadget_total(&p).unwrap_err().to_string(),
+        read_gadget_hdf5(&p, 0, 1, 1.25).unwrap_err().to_string(),
+    ] {
+        assert!(
+            e.contains("PartType0") && e.contains("4 particles of type 0"),
+            "{e}"
+        );
+    }
+}

@@ -156,7 +156,7 @@ pub(crate) fn inputs_from_config(
 /// * the network (`networks`/`network`, `components`) through `lockstep-sonata`;
 /// * `run.dt` (ms) and `run.seq_len` (steps), both required; `run.seed` seeds Poisson inputs;
 /// * `inputs` as in `lockstep simulate` (SONATA spike files and/or Poisson virtual nodes);
-/// * `training.losses` (see [`crate::loss::losses_from_json`]), required;
+/// * `training.losses` (`TargetFiringRate`, `VoltageRegularization`; see [`Loss`](crate::Loss)), required;
 /// * `training.pseudo_derivative` (see [`Surrogate::from_json`]);
 /// * `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
 ///   chunk size in steps;
@@ -234,7 +234,7 @@ pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::C
     Ok((circuit, model))
 }
 
-/// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`].
+/// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`](crate::LossAndGrad::terms).
 pub fn loss_names(model: &SnnModel) -> Vec<String> {
     model
         .opts

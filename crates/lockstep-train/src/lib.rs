@@ -35,7 +35,7 @@
 //! [`TrainError::Build`]) and never turns it into text, so the model's whole cause chain
 //! reaches the user once.
 //!
-//! Feature `testing` adds the [`reference`] model, failure injection ([`testing::Fault`]) and
+//! Feature `testing` adds the `reference` model, failure injection (`testing::Fault`) and
 //! the `lockstep-train-check` binary, for this crate's tests and installation checks.
 
 pub mod checkpoint;
