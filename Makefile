@@ -1,6 +1,8 @@
 # lockstep: one-command entry points (see README.md).
 #   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
-#   make test   installs what is missing, builds once (release) and runs every test
+#   make test   installs what is missing, builds once (release), runs make lint, the main job on
+#               2 updates and every test
+#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -28,7 +30,8 @@ DEMO_ARGS ?=
 demo: build
 	mpirun -n 2 --oversubscribe --bind-to none target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
 
-# The main job itself on a reduced schedule (2 updates), then every test.
+# The guardrails, the main job itself on a reduced schedule (2 updates), then every test.
 test: build
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
 	cargo test --release --workspace
