@@ -76,6 +76,7 @@ impl RateTarget {
             RateTarget::Uniform(r) => vec![*r; spec.neurons.len()],
             RateTarget::PerPopulation(map) => {
                 let mut out = Vec::with_capacity(spec.neurons.len());
+                let mut known: Vec<String> = Vec::new();
                 for nr in &spec.neurons {
                     let label = &spec.cell_types[nr.cell_type].name;
                     let (id, name) = match label.split_once(" (") {
@@ -84,6 +85,11 @@ impl RateTarget {
                         }
                         None => (label.clone(), label.clone()),
                     };
+                    for k in [&nr.population, label, &id, &name] {
+                        if !known.contains(k) {
+                            known.push(k.clone());
+                        }
+                    }
                     let r = [nr.population.as_str(), label.as_str(), id.as_str(), name.as_str()]
                         .iter()
                         .find_map(|k| map.get(*k))
@@ -97,6 +103,17 @@ impl RateTarget {
                             ),
                         })?;
                     out.push(*r);
+                }
+                // A key that names no population or node type would be ignored silently.
+                if let Some(bad) = map.keys().find(|k| !known.contains(k)) {
+                    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+                    return Err(SnnError::InvalidInput {
+                        input: "TargetFiringRate.firing_rate".into(),
+                        reason: format!(
+                            "{} (keys are populations, node type ids or node type names)",
+                            lockstep_core::config::unknown_problem("population", bad, &known)
+                        ),
+                    });
                 }
                 out
             }
@@ -421,6 +438,14 @@ mod tests {
         let t = RateTarget::from_json(&json!({"v2": 1.0, "Scnn1a": 2.0}), dir.path()).unwrap();
         let e = t.resolve(&s).unwrap_err().to_string();
         assert!(e.contains("node 1 of population 'v1'"), "{e}");
+        // Every cell has a target, but one key names nothing in the network.
+        let t = RateTarget::from_json(&json!({"v1": 1.0, "v2": 2.0, "Scnn1b": 3.0}), dir.path())
+            .unwrap();
+        let e = t.resolve(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown population `Scnn1b`; did you mean `Scnn1a`?"),
+            "{e}"
+        );
         std::fs::write(
             dir.path().join("t.csv"),
             "node_id,population,firing_rate\n0,v1,4\n1,v1,5\n0,v2,6\n",
