@@ -10,12 +10,16 @@
 //! - [`memory`]: the memory this process may still use (cgroup limit or `MemAvailable`) and its
 //!   peak resident set, for the checks that refuse runs which cannot fit before any output is
 //!   touched, and for the benchmarks.
+//! - [`output_dir`]: the `.lockstep-output` marker and the one rule deciding whether an
+//!   existing output folder may be replaced (only what lockstep wrote is ever deleted).
 //!
-//! Guarantees: no I/O beyond reading the files and `/proc`/cgroup entries named in the docs;
-//! no global state; every function is deterministic given its inputs.
+//! Guarantees: no I/O beyond reading the files and `/proc`/cgroup entries named in the docs,
+//! and writing the output-folder marker when asked ([`output_dir::write_marker`]); no global
+//! state; every function is deterministic given its inputs.
 
 pub mod config;
 pub mod memory;
+pub mod output_dir;
 pub mod rng;
 
 pub use config::ConfigError;

@@ -6,7 +6,7 @@
 //!   `--overwrite` is passed);
 //! - with overwrite, only files lockstep nbody itself writes are deleted (snapshots
 //!   `snapshot_NNNN_rank_RRRR.npz` and `snap_NNN.R.hdf5`, `diagnostics.csv`, the
-//!   [`MARKER`] file); a folder holding anything else (a sub-folder, a foreign file) is refused
+//!   marker file [`MARKER`]); a folder holding anything else (a sub-folder, a foreign file) is refused
 //!   and left untouched, so no old rank file survives next to the new ones and nothing lockstep
 //!   did not write is lost.
 //!
@@ -14,11 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::NbodyError;
+use lockstep_core::output_dir::{list, write_marker, MARKER};
 
-/// The file that marks a folder as written by lockstep (the same name lockstep's training and
-/// simulation outputs carry).
-pub const MARKER: &str = ".lockstep-output";
+use crate::NbodyError;
 
 /// Default output folder, relative to the current working directory (like GADGET's
 /// `OutputDir`), used when the config gives no `output.dir` and no `--output-dir` is passed.
@@ -84,10 +82,8 @@ pub fn plan(dir: &Path, overwrite: bool) -> Result<OutputPlan, NbodyError> {
             "is not a folder; choose another output.dir (or --output-dir)".into(),
         ));
     }
-    let entries = std::fs::read_dir(dir)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| NbodyError::io(dir, e))?;
-    if entries.is_empty() {
+    let listing = list(dir, is_own_file).map_err(|e| NbodyError::io(dir, e))?;
+    if listing.entries == 0 {
         return Ok(OutputPlan::Create);
     }
     if !overwrite {
@@ -98,28 +94,21 @@ pub fn plan(dir: &Path, overwrite: bool) -> Result<OutputPlan, NbodyError> {
                  output.overwrite_output_dir to true (or pass --overwrite) to replace an \
                  earlier lockstep nbody output there, or choose another output.dir \
                  (or --output-dir)",
-                entries.len()
+                listing.entries
             ),
         ));
     }
-    let mut own = Vec::new();
-    for e in &entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let plain = e.file_type().map(|t| t.is_file()).unwrap_or(false);
-        if !plain || !is_own_file(&name) {
-            return Err(refuse(
-                dir,
-                format!(
-                    "holds `{name}`, which lockstep nbody did not write, so \
-                     overwrite_output_dir will not replace this folder; choose another \
-                     output.dir (or --output-dir) or remove it yourself"
-                ),
-            ));
-        }
-        own.push(e.path());
+    if let Some(name) = listing.foreign {
+        return Err(refuse(
+            dir,
+            format!(
+                "holds `{name}`, which lockstep nbody did not write, so \
+                 overwrite_output_dir will not replace this folder; choose another \
+                 output.dir (or --output-dir) or remove it yourself"
+            ),
+        ));
     }
-    own.sort();
-    Ok(OutputPlan::Replace(own))
+    Ok(OutputPlan::Replace(listing.own))
 }
 
 /// Carries out `plan` on `dir`: deletes the earlier run's files, creates the folder, writes
@@ -133,12 +122,12 @@ pub fn prepare(dir: &Path, plan: &OutputPlan) -> Result<(), NbodyError> {
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| NbodyError::io(dir, e))?;
-    let marker = dir.join(MARKER);
-    std::fs::write(
-        &marker,
+    write_marker(
+        dir,
         "written by lockstep nbody; overwrite_output_dir may replace the files it wrote here\n",
     )
-    .map_err(|e| NbodyError::io(&marker, e))
+    .map(drop)
+    .map_err(|e| NbodyError::io(dir.join(MARKER), e))
 }
 
 #[cfg(test)]

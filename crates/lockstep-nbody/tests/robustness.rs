@@ -89,7 +89,7 @@ fn the_output_folder_is_owned_by_the_run() {
     // A 2-rank run, then a 1-rank run into the same folder.
     run_replicas(2, |comm| run_nbody_config_on(&comm, &path, &quiet())).unwrap();
     assert!(out.join("snap_002.1.hdf5").exists());
-    assert!(out.join(lockstep_nbody::output::MARKER).exists());
+    assert!(out.join(lockstep_core::output_dir::MARKER).exists());
     let before = std::fs::read(out.join("snap_002.1.hdf5")).unwrap();
     let e = run_nbody_config(&path, &quiet()).unwrap_err().to_string();
     assert!(

@@ -753,7 +753,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     if output_dir.exists() {
         // Never delete a folder lockstep did not write (a project or data folder).
         let own: Vec<&str> = names.iter().map(|(_, n)| *n).collect();
-        lockstep_train::rundir::check_replaceable(&output_dir, &own)
+        lockstep_core::output_dir::check_replaceable(&output_dir, &own)
             .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m.to_string()))?;
     }
     let build_s = t0.elapsed().as_secs_f64();
@@ -809,12 +809,14 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         .prefix(".lockstep-simulate-")
         .tempdir_in(&parent)
         .map_err(|e| io_err("cannot create a temporary output folder in", &parent, e))?;
-    let marker = tmp.path().join(lockstep_train::rundir::MARKER);
-    std::fs::write(
-        &marker,
+    lockstep_core::output_dir::write_marker(
+        tmp.path(),
         "written by lockstep simulate; overwrite_output_dir may replace this directory\n",
     )
-    .map_err(|e| io_err("cannot write", &marker, e))?;
+    .map_err(|e| {
+        let marker = tmp.path().join(lockstep_core::output_dir::MARKER);
+        io_err("cannot write", &marker, e)
+    })?;
     lockstep_sonata::write_spikes(tmp.path().join(&spikes_name), &trains)?;
     if let Some(c) = &csv_name {
         write_spikes_csv(&tmp.path().join(c), &trains)?;

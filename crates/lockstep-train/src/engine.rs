@@ -413,7 +413,7 @@ impl<'a> Trainer<'a> {
             .map(checkpoint::resolve)
             .transpose()?;
         let in_place = resumed.is_some_and(|p| {
-            is_inside(&p, &cfg.output_dir) && cfg.output_dir.join(crate::rundir::MARKER).is_file()
+            is_inside(&p, &cfg.output_dir) && lockstep_core::output_dir::is_marked(&cfg.output_dir)
         });
         let mut dir = if in_place {
             RunDir::reopen(

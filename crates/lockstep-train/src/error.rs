@@ -4,10 +4,10 @@
 //! [`std::error::Error::source`], never both, so a caller that prints the whole chain
 //! (`{:#}` of an `anyhow::Error`) shows every cause exactly once.
 
-use crate::rundir::OutputDirError;
 use lockstep_comm::CommError;
 use lockstep_core::config::ConfigError;
 use lockstep_core::memory::MemoryError;
+use lockstep_core::output_dir::OutputDirError;
 use std::path::PathBuf;
 use thiserror::Error;
 

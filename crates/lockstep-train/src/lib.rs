@@ -19,7 +19,7 @@
 //!   ([`EngineConfig`]), the launch ([`plan`]), the memory the run needs on this machine
 //!   ([`Model::memory_estimate`] times the replicas that share it, [`job::run_job`]), the
 //!   checkpoint to resume from, and the output directory (only empty or lockstep-written
-//!   directories are ever replaced, [`rundir::check_replaceable`]).
+//!   directories are ever replaced, [`lockstep_core::output_dir::check_replaceable`]).
 //! - The logged loss of an update (`callbacks/losses.csv`, the log line, `early_stop_loss`)
 //!   is the mean of each term over every sample of the global batch, whatever the replica
 //!   count and `gradient_updates_per_optimizer_step`.

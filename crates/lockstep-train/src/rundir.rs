@@ -1,79 +1,15 @@
 //! The chief-owned run directory (invariant 8): created (or refused) before anything is
 //! written, holding `run.log`, the resolved config (`config.json`), `callbacks/losses.csv`,
 //! `callbacks/performance.csv`, `checkpoints/` and the exported weights. Only the chief
-//! creates a [`RunDir`].
+//! creates a [`RunDir`]. Whether an existing directory may be replaced is decided by
+//! [`lockstep_core::output_dir`] (only marked or empty folders are).
 
 use crate::checkpoint::write_atomic;
 use crate::TrainError;
+use lockstep_core::output_dir::{check_replaceable, OutputDirError, MARKER};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// The file that marks a directory as written by lockstep (a training run or a simulation
-/// output): only such directories, or empty ones, are ever deleted to honour
-/// `output.overwrite_output_dir`.
-pub const MARKER: &str = ".lockstep-output";
-
-/// Why an output directory cannot be used. Each message names the directory and the fix.
-#[derive(Debug, thiserror::Error)]
-pub enum OutputDirError {
-    /// The directory exists and the config does not allow replacing it.
-    #[error("{}: the output directory already exists; set output.overwrite_output_dir to true to replace it, or choose another output.output_dir", .0.display())]
-    Exists(PathBuf),
-    /// The output path is a file.
-    #[error("{} is a file, not an output directory; choose another output_dir", .0.display())]
-    IsAFile(PathBuf),
-    /// The directory holds something lockstep did not write.
-    #[error("{} exists and was not written by lockstep (it has no {MARKER} file and holds {entry:?}), so overwrite_output_dir will not delete it; choose another output_dir or remove it yourself", dir.display())]
-    Foreign {
-        /// The directory.
-        dir: PathBuf,
-        /// An entry lockstep did not write.
-        entry: String,
-    },
-    /// The directory cannot be listed (the OS error is part of the message, not a source).
-    #[error("cannot read {}: {error}", dir.display())]
-    Unreadable {
-        /// The directory.
-        dir: PathBuf,
-        /// The OS error.
-        error: std::io::Error,
-    },
-}
-
-/// Whether `dir` may be deleted to be replaced by a new output: it must be empty, carry the
-/// lockstep [`MARKER`], or hold nothing but plain files named in `own_files` (the files the
-/// command itself writes, e.g. an older simulation's `spikes.h5` and `log.txt`). A project
-/// folder, a data folder or any other directory is never deleted, whatever the config says.
-///
-/// Errors: [`OutputDirError`] naming the directory and the fix.
-pub fn check_replaceable(dir: &Path, own_files: &[&str]) -> Result<(), OutputDirError> {
-    if dir.is_symlink() {
-        return Ok(()); // the link itself is replaced; its target is never touched
-    }
-    if dir.is_file() {
-        return Err(OutputDirError::IsAFile(dir.to_path_buf()));
-    }
-    if dir.join(MARKER).is_file() {
-        return Ok(());
-    }
-    let unreadable = |error| OutputDirError::Unreadable {
-        dir: dir.to_path_buf(),
-        error,
-    };
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let entry = entry.map_err(unreadable)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let plain = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
-        if !plain || !own_files.contains(&name.as_str()) {
-            return Err(OutputDirError::Foreign {
-                dir: dir.to_path_buf(),
-                entry: name,
-            });
-        }
-    }
-    Ok(())
-}
 
 /// Open files of a run directory.
 #[derive(Debug)]
@@ -145,10 +81,11 @@ impl RunDir {
         };
         mkdir(root.join("callbacks"))?;
         mkdir(root.join("checkpoints"))?;
-        write_atomic(
-            &root.join(MARKER),
-            b"written by lockstep; overwrite_output_dir may replace this directory\n",
-        )?;
+        lockstep_core::output_dir::write_marker(
+            root,
+            "written by lockstep; overwrite_output_dir may replace this directory\n",
+        )
+        .map_err(|e| TrainError::io(root.join(MARKER), "cannot write", e))?;
         // Serializing a `Value` cannot fail (its map keys are strings).
         let text = serde_json::to_string_pretty(resolved_config).unwrap_or_default();
         write_atomic(&root.join("config.json"), text.as_bytes())?;

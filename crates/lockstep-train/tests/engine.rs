@@ -470,7 +470,7 @@ fn overwrite_refuses_foreign_directories() {
     std::fs::remove_file(out.join("my_notes.txt")).unwrap();
     run(&c, None, false, None).unwrap();
     run(&c, None, false, None).unwrap();
-    assert!(out.join(lockstep_train::rundir::MARKER).is_file());
+    assert!(out.join(lockstep_core::output_dir::MARKER).is_file());
 }
 
 /// Resuming from a checkpoint inside the output directory continues that run in place, even
