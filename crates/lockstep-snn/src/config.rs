@@ -121,7 +121,7 @@ pub(crate) fn inputs_from_config(
                         cfg_err(&cfg.path, &key("node_set"), "is missing (the virtual population to drive)")
                     })?;
                     if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
-                        return Err(cfg_err(&cfg.path, &key("node_set"), format!("'{ns}' is not a virtual population")));
+                        return Err(cfg_err(&cfg.path, &key("node_set"), format!("'{ns}' has no virtual nodes in the network (a virtual population with at least one node is needed)")));
                     }
                     let p = input.poisson.get_or_insert_with(|| PoissonSpec {
                         rates_hz: vec![0.0; spec.virtual_nodes.len()],

@@ -165,6 +165,10 @@ pub struct EdgePopulation {
 impl EdgePopulation {
     /// Joins raw parts with a types table, validating and resolving every edge.
     /// `file` is used in error messages.
+    ///
+    /// Errors: datasets of different lengths, group references that name no group or row,
+    /// an `edge_type_id` absent from the CSV, a value (`syn_weight`, `delay`) neither the
+    /// edge's group nor its type has, a non-numeric CSV value, a non-integer `nsyns`.
     pub fn from_parts(parts: EdgeParts, types: Arc<EdgeTypes>, file: &Path) -> Result<Self> {
         let mut parts = parts;
         parts.groups.sort_by_key(|g| g.id);
@@ -173,22 +177,7 @@ impl EdgePopulation {
             .iter_mut()
             .for_each(PopulationGroup::sort_columns);
         let obj = format!("/edges/{}", parts.name);
-        let n = parts.source_node_id.len();
-        for (ds, len) in [
-            ("target_node_id", parts.target_node_id.len()),
-            ("edge_type_id", parts.edge_type_id.len()),
-            ("edge_group_id", parts.edge_group_id.len()),
-            ("edge_group_index", parts.edge_group_index.len()),
-        ] {
-            if len != n {
-                return Err(SonataErrorKind::BadValue {
-                    path: file.to_path_buf(),
-                    object: format!("{obj}/{ds}"),
-                    problem: format!("has {len} rows but {obj}/source_node_id has {n}"),
-                }
-                .into());
-            }
-        }
+        check_lengths(&parts, file, &obj)?;
         check_group_refs(
             file,
             &obj,
@@ -197,127 +186,7 @@ impl EdgePopulation {
             &parts.edge_group_index,
             &parts.groups,
         )?;
-        let table = &types.table;
-        let csv = table.shown_path();
-        // per-type CSV values, parsed once per row
-        let parse_col = |col: &str| -> Result<Vec<Option<f64>>> {
-            (0..table.len())
-                .map(|r| match table.get(r, col) {
-                    None => Ok(None),
-                    Some(s) => s.parse::<f64>().map(Some).map_err(|_| {
-                        SonataError::from(SonataErrorKind::MissingValue {
-                            what: col.to_string(),
-                            kind: "edge".into(),
-                            type_id: table.ids[r],
-                            csv: csv.clone(),
-                            population: parts.name.clone(),
-                            h5: file.to_path_buf(),
-                            problem: format!("'{s}' is not a number"),
-                        })
-                    }),
-                })
-                .collect()
-        };
-        let csv_weight = parse_col("syn_weight")?;
-        let csv_delay = parse_col("delay")?;
-        let csv_nsyns = parse_col("nsyns")?;
-        let group_pos: HashMap<u32, usize> = parts
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (g.id, i))
-            .collect();
-        let gcol = |name: &str| -> Result<Vec<Option<Vec<f64>>>> {
-            parts
-                .groups
-                .iter()
-                .map(|g| match g.column(name) {
-                    None => Ok(None),
-                    Some(c) => match c.data.to_f64() {
-                        Some(v) if c.width == 1 => Ok(Some(v)),
-                        _ => Err(SonataErrorKind::WrongDtype {
-                            path: file.to_path_buf(),
-                            object: format!("{obj}/{}/{name}", g.id),
-                            found: format!("{} with width {}", c.data.dtype_name(), c.width),
-                            expected: "a 1-D numeric dataset".into(),
-                        }
-                        .into()),
-                    },
-                })
-                .collect()
-        };
-        let g_weight = gcol("syn_weight")?;
-        let g_delay = gcol("delay")?;
-        let g_nsyns = gcol("nsyns")?;
-        let has_nsyns =
-            csv_nsyns.iter().any(Option::is_some) || g_nsyns.iter().any(Option::is_some);
-
-        let mut type_row = Vec::with_capacity(n);
-        let mut syn_weight = Vec::with_capacity(n);
-        let mut delay = Vec::with_capacity(n);
-        let mut nsyns = Vec::with_capacity(if has_nsyns { n } else { 0 });
-        let mut synapse_index = Vec::with_capacity(n);
-        let mut cache: Option<(u64, usize)> = None;
-        for i in 0..n {
-            let t = parts.edge_type_id[i];
-            let row = match cache {
-                Some((ct, cr)) if ct == t => cr,
-                _ => {
-                    let r = table.row_of(t).ok_or_else(|| {
-                        SonataError::from(SonataErrorKind::UnknownTypeId {
-                            h5: file.to_path_buf(),
-                            object: format!("{obj}/edge_type_id"),
-                            column: "edge_type_id".into(),
-                            id: t,
-                            row: i,
-                            csv: csv.clone(),
-                            known: table.known_ids(),
-                        })
-                    })?;
-                    cache = Some((t, r));
-                    r
-                }
-            };
-            type_row.push(row as u32);
-            synapse_index.push(types.synapse_of_row[row]);
-            let g = group_pos.get(&parts.edge_group_id[i]).copied();
-            let gi = parts.edge_group_index[i] as usize;
-            let pick = |gv: &[Option<Vec<f64>>], cv: &[Option<f64>]| -> Option<f64> {
-                g.and_then(|g| gv[g].as_ref())
-                    .and_then(|v| v.get(gi).copied())
-                    .or(cv[row])
-            };
-            let missing = |what: &str| {
-                SonataError::from(SonataErrorKind::MissingValue {
-                what: what.to_string(),
-                kind: "edge".into(),
-                type_id: t,
-                csv: csv.clone(),
-                population: parts.name.clone(),
-                h5: file.to_path_buf(),
-                problem: format!(
-                    "edge {i} has no '{what}': neither its group {obj}/{} nor the edge-types CSV has a value; add a '{what}' column",
-                    parts.edge_group_id[i]
-                ),
-            })
-            };
-            syn_weight.push(pick(&g_weight, &csv_weight).ok_or_else(|| missing("syn_weight"))?);
-            delay.push(pick(&g_delay, &csv_delay).ok_or_else(|| missing("delay"))?);
-            if has_nsyns {
-                let v = pick(&g_nsyns, &csv_nsyns).unwrap_or(1.0);
-                if !(v >= 0.0 && v.fract() == 0.0 && v <= u32::MAX as f64) {
-                    return Err(SonataErrorKind::BadValue {
-                        path: file.to_path_buf(),
-                        object: format!("{obj} nsyns"),
-                        problem: format!(
-                            "edge {i} has nsyns = {v}, expected a non-negative integer"
-                        ),
-                    }
-                    .into());
-                }
-                nsyns.push(v as u32);
-            }
-        }
+        let resolved = resolve_edges(&parts, &types, file, &obj)?;
         Ok(EdgePopulation {
             name: parts.name,
             file: file.to_path_buf(),
@@ -330,11 +199,11 @@ impl EdgePopulation {
             edge_group_index: parts.edge_group_index,
             groups: parts.groups,
             types,
-            type_row,
-            syn_weight,
-            nsyns: has_nsyns.then_some(nsyns),
-            delay,
-            synapse_index,
+            type_row: resolved.type_row,
+            syn_weight: resolved.syn_weight,
+            nsyns: resolved.nsyns,
+            delay: resolved.delay,
+            synapse_index: resolved.synapse_index,
         })
     }
 
@@ -415,6 +284,196 @@ impl EdgePopulation {
             groups: self.groups.clone(),
         }
     }
+}
+
+/// Every per-edge dataset has as many rows as `source_node_id`.
+fn check_lengths(parts: &EdgeParts, file: &Path, obj: &str) -> Result<()> {
+    let n = parts.source_node_id.len();
+    for (ds, len) in [
+        ("target_node_id", parts.target_node_id.len()),
+        ("edge_type_id", parts.edge_type_id.len()),
+        ("edge_group_id", parts.edge_group_id.len()),
+        ("edge_group_index", parts.edge_group_index.len()),
+    ] {
+        if len != n {
+            return Err(SonataErrorKind::BadValue {
+                path: file.to_path_buf(),
+                object: format!("{obj}/{ds}"),
+                problem: format!("has {len} rows but {obj}/source_node_id has {n}"),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The per-edge values of one population resolved from its groups and its types CSV,
+/// `[edge]` each (see [`EdgePopulation`]).
+struct ResolvedEdges {
+    type_row: Vec<u32>,
+    syn_weight: Vec<f64>,
+    nsyns: Option<Vec<u32>>,
+    delay: Vec<f64>,
+    synapse_index: Vec<u32>,
+}
+
+/// Where one value (`syn_weight`, `delay`, `nsyns`) comes from: a dataset in each group
+/// (`None` where a group has none) and a column of the types CSV (`None` per empty cell).
+struct ValueSource {
+    groups: Vec<Option<Vec<f64>>>,
+    csv: Vec<Option<f64>>,
+}
+
+impl ValueSource {
+    /// Reads column `name` of every group of `parts` and of the types `table`.
+    ///
+    /// Errors: a group dataset that is not 1-D numeric, a CSV cell that is not a number.
+    fn read(
+        name: &str,
+        parts: &EdgeParts,
+        table: &TypeTable,
+        file: &Path,
+        obj: &str,
+    ) -> Result<Self> {
+        let csv = (0..table.len())
+            .map(|r| match table.get(r, name) {
+                None => Ok(None),
+                Some(s) => s.parse::<f64>().map(Some).map_err(|_| {
+                    SonataError::from(SonataErrorKind::MissingValue {
+                        what: name.to_string(),
+                        kind: "edge".into(),
+                        type_id: table.ids[r],
+                        csv: table.shown_path(),
+                        population: parts.name.clone(),
+                        h5: file.to_path_buf(),
+                        problem: format!("'{s}' is not a number"),
+                    })
+                }),
+            })
+            .collect::<Result<_>>()?;
+        let groups = parts
+            .groups
+            .iter()
+            .map(|g| match g.column(name) {
+                None => Ok(None),
+                Some(c) => match c.data.to_f64() {
+                    Some(v) if c.width == 1 => Ok(Some(v)),
+                    _ => Err(SonataErrorKind::WrongDtype {
+                        path: file.to_path_buf(),
+                        object: format!("{obj}/{}/{name}", g.id),
+                        found: format!("{} with width {}", c.data.dtype_name(), c.width),
+                        expected: "a 1-D numeric dataset".into(),
+                    }
+                    .into()),
+                },
+            })
+            .collect::<Result<_>>()?;
+        Ok(ValueSource { groups, csv })
+    }
+
+    /// True when some group or some CSV row has a value.
+    fn is_present(&self) -> bool {
+        self.csv.iter().any(Option::is_some) || self.groups.iter().any(Option::is_some)
+    }
+
+    /// The value of the edge at `index` of group position `group` (if any) whose type is
+    /// CSV `row`: the group's value wins over the type's (SONATA, BMTK).
+    fn get(&self, group: Option<usize>, index: usize, row: usize) -> Option<f64> {
+        group
+            .and_then(|g| self.groups[g].as_ref())
+            .and_then(|v| v.get(index).copied())
+            .or(self.csv[row])
+    }
+}
+
+/// Resolves every edge's type row, synapse model, `syn_weight`, `delay` and `nsyns`.
+///
+/// Errors: see [`EdgePopulation::from_parts`].
+fn resolve_edges(
+    parts: &EdgeParts,
+    types: &EdgeTypes,
+    file: &Path,
+    obj: &str,
+) -> Result<ResolvedEdges> {
+    let table = &types.table;
+    let weight = ValueSource::read("syn_weight", parts, table, file, obj)?;
+    let delay = ValueSource::read("delay", parts, table, file, obj)?;
+    let nsyns = ValueSource::read("nsyns", parts, table, file, obj)?;
+    let has_nsyns = nsyns.is_present();
+    let group_pos: HashMap<u32, usize> = parts
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.id, i))
+        .collect();
+    let n = parts.source_node_id.len();
+    let mut out = ResolvedEdges {
+        type_row: Vec::with_capacity(n),
+        syn_weight: Vec::with_capacity(n),
+        nsyns: has_nsyns.then(|| Vec::with_capacity(n)),
+        delay: Vec::with_capacity(n),
+        synapse_index: Vec::with_capacity(n),
+    };
+    let mut cache: Option<(u64, usize)> = None;
+    for i in 0..n {
+        let t = parts.edge_type_id[i];
+        let row = match cache {
+            Some((ct, cr)) if ct == t => cr,
+            _ => {
+                let r = table.row_of(t).ok_or_else(|| {
+                    SonataError::from(SonataErrorKind::UnknownTypeId {
+                        h5: file.to_path_buf(),
+                        object: format!("{obj}/edge_type_id"),
+                        column: "edge_type_id".into(),
+                        id: t,
+                        row: i,
+                        csv: table.shown_path(),
+                        known: table.known_ids(),
+                    })
+                })?;
+                cache = Some((t, r));
+                r
+            }
+        };
+        out.type_row.push(row as u32);
+        out.synapse_index.push(types.synapse_of_row[row]);
+        let g = group_pos.get(&parts.edge_group_id[i]).copied();
+        let gi = parts.edge_group_index[i] as usize;
+        let missing = |what: &str| {
+            SonataError::from(SonataErrorKind::MissingValue {
+                what: what.to_string(),
+                kind: "edge".into(),
+                type_id: t,
+                csv: table.shown_path(),
+                population: parts.name.clone(),
+                h5: file.to_path_buf(),
+                problem: format!(
+                    "edge {i} has no '{what}': neither its group {obj}/{} nor the edge-types CSV has a value; add a '{what}' column",
+                    parts.edge_group_id[i]
+                ),
+            })
+        };
+        out.syn_weight.push(
+            weight
+                .get(g, gi, row)
+                .ok_or_else(|| missing("syn_weight"))?,
+        );
+        out.delay
+            .push(delay.get(g, gi, row).ok_or_else(|| missing("delay"))?);
+        if let Some(ns) = out.nsyns.as_mut() {
+            let v = nsyns.get(g, gi, row).unwrap_or(1.0);
+            if !(v >= 0.0 && v.fract() == 0.0 && v <= u32::MAX as f64) {
+                return Err(SonataErrorKind::BadValue {
+                    path: file.to_path_buf(),
+                    object: format!("{obj} nsyns"),
+                    problem: format!("edge {i} has nsyns = {v}, expected a non-negative integer"),
+                }
+                .into());
+            }
+            ns.push(v as u32);
+        }
+    }
+    Ok(out)
 }
 
 /// Reads the raw parts of every population of an edges file (no types join).

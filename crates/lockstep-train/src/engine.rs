@@ -153,6 +153,15 @@ pub fn config_hash(resolved: &Value) -> String {
     sections.join(",")
 }
 
+/// The error for a model without trainable parameters (an empty network, or one whose
+/// trained edge populations are empty or absent): every replica finds it at validation.
+pub(crate) fn no_trainable_parameters() -> TrainError {
+    TrainError::config(
+        "training",
+        "the model has no trainable parameters (an empty network, or no edges to train); check the network files and training.train_input_weights",
+    )
+}
+
 /// The sections whose hashes differ between two [`config_hash`] fingerprints.
 fn differing_sections(a: &str, b: &str) -> Vec<String> {
     let parse = |s: &str| -> std::collections::BTreeMap<String, String> {
@@ -333,10 +342,7 @@ impl<'a> Trainer<'a> {
         }
         let n = model.trainable().len();
         if n == 0 {
-            return Err(TrainError::config(
-                "training",
-                "the model has no trainable parameters (an empty network, or no edges to train); check the network files and training.train_input_weights",
-            ));
+            return Err(no_trainable_parameters());
         }
         let b = plan.local_batch;
         let local = Batch {

@@ -7,7 +7,7 @@
 //! rank touches an output.
 
 use crate::config::{plan, EngineConfig, Plan, Strategy};
-use crate::engine::{train, EngineOptions, TrainSummary};
+use crate::engine::{no_trainable_parameters, train, EngineOptions, TrainSummary};
 use crate::{BatchSource, Model, TrainError};
 use lockstep_comm::{run_replicas, CommExt, Communicator, ReduceOp, World};
 
@@ -102,6 +102,9 @@ fn validate<M: Model, S: BatchSource>(
     #[cfg(not(feature = "testing"))]
     let _ = opts;
     let (model, source) = build(world.comm().rank()).map_err(TrainError::Build)?;
+    if model.trainable().is_empty() {
+        return Err(no_trainable_parameters());
+    }
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
