@@ -67,7 +67,11 @@ fn empty_node_and_edge_populations_read_like_libsonata() {
     python(dir.path(), NETWORK);
     let c = Circuit::from_config(dir.path().join("config.json")).unwrap();
     let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
-    assert_eq!(names, ["bare", "empty", "v1"], "file order (HDF5 sorts names)");
+    assert_eq!(
+        names,
+        ["bare", "empty", "v1"],
+        "file order (HDF5 sorts names)"
+    );
     let v1 = c.node_population("v1").unwrap();
     assert_eq!(v1.len(), 3);
     assert_eq!(v1.count_by_type(), [(1, 3)], "type 2 has no nodes");
