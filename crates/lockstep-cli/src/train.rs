@@ -81,10 +81,10 @@ pub fn check_config(json: &Value) -> Result<(), ConfigError> {
         }
     }
     match json.pointer("/run/dtype").and_then(Value::as_str) {
-        None | Some("float32") => Ok(()),
+        None | Some("float32") | Some("float64") => Ok(()),
         Some(other) => Err(ConfigError::new(
             "run.dtype",
-            format!("{other:?} is not supported; lockstep trains in \"float32\""),
+            format!("{other:?} is not supported; use \"float32\" (default) or \"float64\""),
         )),
     }
 }

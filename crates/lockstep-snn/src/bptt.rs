@@ -39,6 +39,28 @@ use crate::network::{Network, NetworkSpec};
 use crate::scalar::{Scalar, Surrogate};
 use crate::step::membrane_update;
 
+/// A floating-point type the per-sample BPTT runs on (`f64`, or `f32` as the reference of
+/// the batched float32 kernels).
+pub(crate) trait Real: Scalar + PartialOrd {
+    /// `dz/dU` of the surrogate at the pre-reset potential `u` (mV rel. `E_L`) and threshold
+    /// `th` (mV rel. `E_L`), in this precision.
+    fn dz_du(sg: &Surrogate, u: Self, th: f64) -> Self;
+}
+
+impl Real for f64 {
+    #[inline]
+    fn dz_du(sg: &Surrogate, u: f64, th: f64) -> f64 {
+        sg.dz_du(u, th)
+    }
+}
+
+impl Real for f32 {
+    #[inline]
+    fn dz_du(sg: &Surrogate, u: f32, th: f64) -> f32 {
+        crate::bptt_batch::dz_du_f32(sg, u, th as f32)
+    }
+}
+
 /// Options of a trainable model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BpttOptions {
@@ -56,6 +78,23 @@ pub struct BpttOptions {
     pub initial: InitialState,
     /// Run the samples of a batch on rayon.
     pub parallel: bool,
+    /// Precision of the training computation (`run.dtype`).
+    pub dtype: Dtype,
+}
+
+/// Precision of the BPTT computation (`run.dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// Per-sample BPTT in double precision: the NEST-exact forward pass and its adjoint (the
+    /// dual-number oracle checks it).
+    #[default]
+    Float64,
+    /// The batch-innermost float32 kernels ([`SnnModel::loss_and_grad`]): the whole local
+    /// batch advances together, spike delivery and weight gradients only where a source
+    /// spiked, parallel over neurons, sources and samples with results independent of the
+    /// thread count.
+    Float32,
 }
 
 impl Default for BpttOptions {
@@ -68,6 +107,7 @@ impl Default for BpttOptions {
             losses: Vec::new(),
             initial: InitialState::Rest,
             parallel: true,
+            dtype: Dtype::Float64,
         }
     }
 }
@@ -99,33 +139,33 @@ pub struct SnnModel {
     /// others shaped the model (parameter layout, tapes, loss coefficients).
     pub opts: BpttOptions,
     /// `[neuron]` `V_th - E_L` (mV), internal order.
-    th: Vec<f64>,
+    pub(crate) th: Vec<f64>,
     /// Per rate loss: `[neuron]` target (internal order) and the count -> rate factor.
-    rate_losses: Vec<(Vec<f64>, f64)>,
+    pub(crate) rate_losses: Vec<(Vec<f64>, f64)>,
     /// Sum of voltage-regularization costs.
-    vreg_cost: f64,
+    pub(crate) vreg_cost: f64,
     /// `[n_params]` sign constraint: +1, -1, or 0 (free).
     sign: Vec<i8>,
 }
 
 /// Stored forward states of `len` consecutive steps (pre-step states and spikes).
-struct Tape {
+struct Tape<F> {
     len: usize,
     /// `[len + 1, neuron]`: U before each step, and after the last.
-    u: Vec<f64>,
+    u: Vec<F>,
     /// `[len, neuron, n_asc]`.
-    asc: Vec<f64>,
+    asc: Vec<F>,
     /// `[len, neuron, n_ports]`.
-    y1: Vec<f64>,
+    y1: Vec<F>,
     /// `[len, neuron, n_ports]`.
-    y2: Vec<f64>,
+    y2: Vec<F>,
     /// `[len, neuron]`.
     refr: Vec<u32>,
     /// `[len, neuron]` spikes (0/1).
     z: Vec<u8>,
 }
 
-impl Tape {
+impl<F: Real> Tape<F> {
     fn new(net: &Network, len: usize) -> Self {
         let n = net.n_neurons();
         Tape {
@@ -138,6 +178,9 @@ impl Tape {
             z: Vec::with_capacity(len * n),
         }
     }
+}
+
+impl Tape<f64> {
     fn bytes(net: &Network, len: usize) -> usize {
         let n = net.n_neurons();
         8 * ((len + 1) * n + len * n * (net.n_asc + 2 * net.n_ports)) + 5 * len * n
@@ -153,14 +196,14 @@ struct TrialForward {
 }
 
 /// Backward adjoint state of one trial.
-struct Adjoint {
-    u: Vec<f64>,
-    asc: Vec<f64>,
-    y1: Vec<f64>,
-    y2: Vec<f64>,
+struct Adjoint<F> {
+    u: Vec<F>,
+    asc: Vec<F>,
+    y1: Vec<F>,
+    y2: Vec<F>,
     /// `[ring_len, neuron, n_ports]` adjoints of the arrivals.
-    mu: Vec<f64>,
-    gz: Vec<f64>,
+    mu: Vec<F>,
+    gz: Vec<F>,
 }
 
 impl SnnModel {
@@ -327,9 +370,20 @@ impl SnnModel {
         Ok((w_rec, w_in))
     }
 
-    /// Bytes of stored forward state per sample: `(unsegmented, segmented)`.
+    /// Bytes of stored forward state per sample: `(unsegmented, segmented)`, in the layout
+    /// of `BpttOptions::dtype` (float64: the full per-sample state of every step; float32:
+    /// the batched kernels' compact tape, see [`crate::bptt_batch`]).
     pub fn tape_bytes_per_sample(&self) -> (usize, usize) {
         let t = self.opts.seq_len;
+        if self.opts.dtype == Dtype::Float32 {
+            let bb = crate::bptt_batch::batch_bytes(self, 1);
+            let full = bb.tape_step as usize * t;
+            let seg = match self.opts.gradient_checkpointing {
+                Some(k) => bb.tape_step as usize * k.min(t) + t.div_ceil(k) * bb.boundary as usize,
+                None => full,
+            };
+            return (full, seg);
+        }
         let full = Tape::bytes(&self.net, t);
         let seg = match self.opts.gradient_checkpointing {
             Some(k) => {
@@ -355,7 +409,15 @@ impl SnnModel {
     /// and the weights in f64. Samples alive at once: the rayon threads (at most the batch)
     /// when `parallel`, else one. Driven by `run.seq_len`, `run.batch_size` and
     /// `training.gradient_checkpointing`.
+    ///
+    /// With `dtype` float32 the whole local batch is alive at once in the batched kernels'
+    /// layout: the forward state (one, plus one per chunk boundary when segmented), the tape
+    /// (all steps, or one chunk), the adjoint state, the `f64` gradient accumulator and the
+    /// returned `f32` gradient, the input weights in `f32`, and the network's weights.
     pub fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
+        if self.opts.dtype == Dtype::Float32 {
+            return self.memory_estimate_f32(local_batch);
+        }
         let (full, seg) = self.tape_bytes_per_sample();
         let tape = if self.opts.gradient_checkpointing.is_some() {
             seg
@@ -395,9 +457,86 @@ impl SnnModel {
         e
     }
 
+    fn memory_estimate_f32(&self, local_batch: usize) -> MemoryEstimate {
+        let b = local_batch.max(1);
+        let bb = crate::bptt_batch::batch_bytes(self, b);
+        let t = self.opts.seq_len as u64;
+        let (tape, boundaries) = match self.opts.gradient_checkpointing {
+            Some(k) => (
+                bb.tape_step.saturating_mul((k as u64).min(t)),
+                bb.boundary.saturating_mul(t.div_ceil(k as u64)),
+            ),
+            None => (bb.tape_step.saturating_mul(t), 0),
+        };
+        let params = self.n_params() as u64;
+        let weights = 8 * (self.net.weights_rec.len() + self.net.weights_in.len()) as u64;
+        let mut e = MemoryEstimate::new();
+        e.add(
+            format!(
+                "stored forward state ({} steps x {b} samples, float32 tape)",
+                self.opts.seq_len
+            ),
+            tape,
+        )
+        .add("forward state at the chunk boundaries", boundaries)
+        .add(
+            "forward and adjoint state of the batch",
+            bb.state + bb.adjoint,
+        )
+        .add(
+            "gradient (f64 accumulator and f32 result) and f32 input weights",
+            12 * params + 4 * self.net.weights_in.len() as u64,
+        )
+        .add("weights (f64)", weights)
+        .driven_by("run.seq_len")
+        .driven_by("run.batch_size")
+        .driven_by("training.gradient_checkpointing");
+        e
+    }
+
     /// Loss and mean gradient over the local batch of global samples
-    /// `first_sample .. first_sample + batch` (inputs and noise keyed by the global index).
+    /// `first_sample .. first_sample + batch` (inputs and noise keyed by the global index),
+    /// in the precision of `BpttOptions::dtype`: `Float64` runs the per-sample f64 BPTT
+    /// (NEST-exact forward), `Float32` the batch-innermost float32 kernels
+    /// ([`crate::bptt_batch`]).
+    ///
+    /// Errors: `batch == 0`, or `params.len() != n_params()`.
     pub fn loss_and_grad(
+        &self,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<LossAndGrad> {
+        match self.opts.dtype {
+            Dtype::Float64 => {
+                self.loss_and_grad_reference(params, first_sample, batch, Dtype::Float64)
+            }
+            Dtype::Float32 => self.loss_and_grad_batched(params, first_sample, batch),
+        }
+    }
+
+    /// The straightforward per-sample BPTT in precision `dtype` (each sample its own state
+    /// `[neuron]`, forward by [`TrialState::step`], backward by the hand-written adjoint,
+    /// per-sample gradients summed in sample order in f64). For `Float64` this is what
+    /// [`SnnModel::loss_and_grad`] runs; for `Float32` it is the reference implementation
+    /// that the batched float32 kernels must reproduce (same spikes, same equations, same
+    /// order of operations per sample except the gradient's reduction).
+    ///
+    /// Errors: `batch == 0`, or `params.len() != n_params()`.
+    pub fn loss_and_grad_reference(
+        &self,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+        dtype: Dtype,
+    ) -> Result<LossAndGrad> {
+        match dtype {
+            Dtype::Float64 => self.per_sample::<f64>(params, first_sample, batch),
+            Dtype::Float32 => self.per_sample::<f32>(params, first_sample, batch),
+        }
+    }
+
+    fn per_sample<F: Real>(
         &self,
         params: &[f32],
         first_sample: u64,
@@ -407,6 +546,8 @@ impl SnnModel {
             return Err(SnnError::Shape("batch must be at least 1".into()));
         }
         let (w_rec, w_in) = self.weights_f64(params)?;
+        let w_rec: Vec<F> = w_rec.iter().map(|&w| F::from_f64(w)).collect();
+        let w_in: Vec<F> = w_in.iter().map(|&w| F::from_f64(w)).collect();
         let work =
             |b: usize| self.trial_loss_and_grad(&w_rec, &w_in, first_sample + b as u64, batch);
         let mut grad = vec![0.0f64; self.n_params()];
@@ -423,14 +564,14 @@ impl SnnModel {
         let mut start = 0;
         while start < batch {
             let end = (start + group).min(batch);
-            let per_trial: Vec<(Vec<f64>, Vec<f64>, f64)> = if self.opts.parallel {
+            let per_trial: Vec<(Vec<F>, Vec<f64>, f64)> = if self.opts.parallel {
                 (start..end).into_par_iter().map(work).collect()
             } else {
                 (start..end).map(work).collect()
             };
             for (g, t, s) in &per_trial {
                 for (a, b) in grad.iter_mut().zip(g) {
-                    *a += b;
+                    *a += b.re();
                 }
                 for (a, b) in terms.iter_mut().zip(t) {
                     *a += b / batch as f64;
@@ -439,19 +580,30 @@ impl SnnModel {
             }
             start = end;
         }
+        Ok(self.finish(terms, &grad, n_spikes, batch))
+    }
+
+    /// The batch's result from its loss terms (means over the batch), f64 gradient and spikes.
+    pub(crate) fn finish(
+        &self,
+        terms: Vec<f64>,
+        grad: &[f64],
+        n_spikes: f64,
+        batch: usize,
+    ) -> LossAndGrad {
         let loss = terms.iter().sum();
         let duration_s = self.opts.seq_len as f64 * self.net.grid.dt / 1000.0;
-        Ok(LossAndGrad {
+        LossAndGrad {
             loss,
             terms: self.opts.losses.iter().map(Loss::name).zip(terms).collect(),
             grad: grad.iter().map(|&g| g as f32).collect(),
             n_spikes: n_spikes as u64,
             mean_rate_hz: n_spikes / (batch as f64 * self.net.n_neurons() as f64 * duration_s),
-        })
+        }
     }
 
     /// Per-trial loss terms from the forward summary.
-    fn trial_terms(&self, f: &TrialForward) -> Vec<f64> {
+    pub(crate) fn trial_terms(&self, counts: &[f64], vreg_sum: f64) -> Vec<f64> {
         let n = self.net.n_neurons() as f64;
         let mut ri = 0;
         self.opts
@@ -461,7 +613,7 @@ impl SnnModel {
                 Loss::TargetFiringRate { .. } => {
                     let (target, scale) = &self.rate_losses[ri];
                     ri += 1;
-                    f.counts
+                    counts
                         .iter()
                         .zip(target)
                         .map(|(c, t)| (c * scale - t).powi(2))
@@ -469,7 +621,7 @@ impl SnnModel {
                         / n
                 }
                 Loss::VoltageRegularization { cost } => {
-                    cost * f.vreg_sum / (self.opts.seq_len as f64 * n)
+                    cost * vreg_sum / (self.opts.seq_len as f64 * n)
                 }
             })
             .collect()
@@ -478,17 +630,17 @@ impl SnnModel {
     /// Forward steps `t0..t1` of one trial, optionally recording a tape, accumulating
     /// spike counts and the voltage-regularization sum.
     #[allow(clippy::too_many_arguments)]
-    fn forward_steps(
+    fn forward_steps<F: Real>(
         &self,
-        st: &mut TrialState<f64>,
-        w_rec: &[f64],
-        w_in: &[f64],
+        st: &mut TrialState<F>,
+        w_rec: &[F],
+        w_in: &[F],
         sample: u64,
         t0: usize,
         t1: usize,
-        mut tape: Option<&mut Tape>,
+        mut tape: Option<&mut Tape<F>>,
         mut acc: Option<&mut TrialForward>,
-        z: &mut [f64],
+        z: &mut [F],
     ) {
         for t in t0..t1 {
             if let Some(tp) = tape.as_deref_mut() {
@@ -509,15 +661,15 @@ impl SnnModel {
                 z,
             );
             if let Some(tp) = tape.as_deref_mut() {
-                tp.z.extend(z.iter().map(|&v| v as u8));
+                tp.z.extend(z.iter().map(|&v| v.re() as u8));
             }
             if let Some(a) = acc.as_deref_mut() {
                 for (c, &v) in a.counts.iter_mut().zip(z.iter()) {
-                    *c += v;
+                    *c += v.re();
                 }
                 if self.vreg_cost != 0.0 {
                     for (&u, &th) in st.u.iter().zip(&self.th) {
-                        let (r, _) = vreg_r(u / th);
+                        let (r, _) = vreg_r(u.re() / th);
                         a.vreg_sum += r * r;
                     }
                 }
@@ -529,22 +681,22 @@ impl SnnModel {
     }
 
     /// Forward + backward of one trial; returns (grad, loss terms, spikes).
-    fn trial_loss_and_grad(
+    fn trial_loss_and_grad<F: Real>(
         &self,
-        w_rec: &[f64],
-        w_in: &[f64],
+        w_rec: &[F],
+        w_in: &[F],
         sample: u64,
         batch: usize,
-    ) -> (Vec<f64>, Vec<f64>, f64) {
+    ) -> (Vec<F>, Vec<f64>, f64) {
         let net = &self.net;
         let n = net.n_neurons();
         let t_len = self.opts.seq_len;
-        let mut z = vec![0.0; n];
+        let mut z = vec![F::zero(); n];
         let mut fwd = TrialForward {
             counts: vec![0.0; n],
             vreg_sum: 0.0,
         };
-        let mut st = TrialState::<f64>::new(net, self.opts.initial);
+        let mut st = TrialState::<F>::new(net, self.opts.initial);
         let chunk = self
             .opts
             .gradient_checkpointing
@@ -554,7 +706,7 @@ impl SnnModel {
         let segmented = self.opts.gradient_checkpointing.is_some();
         // Pass 1: forward. Unsegmented: one tape of all steps. Segmented: boundary states.
         let mut full_tape = None;
-        let mut boundaries: Vec<TrialState<f64>> = Vec::new();
+        let mut boundaries: Vec<TrialState<F>> = Vec::new();
         if segmented {
             let mut t0 = 0;
             while t0 < t_len {
@@ -588,27 +740,28 @@ impl SnnModel {
             );
             full_tape = Some(tape);
         }
-        let terms = self.trial_terms(&fwd);
+        let terms = self.trial_terms(&fwd.counts, fwd.vreg_sum);
         let n_spikes: f64 = fwd.counts.iter().sum();
 
         // Coefficients of the direct loss derivatives (mean over the batch included).
         let bn = batch as f64 * n as f64;
-        let mut gz_rate = vec![0.0; n];
+        let mut gz_rate64 = vec![0.0; n];
         for (target, scale) in &self.rate_losses {
             for i in 0..n {
-                gz_rate[i] += 2.0 * (fwd.counts[i] * scale - target[i]) * scale / bn;
+                gz_rate64[i] += 2.0 * (fwd.counts[i] * scale - target[i]) * scale / bn;
             }
         }
+        let gz_rate: Vec<F> = gz_rate64.iter().map(|&g| F::from_f64(g)).collect();
         let vreg_coef = self.vreg_cost / (bn * t_len as f64);
 
-        let mut grad = vec![0.0; self.n_params()];
+        let mut grad = vec![F::zero(); self.n_params()];
         let mut adj = Adjoint {
-            u: vec![0.0; n],
-            asc: vec![0.0; n * net.n_asc],
-            y1: vec![0.0; n * net.n_ports],
-            y2: vec![0.0; n * net.n_ports],
-            mu: vec![0.0; net.ring_len() * n * net.n_ports],
-            gz: vec![0.0; n],
+            u: vec![F::zero(); n],
+            asc: vec![F::zero(); n * net.n_asc],
+            y1: vec![F::zero(); n * net.n_ports],
+            y2: vec![F::zero(); n * net.n_ports],
+            mu: vec![F::zero(); net.ring_len() * n * net.n_ports],
+            gz: vec![F::zero(); n],
         };
         if let Some(tape) = full_tape {
             self.backward_steps(
@@ -641,16 +794,16 @@ impl SnnModel {
 
     /// Reverse pass over the steps of `tape` (starting at step `t0`).
     #[allow(clippy::too_many_arguments)]
-    fn backward_steps(
+    fn backward_steps<F: Real>(
         &self,
-        tape: &Tape,
+        tape: &Tape<F>,
         t0: usize,
-        w_rec: &[f64],
+        w_rec: &[F],
         sample: u64,
-        gz_rate: &[f64],
+        gz_rate: &[F],
         vreg_coef: f64,
-        adj: &mut Adjoint,
-        grad: &mut [f64],
+        adj: &mut Adjoint<F>,
+        grad: &mut [F],
     ) {
         let net = &self.net;
         let n = net.n_neurons();
@@ -661,9 +814,9 @@ impl SnnModel {
         let t_len = self.opts.seq_len;
         let n_rec = net.weights_rec.len();
         let sg = &self.opts.surrogate;
-        let mut asc_tmp = vec![0.0f64; na.max(1)];
-        let mut ly1_pre = vec![0.0f64; np];
-        let mut ly2_pre = vec![0.0f64; np];
+        let mut asc_tmp = vec![F::zero(); na.max(1)];
+        let mut ly1_pre = vec![F::zero(); np];
+        let mut ly2_pre = vec![F::zero(); np];
         for l in (0..tape.len).rev() {
             let t = t0 + l;
             // 1. Voltage regularization on U after step t.
@@ -671,9 +824,9 @@ impl SnnModel {
                 let u_post = &tape.u[(l + 1) * n..(l + 2) * n];
                 for i in 0..n {
                     let th = self.th[i];
-                    let (r, dr) = vreg_r(u_post[i] / th);
+                    let (r, dr) = vreg_r(u_post[i].re() / th);
                     if r != 0.0 {
-                        adj.u[i] += vreg_coef * 2.0 * r * dr / th;
+                        adj.u[i] += F::from_f64(vreg_coef * 2.0 * r * dr / th);
                     }
                 }
             }
@@ -681,11 +834,11 @@ impl SnnModel {
             let slot = t % rl;
             {
                 let mu = &mut adj.mu[slot * stride..(slot + 1) * stride];
-                mu.fill(0.0);
+                mu.fill(F::zero());
                 for g in &net.groups {
                     for i in g.start..g.end {
                         for (k, pc) in g.consts.ports.iter().enumerate() {
-                            mu[i * np + k] = adj.y1[i * np + k] * pc.psc_init;
+                            mu[i * np + k] = adj.y1[i * np + k].mulc(pc.psc_init);
                         }
                     }
                 }
@@ -693,7 +846,7 @@ impl SnnModel {
             // 3. Spike adjoints (gather over out-edges) and recurrent weight gradients.
             let zt = &tape.z[l * n..(l + 1) * n];
             for i in 0..n {
-                let mut acc = 0.0;
+                let mut acc = F::zero();
                 let spiked = zt[i] != 0;
                 for seg in net.recurrent.segments_of(i) {
                     let d = seg.delay as usize;
@@ -726,7 +879,7 @@ impl SnnModel {
                         }
                         let base = ((t + d) % rl) * stride + seg.port as usize;
                         for e in seg.start as usize..seg.end as usize {
-                            gin[e] += cnt * mu[base + net.input.target_off[e] as usize];
+                            gin[e] += mu[base + net.input.target_off[e] as usize].mulc(cnt);
                         }
                     }
                 });
@@ -744,34 +897,42 @@ impl SnnModel {
                     let ly2 = &mut adj.y2[i * np..i * np + gp];
                     // PSC part: y2' = P21 y1 + P22 y2, y1' = P11 y1 + x.
                     for (k, pc) in c.ports.iter().enumerate() {
-                        ly1_pre[k] = ly2[k] * pc.p21 + ly1[k] * pc.p11;
-                        ly2_pre[k] = ly2[k] * pc.p22;
+                        ly1_pre[k] = ly2[k].mulc(pc.p21) + ly1[k].mulc(pc.p11);
+                        ly2_pre[k] = ly2[k].mulc(pc.p22);
                     }
                     if tape.refr[pre] == 0 {
                         let asc_pre = &tape.asc[pre * na..pre * na + ga];
                         asc_tmp[..ga].copy_from_slice(asc_pre);
                         let un = membrane_update(c, tape.u[pre], &mut asc_tmp[..ga], y1, y2);
-                        let clamped = c.kind == ModelKind::Iaf && un == c.lower_bound;
+                        let clamped = c.kind == ModelKind::Iaf && un == F::from_f64(c.lower_bound);
                         let zf = zt[i] as f64;
-                        let sigma = if clamped { 0.0 } else { sg.dz_du(un, c.th) };
+                        let sigma = if clamped {
+                            F::zero()
+                        } else {
+                            F::dz_du(sg, un, c.th)
+                        };
                         let lasc = &mut adj.asc[i * na..i * na + ga];
-                        let mut lz = adj.gz[i] - adj.u[i] * (c.th - c.v_reset);
+                        let mut lz = adj.gz[i] - adj.u[i].mulc(c.th - c.v_reset);
                         for (a, ac) in c.asc.iter().enumerate() {
                             let ap = asc_tmp[a];
-                            lz += lasc[a] * (ac.amp + ap * ac.refr_decay - ap);
+                            lz += lasc[a] * (F::from_f64(ac.amp) + ap.mulc(ac.refr_decay) - ap);
                         }
-                        let lun = if clamped { 0.0 } else { adj.u[i] + lz * sigma };
+                        let lun = if clamped {
+                            F::zero()
+                        } else {
+                            adj.u[i] + lz * sigma
+                        };
                         for (a, ac) in c.asc.iter().enumerate() {
-                            let lap = lasc[a] * (1.0 + zf * (ac.refr_decay - 1.0));
-                            lasc[a] = lap * ac.decay + lun * c.p30 * ac.stable;
+                            let lap = lasc[a].mulc(1.0 + zf * (ac.refr_decay - 1.0));
+                            lasc[a] = lap.mulc(ac.decay) + lun.mulc(c.p30).mulc(ac.stable);
                         }
                         adj.u[i] = match c.kind {
-                            ModelKind::Glif => lun * c.p33,
-                            ModelKind::Iaf => lun * c.expm1_tau_m + lun,
+                            ModelKind::Glif => lun.mulc(c.p33),
+                            ModelKind::Iaf => lun.mulc(c.expm1_tau_m) + lun,
                         };
                         for (k, pc) in c.ports.iter().enumerate() {
-                            ly1_pre[k] += lun * pc.p31;
-                            ly2_pre[k] += lun * pc.p32;
+                            ly1_pre[k] += lun.mulc(pc.p31);
+                            ly2_pre[k] += lun.mulc(pc.p32);
                         }
                     }
                     ly1.copy_from_slice(&ly1_pre[..gp]);
@@ -867,8 +1028,8 @@ impl SnnModel {
 
 /// `sum_e w[e] * mu[off[e]]` with four partial sums (breaks the add latency chain).
 #[inline]
-fn gather_dot(w: &[f64], off: &[u32], mu: &[f64]) -> f64 {
-    let mut s = [0.0f64; 4];
+fn gather_dot<F: Real>(w: &[F], off: &[u32], mu: &[F]) -> F {
+    let mut s = [F::zero(); 4];
     let wc = w.chunks_exact(4);
     let tc = off.chunks_exact(4);
     let (wr, tr) = (wc.remainder(), tc.remainder());
@@ -877,7 +1038,7 @@ fn gather_dot(w: &[f64], off: &[u32], mu: &[f64]) -> f64 {
             s[k] += w4[k] * mu[t4[k] as usize];
         }
     }
-    let mut tail = 0.0;
+    let mut tail = F::zero();
     for (&w1, &t1) in wr.iter().zip(tr) {
         tail += w1 * mu[t1 as usize];
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use lockstep_sonata::SonataConfig;
 use serde_json::Value;
 
-use crate::bptt::{BpttOptions, SnnModel};
+use crate::bptt::{BpttOptions, Dtype, SnnModel};
 use crate::error::{Result, SnnError};
 use crate::input::{InputSpec, PoissonSpec};
 use crate::network::NetworkSpec;
@@ -160,7 +160,9 @@ pub(crate) fn inputs_from_config(
 /// * `training.pseudo_derivative` (see [`Surrogate::from_json`]);
 /// * `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
 ///   chunk size in steps;
-/// * `training.train_input_weights`: `false` (default) or `true`.
+/// * `training.train_input_weights`: `false` (default) or `true`;
+/// * `run.dtype`: `"float32"` (default: the batched float32 kernels) or `"float64"` (the
+///   per-sample double-precision BPTT).
 ///
 /// Returns the circuit (for exporting weights) and the model. Writes nothing.
 pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
@@ -222,12 +224,24 @@ pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::C
             ))
         }
     };
+    let dtype = match cfg.json.pointer("/run/dtype") {
+        None | Some(Value::Null) => Dtype::Float32,
+        Some(Value::String(s)) if s == "float32" => Dtype::Float32,
+        Some(Value::String(s)) if s == "float64" => Dtype::Float64,
+        Some(v) => {
+            return Err(err(
+                "run.dtype",
+                format!("{v} is not supported; use \"float32\" (default) or \"float64\""),
+            ))
+        }
+    };
     let opts = BpttOptions {
         seq_len,
         surrogate,
         train_input_weights,
         gradient_checkpointing,
         losses,
+        dtype,
         ..Default::default()
     };
     let model = SnnModel::new(&spec, dt, &input, opts)?;

@@ -24,6 +24,7 @@
 
 mod all_to_all;
 mod bptt;
+mod bptt_batch;
 mod config;
 mod error;
 mod forward;
@@ -40,7 +41,7 @@ mod step;
 mod trained_simulation;
 
 pub use all_to_all::all_to_all_glif3;
-pub use bptt::{BpttOptions, LossAndGrad, SnnModel};
+pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel};
 pub use config::{loss_names, model_from_config};
 pub use error::{Result, SnnError};
 pub use forward::{

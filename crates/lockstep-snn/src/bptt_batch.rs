@@ -1,0 +1,1139 @@
+//! Batch-innermost float32 BPTT kernels (`run.dtype: float32`).
+//!
+//! The equations are those of [`crate::bptt`] (forward: [`crate::step::step_neuron`] on
+//! `f32`; backward: its hand-written adjoint), but the whole local batch of `B` samples
+//! advances together, with the sample index innermost in every array:
+//!
+//! * state `u [neuron, B]`, `asc [neuron, n_asc, B]`, `y1`/`y2 [neuron, port, B]`,
+//!   `refr [neuron, B]`, the arrival ring `[ring_len, neuron, port, B]`, and the adjoints
+//!   alike; one read of an edge's target index and weight serves all `B` samples, and the
+//!   innermost loops run over samples (SIMD over samples);
+//! * per recurrent edge nothing is stored but the CSR target offset (`u32`) and the
+//!   trainable `f32` weight itself (the parameter buffer, read in place); delay and port are
+//!   per CSR segment; the gradient is accumulated per edge in `f64`;
+//! * the stored forward state (the tape) per step and sample-neuron is the pre-reset
+//!   potential (or the held potential when refractory), the decayed after-spike currents and
+//!   one flag byte (not refractory, spiked): `4 + 4 n_asc + 1` bytes; the PSC states are not
+//!   needed by the adjoint, which is linear in them;
+//! * event sparsity where it is exact: spikes are delivered, and an edge's weight gradient
+//!   accumulated, only at steps where its source spiked in some sample of the batch; the
+//!   adjoint of each source's spike, `gz[i] = sum_e w_e mu[target_e](t + d_e)`, is a
+//!   transposed sparse matrix-vector product over all edges at every step (the surrogate
+//!   derivative is nonzero almost everywhere), with the four partial sums of the per-sample
+//!   kernel;
+//! * parallelism (rayon) over fixed chunks of neurons (neuron updates, local adjoints), of
+//!   sources (the adjoint SpMV and the weight gradient: each source owns its edges) and of
+//!   samples (spike delivery: each sample's ring entries are summed in the serial order).
+//!   The chunks do not depend on the thread count and every sum has a fixed order, so the
+//!   results are bitwise the same for any thread count.
+//!
+//! Against the per-sample float32 implementation
+//! ([`SnnModel::loss_and_grad_reference`] with [`crate::Dtype::Float32`]) the forward pass is
+//! bitwise identical (same operations in the same order per sample: same spikes, same
+//! states), the adjoints too; only the reduction of the weight gradient over samples and
+//! steps differs (here per edge in f64 over steps and samples, there per sample in f32), and
+//! the voltage-regularization sum is reduced per chunk of neurons.
+//!
+//! Segmented BPTT keeps the state at chunk boundaries and recomputes each chunk, as the
+//! per-sample path; recomputation repeats the same operations, so the gradient is bitwise
+//! that of the unsegmented pass.
+
+#![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
+
+use rayon::prelude::*;
+
+use crate::bptt::{LossAndGrad, SnnModel};
+use crate::error::{Result, SnnError};
+use crate::loss::vreg_r;
+use crate::model::ModelKind;
+use crate::scalar::{PseudoDerivative, Surrogate};
+
+/// Neurons per task of the elementwise passes (fixed: results do not depend on threads).
+const NEURON_CHUNK: usize = 256;
+/// Sources per task of the adjoint SpMV.
+const SOURCE_CHUNK: usize = 128;
+
+/// Flag bit: the neuron was not refractory at the start of the step.
+const ACTIVE: u8 = 1;
+/// Flag bit: the neuron spiked in the step.
+const FIRED: u8 = 2;
+
+/// `dz/dU` of the surrogate in float32 (1/mV), at the pre-reset potential `u` and threshold
+/// `th` (both mV rel. `E_L`): `pseudo_derivative(u / th) / th` ([`Surrogate::eval`]).
+#[inline]
+pub(crate) fn dz_du_f32(sg: &Surrogate, u: f32, th: f32) -> f32 {
+    let v = u / th;
+    let pd = match sg.kind {
+        PseudoDerivative::Gauss => {
+            let x = (v - 1.0) / sg.width as f32;
+            sg.gain as f32 * (-(x * x)).exp()
+        }
+        PseudoDerivative::Triangle => {
+            sg.gain as f32 * (1.0 - (v - 1.0).abs() / sg.width as f32).max(0.0)
+        }
+    };
+    pd / th
+}
+
+/// Per-port constants in float32.
+#[derive(Debug, Clone, Copy)]
+struct Port32 {
+    p11: f32,
+    p21: f32,
+    p22: f32,
+    p31: f32,
+    p32: f32,
+    psc_init: f32,
+}
+
+/// Per after-spike-current constants (float32, and the f64 ones of the spike jump).
+#[derive(Debug, Clone, Copy)]
+struct Asc32 {
+    stable: f32,
+    decay: f32,
+    amp64: f64,
+    rd64: f64,
+    amp: f32,
+    rd: f32,
+    /// `1 + (refr_decay - 1)` rounded to f32: `dA''/dA'` at a spike.
+    jump_slope: f32,
+}
+
+/// One cell-type group's constants in float32.
+#[derive(Debug, Clone)]
+struct Group32 {
+    start: usize,
+    end: usize,
+    glif: bool,
+    p33: f32,
+    p30: f32,
+    expm1: f32,
+    i_e: f32,
+    /// iaf_psc_alpha: `(0 + I_e) * P30`.
+    ie_p30: f32,
+    th: f64,
+    th32: f32,
+    v_reset: f32,
+    th_minus_reset: f32,
+    lower_bound: f64,
+    lb32: f32,
+    refractory_steps: u32,
+    ports: Vec<Port32>,
+    asc: Vec<Asc32>,
+}
+
+/// Raw shared access to a buffer whose disjoint ranges are written by different tasks.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T, usize);
+
+// SAFETY: the pointer is only dereferenced through `slice`, whose callers guarantee that
+// ranges used at the same time by different tasks are disjoint; T is plain data.
+unsafe impl<T: Send> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    fn new(v: &mut [T]) -> Self {
+        Shared(v.as_mut_ptr(), v.len())
+    }
+    /// Adds `v` to element `i`.
+    ///
+    /// # Safety
+    /// No other task may access element `i` at the same time.
+    #[inline]
+    unsafe fn add(&self, i: usize, v: T)
+    where
+        T: std::ops::AddAssign,
+    {
+        assert!(i < self.1, "index {i} outside 0..{}", self.1);
+        // SAFETY: in bounds (checked above), exclusive by the caller's contract.
+        unsafe { *self.0.add(i) += v }
+    }
+
+    /// The elements `a..b`.
+    ///
+    /// # Safety
+    /// No other live reference may overlap `a..b` while the returned slice is used.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, a: usize, b: usize) -> &mut [T] {
+        assert!(
+            a <= b && b <= self.1,
+            "range {a}..{b} outside 0..{}",
+            self.1
+        );
+        // SAFETY: in bounds (checked above), exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(a), b - a) }
+    }
+}
+
+/// Forward state of the batch (shapes in the module docs).
+#[derive(Debug)]
+struct State {
+    u: Vec<f32>,
+    asc: Vec<f32>,
+    y1: Vec<f32>,
+    y2: Vec<f32>,
+    refr: Vec<u32>,
+    ring: Vec<f32>,
+}
+
+/// A chunk boundary of segmented BPTT: the state without its arrival ring, and the spike
+/// flags (`[step, neuron, B]`) of the last `min(max_delay, t0)` steps before it.
+struct Boundary {
+    u: Vec<f32>,
+    asc: Vec<f32>,
+    y1: Vec<f32>,
+    y2: Vec<f32>,
+    refr: Vec<u32>,
+    flags: Vec<u8>,
+}
+
+/// Stored forward values of `len` consecutive steps.
+struct Tape {
+    /// `[len, neuron, B]` pre-reset potential (not refractory) or held potential.
+    x: Vec<f32>,
+    /// `[len, neuron, n_asc, B]` after-spike currents after the step's decay.
+    asc: Vec<f32>,
+    /// `[len, neuron, B]` flags ([`ACTIVE`], [`FIRED`]).
+    flags: Vec<u8>,
+}
+
+/// Forward sums for the loss.
+struct Acc {
+    /// `[neuron, B]` spike counts.
+    counts: Vec<u32>,
+    /// `[n_chunks, B]` voltage-regularization sums per neuron chunk.
+    vreg: Vec<f64>,
+}
+
+/// Adjoint state of the batch.
+struct Adjoint {
+    u: Vec<f32>,
+    asc: Vec<f32>,
+    y1: Vec<f32>,
+    y2: Vec<f32>,
+    /// `[ring_len, neuron, port, B]` adjoints of the arrivals.
+    mu: Vec<f32>,
+    /// `[neuron, B]` adjoint of this step's spikes.
+    gz: Vec<f32>,
+}
+
+/// Bytes of the float32 kernels' memory for a model and a local batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchBytes {
+    /// The live forward state, arrival ring included.
+    pub state: u64,
+    /// One chunk boundary: the state without the ring, and the spike flags of the last
+    /// `max_delay` steps from which the ring is rebuilt.
+    pub boundary: u64,
+    /// The tape of one step.
+    pub tape_step: u64,
+    /// The adjoint state (with its arrival ring) and the direct loss derivatives.
+    pub adjoint: u64,
+}
+
+/// [`BatchBytes`] of model `m` for `batch` samples.
+pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
+    let n = m.net.n_neurons() as u64;
+    let b = batch as u64;
+    let np = m.net.n_ports as u64;
+    let na = m.net.n_asc as u64;
+    let rl = m.net.ring_len() as u64;
+    let core = 4 * n * b * (1 + na + 2 * np + 1);
+    BatchBytes {
+        state: core + 4 * n * b * rl * np,
+        boundary: core + n * b * m.net.max_delay as u64,
+        tape_step: n * b * (4 + 4 * na + 1),
+        adjoint: 4 * n * b * (1 + na + 2 * np + rl * np + 1) + 4 * n * b,
+    }
+}
+
+/// First CSR slot of source `s` (the number of edges for `s == n_sources`).
+fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
+    csr.segments
+        .get(csr.seg_ptr[s] as usize)
+        .map_or(csr.len(), |seg| seg.start as usize)
+}
+
+struct Kernel<'a> {
+    m: &'a SnnModel,
+    groups: Vec<Group32>,
+    /// Samples (lanes).
+    nb: usize,
+    n: usize,
+    np: usize,
+    na: usize,
+    rl: usize,
+    t_len: usize,
+    w_rec: &'a [f32],
+    w_in: Vec<f32>,
+    samples: Vec<u64>,
+    parallel: bool,
+    sg: Surrogate,
+    /// Lane blocks of the spike delivery.
+    lane_blocks: Vec<(usize, usize)>,
+}
+
+impl<'a> Kernel<'a> {
+    fn tasks(&self, n_tasks: usize, f: impl Fn(usize) + Sync + Send) {
+        if self.parallel {
+            (0..n_tasks).into_par_iter().for_each(f);
+        } else {
+            (0..n_tasks).for_each(f);
+        }
+    }
+
+    fn new_state(&self) -> State {
+        let (n, b, np, na) = (self.n, self.nb, self.np, self.na);
+        let mut u = vec![0.0f32; n * b];
+        let mut asc = vec![0.0f32; n * na * b];
+        if self.m.opts.initial == crate::forward::InitialState::Nest {
+            for g in &self.m.net.groups {
+                for i in g.start..g.end {
+                    u[i * b..(i + 1) * b].fill(g.consts.u0 as f32);
+                    for (a, ac) in g.consts.asc.iter().enumerate() {
+                        asc[(i * na + a) * b..(i * na + a + 1) * b].fill(ac.init as f32);
+                    }
+                }
+            }
+        }
+        State {
+            u,
+            asc,
+            y1: vec![0.0; n * np * b],
+            y2: vec![0.0; n * np * b],
+            refr: vec![0; n * b],
+            ring: vec![0.0; self.rl * n * np * b],
+        }
+    }
+
+    /// One forward step `t`: neuron updates, then delivery of this step's recurrent and
+    /// input spikes. `flags` (`[neuron, B]`) and `any` (`[neuron]`) receive the step's
+    /// flags; `tape` (x, asc) receives the stored values when given.
+    fn forward_step(
+        &self,
+        st: &mut State,
+        t: usize,
+        flags: &mut [u8],
+        any: &mut [u8],
+        tape: Option<(&mut [f32], &mut [f32])>,
+        acc: Option<&mut Acc>,
+    ) {
+        let (n, nb, np, na) = (self.n, self.nb, self.np, self.na);
+        let slot = t % self.rl;
+        let stride = n * np * nb;
+        let vreg_on = acc.is_some() && self.m.vreg_cost != 0.0;
+        let n_chunks = n.div_ceil(NEURON_CHUNK);
+        {
+            let u = Shared::new(&mut st.u);
+            let asc = Shared::new(&mut st.asc);
+            let y1 = Shared::new(&mut st.y1);
+            let y2 = Shared::new(&mut st.y2);
+            let refr = Shared::new(&mut st.refr);
+            let ring = Shared::new(&mut st.ring[slot * stride..(slot + 1) * stride]);
+            let fl = Shared::new(flags);
+            let anyp = Shared::new(any);
+            let (mut tx_v, mut ta_v) = (Vec::new(), Vec::new());
+            let (tx, ta) = match tape {
+                Some((x, a)) => (Shared::new(x), Shared::new(a)),
+                None => (Shared::new(&mut tx_v), Shared::new(&mut ta_v)),
+            };
+            let has_tape = tx.1 > 0;
+            let (mut c_v, mut v_v) = (Vec::new(), Vec::new());
+            let (counts, vreg) = match acc {
+                Some(a) => (Shared::new(&mut a.counts), Shared::new(&mut a.vreg)),
+                None => (Shared::new(&mut c_v), Shared::new(&mut v_v)),
+            };
+            let has_acc = counts.1 > 0;
+            self.tasks(n_chunks, |c| {
+                let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
+                let mut un = vec![0.0f32; nb];
+                let mut sum = vec![0.0f32; nb];
+                let mut adec = vec![0.0f32; na.max(1) * nb];
+                // SAFETY: the ranges are those of neurons i0..i1 (or chunk c), owned by this
+                // task alone (the same holds for every `slice` call of this task).
+                let (u, asc, y1, y2, refr, arr, fl, anyv) = unsafe {
+                    (
+                        u.slice(i0 * nb, i1 * nb),
+                        asc.slice(i0 * na * nb, i1 * na * nb),
+                        y1.slice(i0 * np * nb, i1 * np * nb),
+                        y2.slice(i0 * np * nb, i1 * np * nb),
+                        refr.slice(i0 * nb, i1 * nb),
+                        ring.slice(i0 * np * nb, i1 * np * nb),
+                        fl.slice(i0 * nb, i1 * nb),
+                        anyp.slice(i0, i1),
+                    )
+                };
+                let (mut tx, mut ta) = if has_tape {
+                    // SAFETY: as above.
+                    unsafe {
+                        (
+                            Some(tx.slice(i0 * nb, i1 * nb)),
+                            Some(ta.slice(i0 * na * nb, i1 * na * nb)),
+                        )
+                    }
+                } else {
+                    (None, None)
+                };
+                let (mut cnt, mut vr) = if has_acc {
+                    // SAFETY: as above.
+                    unsafe {
+                        (
+                            Some(counts.slice(i0 * nb, i1 * nb)),
+                            Some(vreg.slice(c * nb, (c + 1) * nb)),
+                        )
+                    }
+                } else {
+                    (None, None)
+                };
+                for g in &self.groups {
+                    let (a0, a1) = (g.start.max(i0), g.end.min(i1));
+                    for i in a0..a1 {
+                        let l = i - i0;
+                        let u = &mut u[l * nb..(l + 1) * nb];
+                        let refr = &mut refr[l * nb..(l + 1) * nb];
+                        let asc = &mut asc[l * na * nb..(l + 1) * na * nb];
+                        let y1 = &mut y1[l * np * nb..(l + 1) * np * nb];
+                        let y2 = &mut y2[l * np * nb..(l + 1) * np * nb];
+                        let x = &mut arr[l * np * nb..(l + 1) * np * nb];
+                        let fl = &mut fl[l * nb..(l + 1) * nb];
+                        // Membrane (NEST's operation order, as step::membrane_update).
+                        if g.glif {
+                            sum.fill(0.0);
+                            for (a, ac) in g.asc.iter().enumerate() {
+                                let av = &asc[a * nb..(a + 1) * nb];
+                                let ad = &mut adec[a * nb..(a + 1) * nb];
+                                for b in 0..nb {
+                                    sum[b] += av[b] * ac.stable;
+                                    ad[b] = av[b] * ac.decay;
+                                }
+                            }
+                            for b in 0..nb {
+                                un[b] = u[b] * g.p33 + (g.i_e + sum[b]) * g.p30;
+                            }
+                            for (k, pc) in g.ports.iter().enumerate() {
+                                let (a, bb) =
+                                    (&y1[k * nb..(k + 1) * nb], &y2[k * nb..(k + 1) * nb]);
+                                for b in 0..nb {
+                                    un[b] += a[b] * pc.p31 + bb[b] * pc.p32;
+                                }
+                            }
+                        } else {
+                            un.fill(g.ie_p30);
+                            for (k, pc) in g.ports.iter().enumerate() {
+                                let (a, bb) =
+                                    (&y1[k * nb..(k + 1) * nb], &y2[k * nb..(k + 1) * nb]);
+                                for b in 0..nb {
+                                    un[b] += a[b] * pc.p31;
+                                    un[b] += bb[b] * pc.p32;
+                                }
+                            }
+                            for b in 0..nb {
+                                let v = un[b] + u[b] * g.expm1 + u[b];
+                                un[b] = if (v as f64) < g.lower_bound {
+                                    g.lb32
+                                } else {
+                                    v
+                                };
+                            }
+                        }
+                        // Spike, reset, refractory counter.
+                        let mut any_fired = 0u8;
+                        for b in 0..nb {
+                            let active = refr[b] == 0;
+                            let v = un[b] as f64;
+                            let fired = active && if g.glif { v > g.th } else { v >= g.th };
+                            let f = active as u8 | ((fired as u8) << 1);
+                            fl[b] = f;
+                            any_fired |= f;
+                            let held = u[b];
+                            u[b] = if fired {
+                                g.v_reset
+                            } else if active {
+                                un[b]
+                            } else {
+                                held
+                            };
+                            if let Some(tx) = tx.as_deref_mut() {
+                                tx[l * nb + b] = if active { un[b] } else { held };
+                            }
+                            refr[b] = if fired {
+                                g.refractory_steps
+                            } else if active {
+                                0
+                            } else {
+                                refr[b] - 1
+                            };
+                        }
+                        anyv[l] = any_fired & FIRED;
+                        for (a, ac) in g.asc.iter().enumerate() {
+                            let av = &mut asc[a * nb..(a + 1) * nb];
+                            let ad = &adec[a * nb..(a + 1) * nb];
+                            if let Some(ta) = ta.as_deref_mut() {
+                                ta[(l * na + a) * nb..(l * na + a + 1) * nb].copy_from_slice(ad);
+                            }
+                            for b in 0..nb {
+                                let f = fl[b];
+                                av[b] = if f & FIRED != 0 {
+                                    (ac.amp64 + ad[b] as f64 * ac.rd64) as f32
+                                } else if f & ACTIVE != 0 {
+                                    ad[b]
+                                } else {
+                                    av[b]
+                                };
+                            }
+                        }
+                        // Alpha PSCs, then this step's arrivals.
+                        for (k, pc) in g.ports.iter().enumerate() {
+                            let r = k * nb..(k + 1) * nb;
+                            let (a, bb, xv) = (&mut y1[r.clone()], &mut y2[r.clone()], &x[r]);
+                            for b in 0..nb {
+                                let y1v = a[b];
+                                bb[b] = y1v * pc.p21 + bb[b] * pc.p22;
+                                a[b] = y1v * pc.p11 + xv[b] * pc.psc_init;
+                            }
+                        }
+                        // This slot has been read: clear it for the arrivals of t + ring_len.
+                        x.fill(0.0);
+                        if let Some(cnt) = cnt.as_deref_mut() {
+                            for b in 0..nb {
+                                cnt[l * nb + b] += (fl[b] >> 1) as u32;
+                            }
+                        }
+                        if vreg_on {
+                            let vr = vr.as_deref_mut().expect("accumulator");
+                            let th = g.th;
+                            for b in 0..nb {
+                                let (r, _) = vreg_r(u[b] as f64 / th);
+                                vr[b] += r * r;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        self.deliver(st, t, flags, any, 0);
+    }
+
+    /// The state at chunk boundary `t0` from a boundary record: the arrival ring is rebuilt
+    /// by replaying the deliveries of the steps before `t0` (their spike flags are in
+    /// `b.flags`, the input draws are keyed by step) that arrive at `t0` or later, in the
+    /// order of the forward pass, so every ring entry has the same bits as in the forward.
+    fn restore(&self, b: &Boundary, t0: usize) -> State {
+        let (n, nb, np) = (self.n, self.nb, self.np);
+        let mut st = State {
+            u: b.u.clone(),
+            asc: b.asc.clone(),
+            y1: b.y1.clone(),
+            y2: b.y2.clone(),
+            refr: b.refr.clone(),
+            ring: vec![0.0; self.rl * n * np * nb],
+        };
+        let m = b.flags.len() / (n * nb).max(1);
+        let mut any = vec![0u8; n];
+        for j in 0..m {
+            let s = t0 - m + j;
+            let fl = &b.flags[j * n * nb..(j + 1) * n * nb];
+            for (a, f) in any.iter_mut().zip(fl.chunks_exact(nb)) {
+                *a = f.iter().fold(0, |x, &y| x | y) & FIRED;
+            }
+            self.deliver(&mut st, s, fl, &any, t0);
+        }
+        st
+    }
+
+    /// Delivers the spikes of step `t` (recurrent, then inputs) into the ring, per sample in
+    /// the serial order (sources ascending, then input events).
+    ///
+    /// Only arrivals at steps `>= min_arrival` are delivered (0: all; the ring rebuild at a
+    /// chunk boundary replays the last `max_delay` steps with `min_arrival` = the boundary).
+    fn deliver(&self, st: &mut State, t: usize, flags: &[u8], any: &[u8], min_arrival: usize) {
+        let (n, nb, np, rl) = (self.n, self.nb, self.np, self.rl);
+        let net = &self.m.net;
+        let ring = Shared::new(&mut st.ring);
+        self.tasks(self.lane_blocks.len(), |blk| {
+            let (b0, b1) = self.lane_blocks[blk];
+            let rec = &net.recurrent;
+            for i in 0..n {
+                if any[i] == 0 {
+                    continue;
+                }
+                let fl = &flags[i * nb..(i + 1) * nb];
+                if !fl[b0..b1].iter().any(|&f| f & FIRED != 0) {
+                    continue;
+                }
+                for seg in rec.segments_of(i) {
+                    if t + (seg.delay as usize) < min_arrival {
+                        continue;
+                    }
+                    let base = ((t + seg.delay as usize) % rl) * n * np + seg.port as usize;
+                    let (a, b) = (seg.start as usize, seg.end as usize);
+                    for (&off, &w) in rec.target_off[a..b].iter().zip(&self.w_rec[a..b]) {
+                        let row = (base + off as usize) * nb;
+                        for l in b0..b1 {
+                            if fl[l] & FIRED != 0 {
+                                // SAFETY: lane l of every row belongs to this task (lane
+                                // blocks are disjoint).
+                                unsafe { ring.add(row + l, w) };
+                            }
+                        }
+                    }
+                }
+            }
+            for l in b0..b1 {
+                self.m.inputs.for_each(self.samples[l], t, |v, count| {
+                    let cnt = count as f32;
+                    for seg in net.input.segments_of(v as usize) {
+                        if t + (seg.delay as usize) < min_arrival {
+                            continue;
+                        }
+                        let base = ((t + seg.delay as usize) % rl) * n * np + seg.port as usize;
+                        let (a, b) = (seg.start as usize, seg.end as usize);
+                        for (&off, &w) in net.input.target_off[a..b].iter().zip(&self.w_in[a..b]) {
+                            // SAFETY: lane l belongs to this task.
+                            unsafe { ring.add((base + off as usize) * nb + l, w * cnt) };
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// Forward steps `t0..t1`, optionally recording the tape and the loss sums.
+    ///
+    /// `history` (`[max_delay, neuron, B]`), when given, keeps the flags of the last
+    /// `max_delay` steps (step `t` in row `t % max_delay`).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_steps(
+        &self,
+        st: &mut State,
+        t0: usize,
+        t1: usize,
+        mut tape: Option<&mut Tape>,
+        mut acc: Option<&mut Acc>,
+        flags_scratch: &mut [u8],
+        any: &mut [u8],
+        mut history: Option<&mut [u8]>,
+    ) {
+        let (n, nb, na) = (self.n, self.nb, self.na);
+        let md = self.m.net.max_delay;
+        for t in t0..t1 {
+            let l = t - t0;
+            match tape.as_deref_mut() {
+                Some(tp) => {
+                    let x = &mut tp.x[l * n * nb..(l + 1) * n * nb];
+                    let a = &mut tp.asc[l * n * na * nb..(l + 1) * n * na * nb];
+                    let f = &mut tp.flags[l * n * nb..(l + 1) * n * nb];
+                    self.forward_step(st, t, f, any, Some((x, a)), acc.as_deref_mut());
+                }
+                None => {
+                    self.forward_step(st, t, flags_scratch, any, None, acc.as_deref_mut());
+                    if let Some(h) = history.as_deref_mut() {
+                        h[(t % md) * n * nb..(t % md + 1) * n * nb].copy_from_slice(flags_scratch);
+                    }
+                }
+            }
+        }
+    }
+
+    fn new_tape(&self, len: usize) -> Tape {
+        let (n, nb, na) = (self.n, self.nb, self.na);
+        Tape {
+            x: vec![0.0; len * n * nb],
+            asc: vec![0.0; len * n * na * nb],
+            flags: vec![0; len * n * nb],
+        }
+    }
+
+    /// Reverse pass over the steps of `tape` (steps `t0 .. t0 + len`).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_steps(
+        &self,
+        tape: &Tape,
+        t0: usize,
+        len: usize,
+        gz_rate: &[f32],
+        vreg_coef: f64,
+        adj: &mut Adjoint,
+        grad: &mut [f64],
+    ) {
+        let (n, nb, np, na, rl) = (self.n, self.nb, self.np, self.na, self.rl);
+        let net = &self.m.net;
+        let stride = n * np * nb;
+        let n_rec = net.weights_rec.len();
+        let n_chunks = n.div_ceil(NEURON_CHUNK);
+        let n_src_chunks = n.div_ceil(SOURCE_CHUNK);
+        for l in (0..len).rev() {
+            let t = t0 + l;
+            let slot = t % rl;
+            let x = &tape.x[l * n * nb..(l + 1) * n * nb];
+            let tasc = &tape.asc[l * n * na * nb..(l + 1) * n * na * nb];
+            let flags = &tape.flags[l * n * nb..(l + 1) * n * nb];
+            // 1-2. Voltage regularization on U after step t; adjoint of this step's arrivals.
+            {
+                let au = Shared::new(&mut adj.u);
+                let mu = Shared::new(&mut adj.mu[slot * stride..(slot + 1) * stride]);
+                let ly1 = &adj.y1;
+                self.tasks(n_chunks, |c| {
+                    let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
+                    // SAFETY: neurons i0..i1 belong to this task alone.
+                    let (au, mu) = unsafe {
+                        (
+                            au.slice(i0 * nb, i1 * nb),
+                            mu.slice(i0 * np * nb, i1 * np * nb),
+                        )
+                    };
+                    mu.fill(0.0);
+                    for g in &self.groups {
+                        for i in g.start.max(i0)..g.end.min(i1) {
+                            let li = i - i0;
+                            if vreg_coef != 0.0 {
+                                for b in 0..nb {
+                                    let f = flags[i * nb + b];
+                                    let u_post = if f & (ACTIVE | FIRED) == ACTIVE | FIRED {
+                                        g.v_reset
+                                    } else {
+                                        x[i * nb + b]
+                                    };
+                                    let (r, dr) = vreg_r(u_post as f64 / g.th);
+                                    if r != 0.0 {
+                                        au[li * nb + b] += (vreg_coef * 2.0 * r * dr / g.th) as f32;
+                                    }
+                                }
+                            }
+                            for (k, pc) in g.ports.iter().enumerate() {
+                                let src = &ly1[(i * np + k) * nb..(i * np + k + 1) * nb];
+                                let dst = &mut mu[(li * np + k) * nb..(li * np + k + 1) * nb];
+                                for b in 0..nb {
+                                    dst[b] = src[b] * pc.psc_init;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            // 3. Spike adjoints (transposed SpMV over all edges) and recurrent weight gradients.
+            {
+                let gz = Shared::new(&mut adj.gz);
+                let gr = Shared::new(&mut grad[..n_rec]);
+                let mu = &adj.mu;
+                let rec = &net.recurrent;
+                let t_len = self.t_len;
+                self.tasks(n_src_chunks, |c| {
+                    let (s0, s1) = (c * SOURCE_CHUNK, ((c + 1) * SOURCE_CHUNK).min(n));
+                    let (e0, e1) = (edge_start(rec, s0), edge_start(rec, s1));
+                    // SAFETY: sources s0..s1 and their CSR edges e0..e1 belong to this task.
+                    let (gz, gr) = unsafe { (gz.slice(s0 * nb, s1 * nb), gr.slice(e0, e1)) };
+                    let mut part = vec![0.0f32; 4 * nb];
+                    let mut tail = vec![0.0f32; nb];
+                    let mut acc = vec![0.0f32; nb];
+                    for i in s0..s1 {
+                        acc.fill(0.0);
+                        let fl = &flags[i * nb..(i + 1) * nb];
+                        let spiked = fl.iter().any(|&f| f & FIRED != 0);
+                        for seg in rec.segments_of(i) {
+                            let d = seg.delay as usize;
+                            if t + d >= t_len {
+                                continue;
+                            }
+                            let base = ((t + d) % rl) * n * np + seg.port as usize;
+                            let (a, b) = (seg.start as usize, seg.end as usize);
+                            let offs = &rec.target_off[a..b];
+                            let ws = &self.w_rec[a..b];
+                            part.fill(0.0);
+                            tail.fill(0.0);
+                            let full = (b - a) / 4 * 4;
+                            let mut e = 0;
+                            while e < full {
+                                for k in 0..4 {
+                                    let w = ws[e + k];
+                                    let m = &mu[(base + offs[e + k] as usize) * nb..][..nb];
+                                    let p = &mut part[k * nb..(k + 1) * nb];
+                                    for l in 0..nb {
+                                        p[l] += w * m[l];
+                                    }
+                                }
+                                e += 4;
+                            }
+                            while e < b - a {
+                                let w = ws[e];
+                                let m = &mu[(base + offs[e] as usize) * nb..][..nb];
+                                for l in 0..nb {
+                                    tail[l] += w * m[l];
+                                }
+                                e += 1;
+                            }
+                            for l in 0..nb {
+                                acc[l] += (part[l] + part[nb + l])
+                                    + (part[2 * nb + l] + part[3 * nb + l])
+                                    + tail[l];
+                            }
+                            if spiked {
+                                for (k, &off) in offs.iter().enumerate() {
+                                    let m = &mu[(base + off as usize) * nb..][..nb];
+                                    let mut s = 0.0f64;
+                                    for l in 0..nb {
+                                        if fl[l] & FIRED != 0 {
+                                            s += m[l] as f64;
+                                        }
+                                    }
+                                    gr[a + k - e0] += s;
+                                }
+                            }
+                        }
+                        let li = i - s0;
+                        for l in 0..nb {
+                            gz[li * nb + l] = acc[l] + gz_rate[i * nb + l];
+                        }
+                    }
+                });
+            }
+            // 4. Input weight gradients.
+            if self.m.opts.train_input_weights {
+                let gin = &mut grad[n_rec..];
+                let mu = &adj.mu;
+                for l in 0..nb {
+                    self.m.inputs.for_each(self.samples[l], t, |v, count| {
+                        let cnt = count as f32;
+                        for seg in net.input.segments_of(v as usize) {
+                            let d = seg.delay as usize;
+                            if t + d >= self.t_len {
+                                continue;
+                            }
+                            let base = ((t + d) % rl) * n * np + seg.port as usize;
+                            for e in seg.start as usize..seg.end as usize {
+                                let off = net.input.target_off[e] as usize;
+                                gin[e] += (mu[(base + off) * nb + l] * cnt) as f64;
+                            }
+                        }
+                    });
+                }
+            }
+            // 5. Local backward of every neuron through step t.
+            {
+                let au = Shared::new(&mut adj.u);
+                let aa = Shared::new(&mut adj.asc);
+                let a1 = Shared::new(&mut adj.y1);
+                let a2 = Shared::new(&mut adj.y2);
+                let gz = &adj.gz;
+                let sg = self.sg;
+                self.tasks(n_chunks, |c| {
+                    let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
+                    // SAFETY: neurons i0..i1 belong to this task alone.
+                    let (au, aa, a1, a2) = unsafe {
+                        (
+                            au.slice(i0 * nb, i1 * nb),
+                            aa.slice(i0 * na * nb, i1 * na * nb),
+                            a1.slice(i0 * np * nb, i1 * np * nb),
+                            a2.slice(i0 * np * nb, i1 * np * nb),
+                        )
+                    };
+                    let mut p1 = vec![0.0f32; np * nb];
+                    let mut p2 = vec![0.0f32; np * nb];
+                    let mut sigma = vec![0.0f32; nb];
+                    let mut lz = vec![0.0f32; nb];
+                    let mut lun = vec![0.0f32; nb];
+                    for g in &self.groups {
+                        let gp = g.ports.len();
+                        for i in g.start.max(i0)..g.end.min(i1) {
+                            let li = i - i0;
+                            let u = &mut au[li * nb..(li + 1) * nb];
+                            let lasc = &mut aa[li * na * nb..(li + 1) * na * nb];
+                            let ly1 = &mut a1[li * np * nb..(li + 1) * np * nb];
+                            let ly2 = &mut a2[li * np * nb..(li + 1) * np * nb];
+                            let fl = &flags[i * nb..(i + 1) * nb];
+                            let xv = &x[i * nb..(i + 1) * nb];
+                            for (k, pc) in g.ports.iter().enumerate() {
+                                for b in 0..nb {
+                                    let j = k * nb + b;
+                                    p1[j] = ly2[j] * pc.p21 + ly1[j] * pc.p11;
+                                    p2[j] = ly2[j] * pc.p22;
+                                }
+                            }
+                            let gzi = &gz[i * nb..(i + 1) * nb];
+                            for b in 0..nb {
+                                let un = xv[b];
+                                let clamped = !g.glif && un == g.lb32;
+                                sigma[b] = if clamped {
+                                    0.0
+                                } else {
+                                    dz_du_f32(&sg, un, g.th32)
+                                };
+                                lz[b] = gzi[b] - u[b] * g.th_minus_reset;
+                            }
+                            for (a, ac) in g.asc.iter().enumerate() {
+                                let ap = &tasc[(i * na + a) * nb..(i * na + a + 1) * nb];
+                                let la = &lasc[a * nb..(a + 1) * nb];
+                                for b in 0..nb {
+                                    lz[b] += la[b] * (ac.amp + ap[b] * ac.rd - ap[b]);
+                                }
+                            }
+                            for b in 0..nb {
+                                let clamped = !g.glif && xv[b] == g.lb32;
+                                lun[b] = if clamped {
+                                    0.0
+                                } else {
+                                    u[b] + lz[b] * sigma[b]
+                                };
+                            }
+                            for (a, ac) in g.asc.iter().enumerate() {
+                                let la = &mut lasc[a * nb..(a + 1) * nb];
+                                for b in 0..nb {
+                                    let f = fl[b];
+                                    if f & ACTIVE != 0 {
+                                        let s = if f & FIRED != 0 { ac.jump_slope } else { 1.0 };
+                                        let lap = la[b] * s;
+                                        la[b] = lap * ac.decay + lun[b] * g.p30 * ac.stable;
+                                    }
+                                }
+                            }
+                            for b in 0..nb {
+                                if fl[b] & ACTIVE != 0 {
+                                    u[b] = if g.glif {
+                                        lun[b] * g.p33
+                                    } else {
+                                        lun[b] * g.expm1 + lun[b]
+                                    };
+                                }
+                            }
+                            for (k, pc) in g.ports.iter().enumerate() {
+                                for b in 0..nb {
+                                    let j = k * nb + b;
+                                    if fl[b] & ACTIVE != 0 {
+                                        p1[j] += lun[b] * pc.p31;
+                                        p2[j] += lun[b] * pc.p32;
+                                    }
+                                }
+                            }
+                            ly1[..gp * nb].copy_from_slice(&p1[..gp * nb]);
+                            ly2[..gp * nb].copy_from_slice(&p2[..gp * nb]);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+impl SnnModel {
+    /// [`SnnModel::loss_and_grad`] with the batch-innermost float32 kernels (module docs).
+    pub(crate) fn loss_and_grad_batched(
+        &self,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<LossAndGrad> {
+        if batch == 0 {
+            return Err(SnnError::Shape("batch must be at least 1".into()));
+        }
+        if params.len() != self.n_params() {
+            return Err(SnnError::Shape(format!(
+                "{} parameters given, the model has {}",
+                params.len(),
+                self.n_params()
+            )));
+        }
+        let net = &self.net;
+        let n_rec = net.weights_rec.len();
+        let nb = batch;
+        let w_in: Vec<f32> = if self.opts.train_input_weights {
+            params[n_rec..].to_vec()
+        } else {
+            net.weights_in.iter().map(|&w| w as f32).collect()
+        };
+        let groups = net
+            .groups
+            .iter()
+            .map(|g| {
+                let c = &g.consts;
+                Group32 {
+                    start: g.start,
+                    end: g.end,
+                    glif: c.kind == ModelKind::Glif,
+                    p33: c.p33 as f32,
+                    p30: c.p30 as f32,
+                    expm1: c.expm1_tau_m as f32,
+                    i_e: c.i_e as f32,
+                    ie_p30: (0.0 + c.i_e) as f32 * c.p30 as f32,
+                    th: c.th,
+                    th32: c.th as f32,
+                    v_reset: c.v_reset as f32,
+                    th_minus_reset: (c.th - c.v_reset) as f32,
+                    lower_bound: c.lower_bound,
+                    lb32: c.lower_bound as f32,
+                    refractory_steps: c.refractory_steps,
+                    ports: c
+                        .ports
+                        .iter()
+                        .map(|p| Port32 {
+                            p11: p.p11 as f32,
+                            p21: p.p21 as f32,
+                            p22: p.p22 as f32,
+                            p31: p.p31 as f32,
+                            p32: p.p32 as f32,
+                            psc_init: p.psc_init as f32,
+                        })
+                        .collect(),
+                    asc: c
+                        .asc
+                        .iter()
+                        .map(|a| Asc32 {
+                            stable: a.stable as f32,
+                            decay: a.decay as f32,
+                            amp64: a.amp,
+                            rd64: a.refr_decay,
+                            amp: a.amp as f32,
+                            rd: a.refr_decay as f32,
+                            jump_slope: (1.0 + (a.refr_decay - 1.0)) as f32,
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let threads = if self.opts.parallel {
+            rayon::current_num_threads().clamp(1, nb)
+        } else {
+            1
+        };
+        let per = nb.div_ceil(threads);
+        let lane_blocks = (0..nb)
+            .step_by(per)
+            .map(|b0| (b0, (b0 + per).min(nb)))
+            .collect();
+        let k = Kernel {
+            m: self,
+            groups,
+            nb,
+            n: net.n_neurons(),
+            np: net.n_ports,
+            na: net.n_asc,
+            rl: net.ring_len(),
+            t_len: self.opts.seq_len,
+            w_rec: &params[..n_rec],
+            w_in,
+            samples: (0..nb as u64).map(|b| first_sample + b).collect(),
+            parallel: self.opts.parallel,
+            sg: self.opts.surrogate,
+            lane_blocks,
+        };
+        let (n, np, na, t_len) = (k.n, k.np, k.na, k.t_len);
+        let n_chunks = n.div_ceil(NEURON_CHUNK);
+        let mut acc = Acc {
+            counts: vec![0; n * nb],
+            vreg: vec![0.0; n_chunks * nb],
+        };
+        let mut flags = vec![0u8; n * nb];
+        let mut any = vec![0u8; n];
+        let mut st = k.new_state();
+        let chunk = self
+            .opts
+            .gradient_checkpointing
+            .unwrap_or(t_len)
+            .min(t_len)
+            .max(1);
+        let segmented = self.opts.gradient_checkpointing.is_some();
+        let mut full_tape = None;
+        let mut boundaries: Vec<Boundary> = Vec::new();
+        if segmented {
+            let md = net.max_delay;
+            let mut history = vec![0u8; md * n * nb];
+            let mut t0 = 0;
+            while t0 < t_len {
+                let m = md.min(t0);
+                let mut hist = Vec::with_capacity(m * n * nb);
+                for s in t0 - m..t0 {
+                    hist.extend_from_slice(&history[(s % md) * n * nb..(s % md + 1) * n * nb]);
+                }
+                boundaries.push(Boundary {
+                    u: st.u.clone(),
+                    asc: st.asc.clone(),
+                    y1: st.y1.clone(),
+                    y2: st.y2.clone(),
+                    refr: st.refr.clone(),
+                    flags: hist,
+                });
+                let t1 = (t0 + chunk).min(t_len);
+                k.forward_steps(
+                    &mut st,
+                    t0,
+                    t1,
+                    None,
+                    Some(&mut acc),
+                    &mut flags,
+                    &mut any,
+                    Some(&mut history),
+                );
+                t0 = t1;
+            }
+        } else {
+            let mut tape = k.new_tape(t_len);
+            k.forward_steps(
+                &mut st,
+                0,
+                t_len,
+                Some(&mut tape),
+                Some(&mut acc),
+                &mut flags,
+                &mut any,
+                None,
+            );
+            full_tape = Some(tape);
+        }
+        drop(st);
+        // Loss terms per sample (in sample order), and the direct loss derivatives.
+        let bn = batch as f64 * n as f64;
+        let mut terms = vec![0.0f64; self.opts.losses.len()];
+        let mut n_spikes = 0.0;
+        let mut gz_rate = vec![0.0f32; n * nb];
+        let mut counts = vec![0.0f64; n];
+        for b in 0..nb {
+            for i in 0..n {
+                counts[i] = acc.counts[i * nb + b] as f64;
+            }
+            let vsum: f64 = (0..n_chunks).map(|c| acc.vreg[c * nb + b]).sum();
+            for (a, t) in terms.iter_mut().zip(self.trial_terms(&counts, vsum)) {
+                *a += t / batch as f64;
+            }
+            n_spikes += counts.iter().sum::<f64>();
+            for i in 0..n {
+                let mut g = 0.0;
+                for (target, scale) in &self.rate_losses {
+                    g += 2.0 * (counts[i] * scale - target[i]) * scale / bn;
+                }
+                gz_rate[i * nb + b] = g as f32;
+            }
+        }
+        let vreg_coef = self.vreg_cost / (bn * t_len as f64);
+        let mut grad = vec![0.0f64; self.n_params()];
+        let mut adj = Adjoint {
+            u: vec![0.0; n * nb],
+            asc: vec![0.0; n * na * nb],
+            y1: vec![0.0; n * np * nb],
+            y2: vec![0.0; n * np * nb],
+            mu: vec![0.0; k.rl * n * np * nb],
+            gz: vec![0.0; n * nb],
+        };
+        if let Some(tape) = full_tape {
+            k.backward_steps(&tape, 0, t_len, &gz_rate, vreg_coef, &mut adj, &mut grad);
+        } else {
+            let mut tape = k.new_tape(chunk);
+            for (c, b) in boundaries.iter().enumerate().rev() {
+                let t0 = c * chunk;
+                let t1 = (t0 + chunk).min(t_len);
+                let mut s = k.restore(b, t0);
+                k.forward_steps(
+                    &mut s,
+                    t0,
+                    t1,
+                    Some(&mut tape),
+                    None,
+                    &mut flags,
+                    &mut any,
+                    None,
+                );
+                k.backward_steps(&tape, t0, t1 - t0, &gz_rate, vreg_coef, &mut adj, &mut grad);
+            }
+        }
+        Ok(self.finish(terms, &grad, n_spikes, batch))
+    }
+}
