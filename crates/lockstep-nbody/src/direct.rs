@@ -36,6 +36,12 @@ pub(crate) struct SoA {
 }
 
 impl SoA {
+    /// Position of source `i`.
+    #[inline]
+    pub fn point(&self, i: usize) -> [f64; 3] {
+        [self.x[i], self.y[i], self.z[i]]
+    }
+
     pub fn from(pos: &[[f64; 3]], mass: &[f64]) -> Self {
         SoA {
             x: pos.iter().map(|p| p[0]).collect(),

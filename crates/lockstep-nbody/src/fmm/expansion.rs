@@ -241,6 +241,24 @@ impl Tables {
         }
     }
 
+    /// [`Tables::p2m`] of the sorted sources `soa[range]` (structure of arrays).
+    pub(crate) fn p2m_soa(
+        &self,
+        soa: &crate::direct::SoA,
+        range: std::ops::Range<usize>,
+        z: [f64; 3],
+        mp: &mut [f64],
+        scratch: &mut [f64],
+    ) {
+        for s in range {
+            self.monomials([soa.x[s] - z[0], soa.y[s] - z[1], soa.z[s] - z[2]], scratch);
+            let m = soa.m[s];
+            for (o, v) in mp.iter_mut().zip(scratch.iter()) {
+                *o += m * v;
+            }
+        }
+    }
+
     /// Adds a child multipole about `c` to its parent's about `z` (M2M):
     /// `M_n += sum_{k<=n} M_k (c - z)^{n-k} / (n-k)!`.
     pub fn m2m(

@@ -14,12 +14,13 @@
 //! nodes, L2L per level, L2P/P2P over target leaves.
 
 pub mod expansion;
+mod p2p;
 pub mod tree;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::direct::{p2p_block, Forces};
+use crate::direct::Forces;
 use crate::NbodyError;
 use expansion::Tables;
 use tree::{Node, Tree};
@@ -146,9 +147,43 @@ pub struct FmmStats {
     /// Imported cells that reached a target leaf without passing the opening test (the
     /// sender should have sent particles instead; they are evaluated by M2P).
     pub forced_m2l: usize,
-    /// Wall-clock seconds since the start at the end of: tree build, traversal, M2L, L2L,
-    /// L2P+P2P.
-    pub seconds: [f64; 5],
+    /// Wall-clock seconds of each phase.
+    pub seconds: PhaseSeconds,
+}
+
+/// Wall-clock seconds of the phases of one FMM evaluation ([`Fmm::forces`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseSeconds {
+    /// Morton keys, sort, nodes, centres and radii.
+    pub tree: f64,
+    /// Multipoles: P2M at the leaves, M2M up the tree.
+    pub upward: f64,
+    /// Dual tree traversal and the interaction lists.
+    pub traversal: f64,
+    /// Multipole-to-local translations.
+    pub m2l: f64,
+    /// Local-to-local shifts down the tree.
+    pub l2l: f64,
+    /// Local expansions evaluated at the particles.
+    pub l2p: f64,
+    /// Multipoles evaluated at the particles of sparse target leaves.
+    pub m2p: f64,
+    /// Direct particle-particle sums.
+    pub p2p: f64,
+}
+
+impl PhaseSeconds {
+    /// Sum over the phases.
+    pub fn total(&self) -> f64 {
+        self.tree
+            + self.upward
+            + self.traversal
+            + self.m2l
+            + self.l2l
+            + self.l2p
+            + self.m2p
+            + self.p2p
+    }
 }
 
 /// The FMM solver: parameters and precomputed expansion tables.
@@ -170,6 +205,22 @@ struct Lists {
 struct Csr {
     offsets: Vec<usize>,
     items: Vec<usize>,
+}
+
+impl Csr {
+    /// The sources of target `t`.
+    fn row(&self, t: usize) -> &[usize] {
+        &self.items[self.offsets[t]..self.offsets[t + 1]]
+    }
+}
+
+/// The interaction lists of one evaluation, grouped by target node.
+struct InteractionLists {
+    m2l: Csr,
+    m2p: Csr,
+    p2p: Csr,
+    /// Imported cells that failed the opening test at a target leaf.
+    forced: usize,
 }
 
 /// Groups `(target, source)` pairs by target with a stable counting sort: the sources of a
@@ -213,32 +264,20 @@ impl Fmm {
 
     /// Builds the tree of local plus imported particles (locals first, they are targets).
     pub fn build_tree(&self, sources: &SourceSet) -> Tree {
-        if sources.remote_pos.is_empty() {
-            Tree::build(
-                sources.pos,
-                sources.mass,
-                sources.pos.len(),
-                self.params.leaf_size,
-                &self.tables,
-            )
-        } else {
-            let mut pos = sources.pos.to_vec();
-            pos.extend_from_slice(sources.remote_pos);
-            let mut mass = sources.mass.to_vec();
-            mass.extend_from_slice(sources.remote_mass);
-            Tree::build(
-                &pos,
-                &mass,
-                sources.pos.len(),
-                self.params.leaf_size,
-                &self.tables,
-            )
-        }
+        let mut tree = self.build_tree_nodes(sources);
+        tree.upward_pass(&self.tables);
+        tree
     }
 
     /// Gravity on the local particles of `sources` from all of its sources: acceleration
     /// `[n][3]` and potential `[n]` (G = `g`, Plummer softening `softening` kpc, no
     /// self-interaction).
+    ///
+    /// Phases (each timed in [`FmmStats::seconds`]): tree build, upward pass (P2M, M2M),
+    /// dual tree traversal, M2L, L2L, then per target leaf L2P, M2P and P2P.
+    ///
+    /// Errors: [`NbodyError::Param`] when the masses do not match the positions, an
+    /// imported multipole has the wrong number of coefficients, or a position is not finite.
     pub fn forces(
         &self,
         sources: &SourceSet,
@@ -250,50 +289,102 @@ impl Fmm {
         if n_local == 0 {
             return Ok((Forces::zeros(0), FmmStats::default()));
         }
-        let clock = std::time::Instant::now();
-        let mut seconds = [0.0f64; 5];
-        let mut lap = |k: usize| seconds[k] = clock.elapsed().as_secs_f64();
-        let tree = self.build_tree(sources);
-        lap(0);
         let eps2 = softening * softening;
-        let nt = self.tables.nterms;
-        let nn = tree.nodes.len();
-        let lists = self.traverse(&tree, sources.remote_cells);
-        let m2l_count = lists.m2l.len();
-        let p2p_count = lists.p2p.len();
-        let m2l = csr(lists.m2l, nn);
-        let p2p = csr(lists.p2p, nn);
-        let m2p_count = lists.m2p.len();
-        let m2p = csr(lists.m2p, nn);
-        lap(1);
+        let mut clock = PhaseClock::new();
+        let mut tree = self.build_tree_nodes(sources);
+        clock.lap(&mut |s| &mut s.tree);
+        tree.upward_pass(&self.tables);
+        clock.lap(&mut |s| &mut s.upward);
+        let lists = self.interaction_lists(&tree, sources.remote_cells);
+        clock.lap(&mut |s| &mut s.traversal);
+        let mut locals = self.m2l_pass(&tree, sources.remote_cells, &lists.m2l, eps2);
+        clock.lap(&mut |s| &mut s.m2l);
+        self.l2l_pass(&tree, &mut locals);
+        clock.lap(&mut |s| &mut s.l2l);
+        let n_all = tree.perm.len();
+        let mut acc_s = vec![[0.0f64; 3]; n_all];
+        let mut pot_s = vec![0.0f64; n_all];
+        self.l2p_pass(&tree, &locals, &mut acc_s, &mut pot_s);
+        clock.lap(&mut |s| &mut s.l2p);
+        self.m2p_pass(
+            &tree,
+            sources.remote_cells,
+            &lists.m2p,
+            eps2,
+            &mut acc_s,
+            &mut pot_s,
+        );
+        clock.lap(&mut |s| &mut s.m2p);
+        let pairs = p2p_pass(&tree, &lists.p2p, eps2, &mut acc_s, &mut pot_s);
+        clock.lap(&mut |s| &mut s.p2p);
+        let out = unsort_scaled(&tree, n_local, g, &acc_s, &pot_s);
+        let stats = FmmStats {
+            nodes: tree.nodes.len(),
+            depth: tree.depth(),
+            m2l: lists.m2l.items.len(),
+            p2p_blocks: lists.p2p.items.len(),
+            m2p: lists.m2p.items.len(),
+            p2p_pairs: pairs,
+            forced_m2l: lists.forced,
+            seconds: clock.seconds,
+        };
+        Ok((out, stats))
+    }
 
-        // M2L into every target node.
+    /// The nodes of the tree of local plus imported particles, without multipoles.
+    fn build_tree_nodes(&self, sources: &SourceSet) -> Tree {
+        let leaf = self.params.leaf_size;
+        if sources.remote_pos.is_empty() {
+            Tree::build_nodes(sources.pos, sources.mass, sources.pos.len(), leaf)
+        } else {
+            let mut pos = sources.pos.to_vec();
+            pos.extend_from_slice(sources.remote_pos);
+            let mut mass = sources.mass.to_vec();
+            mass.extend_from_slice(sources.remote_mass);
+            Tree::build_nodes(&pos, &mass, sources.pos.len(), leaf)
+        }
+    }
+
+    /// The traversal's pairs grouped by target node.
+    fn interaction_lists(&self, tree: &Tree, remote: &[RemoteCell]) -> InteractionLists {
+        let nn = tree.nodes.len();
+        let lists = self.traverse(tree, remote);
+        InteractionLists {
+            m2l: csr(lists.m2l, nn),
+            m2p: csr(lists.m2p, nn),
+            p2p: csr(lists.p2p, nn),
+            forced: lists.forced,
+        }
+    }
+
+    /// Local expansions `[node][nterms]` from the M2L list, parallel over target nodes,
+    /// [`expansion::LANES`] sources at a time.
+    fn m2l_pass(&self, tree: &Tree, remote: &[RemoteCell], m2l: &Csr, eps2: f64) -> Vec<f64> {
         let tables = &self.tables;
+        let nt = tables.nterms;
+        let nn = tree.nodes.len();
         let mut locals = vec![0.0; nn * nt];
         locals.par_chunks_mut(nt).enumerate().for_each_init(
             expansion::BatchWork::default,
             |w, (a, loc)| {
                 let za = tree.nodes[a].center;
-                for chunk in m2l.items[m2l.offsets[a]..m2l.offsets[a + 1]].chunks(expansion::LANES)
-                {
+                for chunk in m2l.row(a).chunks(expansion::LANES) {
                     let mut mps: [&[f64]; expansion::LANES] = [&[]; expansion::LANES];
                     let mut zbs = [[0.0f64; 3]; expansion::LANES];
                     for (k, &b) in chunk.iter().enumerate() {
-                        let (zb, mp) = if b < nn {
-                            (tree.nodes[b].center, tree.multipole(b, nt))
-                        } else {
-                            let c = &sources.remote_cells[b - nn];
-                            (c.center, &c.multipole[..])
-                        };
-                        mps[k] = mp;
-                        zbs[k] = zb;
+                        (zbs[k], mps[k]) = source_multipole(tree, remote, b, nt);
                     }
                     tables.m2l_batch(&mps[..chunk.len()], &zbs[..chunk.len()], za, eps2, loc, w);
                 }
             },
         );
-        lap(2);
-        // L2L down the levels.
+        locals
+    }
+
+    /// Pushes the local expansions down the levels (L2L), parallel over the nodes of a level.
+    fn l2l_pass(&self, tree: &Tree, locals: &mut [f64]) {
+        let tables = &self.tables;
+        let nt = tables.nterms;
         for l in 1..tree.level_start.len() - 1 {
             let (head, tail) = locals.split_at_mut(tree.level_start[l] * nt);
             let head: &[f64] = head;
@@ -310,121 +401,69 @@ impl Fmm {
                             return;
                         }
                         let p = nd.parent;
-                        tables.l2l(
-                            &head[p * nt..(p + 1) * nt],
-                            tree.nodes[p].center,
-                            nd.center,
-                            loc,
-                            s,
-                        );
+                        let zp = tree.nodes[p].center;
+                        tables.l2l(&head[p * nt..(p + 1) * nt], zp, nd.center, loc, s);
                     },
                 );
         }
-        lap(3);
-        // L2P and P2P per target leaf, on sorted-order output slices.
-        let n_all = tree.perm.len();
-        let mut acc_s = vec![[0.0f64; 3]; n_all];
-        let mut pot_s = vec![0.0f64; n_all];
-        let mut leaves: Vec<usize> = (0..nn).filter(|&i| tree.nodes[i].is_leaf()).collect();
-        leaves.sort_by_key(|&i| tree.nodes[i].start);
-        let mut work = Vec::with_capacity(leaves.len());
-        {
-            let mut acc_rest: &mut [[f64; 3]] = &mut acc_s;
-            let mut pot_rest: &mut [f64] = &mut pot_s;
-            for &lf in &leaves {
-                let c = tree.nodes[lf].count();
-                let (a, ar) = std::mem::take(&mut acc_rest).split_at_mut(c);
-                let (p, pr) = std::mem::take(&mut pot_rest).split_at_mut(c);
-                acc_rest = ar;
-                pot_rest = pr;
-                work.push((lf, a, p));
-            }
-        }
-        let pairs: u64 = work
+    }
+
+    /// Evaluates each target leaf's local expansion at its particles (L2P); sets the
+    /// sorted-order outputs `acc_s`, `pot_s`.
+    fn l2p_pass(&self, tree: &Tree, locals: &[f64], acc_s: &mut [[f64; 3]], pot_s: &mut [f64]) {
+        let tables = &self.tables;
+        let nt = tables.nterms;
+        leaf_slices(tree, acc_s, pot_s)
             .into_par_iter()
-            .map_init(
-                || (vec![0.0; nt], expansion::BatchWork::default()),
-                |(s, w), (lf, acc, pot)| {
+            .for_each_init(
+                || vec![0.0; nt],
+                |s, (lf, acc, pot)| {
                     let nd: &Node = &tree.nodes[lf];
-                    if nd.ntargets == 0 {
-                        return 0u64;
-                    }
                     let loc = &locals[lf * nt..(lf + 1) * nt];
-                    for k in 0..nd.count() {
-                        let x = [
-                            tree.soa.x[nd.start + k],
-                            tree.soa.y[nd.start + k],
-                            tree.soa.z[nd.start + k],
-                        ];
+                    for (k, i) in (nd.start..nd.end).enumerate() {
+                        let x = tree.soa.point(i);
                         let (phi, gr) = tables.l2p(loc, nd.center, x, s);
                         acc[k] = gr;
                         pot[k] = -phi;
                     }
-                    let xs: Vec<[f64; 3]> = (nd.start..nd.end)
-                        .map(|i| [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]])
-                        .collect();
-                    for &b in &m2p.items[m2p.offsets[lf]..m2p.offsets[lf + 1]] {
-                        let (zb, mp) = if b < nn {
-                            (tree.nodes[b].center, tree.multipole(b, nt))
-                        } else {
-                            let c = &sources.remote_cells[b - nn];
-                            (c.center, &c.multipole[..])
-                        };
-                        for (c0, chunk) in xs.chunks(expansion::LANES).enumerate() {
-                            let (phi, gr) = tables.m2p_batch(mp, zb, chunk, eps2, w);
-                            for l in 0..chunk.len() {
-                                let k = c0 * expansion::LANES + l;
-                                for c in 0..3 {
-                                    acc[k][c] += gr[c][l];
-                                }
-                                pot[k] -= phi[l];
-                            }
-                        }
-                    }
-                    let mut pairs = 0u64;
-                    let tg: Vec<[f64; 3]> = (nd.start..nd.end)
-                        .map(|i| [tree.soa.x[i], tree.soa.y[i], tree.soa.z[i]])
-                        .collect();
-                    for &b in &p2p.items[p2p.offsets[lf]..p2p.offsets[lf + 1]] {
-                        let src = &tree.nodes[b];
-                        pairs += (src.count() * nd.count()) as u64;
-                        p2p_block(
-                            &tg,
-                            Some(nd.start),
-                            &tree.soa,
-                            src.start,
-                            src.end,
-                            eps2,
-                            acc,
-                            pot,
-                        );
-                    }
-                    pairs
                 },
-            )
-            .sum();
-        lap(4);
-        // Back to input order, scaled by G.
-        let mut out = Forces::zeros(n_local);
-        for (s, &i) in tree.perm.iter().enumerate() {
-            if i < n_local {
-                out.acc[i] = [g * acc_s[s][0], g * acc_s[s][1], g * acc_s[s][2]];
-                out.pot[i] = g * pot_s[s];
-            }
-        }
-        let stats = FmmStats {
-            nodes: nn,
-            depth: tree.depth(),
-            m2l: m2l_count,
-            p2p_blocks: p2p_count,
-            m2p: m2p_count,
-            p2p_pairs: pairs,
-            forced_m2l: lists.forced,
-            seconds,
-        };
-        Ok((out, stats))
+            );
     }
 
+    /// Adds the multipoles of the M2P list evaluated at each particle of the target leaves,
+    /// [`expansion::LANES`] particles at a time.
+    fn m2p_pass(
+        &self,
+        tree: &Tree,
+        remote: &[RemoteCell],
+        m2p: &Csr,
+        eps2: f64,
+        acc_s: &mut [[f64; 3]],
+        pot_s: &mut [f64],
+    ) {
+        let tables = &self.tables;
+        let nt = tables.nterms;
+        leaf_slices(tree, acc_s, pot_s)
+            .into_par_iter()
+            .filter(|(lf, _, _)| !m2p.row(*lf).is_empty())
+            .for_each_init(expansion::BatchWork::default, |w, (lf, acc, pot)| {
+                let nd: &Node = &tree.nodes[lf];
+                let xs: Vec<[f64; 3]> = (nd.start..nd.end).map(|i| tree.soa.point(i)).collect();
+                for &b in m2p.row(lf) {
+                    let (zb, mp) = source_multipole(tree, remote, b, nt);
+                    for (c0, chunk) in xs.chunks(expansion::LANES).enumerate() {
+                        let (phi, gr) = tables.m2p_batch(mp, zb, chunk, eps2, w);
+                        for l in 0..chunk.len() {
+                            let k = c0 * expansion::LANES + l;
+                            for c in 0..3 {
+                                acc[k][c] += gr[c][l];
+                            }
+                            pot[k] -= phi[l];
+                        }
+                    }
+                }
+            });
+    }
     /// Dual tree traversal producing (target node, source) M2L and P2P pairs. Sources
     /// `>= nodes.len()` are imported cells. Parallel over target subtrees ("tasks"); an
     /// interaction whose target is an ancestor of several tasks is kept by the task that
@@ -474,6 +513,127 @@ impl Fmm {
             });
         lists.m2l.shrink_to_fit();
         lists
+    }
+}
+
+/// Adds the direct sums of the P2P list into each target leaf's particles: the sources of
+/// a leaf (its own particles first) are gathered into one padded buffer and each target
+/// sums over all of it, its own entry massless. Returns the number of particle pairs.
+fn p2p_pass(tree: &Tree, p2p: &Csr, eps2: f64, acc_s: &mut [[f64; 3]], pot_s: &mut [f64]) -> u64 {
+    leaf_slices(tree, acc_s, pot_s)
+        .into_par_iter()
+        .map_init(p2p::GatheredSources::default, |buf, (lf, acc, pot)| {
+            let nd: &Node = &tree.nodes[lf];
+            let row = p2p.row(lf);
+            let own = row.contains(&lf);
+            buf.clear();
+            if own {
+                buf.extend(&tree.soa, nd.start..nd.end);
+            }
+            let mut sources = 0usize;
+            for &b in row {
+                let src = &tree.nodes[b];
+                sources += src.count();
+                if b != lf {
+                    buf.extend(&tree.soa, src.start..src.end);
+                }
+            }
+            buf.pad();
+            for (k, i) in (nd.start..nd.end).enumerate() {
+                let m = if own { buf.mass(k) } else { 0.0 };
+                if own {
+                    buf.set_mass(k, 0.0);
+                }
+                let (a, phi) = p2p::field_at(tree.soa.point(i), buf, eps2);
+                if own {
+                    buf.set_mass(k, m);
+                }
+                for c in 0..3 {
+                    acc[k][c] += a[c];
+                }
+                pot[k] -= phi;
+            }
+            (sources * nd.count()) as u64
+        })
+        .sum()
+}
+
+/// The target leaves (leaves holding local particles) with their disjoint slices of the
+/// sorted-order outputs, in particle order.
+#[allow(clippy::type_complexity)]
+fn leaf_slices<'o>(
+    tree: &Tree,
+    acc_s: &'o mut [[f64; 3]],
+    pot_s: &'o mut [f64],
+) -> Vec<(usize, &'o mut [[f64; 3]], &'o mut [f64])> {
+    let mut leaves: Vec<usize> = (0..tree.nodes.len())
+        .filter(|&i| tree.nodes[i].is_leaf())
+        .collect();
+    leaves.sort_by_key(|&i| tree.nodes[i].start);
+    let mut work = Vec::with_capacity(leaves.len());
+    let mut acc_rest = acc_s;
+    let mut pot_rest = pot_s;
+    for &lf in &leaves {
+        let c = tree.nodes[lf].count();
+        let (a, ar) = std::mem::take(&mut acc_rest).split_at_mut(c);
+        let (p, pr) = std::mem::take(&mut pot_rest).split_at_mut(c);
+        acc_rest = ar;
+        pot_rest = pr;
+        if tree.nodes[lf].ntargets > 0 {
+            work.push((lf, a, p));
+        }
+    }
+    work
+}
+
+/// Centre and multipole of source `b`: a tree node when `b < nodes.len()`, else the
+/// imported cell `b - nodes.len()`.
+fn source_multipole<'t>(
+    tree: &'t Tree,
+    remote: &'t [RemoteCell],
+    b: usize,
+    nt: usize,
+) -> ([f64; 3], &'t [f64]) {
+    let nn = tree.nodes.len();
+    if b < nn {
+        (tree.nodes[b].center, tree.multipole(b, nt))
+    } else {
+        let c = &remote[b - nn];
+        (c.center, &c.multipole[..])
+    }
+}
+
+/// Sorted-order outputs back to input order for the `n_local` targets, scaled by G.
+fn unsort_scaled(tree: &Tree, n_local: usize, g: f64, acc_s: &[[f64; 3]], pot_s: &[f64]) -> Forces {
+    let mut out = Forces::zeros(n_local);
+    for (s, &i) in tree.perm.iter().enumerate() {
+        if i < n_local {
+            out.acc[i] = [g * acc_s[s][0], g * acc_s[s][1], g * acc_s[s][2]];
+            out.pot[i] = g * pot_s[s];
+        }
+    }
+    out
+}
+
+/// Wall-clock lap timer filling [`PhaseSeconds`].
+struct PhaseClock {
+    last: std::time::Instant,
+    seconds: PhaseSeconds,
+}
+
+impl PhaseClock {
+    fn new() -> Self {
+        PhaseClock {
+            last: std::time::Instant::now(),
+            seconds: PhaseSeconds::default(),
+        }
+    }
+
+    /// Adds the time since the previous lap to the phase chosen by `field`.
+    fn lap(&mut self, field: &mut dyn FnMut(&mut PhaseSeconds) -> &mut f64) {
+        let now = std::time::Instant::now();
+        *field(&mut self.seconds) += (now - self.last).as_secs_f64();
+        self.last = now;
     }
 }
 

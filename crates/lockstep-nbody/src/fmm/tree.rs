@@ -99,14 +99,9 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Builds the tree of `pos`/`mass` (input order); inputs `0..n_targets` are targets.
-    pub fn build(
-        pos: &[[f64; 3]],
-        mass: &[f64],
-        n_targets: usize,
-        leaf_size: usize,
-        tables: &Tables,
-    ) -> Tree {
+    /// Builds the nodes of the tree of `pos`/`mass` (input order), without multipoles
+    /// ([`Tree::upward_pass`] adds them); inputs `0..n_targets` are targets.
+    pub fn build_nodes(pos: &[[f64; 3]], mass: &[f64], n_targets: usize, leaf_size: usize) -> Tree {
         let n = pos.len();
         let (lo, side) = bounding_cube(pos);
         let mut order: Vec<(u64, usize)> = pos
@@ -117,9 +112,12 @@ impl Tree {
         order.par_sort_unstable();
         let keys: Vec<u64> = order.iter().map(|o| o.0).collect();
         let perm: Vec<usize> = order.iter().map(|o| o.1).collect();
-        let spos: Vec<[f64; 3]> = perm.iter().map(|&i| pos[i]).collect();
-        let smass: Vec<f64> = perm.iter().map(|&i| mass[i]).collect();
-        let soa = SoA::from(&spos, &smass);
+        let soa = SoA {
+            x: perm.iter().map(|&i| pos[i][0]).collect(),
+            y: perm.iter().map(|&i| pos[i][1]).collect(),
+            z: perm.iter().map(|&i| pos[i][2]).collect(),
+            m: perm.iter().map(|&i| mass[i]).collect(),
+        };
         // Prefix count of targets in sorted order.
         let mut tprefix = vec![0usize; n + 1];
         for s in 0..n {
@@ -217,10 +215,42 @@ impl Tree {
             nd.radius = r2max.sqrt();
             nd.ntargets = tprefix[nd.end] - tprefix[nd.start];
         });
-        // Multipoles, upward pass level by level (P2M at leaves, M2M above).
+        Tree {
+            perm,
+            soa,
+            keys,
+            nodes,
+            level_start,
+            multipoles: Vec::new(),
+            n_targets,
+            lo,
+            side,
+        }
+    }
+
+    /// Builds the tree of `pos`/`mass` (input order) with its multipoles: [`Tree::build_nodes`]
+    /// then [`Tree::upward_pass`]; inputs `0..n_targets` are targets.
+    pub fn build(
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        n_targets: usize,
+        leaf_size: usize,
+        tables: &Tables,
+    ) -> Tree {
+        let mut tree = Tree::build_nodes(pos, mass, n_targets, leaf_size);
+        tree.upward_pass(tables);
+        tree
+    }
+
+    /// Computes the multipoles `[node][nterms]` level by level from the leaves up: P2M at
+    /// the leaves, M2M into each parent (Dehnen 2014, eqs. 12-13).
+    pub fn upward_pass(&mut self, tables: &Tables) {
         let nt = tables.nterms;
+        let nodes = &self.nodes;
+        let level_start = &self.level_start;
+        let soa = &self.soa;
         let mut multipoles = vec![0.0; nodes.len() * nt];
-        for l in (0..=depth).rev() {
+        for l in (0..level_start.len() - 1).rev() {
             let (head, tail) = multipoles.split_at_mut(level_start[l + 1] * nt);
             let below_start = level_start[l + 1];
             let tail: &[f64] = tail;
@@ -232,13 +262,7 @@ impl Tree {
                     |scratch, (k, mp)| {
                         let nd = &nodes[level_start[l] + k];
                         if nd.is_leaf() {
-                            tables.p2m(
-                                &spos[nd.start..nd.end],
-                                &smass[nd.start..nd.end],
-                                nd.center,
-                                mp,
-                                scratch,
-                            );
+                            tables.p2m_soa(soa, nd.start..nd.end, nd.center, mp, scratch);
                         } else {
                             for c in nd.children() {
                                 let off = (c - below_start) * nt;
@@ -254,17 +278,7 @@ impl Tree {
                     },
                 );
         }
-        Tree {
-            perm,
-            soa,
-            keys,
-            nodes,
-            level_start,
-            multipoles,
-            n_targets,
-            lo,
-            side,
-        }
+        self.multipoles = multipoles;
     }
 
     /// Multipole coefficients of node `i`.
