@@ -9,6 +9,7 @@ mod bench_simulate;
 mod build_network;
 mod info;
 mod nbody;
+mod npe;
 mod plot;
 mod simulate;
 mod train;
@@ -41,6 +42,9 @@ enum Command {
     BuildNetwork(build_network::BuildNetworkArgs),
     /// Gravitational N-body simulation with FMM forces; under mpirun the particles are sharded over the ranks.
     Nbody(nbody::NbodyArgs),
+    /// Neural posterior estimation (Dingo-style settings): train, sample, pp.
+    #[command(subcommand)]
+    Npe(npe::NpeCommand),
     /// PNG figures of a training run: loss curves and a spike raster.
     Plot(plot::PlotArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
@@ -78,14 +82,14 @@ fn keep_freed_memory() {
 /// What the command's model computes on (decides whether ranks bind GPUs), and whether it
 /// computes at all (`None`: no model, nothing to warn about). Every model of this build runs
 /// on CPU cores: the spiking networks (train, simulate, bench bptt/scaling/simulate), the
-/// N-body code (nbody, bench nbody) and the communicator benchmarks; `info` reports the
-/// devices these models bind.
+/// N-body code (nbody, bench nbody), the NPE flows (npe, burn's CPU backend) and the
+/// communicator benchmarks; `info` reports the devices these models bind.
 fn compute_kind(command: &Command) -> Option<ComputeKind> {
     match command {
         Command::Info | Command::Train(_) | Command::Simulate(_) | Command::Nbody(_) => {
             Some(ComputeKind::Cpu)
         }
-        Command::Bench(_) => Some(ComputeKind::Cpu),
+        Command::Bench(_) | Command::Npe(_) => Some(ComputeKind::Cpu),
         Command::BuildNetwork(_) | Command::Plot(_) => None,
     }
 }
@@ -120,7 +124,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,
         Command::Bench(BenchCommand::Scaling(a)) => !a.mpi_worker,
         Command::Bench(_) => true,
-        Command::Info | Command::Train(_) | Command::Nbody(_) => false,
+        Command::Npe(npe::NpeCommand::Sample(_) | npe::NpeCommand::Pp(_)) => true,
+        Command::Info | Command::Train(_) | Command::Nbody(_) | Command::Npe(_) => false,
     };
     if single_process && world.comm().size() > 1 {
         world.fail(&"this command runs in one process (it writes shared files or starts its own MPI jobs); start it without mpirun/srun");
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
         Command::BuildNetwork(args) => build_network::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Nbody(args) => nbody::run(args, &world),
+        Command::Npe(cmd) => npe::run(cmd, &world),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
         Command::Bench(BenchCommand::Simulate(args)) => bench_simulate::run(args),
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),

@@ -10,11 +10,11 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::{Path, PathBuf};
 
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+pub(crate) static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
 /// Line colours that read on white (the Tableau 10 palette without its yellow-green and
 /// cyan): blue, orange, green, red, purple, brown, pink, grey.
-const COLOURS: [RGBColor; 8] = [
+pub(crate) const COLOURS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

@@ -357,6 +357,9 @@ pub struct NpeNetwork {
     pub x_dim: usize,
     /// Fixed standardization of θ and x.
     pub standardization: Standardization,
+    /// The seed the permutations were drawn from (part of the structure: a network is
+    /// rebuilt from its config, widths, standardization and this seed).
+    pub structure_seed: u64,
     builder: Builder,
     embedding: DenseResidualNet,
     steps: Vec<Step>,
@@ -430,6 +433,7 @@ impl NpeNetwork {
             theta_dim,
             x_dim,
             standardization,
+            structure_seed,
             builder: b,
             embedding,
             steps,
@@ -574,8 +578,9 @@ impl NpeNetwork {
         n: usize,
         seed: u64,
     ) -> Vec<f32> {
-        let rows: Vec<f32> = (0..n).flat_map(|_| x.iter().copied()).collect();
-        let context = self.context(pass, &rows, n);
+        // One context row, repeated: in evaluation mode every row of the embedding is
+        // computed independently, so this equals embedding n copies of x.
+        let context = self.context(pass, x, 1).repeat_dim(0, n);
         let device = context.device();
         let d = self.theta_dim;
         let mut rng = SplitMix64::new(seed);

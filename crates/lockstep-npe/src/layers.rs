@@ -19,14 +19,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Norm {
-    /// No normalization.
+    /// No normalization (`none`).
     #[default]
+    #[serde(alias = "None")]
     None,
     /// `LayerNorm` over the features of each sample (eps 1e-5, affine); needs no
-    /// communication between replicas.
+    /// communication between replicas (`layer_norm`, also `LayerNorm`).
+    #[serde(alias = "LayerNorm")]
     LayerNorm,
     /// `BatchNorm1d` over the batch (eps 1e-5, momentum 0.1, affine, running statistics used
-    /// in evaluation). Couples the samples of a batch, so it is not sample-separable.
+    /// in evaluation). Couples the samples of a batch, so it is not sample-separable
+    /// (`batch_norm`, also `BatchNorm`).
+    #[serde(alias = "BatchNorm")]
     BatchNorm,
 }
 

@@ -10,8 +10,11 @@
 //! - all trainable values live in one flat f32 buffer in a fixed, named order
 //!   ([`params::Layout`]), so [`model::NpeModel`] is a lockstep-train [`lockstep_train::Model`]
 //!   whose gradients go through one packed all-reduce, and replicas stay bitwise identical;
-//! - SBI tasks ([`tasks`]) simulate `(θ, x)` keyed by (seed, global sample index), so the data
-//!   never depends on the replica count.
+//! - SBI tasks ([`tasks`]: `gaussian_linear`, `two_moons`, `slcp`) simulate `(θ, x)` keyed by
+//!   (seed, global sample index), so the data never depends on the replica count;
+//! - Dingo-shaped YAML settings ([`settings`]) with unknown keys refused by their nearest key
+//!   and keys of features not implemented yet refused by name; a trained run loads back
+//!   from its checkpoint ([`trained`]); the P-P calibration test ([`calibration`]).
 //!
 //! - BatchNorm makes the loss depend on the whole batch: [`model::NpeModel`] then reports a
 //!   non-separable loss and the engine refuses to split it over replicas (SyncBatchNorm is
@@ -23,20 +26,24 @@
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
-//! Not yet here (issue 16): the SVD-initialized first embedding layer, the `slcp` and GW chirp
-//! tasks, Dingo-shaped YAML settings and the `lockstep npe` commands, benchmarks.
+//! Not yet here (issue 16): the SVD-initialized first embedding layer, the GW chirp task,
+//! benchmarks. Multi-stage training, freezing and SyncBatchNorm are issue 17.
 
+pub mod calibration;
 pub mod flow;
 pub mod layers;
 pub mod model;
 pub mod params;
+pub mod settings;
 pub mod spline;
 pub mod tasks;
+pub mod trained;
 
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;
 pub use model::NpeModel;
-pub use tasks::{GaussianLinear, Task, TaskSource, TwoMoons};
+pub use settings::NpeSettings;
+pub use tasks::{GaussianLinear, Slcp, Task, TaskSource, TaskSpec, TwoMoons};
 
 /// The CPU backend (burn's ndarray backend, f32).
 pub type CpuBackend = burn::backend::NdArray<f32>;

@@ -165,6 +165,7 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
                 serde_json::to_string(&self.network.standardization)?,
             ),
             ("theta_dim", self.network.theta_dim.to_string()),
+            ("structure_seed", self.network.structure_seed.to_string()),
             ("x_dim", self.network.x_dim.to_string()),
         ]
         .into_iter()

@@ -7,8 +7,10 @@
 //! `sbibm/tasks/*/task.py`).
 
 use crate::flow::Standardization;
+use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use lockstep_train::{Batch, BatchSource};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// The random stream of global sample `index` under `seed`.
@@ -28,6 +30,13 @@ pub trait Task: Send + Sync {
     fn x_dim(&self) -> usize;
     /// Draws θ ~ prior and x ~ p(x | θ) from `rng` into `theta` and `x`.
     fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]);
+    /// Names of the θ components (column names of posterior samples and P-P plots).
+    /// Default: `theta_0`, `theta_1`, ...
+    fn parameter_names(&self) -> Vec<String> {
+        (0..self.theta_dim())
+            .map(|i| format!("theta_{i}"))
+            .collect()
+    }
 
     /// Means and standard deviations of θ and x, estimated from 10,000 simulations of a fixed
     /// stream (identical on every replica), as Dingo standardizes from its training set.
@@ -142,19 +151,179 @@ impl Task for TwoMoons {
     }
 }
 
+/// sbibm `slcp` ("simple likelihood, complex posterior", Papamakarios et al. 2019):
+/// θ ~ U(-3, 3)⁵; with `m = (θ₀, θ₁)`, `s₁ = θ₂²`, `s₂ = θ₃²`, `ρ = tanh θ₄` and
+/// `S = [[s₁², ρ s₁ s₂], [ρ s₁ s₂, s₂²]]`, x is 4 independent draws from N(m, S), flattened
+/// to 8 values `(x₁₀, x₁₁, x₂₀, ...)` (sbibm `tasks/slcp/task.py`, `num_data = 4`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Slcp;
+
+impl Task for Slcp {
+    fn name(&self) -> &str {
+        "slcp"
+    }
+    fn theta_dim(&self) -> usize {
+        5
+    }
+    fn x_dim(&self) -> usize {
+        8
+    }
+    fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]) {
+        for t in theta.iter_mut() {
+            *t = 6.0 * rng.uniform() - 3.0;
+        }
+        Slcp::data(theta, rng, x);
+    }
+}
+
+impl Slcp {
+    /// Draws the data x `[8]` given θ `[5]` (the simulator without the prior).
+    pub fn data(theta: &[f64], rng: &mut SplitMix64, x: &mut [f64]) {
+        let (s1, s2) = (theta[2] * theta[2], theta[3] * theta[3]);
+        let rho = theta[4].tanh();
+        let c = (1.0 - rho * rho).max(0.0).sqrt();
+        for pair in x.chunks_exact_mut(2) {
+            let (z0, z1) = (rng.normal(), rng.normal());
+            // Cholesky factor of S: [[s1, 0], [rho s2, sqrt(1 - rho^2) s2]].
+            pair[0] = theta[0] + s1 * z0;
+            pair[1] = theta[1] + s2 * (rho * z0 + c * z1);
+        }
+    }
+}
+
+/// The task of a settings file: `data.task`, tagged by `name` (a bare name means the
+/// defaults), e.g. `{name: gaussian_linear, dim: 10}`, `two_moons`, `slcp`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskSpec {
+    /// [`GaussianLinear`].
+    GaussianLinear {
+        /// Dimension of θ and x (sbibm: 10).
+        #[serde(default = "default_gl_dim")]
+        dim: usize,
+        /// Prior variance per component (sbibm: 0.1).
+        #[serde(default = "default_gl_scale")]
+        prior_scale: f64,
+        /// Noise variance per component (sbibm: 0.1).
+        #[serde(default = "default_gl_scale")]
+        simulator_scale: f64,
+    },
+    /// [`TwoMoons`].
+    TwoMoons,
+    /// [`Slcp`].
+    Slcp,
+}
+
+fn default_gl_dim() -> usize {
+    10
+}
+fn default_gl_scale() -> f64 {
+    0.1
+}
+
+impl TaskSpec {
+    /// The task as a simulator.
+    ///
+    /// Errors: a [`ConfigError`] (key relative to the task) for values out of range.
+    pub fn build(&self) -> Result<Arc<dyn Task>, ConfigError> {
+        Ok(match *self {
+            TaskSpec::GaussianLinear {
+                dim,
+                prior_scale,
+                simulator_scale,
+            } => {
+                if dim == 0 {
+                    return Err(ConfigError::new("dim", "must be at least 1"));
+                }
+                for (k, v) in [
+                    ("prior_scale", prior_scale),
+                    ("simulator_scale", simulator_scale),
+                ] {
+                    if !(v.is_finite() && v > 0.0) {
+                        return Err(ConfigError::new(
+                            k,
+                            format!("{v} is not a positive variance"),
+                        ));
+                    }
+                }
+                Arc::new(GaussianLinear {
+                    dim,
+                    prior_scale,
+                    simulator_scale,
+                })
+            }
+            TaskSpec::TwoMoons => Arc::new(TwoMoons),
+            TaskSpec::Slcp => Arc::new(Slcp),
+        })
+    }
+}
+
 /// A task as the engine's [`BatchSource`]: inputs are x `[samples, x_dim]`, targets θ
-/// `[samples, theta_dim]`; an unbounded stream (every global index is a fresh simulation).
+/// `[samples, theta_dim]`.
+///
+/// Either an unbounded stream ([`TaskSource::new`]: global index i is simulation i) or a
+/// data set of `n` simulations ([`TaskSource::dataset`]: simulation `j < n` is keyed by
+/// `(seed, j)`; epoch `e` visits them in a permutation drawn from `(seed, e)`, as a data
+/// loader shuffles each epoch). Both depend only on the global sample index, never on the
+/// replica count.
 #[derive(Clone)]
 pub struct TaskSource {
     task: Arc<dyn Task>,
     seed: u64,
+    dataset: Option<u64>,
+    /// The permutation of the epoch last visited (chief only).
+    order: Option<(u64, Arc<Vec<u64>>)>,
 }
 
 impl TaskSource {
-    /// Simulations of `task` keyed by `seed`.
+    /// An unbounded stream of simulations of `task` keyed by `seed`.
     pub fn new(task: Arc<dyn Task>, seed: u64) -> Self {
-        TaskSource { task, seed }
+        TaskSource {
+            task,
+            seed,
+            dataset: None,
+            order: None,
+        }
     }
+
+    /// A data set of the simulations `0 .. samples` of `task` keyed by `seed`, shuffled per
+    /// epoch.
+    pub fn dataset(task: Arc<dyn Task>, seed: u64, samples: u64) -> Self {
+        TaskSource {
+            task,
+            seed,
+            dataset: Some(samples),
+            order: None,
+        }
+    }
+
+    /// The data set simulation that global index `index` visits.
+    fn simulation_index(&mut self, index: u64) -> u64 {
+        let Some(n) = self.dataset else {
+            return index;
+        };
+        let epoch = index / n;
+        let order = match &self.order {
+            Some((e, o)) if *e == epoch => o.clone(),
+            _ => {
+                let o = Arc::new(epoch_permutation(self.seed, epoch, n));
+                self.order = Some((epoch, o.clone()));
+                o
+            }
+        };
+        order[(index % n) as usize]
+    }
+}
+
+/// Fisher-Yates permutation of `0 .. n` from SplitMix64 keyed by `(seed, epoch)`.
+pub fn epoch_permutation(seed: u64, epoch: u64, n: u64) -> Vec<u64> {
+    let mut p: Vec<u64> = (0..n).collect();
+    let mut rng = SplitMix64::new(splitmix64(splitmix64(seed ^ 0xE90C_4A11) ^ epoch));
+    for i in (1..p.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        p.swap(i, j);
+    }
+    p
 }
 
 impl BatchSource for TaskSource {
@@ -163,6 +332,9 @@ impl BatchSource for TaskSource {
     }
     fn target_width(&self) -> usize {
         self.task.theta_dim()
+    }
+    fn num_samples(&self) -> Option<u64> {
+        self.dataset
     }
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
         let (td, xd) = (self.task.theta_dim(), self.task.x_dim());
@@ -174,11 +346,9 @@ impl BatchSource for TaskSource {
         };
         let (mut theta, mut x) = (vec![0.0; td], vec![0.0; xd]);
         for i in 0..count as u64 {
-            self.task.simulate(
-                &mut sample_rng(self.seed, first_sample + i),
-                &mut theta,
-                &mut x,
-            );
+            let k = self.simulation_index(first_sample + i);
+            self.task
+                .simulate(&mut sample_rng(self.seed, k), &mut theta, &mut x);
             batch.inputs.extend(x.iter().map(|&v| v as f32));
             batch.targets.extend(theta.iter().map(|&v| v as f32));
         }
@@ -202,6 +372,55 @@ mod tests {
             .global_batch(10, 8)
             .unwrap();
         assert_ne!(whole.targets, other.targets);
+    }
+
+    #[test]
+    fn a_dataset_is_shuffled_per_epoch_and_visits_every_simulation() {
+        let task: Arc<dyn Task> = Arc::new(GaussianLinear::new(1));
+        let mut s = TaskSource::dataset(task.clone(), 3, 10);
+        let e0 = s.global_batch(0, 10).unwrap().targets;
+        let e1 = s.global_batch(10, 10).unwrap().targets;
+        assert_ne!(e0, e1, "epochs are shuffled");
+        let mut a = e0.clone();
+        let mut b = e1.clone();
+        a.sort_by(f32::total_cmp);
+        b.sort_by(f32::total_cmp);
+        assert_eq!(a, b, "every epoch visits the same simulations");
+        // A split batch reads the same samples.
+        let mut t = TaskSource::dataset(task, 3, 10);
+        let part = [
+            t.global_batch(10, 4).unwrap().targets,
+            t.global_batch(14, 6).unwrap().targets,
+        ]
+        .concat();
+        assert_eq!(part, e1);
+    }
+
+    #[test]
+    fn slcp_data_has_the_task_covariance() {
+        // θ fixed: the 4 draws of x follow N(m, S); check the moments over many draws.
+        let theta = [0.5, -1.0, 1.2, 0.8, 0.6];
+        let (s1, s2, rho) = (1.44, 0.64, 0.6f64.tanh());
+        let mut rng = sample_rng(5, 0);
+        let (mut m, mut v, mut c) = ([0.0; 2], [0.0; 2], 0.0);
+        let n = 40_000;
+        let mut x = [0.0; 8];
+        for _ in 0..n / 4 {
+            Slcp::data(&theta, &mut rng, &mut x);
+            for p in x.chunks_exact(2) {
+                let (a, b) = (p[0] - theta[0], p[1] - theta[1]);
+                m[0] += a;
+                m[1] += b;
+                v[0] += a * a;
+                v[1] += b * b;
+                c += a * b;
+            }
+        }
+        let nf = n as f64;
+        assert!((m[0] / nf).abs() < 0.03 && (m[1] / nf).abs() < 0.03);
+        assert!((v[0] / nf / (s1 * s1) - 1.0).abs() < 0.03, "{}", v[0] / nf);
+        assert!((v[1] / nf / (s2 * s2) - 1.0).abs() < 0.03, "{}", v[1] / nf);
+        assert!((c / nf / (rho * s1 * s2) - 1.0).abs() < 0.06, "{}", c / nf);
     }
 
     #[test]

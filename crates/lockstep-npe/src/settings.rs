@@ -1,0 +1,835 @@
+//! Dingo-shaped training settings of `lockstep npe train SETTINGS.yaml`.
+//!
+//! The file has Dingo's four sections (Dax et al. 2021; Dingo's `train_settings.yaml`):
+//!
+//! ```yaml
+//! data:                      # lockstep: a simulator instead of a waveform data set file
+//!   task: {name: gaussian_linear, dim: 3}
+//!   num_samples: 100000      # simulations in the data set (keyed by (seed, index))
+//!   train_fraction: 0.95     # the rest is the test set (its loss is logged at the end)
+//!   seed: 0                  # simulations, permutations, initial parameters
+//! model:
+//!   posterior_model_type: normalizing_flow
+//!   posterior_kwargs:
+//!     num_flow_steps: 5
+//!     base_transform_kwargs:
+//!       hidden_dim: 64
+//!       num_transform_blocks: 2
+//!       activation: elu
+//!       dropout_probability: 0.0
+//!       batch_norm: false    # or norm: layer_norm | batch_norm | none
+//!       num_bins: 8
+//!       base_transform_type: rq-coupling
+//!       tail_bound: 1.0      # lockstep key (Dingo fixes 1.0)
+//!   embedding_kwargs:
+//!     output_dim: 16
+//!     hidden_dims: [64, 64]
+//!     activation: elu
+//!     dropout: 0.0
+//!     norm: layer_norm
+//! training:
+//!   stage_0:
+//!     epochs: 20
+//!     batch_size: 512        # the total batch over all replicas
+//!     optimizer: {type: adam, lr: 0.001}
+//!     scheduler: {type: cosine, T_max: 20}
+//! local:
+//!   device: cpu
+//!   replicas: 2              # thread replicas (under mpirun: one per rank)
+//!   checkpoint_epochs: 5
+//! ```
+//!
+//! Every section is a typed serde struct that refuses unknown keys with the nearest known
+//! one ([`lockstep_core::config`]). Keys Dingo has whose semantics belong to later work
+//! (`stage_1` and later stages, `freeze_rb_layer`, `svd`, `num_workers`, `num_gpus`,
+//! `runtime_limits`, schedulers other than cosine, AdamW, dropout) are recognised and
+//! refused with an error that says so, rather than silently ignored.
+//!
+//! [`NpeSettings::engine_config`] turns the settings into the lockstep-train engine's config
+//! (`run`, `training`, `output`): the stage's `batch_size` is the total batch, divided
+//! equally over the replicas (a remainder is refused, naming both numbers); an epoch is
+//! `floor(num_samples × train_fraction / batch_size)` updates whatever the replica count;
+//! the cosine schedule (PyTorch `CosineAnnealingLR`, `T_max` in epochs) is applied per
+//! update, equal to Dingo's per-epoch value at every epoch boundary.
+
+use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig};
+use crate::layers::Norm;
+use crate::tasks::{Task, TaskSpec};
+use lockstep_core::config::{from_value, ConfigError};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The whole settings file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpeSettings {
+    /// The simulated data set.
+    pub data: DataSettings,
+    /// The network.
+    pub model: ModelSettings,
+    /// The training stages.
+    pub training: TrainingSettings,
+    /// Machine-local settings (replicas, device, checkpoints); not part of the model.
+    #[serde(default)]
+    pub local: LocalSettings,
+}
+
+/// `data`: the simulator and the data set drawn from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSettings {
+    /// The task (`{name: gaussian_linear, dim: 3}`, or a bare name for its defaults).
+    pub task: TaskSpec,
+    /// Simulations in the data set.
+    pub num_samples: u64,
+    /// Fraction of the data set used for training (Dingo: `train_fraction`); the rest is the
+    /// test set. Default 0.95.
+    #[serde(default = "default_train_fraction")]
+    pub train_fraction: f64,
+    /// Keys every simulation (with its index), the flow's permutations and the initial
+    /// parameters. Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_train_fraction() -> f64 {
+    0.95
+}
+
+/// `model`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    /// Only `normalizing_flow` (the default).
+    #[serde(default)]
+    pub posterior_model_type: Option<String>,
+    /// The flow.
+    pub posterior_kwargs: PosteriorKwargs,
+    /// The embedding network.
+    pub embedding_kwargs: EmbeddingKwargs,
+}
+
+/// `model.posterior_kwargs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PosteriorKwargs {
+    /// Flow steps (permutation + LU linear + spline coupling). Dingo: 30.
+    pub num_flow_steps: usize,
+    /// The coupling transforms.
+    pub base_transform_kwargs: BaseTransformKwargs,
+    /// Filled in by Dingo from the data (θ dimension); checked when given.
+    #[serde(default)]
+    pub input_dim: Option<usize>,
+    /// Filled in by Dingo from the embedding (`output_dim`); checked when given.
+    #[serde(default)]
+    pub context_dim: Option<usize>,
+}
+
+/// `model.posterior_kwargs.base_transform_kwargs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaseTransformKwargs {
+    /// Hidden width of each coupling's conditioner.
+    pub hidden_dim: usize,
+    /// Residual blocks per conditioner.
+    pub num_transform_blocks: usize,
+    /// Only `elu` (the default).
+    #[serde(default)]
+    pub activation: Option<String>,
+    /// Only 0 (the default).
+    #[serde(default)]
+    pub dropout_probability: Option<f64>,
+    /// Dingo's switch: BatchNorm in the conditioners (default false).
+    #[serde(default)]
+    pub batch_norm: Option<bool>,
+    /// lockstep's switch: `none`, `layer_norm` (`LayerNorm`) or `batch_norm` (`BatchNorm`).
+    #[serde(default)]
+    pub norm: Option<Norm>,
+    /// Spline bins (default 8).
+    #[serde(default = "default_num_bins")]
+    pub num_bins: usize,
+    /// Only `rq-coupling` (the default).
+    #[serde(default)]
+    pub base_transform_type: Option<String>,
+    /// Spline tail bound in standardized units (default 1.0, as Dingo).
+    #[serde(default = "default_tail_bound")]
+    pub tail_bound: f64,
+}
+
+fn default_num_bins() -> usize {
+    8
+}
+fn default_tail_bound() -> f64 {
+    1.0
+}
+
+/// `model.embedding_kwargs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingKwargs {
+    /// Context features produced. Dingo: 128.
+    pub output_dim: usize,
+    /// Widths of the residual blocks.
+    pub hidden_dims: Vec<usize>,
+    /// Only `elu` (the default).
+    #[serde(default)]
+    pub activation: Option<String>,
+    /// Only 0 (the default).
+    #[serde(default)]
+    pub dropout: Option<f64>,
+    /// Dingo's switch: BatchNorm in the blocks (default false).
+    #[serde(default)]
+    pub batch_norm: Option<bool>,
+    /// lockstep's switch: `none`, `layer_norm` or `batch_norm`.
+    #[serde(default)]
+    pub norm: Option<Norm>,
+    /// Dingo's SVD-initialized first layer: not implemented yet (refused).
+    #[serde(default)]
+    pub svd: Option<Value>,
+    /// Filled in by Dingo from the data; checked when given (`[x_dim]` or `[.., x_dim]`).
+    #[serde(default)]
+    pub input_dims: Option<Vec<usize>>,
+}
+
+/// `training`: `stage_0` (later stages are refused until multi-stage training exists).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSettings {
+    /// The first (and for now only) stage.
+    pub stage_0: StageSettings,
+}
+
+/// `training.stage_0`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSettings {
+    /// Epochs of this stage.
+    pub epochs: u64,
+    /// The total batch over all replicas.
+    pub batch_size: usize,
+    /// The optimizer.
+    pub optimizer: OptimizerSettings,
+    /// The learning-rate schedule (default constant).
+    #[serde(default)]
+    pub scheduler: Option<SchedulerSettings>,
+    /// Micro-batches accumulated per optimizer update (default 1).
+    #[serde(default)]
+    pub gradient_updates_per_optimizer_step: Option<usize>,
+    /// Dingo: freeze the SVD layer. Not implemented yet (refused unless false).
+    #[serde(default)]
+    pub freeze_rb_layer: Option<bool>,
+    /// Dingo: noise ASDs of a GW data set. Not applicable to simulator tasks (refused).
+    #[serde(default)]
+    pub asd_dataset_path: Option<Value>,
+}
+
+/// `optimizer`, tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerSettings {
+    /// Adam (PyTorch `torch.optim.Adam`).
+    Adam {
+        /// Learning rate.
+        lr: f64,
+        /// `(beta1, beta2)`, default `(0.9, 0.999)`.
+        #[serde(default)]
+        betas: Option<[f64; 2]>,
+        /// Denominator offset, default 1e-8.
+        #[serde(default)]
+        eps: Option<f64>,
+        /// Only 0 (the default): L2 weight decay is not implemented.
+        #[serde(default)]
+        weight_decay: Option<f64>,
+        /// PyTorch's fused kernel switch: accepted, no effect on the result.
+        #[serde(default)]
+        fused: Option<bool>,
+    },
+    /// SGD with momentum (PyTorch `torch.optim.SGD`).
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum (default 0).
+        #[serde(default)]
+        momentum: Option<f64>,
+    },
+}
+
+/// `scheduler`, tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SchedulerSettings {
+    /// The base learning rate throughout.
+    Constant,
+    /// PyTorch `CosineAnnealingLR`: from the base rate to `eta_min` over `T_max` epochs.
+    Cosine {
+        /// Epochs of the half cosine (default: the stage's epochs).
+        #[serde(rename = "T_max", default)]
+        t_max: Option<u64>,
+        /// Final learning rate (default 0).
+        #[serde(default)]
+        eta_min: f64,
+    },
+}
+
+/// `local`: how this machine runs the training (not part of the model or its checkpoints).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalSettings {
+    /// `cpu` (the default); CUDA training through the engine is not wired up yet.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Thread replicas in one process (default 1). Under `mpirun`/`srun` the replicas are
+    /// the ranks; a value here must then equal the rank count.
+    #[serde(default)]
+    pub replicas: Option<usize>,
+    /// Write a checkpoint every this many epochs (default: only at the end).
+    #[serde(default)]
+    pub checkpoint_epochs: Option<u64>,
+    /// Log a line every this many updates (default: about 10 lines per epoch).
+    #[serde(default)]
+    pub log_every: Option<u64>,
+    /// Dingo's data-loader workers: not implemented yet (refused).
+    #[serde(default)]
+    pub num_workers: Option<Value>,
+    /// Dingo's GPU count: not implemented yet (refused).
+    #[serde(default)]
+    pub num_gpus: Option<Value>,
+    /// Dingo's per-run time and epoch limits: not implemented yet (refused).
+    #[serde(default)]
+    pub runtime_limits: Option<Value>,
+}
+
+fn not_yet(key: &str, what: &str) -> ConfigError {
+    ConfigError::new(
+        key,
+        format!("{what} is not implemented in this version of lockstep (planned: Dingo-style stages, freezing and parallel data loading, issue 17); remove the key"),
+    )
+}
+
+fn resolve_norm(
+    key: &str,
+    batch_norm: Option<bool>,
+    norm: Option<Norm>,
+) -> Result<Norm, ConfigError> {
+    match (batch_norm, norm) {
+        (Some(true), Some(n)) if n != Norm::BatchNorm => Err(ConfigError::new(
+            format!("{key}.batch_norm"),
+            format!("is true but {key}.norm is {n:?}; give one of them"),
+        )),
+        (_, Some(n)) => Ok(n),
+        (Some(true), None) => Ok(Norm::BatchNorm),
+        _ => Ok(Norm::None),
+    }
+}
+
+fn only(key: &str, given: &Option<String>, allowed: &str) -> Result<(), ConfigError> {
+    match given {
+        Some(v) if v != allowed => Err(ConfigError::new(
+            key,
+            format!("{v:?} is not supported; lockstep implements {allowed:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// How the replicas of a run are launched, decided by the caller from the launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// One process (serial, or thread replicas).
+    SingleProcess,
+    /// `n` MPI ranks.
+    Mpi(usize),
+}
+
+impl NpeSettings {
+    /// Parses YAML settings text (Dingo's `True`/`False` are booleans) and checks them.
+    ///
+    /// Errors: not YAML (line and column), unknown keys (with the nearest key), values out
+    /// of range, or keys of features not implemented yet ([`NpeSettings::from_value`]).
+    pub fn from_yaml(text: &str) -> Result<(NpeSettings, Value), ConfigError> {
+        let value: Value = serde_yaml_ng::from_str(text)
+            .map_err(|e| ConfigError::new("", format!("not valid YAML: {e}")))?;
+        let s = Self::from_value(&value)?;
+        Ok((s, value))
+    }
+
+    /// Reads and checks a YAML settings file.
+    ///
+    /// Errors: as [`NpeSettings::from_yaml`], naming `path`.
+    pub fn from_yaml_file(path: &Path) -> Result<(NpeSettings, Value), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("", format!("cannot read the file: {e}")).in_file(path)
+        })?;
+        Self::from_yaml(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// Deserializes and checks settings from a JSON value (a bare task name is its
+    /// defaults).
+    ///
+    /// Errors: see [`NpeSettings::from_yaml`].
+    pub fn from_value(value: &Value) -> Result<NpeSettings, ConfigError> {
+        let mut v = value.clone();
+        if let Some(task) = v.pointer_mut("/data/task") {
+            if let Value::String(name) = task {
+                *task = json!({ "name": name });
+            }
+        }
+        if let Some(t) = v.get("training").and_then(Value::as_object) {
+            for k in t.keys() {
+                if let Some(n) = k.strip_prefix("stage_") {
+                    if n.parse::<u32>().is_ok_and(|n| n > 0) {
+                        return Err(not_yet(
+                            &format!("training.{k}"),
+                            "training in several stages",
+                        ));
+                    }
+                }
+            }
+        }
+        // Values Dingo accepts whose semantics are not here yet: refused by name before the
+        // typed parse (which would report their options as unknown keys).
+        if let Some(st) = v.pointer("/training/stage_0") {
+            let sk = "training.stage_0";
+            if let Some(t) = st.pointer("/scheduler/type").and_then(Value::as_str) {
+                if t == "reduce_on_plateau" || t == "step" {
+                    return Err(not_yet(
+                        &format!("{sk}.scheduler.type"),
+                        &format!("the {t} scheduler"),
+                    ));
+                }
+            }
+            if st.pointer("/optimizer/type").and_then(Value::as_str) == Some("adamw") {
+                return Err(not_yet(&format!("{sk}.optimizer.type"), "AdamW"));
+            }
+        }
+        let s: NpeSettings = from_value(&v, "")?;
+        s.check()?;
+        Ok(s)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let d = &self.data;
+        if d.num_samples == 0 {
+            return Err(ConfigError::new("data.num_samples", "must be at least 1"));
+        }
+        if !(d.train_fraction > 0.0 && d.train_fraction <= 1.0) {
+            return Err(ConfigError::new(
+                "data.train_fraction",
+                format!("{} is not in (0, 1]", d.train_fraction),
+            ));
+        }
+        self.task().map_err(|e| e.under("data.task"))?;
+        let m = &self.model;
+        only(
+            "model.posterior_model_type",
+            &m.posterior_model_type,
+            "normalizing_flow",
+        )?;
+        let p = &m.posterior_kwargs;
+        let b = &p.base_transform_kwargs;
+        let bk = "model.posterior_kwargs.base_transform_kwargs";
+        only(&format!("{bk}.activation"), &b.activation, "elu")?;
+        only(
+            &format!("{bk}.base_transform_type"),
+            &b.base_transform_type,
+            "rq-coupling",
+        )?;
+        if b.dropout_probability.is_some_and(|x| x != 0.0) {
+            return Err(not_yet(&format!("{bk}.dropout_probability"), "dropout"));
+        }
+        resolve_norm(bk, b.batch_norm, b.norm)?;
+        let e = &m.embedding_kwargs;
+        let ek = "model.embedding_kwargs";
+        only(&format!("{ek}.activation"), &e.activation, "elu")?;
+        if e.dropout.is_some_and(|x| x != 0.0) {
+            return Err(not_yet(&format!("{ek}.dropout"), "dropout"));
+        }
+        if e.svd.is_some() {
+            return Err(ConfigError::new(
+                format!("{ek}.svd"),
+                "the SVD-initialized first embedding layer is not implemented yet; remove the key",
+            ));
+        }
+        resolve_norm(ek, e.batch_norm, e.norm)?;
+        if let Some(c) = p.context_dim {
+            if c != e.output_dim {
+                return Err(ConfigError::new(
+                    "model.posterior_kwargs.context_dim",
+                    format!(
+                        "is {c} but model.embedding_kwargs.output_dim is {}; they must agree (or leave context_dim out)",
+                        e.output_dim
+                    ),
+                ));
+            }
+        }
+        let task = self.task()?;
+        if let Some(i) = p.input_dim {
+            if i != task.theta_dim() {
+                return Err(ConfigError::new(
+                    "model.posterior_kwargs.input_dim",
+                    format!(
+                        "is {i} but the task has {} parameters; leave it out",
+                        task.theta_dim()
+                    ),
+                ));
+            }
+        }
+        if let Some(dims) = &e.input_dims {
+            if dims.iter().product::<usize>() != task.x_dim() {
+                return Err(ConfigError::new(
+                    format!("{ek}.input_dims"),
+                    format!(
+                        "{dims:?} does not match the task's {} data values; leave it out",
+                        task.x_dim()
+                    ),
+                ));
+            }
+        }
+        let st = &self.training.stage_0;
+        let sk = "training.stage_0";
+        if st.epochs == 0 {
+            return Err(ConfigError::new(
+                format!("{sk}.epochs"),
+                "must be at least 1",
+            ));
+        }
+        if st.batch_size == 0 {
+            return Err(ConfigError::new(
+                format!("{sk}.batch_size"),
+                "must be at least 1",
+            ));
+        }
+        if st.freeze_rb_layer == Some(true) {
+            return Err(not_yet(
+                &format!("{sk}.freeze_rb_layer"),
+                "freezing the SVD layer",
+            ));
+        }
+        if st.asd_dataset_path.is_some() {
+            return Err(ConfigError::new(
+                format!("{sk}.asd_dataset_path"),
+                "lockstep's tasks simulate their own noise; remove the key",
+            ));
+        }
+        if let OptimizerSettings::Adam {
+            weight_decay: Some(w),
+            ..
+        } = &st.optimizer
+        {
+            if *w != 0.0 {
+                return Err(not_yet(
+                    &format!("{sk}.optimizer.weight_decay"),
+                    "weight decay",
+                ));
+            }
+        }
+        if let Some(SchedulerSettings::Cosine { t_max: Some(0), .. }) = &st.scheduler {
+            return Err(ConfigError::new(
+                format!("{sk}.scheduler.T_max"),
+                "must be at least 1 epoch",
+            ));
+        }
+        let l = &self.local;
+        only("local.device", &l.device, "cpu")?;
+        if l.replicas == Some(0) {
+            return Err(ConfigError::new("local.replicas", "must be at least 1"));
+        }
+        if l.num_workers.is_some() {
+            return Err(not_yet("local.num_workers", "parallel data loading"));
+        }
+        if l.num_gpus.is_some() {
+            return Err(not_yet(
+                "local.num_gpus",
+                "GPU replicas (use local.replicas for CPU replicas)",
+            ));
+        }
+        if l.runtime_limits.is_some() {
+            return Err(not_yet(
+                "local.runtime_limits",
+                "per-run time and epoch limits",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The task as a simulator.
+    ///
+    /// Errors: values of `data.task` out of range (key relative to `data.task`).
+    pub fn task(&self) -> Result<Arc<dyn Task>, ConfigError> {
+        self.data.task.build()
+    }
+
+    /// The network configuration.
+    pub fn network_config(&self) -> NetworkConfig {
+        let m = &self.model;
+        let b = &m.posterior_kwargs.base_transform_kwargs;
+        let e = &m.embedding_kwargs;
+        NetworkConfig {
+            embedding: EmbeddingConfig {
+                hidden_dims: e.hidden_dims.clone(),
+                output_dim: e.output_dim,
+                norm: resolve_norm("", e.batch_norm, e.norm).unwrap_or_default(),
+            },
+            flow: FlowConfig {
+                num_flow_steps: m.posterior_kwargs.num_flow_steps,
+                hidden_dim: b.hidden_dim,
+                num_transform_blocks: b.num_transform_blocks,
+                num_bins: b.num_bins,
+                tail_bound: b.tail_bound,
+                norm: resolve_norm("", b.batch_norm, b.norm).unwrap_or_default(),
+            },
+        }
+    }
+
+    /// Training simulations: `floor(num_samples × train_fraction)`.
+    pub fn train_samples(&self) -> u64 {
+        ((self.data.num_samples as f64) * self.data.train_fraction).floor() as u64
+    }
+
+    /// Updates per epoch: `floor(train_samples / (batch_size × accumulation))`.
+    pub fn steps_per_epoch(&self) -> u64 {
+        let st = &self.training.stage_0;
+        let per_update =
+            (st.batch_size * st.gradient_updates_per_optimizer_step.unwrap_or(1)) as u64;
+        self.train_samples() / per_update.max(1)
+    }
+
+    /// The replica count for `launch`: the ranks under MPI, else `local.replicas`.
+    ///
+    /// Errors: `local.replicas` disagrees with the MPI rank count.
+    pub fn replicas(&self, launch: Launch) -> Result<usize, ConfigError> {
+        match launch {
+            Launch::Mpi(n) => match self.local.replicas {
+                Some(r) if r != n => Err(ConfigError::new(
+                    "local.replicas",
+                    format!("is {r} but the job was launched with {n} MPI ranks (one replica per rank); remove the key or launch {r} ranks"),
+                )),
+                _ => Ok(n),
+            },
+            Launch::SingleProcess => Ok(self.local.replicas.unwrap_or(1)),
+        }
+    }
+
+    /// The engine's config (`run`, `training`, `output`) plus `npe`: these settings without
+    /// `local` (so the checkpoints' config hash does not depend on the replicas).
+    ///
+    /// Errors: the total batch is not divisible by the replicas, the data set holds less than
+    /// one update, or the engine refuses a value.
+    pub fn engine_config(
+        &self,
+        raw: &Value,
+        launch: Launch,
+        output_dir: &Path,
+        overwrite: bool,
+    ) -> Result<Value, ConfigError> {
+        let st = &self.training.stage_0;
+        let sk = "training.stage_0";
+        let replicas = self.replicas(launch)?;
+        if !st.batch_size.is_multiple_of(replicas) {
+            return Err(ConfigError::new(
+                format!("{sk}.batch_size"),
+                format!(
+                    "{} is the total batch and must divide equally over the {replicas} replicas; use a multiple of {replicas}",
+                    st.batch_size
+                ),
+            ));
+        }
+        let steps = self.steps_per_epoch();
+        if steps == 0 {
+            return Err(ConfigError::new(
+                format!("{sk}.batch_size"),
+                format!(
+                    "{} (x gradient_updates_per_optimizer_step) is more than the {} training simulations (data.num_samples x data.train_fraction); lower it or simulate more",
+                    st.batch_size,
+                    self.train_samples()
+                ),
+            ));
+        }
+        let optimizer = match &st.optimizer {
+            OptimizerSettings::Adam { lr, betas, eps, .. } => {
+                let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
+                json!({"name": "adam", "learning_rate": lr, "beta1": b1, "beta2": b2,
+                       "epsilon": eps.unwrap_or(1e-8)})
+            }
+            OptimizerSettings::Sgd { lr, momentum } => {
+                json!({"name": "sgd", "learning_rate": lr, "momentum": momentum.unwrap_or(0.0)})
+            }
+        };
+        let mut optimizer = optimizer;
+        if let Some(SchedulerSettings::Cosine { t_max, eta_min }) = &st.scheduler {
+            let t = t_max.unwrap_or(st.epochs);
+            optimizer["schedule"] = json!({"name": "warmup_cosine", "warmup_updates": 0,
+                "total_updates": t * steps, "min_learning_rate": eta_min});
+        }
+        let mut run = json!({"batch_size": st.batch_size / replicas, "seed": self.data.seed});
+        match launch {
+            Launch::Mpi(n) if n > 1 => {
+                run["distribution"] =
+                    json!({"strategy": "mpi", "global_batch_size": st.batch_size});
+            }
+            _ if replicas > 1 => {
+                run["distribution"] =
+                    json!({"strategy": "threads", "global_batch_size": st.batch_size});
+            }
+            _ => {}
+        }
+        let mut training = json!({
+            "optimizer": optimizer,
+            "epochs": st.epochs,
+            "steps_per_epoch": steps,
+            "log_every": self.local.log_every.unwrap_or((steps / 10).max(1)),
+        });
+        if let Some(k) = st.gradient_updates_per_optimizer_step {
+            training["gradient_updates_per_optimizer_step"] = json!(k);
+        }
+        if let Some(c) = self.local.checkpoint_epochs {
+            training["checkpoint_every"] = json!(c * steps);
+        }
+        let mut npe = raw.clone();
+        if let Some(o) = npe.as_object_mut() {
+            o.remove("local");
+        }
+        let config = json!({
+            "npe": npe,
+            "run": run,
+            "training": training,
+            "output": {"output_dir": output_dir, "overwrite_output_dir": overwrite},
+        });
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "
+data:
+  task: {name: gaussian_linear, dim: 3}
+  num_samples: 10000
+  train_fraction: 0.9
+model:
+  posterior_model_type: normalizing_flow
+  posterior_kwargs:
+    num_flow_steps: 2
+    base_transform_kwargs:
+      hidden_dim: 16
+      num_transform_blocks: 1
+      activation: elu
+      dropout_probability: 0.0
+      batch_norm: False
+      num_bins: 8
+      base_transform_type: rq-coupling
+  embedding_kwargs:
+    output_dim: 8
+    hidden_dims: [16, 16]
+    norm: LayerNorm
+training:
+  stage_0:
+    epochs: 3
+    batch_size: 64
+    optimizer: {type: adam, lr: 0.001}
+    scheduler: {type: cosine, T_max: 3}
+local:
+  replicas: 2
+  checkpoint_epochs: 1
+";
+
+    fn err(text: &str) -> String {
+        NpeSettings::from_yaml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn dingo_shaped_settings_map_to_the_engine() {
+        let (s, raw) = NpeSettings::from_yaml(GOOD).unwrap();
+        let net = s.network_config();
+        assert_eq!(net.embedding.norm, Norm::LayerNorm);
+        assert_eq!(net.flow.norm, Norm::None);
+        assert_eq!(s.steps_per_epoch(), 9000 / 64);
+        let c = s
+            .engine_config(&raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
+            .unwrap();
+        assert_eq!(c["run"]["batch_size"], 32);
+        assert_eq!(c["run"]["distribution"]["strategy"], "threads");
+        assert_eq!(c["training"]["steps_per_epoch"], 140);
+        assert_eq!(c["training"]["checkpoint_every"], 140);
+        assert_eq!(
+            c["training"]["optimizer"]["schedule"]["total_updates"],
+            3 * 140
+        );
+        assert!(c["npe"].get("local").is_none());
+        let m = s
+            .engine_config(&raw, Launch::Mpi(4), Path::new("/tmp/out"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("local.replicas") && m.contains("4 MPI ranks"),
+            "{m}"
+        );
+        let three = GOOD.replace("replicas: 2", "replicas: 3");
+        let (s, raw) = NpeSettings::from_yaml(&three).unwrap();
+        let e = s
+            .engine_config(&raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("training.stage_0.batch_size")
+                && e.contains("64")
+                && e.contains("3 replicas"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_get_the_nearest_key() {
+        let e = err(&GOOD.replace("num_flow_steps", "num_flow_step"));
+        assert!(
+            e.contains("model.posterior_kwargs.num_flow_step")
+                && e.contains("did you mean `num_flow_steps`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("batch_size: 64", "batchsize: 64"));
+        assert!(
+            e.contains("training.stage_0.batchsize") && e.contains("`batch_size`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("gaussian_linear", "gausian_linear"));
+        assert!(
+            e.contains("data.task") && e.contains("did you mean `gaussian_linear`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("type: adam", "type: adan"));
+        assert!(e.contains("did you mean `adam`"), "{e}");
+    }
+
+    #[test]
+    fn later_features_are_refused_by_name() {
+        let e = err(&format!("{GOOD}  num_workers: 4\n"));
+        assert!(
+            e.contains("local.num_workers") && e.contains("not implemented"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "local:",
+            "  stage_1:\n    epochs: 1\n    batch_size: 64\n    optimizer: {type: adam, lr: 0.001}\nlocal:",
+        ));
+        assert!(
+            e.contains("training.stage_1") && e.contains("several stages"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "{type: cosine, T_max: 3}",
+            "{type: reduce_on_plateau, patience: 3}",
+        ));
+        assert!(
+            e.contains("scheduler") && e.contains("not implemented"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("norm: LayerNorm", "norm: LayerNorm\n    batch_norm: True"));
+        assert!(e.contains("embedding_kwargs.batch_norm"), "{e}");
+        let e = err(&GOOD.replace("activation: elu", "activation: relu"));
+        assert!(e.contains("activation") && e.contains("elu"), "{e}");
+    }
+}
