@@ -3,9 +3,9 @@
 
 use anyhow::{Context, Result};
 use lockstep_comm::World;
-use lockstep_core::config::{check_keys, field_names, ConfigError};
-use lockstep_snn::{PoissonTrials, SnnReplica};
-use lockstep_sonata::SonataConfig;
+use lockstep_core::config::{check_keys, field_names, from_value, ConfigError};
+use lockstep_snn::{PoissonTrials, SnnOutput, SnnReplica, SnnRun, SnnTrainConfig, SnnTraining};
+use lockstep_sonata::{SonataConfig, CIRCUIT_KEYS};
 use lockstep_train::config::{EngineConfig, EngineOutput, EngineRun, EngineTraining};
 use lockstep_train::job::{agree_on_validation, run_job};
 use lockstep_train::{EngineOptions, TrainError};
@@ -31,62 +31,40 @@ pub struct TrainArgs {
     pub overwrite: bool,
 }
 
-/// Top-level keys of a training config.
-const TOP_KEYS: &[&str] = &[
-    "manifest",
-    "components",
-    "networks",
-    "network",
-    "inputs",
-    "run",
-    "training",
-    "output",
-    "target_simulator",
-    "node_sets",
-    "node_sets_file",
-];
-/// Keys of `run` read by the model.
-const MODEL_RUN_KEYS: &[&str] = &["dt", "seq_len", "dtype"];
-/// Keys of `training` read by the model.
-const MODEL_TRAINING_KEYS: &[&str] = &[
-    "losses",
-    "pseudo_derivative",
-    "gradient_checkpointing",
-    "train_input_weights",
-];
-/// Keys of `output` read by the simulate-style outputs.
-const MODEL_OUTPUT_KEYS: &[&str] = &["spikes_file", "spikes_file_csv"];
-
-/// Rejects unknown keys (with the nearest known key) and unsupported values: the shared
-/// sections against the union of the engine's and the model's keys.
+/// Rejects unknown keys (with the nearest known key) and unsupported values: the top level
+/// against the circuit's and the model's sections, the shared sections (`run`, `training`,
+/// `output`) against the union of the engine's and the model's keys, and the model's
+/// sections by reading them.
 ///
 /// Errors: a [`ConfigError`] naming the key (no file; the caller adds it).
 pub fn check_config(json: &Value) -> Result<(), ConfigError> {
     let obj = json
         .as_object()
         .ok_or_else(|| ConfigError::new("", "the config must be a JSON object"))?;
-    check_keys(obj, TOP_KEYS, "")?;
+    check_keys(
+        obj,
+        &[CIRCUIT_KEYS, field_names::<SnnTrainConfig>()].concat(),
+        "",
+    )?;
     let sections: [(&str, &[&str], &[&str]); 3] = [
-        ("run", field_names::<EngineRun>(), MODEL_RUN_KEYS),
+        ("run", field_names::<EngineRun>(), field_names::<SnnRun>()),
         (
             "training",
             field_names::<EngineTraining>(),
-            MODEL_TRAINING_KEYS,
+            field_names::<SnnTraining>(),
         ),
-        ("output", field_names::<EngineOutput>(), MODEL_OUTPUT_KEYS),
+        (
+            "output",
+            field_names::<EngineOutput>(),
+            field_names::<SnnOutput>(),
+        ),
     ];
     for (name, engine, model) in sections {
         if let Some(sec) = json.get(name).and_then(Value::as_object) {
             check_keys(sec, &[engine, model].concat(), name)?;
         }
     }
-    match json.pointer("/run/dtype").and_then(Value::as_str) {
-        None | Some("float32") | Some("float64") => Ok(()),
-        Some(other) => Err(ConfigError::new(
-            "run.dtype",
-            format!("{other:?} is not supported; use \"float32\" (default) or \"float64\""),
-        )),
-    }
+    from_value::<SnnTrainConfig>(json, "").map(drop)
 }
 
 /// Command-line overrides of a training config.

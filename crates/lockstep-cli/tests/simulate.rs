@@ -111,15 +111,15 @@ fn zero_trials_and_unknown_keys_are_refused_before_any_output() {
     for (edit, text) in [
         (
             json!({"run": {"tstop": 10.0, "dt": 0.1, "tsop": 10.0}}),
-            "key 'run.tsop' unknown key `tsop`; did you mean `tstop`?",
+            "run.tsop: unknown key `tsop`; did you mean `tstop`?",
         ),
         (
             json!({"output": {"output_dir": "x", "spike_file": "s.h5"}}),
-            "key 'output.spike_file' unknown key `spike_file`; did you mean `spikes_file`?",
+            "output.spike_file: unknown key `spike_file`; did you mean `spikes_file`?",
         ),
         (
             json!({"report": {}}),
-            "key 'report' unknown key `report`; did you mean `reports`?",
+            "report: unknown key `report`; did you mean `reports`?",
         ),
     ] {
         let cfg = config(dir.path(), |c| {

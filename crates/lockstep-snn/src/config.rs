@@ -1,163 +1,290 @@
-//! From a config file to a model: the keys of a BMTK-style config that lockstep-snn reads
-//! (`run.dt`, `run.seq_len`, `inputs`, the model's part of `training`) and the trainable
-//! model built from a training config.
+//! From a config file to a model: the typed sections of a BMTK-style config that lockstep-snn
+//! owns (`inputs`, the model's keys of `run`, `training` and `output`) and the trainable model
+//! built from a training config.
+//!
+//! A training config's `run`, `training` and `output` are shared with the training engine:
+//! [`SnnRun`], [`SnnTraining`] and [`SnnOutput`] accept the engine's keys, and the caller that
+//! knows both parts (`lockstep train`) refuses every other key with
+//! [`lockstep_core::config::check_keys`] over the union of their
+//! [`field_names`](lockstep_core::config::field_names). `inputs.<name>` entries
+//! ([`InputSection`]) belong to this crate alone and refuse unknown keys themselves.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use lockstep_core::config::ConfigError;
 use lockstep_sonata::SonataConfig;
-use serde_json::Value;
+use serde::de::{self, IgnoredAny};
+use serde::{Deserialize, Deserializer};
 
 use crate::bptt::{BpttOptions, Dtype, SnnModel};
 use crate::error::{Result, SnnError};
 use crate::input::{InputSpec, PoissonSpec};
+use crate::loss::LossesSection;
 use crate::network::NetworkSpec;
-use crate::scalar::Surrogate;
+use crate::scalar::{Surrogate, SurrogateSpec};
 use crate::sonata::spike_trains_for_virtual_nodes;
 
-pub(crate) fn cfg_err(path: &Path, key: &str, problem: impl Into<String>) -> SnnError {
-    SnnError::Config {
-        path: path.to_path_buf(),
-        key: key.into(),
-        problem: problem.into(),
+/// The model's keys of a training config's `run` (the engine owns the others, e.g.
+/// `batch_size`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnnRun {
+    /// Time step (ms); required.
+    #[serde(default)]
+    pub dt: Option<f64>,
+    /// Steps per sample; required, at least 1.
+    #[serde(default)]
+    pub seq_len: Option<u64>,
+    /// Precision of BPTT: `"float32"` (default: the batched float32 kernels) or `"float64"`
+    /// (the per-sample double-precision BPTT).
+    #[serde(default)]
+    pub dtype: Option<Dtype>,
+    /// Seed of the Poisson inputs without their own `seed` (the engine's seed too; default 0).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
+/// chunk size in steps (at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GradientCheckpointing(pub Option<usize>);
+
+impl<'de> Deserialize<'de> for GradientCheckpointing {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = GradientCheckpointing;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or a chunk size in steps (at least 1)")
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> std::result::Result<Self::Value, E> {
+                Ok(GradientCheckpointing(b.then_some(25)))
+            }
+            fn visit_u64<E: de::Error>(self, k: u64) -> std::result::Result<Self::Value, E> {
+                match k {
+                    0 => Err(E::invalid_value(de::Unexpected::Unsigned(0), &self)),
+                    k => Ok(GradientCheckpointing(Some(k as usize))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, k: i64) -> std::result::Result<Self::Value, E> {
+                match u64::try_from(k) {
+                    Ok(k) => self.visit_u64(k),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(k), &self)),
+                }
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+                Ok(GradientCheckpointing(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
-pub(crate) fn get_f64(cfg: &SonataConfig, ptr: &str, key: &str) -> Result<Option<f64>> {
-    match cfg.json.pointer(ptr) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| cfg_err(&cfg.path, key, format!("must be a number, found {v}"))),
+/// The model's keys of a training config's `training` (the engine owns the others, e.g.
+/// `optimizer`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnnTraining {
+    /// The loss terms (`TargetFiringRate`, `VoltageRegularization`); required.
+    #[serde(default)]
+    pub losses: Option<LossesSection>,
+    /// The pseudo-derivative of the spike function (default gauss).
+    #[serde(default)]
+    pub pseudo_derivative: Option<SurrogateSpec>,
+    /// Recompute the forward pass in chunks instead of storing every step.
+    #[serde(default)]
+    pub gradient_checkpointing: GradientCheckpointing,
+    /// Train the input (virtual-node) weights too (default false).
+    #[serde(default)]
+    pub train_input_weights: Option<bool>,
+}
+
+/// The model's keys of a training config's `output` (the engine owns the others, e.g.
+/// `output_dir`): the spike files of the simulation written beside the trained weights.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnnOutput {
+    /// SONATA spikes file name.
+    #[serde(default)]
+    pub spikes_file: Option<String>,
+    /// BMTK's spikes CSV file name.
+    #[serde(default)]
+    pub spikes_file_csv: Option<String>,
+}
+
+/// The sections of a training config lockstep-snn reads (with
+/// [`lockstep_sonata::CIRCUIT_KEYS`], the top-level keys of a training config besides the
+/// engine's).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnnTrainConfig {
+    /// `run` (shared with the engine).
+    #[serde(default)]
+    pub run: SnnRun,
+    /// `training` (shared with the engine).
+    #[serde(default)]
+    pub training: SnnTraining,
+    /// `output` (shared with the engine).
+    #[serde(default)]
+    pub output: SnnOutput,
+    /// `inputs.<name>`.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, InputSection>,
+}
+
+impl SnnTrainConfig {
+    /// Reads lockstep-snn's sections of a resolved training config.
+    ///
+    /// Errors: [`ConfigError`] naming the config file and the key.
+    pub fn from_config(cfg: &SonataConfig) -> std::result::Result<Self, ConfigError> {
+        lockstep_core::config::from_value(&cfg.json, "").map_err(|e| e.in_file(&cfg.path))
     }
 }
 
-pub(crate) fn get_str<'a>(
-    cfg: &'a SonataConfig,
-    v: &'a Value,
-    key: &str,
-) -> Result<Option<&'a str>> {
-    match v {
-        Value::Null => Ok(None),
-        Value::String(s) => Ok(Some(s)),
-        other => Err(cfg_err(
-            &cfg.path,
-            key,
-            format!("must be a string, found {other}"),
-        )),
-    }
+/// One `inputs.<name>` entry (unknown keys refused): `{"input_type": "spikes", "module":
+/// "sonata" | "h5" | "hdf5", "input_file": ..., "node_set": <virtual population>}` or
+/// `{"input_type": "poisson", "rate": Hz, "node_set": <virtual population>, "seed": n}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSection {
+    /// `"spikes"` (default) or `"poisson"`.
+    #[serde(default)]
+    pub input_type: Option<String>,
+    /// The spike file format (`"sonata"`, `"h5"`, `"hdf5"`), or `"poisson"`.
+    #[serde(default)]
+    pub module: Option<String>,
+    /// The virtual population the input drives.
+    #[serde(default)]
+    pub node_set: Option<String>,
+    /// The SONATA spikes file (spike inputs).
+    #[serde(default)]
+    pub input_file: Option<String>,
+    /// Poisson rate (Hz).
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Poisson seed (default `run.seed`).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// BMTK's trial selector of spike files: accepted, not used.
+    #[serde(default)]
+    pub trial: Option<IgnoredAny>,
 }
 
-/// Parses the config's `inputs` (and `run.seed` for Poisson inputs) into an [`InputSpec`]
-/// for the virtual nodes of `spec`; returns it with the input names. Reads spike files;
-/// writes nothing.
+/// A [`ConfigError`] of `cfg`'s file.
+pub(crate) fn cfg_err(cfg_path: &Path, key: &str, problem: impl Into<String>) -> SnnError {
+    SnnError::Config(ConfigError::new(key, problem).in_file(cfg_path))
+}
+
+/// Compiles the `inputs` table into an [`InputSpec`] for the virtual nodes of `spec`
+/// (`run_seed` seeds Poisson inputs without their own seed); returns it with the input
+/// names. Reads spike files; writes nothing.
 pub(crate) fn inputs_from_config(
     cfg: &SonataConfig,
+    inputs: &BTreeMap<String, InputSection>,
+    run_seed: u64,
     spec: &NetworkSpec,
 ) -> Result<(InputSpec, Vec<String>)> {
-    let run_seed = get_f64(cfg, "/run/seed", "run.seed")?.unwrap_or(0.0) as u64;
-
     let mut input = InputSpec::default();
     let mut names = Vec::new();
-    if let Some(inputs) = cfg.json.get("inputs") {
-        let Value::Object(map) = inputs else {
-            return Err(cfg_err(
-                &cfg.path,
-                "inputs",
-                format!("must be an object, found {inputs}"),
-            ));
-        };
-        for (name, v) in map {
-            let key = |k: &str| format!("inputs.{name}.{k}");
-            let Value::Object(entry) = v else {
+    for (name, v) in inputs {
+        let key = |k: &str| format!("inputs.{name}.{k}");
+        let input_type = v.input_type.as_deref().unwrap_or("spikes");
+        let module = v.module.as_deref().unwrap_or("");
+        let node_set = v.node_set.as_deref();
+        match (input_type, module) {
+            ("spikes", "sonata" | "h5" | "hdf5") => {
+                let file = v
+                    .input_file
+                    .as_deref()
+                    .ok_or_else(|| cfg_err(&cfg.path, &key("input_file"), "is missing"))?;
+                let path = cfg.resolve_path(file);
+                if !path.is_file() {
+                    return Err(SnnError::InvalidInput {
+                        input: format!("inputs.{name}"),
+                        reason: format!(
+                            "input_file '{}' does not exist; check the path and manifest",
+                            path.display()
+                        ),
+                    });
+                }
+                let spikes = lockstep_sonata::read_spikes(&path)?;
+                let label = path.display().to_string();
+                let trains = spike_trains_for_virtual_nodes(spec, &spikes, &label, node_set)?;
+                let merged = input
+                    .spike_trains
+                    .get_or_insert_with(|| vec![Vec::new(); spec.virtual_nodes.len()]);
+                for (m, t) in merged.iter_mut().zip(trains) {
+                    m.extend(t);
+                    m.sort_by(f64::total_cmp);
+                }
+            }
+            ("poisson", _) | ("spikes", "poisson") => {
+                let rate = v.rate.ok_or_else(|| {
+                    cfg_err(&cfg.path, &key("rate"), "is missing or not a number (Hz)")
+                })?;
+                let seed = v.seed.unwrap_or(run_seed);
+                let ns = node_set.ok_or_else(|| {
+                    cfg_err(
+                        &cfg.path,
+                        &key("node_set"),
+                        "is missing (the virtual population to drive)",
+                    )
+                })?;
+                if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
+                    return Err(cfg_err(
+                        &cfg.path,
+                        &key("node_set"),
+                        format!("'{ns}' has no virtual nodes in the network (a virtual population with at least one node is needed)"),
+                    ));
+                }
+                let p = input.poisson.get_or_insert_with(|| PoissonSpec {
+                    rates_hz: vec![0.0; spec.virtual_nodes.len()],
+                    seed,
+                });
+                p.seed = seed;
+                for (r, vn) in p.rates_hz.iter_mut().zip(&spec.virtual_nodes) {
+                    if vn.population == ns {
+                        *r = rate;
+                    }
+                }
+            }
+            _ => {
                 return Err(cfg_err(
                     &cfg.path,
                     &format!("inputs.{name}"),
-                    "must be an object",
-                ));
-            };
-            // Unknown keys are typos (a misspelled `rate` would otherwise be ignored).
-            const KNOWN: &[&str] = &[
-                "input_type",
-                "module",
-                "node_set",
-                "input_file",
-                "rate",
-                "seed",
-                "trial",
-            ];
-            lockstep_train::config::check_keys(entry, KNOWN, &format!("inputs.{name}"))
-                .map_err(|e| cfg_err(&cfg.path, &e.key, e.problem))?;
-            let input_type =
-                get_str(cfg, &v["input_type"], &key("input_type"))?.unwrap_or("spikes");
-            let module = get_str(cfg, &v["module"], &key("module"))?.unwrap_or("");
-            let node_set = get_str(cfg, &v["node_set"], &key("node_set"))?;
-            match (input_type, module) {
-                ("spikes", "sonata" | "h5" | "hdf5") => {
-                    let file = get_str(cfg, &v["input_file"], &key("input_file"))?
-                        .ok_or_else(|| cfg_err(&cfg.path, &key("input_file"), "is missing"))?;
-                    let path = cfg.resolve_path(file);
-                    if !path.is_file() {
-                        return Err(SnnError::InvalidInput {
-                            input: format!("inputs.{name}"),
-                            reason: format!("input_file '{}' does not exist; check the path and manifest", path.display()),
-                        });
-                    }
-                    let spikes = lockstep_sonata::read_spikes(&path)?;
-                    let label = path.display().to_string();
-                    let trains = spike_trains_for_virtual_nodes(spec, &spikes, &label, node_set)?;
-                    let merged = input.spike_trains.get_or_insert_with(|| vec![Vec::new(); spec.virtual_nodes.len()]);
-                    for (m, t) in merged.iter_mut().zip(trains) {
-                        m.extend(t);
-                        m.sort_by(f64::total_cmp);
-                    }
-                }
-                ("poisson", _) | ("spikes", "poisson") => {
-                    let rate = v["rate"]
-                        .as_f64()
-                        .ok_or_else(|| cfg_err(&cfg.path, &key("rate"), "is missing or not a number (Hz)"))?;
-                    let seed = v["seed"].as_u64().unwrap_or(run_seed);
-                    let ns = node_set.ok_or_else(|| {
-                        cfg_err(&cfg.path, &key("node_set"), "is missing (the virtual population to drive)")
-                    })?;
-                    if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
-                        return Err(cfg_err(&cfg.path, &key("node_set"), format!("'{ns}' has no virtual nodes in the network (a virtual population with at least one node is needed)")));
-                    }
-                    let p = input.poisson.get_or_insert_with(|| PoissonSpec {
-                        rates_hz: vec![0.0; spec.virtual_nodes.len()],
-                        seed,
-                    });
-                    p.seed = seed;
-                    for (r, vn) in p.rates_hz.iter_mut().zip(&spec.virtual_nodes) {
-                        if vn.population == ns {
-                            *r = rate;
-                        }
-                    }
-                }
-                _ => {
-                    return Err(cfg_err(
-                        &cfg.path,
-                        &format!("inputs.{name}"),
-                        format!(
-                            "input_type '{input_type}' with module '{module}' is not supported; use input_type \"spikes\" with module \"sonata\", or input_type \"poisson\""
-                        ),
-                    ))
-                }
+                    format!(
+                        "input_type '{input_type}' with module '{module}' is not supported; use input_type \"spikes\" with module \"sonata\", or input_type \"poisson\""
+                    ),
+                ))
             }
-            names.push(name.clone());
         }
+        names.push(name.clone());
     }
     Ok((input, names))
 }
 
+/// `run.dt` (ms) and `run.seq_len` (steps) of a training config, both required.
+///
+/// Errors: [`SnnError::Config`] naming the missing key.
+pub(crate) fn clock(cfg: &SonataConfig, run: &SnnRun) -> Result<(f64, usize)> {
+    let dt = run
+        .dt
+        .ok_or_else(|| cfg_err(&cfg.path, "run.dt", "is missing or not a number (ms)"))?;
+    let seq_len = run.seq_len.filter(|&t| t > 0).ok_or_else(|| {
+        cfg_err(
+            &cfg.path,
+            "run.seq_len",
+            "is missing or not a positive integer (steps)",
+        )
+    })?;
+    Ok((dt, seq_len as usize))
+}
+
 /// Builds a trainable model from a lockstep training config (SONATA/BMTK style).
 ///
-/// Keys read (others belong to the training engine and are left to it):
+/// Keys read ([`SnnTrainConfig`]; others belong to the training engine and are left to it):
 /// * the network (`networks`/`network`, `components`) through `lockstep-sonata`;
 /// * `run.dt` (ms) and `run.seq_len` (steps), both required; `run.seed` seeds Poisson inputs;
 /// * `inputs` as in `lockstep simulate` (SONATA spike files and/or Poisson virtual nodes);
 /// * `training.losses` (`TargetFiringRate`, `VoltageRegularization`; see [`Loss`](crate::Loss)), required;
-/// * `training.pseudo_derivative` (see [`Surrogate::from_json`]);
+/// * `training.pseudo_derivative` (see [`SurrogateSection`](crate::SurrogateSection));
 /// * `training.gradient_checkpointing`: `false` (default), `true` (chunks of 25 steps) or a
 ///   chunk size in steps;
 /// * `training.train_input_weights`: `false` (default) or `true`;
@@ -165,87 +292,56 @@ pub(crate) fn inputs_from_config(
 ///   per-sample double-precision BPTT).
 ///
 /// Returns the circuit (for exporting weights) and the model. Writes nothing.
-pub fn model_from_config(config: &std::path::Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
-    use serde_json::Value;
-    let cfg = lockstep_sonata::SonataConfig::from_file(config)?;
+///
+/// Errors: [`SnnError::Config`] (`FILE: KEY: PROBLEM`) for a missing or invalid key, and the
+/// network, input and model errors of what the config names.
+pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
+    let cfg = SonataConfig::from_file(config)?;
+    let sections = SnnTrainConfig::from_config(&cfg)?;
     let circuit = lockstep_sonata::Circuit::from_sonata_config(cfg.clone())?;
     let spec = crate::sonata::network_spec_from_circuit(&circuit)?;
-    let err = |key: &str, problem: String| SnnError::Config {
-        path: cfg.path.clone(),
-        key: key.into(),
-        problem,
-    };
-    let dt = cfg
-        .json
-        .pointer("/run/dt")
-        .and_then(Value::as_f64)
-        .ok_or_else(|| err("run.dt", "is missing or not a number (ms)".into()))?;
-    let seq_len = cfg
-        .json
-        .pointer("/run/seq_len")
-        .and_then(Value::as_u64)
-        .filter(|&t| t > 0)
-        .ok_or_else(|| {
-            err(
-                "run.seq_len",
-                "is missing or not a positive integer (steps)".into(),
-            )
-        })? as usize;
-    let (input, _) = inputs_from_config(&cfg, &spec)?;
-    let training = cfg.json.get("training").cloned().unwrap_or(Value::Null);
-    let losses_v = training.get("losses").ok_or_else(|| {
-        err(
+    let (dt, seq_len) = clock(&cfg, &sections.run)?;
+    let run_seed = sections.run.seed.unwrap_or(0);
+    let (input, _) = inputs_from_config(&cfg, &sections.inputs, run_seed, &spec)?;
+    let training = sections.training;
+    let losses = training.losses.ok_or_else(|| {
+        cfg_err(
+            &cfg.path,
             "training.losses",
-            "is missing; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]".into(),
+            "is missing; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]",
         )
     })?;
-    let losses = crate::loss::losses_from_json(losses_v, &spec, &cfg.dir)?;
+    let losses = losses
+        .compile(&spec, &cfg.dir)
+        .map_err(|e| in_file(e, &cfg.path))?;
     if losses.is_empty() {
-        return Err(err("training.losses", "is empty".into()));
+        return Err(cfg_err(&cfg.path, "training.losses", "is empty"));
     }
-    let surrogate = Surrogate::from_json(training.get("pseudo_derivative"))?;
-    let gradient_checkpointing = match training.get("gradient_checkpointing") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-        Some(Value::Bool(true)) => Some(25),
-        Some(v) => Some(v.as_u64().filter(|&k| k > 0).ok_or_else(|| {
-            err(
-                "training.gradient_checkpointing",
-                format!("{v} must be true, false or a chunk size in steps"),
-            )
-        })? as usize),
-    };
-    let train_input_weights = match training.get("train_input_weights") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(err(
-                "training.train_input_weights",
-                format!("{v} must be true or false"),
-            ))
-        }
-    };
-    let dtype = match cfg.json.pointer("/run/dtype") {
-        None | Some(Value::Null) => Dtype::Float32,
-        Some(Value::String(s)) if s == "float32" => Dtype::Float32,
-        Some(Value::String(s)) if s == "float64" => Dtype::Float64,
-        Some(v) => {
-            return Err(err(
-                "run.dtype",
-                format!("{v} is not supported; use \"float32\" (default) or \"float64\""),
-            ))
-        }
-    };
+    let surrogate = training
+        .pseudo_derivative
+        .map(Surrogate::try_from)
+        .transpose()
+        .map_err(|e| SnnError::Config(e.under("training.pseudo_derivative").in_file(&cfg.path)))?
+        .unwrap_or_default();
     let opts = BpttOptions {
         seq_len,
         surrogate,
-        train_input_weights,
-        gradient_checkpointing,
+        train_input_weights: training.train_input_weights.unwrap_or(false),
+        gradient_checkpointing: training.gradient_checkpointing.0,
         losses,
-        dtype,
+        dtype: sections.run.dtype.unwrap_or(Dtype::Float32),
         ..Default::default()
     };
     let model = SnnModel::new(&spec, dt, &input, opts)?;
     Ok((circuit, model))
+}
+
+/// Sets the file of a config error that does not name one yet.
+fn in_file(e: SnnError, path: &Path) -> SnnError {
+    match e {
+        SnnError::Config(c) => SnnError::Config(c.in_file(path)),
+        other => other,
+    }
 }
 
 /// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`](crate::LossAndGrad::terms).
@@ -256,4 +352,50 @@ pub fn loss_names(model: &SnnModel) -> Vec<String> {
         .iter()
         .map(|l| l.name().to_string())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sections_read_typed_and_refuse_bad_values_with_the_key() {
+        let t: SnnTrainConfig = lockstep_core::config::from_value(
+            &json!({"run": {"dt": 0.5, "seq_len": 10, "batch_size": 2},
+                    "training": {"gradient_checkpointing": true, "optimizer": {}},
+                    "inputs": {"lgn": {"input_type": "poisson", "rate": 5.0, "node_set": "lgn"}}}),
+            "",
+        )
+        .unwrap();
+        assert_eq!((t.run.dt, t.run.seq_len), (Some(0.5), Some(10)));
+        assert_eq!(t.training.gradient_checkpointing.0, Some(25));
+        assert_eq!(t.inputs["lgn"].rate, Some(5.0));
+        for (v, key, text) in [
+            (
+                json!({"run": {"dtype": "flaot32"}}),
+                "run.dtype",
+                "did you mean `float32`",
+            ),
+            (
+                json!({"training": {"gradient_checkpointing": 0}}),
+                "training.gradient_checkpointing",
+                "chunk size",
+            ),
+            (
+                json!({"training": {"train_input_weights": "yes"}}),
+                "training.train_input_weights",
+                "invalid type",
+            ),
+            (
+                json!({"inputs": {"lgn": {"rat": 5.0}}}),
+                "inputs.lgn.rat",
+                "did you mean `rate`",
+            ),
+        ] {
+            let e = lockstep_core::config::from_value::<SnnTrainConfig>(&v, "").unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(text), "{e}");
+        }
+    }
 }

@@ -82,16 +82,9 @@ pub enum SnnError {
         reason: String,
     },
 
-    /// A configuration key is missing or invalid.
-    #[error("config '{path}': key '{key}' {problem}")]
-    Config {
-        /// The config file.
-        path: PathBuf,
-        /// Dotted key path.
-        key: String,
-        /// What is wrong.
-        problem: String,
-    },
+    /// A configuration key is missing or invalid: `FILE: KEY: PROBLEM`.
+    #[error(transparent)]
+    Config(#[from] lockstep_core::config::ConfigError),
 
     /// The output directory exists and the config does not allow overwriting it.
     #[error("output directory '{path}' already exists; set \"output\": {{\"overwrite_output_dir\": true}} or choose another output_dir")]

@@ -42,14 +42,17 @@ mod trained_simulation;
 
 pub use all_to_all::all_to_all_glif3;
 pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel};
-pub use config::{loss_names, model_from_config};
+pub use config::{
+    loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
+    SnnTrainConfig, SnnTraining,
+};
 pub use error::{Result, SnnError};
 pub use forward::{
     simulate, simulate_with, InitialState, SimExtras, SimOptions, SimOutput, TrialSpikes,
     TrialState, VmRecorder, PROGRESS_CHUNK,
 };
 pub use input::{InputSpec, Inputs, PoissonSpec};
-pub use loss::{Loss, RateTarget, RateUnits};
+pub use loss::{Loss, LossesSection, RateTarget, RateUnits};
 pub use model::{
     AscConsts, CellConsts, CellModel, GlifParams, IafPscAlphaParams, ModelKind, PortConsts,
 };
@@ -58,10 +61,10 @@ pub use network::{
     CellType, Csr, EdgeSpec, Group, Network, NetworkSpec, NeuronSpec, Segment, VirtualNodeSpec,
 };
 pub use replica::{PoissonTrials, SnnReplica};
-pub use scalar::{PseudoDerivative, Scalar, Surrogate};
+pub use scalar::{PseudoDerivative, Scalar, Surrogate, SurrogateSection, SurrogateSpec};
 pub use simulate_config::{
     firing_rates, simulate_config, RateGroup, RateRow, ReportSummary, RunProgress, SimulateOptions,
-    SimulationOutput, SimulationRun, SimulationSummary,
+    SimulationConfig, SimulationOutput, SimulationRun, SimulationSummary,
 };
 pub use sonata::{
     export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,

@@ -24,8 +24,12 @@ pub enum RateUnits {
     SpikesPerStep,
 }
 
-/// Where a firing-rate target comes from.
-#[derive(Debug, Clone, PartialEq)]
+/// Where a firing-rate target comes from (`firing_rate` of `TargetFiringRate`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a number (the same target for every neuron), an object {population or node type: rate} or the path of a per-node CSV"
+)]
 pub enum RateTarget {
     /// The same target for every neuron.
     Uniform(f64),
@@ -38,35 +42,19 @@ pub enum RateTarget {
 }
 
 impl RateTarget {
-    /// Parses the JSON form: a number, an object `{key: rate}`, or a CSV path string.
+    /// Parses the JSON form: a number, an object `{key: rate}`, or a CSV path string
+    /// (relative to `base_dir`).
+    ///
+    /// Errors: [`SnnError::Config`] for any other value.
     pub fn from_json(v: &serde_json::Value, base_dir: &Path) -> Result<Self> {
-        match v {
-            serde_json::Value::Number(n) => Ok(RateTarget::Uniform(n.as_f64().unwrap_or(f64::NAN))),
-            serde_json::Value::Object(m) => {
-                let mut out = BTreeMap::new();
-                for (k, x) in m {
-                    let r = x.as_f64().ok_or_else(|| SnnError::InvalidInput {
-                        input: "TargetFiringRate.firing_rate".into(),
-                        reason: format!("entry '{k}' = {x} must be a number"),
-                    })?;
-                    out.insert(k.clone(), r);
-                }
-                Ok(RateTarget::PerPopulation(out))
-            }
-            serde_json::Value::String(s) => {
-                let p = Path::new(s);
-                Ok(RateTarget::PerNodeCsv(if p.is_absolute() {
-                    p.to_path_buf()
-                } else {
-                    base_dir.join(p)
-                }))
-            }
-            other => Err(SnnError::InvalidInput {
-                input: "TargetFiringRate.firing_rate".into(),
-                reason: format!(
-                    "{other} must be a number, an object of per-population rates or a CSV path"
-                ),
-            }),
+        Ok(lockstep_core::config::from_value::<RateTarget>(v, "firing_rate")?.in_dir(base_dir))
+    }
+
+    /// Resolves a relative CSV path against `base_dir` (the config's folder).
+    fn in_dir(self, base_dir: &Path) -> Self {
+        match self {
+            RateTarget::PerNodeCsv(p) => RateTarget::PerNodeCsv(base_dir.join(p)),
+            other => other,
         }
     }
 
@@ -264,119 +252,113 @@ pub(crate) fn vreg_r_generic<S: Scalar>(v: S) -> S {
     }
 }
 
-fn loss_err(key: &str, reason: impl Into<String>) -> SnnError {
-    SnnError::InvalidInput {
-        input: format!("training.losses.{key}"),
-        reason: reason.into(),
-    }
+/// One loss term of `training.losses`, as written (unknown keys refused).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(tag = "name", deny_unknown_fields)]
+enum LossConfig {
+    /// Mean squared distance of the firing rates from their targets.
+    TargetFiringRate {
+        /// The targets (Hz, or spikes per step with `rate_units`).
+        firing_rate: RateTarget,
+        /// `"Hz"` (default) or `"spikes_per_step"`.
+        #[serde(default)]
+        rate_units: RateUnits,
+    },
+    /// Penalty on membrane potentials outside the resting-to-threshold range.
+    VoltageRegularization {
+        /// Weight of the term (default 1).
+        #[serde(default = "unit_cost")]
+        cost: f64,
+    },
 }
 
-fn check_keys(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    key: &str,
-    allowed: &[&str],
-) -> Result<()> {
-    for k in obj.keys() {
-        if !allowed.contains(&k.as_str()) {
-            return Err(loss_err(
-                key,
-                format!("unknown key '{k}'; known: {}", allowed.join(", ")),
-            ));
-        }
+fn unit_cost() -> f64 {
+    1.0
+}
+
+/// `training.losses` as written: a list of objects with `"name"` (or `"type"`), or an object
+/// keyed by loss name; compiled against a network by [`LossesSection::compile`].
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct LossesSection(serde_json::Value);
+
+impl LossesSection {
+    /// The losses of `spec` (CSV targets relative to `base_dir`).
+    ///
+    /// Errors: [`SnnError::Config`] naming `training.losses[i].KEY` (or
+    /// `training.losses.NAME.KEY`) for an unknown loss, key or value; the errors of
+    /// [`RateTarget::resolve`].
+    pub fn compile(&self, spec: &NetworkSpec, base_dir: &Path) -> Result<Vec<Loss>> {
+        losses_from_json(&self.0, spec, base_dir)
     }
-    Ok(())
 }
 
 /// Parses `training.losses`: a list of objects with `"name"` (`TargetFiringRate` or
-/// `VoltageRegularization`), or an object keyed by those names.
+/// `VoltageRegularization`; `"type"` is read as `"name"`), or an object keyed by those names.
 ///
 /// * `TargetFiringRate`: `firing_rate` (number, `{population or node type: rate}`, or a
 ///   per-node CSV path relative to `base_dir`), `rate_units` (`"Hz"` default or
 ///   `"spikes_per_step"`);
 /// * `VoltageRegularization`: `cost` (default 1).
+///
+/// Errors: [`SnnError::Config`] naming `training.losses[i].KEY` (or
+/// `training.losses.NAME.KEY`) for an unknown loss, key or value; the errors of
+/// [`RateTarget::resolve`].
 pub(crate) fn losses_from_json(
     v: &serde_json::Value,
     spec: &NetworkSpec,
     base_dir: &Path,
 ) -> Result<Vec<Loss>> {
+    use lockstep_core::config::{from_value, ConfigError};
     use serde_json::Value;
-    let entries: Vec<(String, serde_json::Map<String, Value>)> = match v {
+    const SECTION: &str = "training.losses";
+    // Each entry as the tagged object `LossConfig` reads, with its key path.
+    let entries: Vec<(String, Value)> = match v {
         Value::Array(a) => a
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let Value::Object(m) = e else {
-                    return Err(loss_err(
-                        &i.to_string(),
-                        format!("{e} must be an object with a \"name\""),
-                    ));
-                };
-                let name = m
-                    .get("name")
-                    .or_else(|| m.get("type"))
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| {
-                        loss_err(
-                            &i.to_string(),
-                            "needs \"name\": \"TargetFiringRate\" or \"VoltageRegularization\"",
-                        )
-                    })?;
-                let mut m = m.clone();
-                m.remove("name");
-                m.remove("type");
-                Ok((name.to_string(), m))
+                let mut e = e.clone();
+                if let Some(m) = e.as_object_mut() {
+                    if !m.contains_key("name") {
+                        if let Some(t) = m.remove("type") {
+                            m.insert("name".into(), t);
+                        }
+                    }
+                }
+                (format!("{SECTION}[{i}]"), e)
             })
-            .collect::<Result<_>>()?,
+            .collect(),
         Value::Object(m) => m
             .iter()
-            .map(|(k, e)| match e {
-                Value::Object(o) => Ok((k.clone(), o.clone())),
-                other => Err(loss_err(k, format!("{other} must be an object"))),
+            .map(|(k, e)| {
+                let mut e = e.clone();
+                if let Some(o) = e.as_object_mut() {
+                    o.insert("name".into(), Value::String(k.clone()));
+                }
+                (format!("{SECTION}.{k}"), e)
             })
-            .collect::<Result<_>>()?,
+            .collect(),
         other => {
-            return Err(loss_err(
-                "",
+            return Err(ConfigError::new(
+                SECTION,
                 format!("{other} must be a list or an object of losses"),
-            ))
+            )
+            .into())
         }
     };
     let mut out = Vec::new();
-    for (name, m) in entries {
-        match name.as_str() {
-            "TargetFiringRate" => {
-                check_keys(&m, &name, &["firing_rate", "rate_units"])?;
-                let rate = m
-                    .get("firing_rate")
-                    .ok_or_else(|| loss_err(&name, "needs \"firing_rate\""))?;
-                let units = match m.get("rate_units").and_then(Value::as_str) {
-                    None | Some("Hz") => RateUnits::Hz,
-                    Some("spikes_per_step") => RateUnits::SpikesPerStep,
-                    Some(u) => {
-                        return Err(loss_err(
-                            &name,
-                            format!("rate_units '{u}' must be \"Hz\" or \"spikes_per_step\""),
-                        ))
-                    }
-                };
-                let target = RateTarget::from_json(rate, base_dir)?.resolve(spec)?;
-                out.push(Loss::TargetFiringRate { target, units });
-            }
-            "VoltageRegularization" => {
-                check_keys(&m, &name, &["cost"])?;
-                let cost = match m.get("cost") {
-                    None => 1.0,
-                    Some(c) => c
-                        .as_f64()
-                        .ok_or_else(|| loss_err(&name, format!("cost {c} must be a number")))?,
-                };
-                out.push(Loss::VoltageRegularization { cost });
-            }
-            other => return Err(loss_err(
-                other,
-                "unknown loss; lockstep-snn provides TargetFiringRate and VoltageRegularization",
-            )),
-        }
+    for (key, e) in entries {
+        out.push(match from_value::<LossConfig>(&e, &key)? {
+            LossConfig::TargetFiringRate {
+                firing_rate,
+                rate_units,
+            } => Loss::TargetFiringRate {
+                target: firing_rate.in_dir(base_dir).resolve(spec)?,
+                units: rate_units,
+            },
+            LossConfig::VoltageRegularization { cost } => Loss::VoltageRegularization { cost },
+        });
     }
     Ok(out)
 }

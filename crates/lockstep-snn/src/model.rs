@@ -162,21 +162,18 @@ impl Reader<'_> {
             Some(v) => Err(self.err(key, v.to_string(), "must be an array of numbers")),
         }
     }
+    /// Refuses parameters `model` does not have, naming the nearest known one.
     fn check_keys(&self, allowed: &[&str]) -> Result<()> {
-        for k in self.map.keys() {
-            if !allowed.contains(&k.as_str()) {
-                return Err(self.err(
-                    k,
-                    self.map[k].to_string(),
-                    format!(
-                        "unknown parameter of {} (NEST would reject it); known: {}",
-                        self.model,
-                        allowed.join(", ")
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        lockstep_core::config::check_keys(self.map, allowed, "").map_err(|e| {
+            self.err(
+                &e.key,
+                self.map[&e.key].to_string(),
+                format!(
+                    "unknown parameter of {} (NEST would reject it): {}",
+                    self.model, e.problem
+                ),
+            )
+        })
     }
     fn positive(&self, key: &str, v: f64) -> Result<()> {
         if v.is_finite() && v > 0.0 {

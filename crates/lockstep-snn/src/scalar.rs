@@ -52,59 +52,87 @@ impl Default for Surrogate {
     }
 }
 
-impl Surrogate {
-    /// Parses the pseudo-derivative config: `"gauss"` / `"triangle"`, or
-    /// `{"name": "gauss" | "triangle", "gain": g, "width": w}` (missing values: defaults of
-    /// that shape; gauss gain 0.3 width 0.5, triangle gain 0.3 width 1). `None`: gauss.
-    pub fn from_json(v: Option<&serde_json::Value>) -> Result<Self, crate::SnnError> {
-        use serde_json::Value;
-        let bad = |reason: String| crate::SnnError::InvalidInput {
-            input: "training.pseudo_derivative".into(),
-            reason,
-        };
-        let (name, obj) = match v {
-            None | Some(Value::Null) => ("gauss", None),
-            Some(Value::String(s)) => (s.as_str(), None),
-            Some(Value::Object(m)) => {
-                for k in m.keys() {
-                    if !["name", "gain", "width"].contains(&k.as_str()) {
-                        return Err(bad(format!("unknown key '{k}'; known: name, gain, width")));
-                    }
-                }
-                (
-                    m.get("name").and_then(Value::as_str).unwrap_or("gauss"),
-                    Some(m),
-                )
+/// `training.pseudo_derivative` as written: `"gauss"` / `"triangle"`, or
+/// `{"name": "gauss" | "triangle", "gain": g, "width": w}` (unknown keys refused; missing
+/// values: the defaults of that shape, gauss gain 0.3 width 0.5, triangle gain 0.3 width 1).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SurrogateSection {
+    /// The shape (default gauss).
+    #[serde(default)]
+    pub name: Option<PseudoDerivative>,
+    /// Peak value (> 0).
+    #[serde(default)]
+    pub gain: Option<f64>,
+    /// Width in units of the normalized voltage (> 0).
+    #[serde(default)]
+    pub width: Option<f64>,
+}
+
+impl<'de> serde::Deserialize<'de> for SurrogateSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, IntoDeserializer};
+        use serde::Deserialize;
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = SurrogateSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"gauss\", \"triangle\" or an object {name, gain, width}")
             }
-            Some(other) => {
-                return Err(bad(format!(
-                    "{other} must be \"gauss\", \"triangle\" or an object"
-                )))
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<SurrogateSpec, E> {
+                let name = PseudoDerivative::deserialize(s.into_deserializer())?;
+                Ok(SurrogateSpec(SurrogateSection {
+                    name: Some(name),
+                    ..Default::default()
+                }))
             }
-        };
-        let mut s = match name {
-            "gauss" => Surrogate::default(),
-            "triangle" => Surrogate {
+            fn visit_map<M: de::MapAccess<'de>>(self, m: M) -> Result<SurrogateSpec, M::Error> {
+                SurrogateSection::deserialize(de::value::MapAccessDeserializer::new(m))
+                    .map(SurrogateSpec)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `training.pseudo_derivative` in either form (a shape name or a [`SurrogateSection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SurrogateSpec(pub SurrogateSection);
+
+impl TryFrom<SurrogateSpec> for Surrogate {
+    type Error = lockstep_core::config::ConfigError;
+
+    /// The pseudo-derivative a section asks for. Errors: a gain or width that is not a
+    /// positive number, naming `gain` / `width`.
+    fn try_from(spec: SurrogateSpec) -> Result<Self, Self::Error> {
+        let section = spec.0;
+        let mut s = match section.name.unwrap_or(PseudoDerivative::Gauss) {
+            PseudoDerivative::Gauss => Surrogate::default(),
+            PseudoDerivative::Triangle => Surrogate {
                 kind: PseudoDerivative::Triangle,
                 gain: 0.3,
                 width: 1.0,
             },
-            other => return Err(bad(format!("'{other}' is not \"gauss\" or \"triangle\""))),
         };
-        if let Some(m) = obj {
-            for (k, slot) in [("gain", &mut s.gain), ("width", &mut s.width)] {
-                if let Some(x) = m.get(k) {
-                    let x = x
-                        .as_f64()
-                        .filter(|x| x.is_finite() && *x > 0.0)
-                        .ok_or_else(|| bad(format!("{k} = {x} must be a positive number")))?;
-                    *slot = x;
+        for (k, given, slot) in [
+            ("gain", section.gain, &mut s.gain),
+            ("width", section.width, &mut s.width),
+        ] {
+            if let Some(x) = given {
+                if !(x.is_finite() && x > 0.0) {
+                    return Err(lockstep_core::config::ConfigError::new(
+                        k,
+                        format!("{x} must be a positive number"),
+                    ));
                 }
+                *slot = x;
             }
         }
         Ok(s)
     }
+}
 
+impl Surrogate {
     /// Pseudo-derivative at normalized voltage `v` (dimensionless).
     #[inline]
     pub fn eval(&self, v: f64) -> f64 {
@@ -283,8 +311,19 @@ mod tests {
     #[test]
     fn surrogate_from_json() {
         use serde_json::json;
-        assert_eq!(Surrogate::from_json(None).unwrap(), Surrogate::default());
-        let t = Surrogate::from_json(Some(&json!({"name": "triangle", "gain": 0.5}))).unwrap();
+        let from_json = |v: Option<serde_json::Value>| -> Result<Surrogate, String> {
+            match v {
+                None => Ok(Surrogate::default()),
+                Some(v) => {
+                    let spec: SurrogateSpec =
+                        lockstep_core::config::from_value(&v, "training.pseudo_derivative")
+                            .map_err(|e| e.to_string())?;
+                    Surrogate::try_from(spec).map_err(|e| e.to_string())
+                }
+            }
+        };
+        assert_eq!(from_json(None).unwrap(), Surrogate::default());
+        let t = from_json(Some(json!({"name": "triangle", "gain": 0.5}))).unwrap();
         assert_eq!(
             t,
             Surrogate {
@@ -293,9 +332,15 @@ mod tests {
                 width: 1.0
             }
         );
-        assert!(Surrogate::from_json(Some(&json!("sigmoid"))).is_err());
-        assert!(Surrogate::from_json(Some(&json!({"name": "gauss", "width": -1}))).is_err());
-        assert!(Surrogate::from_json(Some(&json!({"nme": "gauss"}))).is_err());
+        assert!(from_json(Some(json!("sigmoid"))).is_err());
+        assert!(from_json(Some(json!({"name": "gauss", "width": -1}))).is_err());
+        assert!(from_json(Some(json!({"nme": "gauss"}))).is_err());
+        let e = from_json(Some(json!({"nme": "gauss"}))).unwrap_err();
+        assert!(
+            e.contains("training.pseudo_derivative.nme") && e.contains("`name`"),
+            "{e}"
+        );
+        assert_eq!(from_json(Some(json!("triangle"))).unwrap().width, 1.0);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! folder beside `output_dir`, which then replaces it, so a rejected or failed run leaves the
 //! previous output untouched and no partial output behind.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,35 +34,39 @@ use lockstep_core::config::{self as idiom, ConfigError};
 use lockstep_core::memory::MemoryEstimate;
 use lockstep_sonata::{
     Circuit, PopulationSpikes, Report, ReportDtype, ReportPopulation, SonataConfig, SpikeSorting,
-    SpikeTrains,
+    SpikeTrains, CIRCUIT_KEYS,
 };
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{cfg_err, inputs_from_config};
+use crate::config::{cfg_err, inputs_from_config, InputSection};
 use crate::error::{Result, SnnError};
 use crate::forward::{simulate_with, InitialState, SimExtras, SimOptions, SimOutput, VmRecorder};
 use crate::nest::TICS_PER_MS;
 use crate::network::Network;
 use crate::sonata::network_spec_from_circuit;
 
-/// The top-level keys of a simulation config.
-const TOP_LEVEL_KEYS: &[&str] = &[
-    "manifest",
-    "target_simulator",
-    "run",
-    "inputs",
-    "output",
-    "reports",
-    "network",
-    "networks",
-    "components",
-    "node_sets",
-    "node_sets_file",
-];
+/// The sections of a simulation config lockstep simulate reads (with
+/// [`lockstep_sonata::CIRCUIT_KEYS`], every top-level key a simulation config may have).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SimulationConfig {
+    /// `run`.
+    #[serde(default)]
+    pub run: SimulationRun,
+    /// `output`.
+    #[serde(default)]
+    pub output: SimulationOutput,
+    /// `inputs.<name>`.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, InputSection>,
+    /// `reports.<name>`, read by [`lockstep_sonata::membrane_reports`].
+    #[serde(default)]
+    pub reports: Option<IgnoredAny>,
+}
 
 /// The `run` section of a simulation config (lockstep simulate owns all of it).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimulationRun {
     /// Simulated time (ms); BMTK also reads it as `duration`.
@@ -77,7 +81,7 @@ pub struct SimulationRun {
 }
 
 /// The `output` section of a simulation config.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimulationOutput {
     /// The output folder (resolved against the config's folder).
@@ -260,17 +264,13 @@ pub(crate) struct PreparedSimulation {
 
 /// A [`ConfigError`] of `path` as this crate's error.
 fn config_error(path: &Path, e: ConfigError) -> SnnError {
-    SnnError::Config {
-        path: e.file.unwrap_or_else(|| path.to_path_buf()),
-        key: e.key,
-        problem: e.problem,
-    }
+    SnnError::Config(e.in_file(path))
 }
 
 /// Refuses unknown top-level keys of the config file itself (the circuit file it includes
 /// through `network` is read by `lockstep-sonata`).
 fn check_top_level(config: &Path) -> Result<()> {
-    let raw = idiom::read_json(config).map_err(|e| config_error(config, e))?;
+    let raw = idiom::read_json(config)?;
     let Value::Object(root) = &raw else {
         return Err(cfg_err(config, "<root>", "must be a JSON object"));
     };
@@ -281,7 +281,8 @@ fn check_top_level(config: &Path) -> Result<()> {
             "belongs to training configs; run it with `lockstep train`, or simulate with a simulation config (run.tstop, run.dt, output)",
         ));
     }
-    idiom::check_keys(root, TOP_LEVEL_KEYS, "").map_err(|e| config_error(config, e))
+    let known = [CIRCUIT_KEYS, idiom::field_names::<SimulationConfig>()].concat();
+    idiom::check_keys(root, &known, "").map_err(|e| config_error(config, e))
 }
 
 /// `x` ms as a whole number of steps of `net`'s grid, or `None` when it is off the grid.
@@ -511,16 +512,12 @@ pub(crate) fn memory_estimate(
 pub(crate) fn prepare_simulation(config: &Path, batch: usize) -> Result<PreparedSimulation> {
     check_top_level(config)?;
     let cfg = SonataConfig::from_file(config)?;
-    let section = |k: &str| {
-        cfg.json
-            .get(k)
-            .cloned()
-            .unwrap_or(Value::Object(Default::default()))
-    };
-    let run: SimulationRun =
-        idiom::from_value(&section("run"), "run").map_err(|e| config_error(&cfg.path, e))?;
-    let output: SimulationOutput =
-        idiom::from_value(&section("output"), "output").map_err(|e| config_error(&cfg.path, e))?;
+    let SimulationConfig {
+        run,
+        output,
+        inputs,
+        ..
+    } = idiom::from_value(&cfg.json, "").map_err(|e| config_error(&cfg.path, e))?;
     let dt = run
         .dt
         .ok_or_else(|| cfg_err(&cfg.path, "run.dt", "is missing (ms)"))?;
@@ -545,7 +542,7 @@ pub(crate) fn prepare_simulation(config: &Path, batch: usize) -> Result<Prepared
     let network = spec.compile(dt)?;
     let n_steps = network.grid.run_steps(tstop)?;
     let reports = plan_reports(&cfg, &network, n_steps, &output_dir)?;
-    let (input, names) = inputs_from_config(&cfg, &spec)?;
+    let (input, names) = inputs_from_config(&cfg, &inputs, run.seed.unwrap_or(0), &spec)?;
     memory_estimate(
         &network,
         n_steps,

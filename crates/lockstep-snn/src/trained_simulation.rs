@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use lockstep_sonata::Circuit;
 use serde_json::{json, Map, Value};
 
+use crate::config::SnnRun;
 use crate::error::{Result, SnnError};
+use lockstep_core::config::ConfigError;
 
 /// File name of the generated config inside the run directory.
 pub const TRAINED_SIMULATION_CONFIG: &str = "config.simulate.json";
@@ -23,15 +25,16 @@ pub const TRAINED_SIMULATION_CONFIG: &str = "config.simulate.json";
 /// written ([`SnnError::Io`]).
 pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Result<PathBuf> {
     let cfg = &circuit.config;
-    let run = &cfg.json["run"];
-    let (dt, seq_len) = match (run["dt"].as_f64(), run["seq_len"].as_f64()) {
-        (Some(dt), Some(n)) => (dt, n),
+    let run: SnnRun = cfg.section("run")?;
+    let (dt, seq_len) = match (run.dt, run.seq_len) {
+        (Some(dt), Some(n)) => (dt, n as f64),
         _ => {
-            return Err(SnnError::Config {
-                path: cfg.path.clone(),
-                key: "run.dt, run.seq_len".into(),
-                problem: format!("are needed to write {TRAINED_SIMULATION_CONFIG}"),
-            })
+            return Err(ConfigError::new(
+                "run.dt, run.seq_len",
+                format!("are needed to write {TRAINED_SIMULATION_CONFIG}"),
+            )
+            .in_file(&cfg.path)
+            .into())
         }
     };
     let nodes: Vec<Value> = cfg
@@ -41,10 +44,12 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
         .collect();
     let mut edges = Vec::new();
     for e in &cfg.edges {
-        let name = e.edges_file.file_name().ok_or_else(|| SnnError::Config {
-            path: cfg.path.clone(),
-            key: "networks.edges[].edges_file".into(),
-            problem: format!("'{}' has no file name", e.edges_file.display()),
+        let name = e.edges_file.file_name().ok_or_else(|| {
+            ConfigError::new(
+                "networks.edges[].edges_file",
+                format!("'{}' has no file name", e.edges_file.display()),
+            )
+            .in_file(&cfg.path)
         })?;
         edges.push(json!({
             "edges_file": Path::new("network").join(name),
@@ -56,8 +61,8 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
         components.insert(k.clone(), json!(v));
     }
     let mut run_out = json!({"tstop": seq_len * dt, "dt": dt});
-    if let Some(seed) = run.get("seed") {
-        run_out["seed"] = seed.clone();
+    if let Some(seed) = run.seed {
+        run_out["seed"] = json!(seed);
     }
     let sim = json!({
         "run": run_out,

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use lockstep_core::config::ConfigError;
 use lockstep_snn::{simulate_config, RateGroup, SimulateOptions, SnnError};
 use serde_json::{json, Value};
 
@@ -254,9 +255,9 @@ fn reports_that_cannot_be_made_are_refused_before_any_output() {
         let cfg = config(tmp.path(), 300.0, json!({ "m": r }));
         let e = simulate_config(&cfg, &SimulateOptions::default()).unwrap_err();
         match &e {
-            SnnError::Config {
+            SnnError::Config(ConfigError {
                 key: k, problem, ..
-            } => {
+            }) => {
                 assert_eq!(k, key, "{e}");
                 assert!(problem.contains(text), "{e}");
             }

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use lockstep_core::config::ConfigError;
 use lockstep_snn::{simulate_config, SimulateOptions, SnnError};
 use serde_json::{json, Value};
 
@@ -32,7 +33,7 @@ fn config(dir: &Path, edit: impl FnOnce(&mut Value)) -> PathBuf {
 
 fn config_error(e: &SnnError) -> (&str, &str) {
     match e {
-        SnnError::Config { key, problem, .. } => (key.as_str(), problem.as_str()),
+        SnnError::Config(ConfigError { key, problem, .. }) => (key.as_str(), problem.as_str()),
         other => panic!("expected a config error, got {other}"),
     }
 }

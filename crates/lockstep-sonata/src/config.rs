@@ -20,6 +20,9 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
+use lockstep_core::config::{self, ConfigError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{Result, SonataError, SonataErrorKind};
@@ -81,8 +84,8 @@ pub struct SonataConfig {
     /// `networks.edges[]` in file order.
     pub edges: Vec<EdgesEntry>,
     /// The whole resolved JSON (variables substituted, path keys resolved, circuit merged):
-    /// `run`, `inputs`, `output`, ... for the simulate/train commands, e.g.
-    /// `json.pointer("/run/tstop")`.
+    /// `run`, `inputs`, `output`, ... for the simulate/train commands, which read them as
+    /// typed sections with [`SonataConfig::section`].
     pub json: Value,
 }
 
@@ -258,15 +261,54 @@ impl SonataConfig {
         resolve_against(&self.dir, p)
     }
 
-    /// `run.dt` in ms, if present and numeric.
-    pub fn dt(&self) -> Option<f64> {
-        self.json.pointer("/run/dt").and_then(Value::as_f64)
+    /// Deserializes the top-level section `key` (`run`, `output`, `training`, ...) as the
+    /// typed section `T` of the crate that owns those keys; an absent or `null` section reads
+    /// as an empty object.
+    ///
+    /// Errors: [`ConfigError`] naming this file and the full key (`run.dt`).
+    pub fn section<T: DeserializeOwned>(&self, key: &str) -> std::result::Result<T, ConfigError> {
+        let empty = Value::Object(Map::new());
+        let value = match self.json.get(key) {
+            None | Some(Value::Null) => &empty,
+            Some(v) => v,
+        };
+        config::from_value(value, key).map_err(|e| e.in_file(&self.path))
     }
 
-    /// `run.tstop` in ms, if present and numeric.
-    pub fn tstop(&self) -> Option<f64> {
-        self.json.pointer("/run/tstop").and_then(Value::as_f64)
+    /// `run.dt` in ms, if present and numeric.
+    pub fn dt(&self) -> Option<f64> {
+        self.section::<RunClock>("run").ok()?.dt
     }
+
+    /// `run.tstop` (BMTK also reads it as `duration`) in ms, if present and numeric.
+    pub fn tstop(&self) -> Option<f64> {
+        self.section::<RunClock>("run").ok()?.tstop
+    }
+}
+
+/// The top-level keys [`SonataConfig`] reads itself: the variables, the circuit and its node
+/// sets, and BMTK's `target_simulator` (accepted, not used). A command adds its own sections
+/// (`run`, `inputs`, `output`, ...) and refuses every other key with
+/// [`lockstep_core::config::check_keys`] over the union of both lists.
+pub const CIRCUIT_KEYS: &[&str] = &[
+    "manifest",
+    "target_simulator",
+    "network",
+    "networks",
+    "components",
+    "node_sets",
+    "node_sets_file",
+];
+
+/// The simulation clock of `run` (other keys belong to the commands).
+#[derive(Debug, Default, Deserialize)]
+struct RunClock {
+    /// Simulated time (ms).
+    #[serde(default, alias = "duration")]
+    tstop: Option<f64>,
+    /// Time step (ms).
+    #[serde(default)]
+    dt: Option<f64>,
 }
 
 fn brief(v: &Value) -> String {

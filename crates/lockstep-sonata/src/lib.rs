@@ -42,7 +42,7 @@ mod write;
 pub use circuit::Circuit;
 pub use column::{Column, ColumnData, PopulationGroup};
 pub use components::{ComponentKind, ComponentStore};
-pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig};
+pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig, CIRCUIT_KEYS};
 pub use edges::{
     join_edges, read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel,
 };

@@ -130,9 +130,6 @@ pub struct EngineConfig {
     pub log_file: String,
 }
 
-/// Kept only until `lockstep-snn` uses [`lockstep_core::config`] directly.
-pub use lockstep_core::config::check_keys;
-
 /// Deserializes section `name` of `config` (absent: the type's default).
 fn section<T: DeserializeOwned + Default>(config: &Value, name: &str) -> Result<T, ConfigError> {
     match config.get(name) {
