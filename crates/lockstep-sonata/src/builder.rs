@@ -472,7 +472,39 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 }
 
 /// Builds the network a recipe describes (validating it first).
+///
+/// Phases: [`validate_recipe`] (folders and the recipe's top level), [`build_nodes`] per node
+/// population, [`build_edges`] per edge population (which [`select`]s the nodes each edge
+/// type connects and [`connect`]s them, drawing connections and weights).
+///
+/// Errors: [`BuildError::Invalid`] naming the recipe key of the first invalid value.
 pub fn build(recipe: &Recipe) -> BResult<BuiltNetwork> {
+    let components = validate_recipe(recipe)?;
+    let mut nodes: Vec<BuiltNodes> = Vec::new();
+    // per population: node type row of each node
+    let mut type_of_node: Vec<Vec<usize>> = Vec::new();
+    for (pi, pop) in recipe.nodes.iter().enumerate() {
+        let (built, tof) = build_nodes(recipe, pi, pop, &nodes, &components)?;
+        nodes.push(built);
+        type_of_node.push(tof);
+    }
+    let edges = recipe
+        .edges
+        .iter()
+        .enumerate()
+        .map(|(ei, spec)| build_edges(recipe, ei, spec, &nodes, &type_of_node, &components))
+        .collect::<BResult<Vec<_>>>()?;
+    Ok(BuiltNetwork {
+        nodes,
+        edges,
+        components,
+        network_dir: recipe.network_dir.clone(),
+    })
+}
+
+/// Checks the recipe's top level (`network_dir`, `components` folders, at least one node
+/// population); returns the `components` folders resolved against the recipe's folder.
+fn validate_recipe(recipe: &Recipe) -> BResult<BTreeMap<String, PathBuf>> {
     if !valid_name(&recipe.network_dir) && recipe.network_dir != "." {
         return Err(recipe.invalid(
             "network_dir",
@@ -499,401 +531,493 @@ pub fn build(recipe: &Recipe) -> BResult<BuiltNetwork> {
     if recipe.nodes.is_empty() {
         return Err(recipe.invalid("nodes", "no node populations; add at least one"));
     }
-    let mut nodes: Vec<BuiltNodes> = Vec::new();
-    // per population: node type row of each node
-    let mut type_of_node: Vec<Vec<usize>> = Vec::new();
-    for (pi, pop) in recipe.nodes.iter().enumerate() {
-        let pkey = format!("nodes[{pi}]");
-        if !valid_name(&pop.population) {
-            return Err(recipe.invalid(
-                format!("{pkey}.population"),
-                format!(
-                    "'{}' is not a valid population name (letters, digits, '_', '-', '.')",
-                    pop.population
-                ),
-            ));
-        }
-        if nodes.iter().any(|n| n.parts.name == pop.population) {
-            return Err(recipe.invalid(
-                format!("{pkey}.population"),
-                format!("population '{}' is defined twice", pop.population),
-            ));
-        }
-        if pop.types.is_empty() {
-            return Err(recipe.invalid(format!("{pkey}.types"), "no node types; add at least one"));
-        }
-        let mut keys = BTreeSet::new();
-        keys.insert("model_type".to_string());
-        let mut seen_ids = BTreeSet::new();
-        for (ti, t) in pop.types.iter().enumerate() {
-            let tkey = format!("{pkey}.types[{ti}]");
-            if !seen_ids.insert(t.node_type_id) {
-                return Err(recipe.invalid(
-                    format!("{tkey}.node_type_id"),
-                    format!(
-                        "node_type_id {} appears twice in population '{}'",
-                        t.node_type_id, pop.population
-                    ),
-                ));
-            }
-            if t.count == 0 {
-                return Err(recipe.invalid(
-                    format!("{tkey}.count"),
-                    "count is 0; every node type needs at least one node (remove the type instead)",
-                ));
-            }
-            if let Some(r) = t.target_rate_hz {
-                if !(r.is_finite() && r >= 0.0) {
-                    return Err(recipe.invalid(
-                        format!("{tkey}.target_rate_hz"),
-                        format!("{r} Hz must be finite and >= 0"),
-                    ));
-                }
-            }
-            for (k, v) in &t.columns {
-                if k == "node_type_id" || k.is_empty() || k.contains([' ', '"']) {
-                    return Err(recipe.invalid(format!("{tkey}.{k}"), "invalid column name"));
-                }
-                if cell(v).is_none() {
-                    return Err(recipe.invalid(
-                        format!("{tkey}.{k}"),
-                        format!("{v} is not a string, number or boolean (node-types CSV cells are scalars)"),
-                    ));
-                }
-                keys.insert(k.clone());
-            }
-            let model_type = t.columns.get("model_type").and_then(cell);
-            if pop.is_virtual {
-                if let Some(m) = model_type.as_deref().filter(|m| *m != "virtual") {
-                    return Err(recipe.invalid(
-                        format!("{tkey}.model_type"),
-                        format!("'{m}' in a virtual population; remove it or use \"virtual\""),
-                    ));
-                }
-            } else if model_type.as_deref() == Some("virtual") {
-                return Err(recipe.invalid(
-                    format!("{tkey}.model_type"),
-                    "'virtual' in a population without \"virtual\": true; set it on the population",
-                ));
-            }
-            if let (Some(dp), Some(dir)) = (
-                t.columns.get("dynamics_params").and_then(cell),
-                components.get("point_neuron_models_dir"),
-            ) {
-                if dp.ends_with(".json") && !dir.join(&dp).is_file() {
-                    return Err(recipe.invalid(
-                        format!("{tkey}.dynamics_params"),
-                        format!(
-                            "'{dp}' is not a file in point_neuron_models_dir '{}'",
-                            dir.display()
-                        ),
-                    ));
-                }
-            }
-        }
-        let columns = ordered_columns(&keys, "node_type_id");
-        let mut rows = Vec::new();
-        let mut node_type_id = Vec::new();
-        let mut target_rate_hz = Vec::new();
-        let mut tof = Vec::new();
-        for (ti, t) in pop.types.iter().enumerate() {
-            let row: Vec<String> = columns
-                .iter()
-                .map(|c| match c.as_str() {
-                    "node_type_id" => t.node_type_id.to_string(),
-                    "model_type" => t.columns.get(c).and_then(cell).unwrap_or_else(|| {
-                        if pop.is_virtual {
-                            "virtual"
-                        } else {
-                            "point_neuron"
-                        }
-                        .to_string()
-                    }),
-                    _ => t
-                        .columns
-                        .get(c)
-                        .and_then(cell)
-                        .unwrap_or_else(|| "NULL".into()),
-                })
-                .collect();
-            rows.push(row);
-            node_type_id.extend(std::iter::repeat_n(t.node_type_id, t.count));
-            target_rate_hz.extend(std::iter::repeat_n(t.target_rate_hz, t.count));
-            tof.extend(std::iter::repeat_n(ti, t.count));
-        }
-        let n = node_type_id.len();
-        let types = TypeTable::new("node_type_id", columns, rows)?;
-        nodes.push(BuiltNodes {
-            parts: NodeParts {
-                name: pop.population.clone(),
-                node_id: (0..n as u64).collect(),
-                node_type_id,
-                node_group_id: vec![0; n],
-                node_group_index: (0..n as u64).collect(),
-                groups: vec![PopulationGroup {
-                    id: 0,
-                    ..Default::default()
-                }],
-            },
-            types,
-            is_virtual: pop.is_virtual,
-            target_rate_hz,
-        });
-        type_of_node.push(tof);
-    }
+    Ok(components)
+}
 
-    let mut edges: Vec<BuiltEdges> = Vec::new();
-    for (ei, spec) in recipe.edges.iter().enumerate() {
-        let ekey = format!("edges[{ei}]");
-        let find = |name: &str, field: &str| -> BResult<usize> {
-            recipe
-                .nodes
-                .iter()
-                .position(|p| p.population == name)
-                .ok_or_else(|| {
-                    recipe.invalid(
-                        format!("{ekey}.{field}"),
-                        format!(
-                            "unknown node population '{name}' (known: {})",
-                            recipe
-                                .nodes
-                                .iter()
-                                .map(|p| p.population.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                })
-        };
-        let si = find(&spec.source, "source")?;
-        let ti = find(&spec.target, "target")?;
-        if recipe.nodes[ti].is_virtual {
+/// Builds node population `pi` (`earlier`: the populations built before it); returns it
+/// with the node-type row of each node.
+fn build_nodes(
+    recipe: &Recipe,
+    pi: usize,
+    pop: &NodePopulationSpec,
+    earlier: &[BuiltNodes],
+    components: &BTreeMap<String, PathBuf>,
+) -> BResult<(BuiltNodes, Vec<usize>)> {
+    let pkey = format!("nodes[{pi}]");
+    if !valid_name(&pop.population) {
+        return Err(recipe.invalid(
+            format!("{pkey}.population"),
+            format!(
+                "'{}' is not a valid population name (letters, digits, '_', '-', '.')",
+                pop.population
+            ),
+        ));
+    }
+    if earlier.iter().any(|n| n.parts.name == pop.population) {
+        return Err(recipe.invalid(
+            format!("{pkey}.population"),
+            format!("population '{}' is defined twice", pop.population),
+        ));
+    }
+    if pop.types.is_empty() {
+        return Err(recipe.invalid(format!("{pkey}.types"), "no node types; add at least one"));
+    }
+    let mut keys = BTreeSet::new();
+    keys.insert("model_type".to_string());
+    let mut seen_ids = BTreeSet::new();
+    for (ti, t) in pop.types.iter().enumerate() {
+        let tkey = format!("{pkey}.types[{ti}]");
+        if !seen_ids.insert(t.node_type_id) {
             return Err(recipe.invalid(
-                format!("{ekey}.target"),
+                format!("{tkey}.node_type_id"),
                 format!(
-                    "population '{}' is virtual; virtual nodes cannot receive edges",
-                    spec.target
+                    "node_type_id {} appears twice in population '{}'",
+                    t.node_type_id, pop.population
                 ),
             ));
         }
-        if recipe.edges[..ei]
+        validate_node_type(recipe, &tkey, pop.is_virtual, t, components)?;
+        keys.extend(t.columns.keys().cloned());
+    }
+    let columns = ordered_columns(&keys, "node_type_id");
+    let mut rows = Vec::new();
+    let mut node_type_id = Vec::new();
+    let mut target_rate_hz = Vec::new();
+    let mut tof = Vec::new();
+    for (ti, t) in pop.types.iter().enumerate() {
+        let row: Vec<String> = columns
             .iter()
-            .any(|e| e.source == spec.source && e.target == spec.target)
-        {
-            return Err(recipe.invalid(
-                ekey.clone(),
-                format!(
-                    "a second edge population from '{}' to '{}'; put all its edge types in one entry",
-                    spec.source, spec.target
-                ),
-            ));
-        }
-        if spec.types.is_empty() {
-            return Err(recipe.invalid(format!("{ekey}.types"), "no edge types; add at least one"));
-        }
-        let same = si == ti;
-        // (target, source, type row, weight)
-        let mut list: Vec<(u64, u64, usize, f64)> = Vec::new();
-        let mut weights = Vec::new();
-        let mut seen_ids = BTreeSet::new();
-        for (k, t) in spec.types.iter().enumerate() {
-            let tkey = format!("{ekey}.types[{k}]");
-            if t.edge_type_id > u32::MAX as u64 || !seen_ids.insert(t.edge_type_id) {
-                return Err(recipe.invalid(
-                    format!("{tkey}.edge_type_id"),
-                    format!(
-                        "edge_type_id {} is repeated or does not fit uint32",
-                        t.edge_type_id
-                    ),
-                ));
-            }
-            if !(t.delay.is_finite() && t.delay > 0.0) {
-                return Err(recipe.invalid(
-                    format!("{tkey}.delay"),
-                    format!("{} ms; delays must be finite and > 0 ms", t.delay),
-                ));
-            }
-            if t.nsyns == Some(0) {
-                return Err(recipe.invalid(format!("{tkey}.nsyns"), "nsyns must be >= 1"));
-            }
-            if let (Some(dp), Some(dir)) =
-                (&t.dynamics_params, components.get("synaptic_models_dir"))
-            {
-                if !dir.join(dp).is_file() {
-                    return Err(recipe.invalid(
-                        format!("{tkey}.dynamics_params"),
-                        format!(
-                            "'{dp}' is not a file in synaptic_models_dir '{}'",
-                            dir.display()
-                        ),
-                    ));
-                }
-            }
-            let w = parse_weight(recipe, &format!("{tkey}.syn_weight"), &t.syn_weight)?;
-            weights.push(w);
-            let select =
-                |pi: usize, q: &BTreeMap<String, Value>, field: &str| -> BResult<Vec<u64>> {
-                    let built = &nodes[pi];
-                    for (col, v) in q {
-                        if built.types.column_index(col).is_none() {
-                            return Err(recipe.invalid(
-                                format!("{tkey}.{field}.{col}"),
-                                format!(
-                                    "population '{}' has no node-type column '{col}' (columns: {})",
-                                    built.parts.name,
-                                    built.types.columns.join(", ")
-                                ),
-                            ));
-                        }
-                        if cell(v).is_none() {
-                            return Err(recipe.invalid(
-                                format!("{tkey}.{field}.{col}"),
-                                format!("{v} is not a string, number or boolean"),
-                            ));
-                        }
+            .map(|c| match c.as_str() {
+                "node_type_id" => t.node_type_id.to_string(),
+                "model_type" => t.columns.get(c).and_then(cell).unwrap_or_else(|| {
+                    if pop.is_virtual {
+                        "virtual"
+                    } else {
+                        "point_neuron"
                     }
-                    let ok_rows: Vec<bool> = (0..built.types.len())
-                        .map(|r| {
-                            q.iter()
-                                .all(|(col, v)| built.types.get(r, col) == cell(v).as_deref())
-                        })
-                        .collect();
-                    let ids: Vec<u64> = type_of_node[pi]
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &r)| ok_rows[r])
-                        .map(|(i, _)| i as u64)
-                        .collect();
-                    if ids.is_empty() {
-                        return Err(recipe.invalid(
-                            format!("{tkey}.{field}"),
-                            format!("selects no node of population '{}'", built.parts.name),
-                        ));
-                    }
-                    Ok(ids)
-                };
-            let src = select(si, &t.source_query, "source_query")?;
-            let tgt = select(ti, &t.target_query, "target_query")?;
-            let (p, allow_self, seed) = match &t.connection {
-                Connection::AllToAll { allow_self } => (1.0, *allow_self, None),
-                Connection::Random {
-                    p,
-                    allow_self,
-                    seed,
-                } => {
-                    if !(0.0..=1.0).contains(p) {
-                        return Err(recipe.invalid(
-                            format!("{tkey}.connection.p"),
-                            format!("{p} is not a probability in [0, 1]"),
-                        ));
-                    }
-                    (*p, *allow_self, *seed)
-                }
-            };
-            let mut rng = SplitMix64::new(seed.unwrap_or_else(|| stream_seed(recipe.seed, ei, k)));
-            for &tg in &tgt {
-                for &s in &src {
-                    if same && s == tg && !allow_self {
-                        continue;
-                    }
-                    if p < 1.0 && rng.uniform() >= p {
-                        continue;
-                    }
-                    let wv = match w {
-                        Weight::Fixed(x) => x,
-                        Weight::Uniform { low, high } => low + (high - low) * rng.uniform(),
-                        Weight::Normal { mean, std } => mean + std * rng.normal(),
-                    };
-                    list.push((tg, s, k, wv));
-                }
-            }
-        }
-        list.sort_by_key(|e| (e.0, e.1, e.2));
-        let per_edge_weight = weights.iter().any(|w| !matches!(w, Weight::Fixed(_)));
-        let has_nsyns = spec.types.iter().any(|t| t.nsyns.is_some());
-        let mut columns: Vec<String> = [
-            "edge_type_id",
-            "target_query",
-            "source_query",
-            "model_template",
-            "syn_weight",
-            "dynamics_params",
-            "delay",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        if has_nsyns {
-            columns.push("nsyns".into());
-        }
-        let query_str = |q: &BTreeMap<String, Value>| -> String {
-            if q.is_empty() {
-                "*".into()
-            } else {
-                q.iter()
-                    .map(|(c, v)| format!("{c}=='{}'", cell(v).unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join("&")
-            }
-        };
-        let rows: Vec<Vec<String>> = spec
-            .types
-            .iter()
-            .zip(&weights)
-            .map(|(t, w)| {
-                let mut r = vec![
-                    t.edge_type_id.to_string(),
-                    query_str(&t.target_query),
-                    query_str(&t.source_query),
-                    t.model_template
-                        .clone()
-                        .unwrap_or_else(|| "static_synapse".into()),
-                    match w {
-                        Weight::Fixed(x) => format!("{x}"),
-                        _ => "NULL".into(),
-                    },
-                    t.dynamics_params.clone().unwrap_or_else(|| "NULL".into()),
-                    format!("{}", t.delay),
-                ];
-                if has_nsyns {
-                    r.push(t.nsyns.map_or_else(|| "NULL".into(), |n| n.to_string()));
-                }
-                r
+                    .to_string()
+                }),
+                _ => t
+                    .columns
+                    .get(c)
+                    .and_then(cell)
+                    .unwrap_or_else(|| "NULL".into()),
             })
             .collect();
-        let types = TypeTable::new("edge_type_id", columns, rows)?;
-        let n = list.len();
-        let mut group = PopulationGroup {
-            id: 0,
-            ..Default::default()
-        };
-        if per_edge_weight {
-            group.columns.push(Column::new(
-                "syn_weight",
-                ColumnData::F64(list.iter().map(|e| e.3).collect()),
+        rows.push(row);
+        node_type_id.extend(std::iter::repeat_n(t.node_type_id, t.count));
+        target_rate_hz.extend(std::iter::repeat_n(t.target_rate_hz, t.count));
+        tof.extend(std::iter::repeat_n(ti, t.count));
+    }
+    let n = node_type_id.len();
+    let types = TypeTable::new("node_type_id", columns, rows)?;
+    let built = BuiltNodes {
+        parts: NodeParts {
+            name: pop.population.clone(),
+            node_id: (0..n as u64).collect(),
+            node_type_id,
+            node_group_id: vec![0; n],
+            node_group_index: (0..n as u64).collect(),
+            groups: vec![PopulationGroup {
+                id: 0,
+                ..Default::default()
+            }],
+        },
+        types,
+        is_virtual: pop.is_virtual,
+        target_rate_hz,
+    };
+    Ok((built, tof))
+}
+
+/// Checks one node type `t` (at recipe key `tkey`) of a population (`is_virtual`): count,
+/// target rate, columns, model type and cell `dynamics_params` file.
+fn validate_node_type(
+    recipe: &Recipe,
+    tkey: &str,
+    is_virtual: bool,
+    t: &NodeTypeSpec,
+    components: &BTreeMap<String, PathBuf>,
+) -> BResult<()> {
+    if t.count == 0 {
+        return Err(recipe.invalid(
+            format!("{tkey}.count"),
+            "count is 0; every node type needs at least one node (remove the type instead)",
+        ));
+    }
+    if let Some(r) = t.target_rate_hz {
+        if !(r.is_finite() && r >= 0.0) {
+            return Err(recipe.invalid(
+                format!("{tkey}.target_rate_hz"),
+                format!("{r} Hz must be finite and >= 0"),
             ));
         }
-        edges.push(BuiltEdges {
-            parts: EdgeParts {
-                name: format!("{}_to_{}", spec.source, spec.target),
-                source_population: spec.source.clone(),
-                target_population: spec.target.clone(),
-                source_node_id: list.iter().map(|e| e.1).collect(),
-                target_node_id: list.iter().map(|e| e.0).collect(),
-                edge_type_id: list.iter().map(|e| spec.types[e.2].edge_type_id).collect(),
-                edge_group_id: vec![0; n],
-                edge_group_index: (0..n as u64).collect(),
-                groups: vec![group],
-            },
-            types,
+    }
+    for (k, v) in &t.columns {
+        if k == "node_type_id" || k.is_empty() || k.contains([' ', '"']) {
+            return Err(recipe.invalid(format!("{tkey}.{k}"), "invalid column name"));
+        }
+        if cell(v).is_none() {
+            return Err(recipe.invalid(
+                format!("{tkey}.{k}"),
+                format!(
+                    "{v} is not a string, number or boolean (node-types CSV cells are scalars)"
+                ),
+            ));
+        }
+    }
+    let model_type = t.columns.get("model_type").and_then(cell);
+    if is_virtual {
+        if let Some(m) = model_type.as_deref().filter(|m| *m != "virtual") {
+            return Err(recipe.invalid(
+                format!("{tkey}.model_type"),
+                format!("'{m}' in a virtual population; remove it or use \"virtual\""),
+            ));
+        }
+    } else if model_type.as_deref() == Some("virtual") {
+        return Err(recipe.invalid(
+            format!("{tkey}.model_type"),
+            "'virtual' in a population without \"virtual\": true; set it on the population",
+        ));
+    }
+    if let (Some(dp), Some(dir)) = (
+        t.columns.get("dynamics_params").and_then(cell),
+        components.get("point_neuron_models_dir"),
+    ) {
+        if dp.ends_with(".json") && !dir.join(&dp).is_file() {
+            return Err(recipe.invalid(
+                format!("{tkey}.dynamics_params"),
+                format!(
+                    "'{dp}' is not a file in point_neuron_models_dir '{}'",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Builds edge population `ei` between the built `nodes` (`type_of_node`: node-type row of
+/// each node, per population).
+fn build_edges(
+    recipe: &Recipe,
+    ei: usize,
+    spec: &EdgePopulationSpec,
+    nodes: &[BuiltNodes],
+    type_of_node: &[Vec<usize>],
+    components: &BTreeMap<String, PathBuf>,
+) -> BResult<BuiltEdges> {
+    let ekey = format!("edges[{ei}]");
+    let (si, ti) = validate_edge_population(recipe, ei, spec)?;
+    // (target, source, type row, weight)
+    let mut list: Vec<(u64, u64, usize, f64)> = Vec::new();
+    let mut weights = Vec::new();
+    let mut seen_ids = BTreeSet::new();
+    for (k, t) in spec.types.iter().enumerate() {
+        let tkey = format!("{ekey}.types[{k}]");
+        if t.edge_type_id > u32::MAX as u64 || !seen_ids.insert(t.edge_type_id) {
+            return Err(recipe.invalid(
+                format!("{tkey}.edge_type_id"),
+                format!(
+                    "edge_type_id {} is repeated or does not fit uint32",
+                    t.edge_type_id
+                ),
+            ));
+        }
+        let w = validate_edge_type(recipe, &tkey, t, components)?;
+        weights.push(w);
+        let src = select(
+            recipe,
+            &tkey,
+            "source_query",
+            &nodes[si],
+            &type_of_node[si],
+            &t.source_query,
+        )?;
+        let tgt = select(
+            recipe,
+            &tkey,
+            "target_query",
+            &nodes[ti],
+            &type_of_node[ti],
+            &t.target_query,
+        )?;
+        let (p, allow_self, seed) = match &t.connection {
+            Connection::AllToAll { allow_self } => (1.0, *allow_self, None),
+            Connection::Random {
+                p,
+                allow_self,
+                seed,
+            } => {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(recipe.invalid(
+                        format!("{tkey}.connection.p"),
+                        format!("{p} is not a probability in [0, 1]"),
+                    ));
+                }
+                (*p, *allow_self, *seed)
+            }
+        };
+        let rng = SplitMix64::new(seed.unwrap_or_else(|| stream_seed(recipe.seed, ei, k)));
+        let allow_self = allow_self || si != ti;
+        connect(&src, &tgt, p, allow_self, w, rng, |tg, s, wv| {
+            list.push((tg, s, k, wv))
         });
     }
-    Ok(BuiltNetwork {
-        nodes,
-        edges,
-        components,
-        network_dir: recipe.network_dir.clone(),
+    list.sort_by_key(|e| (e.0, e.1, e.2));
+    let types = edge_types_table(spec, &weights)?;
+    let n = list.len();
+    let mut group = PopulationGroup {
+        id: 0,
+        ..Default::default()
+    };
+    if weights.iter().any(|w| !matches!(w, Weight::Fixed(_))) {
+        group.columns.push(Column::new(
+            "syn_weight",
+            ColumnData::F64(list.iter().map(|e| e.3).collect()),
+        ));
+    }
+    Ok(BuiltEdges {
+        parts: EdgeParts {
+            name: format!("{}_to_{}", spec.source, spec.target),
+            source_population: spec.source.clone(),
+            target_population: spec.target.clone(),
+            source_node_id: list.iter().map(|e| e.1).collect(),
+            target_node_id: list.iter().map(|e| e.0).collect(),
+            edge_type_id: list.iter().map(|e| spec.types[e.2].edge_type_id).collect(),
+            edge_group_id: vec![0; n],
+            edge_group_index: (0..n as u64).collect(),
+            groups: vec![group],
+        },
+        types,
     })
+}
+
+/// Checks edge population `ei` (its populations exist, the target is not virtual, it is the
+/// only entry of its pair, it has types); returns the source and target population indices.
+fn validate_edge_population(
+    recipe: &Recipe,
+    ei: usize,
+    spec: &EdgePopulationSpec,
+) -> BResult<(usize, usize)> {
+    let ekey = format!("edges[{ei}]");
+    let find = |name: &str, field: &str| -> BResult<usize> {
+        recipe
+            .nodes
+            .iter()
+            .position(|p| p.population == name)
+            .ok_or_else(|| {
+                recipe.invalid(
+                    format!("{ekey}.{field}"),
+                    format!(
+                        "unknown node population '{name}' (known: {})",
+                        recipe
+                            .nodes
+                            .iter()
+                            .map(|p| p.population.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    };
+    let si = find(&spec.source, "source")?;
+    let ti = find(&spec.target, "target")?;
+    if recipe.nodes[ti].is_virtual {
+        return Err(recipe.invalid(
+            format!("{ekey}.target"),
+            format!(
+                "population '{}' is virtual; virtual nodes cannot receive edges",
+                spec.target
+            ),
+        ));
+    }
+    if recipe.edges[..ei]
+        .iter()
+        .any(|e| e.source == spec.source && e.target == spec.target)
+    {
+        return Err(recipe.invalid(
+            ekey.clone(),
+            format!(
+                "a second edge population from '{}' to '{}'; put all its edge types in one entry",
+                spec.source, spec.target
+            ),
+        ));
+    }
+    if spec.types.is_empty() {
+        return Err(recipe.invalid(format!("{ekey}.types"), "no edge types; add at least one"));
+    }
+    Ok((si, ti))
+}
+
+/// Checks one edge type `t` (at recipe key `tkey`): delay, `nsyns`, synapse
+/// `dynamics_params` file; returns its weight.
+fn validate_edge_type(
+    recipe: &Recipe,
+    tkey: &str,
+    t: &EdgeTypeSpec,
+    components: &BTreeMap<String, PathBuf>,
+) -> BResult<Weight> {
+    if !(t.delay.is_finite() && t.delay > 0.0) {
+        return Err(recipe.invalid(
+            format!("{tkey}.delay"),
+            format!("{} ms; delays must be finite and > 0 ms", t.delay),
+        ));
+    }
+    if t.nsyns == Some(0) {
+        return Err(recipe.invalid(format!("{tkey}.nsyns"), "nsyns must be >= 1"));
+    }
+    if let (Some(dp), Some(dir)) = (&t.dynamics_params, components.get("synaptic_models_dir")) {
+        if !dir.join(dp).is_file() {
+            return Err(recipe.invalid(
+                format!("{tkey}.dynamics_params"),
+                format!(
+                    "'{dp}' is not a file in synaptic_models_dir '{}'",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    parse_weight(recipe, &format!("{tkey}.syn_weight"), &t.syn_weight)
+}
+
+/// The node ids of `built` (node-type row of each node: `type_of_node`) whose node type
+/// matches every `column = value` of the query `q` (recipe key `tkey.field`).
+///
+/// Errors: a column the population's types lack, a non-scalar value, an empty selection.
+fn select(
+    recipe: &Recipe,
+    tkey: &str,
+    field: &str,
+    built: &BuiltNodes,
+    type_of_node: &[usize],
+    q: &BTreeMap<String, Value>,
+) -> BResult<Vec<u64>> {
+    for (col, v) in q {
+        if built.types.column_index(col).is_none() {
+            return Err(recipe.invalid(
+                format!("{tkey}.{field}.{col}"),
+                format!(
+                    "population '{}' has no node-type column '{col}' (columns: {})",
+                    built.parts.name,
+                    built.types.columns.join(", ")
+                ),
+            ));
+        }
+        if cell(v).is_none() {
+            return Err(recipe.invalid(
+                format!("{tkey}.{field}.{col}"),
+                format!("{v} is not a string, number or boolean"),
+            ));
+        }
+    }
+    let ok_rows: Vec<bool> = (0..built.types.len())
+        .map(|r| {
+            q.iter()
+                .all(|(col, v)| built.types.get(r, col) == cell(v).as_deref())
+        })
+        .collect();
+    let ids: Vec<u64> = type_of_node
+        .iter()
+        .enumerate()
+        .filter(|(_, &r)| ok_rows[r])
+        .map(|(i, _)| i as u64)
+        .collect();
+    if ids.is_empty() {
+        return Err(recipe.invalid(
+            format!("{tkey}.{field}"),
+            format!("selects no node of population '{}'", built.parts.name),
+        ));
+    }
+    Ok(ids)
+}
+
+/// Connects the selected sources `src` to the targets `tgt`, target-major: each pair (but a
+/// node to itself unless `allow_self`) with probability `p`, and draws its weight from `w`;
+/// both draws come from `rng`, in that order, so a recipe always builds the same edges.
+/// Calls `edge(target, source, weight)` for each edge.
+fn connect(
+    src: &[u64],
+    tgt: &[u64],
+    p: f64,
+    allow_self: bool,
+    w: Weight,
+    mut rng: SplitMix64,
+    mut edge: impl FnMut(u64, u64, f64),
+) {
+    for &tg in tgt {
+        for &s in src {
+            if s == tg && !allow_self {
+                continue;
+            }
+            if p < 1.0 && rng.uniform() >= p {
+                continue;
+            }
+            let wv = match w {
+                Weight::Fixed(x) => x,
+                Weight::Uniform { low, high } => low + (high - low) * rng.uniform(),
+                Weight::Normal { mean, std } => mean + std * rng.normal(),
+            };
+            edge(tg, s, wv);
+        }
+    }
+}
+
+/// The edge-types table (`<src>_<tgt>_edge_types.csv`) of an edge population: fixed weights
+/// as a column, drawn ones as `NULL` (their values are per edge).
+fn edge_types_table(spec: &EdgePopulationSpec, weights: &[Weight]) -> BResult<TypeTable> {
+    let has_nsyns = spec.types.iter().any(|t| t.nsyns.is_some());
+    let mut columns: Vec<String> = [
+        "edge_type_id",
+        "target_query",
+        "source_query",
+        "model_template",
+        "syn_weight",
+        "dynamics_params",
+        "delay",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if has_nsyns {
+        columns.push("nsyns".into());
+    }
+    let query_str = |q: &BTreeMap<String, Value>| -> String {
+        if q.is_empty() {
+            "*".into()
+        } else {
+            q.iter()
+                .map(|(c, v)| format!("{c}=='{}'", cell(v).unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join("&")
+        }
+    };
+    let rows: Vec<Vec<String>> = spec
+        .types
+        .iter()
+        .zip(weights)
+        .map(|(t, w)| {
+            let mut r = vec![
+                t.edge_type_id.to_string(),
+                query_str(&t.target_query),
+                query_str(&t.source_query),
+                t.model_template
+                    .clone()
+                    .unwrap_or_else(|| "static_synapse".into()),
+                match w {
+                    Weight::Fixed(x) => format!("{x}"),
+                    _ => "NULL".into(),
+                },
+                t.dynamics_params.clone().unwrap_or_else(|| "NULL".into()),
+                format!("{}", t.delay),
+            ];
+            if has_nsyns {
+                r.push(t.nsyns.map_or_else(|| "NULL".into(), |n| n.to_string()));
+            }
+            r
+        })
+        .collect();
+    Ok(TypeTable::new("edge_type_id", columns, rows)?)
 }
 
 /// `path` relative to `from` (both absolute, canonical), with `..` steps; `None` when they
