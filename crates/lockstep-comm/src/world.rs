@@ -15,12 +15,12 @@ pub enum WorldError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
     /// The device binding cannot be satisfied.
-    #[error("rank {rank}: {source}")]
+    #[error("rank {rank}: {cause}")]
     Bind {
         /// The launch rank.
         rank: usize,
         /// Why.
-        source: BindError,
+        cause: BindError,
     },
     /// MPI could not be initialised.
     #[error(transparent)]
@@ -60,7 +60,7 @@ impl World {
         let device = bind_device(launch.local_rank, visible.as_deref(), kind, force_cpu).map_err(
             |source| WorldError::Bind {
                 rank: launch.rank,
-                source,
+                cause: source,
             },
         )?;
         let unused_gpus = if force_cpu {

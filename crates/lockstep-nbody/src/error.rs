@@ -55,13 +55,12 @@ pub enum NbodyError {
         message: String,
     },
     /// A file or directory could not be read or written.
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {path}: {cause}")]
     Io {
         /// File or directory.
         path: PathBuf,
         /// Underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A collective operation failed (a peer rank failed or the arguments disagree).
     #[error("collective communication failed: {0}")]
@@ -95,7 +94,7 @@ impl NbodyError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         NbodyError::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }

@@ -94,15 +94,14 @@ pub enum SnnError {
     },
 
     /// A file system operation failed.
-    #[error("{what} '{path}': {source}")]
+    #[error("{what} '{path}': {cause}")]
     Io {
         /// What was being done (e.g. "cannot create output directory").
         what: String,
         /// The path involved.
         path: PathBuf,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// Shapes of buffers passed to the training API disagree.

@@ -125,7 +125,7 @@ fn read_target_csv(path: &Path, spec: &NetworkSpec) -> Result<Vec<f64>> {
     let text = std::fs::read_to_string(path).map_err(|source| SnnError::Io {
         what: "cannot read the firing-rate CSV".into(),
         path: path.to_path_buf(),
-        source,
+        cause: source,
     })?;
     let bad = |reason: String| SnnError::InvalidInput {
         input: path.display().to_string(),

@@ -672,7 +672,7 @@ fn io_err(what: &str, path: &Path, source: std::io::Error) -> SnnError {
     SnnError::Io {
         what: what.into(),
         path: path.to_path_buf(),
-        source,
+        cause: source,
     }
 }
 

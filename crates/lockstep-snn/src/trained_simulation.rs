@@ -82,7 +82,7 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
     let io = |source: std::io::Error| SnnError::Io {
         what: "cannot write the trained network's simulation config".into(),
         path: path.clone(),
-        source,
+        cause: source,
     };
     let text = serde_json::to_string_pretty(&sim).map_err(|e| io(e.into()))?;
     std::fs::write(&tmp, text + "\n").map_err(io)?;

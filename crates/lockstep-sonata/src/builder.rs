@@ -89,20 +89,20 @@ use crate::write::{write_edges, write_nodes, EdgesView, NodesView};
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The recipe file cannot be read.
-    #[error("recipe '{path}' cannot be read: {source}")]
+    #[error("recipe '{path}' cannot be read: {cause}")]
     Io {
         /// The recipe file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The recipe is not valid JSON or does not have the recipe's shape.
-    #[error("recipe '{path}' is not a valid network recipe: {source} (see the lockstep_sonata::builder docs for the format)")]
+    #[error("recipe '{path}' is not a valid network recipe: {cause} (see the lockstep_sonata::builder docs for the format)")]
     Parse {
         /// The recipe file.
         path: PathBuf,
         /// The JSON error (with line and column).
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// A value of the recipe is invalid.
     #[error("recipe '{recipe}', key '{key}': {problem}")]
@@ -121,12 +121,12 @@ pub enum BuildError {
         path: PathBuf,
     },
     /// An output file or folder cannot be written.
-    #[error("cannot write '{path}': {source}")]
+    #[error("cannot write '{path}': {cause}")]
     Write {
         /// The file or folder.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Writing a SONATA file failed.
     #[error(transparent)]
@@ -308,7 +308,7 @@ impl Recipe {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| BuildError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::from_json_str(&text, path, &base)
@@ -318,7 +318,7 @@ impl Recipe {
     pub fn from_json_str(text: &str, file: &Path, base_dir: &Path) -> BResult<Self> {
         let mut r: Recipe = serde_json::from_str(text).map_err(|source| BuildError::Parse {
             path: file.to_path_buf(),
-            source,
+            cause: source,
         })?;
         r.file = file.to_path_buf();
         r.base_dir = base_dir.to_path_buf();
@@ -1092,7 +1092,7 @@ impl BuiltNetwork {
         let net = dir.join(&self.network_dir);
         std::fs::create_dir_all(&net).map_err(|source| BuildError::Write {
             path: net.clone(),
-            source,
+            cause: source,
         })?;
         let mut i = 0;
         for n in &self.nodes {
@@ -1116,12 +1116,12 @@ impl BuiltNetwork {
             }
             std::fs::write(&files[i], csv).map_err(|source| BuildError::Write {
                 path: files[i].clone(),
-                source,
+                cause: source,
             })?;
         }
         let abs_dir = std::fs::canonicalize(dir).map_err(|source| BuildError::Write {
             path: dir.to_path_buf(),
-            source,
+            cause: source,
         })?;
         let mut comps = serde_json::Map::new();
         for (k, p) in &self.components {
@@ -1174,7 +1174,7 @@ impl BuiltNetwork {
         let text = serde_json::to_string_pretty(&cfg).expect("JSON values serialise") + "\n";
         std::fs::write(cfg_path, text).map_err(|source| BuildError::Write {
             path: cfg_path.clone(),
-            source,
+            cause: source,
         })?;
         Ok(files)
     }

@@ -165,7 +165,7 @@ fn check_exists(config_file: &Path, key: &str, field: &str, path: &Path) -> Resu
             what: field.replace('_', " "),
             path: path.to_path_buf(),
             origin: format!("{key}.{field} in '{}'", config_file.display()),
-            source,
+            cause: source,
         }
         .into()),
     }

@@ -71,7 +71,7 @@ impl ComponentStore {
                         what: format!("component file '{name}'"),
                         path: PathBuf::from(name),
                         origin: origin.to_string(),
-                        source: std::io::Error::new(
+                        cause: std::io::Error::new(
                             std::io::ErrorKind::NotFound,
                             format!("components.{} is not set in the config", kind.config_key()),
                         ),
@@ -88,13 +88,13 @@ impl ComponentStore {
                 what: format!("{} component", kind.config_key()),
                 path: path.clone(),
                 origin: origin.to_string(),
-                source,
+                cause: source,
             })
         })?;
         let v: Value = serde_json::from_str(&text).map_err(|source| {
             SonataError::from(SonataErrorKind::Json {
                 path: path.clone(),
-                source,
+                cause: source,
             })
         })?;
         let v = Arc::new(v);

@@ -103,13 +103,13 @@ impl SonataConfig {
                 origin: stack.last().map_or("argument".into(), |p| {
                     format!("key 'network' of '{}'", p.display())
                 }),
-                source,
+                cause: source,
             })
         })?;
         let value: Value = serde_json::from_str(&text).map_err(|source| {
             SonataError::from(SonataErrorKind::Json {
                 path: path.to_path_buf(),
-                source,
+                cause: source,
             })
         })?;
         let dir = path

@@ -33,7 +33,7 @@ impl From<SonataErrorKind> for SonataError {
 #[derive(Debug, thiserror::Error)]
 pub enum SonataErrorKind {
     /// A file named by a config (or passed directly) does not exist or cannot be read.
-    #[error("{what} '{path}' (from {origin}) cannot be read: {source}; check the path and the manifest variables")]
+    #[error("{what} '{path}' (from {origin}) cannot be read: {cause}; check the path and the manifest variables")]
     Io {
         /// What the file is (e.g. "nodes file", "config file").
         what: String,
@@ -42,18 +42,16 @@ pub enum SonataErrorKind {
         /// Where the path came from (config key, or "argument").
         origin: String,
         /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// A JSON file (config or component) is not valid JSON.
-    #[error("'{path}' is not valid JSON: {source}")]
+    #[error("'{path}' is not valid JSON: {cause}")]
     Json {
         /// The JSON file.
         path: PathBuf,
         /// The parser error (with line and column).
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 
     /// A config key is missing or has the wrong JSON type.
@@ -92,15 +90,14 @@ pub enum SonataErrorKind {
     },
 
     /// An HDF5 library call failed on an object.
-    #[error("HDF5 file '{path}', object '{object}': {source}")]
+    #[error("HDF5 file '{path}', object '{object}': {cause}")]
     Hdf5 {
         /// The HDF5 file.
         path: PathBuf,
         /// Group or dataset path inside the file.
         object: String,
         /// The HDF5 error.
-        #[source]
-        source: hdf5::Error,
+        cause: hdf5::Error,
     },
 
     /// A required group or dataset is absent.
@@ -250,12 +247,12 @@ impl SonataError {
     pub(crate) fn h5(
         path: impl Into<PathBuf>,
         object: impl Into<String>,
-        source: hdf5::Error,
+        cause: hdf5::Error,
     ) -> Self {
         SonataErrorKind::Hdf5 {
             path: path.into(),
             object: object.into(),
-            source,
+            cause,
         }
         .into()
     }

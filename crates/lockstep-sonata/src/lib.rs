@@ -70,7 +70,7 @@ pub(crate) fn open_h5(path: &Path, what: &str) -> Result<hdf5::File> {
             what: what.to_string(),
             path: path.to_path_buf(),
             origin: "config or argument".into(),
-            source,
+            cause: source,
         }
         .into());
     }

@@ -115,7 +115,7 @@ impl TypeTable {
                 what: format!("{} types file", id_column.trim_end_matches("_type_id")),
                 path: path.to_path_buf(),
                 origin: "types file".into(),
-                source,
+                cause: source,
             })
         })?;
         Self::parse(&text, path, id_column)
@@ -192,7 +192,7 @@ impl TypeTable {
                 what: "types file".into(),
                 path: path.to_path_buf(),
                 origin: "write".into(),
-                source,
+                cause: source,
             })
         })
     }

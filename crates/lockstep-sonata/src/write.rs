@@ -437,7 +437,7 @@ pub fn rewrite_syn_weights(
                 what: "edges file copy".into(),
                 path: dst.to_path_buf(),
                 origin: format!("copy of '{}'", src.display()),
-                source,
+                cause: source,
             })
         })?;
     }
