@@ -528,6 +528,17 @@ fn resolve_path_keys(root: &mut Map<String, Value>, dir: &Path) {
     if let Some(Value::Object(o)) = root.get_mut("output") {
         resolve_str_in(o.get_mut("output_dir"), dir);
     }
+    // A report's plain file name lies in output_dir (BMTK); one with a folder part, such as
+    // "$OUTPUT_DIR/v.h5" under a relative manifest, is a path like the others.
+    if let Some(Value::Object(reports)) = root.get_mut("reports") {
+        for r in reports.values_mut() {
+            if let Some(Value::String(f)) = r.get_mut("file_name") {
+                if Path::new(f.as_str()).components().count() > 1 {
+                    *f = resolve_against(dir, f).to_string_lossy().into_owned();
+                }
+            }
+        }
+    }
 }
 
 fn merge_circuit(root: &mut Map<String, Value>, circuit: Value) {

@@ -603,9 +603,9 @@ pub fn membrane_reports(
 }
 
 /// The file a report writes, as BMTK names it: `file_name` when given, else
-/// `<name>.h5` (or `name` itself when it already ends in `.h5`, `.hdf` or `.hdf5`). A relative
-/// name is inside `output_dir`; an absolute one must lie directly in `output_dir` (as
-/// `"$OUTPUT_DIR/v.h5"` does). Returns the plain file name.
+/// `<name>.h5` (or `name` itself when it already ends in `.h5`, `.hdf` or `.hdf5`). A plain
+/// name is inside `output_dir`; a path (the config resolved it against its folder) must lie
+/// directly in `output_dir` (as `"$OUTPUT_DIR/v.h5"` does). Returns the plain file name.
 fn report_file_name(
     name: &str,
     file_name: Option<&str>,
@@ -617,15 +617,13 @@ fn report_file_name(
         None => format!("{name}.h5"),
     };
     let p = Path::new(&given);
-    let inside = if p.is_absolute() {
-        let dir = std::path::absolute(output_dir).unwrap_or(output_dir.to_path_buf());
-        p.parent()
-            .filter(|d| lexical(d) == lexical(&dir))
-            .and(p.file_name())
-    } else if p.components().count() == 1 {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
+    let inside = if p.components().count() == 1 {
         p.file_name()
     } else {
-        None
+        p.parent()
+            .filter(|d| lexical(&absolute(d)) == lexical(&absolute(output_dir)))
+            .and(p.file_name())
     };
     match inside.and_then(|f| f.to_str()) {
         Some(f) => Ok(f.to_string()),
@@ -828,6 +826,38 @@ mod tests {
         let e = write_report(&f, &r, ReportDtype::Float64).unwrap_err();
         assert!(e.to_string().contains("node id 3 is listed twice"), "{e}");
         assert!(!f.exists());
+    }
+
+    #[test]
+    fn output_dir_variable_in_file_name_with_a_relative_manifest() {
+        // BMTK's usual layout: "$OUTPUT_DIR/v.h5" with $OUTPUT_DIR relative to the config.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        let json = json!({
+            "manifest": {"$BASE_DIR": ".", "$OUTPUT_DIR": "$BASE_DIR/output"},
+            "output": {"output_dir": "$OUTPUT_DIR"},
+            "reports": {"membrane_potential": {"cells": "v1", "variable_name": "V_m",
+                "module": "multimeter_report", "file_name": "$OUTPUT_DIR/v.h5"}}
+        });
+        std::fs::write(&cfg, json.to_string()).unwrap();
+        for path in [cfg.clone(), std::path::absolute(&cfg).unwrap()] {
+            let c = crate::SonataConfig::from_file(&path).unwrap();
+            let out = Path::new(c.json["output"]["output_dir"].as_str().unwrap());
+            let r = membrane_reports(c.json.get("reports"), &Map::new(), out).unwrap();
+            assert_eq!(r[0].file_name, "v.h5");
+        }
+        // A folder other than output_dir is still refused.
+        let mut other = json.clone();
+        other["reports"]["membrane_potential"]["file_name"] = json!("$BASE_DIR/v.h5");
+        std::fs::write(&cfg, other.to_string()).unwrap();
+        let c = crate::SonataConfig::from_file(&cfg).unwrap();
+        let out = Path::new(c.json["output"]["output_dir"].as_str().unwrap());
+        let e = membrane_reports(c.json.get("reports"), &Map::new(), out).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("must be a file name inside output_dir"),
+            "{e}"
+        );
     }
 
     fn settings(v: Value) -> std::result::Result<Vec<MembraneReportSettings>, ConfigError> {
