@@ -1,5 +1,11 @@
-//! `lockstep bench bptt`: seconds per optimizer step and memory of BPTT on the 300-cell
-//! all-to-all GLIF3 network, with and without segmented recompute (lockstep-snn).
+//! `lockstep bench bptt`: seconds per optimizer step and memory of BPTT (lockstep-snn).
+//!
+//! Without `--config`: the 300-cell all-to-all GLIF3 network, with and without segmented
+//! recompute. With `--config CONFIG` (repeatable): the model, batch, precision and optimizer
+//! of any training config, one process using all cores: the median seconds per optimizer
+//! step after warm-up with its split (forward, recompute, backward, optimizer), the peak
+//! resident memory and bytes per recurrent edge, and the achieved bandwidth of the adjoint's
+//! transposed SpMV against a `memcpy` of the same edge arrays in the same run.
 //!
 //! The measurement runs here, not in the library: peak memory comes from
 //! [`lockstep_core::memory`].
@@ -31,10 +37,20 @@ pub struct BpttArgs {
     /// Timed steps per configuration.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Training configs to measure instead of the all-to-all network (repeatable; measured
+    /// in the order given, in this one run).
+    #[arg(long)]
+    pub config: Vec<std::path::PathBuf>,
+    /// Untimed warm-up steps per config (with `--config`).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
 }
 
 /// Runs both configurations and prints the comparison.
 pub fn run(args: &BpttArgs) -> Result<()> {
+    if !args.config.is_empty() {
+        return run_configs(args);
+    }
     let r = bench_bptt(&BpttBenchOptions {
         n_cells: args.cells,
         batch: args.batch,
@@ -244,4 +260,189 @@ pub fn bench_bptt(opts: &BpttBenchOptions) -> Result<BpttBenchReport> {
         full,
         segmented,
     })
+}
+
+/// Median of `v` (NaN when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// Report of [`bench_config`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigBenchReport {
+    /// The config.
+    pub config: std::path::PathBuf,
+    /// Cells.
+    pub n_cells: usize,
+    /// Recurrent edges.
+    pub n_recurrent_edges: usize,
+    /// Local batch (`run.batch_size`).
+    pub batch: usize,
+    /// Steps per sample.
+    pub seq_len: usize,
+    /// Precision.
+    pub dtype: lockstep_snn::Dtype,
+    /// Median seconds per optimizer step (loss, gradient, optimizer update, sign constraint).
+    pub s_per_step: f64,
+    /// Medians of the split: forward, recompute, backward (with the SpMV), adjoint SpMV,
+    /// optimizer (update and constraint).
+    pub split_s: [f64; 5],
+    /// Peak resident memory of the process while building and stepping this config (bytes),
+    /// when the kernel allows resetting the peak.
+    pub peak_rss_bytes: Option<u64>,
+    /// The model's memory estimate for the local batch (bytes).
+    pub estimate_bytes: u64,
+    /// Achieved bandwidth of the adjoint SpMV over the edge arrays (target offset + weight,
+    /// 8 bytes per edge visit), bytes/s.
+    pub spmv_bytes_per_s: f64,
+    /// `memcpy` of the same edge arrays (bytes copied / s, best of 5).
+    pub memcpy_bytes_per_s: f64,
+    /// Loss of the last step.
+    pub loss: f64,
+    /// Mean firing rate of the last step (Hz).
+    pub mean_rate_hz: f64,
+}
+
+/// Measures one training config: `warmup` untimed steps, then `repeats` timed steps.
+pub fn bench_config(
+    config: &std::path::Path,
+    repeats: usize,
+    warmup: usize,
+) -> Result<ConfigBenchReport> {
+    use anyhow::Context;
+    let can_reset = memory::reset_peak_rss();
+    let replica = lockstep_snn::SnnReplica::from_config(config, true)?;
+    let json: serde_json::Value = lockstep_sonata::SonataConfig::from_file(config)?.json;
+    let batch = json
+        .pointer("/run/batch_size")
+        .and_then(serde_json::Value::as_u64)
+        .context("run.batch_size is missing")? as usize;
+    let opt_cfg = lockstep_train::OptimizerConfig::from_json(json.pointer("/training/optimizer"))
+        .map_err(|e| e.in_file(config))?;
+    let model = replica.model();
+    let mut params = model.initial_params();
+    let mut opt = lockstep_train::Optimizer::new(opt_cfg, params.len());
+    let estimate_bytes = model.memory_estimate(batch).total();
+    let mut steps = Vec::new();
+    let mut split: [Vec<f64>; 5] = Default::default();
+    let (mut edges, mut spmv_s) = (0u64, 0.0f64);
+    let mut last = None;
+    for r in 0..warmup + repeats.max(1) {
+        let clock = std::time::Instant::now();
+        let (lg, t) = model.loss_and_grad_timed(&params, (r * batch) as u64, batch)?;
+        let opt_clock = std::time::Instant::now();
+        opt.update(&mut params, &lg.grad);
+        model.constrain(&mut params);
+        let opt_s = opt_clock.elapsed().as_secs_f64();
+        if r >= warmup {
+            steps.push(clock.elapsed().as_secs_f64());
+            for (v, x) in split.iter_mut().zip([
+                t.forward_s,
+                t.recompute_s,
+                t.backward_s,
+                t.adjoint_spmv_s,
+                opt_s,
+            ]) {
+                v.push(x);
+            }
+            edges += t.adjoint_edges;
+            spmv_s += t.adjoint_spmv_s;
+        }
+        last = Some(lg);
+    }
+    let peak = if can_reset {
+        memory::peak_rss_bytes()
+    } else {
+        None
+    };
+    // memcpy of the SpMV's edge arrays (target offsets and weights), best of 5.
+    let off = &model.net.recurrent.target_off;
+    let w = &params[..model.n_recurrent_params()];
+    let mut off_dst = vec![0u32; off.len()];
+    let mut w_dst = vec![0f32; w.len()];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let clock = std::time::Instant::now();
+        off_dst.copy_from_slice(off);
+        w_dst.copy_from_slice(w);
+        best = best.min(clock.elapsed().as_secs_f64());
+        std::hint::black_box((&off_dst, &w_dst));
+    }
+    let bytes = 4.0 * (off.len() + w.len()) as f64;
+    let last = last.expect("at least one step");
+    Ok(ConfigBenchReport {
+        config: config.to_path_buf(),
+        n_cells: model.net.n_neurons(),
+        n_recurrent_edges: model.n_recurrent_params(),
+        batch,
+        seq_len: model.options().seq_len,
+        dtype: model.options().dtype,
+        s_per_step: median(steps),
+        split_s: split.map(median),
+        peak_rss_bytes: peak,
+        estimate_bytes,
+        spmv_bytes_per_s: if spmv_s > 0.0 {
+            8.0 * edges as f64 / spmv_s
+        } else {
+            f64::NAN
+        },
+        memcpy_bytes_per_s: bytes / best,
+        loss: last.loss,
+        mean_rate_hz: last.mean_rate_hz,
+    })
+}
+
+fn run_configs(args: &BpttArgs) -> Result<()> {
+    println!(
+        "BPTT per optimizer step, {} rayon threads, median of {} steps after {} warm-up",
+        rayon::current_num_threads(),
+        args.repeats.max(1),
+        args.warmup
+    );
+    for c in &args.config {
+        let r = bench_config(c, args.repeats, args.warmup)?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        println!(
+            "{}: {} cells, {} recurrent edges, batch {}, seq_len {}, {:?}",
+            r.config.display(),
+            r.n_cells,
+            r.n_recurrent_edges,
+            r.batch,
+            r.seq_len,
+            r.dtype
+        );
+        println!(
+            "  {:.3} s/step = forward {:.3} + recompute {:.3} + backward {:.3} (adjoint SpMV {:.3}) + optimizer {:.3}",
+            r.s_per_step, r.split_s[0], r.split_s[1], r.split_s[2], r.split_s[3], r.split_s[4]
+        );
+        match r.peak_rss_bytes {
+            Some(p) => println!(
+                "  peak resident {:.2} GiB ({:.0} bytes per recurrent edge); estimate {:.2} GiB",
+                gib(p),
+                p as f64 / r.n_recurrent_edges.max(1) as f64,
+                gib(r.estimate_bytes)
+            ),
+            None => println!(
+                "  peak resident n/a (cannot reset VmHWM); estimate {:.2} GiB",
+                gib(r.estimate_bytes)
+            ),
+        }
+        println!(
+            "  adjoint SpMV streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s (ratio {:.2})",
+            r.spmv_bytes_per_s / 1e9,
+            r.memcpy_bytes_per_s / 1e9,
+            r.spmv_bytes_per_s / r.memcpy_bytes_per_s
+        );
+        println!(
+            "  last step: loss {:.6}, mean rate {:.2} Hz",
+            r.loss, r.mean_rate_hz
+        );
+    }
+    Ok(())
 }

@@ -30,6 +30,7 @@ use lockstep_core::memory::MemoryEstimate;
 use num_dual::Dual64;
 use rayon::prelude::*;
 
+use crate::bptt_batch::StepTiming;
 use crate::error::{Result, SnnError};
 use crate::forward::{InitialState, TrialState};
 use crate::input::{InputSpec, Inputs};
@@ -510,6 +511,31 @@ impl SnnModel {
         match self.opts.dtype {
             Dtype::Float64 => {
                 self.loss_and_grad_reference(params, first_sample, batch, Dtype::Float64)
+            }
+            Dtype::Float32 => Ok(self.loss_and_grad_batched(params, first_sample, batch)?.0),
+        }
+    }
+
+    /// [`SnnModel::loss_and_grad`] with the split of its time ([`StepTiming`]; for
+    /// `Float64` the whole call is counted as `backward_s`, the rest is zero).
+    ///
+    /// Errors: those of [`SnnModel::loss_and_grad`].
+    pub fn loss_and_grad_timed(
+        &self,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(LossAndGrad, StepTiming)> {
+        match self.opts.dtype {
+            Dtype::Float64 => {
+                let clock = std::time::Instant::now();
+                let r =
+                    self.loss_and_grad_reference(params, first_sample, batch, Dtype::Float64)?;
+                let timing = StepTiming {
+                    backward_s: clock.elapsed().as_secs_f64(),
+                    ..Default::default()
+                };
+                Ok((r, timing))
             }
             Dtype::Float32 => self.loss_and_grad_batched(params, first_sample, batch),
         }

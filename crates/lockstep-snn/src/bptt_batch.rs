@@ -248,6 +248,114 @@ pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
     }
 }
 
+/// True when the CPU runs AVX2 (the SpMV then uses 256-bit vectors; same results, IEEE
+/// operations in the same order).
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`segment_dot`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn segment_dot_avx2(
+    ws: &[f32],
+    offs: &[u32],
+    mu: &[f32],
+    base: usize,
+    nb: usize,
+    acc: &mut [f32],
+) {
+    segment_dot(ws, offs, mu, base, nb, acc)
+}
+
+/// Stand-in where AVX2 does not exist (never called: [`has_avx2`] is false).
+///
+/// # Safety
+/// None beyond [`segment_dot`]'s.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn segment_dot_avx2(
+    ws: &[f32],
+    offs: &[u32],
+    mu: &[f32],
+    base: usize,
+    nb: usize,
+    acc: &mut [f32],
+) {
+    segment_dot(ws, offs, mu, base, nb, acc)
+}
+
+/// The adjoint gather of one CSR segment for all `nb` samples:
+/// `acc[l] += (p0 + p1) + (p2 + p3) + tail` with `p_k = sum_{e = k mod 4} w_e mu[row_e][l]`
+/// over whole groups of four edges and `tail` over the rest, in edge order (the four partial
+/// sums of the per-sample kernel). `row_e = base + offs[e]`, `mu` is `[row, nb]`. The lanes
+/// go in register-sized blocks of 16, 8, 4 and 1.
+#[inline(always)]
+fn segment_dot(ws: &[f32], offs: &[u32], mu: &[f32], base: usize, nb: usize, acc: &mut [f32]) {
+    let mut l0 = 0;
+    while l0 < nb {
+        let rem = nb - l0;
+        l0 += if rem >= 16 {
+            segment_dot_lanes::<16>(ws, offs, mu, base, nb, l0, acc)
+        } else if rem >= 8 {
+            segment_dot_lanes::<8>(ws, offs, mu, base, nb, l0, acc)
+        } else if rem >= 4 {
+            segment_dot_lanes::<4>(ws, offs, mu, base, nb, l0, acc)
+        } else {
+            segment_dot_lanes::<1>(ws, offs, mu, base, nb, l0, acc)
+        };
+    }
+}
+
+/// [`segment_dot`] for lanes `l0 .. l0 + L`; returns `L`.
+#[inline(always)]
+fn segment_dot_lanes<const L: usize>(
+    ws: &[f32],
+    offs: &[u32],
+    mu: &[f32],
+    base: usize,
+    nb: usize,
+    l0: usize,
+    acc: &mut [f32],
+) -> usize {
+    let mut p = [[0.0f32; L]; 4];
+    let mut tail = [0.0f32; L];
+    let row = |off: u32| -> &[f32; L] {
+        let r = (base + off as usize) * nb + l0;
+        mu[r..r + L].try_into().expect("L lanes")
+    };
+    let mut w4 = ws.chunks_exact(4);
+    let mut o4 = offs.chunks_exact(4);
+    for (w, o) in (&mut w4).zip(&mut o4) {
+        for k in 0..4 {
+            let m = row(o[k]);
+            for l in 0..L {
+                p[k][l] += w[k] * m[l];
+            }
+        }
+    }
+    for (&w, &o) in w4.remainder().iter().zip(o4.remainder()) {
+        let m = row(o);
+        for l in 0..L {
+            tail[l] += w * m[l];
+        }
+    }
+    let a = &mut acc[l0..l0 + L];
+    for l in 0..L {
+        a[l] += (p[0][l] + p[1][l]) + (p[2][l] + p[3][l]) + tail[l];
+    }
+    L
+}
+
 /// First CSR slot of source `s` (the number of edges for `s == n_sources`).
 fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
     csr.segments
@@ -272,6 +380,25 @@ struct Kernel<'a> {
     sg: Surrogate,
     /// Lane blocks of the spike delivery.
     lane_blocks: Vec<(usize, usize)>,
+    /// `[max_delay + 1]` recurrent edges per delay (steps).
+    edges_by_delay: Vec<u64>,
+}
+
+/// Where the time of one [`SnnModel::loss_and_grad_timed`] call went (seconds), and the
+/// work of the adjoint's transposed SpMV.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The forward pass over all steps (with the loss sums).
+    pub forward_s: f64,
+    /// Segmented BPTT: recomputing the chunks' forward passes during the backward pass.
+    pub recompute_s: f64,
+    /// The backward pass (adjoints and gradients), the SpMV included.
+    pub backward_s: f64,
+    /// Of which the transposed SpMV over all recurrent edges with its weight gradient.
+    pub adjoint_spmv_s: f64,
+    /// Recurrent edges the SpMV visited (summed over steps); each visit streams the edge's
+    /// 4-byte target offset and 4-byte weight.
+    pub adjoint_edges: u64,
 }
 
 impl<'a> Kernel<'a> {
@@ -553,13 +680,16 @@ impl<'a> Kernel<'a> {
         let ring = Shared::new(&mut st.ring);
         self.tasks(self.lane_blocks.len(), |blk| {
             let (b0, b1) = self.lane_blocks[blk];
+            let mut lanes: Vec<usize> = Vec::with_capacity(b1 - b0);
             let rec = &net.recurrent;
             for i in 0..n {
                 if any[i] == 0 {
                     continue;
                 }
                 let fl = &flags[i * nb..(i + 1) * nb];
-                if !fl[b0..b1].iter().any(|&f| f & FIRED != 0) {
+                lanes.clear();
+                lanes.extend((b0..b1).filter(|&l| fl[l] & FIRED != 0));
+                if lanes.is_empty() {
                     continue;
                 }
                 for seg in rec.segments_of(i) {
@@ -570,12 +700,10 @@ impl<'a> Kernel<'a> {
                     let (a, b) = (seg.start as usize, seg.end as usize);
                     for (&off, &w) in rec.target_off[a..b].iter().zip(&self.w_rec[a..b]) {
                         let row = (base + off as usize) * nb;
-                        for l in b0..b1 {
-                            if fl[l] & FIRED != 0 {
-                                // SAFETY: lane l of every row belongs to this task (lane
-                                // blocks are disjoint).
-                                unsafe { ring.add(row + l, w) };
-                            }
+                        for &l in &lanes {
+                            // SAFETY: lane l of every row belongs to this task (lane blocks
+                            // are disjoint).
+                            unsafe { ring.add(row + l, w) };
                         }
                     }
                 }
@@ -656,6 +784,7 @@ impl<'a> Kernel<'a> {
         vreg_coef: f64,
         adj: &mut Adjoint,
         grad: &mut [f64],
+        timing: &mut StepTiming,
     ) {
         let (n, nb, np, na, rl) = (self.n, self.nb, self.np, self.na, self.rl);
         let net = &self.m.net;
@@ -713,6 +842,7 @@ impl<'a> Kernel<'a> {
                 });
             }
             // 3. Spike adjoints (transposed SpMV over all edges) and recurrent weight gradients.
+            let spmv_start = std::time::Instant::now();
             {
                 let gz = Shared::new(&mut adj.gz);
                 let gr = Shared::new(&mut grad[..n_rec]);
@@ -724,9 +854,8 @@ impl<'a> Kernel<'a> {
                     let (e0, e1) = (edge_start(rec, s0), edge_start(rec, s1));
                     // SAFETY: sources s0..s1 and their CSR edges e0..e1 belong to this task.
                     let (gz, gr) = unsafe { (gz.slice(s0 * nb, s1 * nb), gr.slice(e0, e1)) };
-                    let mut part = vec![0.0f32; 4 * nb];
-                    let mut tail = vec![0.0f32; nb];
                     let mut acc = vec![0.0f32; nb];
+                    let avx2 = has_avx2();
                     for i in s0..s1 {
                         acc.fill(0.0);
                         let fl = &flags[i * nb..(i + 1) * nb];
@@ -740,33 +869,11 @@ impl<'a> Kernel<'a> {
                             let (a, b) = (seg.start as usize, seg.end as usize);
                             let offs = &rec.target_off[a..b];
                             let ws = &self.w_rec[a..b];
-                            part.fill(0.0);
-                            tail.fill(0.0);
-                            let full = (b - a) / 4 * 4;
-                            let mut e = 0;
-                            while e < full {
-                                for k in 0..4 {
-                                    let w = ws[e + k];
-                                    let m = &mu[(base + offs[e + k] as usize) * nb..][..nb];
-                                    let p = &mut part[k * nb..(k + 1) * nb];
-                                    for l in 0..nb {
-                                        p[l] += w * m[l];
-                                    }
-                                }
-                                e += 4;
-                            }
-                            while e < b - a {
-                                let w = ws[e];
-                                let m = &mu[(base + offs[e] as usize) * nb..][..nb];
-                                for l in 0..nb {
-                                    tail[l] += w * m[l];
-                                }
-                                e += 1;
-                            }
-                            for l in 0..nb {
-                                acc[l] += (part[l] + part[nb + l])
-                                    + (part[2 * nb + l] + part[3 * nb + l])
-                                    + tail[l];
+                            if avx2 {
+                                // SAFETY: the CPU has AVX2 (checked at run time).
+                                unsafe { segment_dot_avx2(ws, offs, mu, base, nb, &mut acc) }
+                            } else {
+                                segment_dot(ws, offs, mu, base, nb, &mut acc);
                             }
                             if spiked {
                                 for (k, &off) in offs.iter().enumerate() {
@@ -788,6 +895,14 @@ impl<'a> Kernel<'a> {
                     }
                 });
             }
+            timing.adjoint_spmv_s += spmv_start.elapsed().as_secs_f64();
+            timing.adjoint_edges += self
+                .edges_by_delay
+                .iter()
+                .enumerate()
+                .filter(|&(d, _)| t + d < self.t_len)
+                .map(|(_, &c)| c)
+                .sum::<u64>();
             // 4. Input weight gradients.
             if self.m.opts.train_input_weights {
                 let gin = &mut grad[n_rec..];
@@ -922,7 +1037,7 @@ impl SnnModel {
         params: &[f32],
         first_sample: u64,
         batch: usize,
-    ) -> Result<LossAndGrad> {
+    ) -> Result<(LossAndGrad, StepTiming)> {
         if batch == 0 {
             return Err(SnnError::Shape("batch must be at least 1".into()));
         }
@@ -1015,6 +1130,13 @@ impl SnnModel {
             parallel: self.opts.parallel,
             sg: self.opts.surrogate,
             lane_blocks,
+            edges_by_delay: {
+                let mut c = vec![0u64; net.max_delay + 1];
+                for seg in &net.recurrent.segments {
+                    c[seg.delay as usize] += (seg.end - seg.start) as u64;
+                }
+                c
+            },
         };
         let (n, np, na, t_len) = (k.n, k.np, k.na, k.t_len);
         let n_chunks = n.div_ceil(NEURON_CHUNK);
@@ -1032,6 +1154,8 @@ impl SnnModel {
             .min(t_len)
             .max(1);
         let segmented = self.opts.gradient_checkpointing.is_some();
+        let mut timing = StepTiming::default();
+        let clock = std::time::Instant::now();
         let mut full_tape = None;
         let mut boundaries: Vec<Boundary> = Vec::new();
         if segmented {
@@ -1080,6 +1204,7 @@ impl SnnModel {
             full_tape = Some(tape);
         }
         drop(st);
+        timing.forward_s = clock.elapsed().as_secs_f64();
         // Loss terms per sample (in sample order), and the direct loss derivatives.
         let bn = batch as f64 * n as f64;
         let mut terms = vec![0.0f64; self.opts.losses.len()];
@@ -1114,12 +1239,24 @@ impl SnnModel {
             gz: vec![0.0; n * nb],
         };
         if let Some(tape) = full_tape {
-            k.backward_steps(&tape, 0, t_len, &gz_rate, vreg_coef, &mut adj, &mut grad);
+            let clock = std::time::Instant::now();
+            k.backward_steps(
+                &tape,
+                0,
+                t_len,
+                &gz_rate,
+                vreg_coef,
+                &mut adj,
+                &mut grad,
+                &mut timing,
+            );
+            timing.backward_s += clock.elapsed().as_secs_f64();
         } else {
             let mut tape = k.new_tape(chunk);
             for (c, b) in boundaries.iter().enumerate().rev() {
                 let t0 = c * chunk;
                 let t1 = (t0 + chunk).min(t_len);
+                let clock = std::time::Instant::now();
                 let mut s = k.restore(b, t0);
                 k.forward_steps(
                     &mut s,
@@ -1131,9 +1268,21 @@ impl SnnModel {
                     &mut any,
                     None,
                 );
-                k.backward_steps(&tape, t0, t1 - t0, &gz_rate, vreg_coef, &mut adj, &mut grad);
+                timing.recompute_s += clock.elapsed().as_secs_f64();
+                let clock = std::time::Instant::now();
+                k.backward_steps(
+                    &tape,
+                    t0,
+                    t1 - t0,
+                    &gz_rate,
+                    vreg_coef,
+                    &mut adj,
+                    &mut grad,
+                    &mut timing,
+                );
+                timing.backward_s += clock.elapsed().as_secs_f64();
             }
         }
-        Ok(self.finish(terms, &grad, n_spikes, batch))
+        Ok((self.finish(terms, &grad, n_spikes, batch), timing))
     }
 }

@@ -42,6 +42,7 @@ mod trained_simulation;
 
 pub use all_to_all::all_to_all_glif3;
 pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel};
+pub use bptt_batch::StepTiming;
 pub use config::{
     loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
     SnnTrainConfig, SnnTraining,
