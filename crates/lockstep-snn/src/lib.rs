@@ -12,12 +12,16 @@
 //!   forward recursion the simulator runs; segmented recompute (`gradient_checkpointing`)
 //!   gives bitwise the same gradients; the single-step update is generic over [`Scalar`]
 //!   (f32, f64, `num_dual::Dual64`) so a dual-number oracle checks them.
+//! * **Fast float32 training** (`run.dtype: float32`): batch-innermost kernels whose forward
+//!   pass is bitwise the per-sample float32 one and whose gradient matches it to 1e-5
+//!   relative L2, bitwise independent of the thread count (`tests/bptt_float32.rs`).
 //! * **Bad input is refused, not guessed:** unsupported models, parameters, receptors, delays
 //!   and config keys are errors ([`SnnError`]) naming the node type, edge, file or key.
 //!
 //! Layout: cell models and NEST's propagators (`model`, `nest`, `step`), networks in CSR form
 //! per presynaptic source grouped by delay and receptor port (`network`), inputs (`input`),
-//! the batched forward kernel (`forward`), BPTT and losses (`bptt`, `loss`), the SONATA
+//! the batched forward kernel (`forward`), BPTT and losses (`bptt`: per-sample f64 and the
+//! f32 reference; `bptt_batch`: the batch-innermost float32 kernels; `loss`), the SONATA
 //! adapter (`sonata`), config reading (`config`), the `lockstep simulate` run
 //! (`simulate_config`) and the trainer's replica (`replica`). Every public item is
 //! re-exported here, at one path.
