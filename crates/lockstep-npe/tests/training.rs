@@ -3,9 +3,10 @@
 //! to split and its running statistics across a checkpoint resume.
 
 use lockstep_comm::World;
+use lockstep_npe::calibration::pp_test;
 use lockstep_npe::{
     CpuAutodiff, EmbeddingConfig, FlowConfig, GaussianLinear, NetworkConfig, Norm, NpeModel,
-    NpeNetwork, Task, TaskSource,
+    NpeNetwork, Task, TaskSource, TwoMoons,
 };
 use lockstep_train::job::run_job;
 use lockstep_train::{checkpoint, EngineConfig, EngineOptions, Model, TrainError, TrainSummary};
@@ -201,7 +202,8 @@ fn batch_norm_refuses_replicas_and_resumes_exactly() {
 }
 
 /// The trained posterior of gaussian_linear (3 dimensions) matches the closed form for several
-/// observations: mean within 0.1 posterior standard deviations, covariance within 15%.
+/// observations: mean within 0.1 posterior standard deviations, covariance within 15%; and it
+/// is calibrated: a P-P test over 100 injections gives every parameter a KS p-value > 0.01.
 #[test]
 fn gaussian_linear_posterior_matches_the_analytic_one() {
     let gl = GaussianLinear::new(3);
@@ -284,4 +286,64 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
             "x {x:?}: log q(mean) {lq} vs analytic {lp}"
         );
     }
+    // Calibration over 100 injections from the prior (500 posterior samples each).
+    let r = pp_test(&model, &gl, 2024, 100, 500);
+    eprintln!("P-P KS p-values {:?}; first injections {:?}", r.p_values, &r.percentiles[..3]);
+    assert_eq!(r.percentiles.len(), 100);
+    assert!(
+        r.min_p_value() > 0.01,
+        "P-P test: KS p-values {:?}",
+        r.p_values
+    );
+    // The test can fail: the posterior of another observation model is not calibrated here.
+    let wider = GaussianLinear {
+        simulator_scale: 0.4,
+        ..gl.clone()
+    };
+    let bad = pp_test(&model, &wider, 2024, 100, 500);
+    assert!(
+        bad.min_p_value() < 0.01,
+        "a mismatched task passed the P-P test: {:?}",
+        bad.p_values
+    );
+}
+
+/// The density of a flow trained on two_moons (a bimodal posterior) integrates to 1 ± 1e-2
+/// over θ for a fixed observation (midpoint rule on a grid covering the prior and beyond).
+#[test]
+fn density_of_a_trained_2d_flow_integrates_to_one() {
+    let task: Arc<dyn Task> = Arc::new(TwoMoons);
+    let net = network(task.as_ref(), Norm::LayerNorm, 32, 3, 3.0);
+    let dir = tempfile::tempdir().unwrap();
+    let adam = json!({"name": "adam", "learning_rate": 3e-3});
+    let c = config(dir.path(), "tm", 256, Value::Null, 300, adam);
+    train(&c, &net, task.clone(), None).unwrap();
+    let state = final_state(&dir.path().join("tm"), 300);
+    let mut model = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+    model.trainable_mut().copy_from_slice(&state.trainable);
+    let x = [0.0f32, 0.1];
+    let (l, g) = (4.0f64, 400usize);
+    let h = 2.0 * l / g as f64;
+    let mut total = 0.0f64;
+    let mut prior_box = 0.0f64;
+    for row in 0..g {
+        let t0 = -l + (row as f64 + 0.5) * h;
+        let theta: Vec<f32> = (0..g)
+            .flat_map(|c| [t0 as f32, (-l + (c as f64 + 0.5) * h) as f32])
+            .collect();
+        let rows: Vec<f32> = (0..g).flat_map(|_| x).collect();
+        let lp = model.log_prob(&theta, &rows, g);
+        for (c, v) in lp.iter().enumerate() {
+            let m = (*v as f64).exp() * h * h;
+            total += m;
+            let t1 = -l + (c as f64 + 0.5) * h;
+            if t0.abs() <= 1.0 && t1.abs() <= 1.0 {
+                prior_box += m;
+            }
+        }
+    }
+    eprintln!("∫ q = {total}, mass inside the prior's support {prior_box}");
+    assert!((total - 1.0).abs() <= 1e-2, "∫ q(θ|x) dθ = {total}");
+    // Trained: the mass sits inside the prior's support [-1, 1]².
+    assert!(prior_box > 0.9, "mass in the prior box {prior_box}");
 }
