@@ -192,7 +192,8 @@ impl Slcp {
 }
 
 /// The task of a settings file: `data.task`, tagged by `name` (a bare name means the
-/// defaults), e.g. `{name: gaussian_linear, dim: 10}`, `two_moons`, `slcp`.
+/// defaults), e.g. `{name: gaussian_linear, dim: 10}`, `two_moons`, `slcp`,
+/// `{name: gw_chirp, f_max: 64}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TaskSpec {
@@ -212,6 +213,8 @@ pub enum TaskSpec {
     TwoMoons,
     /// [`Slcp`].
     Slcp,
+    /// [`crate::gw::GwChirp`]: the gravitational-wave chirp task.
+    GwChirp(crate::gw::GwChirp),
 }
 
 fn default_gl_dim() -> usize {
@@ -254,6 +257,10 @@ impl TaskSpec {
             }
             TaskSpec::TwoMoons => Arc::new(TwoMoons),
             TaskSpec::Slcp => Arc::new(Slcp),
+            TaskSpec::GwChirp(ref g) => {
+                g.validate()?;
+                Arc::new(g.clone())
+            }
         })
     }
 }
@@ -421,6 +428,26 @@ mod tests {
         assert!((v[0] / nf / (s1 * s1) - 1.0).abs() < 0.03, "{}", v[0] / nf);
         assert!((v[1] / nf / (s2 * s2) - 1.0).abs() < 0.03, "{}", v[1] / nf);
         assert!((c / nf / (rho * s1 * s2) - 1.0).abs() < 0.06, "{}", c / nf);
+    }
+
+    #[test]
+    fn task_specs_parse_with_their_defaults() {
+        let t: TaskSpec =
+            serde_json::from_value(serde_json::json!({"name": "gw_chirp", "f_max": 64.0})).unwrap();
+        let task = t.build().unwrap();
+        assert_eq!(
+            (task.name(), task.theta_dim(), task.x_dim()),
+            ("gw_chirp", 5, 4 * 177)
+        );
+        let e = lockstep_core::config::from_value::<TaskSpec>(
+            &serde_json::json!({"name": "gw_chirp", "fmax": 64.0}),
+            "data.task",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("did you mean `f_max`"), "{e}");
+        let t: TaskSpec = serde_json::from_value(serde_json::json!({"name": "slcp"})).unwrap();
+        assert_eq!(t.build().unwrap().x_dim(), 8);
     }
 
     #[test]

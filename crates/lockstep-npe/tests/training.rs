@@ -288,7 +288,11 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
     }
     // Calibration over 100 injections from the prior (500 posterior samples each).
     let r = pp_test(&model, &gl, 2024, 100, 500);
-    eprintln!("P-P KS p-values {:?}; first injections {:?}", r.p_values, &r.percentiles[..3]);
+    eprintln!(
+        "P-P KS p-values {:?}; first injections {:?}",
+        r.p_values,
+        &r.percentiles[..3]
+    );
     assert_eq!(r.percentiles.len(), 100);
     assert!(
         r.min_p_value() > 0.01,
