@@ -310,124 +310,149 @@ fn plan_reports(
     }
     let mut out = Vec::with_capacity(settings.len());
     for s in settings {
-        let key = |k: &str| format!("reports.{}.{k}", s.name);
-        let err = |k: &str, p: String| cfg_err(&cfg.path, &key(k), p);
-        let dt_ms = net.grid.dt;
+        let err = |k: &str, p: String| cfg_err(&cfg.path, &format!("reports.{}.{k}", s.name), p);
+        let (first, last, stride) = report_frames(net, &s, n_steps, err)?;
+        let (node_ids, neurons) = report_cells(net, &by_node, &s, err)?;
         let step_ms = |m: i64| (m * net.grid.tics_per_step) as f64 / TICS_PER_MS;
-        let stride = match s.dt {
-            None => 1,
-            Some(d) => match grid_steps(net, d) {
-                Some(k) if k >= 1 => k,
-                _ => {
-                    return Err(err(
-                        "dt",
-                        format!("{d} ms must be a positive whole multiple of run.dt ({dt_ms} ms)"),
-                    ))
-                }
-            },
-        };
-        let on_grid = |k: &str, x: f64| {
-            grid_steps(net, x).filter(|&m| m >= 0).ok_or_else(|| {
-                err(
-                    k,
-                    format!("{x} ms must be a non-negative multiple of run.dt ({dt_ms} ms)"),
-                )
-            })
-        };
-        let start = s.start_time.map_or(Ok(0), |x| on_grid("start_time", x))?;
-        let end = s
-            .end_time
-            .map_or(Ok(n_steps as i64), |x| on_grid("end_time", x))?;
-        if end > n_steps as i64 {
-            return Err(err(
-                "end_time",
-                format!(
-                    "{} ms is after run.tstop ({} ms)",
-                    step_ms(end),
-                    step_ms(n_steps as i64)
-                ),
-            ));
-        }
-        if start >= end {
-            return Err(err(
-                "start_time",
-                format!(
-                    "{} ms must be before end_time ({} ms)",
-                    step_ms(start),
-                    step_ms(end)
-                ),
-            ));
-        }
-        let first = (start / stride + 1) * stride;
-        let last = (end / stride) * stride;
-        if first > last {
-            return Err(err(
-                "dt",
-                format!(
-                    "no recording time: no multiple of {} ms lies in ({} ms, {} ms]",
-                    step_ms(stride),
-                    step_ms(start),
-                    step_ms(end)
-                ),
-            ));
-        }
-        let n_frames = ((last - first) / stride + 1) as usize;
-        let pop = s.cells.population.as_str();
-        if !net.neurons.iter().any(|n| n.population == pop) {
-            let virt = net.virtual_nodes.iter().any(|v| v.population == pop);
-            let mut known: Vec<&str> = net.neurons.iter().map(|n| n.population.as_str()).collect();
-            known.dedup();
-            return Err(err(
-                "cells",
-                if virt {
-                    format!("'{pop}' is a virtual (input) population; it has no membrane potential. Record one of: {}", known.join(", "))
-                } else {
-                    format!("'{pop}' is not a node population or node set of this network (populations: {})", known.join(", "))
-                },
-            ));
-        }
-        let mut node_ids: Vec<u64> = match &s.cells.node_ids {
-            Some(ids) => ids.clone(),
-            None => net
-                .neurons
-                .iter()
-                .filter(|n| n.population == pop)
-                .map(|n| n.node_id)
-                .collect(),
-        };
-        node_ids.sort_unstable();
-        node_ids.dedup();
-        let mut neurons = Vec::with_capacity(node_ids.len());
-        for &id in &node_ids {
-            neurons.push(*by_node.get(&(pop, id)).ok_or_else(|| {
-                err(
-                    "cells",
-                    format!("population '{pop}' has no node with id {id}"),
-                )
-            })?);
-        }
-        if neurons.is_empty() {
-            return Err(err(
-                "cells",
-                "selects no cell; list at least one node id".into(),
-            ));
-        }
         out.push(PlannedReport {
             name: s.name.clone(),
             file_name: s.file_name.clone(),
-            population: pop.to_string(),
+            population: s.cells.population.clone(),
             node_ids,
             time: [step_ms(first), step_ms(last + stride), step_ms(stride)],
             recorder: VmRecorder {
                 neurons,
                 first_step: first as usize,
                 stride: stride as usize,
-                n_frames,
+                n_frames: ((last - first) / stride + 1) as usize,
             },
             dtype: s.dtype,
         });
     }
     Ok(out)
+}
+
+/// The recorded steps of report `s` on `net`'s grid: `(first, last, stride)` in steps, the
+/// multiples of its `dt` in `(start_time, end_time]` of a run of `n_steps` steps. `err`
+/// makes the error for a key of the report.
+fn report_frames(
+    net: &Network,
+    s: &lockstep_sonata::MembraneReportSettings,
+    n_steps: usize,
+    err: impl Fn(&str, String) -> SnnError,
+) -> Result<(i64, i64, i64)> {
+    let dt_ms = net.grid.dt;
+    let step_ms = |m: i64| (m * net.grid.tics_per_step) as f64 / TICS_PER_MS;
+    let stride = match s.dt {
+        None => 1,
+        Some(d) => match grid_steps(net, d) {
+            Some(k) if k >= 1 => k,
+            _ => {
+                return Err(err(
+                    "dt",
+                    format!("{d} ms must be a positive whole multiple of run.dt ({dt_ms} ms)"),
+                ))
+            }
+        },
+    };
+    let on_grid = |k: &str, x: f64| {
+        grid_steps(net, x).filter(|&m| m >= 0).ok_or_else(|| {
+            err(
+                k,
+                format!("{x} ms must be a non-negative multiple of run.dt ({dt_ms} ms)"),
+            )
+        })
+    };
+    let start = s.start_time.map_or(Ok(0), |x| on_grid("start_time", x))?;
+    let end = s
+        .end_time
+        .map_or(Ok(n_steps as i64), |x| on_grid("end_time", x))?;
+    if end > n_steps as i64 {
+        return Err(err(
+            "end_time",
+            format!(
+                "{} ms is after run.tstop ({} ms)",
+                step_ms(end),
+                step_ms(n_steps as i64)
+            ),
+        ));
+    }
+    if start >= end {
+        return Err(err(
+            "start_time",
+            format!(
+                "{} ms must be before end_time ({} ms)",
+                step_ms(start),
+                step_ms(end)
+            ),
+        ));
+    }
+    let first = (start / stride + 1) * stride;
+    let last = (end / stride) * stride;
+    if first > last {
+        return Err(err(
+            "dt",
+            format!(
+                "no recording time: no multiple of {} ms lies in ({} ms, {} ms]",
+                step_ms(stride),
+                step_ms(start),
+                step_ms(end)
+            ),
+        ));
+    }
+    Ok((first, last, stride))
+}
+
+/// The cells report `s` records: its node ids (ascending) and their external neuron
+/// indices (`by_node`: (population, node id) -> index). `err` makes the error for a key of
+/// the report.
+fn report_cells(
+    net: &Network,
+    by_node: &HashMap<(&str, u64), u32>,
+    s: &lockstep_sonata::MembraneReportSettings,
+    err: impl Fn(&str, String) -> SnnError,
+) -> Result<(Vec<u64>, Vec<u32>)> {
+    let pop = s.cells.population.as_str();
+    if !net.neurons.iter().any(|n| n.population == pop) {
+        let virt = net.virtual_nodes.iter().any(|v| v.population == pop);
+        let mut known: Vec<&str> = net.neurons.iter().map(|n| n.population.as_str()).collect();
+        known.dedup();
+        return Err(err(
+            "cells",
+            if virt {
+                format!("'{pop}' is a virtual (input) population; it has no membrane potential. Record one of: {}", known.join(", "))
+            } else {
+                format!("'{pop}' is not a node population or node set of this network (populations: {})", known.join(", "))
+            },
+        ));
+    }
+    let mut node_ids: Vec<u64> = match &s.cells.node_ids {
+        Some(ids) => ids.clone(),
+        None => net
+            .neurons
+            .iter()
+            .filter(|n| n.population == pop)
+            .map(|n| n.node_id)
+            .collect(),
+    };
+    node_ids.sort_unstable();
+    node_ids.dedup();
+    let mut neurons = Vec::with_capacity(node_ids.len());
+    for &id in &node_ids {
+        neurons.push(*by_node.get(&(pop, id)).ok_or_else(|| {
+            err(
+                "cells",
+                format!("population '{pop}' has no node with id {id}"),
+            )
+        })?);
+    }
+    if neurons.is_empty() {
+        return Err(err(
+            "cells",
+            "selects no cell; list at least one node id".into(),
+        ));
+    }
+    Ok((node_ids, neurons))
 }
 
 /// The memory a run holds beyond the compiled network: per-trial state and spike ring
@@ -704,23 +729,77 @@ pub(crate) fn write_spikes_csv(path: &Path, trains: &SpikeTrains) -> Result<()> 
 pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<SimulationSummary> {
     let t0 = Instant::now();
     let prep = prepare_simulation(config, opts.batch)?;
+    let files = output_files(&prep)?;
+    let build_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let result = run_trials(&prep, opts);
+    let simulate_s = t1.elapsed().as_secs_f64();
+    let trial = &result.trials[0];
+    let trains = to_spike_trains(&prep.network, &trial.spikes);
+    let rates = firing_rates(&prep.network, &trial.spikes, prep.tstop);
+    let log = files.log.as_ref().map(|_| {
+        run_log(
+            &prep,
+            trial.spikes.len(),
+            trial.syn_events,
+            &rates,
+            [build_s, simulate_s],
+        )
+    });
+    let reports = write_outputs(&prep, &files, &trains, result.vm, log)?;
+    Ok(SimulationSummary {
+        spikes_file: files.dir.join(&files.spikes),
+        spikes_file_csv: files.csv.map(|c| files.dir.join(c)),
+        reports,
+        output_dir: files.dir,
+        n_neurons: prep.network.n_neurons(),
+        n_steps: prep.n_steps,
+        dt: prep.network.grid.dt,
+        tstop: prep.tstop,
+        n_spikes: trial.spikes.len(),
+        syn_events: trial.syn_events,
+        rates,
+        build_s,
+        simulate_s,
+    })
+}
+
+/// The output folder of a simulation and the names of the files it writes there.
+struct OutputFiles {
+    /// `output.output_dir`, resolved.
+    dir: PathBuf,
+    /// `output.spikes_file` (default `spikes.h5`).
+    spikes: String,
+    /// `output.spikes_file_csv`.
+    csv: Option<String>,
+    /// `output.log_file`.
+    log: Option<String>,
+}
+
+/// Checks the output file names (plain, distinct) and that an existing output folder may be
+/// replaced (`output.overwrite_output_dir`, and only a folder lockstep wrote). Changes
+/// nothing.
+fn output_files(prep: &PreparedSimulation) -> Result<OutputFiles> {
     let cfg = &prep.config;
     let out = &prep.output;
-    let output_dir = cfg.resolve_path(out.output_dir.as_deref().unwrap_or_default());
-    let overwrite = out.overwrite_output_dir.unwrap_or(false);
-    let spikes_name = out
-        .spikes_file
-        .clone()
-        .unwrap_or_else(|| "spikes.h5".into());
-    let csv_name = out.spikes_file_csv.clone();
-    let log_name = out.log_file.clone();
-    let mut names: Vec<(String, &str)> = vec![("output.spikes_file".into(), spikes_name.as_str())];
+    let files = OutputFiles {
+        dir: cfg.resolve_path(out.output_dir.as_deref().unwrap_or_default()),
+        spikes: out
+            .spikes_file
+            .clone()
+            .unwrap_or_else(|| "spikes.h5".into()),
+        csv: out.spikes_file_csv.clone(),
+        log: out.log_file.clone(),
+    };
+    let mut names: Vec<(String, &str)> = vec![("output.spikes_file".into(), files.spikes.as_str())];
     names.extend(
-        csv_name
+        files
+            .csv
             .as_deref()
             .map(|n| ("output.spikes_file_csv".into(), n)),
     );
-    names.extend(log_name.as_deref().map(|n| ("output.log_file".into(), n)));
+    names.extend(files.log.as_deref().map(|n| ("output.log_file".into(), n)));
     names.extend(prep.reports.iter().map(|r| {
         (
             format!("reports.{}.file_name", r.name),
@@ -744,18 +823,21 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
             ));
         }
     }
-    if output_dir.exists() && !overwrite {
-        return Err(SnnError::OutputExists { path: output_dir });
+    if files.dir.exists() && !out.overwrite_output_dir.unwrap_or(false) {
+        return Err(SnnError::OutputExists { path: files.dir });
     }
-    if output_dir.exists() {
+    if files.dir.exists() {
         // Never delete a folder lockstep did not write (a project or data folder).
         let own: Vec<&str> = names.iter().map(|(_, n)| *n).collect();
-        lockstep_core::output_dir::check_replaceable(&output_dir, &own)
+        lockstep_core::output_dir::check_replaceable(&files.dir, &own)
             .map_err(|m| cfg_err(&cfg.path, "output.output_dir", m.to_string()))?;
     }
-    let build_s = t0.elapsed().as_secs_f64();
+    Ok(files)
+}
 
-    let t1 = Instant::now();
+/// Runs the prepared trials, recording the membrane reports and reporting progress (unless
+/// `output.quiet_simulator`).
+fn run_trials(prep: &PreparedSimulation, opts: &SimulateOptions) -> SimOutput {
     let sim_opts = SimOptions {
         initial: opts.initial,
         parallel: opts.parallel,
@@ -764,7 +846,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     let progress = opts
         .progress
         .as_ref()
-        .filter(|_| !out.quiet_simulator.unwrap_or(false));
+        .filter(|_| !prep.output.quiet_simulator.unwrap_or(false));
     if let Some(p) = progress {
         p.start((prep.n_steps as u64).saturating_mul(opts.batch as u64));
     }
@@ -774,7 +856,7 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         }
     };
     let recorders: Vec<VmRecorder> = prep.reports.iter().map(|r| r.recorder.clone()).collect();
-    let result: SimOutput = simulate_with(
+    let result = simulate_with(
         &prep.network,
         &prep.inputs,
         prep.n_steps,
@@ -789,12 +871,61 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
     if let Some(p) = progress {
         p.finish();
     }
-    let simulate_s = t1.elapsed().as_secs_f64();
-    let trial = &result.trials[0];
-    let trains = to_spike_trains(&prep.network, &trial.spikes);
-    let rates = firing_rates(&prep.network, &trial.spikes, prep.tstop);
+    result
+}
 
-    // Write into a temporary sibling folder, then move it into place.
+/// The text of `output.log_file`: the run's sizes, counts of trial 0, times
+/// (`[build, simulate]`, s) and rate table.
+fn run_log(
+    prep: &PreparedSimulation,
+    n_spikes: usize,
+    syn_events: u64,
+    rates: &[RateRow],
+    seconds: [f64; 2],
+) -> String {
+    let mut text = format!(
+        "lockstep simulate {}\nneurons {}\nvirtual nodes {}\nrecurrent edges {}\ninput edges {}\ndt {} ms\ntstop {} ms\nsteps {}\nspikes {}\nsynaptic events {}\nbuild {:.3} s\nsimulate {:.3} s\n",
+        prep.config.path.display(),
+        prep.network.n_neurons(),
+        prep.network.n_virtual(),
+        prep.network.recurrent.len(),
+        prep.network.input.len(),
+        prep.network.grid.dt,
+        prep.tstop,
+        prep.n_steps,
+        n_spikes,
+        syn_events,
+        seconds[0],
+        seconds[1]
+    );
+    for r in rates {
+        text.push_str(&format!(
+            "rate {} {} cells {} spikes {} Hz {}\n",
+            match r.group {
+                RateGroup::All => "all",
+                RateGroup::Population => "population",
+                RateGroup::NodeType => "node_type",
+            },
+            r.name,
+            r.cells,
+            r.spikes,
+            r.rate_hz
+        ));
+    }
+    text
+}
+
+/// Writes the outputs of trial 0 (spikes, spikes CSV, membrane reports `vm`, the `log` text)
+/// into a temporary folder beside the output folder, then moves it into place (replacing an
+/// older output). Returns the reports written.
+fn write_outputs(
+    prep: &PreparedSimulation,
+    files: &OutputFiles,
+    trains: &SpikeTrains,
+    vm: Vec<Vec<f64>>,
+    log: Option<String>,
+) -> Result<Vec<ReportSummary>> {
+    let output_dir = &files.dir;
     let parent = output_dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -814,12 +945,12 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         let marker = tmp.path().join(lockstep_core::output_dir::MARKER);
         io_err("cannot write", &marker, e)
     })?;
-    lockstep_sonata::write_spikes(tmp.path().join(&spikes_name), &trains)?;
-    if let Some(c) = &csv_name {
-        write_spikes_csv(&tmp.path().join(c), &trains)?;
+    lockstep_sonata::write_spikes(tmp.path().join(&files.spikes), trains)?;
+    if let Some(c) = &files.csv {
+        write_spikes_csv(&tmp.path().join(c), trains)?;
     }
     let mut reports = Vec::with_capacity(prep.reports.len());
-    for (r, data) in prep.reports.iter().zip(result.vm) {
+    for (r, data) in prep.reports.iter().zip(vm) {
         let mut pop = ReportPopulation::single_compartment(
             r.population.clone(),
             r.node_ids.clone(),
@@ -843,65 +974,22 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
             time: r.time,
         });
     }
-    if let Some(l) = &log_name {
-        let mut text = format!(
-            "lockstep simulate {}\nneurons {}\nvirtual nodes {}\nrecurrent edges {}\ninput edges {}\ndt {} ms\ntstop {} ms\nsteps {}\nspikes {}\nsynaptic events {}\nbuild {:.3} s\nsimulate {:.3} s\n",
-            cfg.path.display(),
-            prep.network.n_neurons(),
-            prep.network.n_virtual(),
-            prep.network.recurrent.len(),
-            prep.network.input.len(),
-            prep.network.grid.dt,
-            prep.tstop,
-            prep.n_steps,
-            trial.spikes.len(),
-            trial.syn_events,
-            build_s,
-            simulate_s
-        );
-        for r in &rates {
-            text.push_str(&format!(
-                "rate {} {} cells {} spikes {} Hz {}\n",
-                match r.group {
-                    RateGroup::All => "all",
-                    RateGroup::Population => "population",
-                    RateGroup::NodeType => "node_type",
-                },
-                r.name,
-                r.cells,
-                r.spikes,
-                r.rate_hz
-            ));
-        }
+    if let (Some(l), Some(text)) = (&files.log, log) {
         let p = tmp.path().join(l);
         std::fs::write(&p, text).map_err(|e| io_err("cannot write log", &p, e))?;
     }
     if output_dir.exists() {
-        std::fs::remove_dir_all(&output_dir)
-            .map_err(|e| io_err("cannot remove the old output_dir", &output_dir, e))?;
+        std::fs::remove_dir_all(output_dir)
+            .map_err(|e| io_err("cannot remove the old output_dir", output_dir, e))?;
     }
     let kept = tmp.keep();
-    std::fs::rename(&kept, &output_dir).map_err(|e| {
+    std::fs::rename(&kept, output_dir).map_err(|e| {
         let _ = std::fs::remove_dir_all(&kept);
         io_err(
             "cannot move the finished output into place at",
-            &output_dir,
+            output_dir,
             e,
         )
     })?;
-    Ok(SimulationSummary {
-        spikes_file: output_dir.join(&spikes_name),
-        spikes_file_csv: csv_name.map(|c| output_dir.join(c)),
-        reports,
-        output_dir,
-        n_neurons: prep.network.n_neurons(),
-        n_steps: prep.n_steps,
-        dt: prep.network.grid.dt,
-        tstop: prep.tstop,
-        n_spikes: trial.spikes.len(),
-        syn_events: trial.syn_events,
-        rates,
-        build_s,
-        simulate_s,
-    })
+    Ok(reports)
 }

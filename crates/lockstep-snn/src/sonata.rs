@@ -53,35 +53,7 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
             let ct = match type_index.get(&key) {
                 Some(&ct) => ct,
                 None => {
-                    let table = &pop.types.table;
-                    let type_id = pop.node_type_id[i];
-                    let mut label = table
-                        .get(row as usize, "model_name")
-                        .or_else(|| table.get(row as usize, "pop_name"))
-                        .map(|n| format!("{type_id} ({n})"))
-                        .unwrap_or_else(|| type_id.to_string());
-                    if own.is_some() {
-                        label = format!(
-                            "{label}, node {} with its own dynamics_params",
-                            pop.node_id[i]
-                        );
-                    }
-                    let name = format!("{label} of population '{}'", pop.name);
-                    let template = pop.model_template(i).ok_or_else(|| SnnError::UnsupportedModel {
-                        node_type: name.clone(),
-                        model: "<none>".into(),
-                        reason: "the node type has no model_template; point neurons need e.g. nest:glif_psc".into(),
-                    })?;
-                    let params = match &own {
-                        Some(v) => v.clone(),
-                        None => pop
-                            .dynamics_params(i)
-                            .map(|a| (**a).clone())
-                            .unwrap_or(serde_json::Value::Null),
-                    };
-                    let model = CellModel::from_template(template, &params, &name)?;
-                    spec.cell_types.push(CellType { name: label, model });
-                    let ct = spec.cell_types.len() - 1;
+                    let ct = add_cell_type(&mut spec, pop, i, own.as_ref())?;
                     type_index.insert(key, ct);
                     ct
                 }
@@ -94,65 +66,129 @@ pub fn network_spec_from_circuit(circuit: &Circuit) -> Result<NetworkSpec> {
         }
     }
     for ep in &circuit.edges {
-        let src_pop = circuit
-            .node_population(&ep.source_population)
-            .ok_or_else(|| {
-                SnnError::InvalidNetwork(format!(
-                    "edges '{}': unknown source population '{}'",
-                    ep.name, ep.source_population
-                ))
-            })?;
-        let tgt_pop = circuit
-            .node_population(&ep.target_population)
-            .ok_or_else(|| {
-                SnnError::InvalidNetwork(format!(
-                    "edges '{}': unknown target population '{}'",
-                    ep.name, ep.target_population
-                ))
-            })?;
-        let Some(&tbase) = neuron_base.get(tgt_pop.name.as_str()) else {
-            return Err(SnnError::InvalidNetwork(format!(
-                "edges '{}' ({}) target the virtual population '{}'; virtual nodes cannot receive spikes",
-                ep.name,
-                ep.file.display(),
-                tgt_pop.name
-            )));
-        };
-        refuse_unapplied_edge_columns(ep)?;
-        let weights = ep.weights();
-        let (is_input, sbase) = match virtual_base.get(src_pop.name.as_str()) {
-            Some(&b) => (true, b),
-            None => (false, neuron_base[src_pop.name.as_str()]),
-        };
-        for i in 0..ep.len() {
-            let s = src_pop.index_of(ep.source_node_id[i]).ok_or_else(|| {
-                SnnError::InvalidNetwork(format!(
-                    "edges '{}' edge {i}: source node id {} not in population '{}'",
-                    ep.name, ep.source_node_id[i], src_pop.name
-                ))
-            })?;
-            let t = tgt_pop.index_of(ep.target_node_id[i]).ok_or_else(|| {
-                SnnError::InvalidNetwork(format!(
-                    "edges '{}' edge {i}: target node id {} not in population '{}'",
-                    ep.name, ep.target_node_id[i], tgt_pop.name
-                ))
-            })?;
-            let receptor = ep.synapse(i).receptor_type().map(|r| r as i64).unwrap_or(0);
-            let e = EdgeSpec {
-                source: sbase + s,
-                target: tbase + t,
-                weight: weights[i],
-                receptor,
-                delay_ms: ep.delay[i],
-            };
-            if is_input {
-                spec.input_edges.push(e);
-            } else {
-                spec.recurrent_edges.push(e);
-            }
-        }
+        add_edges(circuit, ep, &neuron_base, &virtual_base, &mut spec)?;
     }
     Ok(spec)
+}
+
+/// Adds the cell type of node row `i` of `pop` (with its own parameters `own`, when they
+/// differ from its type's) to `spec`; returns its index.
+///
+/// Errors: a node type without `model_template`, and the errors of
+/// [`CellModel::from_template`].
+fn add_cell_type(
+    spec: &mut NetworkSpec,
+    pop: &NodePopulation,
+    i: usize,
+    own: Option<&Value>,
+) -> Result<usize> {
+    let row = pop.type_row[i];
+    let table = &pop.types.table;
+    let type_id = pop.node_type_id[i];
+    let mut label = table
+        .get(row as usize, "model_name")
+        .or_else(|| table.get(row as usize, "pop_name"))
+        .map(|n| format!("{type_id} ({n})"))
+        .unwrap_or_else(|| type_id.to_string());
+    if own.is_some() {
+        label = format!(
+            "{label}, node {} with its own dynamics_params",
+            pop.node_id[i]
+        );
+    }
+    let name = format!("{label} of population '{}'", pop.name);
+    let template = pop
+        .model_template(i)
+        .ok_or_else(|| SnnError::UnsupportedModel {
+            node_type: name.clone(),
+            model: "<none>".into(),
+            reason: "the node type has no model_template; point neurons need e.g. nest:glif_psc"
+                .into(),
+        })?;
+    let params = match own {
+        Some(v) => v.clone(),
+        None => pop
+            .dynamics_params(i)
+            .map(|a| (**a).clone())
+            .unwrap_or(Value::Null),
+    };
+    let model = CellModel::from_template(template, &params, &name)?;
+    spec.cell_types.push(CellType { name: label, model });
+    Ok(spec.cell_types.len() - 1)
+}
+
+/// Adds the edges of `ep` to `spec`: input edges from a virtual population, recurrent ones
+/// otherwise (`neuron_base` / `virtual_base`: first neuron / virtual-node index of each
+/// population).
+///
+/// Errors: [`SnnError::InvalidNetwork`] for unknown populations or node ids and edges into a
+/// virtual population; the errors of edge columns lockstep does not apply.
+#[allow(clippy::needless_range_loop)]
+fn add_edges(
+    circuit: &Circuit,
+    ep: &EdgePopulation,
+    neuron_base: &HashMap<&str, usize>,
+    virtual_base: &HashMap<&str, usize>,
+    spec: &mut NetworkSpec,
+) -> Result<()> {
+    let src_pop = circuit
+        .node_population(&ep.source_population)
+        .ok_or_else(|| {
+            SnnError::InvalidNetwork(format!(
+                "edges '{}': unknown source population '{}'",
+                ep.name, ep.source_population
+            ))
+        })?;
+    let tgt_pop = circuit
+        .node_population(&ep.target_population)
+        .ok_or_else(|| {
+            SnnError::InvalidNetwork(format!(
+                "edges '{}': unknown target population '{}'",
+                ep.name, ep.target_population
+            ))
+        })?;
+    let Some(&tbase) = neuron_base.get(tgt_pop.name.as_str()) else {
+        return Err(SnnError::InvalidNetwork(format!(
+            "edges '{}' ({}) target the virtual population '{}'; virtual nodes cannot receive spikes",
+            ep.name,
+            ep.file.display(),
+            tgt_pop.name
+        )));
+    };
+    refuse_unapplied_edge_columns(ep)?;
+    let weights = ep.weights();
+    let (is_input, sbase) = match virtual_base.get(src_pop.name.as_str()) {
+        Some(&b) => (true, b),
+        None => (false, neuron_base[src_pop.name.as_str()]),
+    };
+    for i in 0..ep.len() {
+        let s = src_pop.index_of(ep.source_node_id[i]).ok_or_else(|| {
+            SnnError::InvalidNetwork(format!(
+                "edges '{}' edge {i}: source node id {} not in population '{}'",
+                ep.name, ep.source_node_id[i], src_pop.name
+            ))
+        })?;
+        let t = tgt_pop.index_of(ep.target_node_id[i]).ok_or_else(|| {
+            SnnError::InvalidNetwork(format!(
+                "edges '{}' edge {i}: target node id {} not in population '{}'",
+                ep.name, ep.target_node_id[i], tgt_pop.name
+            ))
+        })?;
+        let receptor = ep.synapse(i).receptor_type().map(|r| r as i64).unwrap_or(0);
+        let e = EdgeSpec {
+            source: sbase + s,
+            target: tbase + t,
+            weight: weights[i],
+            receptor,
+            delay_ms: ep.delay[i],
+        };
+        if is_input {
+            spec.input_edges.push(e);
+        } else {
+            spec.recurrent_edges.push(e);
+        }
+    }
+    Ok(())
 }
 
 /// The parameters of node row `i` when they differ from its type's: BMTK's per-node

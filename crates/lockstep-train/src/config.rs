@@ -327,69 +327,8 @@ pub fn plan(
             replicas_on_this_machine: 1,
         });
     };
-    let replicas = match dist.strategy {
-        Strategy::Mpi => {
-            if !launch.is_mpi_launch() {
-                return Err(TrainError::config(
-                    "run.distribution.strategy",
-                    "is \"mpi\" but this process was not started by mpirun, mpiexec or srun; run `mpirun -n N lockstep train CONFIG`, or use \"threads\" for one process",
-                ));
-            }
-            launch.size
-        }
-        Strategy::Threads => {
-            if launch.size > 1 {
-                return Err(TrainError::config(
-                    "run.distribution.strategy",
-                    format!(
-                        "is \"threads\" (one process) but {} started {} processes; start one process, or use \"mpi\"",
-                        launch.launcher, launch.size
-                    ),
-                ));
-            }
-            match (&dist.devices, dist.global_batch_size) {
-                (Some(d), _) => d.len(),
-                (None, Some(g)) if g % b == 0 && g >= b => g / b,
-                (None, Some(0)) => {
-                    return Err(TrainError::config(
-                        "run.distribution.global_batch_size",
-                        format!("must be at least run.batch_size ({b}): it is batch_size x replicas"),
-                    ))
-                }
-                (None, Some(g)) => {
-                    return Err(TrainError::config(
-                        "run.distribution.global_batch_size",
-                        format!("{g} is not a multiple of run.batch_size {b}; it must equal batch_size x replicas"),
-                    ))
-                }
-                (None, None) => available_cores.max(1),
-            }
-        }
-    };
-    let devices = match &dist.devices {
-        Some(list) => {
-            if list.len() != replicas {
-                return Err(TrainError::config(
-                    "run.distribution.devices",
-                    format!(
-                        "lists {} devices but the run has {replicas} replicas (ranks); list one device per replica",
-                        list.len()
-                    ),
-                ));
-            }
-            for (i, d) in list.iter().enumerate() {
-                if list[..i].contains(d) {
-                    return Err(TrainError::config(
-                        "run.distribution.devices",
-                        format!("lists {d:?} twice; each replica needs its own device"),
-                    ));
-                }
-                check_device(d, available_cores)?;
-            }
-            list.clone()
-        }
-        None => (0..replicas).map(|r| format!("cpu:{r}")).collect(),
-    };
+    let replicas = replica_count(dist, launch, b, available_cores)?;
+    let devices = replica_devices(dist, replicas, available_cores)?;
     if replicas == 0 {
         return Err(TrainError::config(
             "run.distribution.devices",
@@ -431,6 +370,93 @@ pub fn plan(
             Strategy::Threads => replicas,
             Strategy::Mpi => node_local_ranks(launch, &|k| std::env::var(k).ok()),
         },
+    })
+}
+
+/// The number of replicas of a distributed run: the MPI ranks, or for threads the devices
+/// listed, else `global_batch_size / batch_size` (`b`), else the available cores.
+///
+/// Errors: [`TrainError::Config`] when the strategy does not match the launch or
+/// `global_batch_size` is not a positive multiple of `b`.
+fn replica_count(
+    dist: &DistributionConfig,
+    launch: &LaunchEnv,
+    b: usize,
+    available_cores: usize,
+) -> Result<usize, TrainError> {
+    Ok(match dist.strategy {
+        Strategy::Mpi => {
+            if !launch.is_mpi_launch() {
+                return Err(TrainError::config(
+                    "run.distribution.strategy",
+                    "is \"mpi\" but this process was not started by mpirun, mpiexec or srun; run `mpirun -n N lockstep train CONFIG`, or use \"threads\" for one process",
+                ));
+            }
+            launch.size
+        }
+        Strategy::Threads => {
+            if launch.size > 1 {
+                return Err(TrainError::config(
+                    "run.distribution.strategy",
+                    format!(
+                        "is \"threads\" (one process) but {} started {} processes; start one process, or use \"mpi\"",
+                        launch.launcher, launch.size
+                    ),
+                ));
+            }
+            match (&dist.devices, dist.global_batch_size) {
+                (Some(d), _) => d.len(),
+                (None, Some(g)) if g % b == 0 && g >= b => g / b,
+                (None, Some(0)) => {
+                    return Err(TrainError::config(
+                        "run.distribution.global_batch_size",
+                        format!("must be at least run.batch_size ({b}): it is batch_size x replicas"),
+                    ))
+                }
+                (None, Some(g)) => {
+                    return Err(TrainError::config(
+                        "run.distribution.global_batch_size",
+                        format!("{g} is not a multiple of run.batch_size {b}; it must equal batch_size x replicas"),
+                    ))
+                }
+                (None, None) => available_cores.max(1),
+            }
+        }
+    })
+}
+
+/// The device of each replica: `run.distribution.devices` (one per replica, distinct,
+/// existing) or `cpu:0..replicas`.
+///
+/// Errors: [`TrainError::Config`] naming `run.distribution.devices`.
+fn replica_devices(
+    dist: &DistributionConfig,
+    replicas: usize,
+    available_cores: usize,
+) -> Result<Vec<String>, TrainError> {
+    Ok(match &dist.devices {
+        Some(list) => {
+            if list.len() != replicas {
+                return Err(TrainError::config(
+                    "run.distribution.devices",
+                    format!(
+                        "lists {} devices but the run has {replicas} replicas (ranks); list one device per replica",
+                        list.len()
+                    ),
+                ));
+            }
+            for (i, d) in list.iter().enumerate() {
+                if list[..i].contains(d) {
+                    return Err(TrainError::config(
+                        "run.distribution.devices",
+                        format!("lists {d:?} twice; each replica needs its own device"),
+                    ));
+                }
+                check_device(d, available_cores)?;
+            }
+            list.clone()
+        }
+        None => (0..replicas).map(|r| format!("cpu:{r}")).collect(),
     })
 }
 
