@@ -218,7 +218,6 @@ impl Csr {
 struct InteractionLists {
     m2l: Csr,
     m2p: Csr,
-    p2p: Csr,
     /// Imported cells that failed the opening test at a target leaf.
     forced: usize,
 }
@@ -295,15 +294,18 @@ impl Fmm {
         clock.lap(&mut |s| &mut s.tree);
         tree.upward_pass(&self.tables);
         clock.lap(&mut |s| &mut s.upward);
-        let lists = self.interaction_lists(&tree, sources.remote_cells);
-        clock.lap(&mut |s| &mut s.traversal);
+        let n_all = tree.perm.len();
+        let mut acc_s = vec![[0.0f64; 3]; n_all];
+        let mut pot_s = vec![0.0f64; n_all];
+        let walked = self.traverse(&tree, sources.remote_cells, eps2, &mut acc_s, &mut pot_s);
+        clock.split_lap(walked.p2p_share(), &mut |s| &mut s.traversal, &mut |s| {
+            &mut s.p2p
+        });
+        let lists = interaction_lists(walked.lists, tree.nodes.len());
         let mut locals = self.m2l_pass(&tree, sources.remote_cells, &lists.m2l, eps2);
         clock.lap(&mut |s| &mut s.m2l);
         self.l2l_pass(&tree, &mut locals);
         clock.lap(&mut |s| &mut s.l2l);
-        let n_all = tree.perm.len();
-        let mut acc_s = vec![[0.0f64; 3]; n_all];
-        let mut pot_s = vec![0.0f64; n_all];
         self.l2p_pass(&tree, &locals, &mut acc_s, &mut pot_s);
         clock.lap(&mut |s| &mut s.l2p);
         self.m2p_pass(
@@ -315,16 +317,14 @@ impl Fmm {
             &mut pot_s,
         );
         clock.lap(&mut |s| &mut s.m2p);
-        let pairs = p2p_pass(&tree, &lists.p2p, eps2, &mut acc_s, &mut pot_s);
-        clock.lap(&mut |s| &mut s.p2p);
         let out = unsort_scaled(&tree, n_local, g, &acc_s, &pot_s);
         let stats = FmmStats {
             nodes: tree.nodes.len(),
             depth: tree.depth(),
             m2l: lists.m2l.items.len(),
-            p2p_blocks: lists.p2p.items.len(),
+            p2p_blocks: walked.p2p_blocks,
             m2p: lists.m2p.items.len(),
-            p2p_pairs: pairs,
+            p2p_pairs: walked.p2p_pairs,
             forced_m2l: lists.forced,
             seconds: clock.seconds,
         };
@@ -342,18 +342,6 @@ impl Fmm {
             let mut mass = sources.mass.to_vec();
             mass.extend_from_slice(sources.remote_mass);
             Tree::build_nodes(&pos, &mass, sources.pos.len(), leaf)
-        }
-    }
-
-    /// The traversal's pairs grouped by target node.
-    fn interaction_lists(&self, tree: &Tree, remote: &[RemoteCell]) -> InteractionLists {
-        let nn = tree.nodes.len();
-        let lists = self.traverse(tree, remote);
-        InteractionLists {
-            m2l: csr(lists.m2l, nn),
-            m2p: csr(lists.m2p, nn),
-            p2p: csr(lists.p2p, nn),
-            forced: lists.forced,
         }
     }
 
@@ -408,7 +396,7 @@ impl Fmm {
         }
     }
 
-    /// Evaluates each target leaf's local expansion at its particles (L2P); sets the
+    /// Evaluates each target leaf's local expansion at its particles (L2P), added to the
     /// sorted-order outputs `acc_s`, `pot_s`.
     fn l2p_pass(&self, tree: &Tree, locals: &[f64], acc_s: &mut [[f64; 3]], pot_s: &mut [f64]) {
         let tables = &self.tables;
@@ -423,8 +411,10 @@ impl Fmm {
                     for (k, i) in (nd.start..nd.end).enumerate() {
                         let x = tree.soa.point(i);
                         let (phi, gr) = tables.l2p(loc, nd.center, x, s);
-                        acc[k] = gr;
-                        pot[k] = -phi;
+                        for c in 0..3 {
+                            acc[k][c] += gr[c];
+                        }
+                        pot[k] -= phi;
                     }
                 },
             );
@@ -464,14 +454,24 @@ impl Fmm {
                 }
             });
     }
-    /// Dual tree traversal producing (target node, source) M2L and P2P pairs. Sources
-    /// `>= nodes.len()` are imported cells. Parallel over target subtrees ("tasks"); an
-    /// interaction whose target is an ancestor of several tasks is kept by the task that
-    /// starts at the ancestor's first particle.
-    fn traverse(&self, tree: &Tree, remote: &[RemoteCell]) -> Lists {
+    /// Dual tree traversal: collects the (target node, source) M2L and M2P pairs and sums
+    /// the near field (P2P) of each task's target leaves right away into `acc_s`/`pot_s`
+    /// (sorted order), so the P2P pairs, by far the most numerous, are never stored
+    /// globally. Sources `>= nodes.len()` are imported cells. Parallel over target subtrees
+    /// ("tasks", which partition the particles); an interaction whose target is an
+    /// ancestor of several tasks is kept by the task that starts at the ancestor's first
+    /// particle.
+    fn traverse(
+        &self,
+        tree: &Tree,
+        remote: &[RemoteCell],
+        eps2: f64,
+        acc_s: &mut [[f64; 3]],
+        pot_s: &mut [f64],
+    ) -> Traversal {
         let nodes = &tree.nodes;
         let threads = rayon::current_num_threads().max(1);
-        let want = 16 * threads;
+        let want = TASKS_PER_THREAD * threads;
         let mut level = 0;
         while level + 1 < tree.level_start.len() - 1 {
             let count = tree.level_start[level + 1] - tree.level_start[level];
@@ -480,82 +480,142 @@ impl Fmm {
             }
             level += 1;
         }
-        let tasks: Vec<usize> = (0..nodes.len())
+        let mut tasks: Vec<usize> = (0..nodes.len())
             .filter(|&i| nodes[i].level == level || (nodes[i].level < level && nodes[i].is_leaf()))
             .collect();
-        let mut lists = tasks
-            .par_iter()
-            .map(|&t| {
+        tasks.sort_by_key(|&t| nodes[t].start);
+        let mut work = Vec::with_capacity(tasks.len());
+        let (mut acc_rest, mut pot_rest) = (acc_s, pot_s);
+        for &t in &tasks {
+            let c = nodes[t].count();
+            let (a, ar) = std::mem::take(&mut acc_rest).split_at_mut(c);
+            let (p, pr) = std::mem::take(&mut pot_rest).split_at_mut(c);
+            (acc_rest, pot_rest) = (ar, pr);
+            work.push((t, a, p));
+        }
+        let walker = |t: usize| Walker {
+            nodes,
+            remote,
+            theta: self.params.theta,
+            task: nodes[t],
+            direct_max: DIRECT_PER_TERM * self.tables.nterms,
+            m2p_ratio: 1.0,
+            p2p_node_max: P2P_NODE_LEAVES * self.params.leaf_size,
+            m2p_max: usize::MAX,
+        };
+        work.into_par_iter()
+            .map_init(p2p::GatheredSources::default, |buf, (t, acc, pot)| {
+                let clock = std::time::Instant::now();
                 let mut out = Lists::default();
-                let w = Walker {
-                    nodes,
-                    remote,
-                    theta: self.params.theta,
-                    task: nodes[t],
-                    direct_max: DIRECT_PER_TERM * self.tables.nterms,
-                    m2p_ratio: 1.0,
-                    p2p_node_max: P2P_NODE_LEAVES * self.params.leaf_size,
-                    m2p_max: usize::MAX,
-                };
+                let w = walker(t);
                 w.walk(0, 0, &mut out);
                 for (k, c) in remote.iter().enumerate() {
                     w.walk_remote(0, nodes.len() + k, c, &mut out);
                 }
-                out
+                let walked = clock.elapsed().as_secs_f64();
+                let near = std::mem::take(&mut out.p2p);
+                let p2p_blocks = near.len();
+                let p2p_pairs = task_p2p(tree, near, nodes[t].start, eps2, acc, pot, buf);
+                Traversal {
+                    lists: out,
+                    p2p_blocks,
+                    p2p_pairs,
+                    walk_cpu: walked,
+                    p2p_cpu: clock.elapsed().as_secs_f64() - walked,
+                }
             })
-            .reduce(Lists::default, |mut a, mut b| {
+            .reduce(Traversal::default, |mut a, mut b| {
                 // Order-preserving (rayon reduces in sequence order): deterministic lists.
-                a.m2l.append(&mut b.m2l);
-                a.p2p.append(&mut b.p2p);
-                a.m2p.append(&mut b.m2p);
-                a.forced += b.forced;
+                a.lists.m2l.append(&mut b.lists.m2l);
+                a.lists.m2p.append(&mut b.lists.m2p);
+                a.lists.forced += b.lists.forced;
+                a.p2p_blocks += b.p2p_blocks;
+                a.p2p_pairs += b.p2p_pairs;
+                a.walk_cpu += b.walk_cpu;
+                a.p2p_cpu += b.p2p_cpu;
                 a
-            });
-        lists.m2l.shrink_to_fit();
-        lists
+            })
     }
 }
 
-/// Adds the direct sums of the P2P list into each target leaf's particles: the sources of
-/// a leaf (its own particles first) are gathered into one padded buffer and each target
-/// sums over all of it, its own entry massless. Returns the number of particle pairs.
-fn p2p_pass(tree: &Tree, p2p: &Csr, eps2: f64, acc_s: &mut [[f64; 3]], pot_s: &mut [f64]) -> u64 {
-    leaf_slices(tree, acc_s, pot_s)
-        .into_par_iter()
-        .map_init(p2p::GatheredSources::default, |buf, (lf, acc, pot)| {
-            let nd: &Node = &tree.nodes[lf];
-            let row = p2p.row(lf);
-            let own = row.contains(&lf);
-            buf.clear();
+/// Result of [`Fmm::traverse`]: the far-field lists and the near-field work done.
+#[derive(Default)]
+struct Traversal {
+    /// M2L and M2P pairs (the P2P list is consumed by the traversal).
+    lists: Lists,
+    /// (target leaf, source node) P2P blocks summed.
+    p2p_blocks: usize,
+    /// Particle pairs summed directly.
+    p2p_pairs: u64,
+    /// CPU seconds of the walks.
+    walk_cpu: f64,
+    /// CPU seconds of the P2P sums.
+    p2p_cpu: f64,
+}
+
+impl Traversal {
+    /// Share of the P2P sums in the CPU time of the traversal phase.
+    fn p2p_share(&self) -> f64 {
+        let total = self.walk_cpu + self.p2p_cpu;
+        if total > 0.0 {
+            self.p2p_cpu / total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Adds the direct sums of one task's P2P pairs `(target leaf, source node)` into the
+/// task's outputs `acc`/`pot` (sorted particles from `task_start`): the sources of a leaf
+/// (its own particles first) are gathered into one padded buffer and each target sums over
+/// all of it, its own entry massless. Returns the number of particle pairs.
+fn task_p2p(
+    tree: &Tree,
+    mut pairs: Vec<(usize, usize)>,
+    task_start: usize,
+    eps2: f64,
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
+    buf: &mut p2p::GatheredSources,
+) -> u64 {
+    // Stable: the sources of a leaf keep the (deterministic) traversal order.
+    pairs.sort_by_key(|&(a, _)| a);
+    let mut count = 0u64;
+    for group in pairs.chunk_by(|x, y| x.0 == y.0) {
+        let lf = group[0].0;
+        let nd: &Node = &tree.nodes[lf];
+        let own = group.iter().any(|&(_, b)| b == lf);
+        buf.clear();
+        if own {
+            buf.extend(&tree.soa, nd.start..nd.end);
+        }
+        let mut sources = 0usize;
+        for &(_, b) in group {
+            let src = &tree.nodes[b];
+            sources += src.count();
+            if b != lf {
+                buf.extend(&tree.soa, src.start..src.end);
+            }
+        }
+        buf.pad();
+        count += (sources * nd.count()) as u64;
+        let off = nd.start - task_start;
+        for (k, i) in (nd.start..nd.end).enumerate() {
+            let m = if own { buf.mass(k) } else { 0.0 };
             if own {
-                buf.extend(&tree.soa, nd.start..nd.end);
+                buf.set_mass(k, 0.0);
             }
-            let mut sources = 0usize;
-            for &b in row {
-                let src = &tree.nodes[b];
-                sources += src.count();
-                if b != lf {
-                    buf.extend(&tree.soa, src.start..src.end);
-                }
+            let (a, phi) = p2p::field_at(tree.soa.point(i), buf, eps2);
+            if own {
+                buf.set_mass(k, m);
             }
-            buf.pad();
-            for (k, i) in (nd.start..nd.end).enumerate() {
-                let m = if own { buf.mass(k) } else { 0.0 };
-                if own {
-                    buf.set_mass(k, 0.0);
-                }
-                let (a, phi) = p2p::field_at(tree.soa.point(i), buf, eps2);
-                if own {
-                    buf.set_mass(k, m);
-                }
-                for c in 0..3 {
-                    acc[k][c] += a[c];
-                }
-                pot[k] -= phi;
+            for c in 0..3 {
+                acc[off + k][c] += a[c];
             }
-            (sources * nd.count()) as u64
-        })
-        .sum()
+            pot[off + k] -= phi;
+        }
+    }
+    count
 }
 
 /// The target leaves (leaves holding local particles) with their disjoint slices of the
@@ -615,6 +675,15 @@ fn unsort_scaled(tree: &Tree, n_local: usize, g: f64, acc_s: &[[f64; 3]], pot_s:
     out
 }
 
+/// The traversal's M2L and M2P pairs grouped by target node (`nn` nodes).
+fn interaction_lists(lists: Lists, nn: usize) -> InteractionLists {
+    InteractionLists {
+        m2l: csr(lists.m2l, nn),
+        m2p: csr(lists.m2p, nn),
+        forced: lists.forced,
+    }
+}
+
 /// Wall-clock lap timer filling [`PhaseSeconds`].
 struct PhaseClock {
     last: std::time::Instant,
@@ -635,12 +704,31 @@ impl PhaseClock {
         *field(&mut self.seconds) += (now - self.last).as_secs_f64();
         self.last = now;
     }
+
+    /// Splits the time since the previous lap between two phases that ran interleaved:
+    /// the share `second_share` (of their CPU time) goes to `second`, the rest to `first`.
+    fn split_lap(
+        &mut self,
+        second_share: f64,
+        first: &mut dyn FnMut(&mut PhaseSeconds) -> &mut f64,
+        second: &mut dyn FnMut(&mut PhaseSeconds) -> &mut f64,
+    ) {
+        let now = std::time::Instant::now();
+        let dt = (now - self.last).as_secs_f64();
+        *first(&mut self.seconds) += dt * (1.0 - second_share);
+        *second(&mut self.seconds) += dt * second_share;
+        self.last = now;
+    }
 }
 
 /// A well-separated pair with a leaf target is summed directly when `n_A n_B` is at most
 /// this many times the number of expansion coefficients (cost model: one M2L costs a few
 /// particle-particle interactions per coefficient).
 const DIRECT_PER_TERM: usize = 8;
+
+/// Traversal tasks (target subtrees) per worker thread: enough for rayon to balance the
+/// near-field sums of a centrally concentrated system.
+const TASKS_PER_THREAD: usize = 64;
 
 /// A source node of at most this many leaf sizes that fails the opening test against a
 /// target leaf is summed directly as one contiguous range.
