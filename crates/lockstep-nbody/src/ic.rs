@@ -76,8 +76,9 @@ pub enum InitialConditions {
         #[serde(default)]
         seed: u64,
     },
-    /// GADGET-style HDF5 file (`PartType1`: `Coordinates`, `Velocities`, `ParticleIDs`,
-    /// `Masses` or `Header/MassTable[1]`). Multi-file snapshots `name.0.hdf5` are read
+    /// GADGET-style HDF5 file (`PartType0`..`PartType5`, every type a gravitating point mass:
+    /// `Coordinates`, `Velocities`, `ParticleIDs`, `Masses` or `Header/MassTable[T]`; see
+    /// [`crate::snapshot::read_gadget_hdf5`]). Multi-file snapshots `name.0.hdf5` are read
     /// file by file.
     GadgetHdf5 {
         /// Path (relative paths are resolved against the config file by the runner).

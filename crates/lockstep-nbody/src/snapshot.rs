@@ -253,75 +253,143 @@ fn header_u64s(f: &hdf5::File, name: &str) -> Option<Vec<u64>> {
         .ok()
 }
 
-/// Refuses snapshots with particles of a type other than 1 (gas, disk, bulge, stars,
-/// boundary), which the reader would otherwise drop silently: lockstep nbody simulates one
-/// collisionless species (`PartType1`).
-///
-/// Errors: [`NbodyError::Hdf5`] naming the file, the type and its particle count.
-fn refuse_other_types(files: &[std::path::PathBuf]) -> Result<(), NbodyError> {
+/// Particles of one type in one file: positions, velocities (`[particle]` of `[x, y, z]`),
+/// ids and masses.
+type TypeParticles = (Vec<[f64; 3]>, Vec<[f64; 3]>, Vec<u64>, Vec<f64>);
+
+/// Number of particles of every type (`PartType0`..`PartType5`) of a GADGET snapshot (all
+/// files of a multi-file set), from the header alone: `NumPart_Total[t] + 2^32
+/// NumPart_Total_HighWord[t]`, or the sum of `NumPart_ThisFile[t]` over the files when the
+/// total is absent, or the `Coordinates` rows.
+fn gadget_counts(files: &[PathBuf]) -> Result<[u64; 6], NbodyError> {
+    let f = hdf5::File::open(&files[0]).map_err(|e| h5err(&files[0], "/", e))?;
+    let mut out = [0u64; 6];
+    if let Some(tot) = header_u64s(&f, "NumPart_Total") {
+        let high = header_u64s(&f, "NumPart_Total_HighWord").unwrap_or_default();
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = tot.get(t).copied().unwrap_or(0) + (high.get(t).copied().unwrap_or(0) << 32);
+        }
+        return Ok(out);
+    }
     for file in files {
         let f = hdf5::File::open(file).map_err(|e| h5err(file, "/", e))?;
-        let counts = header_u64s(&f, "NumPart_Total")
-            .or_else(|| header_u64s(&f, "NumPart_ThisFile"))
-            .unwrap_or_default();
-        for t in (0..6).filter(|&t| t != 1) {
-            let group = format!("PartType{t}");
-            let rows = f
-                .dataset(&format!("{group}/Coordinates"))
-                .map(|d| d.shape().first().copied().unwrap_or(0) as u64)
-                .unwrap_or(0);
-            let n = counts.get(t).copied().unwrap_or(0).max(rows);
-            if n > 0 {
-                return Err(h5err(
-                    file,
-                    &group,
-                    format!(
-                        "the snapshot holds {n} particles of type {t}; lockstep nbody simulates \
-                         collisionless particles of type 1 (PartType1) only and does not drop \
-                         the others silently: convert them to PartType1 or remove them"
-                    ),
-                ));
-            }
+        let this = header_u64s(&f, "NumPart_ThisFile");
+        for (t, o) in out.iter_mut().enumerate() {
+            *o += match &this {
+                Some(this) => this.get(t).copied().unwrap_or(0),
+                None => f
+                    .dataset(&format!("PartType{t}/Coordinates"))
+                    .map(|d| d.shape().first().copied().unwrap_or(0) as u64)
+                    .unwrap_or(0),
+            };
         }
     }
-    Ok(())
+    Ok(out)
 }
 
-/// Number of `PartType1` particles of a GADGET snapshot (all files of a multi-file set), from
-/// the header alone: `NumPart_Total[1] + 2^32 NumPart_Total_HighWord[1]`, or the sum of
-/// `NumPart_ThisFile[1]` over the files when the total is absent, or the `Coordinates` rows.
-/// Used to check the memory a run needs before reading the particles.
+/// Number of particles of a GADGET snapshot, all types 0-5 (see [`read_gadget_hdf5`]), from
+/// the header alone (`NumPart_Total` + `2^32 NumPart_Total_HighWord`, else the sum of
+/// `NumPart_ThisFile` over the files, else the `Coordinates` rows). Used to check the memory
+/// a run needs before reading the particles.
 ///
 /// Errors: [`NbodyError::Hdf5`] naming the file that cannot be opened.
 pub fn gadget_total(path: &Path) -> Result<u64, NbodyError> {
-    let files = snapshot_files(path)?;
-    refuse_other_types(&files)?;
-    let f = hdf5::File::open(&files[0]).map_err(|e| h5err(&files[0], "/", e))?;
-    if let Some(tot) = header_u64s(&f, "NumPart_Total") {
-        let high = header_u64s(&f, "NumPart_Total_HighWord").unwrap_or_default();
-        let t = tot.get(1).copied().unwrap_or(0) + (high.get(1).copied().unwrap_or(0) << 32);
-        return Ok(t);
-    }
-    let mut sum = 0u64;
-    for file in &files {
-        let f = hdf5::File::open(file).map_err(|e| h5err(file, "/", e))?;
-        sum += match header_u64s(&f, "NumPart_ThisFile") {
-            Some(this) => this.get(1).copied().unwrap_or(0),
-            None => f
-                .dataset("PartType1/Coordinates")
-                .map(|d| d.shape().first().copied().unwrap_or(0) as u64)
-                .unwrap_or(0),
-        };
-    }
-    Ok(sum)
+    Ok(gadget_counts(&snapshot_files(path)?)?.iter().sum())
 }
 
-/// Reads rank `rank`'s share (the contiguous range of the particles in file order) of a
-/// GADGET-style HDF5 snapshot (`PartType1`), padded by `capacity_factor`. Masses come from
-/// `PartType1/Masses` or, when absent, `Header/MassTable[1]`. Single- or double-precision
-/// datasets and 32- or 64-bit ids are read (HDF5 converts); files of a multi-file set that
-/// hold no `PartType1` particles (`NumPart_ThisFile[1] = 0`, group absent) are skipped; the
-/// particles read must add up to the header's `NumPart_Total[1]` (+ `2^32 HighWord[1]`).
+/// Reads the `PartType{t}` particles of one file; `None` when the file holds none of that
+/// type (`NumPart_ThisFile[t] = 0` or the group absent, as GADGET-4 writes). `first_id` numbers
+/// the particles when `ParticleIDs` is absent. Masses from `Masses`, else `MassTable[t]`.
+fn read_type(
+    f: &hdf5::File,
+    file: &Path,
+    t: usize,
+    first_id: u64,
+) -> Result<Option<TypeParticles>, NbodyError> {
+    let group = format!("PartType{t}");
+    let this = header_u64s(f, "NumPart_ThisFile").and_then(|v| v.get(t).copied());
+    if this == Some(0) || (this.is_none() && f.group(&group).is_err()) {
+        return Ok(None);
+    }
+    let read3 = |name: &str| -> Result<Vec<[f64; 3]>, NbodyError> {
+        let obj = format!("{group}/{name}");
+        let d = f.dataset(&obj).map_err(|e| h5err(file, &obj, e))?;
+        let sh = d.shape();
+        if sh.len() != 2 || sh[1] != 3 {
+            return Err(h5err(file, &obj, format!("shape {sh:?}, expected (N, 3)")));
+        }
+        let v = d.read_raw::<f64>().map_err(|e| h5err(file, &obj, e))?;
+        Ok(v.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
+    };
+    let x = read3("Coordinates")?;
+    let v = read3("Velocities")?;
+    let n = x.len();
+    let check = |name: &str, len: usize| {
+        if len == n {
+            Ok(())
+        } else {
+            Err(h5err(
+                file,
+                &format!("{group}/{name}"),
+                format!("{len} rows, Coordinates has {n}"),
+            ))
+        }
+    };
+    check("Velocities", v.len())?;
+    let id: Vec<u64> = match f.dataset(&format!("{group}/ParticleIDs")) {
+        Ok(d) => d
+            .read_raw::<u64>()
+            .map_err(|e| h5err(file, &format!("{group}/ParticleIDs"), e))?,
+        Err(_) => (first_id..first_id + n as u64).collect(),
+    };
+    check("ParticleIDs", id.len())?;
+    let m: Vec<f64> = match f.dataset(&format!("{group}/Masses")) {
+        Ok(d) => d
+            .read_raw::<f64>()
+            .map_err(|e| h5err(file, &format!("{group}/Masses"), e))?,
+        Err(_) => {
+            let mt = f
+                .group("Header")
+                .and_then(|h| h.attr("MassTable"))
+                .and_then(|a| a.read_raw::<f64>())
+                .map_err(|e| {
+                    h5err(
+                        file,
+                        "Header/MassTable",
+                        format!("{e}; without {group}/Masses the header needs MassTable[6]"),
+                    )
+                })?;
+            let mt = mt.get(t).copied().unwrap_or(0.0);
+            if mt <= 0.0 {
+                return Err(h5err(
+                    file,
+                    "Header/MassTable",
+                    format!(
+                        "MassTable[{t}] = {mt} and no {group}/Masses dataset; give particle masses"
+                    ),
+                ));
+            }
+            vec![mt; n]
+        }
+    };
+    check("Masses", m.len())?;
+    Ok(Some((x, v, id, m)))
+}
+
+/// Reads rank `rank`'s share (the contiguous range of the particles in file order, types in
+/// order 0-5 within a file) of a GADGET-style HDF5 snapshot, padded by `capacity_factor`.
+///
+/// Every particle type (`PartType0`..`PartType5`: gas, halo, disk, bulge, stars, boundary) is
+/// read as a gravitating point mass, as GADGET's gravity treats them; gas (type 0) is then
+/// collisionless (no hydrodynamics), and rank 0 prints a one-line warning saying so. Masses come
+/// from `PartTypeT/Masses` or, when absent, `Header/MassTable[T]`. Single- or
+/// double-precision datasets and 32- or 64-bit ids are read (HDF5 converts); files of a
+/// multi-file set without particles of a type (`NumPart_ThisFile[T] = 0`, group absent) are
+/// skipped for it; the particles read must add up to the header's `NumPart_Total` (+ `2^32
+/// NumPart_Total_HighWord`) of each type.
+///
+/// Errors: [`NbodyError::Hdf5`] naming the file and object: unreadable or misshapen datasets,
+/// missing masses, counts that disagree with the header, a snapshot without particles.
 pub fn read_gadget_hdf5(
     path: &Path,
     rank: usize,
@@ -333,97 +401,43 @@ pub fn read_gadget_hdf5(
     let mut mass = Vec::new();
     let mut ids = Vec::new();
     let files = snapshot_files(path)?;
-    refuse_other_types(&files)?;
-    for file in files {
-        let f = hdf5::File::open(&file).map_err(|e| h5err(&file, "/", e))?;
-        // A file of a multi-file set may hold no particles of the type: GADGET-4 then
-        // writes `NumPart_ThisFile[1] = 0` and no `PartType1` group.
-        let this = header_u64s(&f, "NumPart_ThisFile").and_then(|v| v.get(1).copied());
-        if this == Some(0) || (this.is_none() && f.group("PartType1").is_err()) {
-            continue;
-        }
-        let read3 = |name: &str| -> Result<Vec<[f64; 3]>, NbodyError> {
-            let obj = format!("PartType1/{name}");
-            let d = f.dataset(&obj).map_err(|e| h5err(&file, &obj, e))?;
-            let sh = d.shape();
-            if sh.len() != 2 || sh[1] != 3 {
-                return Err(h5err(&file, &obj, format!("shape {sh:?}, expected (N, 3)")));
+    let mut read = [0u64; 6];
+    for file in &files {
+        let f = hdf5::File::open(file).map_err(|e| h5err(file, "/", e))?;
+        for (t, count) in read.iter_mut().enumerate() {
+            if let Some((x, v, id, m)) = read_type(&f, file, t, ids.len() as u64)? {
+                *count += x.len() as u64;
+                pos.extend(x);
+                vel.extend(v);
+                mass.extend(m);
+                ids.extend(id);
             }
-            let v = d.read_raw::<f64>().map_err(|e| h5err(&file, &obj, e))?;
-            Ok(v.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
-        };
-        let x = read3("Coordinates")?;
-        let v = read3("Velocities")?;
-        if v.len() != x.len() {
+        }
+    }
+    let counts = gadget_counts(&files)?;
+    for t in 0..6 {
+        if counts[t] != read[t] {
             return Err(h5err(
-                &file,
-                "PartType1/Velocities",
-                format!("{} rows, Coordinates has {}", v.len(), x.len()),
+                path,
+                "Header/NumPart_Total",
+                format!("the header gives {} PartType{t} particles but the files hold {}; is a file of the set missing or truncated?", counts[t], read[t]),
             ));
         }
-        let id: Vec<u64> = match f.dataset("PartType1/ParticleIDs") {
-            Ok(d) => d
-                .read_raw::<u64>()
-                .map_err(|e| h5err(&file, "PartType1/ParticleIDs", e))?,
-            Err(_) => (ids.len() as u64..(ids.len() + x.len()) as u64).collect(),
-        };
-        if id.len() != x.len() {
-            return Err(h5err(
-                &file,
-                "PartType1/ParticleIDs",
-                format!("{} entries, Coordinates has {}", id.len(), x.len()),
-            ));
-        }
-        let m: Vec<f64> = match f.dataset("PartType1/Masses") {
-            Ok(d) => d
-                .read_raw::<f64>()
-                .map_err(|e| h5err(&file, "PartType1/Masses", e))?,
-            Err(_) => {
-                let mt = f
-                    .group("Header")
-                    .and_then(|h| h.attr("MassTable"))
-                    .and_then(|a| a.read_raw::<f64>())
-                    .map_err(|e| {
-                        h5err(
-                            &file,
-                            "Header/MassTable",
-                            format!("{e}; without PartType1/Masses the header needs MassTable[6]"),
-                        )
-                    })?;
-                let m1 = mt.get(1).copied().unwrap_or(0.0);
-                if m1 <= 0.0 {
-                    return Err(h5err(&file, "Header/MassTable", format!("MassTable[1] = {m1} and no PartType1/Masses dataset; give particle masses")));
-                }
-                vec![m1; x.len()]
-            }
-        };
-        if m.len() != x.len() {
-            return Err(h5err(
-                &file,
-                "PartType1/Masses",
-                format!("{} entries, Coordinates has {}", m.len(), x.len()),
-            ));
-        }
-        pos.extend(x);
-        vel.extend(v);
-        mass.extend(m);
-        ids.extend(id);
     }
     let n = pos.len() as u64;
-    let total = gadget_total(path)?;
-    if total != n {
-        return Err(h5err(
-            path,
-            "Header/NumPart_Total",
-            format!("the header gives {total} PartType1 particles but the files hold {n}; is a file of the set missing or truncated?"),
-        ));
-    }
     if n == 0 {
         return Err(h5err(
             path,
-            "PartType1",
-            "the snapshot holds no PartType1 particles",
+            "PartType0-5",
+            "the snapshot holds no particles",
         ));
+    }
+    if read[0] > 0 && rank == 0 {
+        eprintln!(
+            "lockstep nbody: warning: the {} gas particles (PartType0) of '{}' are simulated as collisionless point masses (gravity only, no hydrodynamics)",
+            read[0],
+            path.display()
+        );
     }
     let (start, end) = ic::rank_range(n, rank, size);
     let local = (end - start) as usize;
@@ -431,6 +445,6 @@ pub fn read_gadget_hdf5(
     for i in start as usize..end as usize {
         p.push(pos[i], vel[i], mass[i], ids[i], rank)?;
     }
-    p.validate().map_err(|e| h5err(path, "PartType1", e))?;
+    p.validate().map_err(|e| h5err(path, "PartType0-5", e))?;
     Ok(p)
 }

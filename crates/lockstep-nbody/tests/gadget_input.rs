@@ -2,7 +2,7 @@
 //! (h5py scripts, pynbody, yt) produce, written here with the hdf5 crate: multi-file sets
 //! where a file holds no `PartType1` (group absent, `NumPart_ThisFile` 0), masses only in
 //! `MassTable`, single precision, 32-bit ids, totals from `NumPart_Total` +
-//! `NumPart_Total_HighWord`.
+//! `NumPart_Total_HighWord`, every particle type 0-5 read as gravitating point masses.
 
 use std::path::Path;
 
@@ -142,28 +142,69 @@ fn totals_use_the_high_word_and_must_match_the_files() {
     assert!(e.contains("snap_001.1.hdf5"), "{e}");
 }
 
+/// Writes a two-file GADGET set with h5py: gas (type 0, `Masses` f32) and halo (type 1,
+/// `MassTable` only, f32) in file 0; disk (type 2, `MassTable`) and one star (type 4, `Masses`
+/// f64) in file 1, which has no `PartType1` (`NumPart_ThisFile[1] = 0`). Totals in
+/// `NumPart_Total` (uint32) and `NumPart_Total_HighWord`.
+const MIXED_TYPES: &str = r#"
+import sys, h5py, numpy as np
+d = sys.argv[1]
+total = [2, 3, 2, 0, 1, 0]
+def header(f, this):
+    h = f.create_group("Header")
+    h.attrs["NumPart_ThisFile"] = np.array(this, "u4")
+    h.attrs["NumPart_Total"] = np.array(total, "u4")
+    h.attrs["NumPart_Total_HighWord"] = np.zeros(6, "u4")
+    h.attrs["MassTable"] = np.array([0.0, 0.5, 2.0, 0.0, 0.0, 0.0])
+    h.attrs["NumFilesPerSnapshot"] = np.int32(2)
+def part(f, t, ids, masses=None, dtype="f4"):
+    g = f.create_group("PartType%d" % t)
+    ids = np.array(ids, "u8")
+    x = np.stack([ids, 2 * ids, 3 * ids], axis=1).astype(dtype)
+    g["Coordinates"] = x
+    g["Velocities"] = -x
+    g["ParticleIDs"] = ids.astype("u4")
+    if masses is not None:
+        g["Masses"] = np.array(masses, dtype)
+with h5py.File(d + "/ics.0.hdf5", "w") as f:
+    header(f, [2, 3, 0, 0, 0, 0])
+    part(f, 0, [1, 2], [0.25, 0.25])
+    part(f, 1, [3, 4, 5])
+with h5py.File(d + "/ics.1.hdf5", "w") as f:
+    header(f, [0, 0, 2, 0, 1, 0])
+    part(f, 2, [6, 7])
+    part(f, 4, [8], [7.0], dtype="f8")
+"#;
+
 #[test]
-fn other_particle_types_are_refused_not_dropped() {
+fn every_particle_type_is_read_as_a_gravitating_mass() {
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("with_gas.hdf5");
-    write_file(&p, 5, 5, 1, 0, false);
-    {
-        let f = hdf5::File::open_rw(&p).unwrap();
-        let g = f.create_group("PartType0").unwrap();
-        g.new_dataset::<f32>()
-            .shape([4, 3])
-            .create("Coordinates")
-            .unwrap()
-            .write_raw(&[0f32; 12])
-            .unwrap();
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(MIXED_TYPES)
+        .arg(dir.path())
+        .output()
+        .expect("python3 with h5py is needed (make setup installs it)");
+    assert!(
+        out.status.success(),
+        "python3 with h5py failed (make setup installs it): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = dir.path().join("ics.0.hdf5");
+    assert_eq!(gadget_total(&p).unwrap(), 8);
+    let all = read_gadget_hdf5(&p, 0, 1, 1.0).unwrap();
+    // File order, types 0-5 within a file: gas, halo | disk, star.
+    assert_eq!(all.valid_id(), [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(all.valid_mass(), [0.25, 0.25, 0.5, 0.5, 0.5, 2.0, 2.0, 7.0]);
+    for (x, &id) in all.valid_pos().iter().zip(all.valid_id()) {
+        let i = id as f64;
+        assert_eq!(*x, [i, 2.0 * i, 3.0 * i]);
     }
-    for e in [
-        gadget_total(&p).unwrap_err().to_string(),
-        read_gadget_hdf5(&p, 0, 1, 1.25).unwrap_err().to_string(),
-    ] {
-        assert!(
-            e.contains("PartType0") && e.contains("4 particles of type 0"),
-            "{e}"
-        );
-    }
+    // Two ranks split the 8 particles 4 + 4 whatever their types.
+    let r1 = read_gadget_hdf5(&p, 1, 2, 1.0).unwrap();
+    assert_eq!(r1.valid_id(), [5, 6, 7, 8]);
+    // A count that disagrees with the header names the type.
+    std::fs::remove_file(dir.path().join("ics.1.hdf5")).unwrap();
+    let e = read_gadget_hdf5(&p, 0, 1, 1.0).unwrap_err().to_string();
+    assert!(e.contains("ics.1.hdf5"), "{e}");
 }
