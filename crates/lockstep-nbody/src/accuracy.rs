@@ -1,4 +1,4 @@
-//! Accuracy of approximate forces against a reference (NBODY.md, "Forces"): per-particle
+//! Accuracy of approximate forces against a reference (docs/nbody.md, "Forces"): per-particle
 //! relative errors `|a - a_ref| / |a_ref|` and `|phi - phi_ref| / |phi_ref|`, summarised by
 //! percentiles.
 

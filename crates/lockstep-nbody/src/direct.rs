@@ -1,4 +1,4 @@
-//! Direct summation of softened gravity (NBODY.md, "Forces"): the reference for the FMM.
+//! Direct summation of softened gravity (docs/nbody.md, "Forces"): the reference for the FMM.
 //!
 //! Potential of a source of mass `m` at distance `r`: `-G m / sqrt(r^2 + eps^2)` (Plummer
 //! softening); a particle does not act on itself. Accumulation is in f64; the loops are

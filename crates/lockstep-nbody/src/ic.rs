@@ -1,4 +1,4 @@
-//! Initial conditions (NBODY.md, "Snapshots"): Gaussian clumps, a Plummer sphere, a uniform
+//! Initial conditions (docs/nbody.md, "Snapshots"): Gaussian clumps, a Plummer sphere, a uniform
 //! cube, or a GADGET-style HDF5 file.
 //!
 //! Generated models are seeded per particle: particle `id` draws from the random stream

@@ -1,4 +1,4 @@
-//! Time integration (NBODY.md, "Time integration"): drift-kick-drift leapfrog (default) or
+//! Time integration (docs/nbody.md, "Time integration"): drift-kick-drift leapfrog (default) or
 //! kick-drift-kick through a time array, one force evaluation per step, energy and momentum
 //! diagnostics at each output.
 

@@ -1,5 +1,5 @@
 //! `lockstep-nbody`: sharded particles, FMM gravity, leapfrog integrators and snapshots
-//! (specification `../shared/NBODY.md`).
+//! (specification `docs/nbody.md`).
 
 // Numerical kernels index several arrays with one loop variable; iterator chains would hide
 // the index algebra of the multipole formulas.

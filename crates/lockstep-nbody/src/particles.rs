@@ -1,4 +1,4 @@
-//! The per-rank particle shard of NBODY.md, "Data layout".
+//! The per-rank particle shard of docs/nbody.md, "Data layout".
 
 use crate::NbodyError;
 

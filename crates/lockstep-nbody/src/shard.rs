@@ -1,4 +1,4 @@
-//! Sharding across ranks (NBODY.md, "Sharding"; issue 9): Morton sample-sort
+//! Sharding across ranks (docs/nbody.md, "Sharding"; issue 9): Morton sample-sort
 //! redistribution and FMM forces with a locally essential tree exchanged through a
 //! [`Communicator`]. Every function here is a collective: every rank calls it in the same
 //! order, and errors that depend on one rank's data are agreed on by all ranks first.

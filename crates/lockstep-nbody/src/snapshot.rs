@@ -1,4 +1,4 @@
-//! Snapshots (NBODY.md, "Snapshots"): per rank and output, a NumPy `.npz` file and a
+//! Snapshots (docs/nbody.md, "Snapshots"): per rank and output, a NumPy `.npz` file and a
 //! GADGET-style HDF5 file holding exactly the rank's valid particles; and the reader of
 //! GADGET-style HDF5 initial conditions.
 

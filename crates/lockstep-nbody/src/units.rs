@@ -1,9 +1,9 @@
-//! Units of NBODY.md: length kpc, velocity km/s, mass `mass_in_msol` solar masses,
+//! Units of docs/nbody.md: length kpc, velocity km/s, mass `mass_in_msol` solar masses,
 //! time kpc/(km/s) (about 0.978 Gyr).
 
 use serde::{Deserialize, Serialize};
 
-/// Newton's constant in kpc (km/s)^2 / Msun (NBODY.md, "Units and kernel").
+/// Newton's constant in kpc (km/s)^2 / Msun (docs/nbody.md, "Units and kernel").
 pub const G_KPC_KMS_MSUN: f64 = 4.30071057317063e-6;
 /// One kpc in cm (IAU 2012 parsec).
 pub const KPC_IN_CM: f64 = 3.085_677_581_491_367e21;

@@ -1,4 +1,4 @@
-//! Backpropagation through time of the exact forward recursion (`GLIF3.md`, "Training").
+//! Backpropagation through time of the exact forward recursion (`docs/neuron-models.md`, "Training").
 //!
 //! The forward pass is [`crate::forward::TrialState::step`] on `f64`; the backward pass is its
 //! hand-written adjoint, step by step in reverse:

@@ -26,7 +26,7 @@ pub enum InitialState {
     /// ASCs at `asc_init`, PSCs zero. Used by `simulate` for NEST-exact reproduction.
     #[default]
     Nest,
-    /// Every neuron at rest: zero state (`GLIF3.md`, "Batched simulation"; used for training).
+    /// Every neuron at rest: zero state (`docs/neuron-models.md`, "Batched simulation"; used for training).
     Rest,
 }
 

@@ -5,7 +5,7 @@
 //! after `t` (`Time::ms_stamp`), i.e. it is emitted in update step `stamp - 1` and reaches
 //! its targets `delay` steps later. Poisson nodes draw a spike count per step from a
 //! counter-based generator keyed by `(seed, global sample index, node, step)`, so the draw
-//! never depends on the rank, the batch split or the thread count (`DESIGN.md` invariant 5).
+//! never depends on the rank, the batch split or the thread count (`docs/design.md` invariant 5).
 
 use lockstep_core::rng::{splitmix64, unit_f64};
 

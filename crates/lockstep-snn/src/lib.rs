@@ -2,7 +2,7 @@
 //!
 //! What this crate guarantees:
 //! * **NEST-exact forward dynamics** of `nest:glif_psc` (GLIF1/GLIF3) and
-//!   `nest:iaf_psc_alpha` on NEST's time grid (`../shared/GLIF3.md`, NEST 3.x sources): the
+//!   `nest:iaf_psc_alpha` on NEST's time grid (`docs/neuron-models.md`, NEST 3.x sources): the
 //!   same spikes, at the same steps, as NEST for the same network and inputs
 //!   (`tests/reference_point450.rs`).
 //! * **Reproducible trials:** trials are independent and batched `[batch, neuron]`; Poisson

@@ -1,4 +1,4 @@
-//! Training losses (`GLIF3.md`, "Training"): `TargetFiringRate` and `VoltageRegularization`.
+//! Training losses (`docs/neuron-models.md`, "Training"): `TargetFiringRate` and `VoltageRegularization`.
 //!
 //! Both are means over samples (and neurons, and for the regularizer time steps), hence
 //! *sample-separable*: the mean of per-replica means over equal slices is the global mean,

@@ -1,5 +1,5 @@
 //! Cell models: parameters read from SONATA `dynamics_params` JSON and the per-step
-//! constants (propagators) of `GLIF3.md`.
+//! constants (propagators) of `docs/neuron-models.md`.
 //!
 //! * `nest:glif_psc` without threshold adaptation (GLIF1 "lif" / GLIF3 "lif_asc"),
 //!   NEST 3.x `glif_psc` (Teeter et al. 2018, Nat. Commun. 9:709; NEST implementation by
@@ -558,7 +558,7 @@ pub struct AscConsts {
     pub init: f64,
 }
 
-/// All per-step constants of one parameter set at one resolution (`GLIF3.md`, "Cell models").
+/// All per-step constants of one parameter set at one resolution (`docs/neuron-models.md`, "Cell models").
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellConsts {
     /// Update rule.

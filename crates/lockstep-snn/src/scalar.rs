@@ -1,6 +1,6 @@
 //! The scalar type the single-step update is generic over.
 //!
-//! The forward recursion of `GLIF3.md` is written once ([`crate::step`]) for any [`Scalar`]:
+//! The forward recursion of `docs/neuron-models.md` is written once ([`crate::step`]) for any [`Scalar`]:
 //! `f64` (NEST-exact simulation and the BPTT forward pass), `f32`, and the forward-mode dual
 //! number [`num_dual::Dual64`] used as the gradient oracle. For dual numbers the spike function
 //! has the Heaviside step as its value and the pseudo-derivative as its derivative, and the
@@ -12,7 +12,7 @@ use std::ops::{Add, AddAssign, Mul, Neg, Sub};
 
 use num_dual::Dual64;
 
-/// Pseudo-derivative used for `dz/dU` of the spike nonlinearity (`GLIF3.md`, "Training").
+/// Pseudo-derivative used for `dz/dU` of the spike nonlinearity (`docs/neuron-models.md`, "Training").
 ///
 /// With normalized voltage `v = U / (V_th - E_L)` (threshold at `v = 1`):
 /// `Gauss`: `gain * exp(-((v - 1) / width)^2)`; `Triangle`: `gain * max(0, 1 - |v - 1| / width)`

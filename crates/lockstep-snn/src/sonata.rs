@@ -1,5 +1,5 @@
 //! Adapter from a [`lockstep_sonata::Circuit`] to a [`NetworkSpec`], following BMTK's
-//! `pointnet` mapping onto NEST (see `../shared/data/reference/README.md`):
+//! `pointnet` mapping onto NEST (BMTK `pointnet`, NEST 3.x):
 //! cells from `model_template` + `dynamics_params`; edge weight `syn_weight * nsyns` (pA,
 //! sign kept); receptor from the synapse JSON's `receptor_type` (0 when absent); delay (ms)
 //! from the edge (type).

@@ -1,6 +1,6 @@
 //! The single-step update of one neuron, written once and generic over [`Scalar`].
 //!
-//! This is the recursion of `GLIF3.md` ("Cell models"), reproducing NEST 3.x `glif_psc::update`
+//! This is the recursion of `docs/neuron-models.md` ("Cell models"), reproducing NEST 3.x `glif_psc::update`
 //! and `iaf_psc_alpha::update` operation by operation (same order of floating-point
 //! operations for `f64`), so that the forward pass is NEST-exact. Running it on dual numbers
 //! gives the surrogate-gradient directional derivative that the BPTT backward pass

@@ -4,7 +4,7 @@
 //!   equal the closed-form solution of an alpha current through a leaky membrane at every
 //!   grid point, starting at the step NEST delivers the spike (stamp - 1 + delay).
 //! * ASC reset, refractory hold: a constant current drives a GLIF3 cell; the trajectory is
-//!   recomputed by hand with the update of GLIF3.md.
+//!   recomputed by hand with the update of docs/neuron-models.md.
 //! * Delays of 1 and several steps between two cells.
 
 use lockstep_snn::CellModel;
@@ -175,7 +175,7 @@ fn iaf_starts_where_nest_starts() {
     }
 }
 
-/// Hand-written GLIF3 update (GLIF3.md) with constant current, used as the expectation.
+/// Hand-written GLIF3 update (docs/neuron-models.md) with constant current, used as the expectation.
 struct HandGlif {
     u: f64,
     asc: [f64; 2],

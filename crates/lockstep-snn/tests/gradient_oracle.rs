@@ -315,7 +315,7 @@ fn threads_and_batch_split_do_not_change_the_gradient() {
     let a = serial.loss_and_grad(&p, 10, 4).unwrap();
     let b = par.loss_and_grad(&p, 10, 4).unwrap();
     assert_eq!(a, b, "rayon over samples must not change any bit");
-    // Two replicas of 2 samples == one replica of 4 samples (DESIGN.md invariant 5).
+    // Two replicas of 2 samples == one replica of 4 samples (docs/design.md invariant 5).
     let h1 = serial.loss_and_grad(&p, 10, 2).unwrap();
     let h2 = serial.loss_and_grad(&p, 12, 2).unwrap();
     let mean: Vec<f64> = h1

@@ -1,6 +1,6 @@
 //! The training loop: one optimizer update per global batch, identical on every replica.
 //!
-//! Per update (invariants of `../shared/DESIGN.md`):
+//! Per update (invariants of `docs/design.md`):
 //! 1. for each of the `k` micro-batches, the chief draws the global batch of `B x replicas`
 //!    samples and scatters contiguous slices, inputs and targets together (4);
 //! 2. each replica adds the mean gradient of its slice into one flat buffer;

@@ -9,7 +9,7 @@
 //!
 //! # Guarantees
 //!
-//! The ten invariants of `../shared/DESIGN.md` ("Invariants of sample-parallel training"):
+//! The ten invariants of `docs/design.md` ("Invariants of sample-parallel training"):
 //! [`config::plan`] (1-3: opt-in, batch sizes, launcher and config agree), [`engine::train`]
 //! (4-9: the chief draws and scatters contiguous slices, noise keyed by sample, one gradient
 //! reduction per update, identical replicas, chief-owned outputs, the same control flow on

@@ -1,4 +1,4 @@
-//! In-process tests of the engine's invariants (DESIGN.md, "Invariants of sample-parallel
+//! In-process tests of the engine's invariants (docs/design.md, "Invariants of sample-parallel
 //! training") with the reference linear model, serial and with ThreadComm replicas.
 
 use lockstep_comm::{

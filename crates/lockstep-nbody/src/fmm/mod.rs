@@ -1,4 +1,4 @@
-//! Fast multipole method for softened gravity (NBODY.md, "Forces"; Dehnen 2002, 2014).
+//! Fast multipole method for softened gravity (docs/nbody.md, "Forces"; Dehnen 2002, 2014).
 //!
 //! A Morton octree ([`tree`]) carries Cartesian multipoles of order `p` about each node's
 //! centre of mass. A dual tree traversal with the opening criterion

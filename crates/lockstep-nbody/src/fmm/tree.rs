@@ -1,4 +1,4 @@
-//! Morton (z-order) octree over a source set (NBODY.md, "Forces").
+//! Morton (z-order) octree over a source set (docs/nbody.md, "Forces").
 //!
 //! Particles are sorted by 63-bit Morton keys (21 bits per axis) of a bounding cube; a node
 //! is a contiguous range of the sorted particles, split into its non-empty octants until it
