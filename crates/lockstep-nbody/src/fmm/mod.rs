@@ -275,7 +275,7 @@ impl Fmm {
     /// Phases (each timed in [`FmmStats::seconds`]): tree build, upward pass (P2M, M2M),
     /// dual tree traversal, M2L, L2L, then per target leaf L2P, M2P and P2P.
     ///
-    /// Errors: [`NbodyError::Param`] when the masses do not match the positions, an
+    /// Errors: [`NbodyError::InvalidParameter`] when the masses do not match the positions, an
     /// imported multipole has the wrong number of coefficients, or a position is not finite.
     pub fn forces(
         &self,
