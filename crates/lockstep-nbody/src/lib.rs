@@ -3,9 +3,9 @@
 //!
 //! What this crate guarantees:
 //!
-//! - **Accurate forces.** [`fmm`] with its defaults (expansion order p = 6, opening angle
+//! - **Accurate forces.** [`mod@fmm`] with its defaults (expansion order p = 6, opening angle
 //!   theta = 0.6) gives accelerations within a 99th-percentile relative error of 1e-3 of
-//!   direct summation ([`direct`]) on Plummer spheres and clumped sets
+//!   direct summation ([`mod@direct`]) on Plummer spheres and clumped sets
 //!   (`tests/accuracy.rs`), and the error falls as p rises.
 //! - **Globally correct forces across ranks.** A sharded run (Morton sample-sort plus a
 //!   locally essential tree exchange, [`shard`]) gives every particle the force the
