@@ -373,7 +373,7 @@ impl SnnModel {
 
     /// Bytes of stored forward state per sample: `(unsegmented, segmented)`, in the layout
     /// of `BpttOptions::dtype` (float64: the full per-sample state of every step; float32:
-    /// the batched kernels' compact tape, see [`crate::bptt_batch`]).
+    /// the batched kernels' compact tape, see the private module `bptt_batch`).
     pub fn tape_bytes_per_sample(&self) -> (usize, usize) {
         let t = self.opts.seq_len;
         if self.opts.dtype == Dtype::Float32 {
@@ -499,7 +499,7 @@ impl SnnModel {
     /// `first_sample .. first_sample + batch` (inputs and noise keyed by the global index),
     /// in the precision of `BpttOptions::dtype`: `Float64` runs the per-sample f64 BPTT
     /// (NEST-exact forward), `Float32` the batch-innermost float32 kernels
-    /// ([`crate::bptt_batch`]).
+    /// (the private module `bptt_batch`).
     ///
     /// Errors: `batch == 0`, or `params.len() != n_params()`.
     pub fn loss_and_grad(
