@@ -473,9 +473,9 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 
 /// Builds the network a recipe describes (validating it first).
 ///
-/// Phases: [`validate_recipe`] (folders and the recipe's top level), [`build_nodes`] per node
-/// population, [`build_edges`] per edge population (which [`select`]s the nodes each edge
-/// type connects and [`connect`]s them, drawing connections and weights).
+/// Phases: `validate_recipe` (folders and the recipe's top level), `build_nodes` per node
+/// population, `build_edges` per edge population (which selects the nodes each edge
+/// type connects and connects them, drawing connections and weights).
 ///
 /// Errors: [`BuildError::Invalid`] naming the recipe key of the first invalid value.
 pub fn build(recipe: &Recipe) -> BResult<BuiltNetwork> {
