@@ -319,12 +319,10 @@ pub fn bench_config(
     let can_reset = memory::reset_peak_rss();
     let replica = lockstep_snn::SnnReplica::from_config(config, true)?;
     let json: serde_json::Value = lockstep_sonata::SonataConfig::from_file(config)?.json;
-    let batch = json
-        .pointer("/run/batch_size")
-        .and_then(serde_json::Value::as_u64)
-        .context("run.batch_size is missing")? as usize;
-    let opt_cfg = lockstep_train::OptimizerConfig::from_json(json.pointer("/training/optimizer"))
-        .map_err(|e| e.in_file(config))?;
+    let engine =
+        lockstep_train::EngineConfig::from_json(&json, &lockstep_core::config::config_dir(config))
+            .with_context(|| format!("{}", config.display()))?;
+    let (batch, opt_cfg) = (engine.batch_size, engine.optimizer);
     let model = replica.model();
     let mut params = model.initial_params();
     let mut opt = lockstep_train::Optimizer::new(opt_cfg, params.len());

@@ -109,7 +109,7 @@ fn measure(
     let timed = &s.update_times[args.warmup as usize..];
     let replicas = match &cfg.distribution {
         None => 1,
-        Some(_) => replicas_of(&opts.resolved_config, world),
+        Some(d) => d.devices.as_ref().map_or(world.comm().size(), Vec::len),
     };
     Ok(Measured {
         replicas,
@@ -118,16 +118,6 @@ fn measure(
         comm_s: timed.iter().map(|t| t[2]).collect(),
         compute_s: timed.iter().map(|t| t[1]).collect(),
     })
-}
-
-fn replicas_of(config: &Value, world: &World) -> usize {
-    match config
-        .pointer("/run/distribution/devices")
-        .and_then(Value::as_array)
-    {
-        Some(d) => d.len(),
-        None => world.comm().size(),
-    }
 }
 
 /// Runs the benchmark and prints the table.
