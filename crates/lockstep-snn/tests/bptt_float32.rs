@@ -7,13 +7,12 @@
 #![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
 
 use lockstep_snn::{
-    BpttOptions, Dtype, InputSpec, Loss, LossAndGrad, NetworkSpec, PoissonSpec, PseudoDerivative,
-    RateUnits, SnnModel, SnnReplica, Surrogate,
+    BpttOptions, Dtype, LossAndGrad, NetworkSpec, PseudoDerivative, SnnModel, SnnReplica, Surrogate,
 };
 use serde_json::json;
 
 mod common;
-use common::small_network;
+use common::{losses, small_input, small_network};
 
 fn model(
     spec: &NetworkSpec,
@@ -21,30 +20,13 @@ fn model(
     chunk: Option<usize>,
     parallel: bool,
 ) -> SnnModel {
-    let n = spec.neurons.len();
-    let input = InputSpec {
-        spike_trains: Some(
-            (0..6)
-                .map(|v| vec![3.5 + v as f64, 20.2 + 2.0 * v as f64])
-                .collect(),
-        ),
-        poisson: Some(PoissonSpec {
-            rates_hz: vec![60.0; 6],
-            seed: 11,
-        }),
-    };
+    let input = small_input();
     let opts = BpttOptions {
         seq_len: 120,
         surrogate,
         train_input_weights: true,
         gradient_checkpointing: chunk,
-        losses: vec![
-            Loss::TargetFiringRate {
-                target: (0..n).map(|i| 5.0 + i as f64).collect(),
-                units: RateUnits::Hz,
-            },
-            Loss::VoltageRegularization { cost: 0.7 },
-        ],
+        losses: losses(spec.neurons.len()),
         parallel,
         dtype: Dtype::Float32,
         ..Default::default()

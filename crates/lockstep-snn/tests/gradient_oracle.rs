@@ -8,12 +8,11 @@
 #![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
 
 use lockstep_snn::{
-    BpttOptions, InputSpec, Loss, NetworkSpec, PoissonSpec, PseudoDerivative, RateUnits, SnnModel,
-    Surrogate,
+    BpttOptions, Loss, NetworkSpec, PseudoDerivative, RateUnits, SnnModel, Surrogate,
 };
 
 mod common;
-use common::{small_network, Lcg};
+use common::{losses, small_input, small_network, Lcg};
 
 fn model(
     spec: &NetworkSpec,
@@ -21,17 +20,7 @@ fn model(
     losses: Vec<Loss>,
     chunk: Option<usize>,
 ) -> SnnModel {
-    let input = InputSpec {
-        spike_trains: Some(
-            (0..6)
-                .map(|v| vec![3.5 + v as f64, 20.2 + 2.0 * v as f64])
-                .collect(),
-        ),
-        poisson: Some(PoissonSpec {
-            rates_hz: vec![60.0; 6],
-            seed: 11,
-        }),
-    };
+    let input = small_input();
     let opts = BpttOptions {
         seq_len: 120,
         surrogate,
@@ -42,16 +31,6 @@ fn model(
         ..Default::default()
     };
     SnnModel::new(spec, 1.0, &input, opts).unwrap()
-}
-
-fn losses(n: usize) -> Vec<Loss> {
-    vec![
-        Loss::TargetFiringRate {
-            target: (0..n).map(|i| 5.0 + i as f64).collect(),
-            units: RateUnits::Hz,
-        },
-        Loss::VoltageRegularization { cost: 0.7 },
-    ]
 }
 
 #[test]

@@ -5,7 +5,10 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 use lockstep_snn::CellModel;
-use lockstep_snn::{CellType, EdgeSpec, NetworkSpec, NeuronSpec, VirtualNodeSpec};
+use lockstep_snn::{
+    CellType, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec, RateUnits,
+    VirtualNodeSpec,
+};
 use serde_json::json;
 
 /// Small deterministic generator for the test network.
@@ -137,4 +140,32 @@ pub fn small_network(seed: u64) -> NetworkSpec {
         recurrent_edges,
         input_edges,
     }
+}
+
+/// The input of [`small_network`]'s 6 virtual nodes: two fixed spikes each (ms) plus
+/// 60 Hz Poisson trains (seed 11).
+pub fn small_input() -> InputSpec {
+    InputSpec {
+        spike_trains: Some(
+            (0..6)
+                .map(|v| vec![3.5 + v as f64, 20.2 + 2.0 * v as f64])
+                .collect(),
+        ),
+        poisson: Some(PoissonSpec {
+            rates_hz: vec![60.0; 6],
+            seed: 11,
+        }),
+    }
+}
+
+/// The losses of the BPTT tests for `n` cells: per-cell target rates 5, 6, ... Hz and a
+/// voltage regularization of cost 0.7.
+pub fn losses(n: usize) -> Vec<Loss> {
+    vec![
+        Loss::TargetFiringRate {
+            target: (0..n).map(|i| 5.0 + i as f64).collect(),
+            units: RateUnits::Hz,
+        },
+        Loss::VoltageRegularization { cost: 0.7 },
+    ]
 }
