@@ -1,6 +1,8 @@
 //! `lockstep plot PATH`: PNG figures of a training run or a simulation — the loss curves of
-//! `callbacks/losses.csv` and a spike raster of a SONATA spikes file (`spikes.h5`) or
-//! BMTK's spikes CSV (`spikes.csv`, `timestamps population node_ids`).
+//! `callbacks/losses.csv`, a raster of one training trial (the latest
+//! `spikes/update_NNNNNN.h5` that `output.training_spikes` wrote) and a spike raster of a
+//! SONATA spikes file (`spikes.h5`) or BMTK's spikes CSV (`spikes.csv`,
+//! `timestamps population node_ids`).
 //! Text is drawn with the bundled DejaVu Sans font (assets/, Bitstream Vera/DejaVu license),
 //! so no system font is needed.
 
@@ -36,8 +38,10 @@ pub struct PlotArgs {
     pub spikes: Option<PathBuf>,
 }
 
-/// Writes `plots/losses.png` when there are losses and `plots/raster.png` when there are
-/// spikes (into the folder, or next to a spikes file given as the path).
+/// Writes `plots/losses.png` when there are losses, `plots/training_raster.png` when a
+/// training run recorded trials (`spikes/update_NNNNNN.h5`, the latest update) and
+/// `plots/raster.png` when there are spikes (into the folder, or next to a spikes file given
+/// as the path).
 ///
 /// Errors: nothing to plot, unreadable or malformed files (naming file and line).
 pub fn run(args: &PlotArgs) -> Result<()> {
@@ -74,6 +78,11 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         Some(p) => Some(read_any_spikes(p)?),
         None => None,
     };
+    let training = if has_losses {
+        latest_training_trial(&folder)?
+    } else {
+        None
+    };
     let plots = folder.join("plots");
     std::fs::create_dir_all(&plots)
         .with_context(|| format!("cannot create {}", plots.display()))?;
@@ -82,18 +91,63 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         plot_losses(losses, &out)?;
         println!("wrote {}", out.display());
     }
+    if let Some((update, path)) = &training {
+        let t = read_any_spikes(path)?;
+        if t.populations.iter().all(|p| p.node_ids.is_empty()) {
+            println!(
+                "no training raster: the training trial of update {update} ({}) has no spikes",
+                path.display()
+            );
+        } else {
+            let out = plots.join("training_raster.png");
+            let title = format!("training trial at update {update} (first sample)");
+            plot_raster(&t, path, &title, &out)?;
+            println!("wrote {}", out.display());
+        }
+    }
     match (trains, &spikes) {
         (Some(t), Some(p)) => {
             let out = plots.join("raster.png");
-            plot_raster(&t, p, &out)?;
+            plot_raster(&t, p, "spikes", &out)?;
             println!("wrote {}", out.display());
         }
+        _ if training.is_some() => {}
+        _ if has_losses => println!(
+            "no spike raster: {} has no recorded training trials (set output.training_spikes, e.g. {{\"every\": 50}}) and no spikes.h5 or spikes.csv (pass --spikes FILE)",
+            folder.display()
+        ),
         _ => println!(
             "no spike raster: {} has no spikes.h5 or spikes.csv (pass --spikes FILE)",
             folder.display()
         ),
     }
     Ok(())
+}
+
+/// The latest training trial a run recorded: the highest `N` of
+/// `RUN_DIR/spikes/update_NNNNNN.h5` (`output.training_spikes`), with its path.
+///
+/// Errors: an unreadable `spikes/` folder.
+fn latest_training_trial(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    let folder = run_dir.join(lockstep_snn::TRAINING_SPIKES_DIR);
+    if !folder.is_dir() {
+        return Ok(None);
+    }
+    let mut latest = None;
+    for e in
+        std::fs::read_dir(&folder).with_context(|| format!("cannot read {}", folder.display()))?
+    {
+        let path = e
+            .with_context(|| format!("cannot read {}", folder.display()))?
+            .path();
+        let update = lockstep_snn::TrainingSpikes::update_of(&path);
+        if let Some(u) = update {
+            if latest.as_ref().is_none_or(|(v, _)| u > *v) {
+                latest = Some((u, path));
+            }
+        }
+    }
+    Ok(latest)
 }
 
 /// Reads a spikes file lockstep writes: SONATA HDF5 (recognised by its signature) or
@@ -393,7 +447,8 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
     Ok(())
 }
 
-fn plot_raster(trains: &SpikeTrains, spikes: &Path, out: &Path) -> Result<()> {
+/// A raster of `trains` (read from `spikes`) titled `title: populations (N spikes)`.
+fn plot_raster(trains: &SpikeTrains, spikes: &Path, title: &str, out: &Path) -> Result<()> {
     let mut points = Vec::new();
     let mut labels = Vec::new();
     for pop in &trains.populations {
@@ -414,7 +469,7 @@ fn plot_raster(trains: &SpikeTrains, spikes: &Path, out: &Path) -> Result<()> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("spikes: {} ({} spikes)", labels.join(", "), points.len()),
+            format!("{title}: {} ({} spikes)", labels.join(", "), points.len()),
             ("sans-serif", 24),
         )
         .margin(15)

@@ -128,6 +128,12 @@ pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineCon
         TrainError::Config(c) => TrainError::Config(c.in_file(config)),
         other => other,
     })?;
+    let model: SnnTrainConfig = from_value(&json, "").map_err(|e| e.in_file(config))?;
+    if let Some(spikes) = &model.output.training_spikes {
+        spikes
+            .validate(cfg.updates)
+            .map_err(|e| e.in_file(config))?;
+    }
     Ok((json, cfg))
 }
 

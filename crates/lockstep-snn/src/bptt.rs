@@ -81,6 +81,9 @@ pub struct BpttOptions {
     pub parallel: bool,
     /// Precision of the training computation (`run.dtype`).
     pub dtype: Dtype,
+    /// Keep the spikes of the batch's first sample in [`LossAndGrad::first_spikes`], as the
+    /// forward pass computes them (no extra simulation; `output.training_spikes`).
+    pub record_first_sample: bool,
 }
 
 /// Precision of the BPTT computation (`run.dtype`).
@@ -109,6 +112,7 @@ impl Default for BpttOptions {
             initial: InitialState::Rest,
             parallel: true,
             dtype: Dtype::Float64,
+            record_first_sample: false,
         }
     }
 }
@@ -126,6 +130,12 @@ pub struct LossAndGrad {
     pub n_spikes: u64,
     /// Mean firing rate over samples and neurons (Hz).
     pub mean_rate_hz: f64,
+    /// With [`BpttOptions::record_first_sample`]: the spikes of the batch's first sample
+    /// computed by this very forward pass, as `(step, neuron)` pairs (neuron: external index,
+    /// i.e. the order of [`NetworkSpec::neurons`](crate::NetworkSpec); the spike of step
+    /// `step` has NEST's time stamp `(step + 1) * dt` ms), sorted by step, then neuron, like
+    /// [`TrialSpikes::spikes`](crate::TrialSpikes). `None` otherwise.
+    pub first_spikes: Option<Vec<(u32, u32)>>,
 }
 
 /// A point-neuron network with trainable weights as a flat `f32` buffer:
@@ -188,12 +198,18 @@ impl Tape<f64> {
     }
 }
 
+/// What one trial of the per-sample BPTT returns: its gradient, loss terms, spike count and,
+/// when recorded, its `(step, neuron)` spikes.
+type TrialResult<F> = (Vec<F>, Vec<f64>, f64, Option<Vec<(u32, u32)>>);
+
 /// Per-trial forward summary.
 struct TrialForward {
     /// `[neuron]` spike counts, internal order.
     counts: Vec<f64>,
     /// Sum over steps and neurons of `relu(|v-0.5|-0.5)^2`.
     vreg_sum: f64,
+    /// `(step, neuron)` spikes (external index) when this trial's spikes are recorded.
+    spikes: Option<Vec<(u32, u32)>>,
 }
 
 /// Backward adjoint state of one trial.
@@ -574,8 +590,17 @@ impl SnnModel {
         let (w_rec, w_in) = self.weights_f64(params)?;
         let w_rec: Vec<F> = w_rec.iter().map(|&w| F::from_f64(w)).collect();
         let w_in: Vec<F> = w_in.iter().map(|&w| F::from_f64(w)).collect();
-        let work =
-            |b: usize| self.trial_loss_and_grad(&w_rec, &w_in, first_sample + b as u64, batch);
+        let record = self.opts.record_first_sample;
+        let work = |b: usize| {
+            self.trial_loss_and_grad(
+                &w_rec,
+                &w_in,
+                first_sample + b as u64,
+                batch,
+                record && b == 0,
+            )
+        };
+        let mut first_spikes = None;
         let mut grad = vec![0.0f64; self.n_params()];
         let mut terms = vec![0.0f64; self.opts.losses.len()];
         let mut n_spikes = 0.0;
@@ -590,23 +615,28 @@ impl SnnModel {
         let mut start = 0;
         while start < batch {
             let end = (start + group).min(batch);
-            let per_trial: Vec<(Vec<F>, Vec<f64>, f64)> = if self.opts.parallel {
+            let per_trial: Vec<TrialResult<F>> = if self.opts.parallel {
                 (start..end).into_par_iter().map(work).collect()
             } else {
                 (start..end).map(work).collect()
             };
-            for (g, t, s) in &per_trial {
-                for (a, b) in grad.iter_mut().zip(g) {
+            for (g, t, s, spikes) in per_trial {
+                for (a, b) in grad.iter_mut().zip(&g) {
                     *a += b.re();
                 }
-                for (a, b) in terms.iter_mut().zip(t) {
+                for (a, b) in terms.iter_mut().zip(&t) {
                     *a += b / batch as f64;
                 }
                 n_spikes += s;
+                if spikes.is_some() {
+                    first_spikes = spikes;
+                }
             }
             start = end;
         }
-        Ok(self.finish(terms, &grad, n_spikes, batch))
+        let mut r = self.finish(terms, &grad, n_spikes, batch);
+        r.first_spikes = first_spikes;
+        Ok(r)
     }
 
     /// The batch's result from its loss terms (means over the batch), f64 gradient and spikes.
@@ -625,6 +655,7 @@ impl SnnModel {
             grad: grad.iter().map(|&g| g as f32).collect(),
             n_spikes: n_spikes as u64,
             mean_rate_hz: n_spikes / (batch as f64 * self.net.n_neurons() as f64 * duration_s),
+            first_spikes: None,
         }
     }
 
@@ -693,6 +724,16 @@ impl SnnModel {
                 for (c, &v) in a.counts.iter_mut().zip(z.iter()) {
                     *c += v.re();
                 }
+                if let Some(rec) = a.spikes.as_mut() {
+                    let from = rec.len();
+                    rec.extend(
+                        z.iter()
+                            .enumerate()
+                            .filter(|(_, v)| v.re() != 0.0)
+                            .map(|(i, _)| (t as u32, self.net.order[i])),
+                    );
+                    rec[from..].sort_unstable();
+                }
                 if self.vreg_cost != 0.0 {
                     for (&u, &th) in st.u.iter().zip(&self.th) {
                         let (r, _) = vreg_r(u.re() / th);
@@ -706,14 +747,16 @@ impl SnnModel {
         }
     }
 
-    /// Forward + backward of one trial; returns (grad, loss terms, spikes).
+    /// Forward + backward of one trial; returns (grad, loss terms, spike count, and with
+    /// `record` its `(step, neuron)` spikes).
     fn trial_loss_and_grad<F: Real>(
         &self,
         w_rec: &[F],
         w_in: &[F],
         sample: u64,
         batch: usize,
-    ) -> (Vec<F>, Vec<f64>, f64) {
+        record: bool,
+    ) -> TrialResult<F> {
         let net = &self.net;
         let n = net.n_neurons();
         let t_len = self.opts.seq_len;
@@ -721,6 +764,7 @@ impl SnnModel {
         let mut fwd = TrialForward {
             counts: vec![0.0; n],
             vreg_sum: 0.0,
+            spikes: record.then(Vec::new),
         };
         let mut st = TrialState::<F>::new(net, self.opts.initial);
         let chunk = self
@@ -815,7 +859,7 @@ impl SnnModel {
                 );
             }
         }
-        (grad, terms, n_spikes)
+        (grad, terms, n_spikes, fwd.spikes)
     }
 
     /// Reverse pass over the steps of `tape` (starting at step `t0`).

@@ -204,6 +204,9 @@ struct Acc {
     counts: Vec<u32>,
     /// `[n_chunks, B]` voltage-regularization sums per neuron chunk.
     vreg: Vec<f64>,
+    /// `(step, neuron)` spikes (external index) of sample 0 when they are recorded
+    /// ([`crate::BpttOptions::record_first_sample`]).
+    first: Option<Vec<(u32, u32)>>,
 }
 
 /// Adjoint state of the batch.
@@ -747,19 +750,32 @@ impl<'a> Kernel<'a> {
         let md = self.m.net.max_delay;
         for t in t0..t1 {
             let l = t - t0;
-            match tape.as_deref_mut() {
+            let fl: &[u8] = match tape.as_deref_mut() {
                 Some(tp) => {
                     let x = &mut tp.x[l * n * nb..(l + 1) * n * nb];
                     let a = &mut tp.asc[l * n * na * nb..(l + 1) * n * na * nb];
                     let f = &mut tp.flags[l * n * nb..(l + 1) * n * nb];
                     self.forward_step(st, t, f, any, Some((x, a)), acc.as_deref_mut());
+                    f
                 }
                 None => {
                     self.forward_step(st, t, flags_scratch, any, None, acc.as_deref_mut());
                     if let Some(h) = history.as_deref_mut() {
                         h[(t % md) * n * nb..(t % md + 1) * n * nb].copy_from_slice(flags_scratch);
                     }
+                    flags_scratch
                 }
+            };
+            if let Some(rec) = acc.as_deref_mut().and_then(|a| a.first.as_mut()) {
+                // Sample 0 is lane 0 of every neuron's flags.
+                let from = rec.len();
+                let order = &self.m.net.order;
+                rec.extend(
+                    (0..n)
+                        .filter(|&i| any[i] != 0 && fl[i * nb] & FIRED != 0)
+                        .map(|i| (t as u32, order[i])),
+                );
+                rec[from..].sort_unstable();
             }
         }
     }
@@ -1143,6 +1159,7 @@ impl SnnModel {
         let mut acc = Acc {
             counts: vec![0; n * nb],
             vreg: vec![0.0; n_chunks * nb],
+            first: self.opts.record_first_sample.then(Vec::new),
         };
         let mut flags = vec![0u8; n * nb];
         let mut any = vec![0u8; n];
@@ -1283,6 +1300,8 @@ impl SnnModel {
                 timing.backward_s += clock.elapsed().as_secs_f64();
             }
         }
-        Ok((self.finish(terms, &grad, n_spikes, batch), timing))
+        let mut r = self.finish(terms, &grad, n_spikes, batch);
+        r.first_spikes = acc.first;
+        Ok((r, timing))
     }
 }

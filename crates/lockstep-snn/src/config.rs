@@ -99,7 +99,8 @@ pub struct SnnTraining {
 }
 
 /// The model's keys of a training config's `output` (the engine owns the others, e.g.
-/// `output_dir`): the spike files of the simulation written beside the trained weights.
+/// `output_dir`): the spike files of the simulation written beside the trained weights, and
+/// the spikes of training trials.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SnnOutput {
     /// SONATA spikes file name.
@@ -108,6 +109,103 @@ pub struct SnnOutput {
     /// BMTK's spikes CSV file name.
     #[serde(default)]
     pub spikes_file_csv: Option<String>,
+    /// Write the spikes of one training trial at chosen updates ([`TrainingSpikes`]).
+    #[serde(default)]
+    pub training_spikes: Option<TrainingSpikes>,
+}
+
+/// The folder of the run directory that holds the training trials' spike files.
+pub const TRAINING_SPIKES_DIR: &str = "spikes";
+
+/// `output.training_spikes`: the spikes of one training trial, the first sample of the global
+/// batch, written at chosen updates as SONATA spike files
+/// `RUN_DIR/spikes/update_NNNNNN.h5` (one population per non-virtual population, times in
+/// ms from the trial's start, as `lockstep simulate` writes them).
+///
+/// Update `N` is the forward pass computed with the weights after `N` optimizer updates
+/// (those of `checkpoints/update_NNNNNN.safetensors`), i.e. the pass of the `(N+1)`-th update
+/// whose loss is row `N + 1` of `callbacks/losses.csv`; update 0 is the untrained network.
+/// The spikes are those the training computed (no second simulation), in its precision
+/// (`run.dtype`) and from its initial state (at rest).
+///
+/// Exactly one of the keys: `{"updates": [0, 50, 100]}` or `{"every": 50}` (updates 0, 50,
+/// 100, ...). Every update must lie below the run's number of updates
+/// ([`TrainingSpikes::validate`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSpikes {
+    /// The updates to record, each in `0 .. training.optimizer_updates`.
+    #[serde(default)]
+    pub updates: Option<Vec<u64>>,
+    /// Record updates `0, every, 2 every, ...` (at least 1).
+    #[serde(default)]
+    pub every: Option<u64>,
+}
+
+impl TrainingSpikes {
+    /// Checks the section for a run of `total_updates` optimizer updates: exactly one of
+    /// `updates` (non-empty, each below `total_updates`) and `every` (at least 1).
+    ///
+    /// Errors: a [`ConfigError`] naming the key under `output.training_spikes` (no file; the
+    /// caller adds it).
+    pub fn validate(&self, total_updates: u64) -> std::result::Result<(), ConfigError> {
+        const KEY: &str = "output.training_spikes";
+        match (&self.updates, self.every) {
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                KEY,
+                "gives both `updates` and `every`; keep one",
+            )),
+            (None, None) => Err(ConfigError::new(
+                KEY,
+                "needs `updates` (a list of updates, e.g. [0, 50, 100]) or `every` (an interval in updates, e.g. 50)",
+            )),
+            (None, Some(0)) => Err(ConfigError::new(
+                format!("{KEY}.every"),
+                "must be at least 1 (updates between two recorded trials)",
+            )),
+            (None, Some(_)) => Ok(()),
+            (Some(list), None) if list.is_empty() => Err(ConfigError::new(
+                format!("{KEY}.updates"),
+                "is empty; list the updates to record (e.g. [0, 50, 100]) or remove output.training_spikes",
+            )),
+            (Some(list), None) => match list.iter().find(|&&u| u >= total_updates) {
+                Some(u) => Err(ConfigError::new(
+                    format!("{KEY}.updates"),
+                    format!(
+                        "update {u} is not below the run's {total_updates} updates (training.optimizer_updates or --updates); update N records the forward pass with the weights after N updates, so 0..{} can be recorded",
+                        total_updates.saturating_sub(1)
+                    ),
+                )),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// True when update `update` (0-based, see [`TrainingSpikes`]) is recorded.
+    pub fn records(&self, update: u64) -> bool {
+        match (&self.updates, self.every) {
+            (Some(list), _) => list.contains(&update),
+            (None, Some(k)) if k > 0 => update.is_multiple_of(k),
+            _ => false,
+        }
+    }
+
+    /// The file of update `update`, relative to the run directory:
+    /// `spikes/update_NNNNNN.h5`.
+    pub fn file_of(update: u64) -> std::path::PathBuf {
+        Path::new(TRAINING_SPIKES_DIR).join(format!("update_{update:06}.h5"))
+    }
+
+    /// The update of a training spikes file name (`update_NNNNNN.h5` gives `N`), or `None`
+    /// for any other name.
+    pub fn update_of(file: &Path) -> Option<u64> {
+        file.file_name()?
+            .to_str()?
+            .strip_prefix("update_")?
+            .strip_suffix(".h5")?
+            .parse()
+            .ok()
+    }
 }
 
 /// The sections of a training config lockstep-snn reads (with

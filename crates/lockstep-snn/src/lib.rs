@@ -49,7 +49,7 @@ pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel};
 pub use bptt_batch::StepTiming;
 pub use config::{
     loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
-    SnnTrainConfig, SnnTraining,
+    SnnTrainConfig, SnnTraining, TrainingSpikes, TRAINING_SPIKES_DIR,
 };
 pub use error::{Result, SnnError};
 pub use forward::{

@@ -7,9 +7,11 @@
 //! draw exactly the inputs that one replica with the whole global batch would draw.
 
 use crate::bptt::SnnModel;
-use crate::config::{loss_names, model_from_config};
+use crate::config::{loss_names, model_from_config, SnnTrainConfig, TrainingSpikes};
+use crate::simulate_config::to_spike_trains;
 use crate::sonata::export_trained_weights;
 use crate::trained_simulation::write_trained_simulation_config;
+use anyhow::Context;
 use lockstep_core::memory::MemoryEstimate;
 use lockstep_sonata::Circuit;
 use lockstep_train::{Batch, BatchSource, Model};
@@ -24,6 +26,13 @@ pub struct SnnReplica {
     params: Vec<f32>,
     names: Vec<String>,
     circuit: Arc<Circuit>,
+    /// `output.training_spikes`.
+    training_spikes: Option<TrainingSpikes>,
+    /// The spikes of the first sample kept for [`Model::write_sample_record`]: (global
+    /// sample index, `(step, neuron)` pairs).
+    kept: Option<(u64, Vec<(u32, u32)>)>,
+    /// Whether this process has written a training trial's spikes yet.
+    wrote_spikes: bool,
 }
 
 impl SnnReplica {
@@ -36,11 +45,15 @@ impl SnnReplica {
         let (circuit, mut model) = model_from_config(config)?;
         model.opts.parallel = parallel;
         let params = model.initial_params();
+        let sections = SnnTrainConfig::from_config(&circuit.config)?;
         Ok(SnnReplica {
             names: loss_names(&model),
             model,
             params,
             circuit: Arc::new(circuit),
+            training_spikes: sections.output.training_spikes,
+            kept: None,
+            wrote_spikes: false,
         })
     }
 
@@ -73,9 +86,15 @@ impl Model for SnnReplica {
     }
 
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
-        let r = self
+        let mut r = self
             .model
             .loss_and_grad(&self.params, batch.first_sample, batch.samples)?;
+        if self.model.opts.record_first_sample {
+            // Kept for this one call: the first sample of the update's first micro-batch.
+            self.model.opts.record_first_sample = false;
+            let spikes = r.first_spikes.take().unwrap_or_default();
+            self.kept = Some((batch.first_sample, spikes));
+        }
         for (g, d) in grad.iter_mut().zip(&r.grad) {
             *g += *d;
         }
@@ -102,6 +121,60 @@ impl Model for SnnReplica {
         files.push(write_trained_simulation_config(&self.circuit, dir)?);
         Ok(files)
     }
+
+    /// True at the updates `output.training_spikes` names; the next batch's first sample's
+    /// spikes are then kept from its forward pass.
+    fn record_first_sample(&mut self, update: u64) -> bool {
+        let on = self
+            .training_spikes
+            .as_ref()
+            .is_some_and(|t| t.records(update));
+        self.model.opts.record_first_sample = on;
+        on
+    }
+
+    /// Writes the kept spikes as `dir/spikes/update_NNNNNN.h5` (SONATA, as `lockstep
+    /// simulate` writes them; through a temporary file renamed into place). The first write
+    /// of a process first removes the files of this and later updates that an earlier run in
+    /// the same folder left (a run resumed in place repeats those updates).
+    fn write_sample_record(&mut self, dir: &Path, update: u64) -> anyhow::Result<Vec<PathBuf>> {
+        let (sample, spikes) = self
+            .kept
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no training trial was recorded for update {update}"))?;
+        let folder = dir.join(crate::config::TRAINING_SPIKES_DIR);
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("cannot create {}", folder.display()))?;
+        if !self.wrote_spikes {
+            remove_records_from(&folder, update)?;
+            self.wrote_spikes = true;
+        }
+        let path = dir.join(TrainingSpikes::file_of(update));
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = folder.join(format!(".{name}.tmp"));
+        let trains = to_spike_trains(&self.model.net, &spikes);
+        lockstep_sonata::write_spikes(&tmp, &trains).with_context(|| {
+            format!("cannot write the spikes of training sample {sample} (update {update})")
+        })?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
+        Ok(vec![path])
+    }
+}
+
+/// Removes `update_NNNNNN.h5` files of updates `>= first` from the training spikes folder.
+fn remove_records_from(folder: &Path, first: u64) -> anyhow::Result<()> {
+    let entries =
+        std::fs::read_dir(folder).with_context(|| format!("cannot read {}", folder.display()))?;
+    for e in entries {
+        let path = e?.path();
+        let update = TrainingSpikes::update_of(&path);
+        if update.is_some_and(|u| u >= first) {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The batch source of Poisson trials: a batch is the global indices of its samples.

@@ -294,6 +294,9 @@ struct Trainer<'a> {
     update_times: Vec<[f64; 4]>,
     last: Vec<f64>,
     run_start: Instant,
+    /// The update whose first sample the chief's model keeps a record of
+    /// ([`Model::record_first_sample`]), until the callbacks write it.
+    sample_record: Option<u64>,
 }
 
 impl<'a> Trainer<'a> {
@@ -378,6 +381,7 @@ impl<'a> Trainer<'a> {
             history: Vec::new(),
             update_times: Vec::new(),
             run_start: Instant::now(),
+            sample_record: None,
         })
     }
 
@@ -518,6 +522,10 @@ impl<'a> Trainer<'a> {
         self.grad.iter_mut().for_each(|x| *x = 0.0);
         let mut terms = vec![0.0f64; self.loss_names.len()];
         let (mut t_data, mut t_compute) = (0.0, 0.0);
+        // The chief's first local sample is the global batch's first (contiguous slices).
+        if self.rundir.is_some() && self.model.record_first_sample(self.update) {
+            self.sample_record = Some(self.update);
+        }
         for m in 0..self.cfg.accumulation {
             let t0 = Instant::now();
             self.scatter_micro_batch(base + (m * self.plan.global_batch) as u64)?;
@@ -667,6 +675,15 @@ impl<'a> Trainer<'a> {
         self.opts
             .injected(FaultPoint::Callback, self.comm.rank(), update)?;
         self.write_rows(metrics)?;
+        if let (Some(recorded), Some(d)) = (self.sample_record.take(), self.rundir.as_mut()) {
+            let files = self
+                .model
+                .write_sample_record(d.root(), recorded)
+                .map_err(|error| TrainError::Model { update, error })?;
+            for f in &files {
+                d.log_quiet(&format!("update {recorded}: wrote {}", f.display()))?;
+            }
+        }
         if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
             if let Some(d) = &self.rundir {
                 self.checkpointer

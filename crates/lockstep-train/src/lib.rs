@@ -139,6 +139,22 @@ pub trait Model {
     fn export(&self, _dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         Ok(Vec::new())
     }
+    /// Asks the model whether it keeps a record of the first sample of the global batch at
+    /// update `update` (0-based: the pass computed with the parameters after `update`
+    /// updates), e.g. a training trial's spikes; if it does, it keeps what its next
+    /// [`Model::loss_and_grad`] computes for the first sample of that call's batch, and
+    /// returns true. The engine asks only the chief (rank 0, whose slice of an update's first
+    /// micro-batch begins with the global batch's first sample), before that micro-batch, and
+    /// only when it writes a run directory; it then calls [`Model::write_sample_record`]
+    /// after the update. Default: never.
+    fn record_first_sample(&mut self, _update: u64) -> bool {
+        false
+    }
+    /// Writes the record kept for update `update` (see [`Model::record_first_sample`]) into
+    /// the run directory `dir` (chief only); returns the files written. Default: nothing.
+    fn write_sample_record(&mut self, _dir: &Path, _update: u64) -> anyhow::Result<Vec<PathBuf>> {
+        Ok(Vec::new())
+    }
 }
 
 /// FNV-1a over the bit patterns of `values`: the cheap checksum compared across replicas.

@@ -7,7 +7,7 @@ use lockstep_comm::{
 use lockstep_train::job::run_job;
 use lockstep_train::reference::{LinearRegression, RegressionData};
 use lockstep_train::{
-    checkpoint, plan, train, Batch, BatchSource, EngineConfig, EngineOptions, TrainError,
+    checkpoint, plan, train, Batch, BatchSource, EngineConfig, EngineOptions, Model, TrainError,
     TrainSummary,
 };
 use serde_json::{json, Value};
@@ -677,4 +677,107 @@ fn resume_from_a_run_directory_or_its_latest_pointer() {
         std::fs::read(run_dir.join("callbacks/losses.csv")).unwrap(),
         losses_before
     );
+}
+
+/// A reference model that keeps the first sample of its batch at updates 0 and 2
+/// (`Model::record_first_sample`) and writes `records/update_N.txt` with that sample's
+/// global index and the rank that kept it.
+struct FirstSampleRecorder {
+    inner: LinearRegression,
+    rank: usize,
+    armed: bool,
+    kept: Option<u64>,
+    asked: std::sync::Arc<Mutex<Vec<(usize, u64)>>>,
+}
+
+impl Model for FirstSampleRecorder {
+    fn trainable(&self) -> &[f32] {
+        self.inner.trainable()
+    }
+    fn trainable_mut(&mut self) -> &mut [f32] {
+        self.inner.trainable_mut()
+    }
+    fn frozen(&self) -> &[f32] {
+        self.inner.frozen()
+    }
+    fn frozen_mut(&mut self) -> &mut [f32] {
+        self.inner.frozen_mut()
+    }
+    fn loss_names(&self) -> Vec<String> {
+        self.inner.loss_names()
+    }
+    fn sample_separable(&self) -> bool {
+        self.inner.sample_separable()
+    }
+    fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
+        if std::mem::take(&mut self.armed) {
+            self.kept = Some(batch.first_sample);
+        }
+        self.inner.loss_and_grad(batch, grad)
+    }
+    fn export(&self, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        self.inner.export(dir)
+    }
+    fn record_first_sample(&mut self, update: u64) -> bool {
+        self.asked.lock().unwrap().push((self.rank, update));
+        self.armed = update == 0 || update == 2;
+        self.armed
+    }
+    fn write_sample_record(
+        &mut self,
+        dir: &Path,
+        update: u64,
+    ) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        let sample = self.kept.take().expect("a record was kept");
+        let path = dir.join(format!("records/update_{update}.txt"));
+        std::fs::create_dir_all(path.parent().unwrap())?;
+        std::fs::write(&path, format!("{sample} {}", self.rank))?;
+        Ok(vec![path])
+    }
+}
+
+/// Only the chief is asked, once per update before its first micro-batch, and what it keeps
+/// is the first sample of the global batch (2 replicas x 2 samples x 2 micro-batches: update
+/// u begins at sample 8u), written after that update.
+#[test]
+fn the_chief_keeps_the_first_sample_of_the_global_batch_at_the_updates_the_model_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_json = config(
+        dir.path(),
+        "rec",
+        2,
+        json!({"strategy": "threads", "global_batch_size": 4}),
+        3,
+        json!({"gradient_updates_per_optimizer_step": 2}),
+    );
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+    let cfg = EngineConfig::from_json(&cfg_json, Path::new("/")).unwrap();
+    let opts = EngineOptions {
+        resolved_config: cfg_json.clone(),
+        ..Default::default()
+    };
+    let asked = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seed = cfg.seed;
+    run_job(&world, &cfg, &opts, |rank| {
+        let model = FirstSampleRecorder {
+            inner: LinearRegression::new(DIM, seed, rank, 0, None),
+            rank,
+            armed: false,
+            kept: None,
+            asked: asked.clone(),
+        };
+        let data = RegressionData {
+            dim: DIM,
+            seed,
+            dataset: None,
+        };
+        Ok((model, data))
+    })
+    .unwrap();
+    assert_eq!(*asked.lock().unwrap(), vec![(0, 0), (0, 1), (0, 2)]);
+    let records = dir.path().join("rec/records");
+    let read = |u: u64| std::fs::read_to_string(records.join(format!("update_{u}.txt"))).unwrap();
+    assert_eq!(read(0), "0 0");
+    assert_eq!(read(2), "16 0");
+    assert!(!records.join("update_1.txt").exists());
 }
