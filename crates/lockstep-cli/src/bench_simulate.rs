@@ -8,7 +8,7 @@
 //! where event delivery dominates. NEST runs through `scripts/peers/nest_sonata.py` (embedded
 //! in the binary) with the Python given by `--python` when that Python can import `nest`
 //! (PyPI `nest-simulator`) and `h5py`; otherwise the 450-cell case falls back to NEST's time
-//! stored with the reference, labelled as such. Both run one trial on one thread.
+//! and spikes stored with the reference, labelled as such. Both run one trial on one thread.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -287,8 +287,16 @@ fn run_nest(case: &Case, python: &str, tmp: &Path) -> Result<NestFigures> {
     })
 }
 
-/// NEST's times stored with the 450-cell reference (another day, another load).
+/// NEST's times stored with the 450-cell reference (another day, another load) and its
+/// stored spikes (the same network, input, dt and duration), for the agreement column.
 fn stored_nest(p450: &Path) -> Result<NestFigures> {
+    let spikes_path = p450.join("reference/nest_point450_dt0.1_t1000.spikes.h5");
+    let trains = lockstep_sonata::read_spikes(&spikes_path)?;
+    let spikes: Vec<(u64, f64)> = trains
+        .populations
+        .iter()
+        .flat_map(|p| p.node_ids.iter().copied().zip(p.timestamps.iter().copied()))
+        .collect();
     let path = p450.join("reference/nest_point450_dt0.1_t1000.json");
     let v: Value = lockstep_core::config::read_json(&path)?;
     let num = |k: &str| {
@@ -303,7 +311,7 @@ fn stored_nest(p450: &Path) -> Result<NestFigures> {
         ),
         build_s: num("wall_s_build")?,
         simulate_s: num("wall_s_simulate")?,
-        spikes: None,
+        spikes: Some(spikes),
     })
 }
 
@@ -418,7 +426,10 @@ fn print_report(reports: &[CaseReport], nest_ran: bool, python: &str, tenth_miss
     for r in reports {
         if let Some(n) = &r.nest {
             if !nest_ran {
-                println!("{}: NEST figures are the {}", r.name, n.source);
+                println!(
+                    "{}: NEST figures are the {} and its stored spikes",
+                    r.name, n.source
+                );
             }
         }
     }

@@ -251,3 +251,93 @@ fn plot_draws_a_raster_from_a_simulation_folder_or_a_spikes_csv() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("spikes.csv"), "{err}");
 }
+
+/// A fresh clone has no sibling folders: `lockstep bench simulate` runs from a copy of the
+/// repository's 450-cell example alone (no `../shared`, no v1_scale build, no NEST),
+/// compares with the NEST reference stored in the repository and agrees spike for spike.
+#[test]
+fn bench_simulate_runs_from_a_lone_copy_of_the_examples() {
+    /// Copies a folder of the repository, without the outputs of earlier runs.
+    fn copy(src: &std::path::Path, dst: &std::path::Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap();
+            if p.is_dir() && !["output", "runs"].contains(&name.to_str().unwrap()) {
+                copy(&p, &dst.join(name));
+            } else if p.is_file() {
+                std::fs::copy(&p, dst.join(name)).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clone = dir.path().join("lockstep");
+    for ex in ["point_450glifs", "point_components"] {
+        copy(
+            &repo().join("examples").join(ex),
+            &clone.join("examples").join(ex),
+        );
+    }
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.current_dir(&clone)
+        .args(["bench", "simulate", "--repeats", "1", "--python"])
+        .arg(dir.path().join("no-python-here"));
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    assert!(out.success(), "{}", out.all_output());
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("point_450glifs"))
+        .unwrap_or_else(|| panic!("no point_450glifs row: {}", out.stdout));
+    assert!(
+        row.contains("19263    19263 19263 (100.00%)"),
+        "{row}\n{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("NEST figures are the stored NEST 3.10.0 time"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("v1_scale tenth: not built"));
+}
+
+/// `lockstep nbody` without `output.dir` writes into `./nbody_output` of the working
+/// directory (not beside the config, which may sit in the source tree) and ends by printing
+/// where it wrote.
+#[test]
+fn nbody_writes_into_the_working_directory_and_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = dir.path().join("configs");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let cfg = configs.join("cube.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "units": {"gravitational_constant": 1.0},
+            "initial_conditions": {"kind": "uniform_cube", "n": 200, "box_size": 1.0,
+                                   "velocity_dispersion": 0.1, "seed": 3},
+            "forces": {"method": "fmm", "softening": 0.05},
+            "time": {"t_start": 0.0, "t_end": 0.01, "steps": 4},
+            "output": {"every": 2}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.current_dir(&work).arg("nbody").arg(&cfg);
+    let out = run_with_limit(cmd, Duration::from_secs(60)).unwrap();
+    assert!(out.success(), "{}", out.all_output());
+    let written = std::path::absolute(work.join("nbody_output")).unwrap();
+    assert!(
+        out.stdout
+            .contains(&format!("Outputs in {}", written.display())),
+        "{}",
+        out.stdout
+    );
+    assert!(written.join("diagnostics.csv").is_file());
+    assert!(!configs.join("nbody_output").exists());
+}

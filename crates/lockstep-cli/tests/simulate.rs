@@ -134,3 +134,30 @@ fn zero_trials_and_unknown_keys_are_refused_before_any_output() {
         assert!(!dir.path().join("out").exists());
     }
 }
+
+/// On a terminal `simulate` shows a progress bar of the trial steps (issue 18, item 8). The
+/// terminal is a pseudo-terminal from util-linux's `script` (package bsdutils, essential on
+/// Debian and Ubuntu).
+#[test]
+fn simulate_shows_a_progress_bar_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), |_| {});
+    let command = format!("'{LOCKSTEP}' simulate '{}' --trials 3", cfg.display());
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .output()
+        .expect("`script` (util-linux, package bsdutils) runs the command on a pseudo-terminal");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    assert!(out.status.success(), "{text}");
+    // 3 trials x 10,000 steps, advanced in chunks while the trials run.
+    let positions: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split("step ").nth(1)?.split('/').next()?.parse().ok())
+        .collect();
+    assert!(text.contains("/30000"), "no progress bar: {text}");
+    assert!(
+        positions.iter().any(|&p| p > 0 && p < 30000),
+        "the bar never advanced: {positions:?}"
+    );
+    assert!(text.contains("19263 spikes"), "{text}");
+}

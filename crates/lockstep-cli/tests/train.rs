@@ -192,6 +192,26 @@ fn bad_training_configs_fail_before_any_output() {
         out.stderr
     );
     assert!(!d.join("mpi_alone").exists());
+
+    // A serial config under mpirun: refused once, by the chief, and the ranks leave through
+    // the launcher without an MPI abort (no Open MPI abort or unpack noise).
+    let c = config(d, "serial_under_mpirun", 2, Value::Null);
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP).arg("train").arg(&c);
+    let out = run_with_limit(cmd, Duration::from_secs(60)).unwrap();
+    let text = out.all_output();
+    assert!(!out.success() && !out.timed_out, "{text}");
+    assert_eq!(
+        text.matches("launched by Open MPI (mpirun) with 2 ranks")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        !text.contains("MPI_ABORT") && !text.contains("unpack"),
+        "{text}"
+    );
+    assert!(!d.join("serial_under_mpirun").exists());
 }
 
 /// `--resume` takes a run directory or its `checkpoints/latest` pointer; a run that already
