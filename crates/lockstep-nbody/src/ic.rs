@@ -175,12 +175,30 @@ impl InitialConditions {
         let local = (end - start) as usize;
         let cap = padded_capacity(local, capacity_factor)?;
         let mut p = Particles::with_capacity(cap, n);
+        self.check_parameters(g)?;
+        let total_mass = match *self {
+            InitialConditions::Plummer { total_mass, .. }
+            | InitialConditions::Clumps { total_mass, .. }
+            | InitialConditions::UniformCube { total_mass, .. } => total_mass,
+            InitialConditions::GadgetHdf5 { .. } => unreachable!("handled above"),
+        };
+        let m = total_mass / n as f64;
+        for id in start..end {
+            let (x, v) = self.particle(id, g);
+            p.push(x, v, m, id, rank)?;
+        }
+        Ok(p)
+    }
+
+    /// Checks the parameters of a generated model (`g`: G in code units, for Plummer).
+    ///
+    /// Errors: [`NbodyError::InvalidParameter`] naming the `initial_conditions` key.
+    fn check_parameters(&self, g: f64) -> Result<(), NbodyError> {
         match *self {
             InitialConditions::Plummer {
                 total_mass,
                 scale_radius,
                 max_radius,
-                seed,
                 ..
             } => {
                 positive("initial_conditions.total_mass", total_mass)?;
@@ -192,13 +210,7 @@ impl InitialConditions {
                         "truncation radius in scale radii must be finite and > 1 (e.g. 30)",
                     ));
                 }
-                positive("G", g)?;
-                let m = total_mass / n as f64;
-                for id in start..end {
-                    let (x, v) =
-                        plummer_particle(seed, id, g, total_mass, scale_radius, max_radius);
-                    p.push(x, v, m, id, rank)?;
-                }
+                positive("G", g)
             }
             InitialConditions::Clumps {
                 clumps,
@@ -206,7 +218,6 @@ impl InitialConditions {
                 box_size,
                 clump_radius,
                 velocity_dispersion,
-                seed,
                 ..
             } => {
                 if clumps == 0 {
@@ -222,35 +233,12 @@ impl InitialConditions {
                 non_negative(
                     "initial_conditions.velocity_dispersion",
                     velocity_dispersion,
-                )?;
-                let m = total_mass / n as f64;
-                for id in start..end {
-                    let c = id % clumps;
-                    let mut cr = Rng::for_stream(seed ^ 0xC1C1_C1C1, c);
-                    let centre = [
-                        (cr.uniform() - 0.5) * box_size,
-                        (cr.uniform() - 0.5) * box_size,
-                        (cr.uniform() - 0.5) * box_size,
-                    ];
-                    let mut r = Rng::for_stream(seed, id);
-                    let x = [
-                        centre[0] + clump_radius * r.normal(),
-                        centre[1] + clump_radius * r.normal(),
-                        centre[2] + clump_radius * r.normal(),
-                    ];
-                    let v = [
-                        velocity_dispersion * r.normal(),
-                        velocity_dispersion * r.normal(),
-                        velocity_dispersion * r.normal(),
-                    ];
-                    p.push(x, v, m, id, rank)?;
-                }
+                )
             }
             InitialConditions::UniformCube {
                 total_mass,
                 box_size,
                 velocity_dispersion,
-                seed,
                 ..
             } => {
                 positive("initial_conditions.total_mass", total_mass)?;
@@ -258,26 +246,72 @@ impl InitialConditions {
                 non_negative(
                     "initial_conditions.velocity_dispersion",
                     velocity_dispersion,
-                )?;
-                let m = total_mass / n as f64;
-                for id in start..end {
-                    let mut r = Rng::for_stream(seed, id);
-                    let x = [
-                        (r.uniform() - 0.5) * box_size,
-                        (r.uniform() - 0.5) * box_size,
-                        (r.uniform() - 0.5) * box_size,
-                    ];
-                    let v = [
-                        velocity_dispersion * r.normal(),
-                        velocity_dispersion * r.normal(),
-                        velocity_dispersion * r.normal(),
-                    ];
-                    p.push(x, v, m, id, rank)?;
-                }
+                )
             }
-            InitialConditions::GadgetHdf5 { .. } => unreachable!("handled above"),
+            InitialConditions::GadgetHdf5 { .. } => Ok(()),
         }
-        Ok(p)
+    }
+
+    /// Position (kpc) and velocity (km/s) of particle `id` of a generated model, from its
+    /// own random stream `(seed, id)` (clump centres from the clump's stream).
+    fn particle(&self, id: u64, g: f64) -> ([f64; 3], [f64; 3]) {
+        match *self {
+            InitialConditions::Plummer {
+                total_mass,
+                scale_radius,
+                max_radius,
+                seed,
+                ..
+            } => plummer_particle(seed, id, g, total_mass, scale_radius, max_radius),
+            InitialConditions::Clumps {
+                clumps,
+                box_size,
+                clump_radius,
+                velocity_dispersion,
+                seed,
+                ..
+            } => {
+                let c = id % clumps;
+                let mut cr = Rng::for_stream(seed ^ 0xC1C1_C1C1, c);
+                let centre = [
+                    (cr.uniform() - 0.5) * box_size,
+                    (cr.uniform() - 0.5) * box_size,
+                    (cr.uniform() - 0.5) * box_size,
+                ];
+                let mut r = Rng::for_stream(seed, id);
+                let x = [
+                    centre[0] + clump_radius * r.normal(),
+                    centre[1] + clump_radius * r.normal(),
+                    centre[2] + clump_radius * r.normal(),
+                ];
+                let v = [
+                    velocity_dispersion * r.normal(),
+                    velocity_dispersion * r.normal(),
+                    velocity_dispersion * r.normal(),
+                ];
+                (x, v)
+            }
+            InitialConditions::UniformCube {
+                box_size,
+                velocity_dispersion,
+                seed,
+                ..
+            } => {
+                let mut r = Rng::for_stream(seed, id);
+                let x = [
+                    (r.uniform() - 0.5) * box_size,
+                    (r.uniform() - 0.5) * box_size,
+                    (r.uniform() - 0.5) * box_size,
+                ];
+                let v = [
+                    velocity_dispersion * r.normal(),
+                    velocity_dispersion * r.normal(),
+                    velocity_dispersion * r.normal(),
+                ];
+                (x, v)
+            }
+            InitialConditions::GadgetHdf5 { .. } => unreachable!("files are read, not drawn"),
+        }
     }
 }
 

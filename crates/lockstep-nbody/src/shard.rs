@@ -5,7 +5,7 @@
 
 use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
 
-use crate::fmm::tree::{cube_from_bounds, morton_key};
+use crate::fmm::tree::{cube_from_bounds, morton_key, Tree};
 use crate::fmm::{Fmm, FmmStats, RemoteCell, SourceSet};
 use crate::integrate::{simulate_with, Diagnostics, ForceSettings, Method, SimulateOptions};
 use crate::{Forces, NbodyError, Particles};
@@ -231,100 +231,36 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
 ) -> Result<(Forces, ShardForceStats), NbodyError> {
     let (rank, size) = (comm.rank(), comm.size());
     let (pos, mass) = (p.valid_pos(), p.valid_mass());
-    // Domain: bounding boxes of up to DOMAIN_BOXES top nodes of the local tree (a tight
-    // cover of the rank's particles); unused slots are inverted boxes.
     let tree = if pos.is_empty() {
         None
     } else {
         Some(fmm.build_tree(&SourceSet::local(pos, mass)))
     };
-    let mut mine = vec![
-        [
-            f64::INFINITY,
-            f64::INFINITY,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NEG_INFINITY,
-            f64::NEG_INFINITY
-        ];
-        DOMAIN_BOXES
-    ];
-    if let Some(tree) = &tree {
-        for (slot, i) in cover_nodes(tree, DOMAIN_BOXES).into_iter().enumerate() {
-            let nd = &tree.nodes[i];
-            for k in nd.start..nd.end {
-                let j = tree.perm[k];
-                for c in 0..3 {
-                    mine[slot][c] = mine[slot][c].min(pos[j][c]);
-                    mine[slot][3 + c] = mine[slot][3 + c].max(pos[j][c]);
-                }
-            }
-        }
-    }
-    let flat: Vec<f64> = mine.iter().flatten().copied().collect();
-    let boxes = comm.all_gather_vec(&flat)?;
+    let boxes = comm.all_gather_vec(&domain_boxes(tree.as_ref(), pos))?;
     let nt = fmm.nterms();
     let cell_len = 4 + nt;
-    let mut cells_send: Vec<f64> = Vec::new();
-    let mut cell_counts = vec![0usize; size];
-    let mut parts_send: Vec<f64> = Vec::new();
-    let mut part_counts = vec![0usize; size];
-    let theta = fmm.params().theta;
+    let mut send = EssentialSend {
+        theta: fmm.params().theta,
+        nt,
+        cells: Vec::new(),
+        cell_counts: vec![0usize; size],
+        parts: Vec::new(),
+        part_counts: vec![0usize; size],
+    };
     if let Some(tree) = &tree {
-        for d in 0..size {
+        for d in (0..size).filter(|&d| d != rank) {
             let bxs: Vec<&[f64]> = boxes[6 * DOMAIN_BOXES * d..6 * DOMAIN_BOXES * (d + 1)]
                 .chunks_exact(6)
                 .filter(|b| b[0] <= b[3])
                 .collect();
-            if d == rank || bxs.is_empty() {
-                continue;
+            if !bxs.is_empty() {
+                send.add_essential_tree(d, tree, pos, mass, &bxs);
             }
-            let (c0, p0) = (cells_send.len(), parts_send.len());
-            let mut stack = vec![0usize];
-            while let Some(i) = stack.pop() {
-                let nd = &tree.nodes[i];
-                // Distance from the node centre to the receiver's box: every receiving
-                // particle sees the node under an angle below theta (tree-code criterion),
-                // so the multipole is accurate at any of them (M2L or M2P there).
-                let dist = bxs
-                    .iter()
-                    .map(|bx| {
-                        (0..3)
-                            .map(|k| {
-                                (bx[k] - nd.center[k])
-                                    .max(nd.center[k] - bx[3 + k])
-                                    .max(0.0)
-                                    .powi(2)
-                            })
-                            .sum::<f64>()
-                    })
-                    .fold(f64::INFINITY, f64::min)
-                    .sqrt();
-                let pass = nd.radius < theta * dist;
-                if pass {
-                    cells_send.extend_from_slice(&[
-                        nd.center[0],
-                        nd.center[1],
-                        nd.center[2],
-                        nd.radius,
-                    ]);
-                    cells_send.extend_from_slice(tree.multipole(i, nt));
-                } else if nd.is_leaf() {
-                    for k in nd.start..nd.end {
-                        let j = tree.perm[k];
-                        parts_send.extend_from_slice(&[pos[j][0], pos[j][1], pos[j][2], mass[j]]);
-                    }
-                } else {
-                    stack.extend(nd.children().rev());
-                }
-            }
-            cell_counts[d] = cells_send.len() - c0;
-            part_counts[d] = parts_send.len() - p0;
         }
     }
-    let bytes_sent = 8 * (cells_send.len() + parts_send.len());
-    let (cells_recv, _) = comm.all_to_all_v(&cells_send, &cell_counts)?;
-    let (parts_recv, _) = comm.all_to_all_v(&parts_send, &part_counts)?;
+    let bytes_sent = 8 * (send.cells.len() + send.parts.len());
+    let (cells_recv, _) = comm.all_to_all_v(&send.cells, &send.cell_counts)?;
+    let (parts_recv, _) = comm.all_to_all_v(&send.parts, &send.part_counts)?;
     let remote_cells: Vec<RemoteCell> = cells_recv
         .chunks_exact(cell_len)
         .map(|c| RemoteCell {
@@ -350,11 +286,110 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
         forces,
         ShardForceStats {
             fmm: st,
-            cells_sent: cells_send.len() / cell_len,
-            particles_sent: parts_send.len() / 4,
+            cells_sent: send.cells.len() / cell_len,
+            particles_sent: send.parts.len() / 4,
             bytes_sent,
         },
     ))
+}
+
+/// This rank's domain for the exchange, flattened: the bounding boxes
+/// `[xmin, ymin, zmin, xmax, ymax, zmax]` of up to [`DOMAIN_BOXES`] top nodes of the local
+/// tree (a tight cover of the rank's particles); unused slots are inverted boxes.
+fn domain_boxes(tree: Option<&Tree>, pos: &[[f64; 3]]) -> Vec<f64> {
+    const EMPTY: [f64; 6] = [
+        f64::INFINITY,
+        f64::INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NEG_INFINITY,
+        f64::NEG_INFINITY,
+    ];
+    let mut mine = vec![EMPTY; DOMAIN_BOXES];
+    if let Some(tree) = tree {
+        for (slot, i) in cover_nodes(tree, DOMAIN_BOXES).into_iter().enumerate() {
+            let nd = &tree.nodes[i];
+            for k in nd.start..nd.end {
+                let j = tree.perm[k];
+                for c in 0..3 {
+                    mine[slot][c] = mine[slot][c].min(pos[j][c]);
+                    mine[slot][3 + c] = mine[slot][3 + c].max(pos[j][c]);
+                }
+            }
+        }
+    }
+    mine.iter().flatten().copied().collect()
+}
+
+/// The send buffers of the locally essential tree exchange, in destination order: cells
+/// `[cx, cy, cz, radius, multipole...]` and particles `[x, y, z, m]`, with the `f64` count
+/// per destination rank.
+struct EssentialSend {
+    /// The opening angle.
+    theta: f64,
+    /// Multipole terms per cell.
+    nt: usize,
+    cells: Vec<f64>,
+    cell_counts: Vec<usize>,
+    parts: Vec<f64>,
+    part_counts: Vec<usize>,
+}
+
+impl EssentialSend {
+    /// Appends what rank `d` (domain boxes `bxs`) needs of the local `tree`: the multipole
+    /// of every outermost node that passes the opening criterion at all of `bxs`, the
+    /// particles of the leaves that fail it.
+    fn add_essential_tree(
+        &mut self,
+        d: usize,
+        tree: &Tree,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        bxs: &[&[f64]],
+    ) {
+        let (theta, nt) = (self.theta, self.nt);
+        let (c0, p0) = (self.cells.len(), self.parts.len());
+        let mut stack = vec![0usize];
+        while let Some(i) = stack.pop() {
+            let nd = &tree.nodes[i];
+            // Distance from the node centre to the receiver's box: every receiving
+            // particle sees the node under an angle below theta (tree-code criterion),
+            // so the multipole is accurate at any of them (M2L or M2P there).
+            let dist = bxs
+                .iter()
+                .map(|bx| {
+                    (0..3)
+                        .map(|k| {
+                            (bx[k] - nd.center[k])
+                                .max(nd.center[k] - bx[3 + k])
+                                .max(0.0)
+                                .powi(2)
+                        })
+                        .sum::<f64>()
+                })
+                .fold(f64::INFINITY, f64::min)
+                .sqrt();
+            if nd.radius < theta * dist {
+                self.cells.extend_from_slice(&[
+                    nd.center[0],
+                    nd.center[1],
+                    nd.center[2],
+                    nd.radius,
+                ]);
+                self.cells.extend_from_slice(tree.multipole(i, nt));
+            } else if nd.is_leaf() {
+                for k in nd.start..nd.end {
+                    let j = tree.perm[k];
+                    self.parts
+                        .extend_from_slice(&[pos[j][0], pos[j][1], pos[j][2], mass[j]]);
+                }
+            } else {
+                stack.extend(nd.children().rev());
+            }
+        }
+        self.cell_counts[d] = self.cells.len() - c0;
+        self.part_counts[d] = self.parts.len() - p0;
+    }
 }
 
 /// Sums per-rank diagnostics over all ranks (one all-reduce of 9 values).

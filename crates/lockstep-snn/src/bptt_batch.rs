@@ -1047,7 +1047,10 @@ impl<'a> Kernel<'a> {
 }
 
 impl SnnModel {
-    /// [`SnnModel::loss_and_grad`] with the batch-innermost float32 kernels (module docs).
+    /// [`SnnModel::loss_and_grad`] with the batch-innermost float32 kernels (module docs):
+    /// the forward pass ([`Kernel::forward_pass`]), the loss terms and their direct
+    /// derivatives ([`SnnModel::batch_loss_terms`]), the backward pass
+    /// ([`Kernel::backward_pass`]).
     pub(crate) fn loss_and_grad_batched(
         &self,
         params: &[f32],
@@ -1064,165 +1067,25 @@ impl SnnModel {
                 self.n_params()
             )));
         }
-        let net = &self.net;
-        let n_rec = net.weights_rec.len();
-        let nb = batch;
-        let w_in: Vec<f32> = if self.opts.train_input_weights {
-            params[n_rec..].to_vec()
-        } else {
-            net.weights_in.iter().map(|&w| w as f32).collect()
-        };
-        let groups = net
-            .groups
-            .iter()
-            .map(|g| {
-                let c = &g.consts;
-                Group32 {
-                    start: g.start,
-                    end: g.end,
-                    glif: c.kind == ModelKind::Glif,
-                    p33: c.p33 as f32,
-                    p30: c.p30 as f32,
-                    expm1: c.expm1_tau_m as f32,
-                    i_e: c.i_e as f32,
-                    ie_p30: (0.0 + c.i_e) as f32 * c.p30 as f32,
-                    th: c.th,
-                    th32: c.th as f32,
-                    v_reset: c.v_reset as f32,
-                    th_minus_reset: (c.th - c.v_reset) as f32,
-                    lower_bound: c.lower_bound,
-                    lb32: c.lower_bound as f32,
-                    refractory_steps: c.refractory_steps,
-                    ports: c
-                        .ports
-                        .iter()
-                        .map(|p| Port32 {
-                            p11: p.p11 as f32,
-                            p21: p.p21 as f32,
-                            p22: p.p22 as f32,
-                            p31: p.p31 as f32,
-                            p32: p.p32 as f32,
-                            psc_init: p.psc_init as f32,
-                        })
-                        .collect(),
-                    asc: c
-                        .asc
-                        .iter()
-                        .map(|a| Asc32 {
-                            stable: a.stable as f32,
-                            decay: a.decay as f32,
-                            amp64: a.amp,
-                            rd64: a.refr_decay,
-                            amp: a.amp as f32,
-                            rd: a.refr_decay as f32,
-                            jump_slope: (1.0 + (a.refr_decay - 1.0)) as f32,
-                        })
-                        .collect(),
-                }
-            })
-            .collect();
-        let threads = if self.opts.parallel {
-            rayon::current_num_threads().clamp(1, nb)
-        } else {
-            1
-        };
-        let per = nb.div_ceil(threads);
-        let lane_blocks = (0..nb)
-            .step_by(per)
-            .map(|b0| (b0, (b0 + per).min(nb)))
-            .collect();
-        let k = Kernel {
-            m: self,
-            groups,
-            nb,
-            n: net.n_neurons(),
-            np: net.n_ports,
-            na: net.n_asc,
-            rl: net.ring_len(),
-            t_len: self.opts.seq_len,
-            w_rec: &params[..n_rec],
-            w_in,
-            samples: (0..nb as u64).map(|b| first_sample + b).collect(),
-            parallel: self.opts.parallel,
-            sg: self.opts.surrogate,
-            lane_blocks,
-            edges_by_delay: {
-                let mut c = vec![0u64; net.max_delay + 1];
-                for seg in &net.recurrent.segments {
-                    c[seg.delay as usize] += (seg.end - seg.start) as u64;
-                }
-                c
-            },
-        };
-        let (n, np, na, t_len) = (k.n, k.np, k.na, k.t_len);
-        let n_chunks = n.div_ceil(NEURON_CHUNK);
-        let mut acc = Acc {
-            counts: vec![0; n * nb],
-            vreg: vec![0.0; n_chunks * nb],
-            first: self.opts.record_first_sample.then(Vec::new),
-        };
-        let mut flags = vec![0u8; n * nb];
-        let mut any = vec![0u8; n];
-        let mut st = k.new_state();
-        let chunk = self
-            .opts
-            .gradient_checkpointing
-            .unwrap_or(t_len)
-            .min(t_len)
-            .max(1);
-        let segmented = self.opts.gradient_checkpointing.is_some();
+        let k = Kernel::new(self, params, first_sample, batch);
         let mut timing = StepTiming::default();
         let clock = std::time::Instant::now();
-        let mut full_tape = None;
-        let mut boundaries: Vec<Boundary> = Vec::new();
-        if segmented {
-            let md = net.max_delay;
-            let mut history = vec![0u8; md * n * nb];
-            let mut t0 = 0;
-            while t0 < t_len {
-                let m = md.min(t0);
-                let mut hist = Vec::with_capacity(m * n * nb);
-                for s in t0 - m..t0 {
-                    hist.extend_from_slice(&history[(s % md) * n * nb..(s % md + 1) * n * nb]);
-                }
-                boundaries.push(Boundary {
-                    u: st.u.clone(),
-                    asc: st.asc.clone(),
-                    y1: st.y1.clone(),
-                    y2: st.y2.clone(),
-                    refr: st.refr.clone(),
-                    flags: hist,
-                });
-                let t1 = (t0 + chunk).min(t_len);
-                k.forward_steps(
-                    &mut st,
-                    t0,
-                    t1,
-                    None,
-                    Some(&mut acc),
-                    &mut flags,
-                    &mut any,
-                    Some(&mut history),
-                );
-                t0 = t1;
-            }
-        } else {
-            let mut tape = k.new_tape(t_len);
-            k.forward_steps(
-                &mut st,
-                0,
-                t_len,
-                Some(&mut tape),
-                Some(&mut acc),
-                &mut flags,
-                &mut any,
-                None,
-            );
-            full_tape = Some(tape);
-        }
-        drop(st);
+        let mut fwd = k.forward_pass();
         timing.forward_s = clock.elapsed().as_secs_f64();
-        // Loss terms per sample (in sample order), and the direct loss derivatives.
+        let (terms, n_spikes, gz_rate) = self.batch_loss_terms(&fwd.acc, k.n, batch);
+        let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
+        let grad = k.backward_pass(&mut fwd, &gz_rate, vreg_coef, &mut timing);
+        let mut r = self.finish(terms, &grad, n_spikes, batch);
+        r.first_spikes = fwd.acc.first.take();
+        Ok((r, timing))
+    }
+
+    /// The loss terms of a batch of `batch` samples of `n` neurons (means over the samples,
+    /// in sample order), its spike count, and the direct derivatives of the rate losses with
+    /// respect to each spike, `[neuron, B]`.
+    fn batch_loss_terms(&self, acc: &Acc, n: usize, batch: usize) -> (Vec<f64>, f64, Vec<f32>) {
+        let nb = batch;
+        let n_chunks = n.div_ceil(NEURON_CHUNK);
         let bn = batch as f64 * n as f64;
         let mut terms = vec![0.0f64; self.opts.losses.len()];
         let mut n_spikes = 0.0;
@@ -1245,63 +1108,256 @@ impl SnnModel {
                 gz_rate[i * nb + b] = g as f32;
             }
         }
-        let vreg_coef = self.vreg_cost / (bn * t_len as f64);
-        let mut grad = vec![0.0f64; self.n_params()];
+        (terms, n_spikes, gz_rate)
+    }
+}
+
+/// The float32 constants of one group of neurons.
+fn group32(g: &crate::network::Group) -> Group32 {
+    let c = &g.consts;
+    Group32 {
+        start: g.start,
+        end: g.end,
+        glif: c.kind == ModelKind::Glif,
+        p33: c.p33 as f32,
+        p30: c.p30 as f32,
+        expm1: c.expm1_tau_m as f32,
+        i_e: c.i_e as f32,
+        ie_p30: (0.0 + c.i_e) as f32 * c.p30 as f32,
+        th: c.th,
+        th32: c.th as f32,
+        v_reset: c.v_reset as f32,
+        th_minus_reset: (c.th - c.v_reset) as f32,
+        lower_bound: c.lower_bound,
+        lb32: c.lower_bound as f32,
+        refractory_steps: c.refractory_steps,
+        ports: c
+            .ports
+            .iter()
+            .map(|p| Port32 {
+                p11: p.p11 as f32,
+                p21: p.p21 as f32,
+                p22: p.p22 as f32,
+                p31: p.p31 as f32,
+                p32: p.p32 as f32,
+                psc_init: p.psc_init as f32,
+            })
+            .collect(),
+        asc: c
+            .asc
+            .iter()
+            .map(|a| Asc32 {
+                stable: a.stable as f32,
+                decay: a.decay as f32,
+                amp64: a.amp,
+                rd64: a.refr_decay,
+                amp: a.amp as f32,
+                rd: a.refr_decay as f32,
+                jump_slope: (1.0 + (a.refr_decay - 1.0)) as f32,
+            })
+            .collect(),
+    }
+}
+
+/// What the forward pass leaves for the loss and the backward pass.
+struct ForwardPass {
+    /// Spike counts, voltage-regularization sums and the recorded spikes of sample 0.
+    acc: Acc,
+    /// `[neuron, B]` spike flags of the last step (scratch of the recomputation).
+    flags: Vec<u8>,
+    /// `[neuron]` "spiked in some sample" of the last step (scratch likewise).
+    any: Vec<u8>,
+    /// The tape of every step (unsegmented BPTT).
+    full_tape: Option<Tape>,
+    /// The chunk boundaries (segmented BPTT), in time order.
+    boundaries: Vec<Boundary>,
+    /// Steps per chunk (`t_len` when unsegmented).
+    chunk: usize,
+}
+
+impl<'a> Kernel<'a> {
+    /// The kernel of `batch` samples from `first_sample` with parameters `params` (checked
+    /// by the caller: `m.n_params()` of them).
+    fn new(m: &'a SnnModel, params: &'a [f32], first_sample: u64, batch: usize) -> Self {
+        let net = &m.net;
+        let n_rec = net.weights_rec.len();
+        let nb = batch;
+        let w_in: Vec<f32> = if m.opts.train_input_weights {
+            params[n_rec..].to_vec()
+        } else {
+            net.weights_in.iter().map(|&w| w as f32).collect()
+        };
+        let threads = if m.opts.parallel {
+            rayon::current_num_threads().clamp(1, nb)
+        } else {
+            1
+        };
+        let per = nb.div_ceil(threads);
+        let lane_blocks = (0..nb)
+            .step_by(per)
+            .map(|b0| (b0, (b0 + per).min(nb)))
+            .collect();
+        Kernel {
+            m,
+            groups: net.groups.iter().map(group32).collect(),
+            nb,
+            n: net.n_neurons(),
+            np: net.n_ports,
+            na: net.n_asc,
+            rl: net.ring_len(),
+            t_len: m.opts.seq_len,
+            w_rec: &params[..n_rec],
+            w_in,
+            samples: (0..nb as u64).map(|b| first_sample + b).collect(),
+            parallel: m.opts.parallel,
+            sg: m.opts.surrogate,
+            lane_blocks,
+            edges_by_delay: {
+                let mut c = vec![0u64; net.max_delay + 1];
+                for seg in &net.recurrent.segments {
+                    c[seg.delay as usize] += (seg.end - seg.start) as u64;
+                }
+                c
+            },
+        }
+    }
+
+    /// The forward pass over all steps with the loss sums: with the whole tape, or (gradient
+    /// checkpointing) keeping only the state at each chunk boundary.
+    fn forward_pass(&self) -> ForwardPass {
+        let (n, nb, t_len) = (self.n, self.nb, self.t_len);
+        let m = self.m;
+        let mut acc = Acc {
+            counts: vec![0; n * nb],
+            vreg: vec![0.0; n.div_ceil(NEURON_CHUNK) * nb],
+            first: m.opts.record_first_sample.then(Vec::new),
+        };
+        let mut flags = vec![0u8; n * nb];
+        let mut any = vec![0u8; n];
+        let mut st = self.new_state();
+        let chunk = m
+            .opts
+            .gradient_checkpointing
+            .unwrap_or(t_len)
+            .min(t_len)
+            .max(1);
+        let mut full_tape = None;
+        let mut boundaries: Vec<Boundary> = Vec::new();
+        if m.opts.gradient_checkpointing.is_some() {
+            let md = m.net.max_delay;
+            let mut history = vec![0u8; md * n * nb];
+            let mut t0 = 0;
+            while t0 < t_len {
+                let mh = md.min(t0);
+                let mut hist = Vec::with_capacity(mh * n * nb);
+                for s in t0 - mh..t0 {
+                    hist.extend_from_slice(&history[(s % md) * n * nb..(s % md + 1) * n * nb]);
+                }
+                boundaries.push(Boundary {
+                    u: st.u.clone(),
+                    asc: st.asc.clone(),
+                    y1: st.y1.clone(),
+                    y2: st.y2.clone(),
+                    refr: st.refr.clone(),
+                    flags: hist,
+                });
+                let t1 = (t0 + chunk).min(t_len);
+                self.forward_steps(
+                    &mut st,
+                    t0,
+                    t1,
+                    None,
+                    Some(&mut acc),
+                    &mut flags,
+                    &mut any,
+                    Some(&mut history),
+                );
+                t0 = t1;
+            }
+        } else {
+            let mut tape = self.new_tape(t_len);
+            self.forward_steps(
+                &mut st,
+                0,
+                t_len,
+                Some(&mut tape),
+                Some(&mut acc),
+                &mut flags,
+                &mut any,
+                None,
+            );
+            full_tape = Some(tape);
+        }
+        ForwardPass {
+            acc,
+            flags,
+            any,
+            full_tape,
+            boundaries,
+            chunk,
+        }
+    }
+
+    /// The backward pass from the direct spike derivatives `gz_rate` (`[neuron, B]`) and the
+    /// voltage-regularization coefficient: over the whole tape, or chunk by chunk from the
+    /// last, recomputing each chunk's tape from its boundary. Returns the gradient (f64,
+    /// `[n_params]`); adds its times to `timing`.
+    fn backward_pass(
+        &self,
+        fwd: &mut ForwardPass,
+        gz_rate: &[f32],
+        vreg_coef: f64,
+        timing: &mut StepTiming,
+    ) -> Vec<f64> {
+        let (n, nb, np, na, t_len) = (self.n, self.nb, self.np, self.na, self.t_len);
+        let mut grad = vec![0.0f64; self.m.n_params()];
         let mut adj = Adjoint {
             u: vec![0.0; n * nb],
             asc: vec![0.0; n * na * nb],
             y1: vec![0.0; n * np * nb],
             y2: vec![0.0; n * np * nb],
-            mu: vec![0.0; k.rl * n * np * nb],
+            mu: vec![0.0; self.rl * n * np * nb],
             gz: vec![0.0; n * nb],
         };
-        if let Some(tape) = full_tape {
+        if let Some(tape) = fwd.full_tape.take() {
             let clock = std::time::Instant::now();
-            k.backward_steps(
+            self.backward_steps(
+                &tape, 0, t_len, gz_rate, vreg_coef, &mut adj, &mut grad, timing,
+            );
+            timing.backward_s += clock.elapsed().as_secs_f64();
+            return grad;
+        }
+        let chunk = fwd.chunk;
+        let mut tape = self.new_tape(chunk);
+        for (c, b) in fwd.boundaries.iter().enumerate().rev() {
+            let t0 = c * chunk;
+            let t1 = (t0 + chunk).min(t_len);
+            let clock = std::time::Instant::now();
+            let mut s = self.restore(b, t0);
+            self.forward_steps(
+                &mut s,
+                t0,
+                t1,
+                Some(&mut tape),
+                None,
+                &mut fwd.flags,
+                &mut fwd.any,
+                None,
+            );
+            timing.recompute_s += clock.elapsed().as_secs_f64();
+            let clock = std::time::Instant::now();
+            self.backward_steps(
                 &tape,
-                0,
-                t_len,
-                &gz_rate,
+                t0,
+                t1 - t0,
+                gz_rate,
                 vreg_coef,
                 &mut adj,
                 &mut grad,
-                &mut timing,
+                timing,
             );
             timing.backward_s += clock.elapsed().as_secs_f64();
-        } else {
-            let mut tape = k.new_tape(chunk);
-            for (c, b) in boundaries.iter().enumerate().rev() {
-                let t0 = c * chunk;
-                let t1 = (t0 + chunk).min(t_len);
-                let clock = std::time::Instant::now();
-                let mut s = k.restore(b, t0);
-                k.forward_steps(
-                    &mut s,
-                    t0,
-                    t1,
-                    Some(&mut tape),
-                    None,
-                    &mut flags,
-                    &mut any,
-                    None,
-                );
-                timing.recompute_s += clock.elapsed().as_secs_f64();
-                let clock = std::time::Instant::now();
-                k.backward_steps(
-                    &tape,
-                    t0,
-                    t1 - t0,
-                    &gz_rate,
-                    vreg_coef,
-                    &mut adj,
-                    &mut grad,
-                    &mut timing,
-                );
-                timing.backward_s += clock.elapsed().as_secs_f64();
-            }
         }
-        let mut r = self.finish(terms, &grad, n_spikes, batch);
-        r.first_spikes = acc.first;
-        Ok((r, timing))
+        grad
     }
 }

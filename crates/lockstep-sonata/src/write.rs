@@ -388,6 +388,47 @@ pub fn rewrite_syn_weights(
 ) -> Result<()> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
     let parts = crate::edges::read_edge_parts(src)?;
+    let p = checked_population(&parts, src, dst, population, syn_weight)?;
+    let same = match (std::fs::canonicalize(src), std::fs::canonicalize(dst)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if !same {
+        std::fs::copy(src, dst).map_err(|source| {
+            SonataError::from(SonataErrorKind::Io {
+                what: "edges file copy".into(),
+                path: dst.to_path_buf(),
+                origin: format!("copy of '{}'", src.display()),
+                cause: source,
+            })
+        })?;
+    }
+    let file = hdf5::File::open_rw(dst).map_err(|e| SonataError::h5(dst, "/", e))?;
+    let obj = format!("/edges/{population}");
+    let pop = file
+        .group(&obj)
+        .map_err(|e| SonataError::h5(dst, &obj, e))?;
+    let mut group_ids: Vec<u32> = p.edge_group_id.clone();
+    group_ids.sort_unstable();
+    group_ids.dedup();
+    for gid in group_ids {
+        write_group_weights(dst, &pop, &obj, p, gid, syn_weight)?;
+    }
+    Ok(())
+}
+
+/// The edge population `population` of `parts` (read from `src`), once `syn_weight` is
+/// checked against it: one finite weight per edge.
+///
+/// Errors: no such population (the file's populations listed), a wrong count, a weight
+/// that is not finite (naming `dst`).
+fn checked_population<'a>(
+    parts: &'a [EdgeParts],
+    src: &Path,
+    dst: &Path,
+    population: &str,
+    syn_weight: &[f64],
+) -> Result<&'a EdgeParts> {
     let Some(p) = parts.iter().find(|p| p.name == population) else {
         return Err(SonataErrorKind::MissingDataset {
             path: src.to_path_buf(),
@@ -427,82 +468,72 @@ pub fn rewrite_syn_weights(
         }
         .into());
     }
-    let same = match (std::fs::canonicalize(src), std::fs::canonicalize(dst)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
+    Ok(p)
+}
+
+/// Stores the weights of group `gid` of population `p` (HDF5 group `pop`, object path
+/// `obj`, in file `dst`): into its `syn_weight` dataset when that is a float dataset of the
+/// group's length (other rows kept), else into a new float64 dataset (other rows 0).
+fn write_group_weights(
+    dst: &Path,
+    pop: &hdf5::Group,
+    obj: &str,
+    p: &EdgeParts,
+    gid: u32,
+    syn_weight: &[f64],
+) -> Result<()> {
+    let gname = gid.to_string();
+    let gobj = format!("{obj}/{gname}");
+    let rows_from_cols = p.groups.iter().find(|g| g.id == gid).and_then(|g| g.rows());
+    let max_idx = p
+        .edge_group_id
+        .iter()
+        .zip(&p.edge_group_index)
+        .filter(|(g, _)| **g == gid)
+        .map(|(_, &i)| i as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let rows = rows_from_cols.unwrap_or(max_idx);
+    let g = if pop.link_exists(&gname) {
+        pop.group(&gname)
+            .map_err(|e| SonataError::h5(dst, &gobj, e))?
+    } else {
+        pop.create_group(&gname)
+            .map_err(|e| SonataError::h5(dst, &gobj, e))?
     };
-    if !same {
-        std::fs::copy(src, dst).map_err(|source| {
-            SonataError::from(SonataErrorKind::Io {
-                what: "edges file copy".into(),
-                path: dst.to_path_buf(),
-                origin: format!("copy of '{}'", src.display()),
-                cause: source,
-            })
-        })?;
-    }
-    let file = hdf5::File::open_rw(dst).map_err(|e| SonataError::h5(dst, "/", e))?;
-    let obj = format!("/edges/{population}");
-    let pop = file
-        .group(&obj)
-        .map_err(|e| SonataError::h5(dst, &obj, e))?;
-    let mut group_ids: Vec<u32> = p.edge_group_id.clone();
-    group_ids.sort_unstable();
-    group_ids.dedup();
-    for gid in group_ids {
-        let gname = gid.to_string();
-        let gobj = format!("{obj}/{gname}");
-        let rows_from_cols = p.groups.iter().find(|g| g.id == gid).and_then(|g| g.rows());
-        let max_idx = p
-            .edge_group_id
-            .iter()
-            .zip(&p.edge_group_index)
-            .filter(|(g, _)| **g == gid)
-            .map(|(_, &i)| i as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let rows = rows_from_cols.unwrap_or(max_idx);
-        let g = if pop.link_exists(&gname) {
-            pop.group(&gname)
-                .map_err(|e| SonataError::h5(dst, &gobj, e))?
+    let existing = if g.link_exists("syn_weight") {
+        let ds = g
+            .dataset("syn_weight")
+            .map_err(|e| SonataError::h5(dst, format!("{gobj}/syn_weight"), e))?;
+        let is_float = matches!(
+            crate::column::dtype_of(dst, &ds)?,
+            hdf5::types::TypeDescriptor::Float(_)
+        );
+        if is_float && ds.shape() == vec![rows] {
+            Some(ds)
         } else {
-            pop.create_group(&gname)
-                .map_err(|e| SonataError::h5(dst, &gobj, e))?
-        };
-        let existing = if g.link_exists("syn_weight") {
-            let ds = g
-                .dataset("syn_weight")
+            g.unlink("syn_weight")
                 .map_err(|e| SonataError::h5(dst, format!("{gobj}/syn_weight"), e))?;
-            let is_float = matches!(
-                crate::column::dtype_of(dst, &ds)?,
-                hdf5::types::TypeDescriptor::Float(_)
-            );
-            if is_float && ds.shape() == vec![rows] {
-                Some(ds)
-            } else {
-                g.unlink("syn_weight")
-                    .map_err(|e| SonataError::h5(dst, format!("{gobj}/syn_weight"), e))?;
-                None
-            }
-        } else {
             None
-        };
-        let mut values = match &existing {
-            Some(ds) => read_f64(dst, ds)?,
-            None => vec![0.0; rows],
-        };
-        for (i, (&eg, &ei)) in p.edge_group_id.iter().zip(&p.edge_group_index).enumerate() {
-            if eg == gid {
-                values[ei as usize] = syn_weight[i];
-            }
         }
-        match existing {
-            Some(ds) => ds
-                .write_raw(&values)
-                .map_err(|e| SonataError::h5(dst, format!("{gobj}/syn_weight"), e))?,
-            None => {
-                write_vec(dst, &g, "syn_weight", &values)?;
-            }
+    } else {
+        None
+    };
+    let mut values = match &existing {
+        Some(ds) => read_f64(dst, ds)?,
+        None => vec![0.0; rows],
+    };
+    for (i, (&eg, &ei)) in p.edge_group_id.iter().zip(&p.edge_group_index).enumerate() {
+        if eg == gid {
+            values[ei as usize] = syn_weight[i];
+        }
+    }
+    match existing {
+        Some(ds) => ds
+            .write_raw(&values)
+            .map_err(|e| SonataError::h5(dst, format!("{gobj}/syn_weight"), e))?,
+        None => {
+            write_vec(dst, &g, "syn_weight", &values)?;
         }
     }
     Ok(())

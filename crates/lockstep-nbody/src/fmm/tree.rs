@@ -124,97 +124,16 @@ impl Tree {
             tprefix[s + 1] = tprefix[s] + usize::from(perm[s] < n_targets);
         }
 
-        let mut nodes = vec![Node {
-            start: 0,
-            end: n,
-            first_child: 0,
-            nchild: 0,
-            parent: 0,
-            level: 0,
-            center: [0.0; 3],
-            radius: 0.0,
-            ntargets: 0,
-        }];
-        let leaf_size = leaf_size.max(1);
-        let mut i = 0;
-        while i < nodes.len() {
-            let nd = nodes[i];
-            if nd.count() > leaf_size && nd.level < MORTON_BITS as usize {
-                let shift = 3 * (MORTON_BITS as usize - 1 - nd.level);
-                let ks = &keys[nd.start..nd.end];
-                let first = nodes.len();
-                let mut b0 = nd.start;
-                for o in 1..=8u64 {
-                    let b1 = if o == 8 {
-                        nd.end
-                    } else {
-                        nd.start + ks.partition_point(|k| ((k >> shift) & 7) < o)
-                    };
-                    if b1 > b0 {
-                        nodes.push(Node {
-                            start: b0,
-                            end: b1,
-                            first_child: 0,
-                            nchild: 0,
-                            parent: i,
-                            level: nd.level + 1,
-                            center: [0.0; 3],
-                            radius: 0.0,
-                            ntargets: 0,
-                        });
-                    }
-                    b0 = b1;
-                }
-                nodes[i].first_child = first;
-                nodes[i].nchild = nodes.len() - first;
-            }
-            i += 1;
-        }
+        let mut nodes = subdivide(&keys, leaf_size);
         let depth = nodes.last().map(|n| n.level).unwrap_or(0);
         let mut level_start = vec![0usize; depth + 2];
         for l in 0..=depth + 1 {
             level_start[l] = nodes.partition_point(|nd| nd.level < l);
         }
         // Centres, radii, target counts.
-        nodes.par_iter_mut().for_each(|nd| {
-            let r = nd.start..nd.end;
-            let mut m = 0.0;
-            let mut c = [0.0; 3];
-            let mut bmin = [f64::INFINITY; 3];
-            let mut bmax = [f64::NEG_INFINITY; 3];
-            for s in r.clone() {
-                let w = soa.m[s];
-                let x = [soa.x[s], soa.y[s], soa.z[s]];
-                m += w;
-                for k in 0..3 {
-                    c[k] += w * x[k];
-                    bmin[k] = bmin[k].min(x[k]);
-                    bmax[k] = bmax[k].max(x[k]);
-                }
-            }
-            nd.center = if m > 0.0 {
-                [c[0] / m, c[1] / m, c[2] / m]
-            } else if nd.count() > 0 {
-                [
-                    0.5 * (bmin[0] + bmax[0]),
-                    0.5 * (bmin[1] + bmax[1]),
-                    0.5 * (bmin[2] + bmax[2]),
-                ]
-            } else {
-                [0.0; 3]
-            };
-            let mut r2max: f64 = 0.0;
-            for s in r {
-                let d = [
-                    soa.x[s] - nd.center[0],
-                    soa.y[s] - nd.center[1],
-                    soa.z[s] - nd.center[2],
-                ];
-                r2max = r2max.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
-            }
-            nd.radius = r2max.sqrt();
-            nd.ntargets = tprefix[nd.end] - tprefix[nd.start];
-        });
+        nodes
+            .par_iter_mut()
+            .for_each(|nd| set_geometry(nd, &soa, &tprefix));
         Tree {
             perm,
             soa,
@@ -337,6 +256,103 @@ pub fn cube_from_bounds(bmin: [f64; 3], bmax: [f64; 3]) -> ([f64; 3], f64) {
         [bmin[0] - pad, bmin[1] - pad, bmin[2] - pad],
         side + 2.0 * pad,
     )
+}
+
+/// The nodes of the octree over the sorted Morton `keys` in breadth-first order (so by
+/// level), the root first: a node with more than `leaf_size` (at least 1) particles is split
+/// into its non-empty octants, down to the keys' last level. Centres, radii and target counts
+/// are left to [`set_geometry`].
+fn subdivide(keys: &[u64], leaf_size: usize) -> Vec<Node> {
+    let mut nodes = vec![Node {
+        start: 0,
+        end: keys.len(),
+        first_child: 0,
+        nchild: 0,
+        parent: 0,
+        level: 0,
+        center: [0.0; 3],
+        radius: 0.0,
+        ntargets: 0,
+    }];
+    let leaf_size = leaf_size.max(1);
+    let mut i = 0;
+    while i < nodes.len() {
+        let nd = nodes[i];
+        if nd.count() > leaf_size && nd.level < MORTON_BITS as usize {
+            let shift = 3 * (MORTON_BITS as usize - 1 - nd.level);
+            let ks = &keys[nd.start..nd.end];
+            let first = nodes.len();
+            let mut b0 = nd.start;
+            for o in 1..=8u64 {
+                let b1 = if o == 8 {
+                    nd.end
+                } else {
+                    nd.start + ks.partition_point(|k| ((k >> shift) & 7) < o)
+                };
+                if b1 > b0 {
+                    nodes.push(Node {
+                        start: b0,
+                        end: b1,
+                        first_child: 0,
+                        nchild: 0,
+                        parent: i,
+                        level: nd.level + 1,
+                        center: [0.0; 3],
+                        radius: 0.0,
+                        ntargets: 0,
+                    });
+                }
+                b0 = b1;
+            }
+            nodes[i].first_child = first;
+            nodes[i].nchild = nodes.len() - first;
+        }
+        i += 1;
+    }
+    nodes
+}
+
+/// Sets the centre (centre of mass, or of the bounding box when massless), the radius (the
+/// farthest particle from the centre) and the target count (from the prefix counts
+/// `tprefix` of targets in sorted order) of `nd`, whose particles are `soa[nd.start..nd.end]`.
+fn set_geometry(nd: &mut Node, soa: &SoA, tprefix: &[usize]) {
+    let r = nd.start..nd.end;
+    let mut m = 0.0;
+    let mut c = [0.0; 3];
+    let mut bmin = [f64::INFINITY; 3];
+    let mut bmax = [f64::NEG_INFINITY; 3];
+    for s in r.clone() {
+        let w = soa.m[s];
+        let x = [soa.x[s], soa.y[s], soa.z[s]];
+        m += w;
+        for k in 0..3 {
+            c[k] += w * x[k];
+            bmin[k] = bmin[k].min(x[k]);
+            bmax[k] = bmax[k].max(x[k]);
+        }
+    }
+    nd.center = if m > 0.0 {
+        [c[0] / m, c[1] / m, c[2] / m]
+    } else if nd.count() > 0 {
+        [
+            0.5 * (bmin[0] + bmax[0]),
+            0.5 * (bmin[1] + bmax[1]),
+            0.5 * (bmin[2] + bmax[2]),
+        ]
+    } else {
+        [0.0; 3]
+    };
+    let mut r2max: f64 = 0.0;
+    for s in r {
+        let d = [
+            soa.x[s] - nd.center[0],
+            soa.y[s] - nd.center[1],
+            soa.z[s] - nd.center[2],
+        ];
+        r2max = r2max.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
+    }
+    nd.radius = r2max.sqrt();
+    nd.ntargets = tprefix[nd.end] - tprefix[nd.start];
 }
 
 #[cfg(test)]
