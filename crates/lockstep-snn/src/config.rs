@@ -84,7 +84,8 @@ impl<'de> Deserialize<'de> for GradientCheckpointing {
 /// `optimizer`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SnnTraining {
-    /// The loss terms (`TargetFiringRate`, `VoltageRegularization`); required.
+    /// The loss terms (`TargetFiringRate`, `VoltageRegularization`), checked when the
+    /// config is read; required.
     #[serde(default)]
     pub losses: Option<LossesSection>,
     /// The pseudo-derivative of the spike function (default gauss).
@@ -409,12 +410,7 @@ pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, Snn
             "is missing; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]",
         )
     })?;
-    let losses = losses
-        .compile(&spec, &cfg.dir)
-        .map_err(|e| in_file(e, &cfg.path))?;
-    if losses.is_empty() {
-        return Err(cfg_err(&cfg.path, "training.losses", "is empty"));
-    }
+    let losses = losses.compile(&spec, &cfg.dir)?;
     let surrogate = training
         .pseudo_derivative
         .map(Surrogate::try_from)
@@ -432,14 +428,6 @@ pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, Snn
     };
     let model = SnnModel::new(&spec, dt, &input, opts)?;
     Ok((circuit, model))
-}
-
-/// Sets the file of a config error that does not name one yet.
-fn in_file(e: SnnError, path: &Path) -> SnnError {
-    match e {
-        SnnError::Config(c) => SnnError::Config(c.in_file(path)),
-        other => other,
-    }
 }
 
 /// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`](crate::LossAndGrad::terms).
@@ -491,6 +479,64 @@ mod tests {
                 "did you mean `rate`",
             ),
         ] {
+            let e = lockstep_core::config::from_value::<SnnTrainConfig>(&v, "").unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(text), "{e}");
+        }
+    }
+
+    /// `training.losses` entries are typed: a bad loss, key or value is refused when the
+    /// config is read (before any network is built), naming the entry and the nearest name.
+    #[test]
+    fn losses_are_checked_when_the_config_is_read() {
+        let t: SnnTrainConfig = lockstep_core::config::from_value(
+            &json!({"training": {"losses": [
+                {"type": "TargetFiringRate", "firing_rate": {"v1": 5.0}},
+                {"name": "VoltageRegularization"}]}}),
+            "",
+        )
+        .unwrap();
+        assert!(t.training.losses.is_some());
+        for (v, key, text) in [
+            (
+                json!([{"name": "TargetFiringRat", "firing_rate": 5}]),
+                "training.losses[0]",
+                "unknown value `TargetFiringRat`; did you mean `TargetFiringRate`?",
+            ),
+            (
+                json!([{"name": "VoltageRegularization"}, {"name": "Crossentropy"}]),
+                "training.losses[1]",
+                "known values: TargetFiringRate, VoltageRegularization",
+            ),
+            (
+                json!({"VoltageRegularization": {"cots": 1}}),
+                "training.losses.VoltageRegularization.cots",
+                "did you mean `cost`",
+            ),
+            (
+                json!([{"name": "TargetFiringRate", "firing_rate": 5, "rate_unit": "Hz"}]),
+                "training.losses[0].rate_unit",
+                "did you mean `rate_units`",
+            ),
+            (
+                json!([{"name": "TargetFiringRate", "firing_rate": 5, "rate_units": "hz"}]),
+                "training.losses[0]",
+                "did you mean `Hz`",
+            ),
+            (
+                json!([{"name": "TargetFiringRate"}]),
+                "training.losses[0]",
+                "missing field `firing_rate`",
+            ),
+            (
+                json!([{"name": "VoltageRegularization", "cost": "high"}]),
+                "training.losses[0]",
+                "invalid type",
+            ),
+            (json!([]), "training.losses", "is empty"),
+            (json!(5), "training.losses", "a list or an object of losses"),
+        ] {
+            let v = json!({"training": {"losses": v}});
             let e = lockstep_core::config::from_value::<SnnTrainConfig>(&v, "").unwrap_err();
             assert_eq!(e.key, key, "{e}");
             assert!(e.problem.contains(text), "{e}");

@@ -276,91 +276,138 @@ fn unit_cost() -> f64 {
     1.0
 }
 
-/// `training.losses` as written: a list of objects with `"name"` (or `"type"`), or an object
-/// keyed by loss name; compiled against a network by [`LossesSection::compile`].
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(transparent)]
-pub struct LossesSection(serde_json::Value);
-
-impl LossesSection {
-    /// The losses of `spec` (CSV targets relative to `base_dir`).
-    ///
-    /// Errors: [`SnnError::Config`] naming `training.losses[i].KEY` (or
-    /// `training.losses.NAME.KEY`) for an unknown loss, key or value; the errors of
-    /// [`RateTarget::resolve`].
-    pub fn compile(&self, spec: &NetworkSpec, base_dir: &Path) -> Result<Vec<Loss>> {
-        losses_from_json(&self.0, spec, base_dir)
+impl LossConfig {
+    /// Reads one entry from its JSON object, which names the loss with `"name"` (`name` given
+    /// when the entry is keyed by loss name; `"type"` is read as `"name"` when the entry has
+    /// no `"name"`).
+    fn from_object<E: serde::de::Error>(
+        mut entry: serde_json::Map<String, serde_json::Value>,
+        name: Option<String>,
+    ) -> std::result::Result<Self, E> {
+        match name {
+            Some(n) => {
+                entry.insert("name".into(), serde_json::Value::String(n));
+            }
+            None if !entry.contains_key("name") => {
+                if let Some(t) = entry.remove("type") {
+                    entry.insert("name".into(), t);
+                }
+            }
+            None => {}
+        }
+        // serde's messages ("unknown field `cots`, expected `cost`", "unknown variant ...")
+        // reach the config error, which names the entry's key path and the nearest name.
+        <LossConfig as serde::Deserialize>::deserialize(serde_json::Value::Object(entry))
+            .map_err(E::custom)
     }
 }
 
-/// Parses `training.losses`: a list of objects with `"name"` (`TargetFiringRate` or
-/// `VoltageRegularization`; `"type"` is read as `"name"`), or an object keyed by those names.
+/// `training.losses`, read and checked when the config is read: a non-empty list of objects
+/// with `"name"` (`TargetFiringRate` or `VoltageRegularization`; `"type"` is read as
+/// `"name"`), or a non-empty object keyed by those names.
 ///
 /// * `TargetFiringRate`: `firing_rate` (number, `{population or node type: rate}`, or a
-///   per-node CSV path relative to `base_dir`), `rate_units` (`"Hz"` default or
+///   per-node CSV path relative to the config's folder), `rate_units` (`"Hz"` default or
 ///   `"spikes_per_step"`);
 /// * `VoltageRegularization`: `cost` (default 1).
 ///
-/// Errors: [`SnnError::Config`] naming `training.losses[i].KEY` (or
-/// `training.losses.NAME.KEY`) for an unknown loss, key or value; the errors of
-/// [`RateTarget::resolve`].
-pub(crate) fn losses_from_json(
-    v: &serde_json::Value,
-    spec: &NetworkSpec,
-    base_dir: &Path,
-) -> Result<Vec<Loss>> {
-    use lockstep_core::config::{from_value, ConfigError};
-    use serde_json::Value;
-    const SECTION: &str = "training.losses";
-    // Each entry as the tagged object `LossConfig` reads, with its key path.
-    let entries: Vec<(String, Value)> = match v {
-        Value::Array(a) => a
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let mut e = e.clone();
-                if let Some(m) = e.as_object_mut() {
-                    if !m.contains_key("name") {
-                        if let Some(t) = m.remove("type") {
-                            m.insert("name".into(), t);
-                        }
-                    }
-                }
-                (format!("{SECTION}[{i}]"), e)
-            })
-            .collect(),
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, e)| {
-                let mut e = e.clone();
-                if let Some(o) = e.as_object_mut() {
-                    o.insert("name".into(), Value::String(k.clone()));
-                }
-                (format!("{SECTION}.{k}"), e)
-            })
-            .collect(),
-        other => {
-            return Err(ConfigError::new(
-                SECTION,
-                format!("{other} must be a list or an object of losses"),
-            )
-            .into())
+/// Deserialization errors (through [`lockstep_core::config::from_value`]) name
+/// `training.losses[i].KEY` (or `training.losses.NAME.KEY`) for an unknown loss or key, with
+/// the nearest known name, or a value of the wrong type. The targets are resolved against a
+/// network by [`LossesSection::compile`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossesSection(Vec<LossConfig>);
+
+impl<'de> serde::Deserialize<'de> for LossesSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+        use serde::Deserialize as _;
+        use serde_json::{Map, Value};
+
+        /// A list entry: an object that names its loss.
+        struct Listed(LossConfig);
+        impl<'de> serde::Deserialize<'de> for Listed {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<Self, D::Error> {
+                LossConfig::from_object(Map::<String, Value>::deserialize(d)?, None).map(Listed)
+            }
         }
-    };
-    let mut out = Vec::new();
-    for (key, e) in entries {
-        out.push(match from_value::<LossConfig>(&e, &key)? {
-            LossConfig::TargetFiringRate {
-                firing_rate,
-                rate_units,
-            } => Loss::TargetFiringRate {
-                target: firing_rate.in_dir(base_dir).resolve(spec)?,
-                units: rate_units,
-            },
-            LossConfig::VoltageRegularization { cost } => Loss::VoltageRegularization { cost },
-        });
+        /// The value of an entry keyed by loss name.
+        struct Named(String);
+        impl<'de> DeserializeSeed<'de> for Named {
+            type Value = LossConfig;
+            fn deserialize<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> std::result::Result<LossConfig, D::Error> {
+                LossConfig::from_object(Map::<String, Value>::deserialize(d)?, Some(self.0))
+            }
+        }
+        const EMPTY: &str =
+            "is empty; e.g. [{\"name\": \"TargetFiringRate\", \"firing_rate\": 10}]";
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LossesSection;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list or an object of losses")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<LossesSection, A::Error> {
+                let mut out = Vec::new();
+                while let Some(Listed(l)) = seq.next_element()? {
+                    out.push(l);
+                }
+                match out.is_empty() {
+                    true => Err(de::Error::custom(EMPTY)),
+                    false => Ok(LossesSection(out)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<LossesSection, A::Error> {
+                let mut out = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    out.push(map.next_value_seed(Named(name))?);
+                }
+                match out.is_empty() {
+                    true => Err(de::Error::custom(EMPTY)),
+                    false => Ok(LossesSection(out)),
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
-    Ok(out)
+}
+
+impl LossesSection {
+    /// The losses of `spec`, in the order written (CSV targets relative to `base_dir`, the
+    /// config's folder); at least one.
+    ///
+    /// Errors: the errors of [`RateTarget::resolve`] (a target that names no population or
+    /// node type, a node without a target, a negative or non-finite rate, an unreadable CSV).
+    pub fn compile(&self, spec: &NetworkSpec, base_dir: &Path) -> Result<Vec<Loss>> {
+        self.0
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    LossConfig::TargetFiringRate {
+                        firing_rate,
+                        rate_units,
+                    } => Loss::TargetFiringRate {
+                        target: firing_rate.clone().in_dir(base_dir).resolve(spec)?,
+                        units: *rate_units,
+                    },
+                    LossConfig::VoltageRegularization { cost } => {
+                        Loss::VoltageRegularization { cost: *cost }
+                    }
+                })
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -445,6 +492,11 @@ mod tests {
             e.contains("bad.csv") && e.contains("no row for node 1"),
             "{e}"
         );
+    }
+
+    /// `training.losses` read as the config reader reads it, then compiled against `s`.
+    fn losses_from_json(v: &serde_json::Value, s: &NetworkSpec, d: &Path) -> Result<Vec<Loss>> {
+        lockstep_core::config::from_value::<LossesSection>(v, "training.losses")?.compile(s, d)
     }
 
     #[test]
