@@ -96,7 +96,7 @@ pub enum BuildError {
         /// The I/O error.
         cause: std::io::Error,
     },
-    /// The recipe is not valid JSON or does not have the recipe's shape.
+    /// The recipe is not valid JSON.
     #[error("recipe '{path}' is not a valid network recipe: {cause} (see the lockstep_sonata::builder docs for the format)")]
     Parse {
         /// The recipe file.
@@ -221,7 +221,7 @@ pub struct EdgeTypeSpec {
     /// Connection rule.
     pub connection: Connection,
     /// Weight (pA for current synapses): a number or a per-edge distribution object.
-    pub syn_weight: Value,
+    pub syn_weight: SynWeight,
     /// Transmission delay, ms (> 0).
     pub delay: f64,
     /// Synapse model JSON file (in `synaptic_models_dir`).
@@ -258,12 +258,118 @@ pub enum Connection {
     },
 }
 
-/// A per-edge weight: fixed or drawn.
+/// `syn_weight` of an edge type (pA for current synapses): a number, the same for every
+/// edge, or `{"distribution": "uniform", "low": a, "high": b}` /
+/// `{"distribution": "normal", "mean": m, "std": s}`, drawn per edge.
+///
+/// Deserialization refuses an unknown distribution (at key `syn_weight.distribution`), a key
+/// the distribution does not take, a missing or non-numeric parameter; the builder checks
+/// `low <= high` and `std >= 0`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Weight {
+pub enum SynWeight {
+    /// The same weight for every edge.
     Fixed(f64),
-    Uniform { low: f64, high: f64 },
-    Normal { mean: f64, std: f64 },
+    /// Uniform on `[low, high]`.
+    Uniform {
+        /// Lower bound.
+        low: f64,
+        /// Upper bound (>= `low`).
+        high: f64,
+    },
+    /// Normal with mean `mean` and standard deviation `std` (>= 0).
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+}
+
+/// The distributions of [`SynWeight`] and the keys each takes.
+const WEIGHT_DISTRIBUTIONS: [(&str, &[&str]); 2] = [
+    ("uniform", &["distribution", "low", "high"]),
+    ("normal", &["distribution", "mean", "std"]),
+];
+
+impl<'de> Deserialize<'de> for SynWeight {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
+        /// The value of `distribution`: the index of a known distribution.
+        struct Distribution;
+        impl<'de> DeserializeSeed<'de> for Distribution {
+            type Value = usize;
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+                let name = String::deserialize(d)?;
+                WEIGHT_DISTRIBUTIONS
+                    .iter()
+                    .position(|(n, _)| *n == name)
+                    .ok_or_else(|| {
+                        de::Error::custom(format!(
+                            "unknown distribution '{name}'; use \"uniform\" (low, high) or \"normal\" (mean, std)"
+                        ))
+                    })
+            }
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SynWeight;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number (pA) or a distribution object {\"distribution\": \"uniform\" (low, high) or \"normal\" (mean, std)}")
+            }
+            fn visit_f64<E: de::Error>(self, w: f64) -> Result<SynWeight, E> {
+                Ok(SynWeight::Fixed(w))
+            }
+            fn visit_i64<E: de::Error>(self, w: i64) -> Result<SynWeight, E> {
+                Ok(SynWeight::Fixed(w as f64))
+            }
+            fn visit_u64<E: de::Error>(self, w: u64) -> Result<SynWeight, E> {
+                Ok(SynWeight::Fixed(w as f64))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SynWeight, A::Error> {
+                const KEYS: &[&str] = &["distribution", "low", "high", "mean", "std"];
+                let mut dist: Option<usize> = None;
+                let mut params: Vec<(String, f64)> = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "distribution" {
+                        dist = Some(map.next_value_seed(Distribution)?);
+                        continue;
+                    }
+                    // A key no distribution takes, or not the one given before it.
+                    let allowed = dist.map_or(KEYS, |d| WEIGHT_DISTRIBUTIONS[d].1);
+                    if !allowed.contains(&key.as_str()) {
+                        return Err(de::Error::unknown_field(&key, allowed));
+                    }
+                    params.push((key, map.next_value::<f64>()?));
+                }
+                let d = dist.ok_or_else(|| de::Error::missing_field("distribution"))?;
+                let (name, keys) = WEIGHT_DISTRIBUTIONS[d];
+                if let Some((k, _)) = params.iter().find(|(k, _)| !keys.contains(&k.as_str())) {
+                    return Err(de::Error::custom(format!(
+                        "key `{k}` does not belong to a {name} distribution (keys: {})",
+                        keys.join(", ")
+                    )));
+                }
+                let get = |k: &'static str| -> Result<f64, A::Error> {
+                    params
+                        .iter()
+                        .find(|(p, _)| p == k)
+                        .map(|p| p.1)
+                        .ok_or_else(|| de::Error::missing_field(k))
+                };
+                Ok(match d {
+                    0 => SynWeight::Uniform {
+                        low: get("low")?,
+                        high: get("high")?,
+                    },
+                    _ => SynWeight::Normal {
+                        mean: get("mean")?,
+                        std: get("std")?,
+                    },
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// One built node population with its types table.
@@ -315,26 +421,37 @@ impl Recipe {
     }
 
     /// Parses recipe JSON text; `file` is used in messages, `base_dir` resolves `components`.
+    ///
+    /// Errors: [`BuildError::Parse`] for text that is not JSON; [`BuildError::Invalid`]
+    /// naming the key path for JSON without the recipe's shape (an unknown key or value, with
+    /// the nearest known one; a missing key; a value of the wrong type).
     pub fn from_json_str(text: &str, file: &Path, base_dir: &Path) -> BResult<Self> {
-        let mut r: Recipe = serde_json::from_str(text).map_err(|source| BuildError::Parse {
+        let value: Value = serde_json::from_str(text).map_err(|source| BuildError::Parse {
             path: file.to_path_buf(),
             cause: source,
         })?;
+        let mut r = lockstep_core::config::from_value::<Recipe>(&value, "")
+            .map_err(|e| invalid_in(file, e.key, e.problem))?;
         r.file = file.to_path_buf();
         r.base_dir = base_dir.to_path_buf();
         Ok(r)
     }
 
     fn invalid(&self, key: impl Into<String>, problem: impl Into<String>) -> BuildError {
-        BuildError::Invalid {
-            recipe: if self.file.as_os_str().is_empty() {
-                PathBuf::from("<in-memory recipe>")
-            } else {
-                self.file.clone()
-            },
-            key: key.into(),
-            problem: problem.into(),
-        }
+        invalid_in(&self.file, key, problem)
+    }
+}
+
+/// [`BuildError::Invalid`] of the recipe `file` (empty: `<in-memory recipe>`).
+fn invalid_in(file: &Path, key: impl Into<String>, problem: impl Into<String>) -> BuildError {
+    BuildError::Invalid {
+        recipe: if file.as_os_str().is_empty() {
+            PathBuf::from("<in-memory recipe>")
+        } else {
+            file.to_path_buf()
+        },
+        key: key.into(),
+        problem: problem.into(),
     }
 }
 
@@ -367,76 +484,6 @@ fn cell(v: &Value) -> Option<String> {
     }
 }
 
-fn parse_weight(recipe: &Recipe, key: &str, v: &Value) -> BResult<Weight> {
-    let num = |o: &serde_json::Map<String, Value>, k: &str| -> BResult<f64> {
-        o.get(k)
-            .and_then(Value::as_f64)
-            .filter(|x| x.is_finite())
-            .ok_or_else(|| {
-                recipe.invalid(
-                    format!("{key}.{k}"),
-                    format!(
-                        "is missing or not a finite number (got {})",
-                        o.get(k).unwrap_or(&Value::Null)
-                    ),
-                )
-            })
-    };
-    match v {
-        Value::Number(n) => {
-            let w = n
-                .as_f64()
-                .filter(|x| x.is_finite())
-                .ok_or_else(|| recipe.invalid(key, format!("{n} is not a finite number")))?;
-            Ok(Weight::Fixed(w))
-        }
-        Value::Object(o) => {
-            let dist = o.get("distribution").and_then(Value::as_str).unwrap_or("");
-            let allowed: &[&str] = match dist {
-                "uniform" => &["distribution", "low", "high"],
-                "normal" => &["distribution", "mean", "std"],
-                other => {
-                    return Err(recipe.invalid(
-                        format!("{key}.distribution"),
-                        format!("unknown distribution '{other}'; use \"uniform\" (low, high) or \"normal\" (mean, std)"),
-                    ))
-                }
-            };
-            if let Some(k) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
-                return Err(recipe.invalid(
-                    format!("{key}.{k}"),
-                    format!(
-                        "unknown key for a {dist} distribution (keys: {})",
-                        allowed.join(", ")
-                    ),
-                ));
-            }
-            if dist == "uniform" {
-                let (low, high) = (num(o, "low")?, num(o, "high")?);
-                if low > high {
-                    return Err(recipe.invalid(
-                        format!("{key}.low"),
-                        format!("low = {low} exceeds high = {high}"),
-                    ));
-                }
-                Ok(Weight::Uniform { low, high })
-            } else {
-                let (mean, std) = (num(o, "mean")?, num(o, "std")?);
-                if std < 0.0 {
-                    return Err(
-                        recipe.invalid(format!("{key}.std"), format!("std = {std} must be >= 0"))
-                    );
-                }
-                Ok(Weight::Normal { mean, std })
-            }
-        }
-        other => Err(recipe.invalid(
-            key,
-            format!("{other} is neither a number (pA) nor a distribution object"),
-        )),
-    }
-}
-
 /// Node-type columns in BMTK's usual order, then the rest by name.
 fn ordered_columns(keys: &BTreeSet<String>, id: &str) -> Vec<String> {
     const FIRST: &[&str] = &[
@@ -460,15 +507,6 @@ fn ordered_columns(keys: &BTreeSet<String>, id: &str) -> Vec<String> {
             .cloned(),
     );
     cols
-}
-
-fn resolve(base: &Path, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    }
 }
 
 /// Builds the network a recipe describes (validating it first).
@@ -516,7 +554,7 @@ fn validate_recipe(recipe: &Recipe) -> BResult<BTreeMap<String, PathBuf>> {
     }
     let mut components = BTreeMap::new();
     for (k, v) in &recipe.components {
-        let dir = resolve(&recipe.base_dir, v);
+        let dir = lockstep_core::config::resolve_path(&recipe.base_dir, v);
         if !dir.is_dir() {
             return Err(recipe.invalid(
                 format!("components.{k}"),
@@ -771,7 +809,7 @@ fn build_edges(
         id: 0,
         ..Default::default()
     };
-    if weights.iter().any(|w| !matches!(w, Weight::Fixed(_))) {
+    if weights.iter().any(|w| !matches!(w, SynWeight::Fixed(_))) {
         group.columns.push(Column::new(
             "syn_weight",
             ColumnData::F64(list.iter().map(|e| e.3).collect()),
@@ -857,7 +895,7 @@ fn validate_edge_type(
     tkey: &str,
     t: &EdgeTypeSpec,
     components: &BTreeMap<String, PathBuf>,
-) -> BResult<Weight> {
+) -> BResult<SynWeight> {
     if !(t.delay.is_finite() && t.delay > 0.0) {
         return Err(recipe.invalid(
             format!("{tkey}.delay"),
@@ -878,7 +916,17 @@ fn validate_edge_type(
             ));
         }
     }
-    parse_weight(recipe, &format!("{tkey}.syn_weight"), &t.syn_weight)
+    match t.syn_weight {
+        SynWeight::Uniform { low, high } if low > high => Err(recipe.invalid(
+            format!("{tkey}.syn_weight.low"),
+            format!("low = {low} exceeds high = {high}"),
+        )),
+        SynWeight::Normal { std, .. } if std < 0.0 => Err(recipe.invalid(
+            format!("{tkey}.syn_weight.std"),
+            format!("std = {std} must be >= 0"),
+        )),
+        w => Ok(w),
+    }
 }
 
 /// The node ids of `built` (node-type row of each node: `type_of_node`) whose node type
@@ -941,7 +989,7 @@ fn connect(
     tgt: &[u64],
     p: f64,
     allow_self: bool,
-    w: Weight,
+    w: SynWeight,
     mut rng: SplitMix64,
     mut edge: impl FnMut(u64, u64, f64),
 ) {
@@ -954,9 +1002,9 @@ fn connect(
                 continue;
             }
             let wv = match w {
-                Weight::Fixed(x) => x,
-                Weight::Uniform { low, high } => low + (high - low) * rng.uniform(),
-                Weight::Normal { mean, std } => mean + std * rng.normal(),
+                SynWeight::Fixed(x) => x,
+                SynWeight::Uniform { low, high } => low + (high - low) * rng.uniform(),
+                SynWeight::Normal { mean, std } => mean + std * rng.normal(),
             };
             edge(tg, s, wv);
         }
@@ -965,7 +1013,7 @@ fn connect(
 
 /// The edge-types table (`<src>_<tgt>_edge_types.csv`) of an edge population: fixed weights
 /// as a column, drawn ones as `NULL` (their values are per edge).
-fn edge_types_table(spec: &EdgePopulationSpec, weights: &[Weight]) -> BResult<TypeTable> {
+fn edge_types_table(spec: &EdgePopulationSpec, weights: &[SynWeight]) -> BResult<TypeTable> {
     let has_nsyns = spec.types.iter().any(|t| t.nsyns.is_some());
     let mut columns: Vec<String> = [
         "edge_type_id",
@@ -1005,7 +1053,7 @@ fn edge_types_table(spec: &EdgePopulationSpec, weights: &[Weight]) -> BResult<Ty
                     .clone()
                     .unwrap_or_else(|| "static_synapse".into()),
                 match w {
-                    Weight::Fixed(x) => format!("{x}"),
+                    SynWeight::Fixed(x) => format!("{x}"),
                     _ => "NULL".into(),
                 },
                 t.dynamics_params.clone().unwrap_or_else(|| "NULL".into()),

@@ -408,21 +408,61 @@ fn bad_recipes_are_rejected_with_the_key() {
         .push(json!({"source": "v1", "target": "v1", "types": []}));
     expect_invalid(d, &r, "edges[2]", &["second edge population"]);
 
-    // an unknown rule is a parse error naming the allowed rules
+    // an unknown rule is refused when the recipe is read, naming the key and the allowed rules
     let mut r = recipe_json(3, 2, 1);
     r["edges"][0]["types"][0]["connection"] = json!({"rule": "distance"});
     let err = parse(d, &r).unwrap_err();
-    assert!(matches!(err, BuildError::Parse { .. }), "{err}");
+    assert!(
+        matches!(&err, BuildError::Invalid { key, .. } if key == "edges[0].types[0].connection.rule"),
+        "{err}"
+    );
     let msg = err.to_string();
     assert!(
         msg.contains("distance") && msg.contains("all_to_all"),
         "{msg}"
     );
-    // a misspelt key is a parse error too
+    // a misspelt key is refused when read too, with the nearest key
     let mut r = recipe_json(3, 2, 1);
     r["edges"][0]["types"][0]["dealy"] = json!(1.0);
     let msg = parse(d, &r).unwrap_err().to_string();
     assert!(msg.contains("dealy"), "{msg}");
+    assert!(msg.contains("did you mean `delay`"), "{msg}");
+    // text that is not JSON is a parse error
+    let err = Recipe::from_json_str("{\"nodes\": [", &d.join("recipe.json"), d).unwrap_err();
+    assert!(matches!(err, BuildError::Parse { .. }), "{err}");
+    // syn_weight is typed: a key its distribution does not take, a missing parameter, a
+    // value that is neither a number nor an object
+    for (w, key, words) in [
+        (
+            json!({"distribution": "normal", "mean": 1.0, "sdt": 0.5}),
+            "edges[0].types[0].syn_weight.sdt",
+            &["did you mean `std`"][..],
+        ),
+        (
+            json!({"distribution": "uniform", "low": 1.0}),
+            "edges[0].types[0].syn_weight",
+            &["missing field `high`"][..],
+        ),
+        (
+            json!({"distribution": "uniform", "low": "a", "high": 1.0}),
+            "edges[0].types[0].syn_weight.low",
+            &["invalid type"][..],
+        ),
+        (
+            json!("2.5"),
+            "edges[0].types[0].syn_weight",
+            &["a number (pA) or a distribution object"][..],
+        ),
+        (
+            json!({"distribution": "uniform", "low": 2.0, "high": 1.0}),
+            "edges[0].types[0].syn_weight.low",
+            &["exceeds high"][..],
+        ),
+    ] {
+        let mut r = recipe_json(3, 2, 1);
+        r["edges"][0]["types"][0]["syn_weight"] = w;
+        expect_invalid(d, &r, key, words);
+    }
 }
 
 #[test]
