@@ -3,12 +3,14 @@
 //! (`fmm3dpy` from PyPI, run through `python3` in the same run) on the same points with the
 //! Laplace kernel and no softening. FMM3D runs at the requested precisions
 //! `eps = 1e-2, 1e-3, 1e-4`; the "matched" row is the largest `eps` whose measured 99th
-//! percentile acceleration error is at most ours, and the speed ratio compares with it.
+//! percentile acceleration error is at most ours, and the speed ratio compares with it. Each
+//! FMM size also prints the phase profile and the interaction counts of its best evaluation.
 //!
 //! Accuracy is measured on a subset of targets against direct summation in f64.
 //!
 //! `lockstep bench nbody --ranks 1,2` runs the sharded benchmark instead
-//! ([`bench_nbody_ranks`]).
+//! ([`bench_nbody_ranks`]); `lockstep bench nbody --accuracy-table [N]` prints the accuracy
+//! table of the FMM over its order and opening angle ([`accuracy_table`]).
 
 use std::path::Path;
 use std::process::Command;
@@ -18,7 +20,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_nbody::accuracy::{compare, Accuracy};
 use lockstep_nbody::shard::{redistribute, sharded_forces};
-use lockstep_nbody::{direct, direct_on, Fmm, FmmParams, Forces, InitialConditions, SourceSet};
+use lockstep_nbody::{
+    direct, direct_on, Fmm, FmmParams, FmmStats, Forces, InitialConditions, SourceSet,
+};
 
 /// Options of `lockstep bench nbody`.
 #[derive(Debug, clap::Args)]
@@ -27,9 +31,29 @@ pub struct BenchNbodyArgs {
     /// without it: FMM and direct evaluations per second and the comparison with fmm3dpy.
     #[arg(long, value_delimiter = ',')]
     pub ranks: Option<Vec<usize>>,
+    /// Print the accuracy table instead: the 99th percentile error against direct summation
+    /// for p = 1..6 and theta in {0.4, 0.6, 0.8} on a Plummer sphere and on Gaussian clumps of
+    /// N particles (default 20000).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20000")]
+    pub accuracy_table: Option<u64>,
     /// Particles (sharded benchmark).
     #[arg(long, default_value_t = 1_000_000)]
     pub n: usize,
+    /// Particle counts of the FMM rows (the default benchmark).
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    pub sizes: Vec<usize>,
+    /// Particle counts of the direct-summation rows (the default benchmark; `0` for none).
+    #[arg(long, value_delimiter = ',', default_value = "100000")]
+    pub direct_sizes: Vec<usize>,
+    /// FMM expansion order p (default benchmark and sharded benchmark).
+    #[arg(long, default_value_t = FmmParams::default().order)]
+    pub order: usize,
+    /// FMM opening angle theta.
+    #[arg(long, default_value_t = FmmParams::default().theta)]
+    pub theta: f64,
+    /// FMM leaf size (particles per leaf).
+    #[arg(long, default_value_t = FmmParams::default().leaf_size)]
+    pub leaf_size: usize,
     /// Timed evaluations per configuration (the best is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -46,17 +70,33 @@ pub struct BenchNbodyArgs {
 
 /// Runs the benchmark selected by `args` and prints its table.
 pub fn run(args: &BenchNbodyArgs) -> Result<()> {
+    let params = FmmParams {
+        order: args.order,
+        theta: args.theta,
+        leaf_size: args.leaf_size,
+    };
+    if let Some(n) = args.accuracy_table {
+        return accuracy_table(n);
+    }
     match &args.ranks {
         Some(ranks) => {
-            bench_nbody_ranks(ranks, args.n, FmmParams::default(), args.repeats.max(1))?;
+            bench_nbody_ranks(ranks, args.n, params, args.repeats.max(1))?;
         }
         None => {
-            let opts = BenchOptions {
+            let opts = NbodyBenchOptions {
+                fmm_sizes: args.sizes.clone(),
+                direct_sizes: args
+                    .direct_sizes
+                    .iter()
+                    .copied()
+                    .filter(|&n| n > 0)
+                    .collect(),
+                params,
                 repeats: args.repeats.max(1),
                 fmm3d: !args.no_fmm3d,
                 python: args.python.clone(),
                 fmm3d_eps: args.fmm3d_eps.clone(),
-                ..BenchOptions::default()
+                ..NbodyBenchOptions::default()
             };
             let report = bench_nbody(&opts)?;
             if let Some(note) = report.fmm3d_note {
@@ -69,7 +109,7 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
 
 /// Benchmark settings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BenchOptions {
+pub struct NbodyBenchOptions {
     /// Particle counts for the FMM.
     pub fmm_sizes: Vec<usize>,
     /// Particle counts for direct summation.
@@ -90,9 +130,9 @@ pub struct BenchOptions {
     pub seed: u64,
 }
 
-impl Default for BenchOptions {
+impl Default for NbodyBenchOptions {
     fn default() -> Self {
-        BenchOptions {
+        NbodyBenchOptions {
             fmm_sizes: vec![100_000, 1_000_000],
             direct_sizes: vec![100_000],
             params: FmmParams::default(),
@@ -108,7 +148,7 @@ impl Default for BenchOptions {
 
 /// One row of the benchmark table.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BenchRow {
+pub struct NbodyBenchRow {
     /// `"fmm"`, `"direct"` or `"fmm3d"`.
     pub method: String,
     /// Particles.
@@ -127,9 +167,9 @@ pub struct BenchRow {
 
 /// The benchmark result.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BenchReport {
+pub struct NbodyBenchReport {
     /// Rows in the order measured.
-    pub rows: Vec<BenchRow>,
+    pub rows: Vec<NbodyBenchRow>,
     /// Worker threads used by rayon.
     pub threads: usize,
     /// Why the FMM3D comparison is missing, if it is.
@@ -265,114 +305,82 @@ fn subset(f: &Forces, k: usize) -> Forces {
 }
 
 /// Prints the phase profile of the best FMM evaluation (seconds per phase, wall clock; the
-/// traversal and the P2P sums run interleaved and are split by their CPU time).
-fn print_phases(n: usize, s: &lockstep_nbody::PhaseSeconds) {
+/// traversal and the P2P sums run interleaved and are split by their CPU time) and its
+/// interaction counts.
+fn print_profile(n: usize, st: &FmmStats) {
+    let s = &st.seconds;
     println!(
         "  profile N={n}: tree {:.3} s, P2M/M2M {:.3} s, traversal {:.3} s, M2L {:.3} s, L2L {:.3} s, L2P {:.3} s, M2P {:.3} s, P2P {:.3} s",
         s.tree, s.upward, s.traversal, s.m2l, s.l2l, s.l2p, s.m2p, s.p2p
     );
+    println!(
+        "  counts  N={n}: {} nodes, depth {}, {} M2L, {} M2P, {} P2P blocks, {:.3e} P2P pairs",
+        st.nodes, st.depth, st.m2l, st.m2p, st.p2p_blocks, st.p2p_pairs as f64
+    );
 }
 
-/// Runs the benchmark and prints its table to stdout.
-pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport> {
-    let fmm = Fmm::new(opts.params)?;
-    let threads = rayon::current_num_threads();
-    let mut rows = Vec::new();
-    let mut note = None;
+/// Prints the header of the benchmark table.
+fn print_header(params: &FmmParams, threads: usize) {
     println!(
         "lockstep bench nbody: Plummer sphere, G = 1, no softening, {threads} threads, FMM p = {}, theta = {}, leaf_size = {}",
-        opts.params.order, opts.params.theta, opts.params.leaf_size
+        params.order, params.theta, params.leaf_size
     );
     println!(
         "{:<7} {:>9} {:>11} {:>11} {:>10} {:>10} {:>10} {:>13}  setting",
         "method", "N", "s/eval", "evals/s", "acc p50", "acc p99", "pot p99", "t_ours/t_row"
     );
-    let print = |r: &BenchRow| {
-        let (a50, a99, p99) = r
-            .accuracy
-            .map(|a| {
-                (
-                    format!("{:.2e}", a.acc.p50),
-                    format!("{:.2e}", a.acc.p99),
-                    format!("{:.2e}", a.pot.p99),
-                )
-            })
-            .unwrap_or(("-".into(), "-".into(), "-".into()));
-        println!(
-            "{:<7} {:>9} {:>11.4} {:>11.3} {:>10} {:>10} {:>10} {:>13}  {}",
-            r.method,
-            r.n,
-            r.seconds,
-            r.evals_per_second,
-            a50,
-            a99,
-            p99,
-            r.speed_ratio
-                .map(|s| format!("{s:.2}x"))
-                .unwrap_or("-".into()),
-            r.setting
-        );
-    };
+}
+
+/// Prints one row of the benchmark table.
+fn print_row(r: &NbodyBenchRow) {
+    let (a50, a99, p99) = r
+        .accuracy
+        .map(|a| {
+            (
+                format!("{:.2e}", a.acc.p50),
+                format!("{:.2e}", a.acc.p99),
+                format!("{:.2e}", a.pot.p99),
+            )
+        })
+        .unwrap_or(("-".into(), "-".into(), "-".into()));
+    println!(
+        "{:<7} {:>9} {:>11.4} {:>11.3} {:>10} {:>10} {:>10} {:>13}  {}",
+        r.method,
+        r.n,
+        r.seconds,
+        r.evals_per_second,
+        a50,
+        a99,
+        p99,
+        r.speed_ratio
+            .map(|s| format!("{s:.2}x"))
+            .unwrap_or("-".into()),
+        r.setting
+    );
+}
+
+/// Runs the benchmark and prints its table to stdout.
+pub fn bench_nbody(opts: &NbodyBenchOptions) -> Result<NbodyBenchReport> {
+    let fmm = Fmm::new(opts.params)?;
+    let threads = rayon::current_num_threads();
+    let mut rows = Vec::new();
+    let mut note = None;
+    print_header(&opts.params, threads);
     for &n in &opts.fmm_sizes {
         let (pos, mass) = plummer_points(n, opts.seed)?;
         let k = opts.accuracy_targets.min(n);
         let reference = direct_on(&pos[..k], Some(0), &pos, &mass, 1.0, 0.0);
-        let mut best = f64::INFINITY;
-        let mut forces = Forces::default();
-        let mut phases = Default::default();
-        for _ in 0..opts.repeats.max(1) {
-            let t0 = Instant::now();
-            let (f, st) = fmm.forces(&SourceSet::local(&pos, &mass), 1.0, 0.0)?;
-            let dt = t0.elapsed().as_secs_f64();
-            if dt < best {
-                best = dt;
-                phases = st.seconds;
-            }
-            forces = f;
-        }
-        print_phases(n, &phases);
-        let acc = compare(&subset(&forces, k), &reference);
-        let row = BenchRow {
-            method: "fmm".into(),
-            n,
-            seconds: best,
-            evals_per_second: 1.0 / best,
-            accuracy: Some(acc),
-            setting: format!("p={} theta={}", opts.params.order, opts.params.theta),
-            speed_ratio: None,
-        };
-        print(&row);
+        let row = fmm_row(opts, &fmm, &pos, &mass, &reference)?;
+        print_row(&row);
+        let (ours_seconds, ours_p99) = (row.seconds, row.accuracy.map_or(0.0, |a| a.acc.p99));
         rows.push(row);
         if opts.fmm3d && note.is_none() {
             match run_fmm3d(&opts.python, &pos, &mass, &opts.fmm3d_eps, &reference) {
                 Ok((runs, version)) => {
-                    let accs: Vec<Accuracy> = runs
-                        .iter()
-                        .map(|(_, f)| compare(&subset(f, k), &reference))
-                        .collect();
-                    // Largest eps whose p99 error is at most ours, else the most precise.
-                    let matched = (0..runs.len())
-                        .filter(|&i| accs[i].acc.p99 <= acc.acc.p99)
-                        .max_by(|&i, &j| opts.fmm3d_eps[i].total_cmp(&opts.fmm3d_eps[j]))
-                        .or_else(|| {
-                            (0..runs.len())
-                                .min_by(|&i, &j| opts.fmm3d_eps[i].total_cmp(&opts.fmm3d_eps[j]))
-                        });
-                    for (i, (secs, _)) in runs.iter().enumerate() {
-                        let row = BenchRow {
-                            method: "fmm3d".into(),
-                            n,
-                            seconds: *secs,
-                            evals_per_second: 1.0 / secs,
-                            accuracy: Some(accs[i]),
-                            setting: format!(
-                                "fmm3dpy {version} lfmm3d eps={:.0e}{}",
-                                opts.fmm3d_eps[i],
-                                if Some(i) == matched { " (matched)" } else { "" }
-                            ),
-                            speed_ratio: Some(best / secs),
-                        };
-                        print(&row);
+                    for row in
+                        fmm3d_rows(opts, n, &runs, &version, &reference, ours_seconds, ours_p99)
+                    {
+                        print_row(&row);
                         rows.push(row);
                     }
                 }
@@ -389,7 +397,7 @@ pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport> {
         let f = direct(&pos, &mass, 1.0, 0.0);
         let secs = t0.elapsed().as_secs_f64();
         std::hint::black_box(&f);
-        let row = BenchRow {
+        let row = NbodyBenchRow {
             method: "direct".into(),
             n,
             seconds: secs,
@@ -398,14 +406,154 @@ pub fn bench_nbody(opts: &BenchOptions) -> Result<BenchReport> {
             setting: "f64, blocked".into(),
             speed_ratio: None,
         };
-        print(&row);
+        print_row(&row);
         rows.push(row);
     }
-    Ok(BenchReport {
+    Ok(NbodyBenchReport {
         rows,
         threads,
         fmm3d_note: note,
     })
+}
+
+/// The FMM row of `pos`/`mass`: the best of `opts.repeats` evaluations, its accuracy on the
+/// first `reference.pot.len()` targets; prints its phase profile.
+fn fmm_row(
+    opts: &NbodyBenchOptions,
+    fmm: &Fmm,
+    pos: &[[f64; 3]],
+    mass: &[f64],
+    reference: &Forces,
+) -> Result<NbodyBenchRow> {
+    let n = pos.len();
+    let mut best = f64::INFINITY;
+    let mut forces = Forces::default();
+    let mut stats = FmmStats::default();
+    for _ in 0..opts.repeats.max(1) {
+        let t0 = Instant::now();
+        let (f, st) = fmm.forces(&SourceSet::local(pos, mass), 1.0, 0.0)?;
+        let dt = t0.elapsed().as_secs_f64();
+        if dt < best {
+            best = dt;
+            stats = st;
+        }
+        forces = f;
+    }
+    print_profile(n, &stats);
+    let acc = compare(&subset(&forces, reference.pot.len()), reference);
+    Ok(NbodyBenchRow {
+        method: "fmm".into(),
+        n,
+        seconds: best,
+        evals_per_second: 1.0 / best,
+        accuracy: Some(acc),
+        setting: format!("p={} theta={}", opts.params.order, opts.params.theta),
+        speed_ratio: None,
+    })
+}
+
+/// The FMM3D rows of `runs` (seconds and forces per precision of `opts.fmm3d_eps`), against
+/// our FMM's time and 99th percentile error; marks the matched precision: the largest `eps`
+/// whose p99 error is at most ours, else the most precise.
+fn fmm3d_rows(
+    opts: &NbodyBenchOptions,
+    n: usize,
+    runs: &[(f64, Forces)],
+    version: &str,
+    reference: &Forces,
+    ours_seconds: f64,
+    ours_p99: f64,
+) -> Vec<NbodyBenchRow> {
+    let k = reference.pot.len();
+    let accs: Vec<Accuracy> = runs
+        .iter()
+        .map(|(_, f)| compare(&subset(f, k), reference))
+        .collect();
+    let eps = &opts.fmm3d_eps;
+    let matched = (0..runs.len())
+        .filter(|&i| accs[i].acc.p99 <= ours_p99)
+        .max_by(|&i, &j| eps[i].total_cmp(&eps[j]))
+        .or_else(|| (0..runs.len()).min_by(|&i, &j| eps[i].total_cmp(&eps[j])));
+    runs.iter()
+        .enumerate()
+        .map(|(i, (secs, _))| NbodyBenchRow {
+            method: "fmm3d".into(),
+            n,
+            seconds: *secs,
+            evals_per_second: 1.0 / secs,
+            accuracy: Some(accs[i]),
+            setting: format!(
+                "fmm3dpy {version} lfmm3d eps={:.0e}{}",
+                eps[i],
+                if Some(i) == matched { " (matched)" } else { "" }
+            ),
+            speed_ratio: Some(ours_seconds / secs),
+        })
+        .collect()
+}
+
+/// Prints the accuracy table: for a Plummer sphere and Gaussian clumps (10 clumps of radius
+/// 0.2 in a 10 kpc box) of `n` particles, softening 1e-3, leaf size 32, the 99th percentile
+/// (median in parentheses) of `|a - a_direct| / |a_direct|` against direct summation on every
+/// particle and the time of one evaluation, for p = 1..6 and theta in {0.4, 0.6, 0.8}.
+///
+/// Errors: `n` is 0, or the FMM fails.
+pub fn accuracy_table(n: u64) -> Result<()> {
+    let models = [
+        (
+            "plummer",
+            InitialConditions::Plummer {
+                n,
+                total_mass: 1.0,
+                scale_radius: 1.0,
+                max_radius: 30.0,
+                seed: 1,
+            },
+        ),
+        (
+            "clumps",
+            InitialConditions::Clumps {
+                n,
+                clumps: 10,
+                total_mass: 1.0,
+                box_size: 10.0,
+                clump_radius: 0.2,
+                velocity_dispersion: 0.0,
+                seed: 2,
+            },
+        ),
+    ];
+    let eps = 1e-3;
+    for (name, ic) in models {
+        let p = ic.generate(1.0, 0, 1, 1.0)?;
+        let reference = direct(p.valid_pos(), p.valid_mass(), 1.0, eps);
+        println!("\n{name}, N = {n}, eps = {eps}: 99th percentile |a - a_direct|/|a_direct| (median in parentheses), time per evaluation");
+        println!("| p | theta = 0.4 | theta = 0.6 | theta = 0.8 |");
+        println!("|---|---|---|---|");
+        for order in 1..=6 {
+            let mut row = format!("| {order} |");
+            for theta in [0.4, 0.6, 0.8] {
+                let fmm = Fmm::new(FmmParams {
+                    order,
+                    theta,
+                    leaf_size: 32,
+                })?;
+                let t0 = Instant::now();
+                let (f, _) =
+                    fmm.forces(&SourceSet::local(p.valid_pos(), p.valid_mass()), 1.0, eps)?;
+                let dt = t0.elapsed().as_secs_f64();
+                let acc = compare(&f, &reference);
+                row += &format!(
+                    " {:.2e} ({:.1e}) {:.0} ms |",
+                    acc.acc.p99,
+                    acc.acc.p50,
+                    dt * 1e3
+                );
+            }
+            println!("{row}");
+        }
+    }
+    Ok(())
 }
 
 /// One row of the sharded benchmark (`lockstep bench nbody --ranks 1,2`).
