@@ -324,7 +324,7 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
             .args(["--max-mib", &args.max_mib.to_string()])
             .args(["--seconds", &args.seconds.to_string()])
             .args(["--samples", &args.samples.to_string()]);
-        let out = run_with_limit(cmd, Duration::from_secs(600)).map_err(anyhow::Error::msg)?;
+        let out = run_with_limit(cmd, Duration::from_secs(600))?;
         if !out.success() {
             bail!("the MPI measurement failed:\n{}", out.all_output());
         }

@@ -170,7 +170,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
                     &args.warmup.to_string(),
                     "--mpi-worker",
                 ]);
-            let out = run_with_limit(cmd, Duration::from_secs(3600)).map_err(anyhow::Error::msg)?;
+            let out = run_with_limit(cmd, Duration::from_secs(3600))?;
             if !out.success() {
                 bail!("the MPI measurement failed:\n{}", out.all_output());
             }

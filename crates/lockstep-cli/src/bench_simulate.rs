@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_core::rng::SplitMix64;
+use lockstep_core::rng::{SplitMix64, GOLDEN_GAMMA};
 use lockstep_snn::{
     network_spec_from_circuit, simulate, spike_trains_for_virtual_nodes, InputSpec, SimOptions,
 };
@@ -334,7 +334,7 @@ fn write_poisson_input(
     let mut ids: Vec<u64> = pop.node_id.clone();
     ids.sort_unstable();
     for id in ids {
-        let mut rng = SplitMix64::new(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = SplitMix64::new(seed ^ id.wrapping_mul(GOLDEN_GAMMA));
         let mut t = 0.0;
         loop {
             t += -(1.0 - rng.uniform()).ln() * 1000.0 / rate_hz;

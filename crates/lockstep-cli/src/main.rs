@@ -1,5 +1,18 @@
 //! `lockstep`: runs scientific models on several devices at once and keeps every replica in
 //! lockstep. See the README for the quickstart.
+//!
+//! What this program guarantees (the library crates guarantee the rest):
+//!
+//! - **It ends.** An error on any rank ends the whole job with a non-zero status and one
+//!   message naming the rank: ranks that agree on the failure (a config error every rank
+//!   read) leave through `MPI_Finalize`, any other failure aborts the job
+//!   ([`lockstep_comm::World::fail`]); commands that must run in one process refuse mpirun.
+//! - **Bad input fails before output.** `train`, `simulate` and `npe` read and check their
+//!   configs (typed sections, unknown keys refused with the nearest key,
+//!   `FILE: KEY: PROBLEM`) before any output folder is created or overwritten
+//!   (`tests/train.rs`, `tests/simulate.rs`, `tests/npe.rs`).
+//! - **Benchmarks report ratios measured in the same run** (`lockstep bench ...`); the
+//!   benchmark code lives here, not in the libraries.
 
 mod bench_allreduce;
 mod bench_bptt;

@@ -387,8 +387,9 @@ impl JobOutput {
 /// Runs `cmd` in its own process group, capturing stdout and stderr, and kills the group
 /// (SIGKILL) after `limit`.
 ///
-/// Errors: the command cannot be started (message names the program).
-pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Result<JobOutput, String> {
+/// Errors: the command cannot be started (the message names the program), or waiting for it
+/// fails.
+pub fn run_with_limit(mut cmd: Command, limit: Duration) -> std::io::Result<JobOutput> {
     let program = format!("{:?}", cmd.get_program());
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -397,7 +398,7 @@ pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Result<JobOutput, St
     let start = Instant::now();
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start {program}: {e}"))?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {program}: {e}")))?;
     let pid = child.id() as i32;
     let mut out = child.stdout.take().expect("piped stdout");
     let mut err = child.stderr.take().expect("piped stderr");
@@ -413,14 +414,14 @@ pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Result<JobOutput, St
     });
     let mut timed_out = false;
     let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+        if let Some(status) = child.try_wait()? {
             break status;
         }
         if start.elapsed() > limit {
             timed_out = true;
             // SAFETY: signalling the process group we created for the child.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
-            break child.wait().map_err(|e| e.to_string())?;
+            break child.wait()?;
         }
         std::thread::sleep(Duration::from_millis(20));
     };

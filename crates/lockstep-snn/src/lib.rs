@@ -60,6 +60,7 @@ pub use input::{InputSpec, Inputs, PoissonSpec};
 pub use loss::{Loss, LossesSection, RateTarget, RateUnits};
 pub use model::{
     AscConsts, CellConsts, CellModel, GlifParams, IafPscAlphaParams, ModelKind, PortConsts,
+    ReceptorError,
 };
 pub use nest::{TimeGrid, TICS_PER_MS};
 pub use network::{

@@ -81,6 +81,22 @@ pub struct IafPscAlphaParams {
     pub v_min: f64,
 }
 
+/// A NEST `receptor_type` the target's cell model does not have ([`CellModel::port_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReceptorError {
+    /// glif_psc receptor types are 1-based indices into `tau_syn`.
+    #[error("glif_psc receptor types are 1..={ports} (one per tau_syn entry)")]
+    GlifPsc {
+        /// Number of receptor ports (`tau_syn` entries).
+        ports: usize,
+    },
+    /// iaf_psc_alpha has one receptor type, 0.
+    #[error(
+        "iaf_psc_alpha accepts only receptor_type 0 (the sign of the weight selects the port)"
+    )]
+    IafPscAlpha,
+}
+
 /// A supported cell model with its parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CellModel {
@@ -404,23 +420,28 @@ impl CellModel {
     ///
     /// glif_psc: receptor types are 1-based indices into `tau_syn`; iaf_psc_alpha: receptor 0,
     /// port 0 for positive and port 1 for other weights (NEST's `s > 0 ? SYN_EX : SYN_IN`).
-    pub fn port_of(&self, receptor_type: i64, weight: f64) -> std::result::Result<usize, String> {
+    ///
+    /// Errors: [`ReceptorError`] for a receptor type the model does not have.
+    pub fn port_of(
+        &self,
+        receptor_type: i64,
+        weight: f64,
+    ) -> std::result::Result<usize, ReceptorError> {
         match self {
             CellModel::GlifPsc(p) => {
                 if receptor_type >= 1 && (receptor_type as usize) <= p.tau_syn.len() {
                     Ok(receptor_type as usize - 1)
                 } else {
-                    Err(format!(
-                        "glif_psc receptor types are 1..={} (one per tau_syn entry)",
-                        p.tau_syn.len()
-                    ))
+                    Err(ReceptorError::GlifPsc {
+                        ports: p.tau_syn.len(),
+                    })
                 }
             }
             CellModel::IafPscAlpha(_) => {
                 if receptor_type == 0 {
                     Ok(if weight > 0.0 { 0 } else { 1 })
                 } else {
-                    Err("iaf_psc_alpha accepts only receptor_type 0 (the sign of the weight selects the port)".into())
+                    Err(ReceptorError::IafPscAlpha)
                 }
             }
         }

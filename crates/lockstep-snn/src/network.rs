@@ -337,7 +337,7 @@ impl NetworkSpec {
                     receptor: e.receptor,
                     node_type: ct.name.clone(),
                     model: ct.model.template().into(),
-                    reason,
+                    reason: reason.to_string(),
                 }
             })?;
             *max_delay = (*max_delay).max(d as usize);

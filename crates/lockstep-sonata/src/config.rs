@@ -460,12 +460,7 @@ fn substitute(
 
 /// Joins a relative path onto `dir` and removes `.` components and `x/..` pairs lexically.
 pub(crate) fn resolve_against(dir: &Path, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    let joined = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        dir.join(p)
-    };
+    let joined = lockstep_core::config::resolve_path(dir, p);
     let mut out = PathBuf::new();
     for c in joined.components() {
         match c {
