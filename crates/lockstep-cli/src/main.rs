@@ -16,7 +16,9 @@
 
 mod bench_allreduce;
 mod bench_bptt;
+mod bench_c2st;
 mod bench_nbody;
+mod bench_npe;
 mod bench_scaling;
 mod bench_simulate;
 mod build_network;
@@ -77,6 +79,10 @@ enum BenchCommand {
     Nbody(bench_nbody::BenchNbodyArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
     Simulate(bench_simulate::BenchSimulateArgs),
+    /// NPE training: s/step of the Dingo-shaped network vs PyTorch eager, pack/unpack cost, 1 vs N replicas.
+    Npe(bench_npe::BenchNpeArgs),
+    /// NPE posterior accuracy on sbibm's two_moons and slcp: C2ST against the reference posteriors, vs the sbi package.
+    C2st(bench_c2st::BenchC2stArgs),
 }
 
 /// BPTT allocates and frees large per-sample buffers. glibc would return them to the kernel
@@ -127,6 +133,7 @@ fn main() -> ExitCode {
     let mpi_worker = match &cli.command {
         Command::Bench(BenchCommand::Allreduce(a)) => a.mpi_worker,
         Command::Bench(BenchCommand::Scaling(a)) => a.mpi_worker,
+        Command::Bench(BenchCommand::Npe(a)) => a.mpi_worker,
         _ => false,
     };
     if kind.is_some() && !mpi_worker {
@@ -136,6 +143,7 @@ fn main() -> ExitCode {
         Command::Simulate(_) | Command::BuildNetwork(_) | Command::Plot(_) => true,
         Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,
         Command::Bench(BenchCommand::Scaling(a)) => !a.mpi_worker,
+        Command::Bench(BenchCommand::Npe(a)) => !a.mpi_worker,
         Command::Bench(_) => true,
         Command::Npe(npe::NpeCommand::Sample(_) | npe::NpeCommand::Pp(_)) => true,
         Command::Info | Command::Train(_) | Command::Nbody(_) | Command::Npe(_) => false,
@@ -156,6 +164,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
         Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
         Command::Bench(BenchCommand::Nbody(args)) => bench_nbody::run(args),
+        Command::Bench(BenchCommand::Npe(args)) => bench_npe::run(args, &world),
+        Command::Bench(BenchCommand::C2st(args)) => bench_c2st::run(args, &world),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -480,6 +480,15 @@ impl NpeNetwork {
         embed + f.num_flow_steps as u64 * (6 * d + conditioner + spline)
     }
 
+    /// The permutation of each flow step, in step order: step `i` maps `z` to
+    /// `z[:, perm[i]]` (nflows' `RandomPermutation` indices; e.g. for a PyTorch replica).
+    pub fn permutations(&self) -> Vec<Vec<usize>> {
+        self.steps
+            .iter()
+            .map(|s| s.permutation.perm.clone())
+            .collect()
+    }
+
     /// True when some layer is BatchNorm (the loss then couples the samples of a batch).
     pub fn uses_batch_norm(&self) -> bool {
         self.config.embedding.norm == Norm::BatchNorm || self.config.flow.norm == Norm::BatchNorm

@@ -29,12 +29,14 @@
 //!
 //! Not yet here (issue 16): the SVD-initialized first embedding layer, benchmarks. Multi-stage training, freezing and SyncBatchNorm are issue 17.
 
+pub mod c2st;
 pub mod calibration;
 pub mod flow;
 pub mod gw;
 pub mod layers;
 pub mod model;
 pub mod params;
+pub mod sbibm;
 pub mod settings;
 pub mod spline;
 pub mod tasks;

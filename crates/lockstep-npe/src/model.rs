@@ -101,8 +101,8 @@ impl<B: AutodiffBackend> NpeModel<B> {
         let lp = self.network.log_prob(&mut pass, theta, x, n);
         let loss = lp.mean().neg();
         let value = to_vec(loss.clone().detach())[0] as f64;
-        let grads = loss.backward();
-        p.write_gradients(layout, &grads, grad);
+        let mut grads = loss.backward();
+        p.write_gradients(layout, &mut grads, grad);
         value
     }
 }

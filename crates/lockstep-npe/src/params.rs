@@ -133,12 +133,16 @@ impl<B: AutodiffBackend> Params<B> {
         p
     }
 
-    /// Writes the gradient of every leaf into `grad` (length `layout.len()`) at the layout's
-    /// offsets; a parameter the loss does not depend on gets zeros.
-    pub fn write_gradients(&self, layout: &Layout, grads: &B::Gradients, grad: &mut [f32]) {
+    /// Moves the gradient of every leaf out of `grads` into `grad` (length `layout.len()`) at
+    /// the layout's offsets; a parameter the loss does not depend on gets zeros.
+    ///
+    /// The gradients are removed from `grads`, so each tensor's buffer is owned here and is
+    /// read without a copy (reading a gradient still shared with `grads` makes the CPU
+    /// backend copy it element by element: ~20% of a training step in `lockstep bench npe`).
+    pub fn write_gradients(&self, layout: &Layout, grads: &mut B::Gradients, grad: &mut [f32]) {
         for (t, s) in self.tensors.iter().zip(layout.specs()) {
             let out = &mut grad[s.offset..s.offset + s.numel()];
-            match t.grad(grads) {
+            match t.grad_remove(grads) {
                 Some(g) => {
                     let data = g.into_data();
                     match data.as_slice::<f32>() {

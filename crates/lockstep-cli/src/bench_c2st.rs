@@ -1,0 +1,321 @@
+//! `lockstep bench c2st`: posterior accuracy of lockstep's NPE on the SBI benchmark tasks
+//! `two_moons` and `slcp` (sbibm, Lueckmann et al. 2021), as the benchmark scores it: for each
+//! simulation budget, lockstep NPE is trained through the engine (as `lockstep npe train`),
+//! posterior samples are drawn for sbibm's observations, and the classifier two-sample test
+//! ([`lockstep_npe::c2st`]) compares them with sbibm's reference posterior samples (0.5:
+//! indistinguishable). When `--python` imports `sbi`, sbi's NPE is trained on the same
+//! simulations (`scripts/peers/sbi_npe.py`) and its samples are scored by the same C2ST.
+//!
+//! Like sbi, the posterior samples are restricted to the prior's support (draws outside the
+//! prior box are rejected and redrawn).
+
+use crate::bench_npe::write_npy;
+use anyhow::{anyhow, bail, Context, Result};
+use lockstep_comm::World;
+use lockstep_npe::c2st::{c2st, C2stOptions};
+use lockstep_npe::sbibm::reference;
+use lockstep_npe::settings::Launch;
+use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeSettings, TaskSource};
+use lockstep_train::config::EngineConfig;
+use lockstep_train::job::run_job;
+use lockstep_train::{BatchSource, EngineOptions};
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+/// Options of `lockstep bench c2st`.
+#[derive(Debug, clap::Args)]
+pub struct BenchC2stArgs {
+    /// Tasks (sbibm names).
+    #[arg(long, value_delimiter = ',', default_value = "two_moons,slcp")]
+    pub tasks: Vec<String>,
+    /// Simulation budgets.
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    pub simulations: Vec<u64>,
+    /// sbibm observation numbers (1-3 are bundled).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    pub observations: Vec<usize>,
+    /// Posterior samples per observation (sbibm: 10000, as many as the reference).
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: usize,
+    /// Training epochs of lockstep NPE (default: 1e6 / simulations, within 10..=200).
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Thread replicas training lockstep NPE.
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// Seed of the simulations, the network and the samples.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Python interpreter that imports sbi, torch and numpy (the sbi comparison is skipped,
+    /// with a note, when it cannot).
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Skip the sbi comparison.
+    #[arg(long)]
+    pub no_sbi: bool,
+}
+
+const SBI_SCRIPT: &str = include_str!("../../../scripts/peers/sbi_npe.py");
+
+/// The prior box of an sbibm task (`two_moons`: U(-1, 1)², `slcp`: U(-3, 3)⁵).
+fn prior_box(task: &str) -> Result<(Vec<f32>, Vec<f32>)> {
+    Ok(match task {
+        "two_moons" => (vec![-1.0; 2], vec![1.0; 2]),
+        "slcp" => (vec![-3.0; 5], vec![3.0; 5]),
+        other => {
+            bail!("--tasks: `{other}` has no bundled reference posterior; use two_moons or slcp")
+        }
+    })
+}
+
+fn settings(
+    task: &str,
+    sims: u64,
+    epochs: u64,
+    replicas: usize,
+    seed: u64,
+) -> Result<(NpeSettings, serde_json::Value)> {
+    let text = format!(
+        "
+data:
+  task: {task}
+  num_samples: {sims}
+  train_fraction: 1.0
+  seed: {seed}
+model:
+  posterior_kwargs:
+    num_flow_steps: 5
+    base_transform_kwargs: {{hidden_dim: 64, num_transform_blocks: 2, num_bins: 10,
+                            norm: none, tail_bound: 3.0}}
+  embedding_kwargs: {{output_dim: 32, hidden_dims: [64], norm: none}}
+training:
+  stage_0:
+    epochs: {epochs}
+    batch_size: 200
+    optimizer: {{type: adam, lr: 0.001}}
+    scheduler: {{type: cosine, T_max: {epochs}}}
+local:
+  replicas: {replicas}
+"
+    );
+    Ok(NpeSettings::from_yaml(&text)?)
+}
+
+/// `n` posterior samples inside the prior box `[lo, hi]` (rejection, at most 200 rounds).
+fn sample_in_prior(
+    model: &NpeModel<CpuAutodiff>,
+    x: &[f32],
+    n: usize,
+    seed: u64,
+    lo: &[f32],
+    hi: &[f32],
+) -> Result<(Vec<f32>, f64)> {
+    let d = lo.len();
+    let mut out = Vec::with_capacity(n * d);
+    let mut drawn = 0usize;
+    for round in 0..200u64 {
+        let s = model.sample(x, n, seed.wrapping_add(round));
+        drawn += n;
+        for row in s.chunks_exact(d) {
+            if out.len() < n * d
+                && row
+                    .iter()
+                    .zip(lo)
+                    .zip(hi)
+                    .all(|((v, l), h)| v >= l && v <= h)
+            {
+                out.extend_from_slice(row);
+            }
+        }
+        if out.len() == n * d {
+            return Ok((out, (n as f64) / drawn as f64));
+        }
+    }
+    bail!("fewer than {n} of {drawn} posterior samples fell inside the prior")
+}
+
+/// Runs the benchmark and prints its table.
+pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
+    if world.comm().size() > 1 {
+        bail!("run `lockstep bench c2st` without mpirun");
+    }
+    let opts = C2stOptions::default();
+    let sbi_ok = !args.no_sbi
+        && {
+            let probe = Command::new(&args.python)
+                .args(["-c", "import sbi, torch, numpy"])
+                .output();
+            match probe {
+                Ok(o) if o.status.success() => true,
+                _ => {
+                    println!("note: `{}` cannot import sbi, torch and numpy: no sbi comparison (pass --python with an interpreter that has them)", args.python);
+                    false
+                }
+            }
+        };
+    let mut rows: Vec<String> = Vec::new();
+    for task_name in &args.tasks {
+        let (lo, hi) = prior_box(task_name)?;
+        let refs = args
+            .observations
+            .iter()
+            .map(|&o| reference(task_name, o))
+            .collect::<Result<Vec<_>>>()?;
+        for &sims in &args.simulations {
+            let epochs = args
+                .epochs
+                .unwrap_or((1_000_000 / sims.max(1)).clamp(10, 200));
+            let (s, raw) = settings(task_name, sims, epochs, args.replicas, args.seed)?;
+            let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
+            let json =
+                s.engine_config(&raw, Launch::SingleProcess, &tmp.path().join("run"), true)?;
+            let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
+            let task = s.task()?;
+            let network = trained::network(&s, task.as_ref())?;
+            let opts_engine = EngineOptions {
+                resolved_config: json,
+                quiet: true,
+                ..EngineOptions::default()
+            };
+            eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {} parameters) ...", network.layout().len());
+            let t = Instant::now();
+            let summary = run_job(world, &cfg, &opts_engine, |_rank| {
+                Ok((
+                    NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default()),
+                    TaskSource::dataset(task.clone(), s.data.seed, sims),
+                ))
+            })?;
+            let train_s = t.elapsed().as_secs_f64();
+            let trained = trained::load(&summary.output_dir)?;
+            let sbi = if sbi_ok {
+                eprintln!("{task_name}, {sims} simulations: training sbi NPE ...");
+                match run_sbi(
+                    args,
+                    task.clone(),
+                    sims,
+                    &lo,
+                    &hi,
+                    &refs.iter().map(|r| r.x.clone()).collect::<Vec<_>>(),
+                ) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        println!("note: sbi failed: {e:#}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            for (k, r) in refs.iter().enumerate() {
+                let (ours, accept) = sample_in_prior(
+                    &trained.model,
+                    &r.x,
+                    args.samples,
+                    args.seed ^ 0x5A3 ^ k as u64,
+                    &lo,
+                    &hi,
+                )?;
+                eprintln!(
+                    "{task_name}, {sims} simulations, observation {}: C2ST ...",
+                    r.observation
+                );
+                let c_ours = c2st(&r.samples, &ours, r.theta_dim, &opts)?;
+                let c_sbi = match &sbi {
+                    Some((samples, _)) => Some(c2st(&r.samples, &samples[k], r.theta_dim, &opts)?),
+                    None => None,
+                };
+                let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+                rows.push(format!(
+                    "{:>10} {:>11} {:>4} {:>14.3} {:>10} {:>10} {:>10.3} {:>10.1} {:>9}",
+                    task_name,
+                    sims,
+                    r.observation,
+                    c_ours,
+                    fmt(c_sbi),
+                    fmt(c_sbi.map(|s| c_ours - s)),
+                    accept,
+                    train_s,
+                    sbi.as_ref()
+                        .map_or("-".to_string(), |(_, t)| format!("{t:.1}")),
+                ));
+            }
+        }
+    }
+    println!(
+        "C2ST accuracy against sbibm's reference posterior samples ({} samples each; 0.5 = indistinguishable), {}-fold, MLP (10 dim, 10 dim), as sbibm",
+        args.samples, opts.folds
+    );
+    println!(
+        "{:>10} {:>11} {:>4} {:>14} {:>10} {:>10} {:>10} {:>10} {:>9}",
+        "task",
+        "simulations",
+        "obs",
+        "lockstep C2ST",
+        "sbi C2ST",
+        "diff",
+        "in prior",
+        "train s",
+        "sbi s"
+    );
+    for r in rows {
+        println!("{r}");
+    }
+    println!("diff = lockstep - sbi (negative: lockstep closer to the reference); in prior = fraction of lockstep's draws inside the prior box");
+    Ok(())
+}
+
+fn read_npy(path: &Path) -> Result<Vec<f32>> {
+    let ctx = || format!("reading {}", path.display());
+    let bytes = std::fs::read(path).with_context(ctx)?;
+    npyz::NpyFile::new(&bytes[..])
+        .with_context(ctx)?
+        .into_vec::<f32>()
+        .with_context(ctx)
+}
+
+/// Trains sbi's NPE on simulations `0..sims` (the lockstep training set) and returns its
+/// samples per observation and its training seconds.
+fn run_sbi(
+    args: &BenchC2stArgs,
+    task: std::sync::Arc<dyn lockstep_npe::Task>,
+    sims: u64,
+    lo: &[f32],
+    hi: &[f32],
+    observations: &[Vec<f32>],
+) -> Result<(Vec<Vec<f32>>, f64)> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let d = dir.path();
+    let (td, xd) = (task.theta_dim() as u64, task.x_dim() as u64);
+    let b = TaskSource::dataset(task, args.seed, sims).global_batch(0, sims as usize)?;
+    write_npy(&d.join("theta.npy"), &b.targets, &[sims, td])?;
+    write_npy(&d.join("x.npy"), &b.inputs, &[sims, xd])?;
+    let spec = serde_json::json!({
+        "dir": d, "low": lo, "high": hi, "observations": observations,
+        "num_samples": args.samples, "seed": args.seed, "threads": 2,
+    });
+    std::fs::write(d.join("spec.json"), serde_json::to_string(&spec)?)?;
+    std::fs::write(d.join("sbi_npe.py"), SBI_SCRIPT)?;
+    let out = Command::new(&args.python)
+        .arg(d.join("sbi_npe.py"))
+        .arg(d.join("spec.json"))
+        .output()
+        .map_err(|e| anyhow!("could not start `{}`: {e}", args.python))?;
+    if !out.status.success() {
+        bail!(
+            "the sbi script failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rfind(|l| l.starts_with('{'))
+        .context("the sbi script printed no result")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let samples = (0..observations.len())
+        .map(|k| read_npy(&d.join(format!("samples_{k}.npy"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((samples, v["train_s"].as_f64().unwrap_or(f64::NAN)))
+}

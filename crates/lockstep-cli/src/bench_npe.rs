@@ -1,0 +1,495 @@
+//! `lockstep bench npe`: training speed of the Dingo-shaped NPE network at a CPU-sized width
+//! (the `gw_chirp` task's 708 whitened strain values into a LayerNorm residual embedding
+//! network, then 6 rational-quadratic spline coupling steps; ~1.42M parameters), batch 512:
+//!
+//! 1. one replica on one core: seconds per optimizer step (loss, gradient, Adam) and samples
+//!    per second on one fixed simulated batch, with the split into unpacking the flat
+//!    parameter buffer into tensors, the forward pass (embedding, flow), the backward pass,
+//!    packing the gradients into the flat buffer, and the Adam update;
+//! 2. the same network in PyTorch eager on the same batch and the same initial parameters
+//!    (`scripts/peers/npe_torch.py`, run by `--python` when it imports torch), at 1 and 2
+//!    threads, with the time ratios and the loss of both at the initial parameters;
+//! 3. the engine (`lockstep npe`'s training path, simulation included) at the same global
+//!    batch with 1 replica, N thread replicas and N MPI ranks: updates/s and the speed-up.
+
+use anyhow::{anyhow, bail, Context, Result};
+use lockstep_comm::launch::{mpirun_command, run_with_limit};
+use lockstep_comm::World;
+use lockstep_npe::layers::Pass;
+use lockstep_npe::params::{to_vec, Params};
+use lockstep_npe::settings::Launch;
+use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeNetwork, NpeSettings, TaskSource};
+use lockstep_train::config::EngineConfig;
+use lockstep_train::job::run_job;
+use lockstep_train::{BatchSource, EngineOptions, Model, Optimizer, OptimizerConfig};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Options of `lockstep bench npe`.
+#[derive(Debug, clap::Args)]
+pub struct BenchNpeArgs {
+    /// Samples per optimizer step (the global batch of the replica runs).
+    #[arg(long, default_value_t = 512)]
+    pub batch: usize,
+    /// Timed steps per measurement (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Warm-up steps per measurement (not timed).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Replicas N of the parallel runs.
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// Python interpreter that imports torch and numpy (the PyTorch comparison is skipped,
+    /// with a note, when it cannot).
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Skip the PyTorch comparison.
+    #[arg(long)]
+    pub no_torch: bool,
+    /// Skip the replica runs.
+    #[arg(long)]
+    pub no_replicas: bool,
+    /// Skip the MPI run.
+    #[arg(long)]
+    pub no_mpi: bool,
+    /// Internal: one rank of the MPI measurement.
+    #[arg(long, hide = true)]
+    pub mpi_worker: bool,
+}
+
+/// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES` and
+/// `REPLICAS` are filled in).
+const SETTINGS: &str = "
+data:
+  task: {name: gw_chirp, f_max: 64}
+  num_samples: SAMPLES
+  train_fraction: 1.0
+  seed: 1
+model:
+  posterior_model_type: normalizing_flow
+  posterior_kwargs:
+    num_flow_steps: 6
+    base_transform_kwargs: {hidden_dim: 160, num_transform_blocks: 2, num_bins: 8,
+                            base_transform_type: rq-coupling, norm: none, tail_bound: 1.0}
+  embedding_kwargs: {output_dim: 64, hidden_dims: [256, 256, 128, 128], norm: layer_norm}
+training:
+  stage_0:
+    epochs: 1
+    batch_size: BATCH
+    optimizer: {type: adam, lr: 0.001}
+local:
+  replicas: REPLICAS
+";
+
+fn settings(
+    batch: usize,
+    updates: usize,
+    replicas: usize,
+) -> Result<(NpeSettings, serde_json::Value)> {
+    let text = SETTINGS
+        .replace("SAMPLES", &(batch * updates).to_string())
+        .replace("BATCH", &batch.to_string())
+        .replace("REPLICAS", &replicas.to_string());
+    Ok(NpeSettings::from_yaml(&text)?)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// Runs the benchmark and prints its tables.
+pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
+    if args.steps == 0 || args.batch == 0 {
+        bail!("--steps and --batch must be at least 1");
+    }
+    let updates = args.warmup + args.steps;
+    if args.mpi_worker {
+        let ranks = world.comm().size();
+        let times = engine(world, args.batch, updates, ranks, Launch::Mpi(ranks))?;
+        if world.comm().is_chief() {
+            println!("{}", serde_json::to_string(&times)?);
+        }
+        return Ok(());
+    }
+    if world.comm().size() > 1 {
+        bail!("run `lockstep bench npe` without mpirun: it starts its own MPI job");
+    }
+    let (s, _) = settings(args.batch, updates, 1)?;
+    let task = s.task()?;
+    let network = trained::network(&s, task.as_ref())?;
+    let batch = TaskSource::new(task.clone(), 7).global_batch(0, args.batch)?;
+    let n = args.batch;
+    let params = network.layout().len();
+    println!(
+        "NPE network: gw_chirp x {} -> embedding [256, 256, 128, 128] -> 64 (LayerNorm), 6 RQ-spline coupling steps (hidden 160, 2 blocks, 8 bins) over theta {}; {} parameters; batch {n}",
+        network.x_dim, network.theta_dim, params
+    );
+
+    // 1. One replica, one core: the model's own step, then the same step split in phases.
+    let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default());
+    let initial = model.trainable().to_vec();
+    let lp = model.log_prob(&batch.targets, &batch.inputs, n);
+    let initial_loss = -lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+    let mut opt = Optimizer::new(OptimizerConfig::default(), params);
+    let mut grad = vec![0.0f32; params];
+    let mut step_s = Vec::new();
+    for i in 0..updates {
+        let t = Instant::now();
+        model.nll_and_grad(&batch.targets, &batch.inputs, n, &mut grad);
+        opt.update(model.trainable_mut(), &grad);
+        if i >= args.warmup {
+            step_s.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let phases = phases(&network, &initial, &batch.targets, &batch.inputs, n, args)?;
+    let step = median(&step_s);
+    println!(
+        "\n1 replica, 1 core (burn ndarray backend, f32): median of {} steps after {} warm-up",
+        args.steps, args.warmup
+    );
+    println!("{:>28} {:>10} {:>8}", "phase", "ms", "% step");
+    let names = [
+        "unpack params -> tensors",
+        "forward: embedding",
+        "forward: flow + loss",
+        "backward",
+        "pack grads -> flat",
+        "Adam update",
+    ];
+    let sum: f64 = phases.iter().sum();
+    for (name, t) in names.iter().zip(&phases) {
+        println!("{:>28} {:>10.2} {:>8.1}", name, 1e3 * t, 100.0 * t / sum);
+    }
+    println!("{:>28} {:>10.2} {:>8.1}", "sum of phases", 1e3 * sum, 100.0);
+    println!(
+        "step (NpeModel::nll_and_grad + Adam): {:.4} s/step, {:.0} samples/s; pack + unpack {:.2} ms = {:.2}% of the step",
+        step,
+        n as f64 / step,
+        1e3 * (phases[0] + phases[4]),
+        100.0 * (phases[0] + phases[4]) / step
+    );
+
+    // 2. PyTorch eager on the same batch and initial parameters.
+    if !args.no_torch {
+        match torch(args, &network, &initial, &batch.targets, &batch.inputs) {
+            Ok(t) => {
+                println!("\nPyTorch eager ({}), same network, batch and initial parameters: {} parameters; loss at the initial parameters: torch {:.6}, lockstep {:.6} (relative difference {:.1e})",
+                    t.version, t.parameters, t.initial_loss, initial_loss,
+                    ((t.initial_loss - initial_loss) / initial_loss).abs());
+                println!(
+                    "{:>24} {:>10} {:>12} {:>22}",
+                    "run", "s/step", "samples/s", "lockstep/torch time"
+                );
+                println!(
+                    "{:>24} {:>10.4} {:>12.0} {:>22}",
+                    "lockstep 1 core",
+                    step,
+                    n as f64 / step,
+                    ""
+                );
+                for (threads, s) in &t.steps {
+                    println!(
+                        "{:>24} {:>10.4} {:>12.0} {:>22.2}",
+                        format!("torch {threads} thread(s)"),
+                        s,
+                        n as f64 / s,
+                        step / s
+                    );
+                }
+                for (threads, p) in &t.phases {
+                    println!("torch {threads} thread(s) phases: forward {:.2} ms, backward {:.2} ms, Adam {:.2} ms", 1e3 * p[0], 1e3 * p[1], 1e3 * p[2]);
+                }
+            }
+            Err(e) => println!("\nnote: no PyTorch comparison: {e:#}"),
+        }
+    }
+
+    // 3. The engine: 1 replica vs N thread replicas vs N MPI ranks, same global batch.
+    if !args.no_replicas {
+        let r = args.replicas;
+        let mut rows = vec![(
+            "1 replica".to_string(),
+            1,
+            engine(world, n, updates, 1, Launch::SingleProcess)?,
+        )];
+        if r > 1 {
+            rows.push((
+                format!("{r} threads"),
+                r,
+                engine(world, n, updates, r, Launch::SingleProcess)?,
+            ));
+            if !args.no_mpi {
+                match mpi_run(args, r) {
+                    Ok(t) => rows.push((format!("{r} MPI ranks"), r, t)),
+                    Err(e) => println!("note: no MPI run: {e:#}"),
+                }
+            }
+        }
+        println!("\nengine (lockstep npe training path, simulation included), global batch {n}: median of {} updates after {} warm-up", args.steps, args.warmup);
+        println!(
+            "{:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>9}",
+            "run", "replicas", "s/update", "data s", "compute s", "comm s", "samples/s", "speed-up"
+        );
+        let col = |times: &[[f64; 4]], k: usize| {
+            let timed = &times[args.warmup.min(times.len())..];
+            median(&timed.iter().map(|t| t[k]).collect::<Vec<_>>())
+        };
+        let base = col(&rows[0].2, 3);
+        for (name, reps, times) in &rows {
+            let total = col(times, 3);
+            println!(
+                "{:>12} {:>9} {:>9.4} {:>10.4} {:>10.4} {:>10.4} {:>12.0} {:>9.2}",
+                name,
+                reps,
+                total,
+                col(times, 0),
+                col(times, 1),
+                col(times, 2),
+                n as f64 / total,
+                base / total
+            );
+        }
+        println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch)");
+    }
+    Ok(())
+}
+
+/// Median seconds of each phase: unpack, embedding forward, flow forward + loss, backward,
+/// pack, Adam.
+fn phases(
+    network: &NpeNetwork,
+    initial: &[f32],
+    theta: &[f32],
+    x: &[f32],
+    n: usize,
+    args: &BenchNpeArgs,
+) -> Result<Vec<f64>> {
+    let device = Default::default();
+    let layout = network.layout();
+    let mut params = initial.to_vec();
+    let (_, mut state) = network.initial_values(0);
+    let mut grad = vec![0.0f32; params.len()];
+    let mut opt = Optimizer::new(OptimizerConfig::default(), params.len());
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 6];
+    for i in 0..args.warmup + args.steps {
+        let mut t = [0.0f64; 6];
+        let c = Instant::now();
+        let p = Params::<CpuAutodiff>::leaves(layout, &params, &device);
+        t[0] = c.elapsed().as_secs_f64();
+        let mut pass = Pass {
+            params: &p,
+            state: &mut state,
+            state_layout: network.state_layout(),
+            training: true,
+        };
+        let c = Instant::now();
+        let context = network.context(&mut pass, x, n);
+        t[1] = c.elapsed().as_secs_f64();
+        let c = Instant::now();
+        let lp = network.log_prob_with_context(&mut pass, theta, &context, n);
+        let loss = lp.mean().neg();
+        let value = to_vec(loss.clone().detach())[0];
+        t[2] = c.elapsed().as_secs_f64();
+        if !value.is_finite() {
+            bail!("the loss is {value}");
+        }
+        let c = Instant::now();
+        let mut grads = loss.backward();
+        t[3] = c.elapsed().as_secs_f64();
+        let c = Instant::now();
+        p.write_gradients(layout, &mut grads, &mut grad);
+        t[4] = c.elapsed().as_secs_f64();
+        let c = Instant::now();
+        opt.update(&mut params, &grad);
+        t[5] = c.elapsed().as_secs_f64();
+        if i >= args.warmup {
+            for (v, x) in times.iter_mut().zip(t) {
+                v.push(x);
+            }
+        }
+    }
+    Ok(times.iter().map(|v| median(v)).collect())
+}
+
+/// Per update: seconds of data, compute, communication, whole update (slowest rank), of
+/// the engine training the benchmark network with `replicas` replicas launched as `launch`.
+fn engine(
+    world: &World,
+    batch: usize,
+    updates: usize,
+    replicas: usize,
+    launch: Launch,
+) -> Result<Vec<[f64; 4]>> {
+    let (s, raw) = settings(batch, updates, replicas)?;
+    let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let json = s.engine_config(&raw, launch, &tmp.path().join("run"), true)?;
+    let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
+    let task = s.task()?;
+    let network = trained::network(&s, task.as_ref())?;
+    let opts = EngineOptions {
+        resolved_config: json,
+        quiet: true,
+        ..EngineOptions::default()
+    };
+    let (seed, n) = (s.data.seed, s.train_samples());
+    let summary = run_job(world, &cfg, &opts, |_rank| {
+        Ok((
+            NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default()),
+            TaskSource::dataset(task.clone(), seed, n),
+        ))
+    })?;
+    Ok(summary.update_times)
+}
+
+fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {
+    let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
+    let mut cmd = mpirun_command(ranks);
+    cmd.arg(exe).args(["bench", "npe", "--mpi-worker"]).args([
+        "--batch",
+        &args.batch.to_string(),
+        "--steps",
+        &args.steps.to_string(),
+        "--warmup",
+        &args.warmup.to_string(),
+    ]);
+    let out = run_with_limit(cmd, Duration::from_secs(1800)).map_err(anyhow::Error::msg)?;
+    if !out.success() {
+        bail!("the MPI measurement failed:\n{}", out.all_output());
+    }
+    let line = out
+        .stdout
+        .lines()
+        .rfind(|l| l.starts_with('['))
+        .context("the MPI measurement printed no result")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+struct TorchResult {
+    version: String,
+    parameters: u64,
+    initial_loss: f64,
+    /// (threads, median s/step)
+    steps: Vec<(usize, f64)>,
+    /// (threads, [forward, backward, Adam] s)
+    phases: Vec<(usize, [f64; 3])>,
+}
+
+const TORCH_SCRIPT: &str = include_str!("../../../scripts/peers/npe_torch.py");
+
+/// Writes `data` (row-major, `shape`) as a float32 `.npy` file.
+pub(crate) fn write_npy(path: &Path, data: &[f32], shape: &[u64]) -> Result<()> {
+    use npyz::WriterBuilder;
+    let ctx = || format!("writing {}", path.display());
+    let f = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(f)
+        .begin_nd()
+        .with_context(ctx)?;
+    w.extend(data.iter().copied()).with_context(ctx)?;
+    w.finish().with_context(ctx)
+}
+
+fn torch(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    initial: &[f32],
+    theta: &[f32],
+    x: &[f32],
+) -> Result<TorchResult> {
+    let python = &args.python;
+    let probe = Command::new(python)
+        .args(["-c", "import torch, numpy"])
+        .output()
+        .map_err(|e| anyhow!("could not start `{python}`: {e}"))?;
+    if !probe.status.success() {
+        bail!("`{python}` cannot import torch and numpy; pass --python with an interpreter that has them (pip install torch numpy)");
+    }
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let d = dir.path();
+    let n = args.batch as u64;
+    write_npy(&d.join("params.npy"), initial, &[initial.len() as u64])?;
+    write_npy(&d.join("theta.npy"), theta, &[n, network.theta_dim as u64])?;
+    write_npy(&d.join("x.npy"), x, &[n, network.x_dim as u64])?;
+    let names: Vec<(String, Vec<usize>)> = network
+        .layout()
+        .specs()
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.clone()))
+        .collect();
+    std::fs::write(d.join("names.json"), serde_json::to_string(&names)?)?;
+    let c = &network.config;
+    let st = &network.standardization;
+    let spec = serde_json::json!({
+        "x_dim": network.x_dim, "theta_dim": network.theta_dim,
+        "hidden_dims": c.embedding.hidden_dims, "output_dim": c.embedding.output_dim,
+        "num_flow_steps": c.flow.num_flow_steps, "hidden_dim": c.flow.hidden_dim,
+        "num_transform_blocks": c.flow.num_transform_blocks, "num_bins": c.flow.num_bins,
+        "tail_bound": c.flow.tail_bound, "permutations": network.permutations(),
+        "theta_mean": st.theta_mean, "theta_std": st.theta_std,
+        "x_mean": st.x_mean, "x_std": st.x_std,
+        "batch": args.batch, "warmup": args.warmup, "steps": args.steps,
+        "threads": [1, 2], "learning_rate": 1e-3, "dir": d,
+    });
+    let spec_path = d.join("spec.json");
+    std::fs::write(&spec_path, serde_json::to_string(&spec)?)?;
+    let script = d.join("npe_torch.py");
+    std::fs::write(&script, TORCH_SCRIPT)?;
+    let out_path = d.join("out.json");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .arg(&out_path)
+        .output()
+        .map_err(|e| anyhow!("could not start `{python}`: {e}"))?;
+    if !out.status.success() {
+        bail!(
+            "the PyTorch script failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out_path)?)?;
+    let parameters = v["parameters"].as_u64().unwrap_or(0);
+    if parameters != initial.len() as u64 {
+        bail!(
+            "PyTorch's network has {parameters} parameters, lockstep's {}",
+            initial.len()
+        );
+    }
+    let mut steps = Vec::new();
+    let mut phases = Vec::new();
+    for threads in [1usize, 2] {
+        let key = threads.to_string();
+        let s: Vec<f64> = v["s_per_step"][&key]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        steps.push((threads, median(&s)));
+        let p = &v["phases"][&key];
+        phases.push((
+            threads,
+            [
+                p["forward"].as_f64().unwrap_or(f64::NAN),
+                p["backward"].as_f64().unwrap_or(f64::NAN),
+                p["optimizer"].as_f64().unwrap_or(f64::NAN),
+            ],
+        ));
+    }
+    Ok(TorchResult {
+        version: v["torch_version"].as_str().unwrap_or("unknown").to_string(),
+        parameters,
+        initial_loss: v["initial_loss"].as_f64().unwrap_or(f64::NAN),
+        steps,
+        phases,
+    })
+}
