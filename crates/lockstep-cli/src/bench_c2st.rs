@@ -102,7 +102,8 @@ local:
     Ok(NpeSettings::from_yaml(&text)?)
 }
 
-/// `n` posterior samples inside the prior box `[lo, hi]` (rejection, at most 200 rounds).
+/// `n` posterior samples inside the prior box `[lo, hi]` (rejection, at most 200 rounds of
+/// `n` draws), and the fraction of all draws that fell inside.
 fn sample_in_prior(
     model: &NpeModel<CpuAutodiff>,
     x: &[f32],
@@ -113,23 +114,25 @@ fn sample_in_prior(
 ) -> Result<(Vec<f32>, f64)> {
     let d = lo.len();
     let mut out = Vec::with_capacity(n * d);
-    let mut drawn = 0usize;
+    let (mut drawn, mut inside) = (0usize, 0usize);
     for round in 0..200u64 {
         let s = model.sample(x, n, seed.wrapping_add(round));
-        drawn += n;
         for row in s.chunks_exact(d) {
-            if out.len() < n * d
-                && row
-                    .iter()
-                    .zip(lo)
-                    .zip(hi)
-                    .all(|((v, l), h)| v >= l && v <= h)
+            drawn += 1;
+            if row
+                .iter()
+                .zip(lo)
+                .zip(hi)
+                .all(|((v, l), h)| v >= l && v <= h)
             {
-                out.extend_from_slice(row);
+                inside += 1;
+                if out.len() < n * d {
+                    out.extend_from_slice(row);
+                }
             }
         }
         if out.len() == n * d {
-            return Ok((out, (n as f64) / drawn as f64));
+            return Ok((out, inside as f64 / drawn as f64));
         }
     }
     bail!("fewer than {n} of {drawn} posterior samples fell inside the prior")

@@ -20,7 +20,7 @@
 use crate::layers::{Builder, Init, Linear};
 use crate::params::{to_vec, Layout, Params};
 use crate::{CpuAutodiff, CpuBackend};
-use burn::tensor::activation::{relu, softplus};
+use burn::tensor::activation::relu;
 use burn::tensor::{Tensor, TensorData};
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use lockstep_train::{Optimizer, OptimizerConfig};
@@ -150,7 +150,11 @@ pub fn c2st_folds(
         let (train, test) = &folds[k];
         let mut clf = Classifier::new(dim, splitmix64(opts.seed.wrapping_add(k as u64 + 1)));
         clf.fit(&data, &labels, train, opts);
-        clf.accuracy(&data, &labels, test)
+        if clf.params.iter().all(|v| v.is_finite()) {
+            clf.accuracy(&data, &labels, test)
+        } else {
+            f64::NAN
+        }
     };
     // The folds are independent: run them two at a time (the CPU backend is single-threaded).
     let mut acc = vec![0.0; opts.folds];
@@ -166,7 +170,7 @@ pub fn c2st_folds(
         });
     }
     if acc.iter().any(|a| a.is_nan()) {
-        anyhow::bail!("C2ST: a fold's classifier failed");
+        anyhow::bail!("C2ST: a fold's classifier diverged (its parameters are not finite)");
     }
     Ok(acc)
 }
@@ -264,8 +268,10 @@ impl Classifier {
                     Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(x, [m, self.dim]), &device);
                 let tt = Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(t, [m, 1]), &device);
                 let z = self.logits(&p, xt);
-                // Binary cross-entropy with logits: softplus(z) - t z.
-                let loss = (softplus(z.clone(), 1.0) - z * tt).mean();
+                // Binary cross-entropy with logits: softplus(z) - t z, with softplus written
+                // as max(z, 0) + log(1 + exp(-|z|)) so that large logits do not overflow.
+                let softplus = relu(z.clone()) + z.clone().abs().neg().exp().log1p();
+                let loss = (softplus - z * tt).mean();
                 let value = to_vec(loss.clone().detach())[0] as f64;
                 let mut grads = loss.backward();
                 p.write_gradients(&self.layout, &mut grads, &mut grad);
@@ -283,7 +289,8 @@ impl Classifier {
                 adam.update(&mut self.params, &grad);
             }
             let epoch_loss = sum / train.len() as f64;
-            if epoch_loss > best - o.tol {
+            // A loss that is not finite counts as no improvement (the fit then stops).
+            if epoch_loss.is_nan() || epoch_loss > best - o.tol {
                 stale += 1;
             } else {
                 stale = 0;
