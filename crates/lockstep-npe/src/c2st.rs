@@ -78,7 +78,7 @@ pub fn c2st_folds(
     dim: usize,
     opts: &C2stOptions,
 ) -> anyhow::Result<Vec<f64>> {
-    if dim == 0 || x.len() % dim != 0 || y.len() % dim != 0 {
+    if dim == 0 || !x.len().is_multiple_of(dim) || !y.len().is_multiple_of(dim) {
         anyhow::bail!(
             "C2ST: the sample sets ({} and {} values) are not whole rows of {dim} components",
             x.len(),
