@@ -55,9 +55,11 @@
 use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig};
 use crate::layers::Norm;
 use crate::tasks::{Task, TaskSpec};
-use lockstep_core::config::{from_value, ConfigError};
+use lockstep_core::config::{from_value, unknown_problem, ConfigError};
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -81,6 +83,7 @@ pub struct NpeSettings {
 #[serde(deny_unknown_fields)]
 pub struct DataSettings {
     /// The task (`{name: gaussian_linear, dim: 3}`, or a bare name for its defaults).
+    #[serde(deserialize_with = "task_or_name")]
     pub task: TaskSpec,
     /// Simulations in the data set.
     pub num_samples: u64,
@@ -96,6 +99,27 @@ pub struct DataSettings {
 
 fn default_train_fraction() -> f64 {
     0.95
+}
+
+/// `data.task` as a map tagged by `name`, or a bare name (the task's defaults). Errors keep
+/// serde's `unknown variant` / `unknown field` text, so the nearest name is suggested.
+fn task_or_name<'de, D: Deserializer<'de>>(d: D) -> Result<TaskSpec, D::Error> {
+    struct TaskVisitor;
+    impl<'de> Visitor<'de> for TaskVisitor {
+        type Value = TaskSpec;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a task name or a map with `name` and the task's keys")
+        }
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<TaskSpec, E> {
+            TaskSpec::deserialize(de::value::MapDeserializer::new(std::iter::once((
+                "name", name,
+            ))))
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<TaskSpec, A::Error> {
+            TaskSpec::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(TaskVisitor)
 }
 
 /// `model`.
@@ -195,10 +219,13 @@ pub struct EmbeddingKwargs {
 
 /// `training`: `stage_0` (later stages are refused until multi-stage training exists).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TrainingSettings {
     /// The first (and for now only) stage.
     pub stage_0: StageSettings,
+    /// Every other key: Dingo's later stages `stage_1`, `stage_2`, ... are refused by name
+    /// ("training in several stages"), anything else as an unknown key (nearest: `stage_0`).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
 }
 
 /// `training.stage_0`.
@@ -246,6 +273,9 @@ pub enum OptimizerSettings {
         #[serde(default)]
         fused: Option<bool>,
     },
+    /// Dingo's `adamw`: not implemented yet (refused by name, whatever its options).
+    #[serde(rename = "adamw")]
+    AdamW(Map<String, Value>),
     /// SGD with momentum (PyTorch `torch.optim.SGD`).
     Sgd {
         /// Learning rate.
@@ -271,6 +301,10 @@ pub enum SchedulerSettings {
         #[serde(default)]
         eta_min: f64,
     },
+    /// Dingo's `reduce_on_plateau`: not implemented yet (refused by name).
+    ReduceOnPlateau(Map<String, Value>),
+    /// Dingo's `step`: not implemented yet (refused by name).
+    Step(Map<String, Value>),
 }
 
 /// `local`: how this machine runs the training (not part of the model or its checkpoints).
@@ -324,6 +358,38 @@ fn resolve_norm(
     }
 }
 
+/// `training.stage_0.optimizer`: no AdamW, no weight decay.
+fn check_optimizer(o: &OptimizerSettings) -> Result<(), ConfigError> {
+    let k = "training.stage_0.optimizer";
+    match o {
+        OptimizerSettings::AdamW(_) => Err(not_yet(&format!("{k}.type"), "AdamW")),
+        OptimizerSettings::Adam {
+            weight_decay: Some(w),
+            ..
+        } if *w != 0.0 => Err(not_yet(&format!("{k}.weight_decay"), "weight decay")),
+        _ => Ok(()),
+    }
+}
+
+/// `training.stage_0.scheduler`: constant or cosine with `T_max` at least 1.
+fn check_scheduler(s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
+    let k = "training.stage_0.scheduler";
+    match s {
+        Some(SchedulerSettings::ReduceOnPlateau(_)) => Err(not_yet(
+            &format!("{k}.type"),
+            "the reduce_on_plateau scheduler",
+        )),
+        Some(SchedulerSettings::Step(_)) => {
+            Err(not_yet(&format!("{k}.type"), "the step scheduler"))
+        }
+        Some(SchedulerSettings::Cosine { t_max: Some(0), .. }) => Err(ConfigError::new(
+            format!("{k}.T_max"),
+            "must be at least 1 epoch",
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn only(key: &str, given: &Option<String>, allowed: &str) -> Result<(), ConfigError> {
     match given {
         Some(v) if v != allowed => Err(ConfigError::new(
@@ -370,46 +436,23 @@ impl NpeSettings {
     ///
     /// Errors: see [`NpeSettings::from_yaml`].
     pub fn from_value(value: &Value) -> Result<NpeSettings, ConfigError> {
-        let mut v = value.clone();
-        if let Some(task) = v.pointer_mut("/data/task") {
-            if let Value::String(name) = task {
-                *task = json!({ "name": name });
-            }
-        }
-        if let Some(t) = v.get("training").and_then(Value::as_object) {
-            for k in t.keys() {
-                if let Some(n) = k.strip_prefix("stage_") {
-                    if n.parse::<u32>().is_ok_and(|n| n > 0) {
-                        return Err(not_yet(
-                            &format!("training.{k}"),
-                            "training in several stages",
-                        ));
-                    }
-                }
-            }
-        }
-        // Values Dingo accepts whose semantics are not here yet: refused by name before the
-        // typed parse (which would report their options as unknown keys).
-        if let Some(st) = v.pointer("/training/stage_0") {
-            let sk = "training.stage_0";
-            if let Some(t) = st.pointer("/scheduler/type").and_then(Value::as_str) {
-                if t == "reduce_on_plateau" || t == "step" {
-                    return Err(not_yet(
-                        &format!("{sk}.scheduler.type"),
-                        &format!("the {t} scheduler"),
-                    ));
-                }
-            }
-            if st.pointer("/optimizer/type").and_then(Value::as_str) == Some("adamw") {
-                return Err(not_yet(&format!("{sk}.optimizer.type"), "AdamW"));
-            }
-        }
-        let s: NpeSettings = from_value(&v, "")?;
+        let s: NpeSettings = from_value(value, "")?;
         s.check()?;
         Ok(s)
     }
 
+    /// Every check of values the types cannot express, section by section.
     fn check(&self) -> Result<(), ConfigError> {
+        self.check_data()?;
+        let task = self.task()?;
+        self.check_posterior_kwargs(task.as_ref())?;
+        self.check_embedding_kwargs(task.as_ref())?;
+        self.check_training()?;
+        self.check_local()
+    }
+
+    /// `data`: a non-empty data set, a train fraction in (0, 1] and a valid task.
+    fn check_data(&self) -> Result<(), ConfigError> {
         let d = &self.data;
         if d.num_samples == 0 {
             return Err(ConfigError::new("data.num_samples", "must be at least 1"));
@@ -420,7 +463,12 @@ impl NpeSettings {
                 format!("{} is not in (0, 1]", d.train_fraction),
             ));
         }
-        self.task().map_err(|e| e.under("data.task"))?;
+        self.task().map(|_| ()).map_err(|e| e.under("data.task"))
+    }
+
+    /// `model.posterior_model_type` and `model.posterior_kwargs`: the implemented flow, and
+    /// `input_dim` / `context_dim` (Dingo fills them in) agreeing with the task and embedding.
+    fn check_posterior_kwargs(&self, task: &dyn Task) -> Result<(), ConfigError> {
         let m = &self.model;
         only(
             "model.posterior_model_type",
@@ -440,42 +488,35 @@ impl NpeSettings {
             return Err(not_yet(&format!("{bk}.dropout_probability"), "dropout"));
         }
         resolve_norm(bk, b.batch_norm, b.norm)?;
-        let e = &m.embedding_kwargs;
+        let output_dim = m.embedding_kwargs.output_dim;
+        if let Some(c) = p.context_dim.filter(|&c| c != output_dim) {
+            return Err(ConfigError::new(
+                "model.posterior_kwargs.context_dim",
+                format!("is {c} but model.embedding_kwargs.output_dim is {output_dim}; they must agree (or leave context_dim out)"),
+            ));
+        }
+        if let Some(i) = p.input_dim.filter(|&i| i != task.theta_dim()) {
+            return Err(ConfigError::new(
+                "model.posterior_kwargs.input_dim",
+                format!(
+                    "is {i} but the task has {} parameters; leave it out",
+                    task.theta_dim()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `model.embedding_kwargs`: the implemented activation and normalization, `input_dims`
+    /// (Dingo fills it in) matching the task, and the `svd` layer's sizes.
+    fn check_embedding_kwargs(&self, task: &dyn Task) -> Result<(), ConfigError> {
+        let e = &self.model.embedding_kwargs;
         let ek = "model.embedding_kwargs";
         only(&format!("{ek}.activation"), &e.activation, "elu")?;
         if e.dropout.is_some_and(|x| x != 0.0) {
             return Err(not_yet(&format!("{ek}.dropout"), "dropout"));
         }
-        if e.svd.is_some() {
-            return Err(ConfigError::new(
-                format!("{ek}.svd"),
-                "the SVD-initialized first embedding layer is not implemented yet; remove the key",
-            ));
-        }
         resolve_norm(ek, e.batch_norm, e.norm)?;
-        if let Some(c) = p.context_dim {
-            if c != e.output_dim {
-                return Err(ConfigError::new(
-                    "model.posterior_kwargs.context_dim",
-                    format!(
-                        "is {c} but model.embedding_kwargs.output_dim is {}; they must agree (or leave context_dim out)",
-                        e.output_dim
-                    ),
-                ));
-            }
-        }
-        let task = self.task()?;
-        if let Some(i) = p.input_dim {
-            if i != task.theta_dim() {
-                return Err(ConfigError::new(
-                    "model.posterior_kwargs.input_dim",
-                    format!(
-                        "is {i} but the task has {} parameters; leave it out",
-                        task.theta_dim()
-                    ),
-                ));
-            }
-        }
         if let Some(dims) = &e.input_dims {
             if dims.iter().product::<usize>() != task.x_dim() {
                 return Err(ConfigError::new(
@@ -487,19 +528,41 @@ impl NpeSettings {
                 ));
             }
         }
-        let st = &self.training.stage_0;
-        let sk = "training.stage_0";
-        if st.epochs == 0 {
+        if e.svd.is_some() {
             return Err(ConfigError::new(
-                format!("{sk}.epochs"),
-                "must be at least 1",
+                format!("{ek}.svd"),
+                "the SVD-initialized first embedding layer is not implemented yet; remove the key",
             ));
         }
-        if st.batch_size == 0 {
-            return Err(ConfigError::new(
-                format!("{sk}.batch_size"),
-                "must be at least 1",
-            ));
+        Ok(())
+    }
+
+    /// `training`: only `stage_0`, with positive epochs and batch, the implemented optimizer
+    /// and scheduler options, and no Dingo keys whose features are not here.
+    fn check_training(&self) -> Result<(), ConfigError> {
+        if let Some(k) = self.training.other.keys().next() {
+            let later = k
+                .strip_prefix("stage_")
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|n| n > 0);
+            return Err(if later {
+                not_yet(&format!("training.{k}"), "training in several stages")
+            } else {
+                ConfigError::new(
+                    format!("training.{k}"),
+                    unknown_problem("key", k, &["stage_0"]),
+                )
+            });
+        }
+        let st = &self.training.stage_0;
+        let sk = "training.stage_0";
+        for (key, value) in [("epochs", st.epochs), ("batch_size", st.batch_size as u64)] {
+            if value == 0 {
+                return Err(ConfigError::new(
+                    format!("{sk}.{key}"),
+                    "must be at least 1",
+                ));
+            }
         }
         if st.freeze_rb_layer == Some(true) {
             return Err(not_yet(
@@ -513,45 +576,38 @@ impl NpeSettings {
                 "lockstep's tasks simulate their own noise; remove the key",
             ));
         }
-        if let OptimizerSettings::Adam {
-            weight_decay: Some(w),
-            ..
-        } = &st.optimizer
-        {
-            if *w != 0.0 {
-                return Err(not_yet(
-                    &format!("{sk}.optimizer.weight_decay"),
-                    "weight decay",
-                ));
-            }
-        }
-        if let Some(SchedulerSettings::Cosine { t_max: Some(0), .. }) = &st.scheduler {
-            return Err(ConfigError::new(
-                format!("{sk}.scheduler.T_max"),
-                "must be at least 1 epoch",
-            ));
-        }
+        check_optimizer(&st.optimizer)?;
+        check_scheduler(st.scheduler.as_ref())
+    }
+
+    /// `local`: CPU, at least one replica, and no Dingo keys whose features are not here.
+    fn check_local(&self) -> Result<(), ConfigError> {
         let l = &self.local;
         only("local.device", &l.device, "cpu")?;
         if l.replicas == Some(0) {
             return Err(ConfigError::new("local.replicas", "must be at least 1"));
         }
-        if l.num_workers.is_some() {
-            return Err(not_yet("local.num_workers", "parallel data loading"));
-        }
-        if l.num_gpus.is_some() {
-            return Err(not_yet(
-                "local.num_gpus",
+        let refused = [
+            (
+                "num_workers",
+                l.num_workers.is_some(),
+                "parallel data loading",
+            ),
+            (
+                "num_gpus",
+                l.num_gpus.is_some(),
                 "GPU replicas (use local.replicas for CPU replicas)",
-            ));
-        }
-        if l.runtime_limits.is_some() {
-            return Err(not_yet(
-                "local.runtime_limits",
+            ),
+            (
+                "runtime_limits",
+                l.runtime_limits.is_some(),
                 "per-run time and epoch limits",
-            ));
+            ),
+        ];
+        match refused.iter().find(|(_, given, _)| *given) {
+            Some((key, _, what)) => Err(not_yet(&format!("local.{key}"), what)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The task as a simulator.
@@ -655,6 +711,9 @@ impl NpeSettings {
             }
             OptimizerSettings::Sgd { lr, momentum } => {
                 json!({"name": "sgd", "learning_rate": lr, "momentum": momentum.unwrap_or(0.0)})
+            }
+            OptimizerSettings::AdamW(_) => {
+                return Err(not_yet(&format!("{sk}.optimizer.type"), "AdamW"))
             }
         };
         let mut optimizer = optimizer;
@@ -831,5 +890,53 @@ local:
         assert!(e.contains("embedding_kwargs.batch_norm"), "{e}");
         let e = err(&GOOD.replace("activation: elu", "activation: relu"));
         assert!(e.contains("activation") && e.contains("elu"), "{e}");
+    }
+
+    #[test]
+    fn typed_sections_refuse_with_the_key() {
+        let (s, _) = NpeSettings::from_yaml(
+            &GOOD.replace("task: {name: gaussian_linear, dim: 3}", "task: two_moons"),
+        )
+        .unwrap();
+        assert_eq!(s.data.task, TaskSpec::TwoMoons);
+        let e = err(&GOOD.replace("task: {name: gaussian_linear, dim: 3}", "task: two_moon"));
+        assert!(
+            e.starts_with("data.task: ") && e.contains("did you mean `two_moons`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("  stage_0:", "  stage0:"));
+        assert!(e.starts_with("training: missing field `stage_0`"), "{e}");
+        let e = err(&GOOD.replace("local:", "  stage_0x: 1\nlocal:"));
+        assert!(
+            e.starts_with("training.stage_0x: ") && e.contains("did you mean `stage_0`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "{type: adam, lr: 0.001}",
+            "{type: adamw, lr: 0.001, weight_decay: 0.01}",
+        ));
+        assert!(
+            e.starts_with("training.stage_0.optimizer.type: ")
+                && e.contains("AdamW is not implemented"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("{type: cosine, T_max: 3}", "{type: step, step_size: 2}"));
+        assert!(
+            e.starts_with("training.stage_0.scheduler.type: ") && e.contains("step scheduler"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("{type: cosine, T_max: 3}", "{type: cosine, T_max: 0}"));
+        assert!(e.starts_with("training.stage_0.scheduler.T_max: "), "{e}");
+        let e = err(&GOOD.replace("num_samples: 10000", "num_samples: 0"));
+        assert!(e.starts_with("data.num_samples: must be at least 1"), "{e}");
+        let e = err(&GOOD.replace(
+            "{name: gaussian_linear, dim: 3}",
+            "{name: gaussian_linear, dim: 0}",
+        ));
+        assert!(e.starts_with("data.task.dim: "), "{e}");
+        let e = err(&format!(
+            "{GOOD}  runtime_limits: {{max_time_per_run: 100}}\n"
+        ));
+        assert!(e.starts_with("local.runtime_limits: "), "{e}");
     }
 }
