@@ -7,11 +7,12 @@ use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::calibration::{injection, pp_test, PpResult};
 use lockstep_npe::settings::Launch;
+use lockstep_npe::svd::ReducedBasis;
 use lockstep_npe::trained::{self, Trained};
 use lockstep_npe::{CpuAutodiff, NpeModel, NpeSettings, TaskSource};
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::{agree_on_validation, run_job};
-use lockstep_train::{EngineOptions, TrainError};
+use lockstep_train::{EngineOptions, Model, TrainError};
 use plotters::prelude::*;
 use serde_json::Value;
 use std::io::Write;
@@ -67,6 +68,10 @@ pub struct SampleArgs {
     /// Seed of the base draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Also draw a corner plot of the samples into this PNG: 1-D histograms on the diagonal,
+    /// 2-D histograms below it, the true values (with --injection) marked in red.
+    #[arg(long)]
+    pub corner: Option<PathBuf>,
 }
 
 /// Options of `lockstep npe pp`.
@@ -130,13 +135,27 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
         ..EngineOptions::default()
     };
     let (seed, n_train) = (settings.data.seed, settings.train_samples());
+    let initial = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+    let mut initial = initial.trainable().to_vec();
+    // The reduced basis, computed from keyed inputs in every process (deterministic; the
+    // startup broadcast makes the replicas equal in any case). A resumed run takes its
+    // parameters from the checkpoint instead.
+    let mut svd_report = Vec::new();
+    if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &args.resume) {
+        let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
+        basis.initialize(&network, &mut initial)?;
+        svd_report = basis.report();
+        if world.comm().is_chief() {
+            svd_report.iter().for_each(|l| println!("{l}"));
+        }
+    }
     let summary = run_job(world, &cfg, &opts, |_rank| {
-        Ok((
-            NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default()),
-            TaskSource::dataset(task.clone(), seed, n_train),
-        ))
+        let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+        model.trainable_mut().copy_from_slice(&initial);
+        Ok((model, TaskSource::dataset(task.clone(), seed, n_train)))
     })?;
     if world.comm().is_chief() {
+        append_log(&summary.output_dir.join(&cfg.log_file), &svd_report)?;
         let t = trained::load(&summary.output_dir)?;
         if let Some(loss) = t.test_loss()? {
             let n = settings.data.num_samples - n_train;
@@ -144,15 +163,22 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
                 "test loss (mean negative log-probability over {n} held-out simulations): {loss:.6}"
             );
             println!("{line}");
-            let log = summary.output_dir.join(&cfg.log_file);
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(&log)
-                .and_then(|mut f| writeln!(f, "{line}"))
-                .with_context(|| format!("cannot append to {}", log.display()))?;
+            append_log(&summary.output_dir.join(&cfg.log_file), &[line])?;
         }
     }
     Ok(())
+}
+
+/// Appends `lines` to the run's log file.
+fn append_log(log: &Path, lines: &[String]) -> Result<()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(log)
+        .and_then(|mut f| lines.iter().try_for_each(|l| writeln!(f, "{l}")))
+        .with_context(|| format!("cannot append to {}", log.display()))
 }
 
 /// Parses an observation: comma/whitespace-separated numbers, or a file holding them.
@@ -257,6 +283,16 @@ fn sample(args: &SampleArgs) -> Result<()> {
             write_samples_h5(tmp, &samples, &names, &x, truth.as_deref())
                 .with_context(|| format!("cannot write {}", tmp.display()))
         })?;
+    }
+    if let Some(png) = &args.corner {
+        let title = match args.injection {
+            Some(i) => format!("{}, injection {i}", t.task.name()),
+            None => t.task.name().to_string(),
+        };
+        write_via_temp(png, |tmp| {
+            plot_corner(&samples, &names, truth.as_deref(), &title, tmp)
+        })?;
+        println!("corner plot written to {}", png.display());
     }
     println!(
         "{} posterior samples of {} ({}) from {} (update {}) written to {}",
@@ -426,5 +462,206 @@ pub fn plot_pp(r: &PpResult, out: &Path, title: &str) -> Result<()> {
         .draw()?;
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(())
+}
+
+/// The axis range of one parameter in a corner plot: its 0.5% to 99.5% sample quantiles,
+/// widened to hold the true value, with a 5% margin.
+fn corner_range(values: &mut [f64], truth: Option<f64>) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let q = |p: f64| values[((values.len() - 1) as f64 * p).round() as usize];
+    let (mut lo, mut hi) = (q(0.005), q(0.995));
+    if let Some(t) = truth.filter(|t| t.is_finite()) {
+        lo = lo.min(t);
+        hi = hi.max(t);
+    }
+    let pad = 0.05 * (hi - lo).max(1e-12 * lo.abs().max(1.0));
+    (lo - pad, hi + pad)
+}
+
+/// A corner plot of posterior samples (`[n * d]` row-major): per parameter a histogram on
+/// the diagonal; below it, per pair, a 2-D histogram (40 x 40 bins, darker = more samples);
+/// the true values, when given, as red lines and points.
+pub fn plot_corner(
+    samples: &[f32],
+    names: &[String],
+    truth: Option<&[f64]>,
+    title: &str,
+    out: &Path,
+) -> Result<()> {
+    plotters::style::register_font(
+        "sans-serif",
+        plotters::style::FontStyle::Normal,
+        crate::plot::FONT,
+    )
+    .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))?;
+    let d = names.len();
+    let n = samples.len() / d.max(1);
+    if d == 0 || n < 2 {
+        bail!("a corner plot needs at least 2 samples of at least 1 parameter");
+    }
+    let column = |j: usize| -> Vec<f64> {
+        samples
+            .iter()
+            .skip(j)
+            .step_by(d)
+            .map(|&v| v as f64)
+            .collect()
+    };
+    let ranges: Vec<(f64, f64)> = (0..d)
+        .map(|j| corner_range(&mut column(j), truth.map(|t| t[j])))
+        .collect();
+    let panel = 190u32;
+    let root =
+        BitMapBackend::new(out, (panel * d as u32 + 40, panel * d as u32 + 70)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        &format!("{title}: {n} posterior samples"),
+        ("sans-serif", 20),
+    )?;
+    let areas = root.split_evenly((d, d));
+    for i in 0..d {
+        for j in 0..=i {
+            let panel = CornerPanel {
+                area: &areas[i * d + j],
+                x_range: ranges[j],
+                y_range: ranges[i],
+                x_label: if i + 1 == d { names[j].as_str() } else { "" },
+                y_label: if j == 0 && i != j {
+                    names[i].as_str()
+                } else {
+                    ""
+                },
+                bottom: i + 1 == d,
+                left: j == 0,
+            };
+            if i == j {
+                corner_histogram(&panel, &column(j), truth.map(|t| t[j]))?;
+            } else {
+                corner_pair(&panel, &column(j), &column(i), truth.map(|t| (t[j], t[i])))?;
+            }
+        }
+    }
+    root.present()
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(())
+}
+
+/// Histogram bins per axis of a corner plot's panels.
+const CORNER_BINS: usize = 40;
+
+/// The bin of `v` in `[lo, hi)` split into [`CORNER_BINS`] bins (`None` outside).
+fn corner_bin(v: f64, (lo, hi): (f64, f64)) -> Option<usize> {
+    let b = ((v - lo) / (hi - lo) * CORNER_BINS as f64).floor();
+    (b >= 0.0 && b < CORNER_BINS as f64).then_some(b as usize)
+}
+
+/// One panel of a corner plot: its drawing area, axis ranges and labels, and whether it sits
+/// on the bottom row (x tick labels) or the left column (y tick labels).
+struct CornerPanel<'a, 'b> {
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    x_range: (f64, f64),
+    y_range: (f64, f64),
+    x_label: &'a str,
+    y_label: &'a str,
+    bottom: bool,
+    left: bool,
+}
+
+const CORNER_RED: RGBColor = RGBColor(214, 39, 40);
+
+/// A diagonal panel: the histogram of one parameter's samples, the true value as a red line.
+fn corner_histogram(p: &CornerPanel, values: &[f64], truth: Option<f64>) -> Result<()> {
+    let xr = p.x_range;
+    let mut counts = [0u32; CORNER_BINS];
+    for &v in values {
+        if let Some(b) = corner_bin(v, xr) {
+            counts[b] += 1;
+        }
+    }
+    let top = *counts.iter().max().unwrap_or(&1) as f64 * 1.1;
+    let mut chart = ChartBuilder::on(p.area)
+        .margin(4)
+        .x_label_area_size(if p.bottom { 38 } else { 14 })
+        .y_label_area_size(if p.left { 46 } else { 8 })
+        .build_cartesian_2d(xr.0..xr.1, 0.0..top.max(1.0))?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .y_labels(0)
+        .x_labels(3)
+        .x_desc(p.x_label)
+        .label_style(("sans-serif", 11))
+        .draw()?;
+    let w = (xr.1 - xr.0) / CORNER_BINS as f64;
+    let blue = crate::plot::COLOURS[0];
+    chart.draw_series(counts.iter().enumerate().map(|(b, &c)| {
+        let x0 = xr.0 + b as f64 * w;
+        Rectangle::new([(x0, 0.0), (x0 + w, c as f64)], blue.mix(0.6).filled())
+    }))?;
+    if let Some(t) = truth {
+        chart.draw_series(std::iter::once(PathElement::new(
+            [(t, 0.0), (t, top)],
+            CORNER_RED.stroke_width(2),
+        )))?;
+    }
+    Ok(())
+}
+
+/// A panel below the diagonal: the 2-D histogram of a pair of parameters (darker = more
+/// samples), the true values as red lines and a point.
+fn corner_pair(p: &CornerPanel, xs: &[f64], ys: &[f64], truth: Option<(f64, f64)>) -> Result<()> {
+    let (xr, yr) = (p.x_range, p.y_range);
+    let mut grid = vec![0u32; CORNER_BINS * CORNER_BINS];
+    for (&x, &y) in xs.iter().zip(ys) {
+        if let (Some(bx), Some(by)) = (corner_bin(x, xr), corner_bin(y, yr)) {
+            grid[by * CORNER_BINS + bx] += 1;
+        }
+    }
+    let most = *grid.iter().max().unwrap_or(&1) as f64;
+    let mut chart = ChartBuilder::on(p.area)
+        .margin(4)
+        .x_label_area_size(if p.bottom { 38 } else { 14 })
+        .y_label_area_size(if p.left { 46 } else { 8 })
+        .build_cartesian_2d(xr.0..xr.1, yr.0..yr.1)?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_labels(3)
+        .y_labels(if p.left { 3 } else { 0 })
+        .x_desc(p.x_label)
+        .y_desc(p.y_label)
+        .label_style(("sans-serif", 11))
+        .draw()?;
+    let (wx, wy) = (
+        (xr.1 - xr.0) / CORNER_BINS as f64,
+        (yr.1 - yr.0) / CORNER_BINS as f64,
+    );
+    chart.draw_series(
+        grid.iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(k, &c)| {
+                let (bx, by) = ((k % CORNER_BINS) as f64, (k / CORNER_BINS) as f64);
+                let shade = (c as f64 / most).sqrt();
+                let level = (255.0 * (1.0 - 0.85 * shade)) as u8;
+                let (x0, y0) = (xr.0 + bx * wx, yr.0 + by * wy);
+                Rectangle::new(
+                    [(x0, y0), (x0 + wx, y0 + wy)],
+                    RGBColor(level, level, 255).filled(),
+                )
+            }),
+    )?;
+    if let Some((tx, ty)) = truth {
+        chart.draw_series([
+            PathElement::new([(tx, yr.0), (tx, yr.1)], CORNER_RED.stroke_width(1)),
+            PathElement::new([(xr.0, ty), (xr.1, ty)], CORNER_RED.stroke_width(1)),
+        ])?;
+        chart.draw_series(std::iter::once(Circle::new(
+            (tx, ty),
+            3,
+            CORNER_RED.filled(),
+        )))?;
+    }
     Ok(())
 }

@@ -351,3 +351,63 @@ fn two_thread_and_two_mpi_replicas_train_like_one() {
         assert!(l[9] < l[0], "{l:?}");
     }
 }
+
+/// `examples/npe_gw_chirp/settings.yaml` with its budget cut (simulations, epochs, SVD
+/// inputs) trains through the SVD-initialized layer, reports the basis in run.log, exports
+/// the layer, and `sample --corner` draws the corner plot.
+#[test]
+fn the_gw_chirp_example_trains_with_a_tiny_budget() {
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/npe_gw_chirp/settings.yaml");
+    let mut text = std::fs::read_to_string(&example).unwrap();
+    for (from, to) in [
+        ("num_samples: 100000", "num_samples: 1200"),
+        ("epochs: 12", "epochs: 1"),
+        ("T_max: 12", "T_max: 1"),
+        ("num_training_samples: 2000", "num_training_samples: 200"),
+        ("num_validation_samples: 200", "num_validation_samples: 20"),
+    ] {
+        assert!(text.contains(from), "the example no longer has `{from}`");
+        text = text.replace(from, to);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gw.yaml", &text);
+    let run = d.join("run");
+    let out = ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    assert!(
+        out.stdout.contains("SVD-initialized first embedding layer"),
+        "{}",
+        out.stdout
+    );
+    let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+    assert!(
+        log.contains("2 block(s) x 24 basis elements from 200 inputs")
+            && log.contains("validation mismatch over 20 held-out inputs"),
+        "{log}"
+    );
+    let names = safetensors_names(&run.join("posterior.safetensors"));
+    for n in [
+        "embedding_net.layers_rb.0.weight",
+        "embedding_net.layers_rb.1.bias",
+        "embedding_net.initial_layer.weight",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
+    }
+    let corner = d.join("corner.png");
+    ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--injection",
+        "0",
+        "--num-samples",
+        "300",
+        "--output",
+        s(&d.join("samples.h5")),
+        "--corner",
+        s(&corner),
+    ]));
+    let png = std::fs::read(&corner).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+}

@@ -9,16 +9,20 @@
 //! returned `log_prob` is the density of θ in its own units (the standardization's Jacobian
 //! `-Σ log σ_θ` included).
 
-use crate::layers::{Builder, DenseResidualNet, Init, Norm, Pass, ResidualNet, ResidualNetShape};
+use crate::layers::{
+    Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
+};
 use crate::params::{to_vec, Layout, Params};
 use crate::spline::{rational_quadratic_spline, SplineParams};
+use crate::svd::ProjectionConfig;
 use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use serde::{Deserialize, Serialize};
 
-/// The embedding network (Dingo's `embedding_kwargs`, without the SVD layer for now).
+/// The embedding network (Dingo's `embedding_kwargs`): an optional reduced-basis linear layer
+/// (Dingo's `LinearProjectionRB`, see [`crate::svd`]), then the residual network.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingConfig {
@@ -29,6 +33,9 @@ pub struct EmbeddingConfig {
     /// Normalization inside the blocks.
     #[serde(default)]
     pub norm: Norm,
+    /// The reduced-basis first layer (`None`: x goes straight into the residual network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projection: Option<ProjectionConfig>,
 }
 
 /// The flow (Dingo's `posterior_kwargs` with `base_transform_type: rq-coupling`).
@@ -361,6 +368,7 @@ pub struct NpeNetwork {
     /// rebuilt from its config, widths, standardization and this seed).
     pub structure_seed: u64,
     builder: Builder,
+    projection: Option<LinearProjection>,
     embedding: DenseResidualNet,
     steps: Vec<Step>,
 }
@@ -400,10 +408,31 @@ impl NpeNetwork {
             anyhow::bail!("the standardization has the wrong widths");
         }
         let mut b = Builder::default();
+        let projection = match &e.projection {
+            None => None,
+            Some(pc) => {
+                let l = &pc.layout;
+                if l.blocks() * l.block_inputs() != x_dim || pc.size == 0 {
+                    anyhow::bail!(
+                        "embedding.projection: {} blocks of {} values do not make the {x_dim} values of x (or size is 0)",
+                        l.blocks(),
+                        l.block_inputs()
+                    );
+                }
+                Some(LinearProjection::new(
+                    &mut b,
+                    "embedding_net.layers_rb",
+                    l.blocks(),
+                    l.block_inputs(),
+                    l.block_outputs(pc.size),
+                ))
+            }
+        };
+        let embedding_inputs = projection.as_ref().map_or(x_dim, LinearProjection::outputs);
         let embedding = DenseResidualNet::new(
             &mut b,
             "embedding_net",
-            x_dim,
+            embedding_inputs,
             &e.hidden_dims,
             e.output_dim,
             e.norm,
@@ -435,9 +464,57 @@ impl NpeNetwork {
             standardization,
             structure_seed,
             builder: b,
+            projection,
             embedding,
             steps,
         })
+    }
+
+    /// Writes `(weight [outputs x inputs], bias [outputs])` per block into the reduced-basis
+    /// layer's parameters in `params` (the trainable buffer).
+    ///
+    /// Errors: the network has no reduced-basis layer, or the values have other shapes.
+    pub fn set_projection(
+        &self,
+        params: &mut [f32],
+        values: &[(Vec<f32>, Vec<f32>)],
+    ) -> anyhow::Result<()> {
+        let Some(proj) = &self.projection else {
+            anyhow::bail!("the network has no reduced-basis (SVD) layer");
+        };
+        let handles = proj.handles();
+        if values.len() != handles.len() {
+            anyhow::bail!(
+                "{} blocks of values for a layer of {} blocks",
+                values.len(),
+                handles.len()
+            );
+        }
+        let layout = self.layout();
+        for (&(w, b), (wv, bv)) in handles.iter().zip(values) {
+            let (wd, bd) = (layout.slice_mut(params, w), bv);
+            if wd.len() != wv.len() || layout.specs()[b].numel() != bd.len() {
+                anyhow::bail!("the reduced-basis values do not fit the layer's shape");
+            }
+            wd.copy_from_slice(wv);
+            layout.slice_mut(params, b).copy_from_slice(bv);
+        }
+        Ok(())
+    }
+
+    /// The reduced-basis layer's output `[N, outputs]` for observations `x` (`[N * x_dim]`
+    /// row-major, raw units), or `None` without that layer.
+    pub fn projection_output<B: Backend>(
+        &self,
+        params: &Params<B>,
+        x: &[f32],
+        n: usize,
+    ) -> Option<Tensor<B, 2>> {
+        let proj = self.projection.as_ref()?;
+        let device = params.vector(0).device();
+        let s = &self.standardization;
+        let xs = Self::standardize::<B>(x, n, &s.x_mean, &s.x_std, &device);
+        Some(proj.forward(params, xs))
     }
 
     /// Trainable parameter layout (fixed order).
@@ -462,7 +539,9 @@ impl NpeNetwork {
         let e = &self.config.embedding;
         let f = &self.config.flow;
         let per_block = |h: usize| 12 * h as u64;
+        let projected = self.projection.as_ref().map_or(0, |p| p.outputs() as u64);
         let embed: u64 = self.x_dim as u64
+            + projected
             + e.hidden_dims
                 .iter()
                 .map(|&h| per_block(h) + h as u64)
@@ -515,6 +594,10 @@ impl NpeNetwork {
         let device = pass.params.vector(0).device();
         let s = &self.standardization;
         let xs = Self::standardize::<B>(x, n, &s.x_mean, &s.x_std, &device);
+        let xs = match &self.projection {
+            Some(p) => p.forward(pass.params, xs),
+            None => xs,
+        };
         self.embedding.forward(pass, xs)
     }
 

@@ -26,6 +26,7 @@
 //! computed with LALSuite (lal 7.7.1, lalsimulation 6.2.1; the `lalsuite` 7.26.16 wheel) by
 //! `scripts/taylorf2_lal_reference.py`; `tests/gw_waveform.rs` compares against them.
 
+use crate::svd::BasisLayout;
 use crate::tasks::Task;
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::SplitMix64;
@@ -292,6 +293,9 @@ impl Default for GwChirp {
     }
 }
 
+/// Luminosity distance (Mpc) of the reduced-basis waveforms (Dingo fixes 100 Mpc).
+pub const BASIS_DISTANCE: f64 = 100.0;
+
 /// The detectors of the task, in data order.
 pub const DETECTORS: [Detector; 2] = [H1, L1];
 
@@ -335,6 +339,18 @@ impl GwChirp {
         (0..n)
             .map(|i| self.f_min + i as f64 * self.delta_f)
             .collect()
+    }
+
+    /// Draws θ = (chirp mass, mass ratio, distance, t_c, φ_c) from the prior.
+    pub fn draw_prior(&self, rng: &mut SplitMix64, theta: &mut [f64]) {
+        let u = |rng: &mut SplitMix64, [a, b]: [f64; 2]| a + (b - a) * rng.uniform();
+        theta[0] = u(rng, self.chirp_mass);
+        theta[1] = u(rng, self.mass_ratio);
+        let [d0, d1] = self.luminosity_distance;
+        let c = d0.powi(3) + (d1.powi(3) - d0.powi(3)) * rng.uniform();
+        theta[2] = c.cbrt();
+        theta[3] = u(rng, self.coalescence_time);
+        theta[4] = 2.0 * PI * rng.uniform();
     }
 
     /// The whitened signal `[detector][re/im][frequency]` (flattened) for θ =
@@ -385,18 +401,26 @@ impl Task for GwChirp {
         .collect()
     }
     fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]) {
-        let u = |rng: &mut SplitMix64, [a, b]: [f64; 2]| a + (b - a) * rng.uniform();
-        theta[0] = u(rng, self.chirp_mass);
-        theta[1] = u(rng, self.mass_ratio);
-        let [d0, d1] = self.luminosity_distance;
-        let c = d0.powi(3) + (d1.powi(3) - d0.powi(3)) * rng.uniform();
-        theta[2] = c.cbrt();
-        theta[3] = u(rng, self.coalescence_time);
-        theta[4] = 2.0 * PI * rng.uniform();
+        self.draw_prior(rng, theta);
         let signal = self.whitened_signal(theta);
         for (xi, s) in x.iter_mut().zip(signal) {
             *xi = s + rng.normal();
         }
+    }
+    /// `[detector][re, im][frequency]`: one complex block per detector.
+    fn basis_layout(&self) -> BasisLayout {
+        BasisLayout::Complex {
+            blocks: DETECTORS.len(),
+            bins: self.frequencies().len(),
+        }
+    }
+    /// The noise-free whitened signal of a prior draw with the distance fixed at
+    /// [`BASIS_DISTANCE`] (as Dingo builds its SVD basis).
+    fn basis_sample(&self, rng: &mut SplitMix64, x: &mut [f64]) {
+        let mut theta = [0.0; 5];
+        self.draw_prior(rng, &mut theta);
+        theta[2] = BASIS_DISTANCE;
+        x.copy_from_slice(&self.whitened_signal(&theta));
     }
 }
 

@@ -142,6 +142,71 @@ impl Linear {
     pub fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         x.matmul(p.matrix(self.weight).transpose()) + p.row(self.bias)
     }
+
+    /// The layout handles `(weight, bias)`.
+    pub fn handles(&self) -> (usize, usize) {
+        (self.weight, self.bias)
+    }
+}
+
+/// Dingo's `LinearProjectionRB`: x cut into `blocks` consecutive blocks of `block_inputs`
+/// values, each mapped by its own [`Linear`] (`{name}.{block}.weight` `[block_outputs,
+/// block_inputs]`), outputs concatenated: `[batch, blocks block_inputs]` ->
+/// `[batch, blocks block_outputs]`. Initialized like any linear layer; the reduced basis is
+/// written into it by [`crate::svd::ReducedBasis::initialize`].
+#[derive(Debug, Clone)]
+pub struct LinearProjection {
+    layers: Vec<Linear>,
+    block_inputs: usize,
+}
+
+impl LinearProjection {
+    /// Builds the per-block layers under `name` (e.g. `embedding_net.layers_rb`).
+    pub fn new(
+        b: &mut Builder,
+        name: &str,
+        blocks: usize,
+        block_inputs: usize,
+        block_outputs: usize,
+    ) -> Self {
+        let layers = (0..blocks)
+            .map(|i| Linear::new(b, &format!("{name}.{i}"), block_inputs, block_outputs))
+            .collect();
+        LinearProjection {
+            layers,
+            block_inputs,
+        }
+    }
+
+    /// Output features (all blocks).
+    pub fn outputs(&self) -> usize {
+        self.layers.iter().map(|l| l.outputs).sum()
+    }
+
+    /// The `(weight, bias)` handles of each block's layer.
+    pub fn handles(&self) -> Vec<(usize, usize)> {
+        self.layers.iter().map(Linear::handles).collect()
+    }
+
+    /// `x: [batch, blocks * block_inputs]` -> `[batch, outputs]`.
+    pub fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        if self.layers.len() == 1 {
+            return self.layers[0].forward(p, x);
+        }
+        let outs = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                l.forward(
+                    p,
+                    x.clone()
+                        .narrow(1, i * self.block_inputs, self.block_inputs),
+                )
+            })
+            .collect();
+        Tensor::cat(outs, 1)
+    }
 }
 
 /// A normalization layer over `features` (see [`Norm`]).

@@ -15,7 +15,9 @@
 //!   gravitational-wave chirp task ([`gw`]: TaylorF2 on two detectors, whitened, with noise);
 //! - Dingo-shaped YAML settings ([`settings`]) with unknown keys refused by their nearest key
 //!   and keys of features not implemented yet refused by name; a trained run loads back
-//!   from its checkpoint ([`trained`]); the P-P calibration test ([`calibration`]).
+//!   from its checkpoint ([`trained`]); the P-P calibration test ([`calibration`]);
+//! - Dingo's reduced-basis first embedding layer, initialized from an SVD of training
+//!   inputs computed from keyed simulations, identical on every replica ([`svd`]).
 //!
 //! - BatchNorm makes the loss depend on the whole batch: [`model::NpeModel`] then reports a
 //!   non-separable loss and the engine refuses to split it over replicas (SyncBatchNorm is
@@ -27,7 +29,7 @@
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
-//! Not yet here (issue 16): the SVD-initialized first embedding layer, benchmarks. Multi-stage training, freezing and SyncBatchNorm are issue 17.
+//! Multi-stage training, freezing the SVD layer and SyncBatchNorm are issue 17.
 
 pub mod c2st;
 pub mod calibration;
@@ -39,6 +41,7 @@ pub mod params;
 pub mod sbibm;
 pub mod settings;
 pub mod spline;
+pub mod svd;
 pub mod tasks;
 pub mod trained;
 

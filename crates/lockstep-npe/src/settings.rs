@@ -54,6 +54,7 @@
 
 use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig};
 use crate::layers::Norm;
+use crate::svd::{ProjectionConfig, SvdSettings};
 use crate::tasks::{Task, TaskSpec};
 use lockstep_core::config::{from_value, unknown_problem, ConfigError};
 use serde::de::{self, Deserializer, Visitor};
@@ -209,9 +210,10 @@ pub struct EmbeddingKwargs {
     /// lockstep's switch: `none`, `layer_norm` or `batch_norm`.
     #[serde(default)]
     pub norm: Option<Norm>,
-    /// Dingo's SVD-initialized first layer: not implemented yet (refused).
+    /// Dingo's reduced-basis first layer, initialized from an SVD of training inputs
+    /// (`{size, num_training_samples, num_validation_samples}`; see [`crate::svd`]).
     #[serde(default)]
-    pub svd: Option<Value>,
+    pub svd: Option<SvdSettings>,
     /// Filled in by Dingo from the data; checked when given (`[x_dim]` or `[.., x_dim]`).
     #[serde(default)]
     pub input_dims: Option<Vec<usize>>,
@@ -528,11 +530,9 @@ impl NpeSettings {
                 ));
             }
         }
-        if e.svd.is_some() {
-            return Err(ConfigError::new(
-                format!("{ek}.svd"),
-                "the SVD-initialized first embedding layer is not implemented yet; remove the key",
-            ));
+        if let Some(svd) = &e.svd {
+            svd.check(&task.basis_layout())
+                .map_err(|e| e.under(&format!("{ek}.svd")))?;
         }
         Ok(())
     }
@@ -627,6 +627,13 @@ impl NpeSettings {
                 hidden_dims: e.hidden_dims.clone(),
                 output_dim: e.output_dim,
                 norm: resolve_norm("", e.batch_norm, e.norm).unwrap_or_default(),
+                projection: e.svd.as_ref().and_then(|svd| {
+                    let layout = self.task().ok()?.basis_layout();
+                    Some(ProjectionConfig {
+                        size: svd.size,
+                        layout,
+                    })
+                }),
             },
             flow: FlowConfig {
                 num_flow_steps: m.posterior_kwargs.num_flow_steps,
@@ -938,5 +945,70 @@ local:
             "{GOOD}  runtime_limits: {{max_time_per_run: 100}}\n"
         ));
         assert!(e.starts_with("local.runtime_limits: "), "{e}");
+    }
+
+    const GW: &str = "
+data:
+  task: {name: gw_chirp, f_max: 40.0}
+  num_samples: 1000
+model:
+  posterior_kwargs:
+    num_flow_steps: 1
+    base_transform_kwargs: {hidden_dim: 8, num_transform_blocks: 1}
+  embedding_kwargs:
+    svd: {size: 10, num_training_samples: 100, num_validation_samples: 10}
+    output_dim: 4
+    hidden_dims: [16]
+training:
+  stage_0:
+    epochs: 1
+    batch_size: 64
+    optimizer: {type: adam, lr: 0.001}
+";
+
+    #[test]
+    fn svd_settings_parse_and_bad_ones_are_refused() {
+        let (s, _) = NpeSettings::from_yaml(GW).unwrap();
+        let p = s.network_config().embedding.projection.unwrap();
+        assert_eq!(p.size, 10);
+        assert_eq!(
+            p.layout,
+            crate::svd::BasisLayout::Complex {
+                blocks: 2,
+                bins: 81
+            }
+        );
+        let (s, _) =
+            NpeSettings::from_yaml(&GW.replace(", num_validation_samples: 10", "")).unwrap();
+        assert_eq!(
+            s.model.embedding_kwargs.svd.unwrap().num_validation_samples,
+            0
+        );
+        let e = err(&GW.replace("num_validation_samples", "num_validaton_samples"));
+        assert!(
+            e.starts_with("model.embedding_kwargs.svd.num_validaton_samples: ")
+                && e.contains("did you mean `num_validation_samples`"),
+            "{e}"
+        );
+        let e = err(&GW.replace("size: 10", "size: 82"));
+        assert!(
+            e.starts_with("model.embedding_kwargs.svd.size: ") && e.contains("1 to 81"),
+            "{e}"
+        );
+        let e = err(&GW.replace("num_training_samples: 100", "num_training_samples: 5"));
+        assert!(
+            e.starts_with("model.embedding_kwargs.svd.num_training_samples: "),
+            "{e}"
+        );
+        let e = err(&GW.replace("size: 10, ", ""));
+        assert!(
+            e.starts_with("model.embedding_kwargs.svd: ") && e.contains("size"),
+            "{e}"
+        );
+        let e = err(&GW.replace("lr: 0.001}", "lr: 0.001}\n    freeze_rb_layer: True"));
+        assert!(
+            e.contains("training.stage_0.freeze_rb_layer") && e.contains("not implemented"),
+            "{e}"
+        );
     }
 }

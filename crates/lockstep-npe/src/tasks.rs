@@ -7,6 +7,7 @@
 //! `sbibm/tasks/*/task.py`).
 
 use crate::flow::Standardization;
+use crate::svd::BasisLayout;
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use lockstep_train::{Batch, BatchSource};
@@ -36,6 +37,21 @@ pub trait Task: Send + Sync {
         (0..self.theta_dim())
             .map(|i| format!("theta_{i}"))
             .collect()
+    }
+
+    /// How x is cut into blocks for the reduced-basis (SVD) first embedding layer
+    /// ([`crate::svd`]). Default: one real block of all of x.
+    fn basis_layout(&self) -> BasisLayout {
+        BasisLayout::Real {
+            width: self.x_dim(),
+        }
+    }
+
+    /// One input `[x_dim]` for the reduced basis, drawn from `rng`. Default: the x of a
+    /// simulation (noise included); tasks with a noise-free signal give that instead.
+    fn basis_sample(&self, rng: &mut SplitMix64, x: &mut [f64]) {
+        let mut theta = vec![0.0; self.theta_dim()];
+        self.simulate(rng, &mut theta, x);
     }
 
     /// Means and standard deviations of θ and x, estimated from 10,000 simulations of a fixed

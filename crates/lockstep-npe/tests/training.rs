@@ -26,6 +26,7 @@ fn network(
             hidden_dims: vec![hidden, hidden],
             output_dim: 8,
             norm,
+            projection: None,
         },
         flow: FlowConfig {
             num_flow_steps: steps,

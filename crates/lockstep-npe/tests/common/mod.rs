@@ -58,6 +58,7 @@ pub fn small_network(theta_dim: usize, x_dim: usize, norm: Norm, tail_bound: f64
             hidden_dims: vec![16, 8],
             output_dim: 4,
             norm,
+            projection: None,
         },
         flow: FlowConfig {
             num_flow_steps: 3,
