@@ -42,7 +42,7 @@ if command -v python3 >/dev/null 2>&1; then
   if ! python3 -c 'import h5py, numpy' >/dev/null 2>&1; then
     say "installing the Python packages h5py and numpy (used by the tests to read our files)"
     python3 -m pip install --quiet h5py numpy \
-      || say "warning: pip could not install h5py/numpy; the cross-checks that need them will say so and be skipped"
+      || say "warning: pip could not install h5py/numpy; the tests that cross-check with them will fail until they are installed"
   fi
 fi
 say "ok: $(mpirun --version 2>/dev/null | head -n1), HDF5 $(pkg-config --modversion hdf5 2>/dev/null || echo '?'), $(cargo --version)"

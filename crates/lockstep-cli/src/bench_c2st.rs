@@ -9,7 +9,7 @@
 //! Like sbi, the posterior samples are restricted to the prior's support (draws outside the
 //! prior box are rejected and redrawn).
 
-use crate::bench_npe::write_npy;
+use crate::npy::{read_npy, write_npy};
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::c2st::{c2st, C2stOptions};
@@ -144,19 +144,7 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
         bail!("run `lockstep bench c2st` without mpirun");
     }
     let opts = C2stOptions::default();
-    let sbi_ok = !args.no_sbi
-        && {
-            let probe = Command::new(&args.python)
-                .args(["-c", "import sbi, torch, numpy"])
-                .output();
-            match probe {
-                Ok(o) if o.status.success() => true,
-                _ => {
-                    println!("note: `{}` cannot import sbi, torch and numpy: no sbi comparison (pass --python with an interpreter that has them)", args.python);
-                    false
-                }
-            }
-        };
+    let sbi_ok = !args.no_sbi && sbi_importable(&args.python);
     let mut rows: Vec<String> = Vec::new();
     for task_name in &args.tasks {
         let (lo, hi) = prior_box(task_name)?;
@@ -166,31 +154,7 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
             .map(|&o| reference(task_name, o))
             .collect::<Result<Vec<_>>>()?;
         for &sims in &args.simulations {
-            let epochs = args
-                .epochs
-                .unwrap_or((1_000_000 / sims.max(1)).clamp(10, 200));
-            let (s, raw) = settings(task_name, sims, epochs, args.replicas, args.seed)?;
-            let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
-            let json =
-                s.engine_config(&raw, Launch::SingleProcess, &tmp.path().join("run"), true)?;
-            let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
-            let task = s.task()?;
-            let network = trained::network(&s, task.as_ref())?;
-            let opts_engine = EngineOptions {
-                resolved_config: json,
-                quiet: true,
-                ..EngineOptions::default()
-            };
-            eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {} parameters) ...", network.layout().len());
-            let t = Instant::now();
-            let summary = run_job(world, &cfg, &opts_engine, |_rank| {
-                Ok((
-                    NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default()),
-                    TaskSource::dataset(task.clone(), s.data.seed, sims),
-                ))
-            })?;
-            let train_s = t.elapsed().as_secs_f64();
-            let trained = trained::load(&summary.output_dir)?;
+            let (trained, task, train_s) = train_lockstep(args, world, task_name, sims)?;
             let sbi = if sbi_ok {
                 eprintln!("{task_name}, {sims} simulations: training sbi NPE ...");
                 match run_sbi(
@@ -268,13 +232,56 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
     Ok(())
 }
 
-fn read_npy(path: &Path) -> Result<Vec<f32>> {
-    let ctx = || format!("reading {}", path.display());
-    let bytes = std::fs::read(path).with_context(ctx)?;
-    npyz::NpyFile::new(&bytes[..])
-        .with_context(ctx)?
-        .into_vec::<f32>()
-        .with_context(ctx)
+/// Whether `python` imports sbi, torch and numpy (a note on stdout when not).
+fn sbi_importable(python: &str) -> bool {
+    let probe = Command::new(python)
+        .args(["-c", "import sbi, torch, numpy"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => true,
+        _ => {
+            println!("note: `{python}` cannot import sbi, torch and numpy: no sbi comparison (pass --python with an interpreter that has them)");
+            false
+        }
+    }
+}
+
+/// Trains lockstep's NPE on `sims` simulations of `task_name` (in a temporary run folder)
+/// and returns the trained posterior, the task and the training seconds.
+fn train_lockstep(
+    args: &BenchC2stArgs,
+    world: &World,
+    task_name: &str,
+    sims: u64,
+) -> Result<(
+    trained::Trained,
+    std::sync::Arc<dyn lockstep_npe::Task>,
+    f64,
+)> {
+    let epochs = args
+        .epochs
+        .unwrap_or((1_000_000 / sims.max(1)).clamp(10, 200));
+    let (s, raw) = settings(task_name, sims, epochs, args.replicas, args.seed)?;
+    let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let json = s.engine_config(&raw, Launch::SingleProcess, &tmp.path().join("run"), true)?;
+    let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
+    let task = s.task()?;
+    let network = trained::network(&s, task.as_ref())?;
+    let opts_engine = EngineOptions {
+        resolved_config: json,
+        quiet: true,
+        ..EngineOptions::default()
+    };
+    eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {} parameters) ...", network.layout().len());
+    let t = Instant::now();
+    let summary = run_job(world, &cfg, &opts_engine, |_rank| {
+        Ok((
+            NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default()),
+            TaskSource::dataset(task.clone(), s.data.seed, sims),
+        ))
+    })?;
+    let train_s = t.elapsed().as_secs_f64();
+    Ok((trained::load(&summary.output_dir)?, task, train_s))
 }
 
 /// Trains sbi's NPE on simulations `0..sims` (the lockstep training set) and returns its
@@ -318,7 +325,7 @@ fn run_sbi(
         .context("the sbi script printed no result")?;
     let v: serde_json::Value = serde_json::from_str(line)?;
     let samples = (0..observations.len())
-        .map(|k| read_npy(&d.join(format!("samples_{k}.npy"))))
+        .map(|k| read_npy::<f32>(&d.join(format!("samples_{k}.npy"))))
         .collect::<Result<Vec<_>>>()?;
     Ok((samples, v["train_s"].as_f64().unwrap_or(f64::NAN)))
 }

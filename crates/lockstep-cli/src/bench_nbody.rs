@@ -12,10 +12,10 @@
 //! ([`bench_nbody_ranks`]); `lockstep bench nbody --accuracy-table [N]` prints the accuracy
 //! table of the FMM over its order and opening angle ([`accuracy_table`]).
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use crate::npy::{read_npy, write_npy};
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_nbody::accuracy::{compare, Accuracy};
@@ -206,29 +206,6 @@ fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
     Ok((p.valid_pos().to_vec(), p.valid_mass().to_vec()))
 }
 
-fn write_npy(path: &Path, data: &[f64], shape: &[u64]) -> Result<()> {
-    use npyz::WriterBuilder;
-    let ctx = || format!("writing {}", path.display());
-    let f = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(f)
-        .begin_nd()
-        .with_context(ctx)?;
-    w.extend(data.iter().copied()).with_context(ctx)?;
-    w.finish().with_context(ctx)
-}
-
-fn read_npy(path: &Path) -> Result<Vec<f64>> {
-    let ctx = || format!("reading {}", path.display());
-    let bytes = std::fs::read(path).with_context(ctx)?;
-    npyz::NpyFile::new(&bytes[..])
-        .with_context(ctx)?
-        .into_vec::<f64>()
-        .with_context(ctx)
-}
-
 /// Runs FMM3D on `pos`/`mass` at each precision of `eps`; returns per precision (seconds,
 /// forces in our sign convention with G = 1), and the fmm3dpy version. FMM3D's kernel
 /// normalisation (1/r or 1/(4 pi r)) is detected from the potential of the first point.
@@ -268,8 +245,8 @@ fn run_fmm3d(
     let mut res = Vec::new();
     for k in 0..eps.len() {
         let seconds = v["seconds"][k].as_f64().unwrap_or(f64::NAN);
-        let pot = read_npy(&d.join(format!("pot{k}.npy")))?;
-        let grad = read_npy(&d.join(format!("grad{k}.npy")))?;
+        let pot = read_npy::<f64>(&d.join(format!("pot{k}.npy")))?;
+        let grad = read_npy::<f64>(&d.join(format!("grad{k}.npy")))?;
         if pot.len() != pos.len() || grad.len() != 3 * pos.len() {
             bail!(
                 "fmm3dpy returned {} potentials and {} gradient entries for {} points",

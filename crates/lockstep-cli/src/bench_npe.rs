@@ -12,6 +12,7 @@
 //! 3. the engine (`lockstep npe`'s training path, simulation included) at the same global
 //!    batch with 1 replica, N thread replicas and N MPI ranks: updates/s and the speed-up.
 
+use crate::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::launch::{mpirun_command, run_with_limit};
 use lockstep_comm::World;
@@ -133,23 +134,46 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
         network.x_dim, network.theta_dim, params
     );
 
-    // 1. One replica, one core: the model's own step, then the same step split in phases.
-    let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default());
+    let (step, initial, initial_loss) =
+        single_core(args, &network, s.data.seed, &batch.targets, &batch.inputs)?;
+    if !args.no_torch {
+        compare_with_torch(args, &network, &initial, &batch, step, initial_loss);
+    }
+    if !args.no_replicas {
+        replica_table(args, world, updates)?;
+    }
+    Ok(())
+}
+
+/// Part 1 of the bench, one replica on one core: the model's own step (median seconds), then
+/// the same step split in phases; returns the step time, the initial parameters and the loss
+/// at them.
+fn single_core(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    seed: u64,
+    theta: &[f32],
+    x: &[f32],
+) -> Result<(f64, Vec<f32>, f64)> {
+    let n = args.batch;
+    let updates = args.warmup + args.steps;
+    let params = network.layout().len();
+    let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
     let initial = model.trainable().to_vec();
-    let lp = model.log_prob(&batch.targets, &batch.inputs, n);
+    let lp = model.log_prob(theta, x, n);
     let initial_loss = -lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
     let mut opt = Optimizer::new(OptimizerConfig::default(), params);
     let mut grad = vec![0.0f32; params];
     let mut step_s = Vec::new();
     for i in 0..updates {
         let t = Instant::now();
-        model.nll_and_grad(&batch.targets, &batch.inputs, n, &mut grad);
+        model.nll_and_grad(theta, x, n, &mut grad);
         opt.update(model.trainable_mut(), &grad);
         if i >= args.warmup {
             step_s.push(t.elapsed().as_secs_f64());
         }
     }
-    let phases = phases(&network, &initial, &batch.targets, &batch.inputs, n, args)?;
+    let phases = phases(network, &initial, theta, x, n, args)?;
     let step = median(&step_s);
     println!(
         "\n1 replica, 1 core (burn ndarray backend, f32): median of {} steps after {} warm-up",
@@ -176,89 +200,101 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
         1e3 * (phases[0] + phases[4]),
         100.0 * (phases[0] + phases[4]) / step
     );
+    Ok((step, initial, initial_loss))
+}
 
-    // 2. PyTorch eager on the same batch and initial parameters.
-    if !args.no_torch {
-        match torch(args, &network, &initial, &batch.targets, &batch.inputs) {
-            Ok(t) => {
-                println!("\nPyTorch eager ({}), same network, batch and initial parameters: {} parameters; loss at the initial parameters: torch {:.6}, lockstep {:.6} (relative difference {:.1e})",
+/// Part 2 of the bench: PyTorch eager on the same batch and initial parameters (a note when
+/// torch is missing).
+fn compare_with_torch(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    initial: &[f32],
+    batch: &lockstep_train::Batch,
+    step: f64,
+    initial_loss: f64,
+) {
+    let n = args.batch;
+    match torch(args, network, initial, &batch.targets, &batch.inputs) {
+        Ok(t) => {
+            println!("\nPyTorch eager ({}), same network, batch and initial parameters: {} parameters; loss at the initial parameters: torch {:.6}, lockstep {:.6} (relative difference {:.1e})",
                     t.version, t.parameters, t.initial_loss, initial_loss,
                     ((t.initial_loss - initial_loss) / initial_loss).abs());
-                println!(
-                    "{:>24} {:>10} {:>12} {:>22}",
-                    "run", "s/step", "samples/s", "lockstep/torch time"
-                );
-                println!(
-                    "{:>24} {:>10.4} {:>12.0} {:>22}",
-                    "lockstep 1 core",
-                    step,
-                    n as f64 / step,
-                    ""
-                );
-                for (threads, s) in &t.steps {
-                    println!(
-                        "{:>24} {:>10.4} {:>12.0} {:>22.2}",
-                        format!("torch {threads} thread(s)"),
-                        s,
-                        n as f64 / s,
-                        step / s
-                    );
-                }
-                for (threads, p) in &t.phases {
-                    println!("torch {threads} thread(s) phases: forward {:.2} ms, backward {:.2} ms, Adam {:.2} ms", 1e3 * p[0], 1e3 * p[1], 1e3 * p[2]);
-                }
-            }
-            Err(e) => println!("\nnote: no PyTorch comparison: {e:#}"),
-        }
-    }
-
-    // 3. The engine: 1 replica vs N thread replicas vs N MPI ranks, same global batch.
-    if !args.no_replicas {
-        let r = args.replicas;
-        let mut rows = vec![(
-            "1 replica".to_string(),
-            1,
-            engine(world, n, updates, 1, Launch::SingleProcess)?,
-        )];
-        if r > 1 {
-            rows.push((
-                format!("{r} threads"),
-                r,
-                engine(world, n, updates, r, Launch::SingleProcess)?,
-            ));
-            if !args.no_mpi {
-                match mpi_run(args, r) {
-                    Ok(t) => rows.push((format!("{r} MPI ranks"), r, t)),
-                    Err(e) => println!("note: no MPI run: {e:#}"),
-                }
-            }
-        }
-        println!("\nengine (lockstep npe training path, simulation included), global batch {n}: median of {} updates after {} warm-up", args.steps, args.warmup);
-        println!(
-            "{:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>9}",
-            "run", "replicas", "s/update", "data s", "compute s", "comm s", "samples/s", "speed-up"
-        );
-        let col = |times: &[[f64; 4]], k: usize| {
-            let timed = &times[args.warmup.min(times.len())..];
-            median(&timed.iter().map(|t| t[k]).collect::<Vec<_>>())
-        };
-        let base = col(&rows[0].2, 3);
-        for (name, reps, times) in &rows {
-            let total = col(times, 3);
             println!(
-                "{:>12} {:>9} {:>9.4} {:>10.4} {:>10.4} {:>10.4} {:>12.0} {:>9.2}",
-                name,
-                reps,
-                total,
-                col(times, 0),
-                col(times, 1),
-                col(times, 2),
-                n as f64 / total,
-                base / total
+                "{:>24} {:>10} {:>12} {:>22}",
+                "run", "s/step", "samples/s", "lockstep/torch time"
             );
+            println!(
+                "{:>24} {:>10.4} {:>12.0} {:>22}",
+                "lockstep 1 core",
+                step,
+                n as f64 / step,
+                ""
+            );
+            for (threads, s) in &t.steps {
+                println!(
+                    "{:>24} {:>10.4} {:>12.0} {:>22.2}",
+                    format!("torch {threads} thread(s)"),
+                    s,
+                    n as f64 / s,
+                    step / s
+                );
+            }
+            for (threads, p) in &t.phases {
+                println!("torch {threads} thread(s) phases: forward {:.2} ms, backward {:.2} ms, Adam {:.2} ms", 1e3 * p[0], 1e3 * p[1], 1e3 * p[2]);
+            }
         }
-        println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch)");
+        Err(e) => println!("\nnote: no PyTorch comparison: {e:#}"),
     }
+}
+
+/// Part 3 of the bench, the engine: 1 replica vs N thread replicas vs N MPI ranks, same
+/// global batch.
+fn replica_table(args: &BenchNpeArgs, world: &World, updates: usize) -> Result<()> {
+    let n = args.batch;
+    let r = args.replicas;
+    let mut rows = vec![(
+        "1 replica".to_string(),
+        1,
+        engine(world, n, updates, 1, Launch::SingleProcess)?,
+    )];
+    if r > 1 {
+        rows.push((
+            format!("{r} threads"),
+            r,
+            engine(world, n, updates, r, Launch::SingleProcess)?,
+        ));
+        if !args.no_mpi {
+            match mpi_run(args, r) {
+                Ok(t) => rows.push((format!("{r} MPI ranks"), r, t)),
+                Err(e) => println!("note: no MPI run: {e:#}"),
+            }
+        }
+    }
+    println!("\nengine (lockstep npe training path, simulation included), global batch {n}: median of {} updates after {} warm-up", args.steps, args.warmup);
+    println!(
+        "{:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>9}",
+        "run", "replicas", "s/update", "data s", "compute s", "comm s", "samples/s", "speed-up"
+    );
+    let col = |times: &[[f64; 4]], k: usize| {
+        let timed = &times[args.warmup.min(times.len())..];
+        median(&timed.iter().map(|t| t[k]).collect::<Vec<_>>())
+    };
+    let base = col(&rows[0].2, 3);
+    for (name, reps, times) in &rows {
+        let total = col(times, 3);
+        println!(
+            "{:>12} {:>9} {:>9.4} {:>10.4} {:>10.4} {:>10.4} {:>12.0} {:>9.2}",
+            name,
+            reps,
+            total,
+            col(times, 0),
+            col(times, 1),
+            col(times, 2),
+            n as f64 / total,
+            base / total
+        );
+    }
+    println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch)");
     Ok(())
 }
 
@@ -383,21 +419,6 @@ struct TorchResult {
 }
 
 const TORCH_SCRIPT: &str = include_str!("../../../scripts/peers/npe_torch.py");
-
-/// Writes `data` (row-major, `shape`) as a float32 `.npy` file.
-pub(crate) fn write_npy(path: &Path, data: &[f32], shape: &[u64]) -> Result<()> {
-    use npyz::WriterBuilder;
-    let ctx = || format!("writing {}", path.display());
-    let f = std::io::BufWriter::new(std::fs::File::create(path).with_context(ctx)?);
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(f)
-        .begin_nd()
-        .with_context(ctx)?;
-    w.extend(data.iter().copied()).with_context(ctx)?;
-    w.finish().with_context(ctx)
-}
 
 fn torch(
     args: &BenchNpeArgs,

@@ -25,6 +25,7 @@ mod build_network;
 mod info;
 mod nbody;
 mod npe;
+mod npy;
 mod plot;
 mod simulate;
 mod train;

@@ -328,14 +328,26 @@ fn many_small(comm: &dyn Communicator, count: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The first check of [`run_suite`] that failed: its message names the rank, the backend,
+/// the check (collective and dtype) and the first wrong element.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CheckFailed(pub String);
+
 /// Runs every check on `comm` (a collective: call it on every rank).
 ///
-/// Returns the names of the checks that passed, in order. Errors: the first failing check,
-/// with the rank, the collective, the dtype and the first wrong element.
-pub fn run_suite(comm: &dyn Communicator, opts: &SuiteOptions) -> Result<Vec<String>, String> {
+/// Returns the names of the checks that passed, in order. Errors: [`CheckFailed`] for the
+/// first failing check, with the rank, the collective, the dtype and the first wrong element.
+pub fn run_suite(comm: &dyn Communicator, opts: &SuiteOptions) -> Result<Vec<String>, CheckFailed> {
     let mut passed = Vec::new();
-    let mut run = |name: &str, f: &dyn Fn() -> Result<(), String>| -> Result<(), String> {
-        f().map_err(|e| format!("rank {} ({}): {name}: {e}", comm.rank(), comm.backend()))?;
+    let mut run = |name: &str, f: &dyn Fn() -> Result<(), String>| -> Result<(), CheckFailed> {
+        f().map_err(|e| {
+            CheckFailed(format!(
+                "rank {} ({}): {name}: {e}",
+                comm.rank(),
+                comm.backend()
+            ))
+        })?;
         passed.push(name.to_string());
         Ok(())
     };

@@ -210,7 +210,9 @@ pub fn top_right_singular_vectors<T: ComplexField<RealField = f64>>(
     let eps = f64::EPSILON * 5.0;
     let svd = nalgebra::SVD::try_new(rows, false, true, eps, 10_000)
         .context("the SVD did not converge within 10000 iterations")?;
-    let v_t = svd.v_t.context("the SVD computed no right singular vectors")?;
+    let v_t = svd
+        .v_t
+        .context("the SVD computed no right singular vectors")?;
     if v_t.nrows() < size {
         bail!(
             "the SVD has {} singular vectors; {size} were asked for",
@@ -328,11 +330,6 @@ impl ReducedBasis {
         }
         basis.seconds = start.elapsed().as_secs_f64();
         Ok(basis)
-    }
-
-    /// `V` of `block` as an nalgebra matrix `[basis_len x size]`.
-    pub fn v_matrix(&self, block: usize) -> DMatrix<Complex<f64>> {
-        DMatrix::from_row_slice(self.layout.basis_len(), self.size, &self.v[block])
     }
 
     /// The layer's `(weight [outputs x inputs] row-major, bias [outputs])` per block, acting
@@ -488,13 +485,19 @@ mod tests {
             num_validation_samples: 0,
             size,
         };
-        let layout = BasisLayout::Complex { blocks: 2, bins: 10 };
+        let layout = BasisLayout::Complex {
+            blocks: 2,
+            bins: 10,
+        };
         assert!(s(10, 10).check(&layout).is_ok());
         let e = s(11, 100).check(&layout).unwrap_err();
         assert!(e.key == "size" && e.problem.contains("1 to 10"), "{e}");
         let e = s(0, 100).check(&layout).unwrap_err();
         assert_eq!(e.key, "size");
         let e = s(8, 5).check(&layout).unwrap_err();
-        assert!(e.key == "num_training_samples" && e.problem.contains("at least size"), "{e}");
+        assert!(
+            e.key == "num_training_samples" && e.problem.contains("at least size"),
+            "{e}"
+        );
     }
 }

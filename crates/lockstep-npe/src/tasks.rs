@@ -9,7 +9,7 @@
 use crate::flow::Standardization;
 use crate::svd::BasisLayout;
 use lockstep_core::config::ConfigError;
-use lockstep_core::rng::{splitmix64, SplitMix64};
+use lockstep_core::rng::{splitmix64, SplitMix64, GOLDEN_GAMMA};
 use lockstep_train::{Batch, BatchSource};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// The random stream of global sample `index` under `seed`.
 pub fn sample_rng(seed: u64, index: u64) -> SplitMix64 {
     SplitMix64::new(splitmix64(
-        splitmix64(seed) ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        splitmix64(seed) ^ index.wrapping_mul(GOLDEN_GAMMA),
     ))
 }
 

@@ -194,11 +194,6 @@ impl Inputs {
             }
         }
     }
-
-    /// Total file spikes inside the run (for reports).
-    pub fn n_file_spikes(&self) -> u64 {
-        self.count.iter().map(|&c| c as u64).sum()
-    }
 }
 
 #[cfg(test)]

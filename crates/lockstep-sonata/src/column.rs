@@ -168,11 +168,6 @@ impl PopulationGroup {
         self.columns.iter().find(|c| c.name == name)
     }
 
-    /// Mutable access to the column named `name`, if present.
-    pub fn column_mut(&mut self, name: &str) -> Option<&mut Column> {
-        self.columns.iter_mut().find(|c| c.name == name)
-    }
-
     /// Number of rows: the length of its columns (0 for a group without columns; then
     /// the caller derives the size from the `*_group_index` values).
     pub fn rows(&self) -> Option<usize> {

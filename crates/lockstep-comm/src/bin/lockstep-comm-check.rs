@@ -93,7 +93,7 @@ fn parse_args() -> Result<(Option<usize>, Task), String> {
 fn run(comm: &dyn Communicator, task: &Task) -> Result<(), String> {
     match task {
         Task::Suite(opts) => {
-            let passed = run_suite(comm, opts)?;
+            let passed = run_suite(comm, opts).map_err(|e| e.to_string())?;
             if comm.is_chief() {
                 for p in &passed {
                     println!("ok: {p}");
