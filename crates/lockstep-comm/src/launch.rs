@@ -387,9 +387,31 @@ impl JobOutput {
 /// Runs `cmd` in its own process group, capturing stdout and stderr, and kills the group
 /// (SIGKILL) after `limit`.
 ///
+/// Open MPI 4.1's `mpirun` sometimes fails to start when several start at once: it races
+/// another job for the shared session directory (`/tmp/ompi.<host>.<uid>`: "unable to
+/// create the desired directory ... File exists", then `orte_session_dir failed`) before any
+/// rank runs. Such a launch is retried, up to 3 attempts, each with its own `limit`; the
+/// output of the last attempt is returned.
+///
 /// Errors: the command cannot be started (the message names the program), or waiting for it
 /// fails.
 pub fn run_with_limit(mut cmd: Command, limit: Duration) -> std::io::Result<JobOutput> {
+    let mut attempt = 1;
+    loop {
+        let out = run_once(&mut cmd, limit)?;
+        if attempt == 3
+            || out.code == Some(0)
+            || !out.all_output().contains("orte_session_dir failed")
+        {
+            return Ok(out);
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(200 * attempt));
+    }
+}
+
+/// One attempt of [`run_with_limit`].
+fn run_once(cmd: &mut Command, limit: Duration) -> std::io::Result<JobOutput> {
     let program = format!("{:?}", cmd.get_program());
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
