@@ -9,6 +9,7 @@
 //! Like sbi, the posterior samples are restricted to the prior's support (draws outside the
 //! prior box are rejected and redrawn).
 
+use crate::bench_npe::train_quietly;
 use crate::npy::{read_npy, write_npy};
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
@@ -16,10 +17,7 @@ use lockstep_npe::c2st::{c2st, C2stOptions};
 use lockstep_npe::sbibm::reference;
 use lockstep_npe::settings::Launch;
 use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeSettings, TaskSource};
-use lockstep_train::config::EngineConfig;
-use lockstep_train::job::run_job;
-use lockstep_train::{BatchSource, EngineOptions};
-use std::path::Path;
+use lockstep_train::BatchSource;
 use std::process::Command;
 use std::time::Instant;
 
@@ -262,26 +260,13 @@ fn train_lockstep(
         .epochs
         .unwrap_or((1_000_000 / sims.max(1)).clamp(10, 200));
     let (s, raw) = settings(task_name, sims, epochs, args.replicas, args.seed)?;
-    let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
-    let json = s.engine_config(&raw, Launch::SingleProcess, &tmp.path().join("run"), true)?;
-    let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
-    let task = s.task()?;
-    let network = trained::network(&s, task.as_ref())?;
-    let opts_engine = EngineOptions {
-        resolved_config: json,
-        quiet: true,
-        ..EngineOptions::default()
-    };
-    eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {} parameters) ...", network.layout().len());
+    let parameters = trained::network(&s, s.task()?.as_ref())?.layout().len();
+    eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {parameters} parameters) ...");
     let t = Instant::now();
-    let summary = run_job(world, &cfg, &opts_engine, |_rank| {
-        Ok((
-            NpeModel::<CpuAutodiff>::new(network.clone(), s.data.seed, Default::default()),
-            TaskSource::dataset(task.clone(), s.data.seed, sims),
-        ))
-    })?;
-    let train_s = t.elapsed().as_secs_f64();
-    Ok((trained::load(&summary.output_dir)?, task, train_s))
+    train_quietly(world, &s, &raw, Launch::SingleProcess, |summary, task| {
+        let train_s = t.elapsed().as_secs_f64();
+        Ok((trained::load(&summary.output_dir)?, task.clone(), train_s))
+    })
 }
 
 /// Trains sbi's NPE on simulations `0..sims` (the lockstep training set) and returns its
@@ -306,7 +291,14 @@ fn run_sbi(
     });
     std::fs::write(d.join("spec.json"), serde_json::to_string(&spec)?)?;
     std::fs::write(d.join("sbi_npe.py"), SBI_SCRIPT)?;
-    let out = Command::new(&args.python)
+    // Run in the temporary folder: sbi writes its training logs (`sbi-logs/`) to the working
+    // directory. A relative interpreter path is made absolute first.
+    let python = match args.python.contains('/') {
+        true => std::fs::canonicalize(&args.python).unwrap_or_else(|_| args.python.clone().into()),
+        false => std::path::PathBuf::from(&args.python),
+    };
+    let out = Command::new(&python)
+        .current_dir(d)
         .arg(d.join("sbi_npe.py"))
         .arg(d.join("spec.json"))
         .output()

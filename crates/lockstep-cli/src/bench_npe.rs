@@ -19,12 +19,14 @@ use lockstep_comm::World;
 use lockstep_npe::layers::Pass;
 use lockstep_npe::params::{to_vec, Params};
 use lockstep_npe::settings::Launch;
+use lockstep_npe::Task;
 use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeNetwork, NpeSettings, TaskSource};
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::run_job;
-use lockstep_train::{BatchSource, EngineOptions, Model, Optimizer, OptimizerConfig};
+use lockstep_train::{BatchSource, EngineOptions, Model, Optimizer, OptimizerConfig, TrainSummary};
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Options of `lockstep bench npe`.
@@ -365,11 +367,28 @@ fn engine(
     launch: Launch,
 ) -> Result<Vec<[f64; 4]>> {
     let (s, raw) = settings(batch, updates, replicas)?;
+    train_quietly(world, &s, &raw, launch, |summary, _| {
+        Ok(summary.update_times.clone())
+    })
+}
+
+/// Trains the NPE settings `s` (`raw`: their JSON) through the engine, launched as `launch`,
+/// without progress output, in a temporary run folder; `inspect` gets the run's summary and
+/// task before the folder is removed.
+///
+/// Errors: the settings do not make an engine config, or training fails.
+pub(crate) fn train_quietly<T>(
+    world: &World,
+    s: &NpeSettings,
+    raw: &serde_json::Value,
+    launch: Launch,
+    inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>) -> Result<T>,
+) -> Result<T> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
-    let json = s.engine_config(&raw, launch, &tmp.path().join("run"), true)?;
+    let json = s.engine_config(raw, launch, &tmp.path().join("run"), true)?;
     let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
     let task = s.task()?;
-    let network = trained::network(&s, task.as_ref())?;
+    let network = trained::network(s, task.as_ref())?;
     let opts = EngineOptions {
         resolved_config: json,
         quiet: true,
@@ -382,7 +401,7 @@ fn engine(
             TaskSource::dataset(task.clone(), seed, n),
         ))
     })?;
-    Ok(summary.update_times)
+    inspect(&summary, &task)
 }
 
 fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {

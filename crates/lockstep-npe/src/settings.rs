@@ -41,7 +41,7 @@
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
 //! one ([`lockstep_core::config`]). Keys Dingo has whose semantics belong to later work
-//! (`stage_1` and later stages, `freeze_rb_layer`, `svd`, `num_workers`, `num_gpus`,
+//! (`stage_1` and later stages, `freeze_rb_layer`, `num_workers`, `num_gpus`,
 //! `runtime_limits`, schedulers other than cosine, AdamW, dropout) are recognised and
 //! refused with an error that says so, rather than silently ignored.
 //!

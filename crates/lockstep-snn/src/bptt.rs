@@ -863,6 +863,9 @@ impl SnnModel {
     }
 
     /// Reverse pass over the steps of `tape` (starting at step `t0`).
+    ///
+    /// Kept as one function (a kernel over 120 lines): its phases share a dozen per-step
+    /// buffers and loop indices, and splitting it would only pass them between helpers.
     #[allow(clippy::too_many_arguments)]
     fn backward_steps<F: Real>(
         &self,

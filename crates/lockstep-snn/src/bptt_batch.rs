@@ -440,6 +440,9 @@ impl<'a> Kernel<'a> {
     /// One forward step `t`: neuron updates, then delivery of this step's recurrent and
     /// input spikes. `flags` (`[neuron, B]`) and `any` (`[neuron]`) receive the step's
     /// flags; `tape` (x, asc) receives the stored values when given.
+    ///
+    /// Kept as one function (a kernel over 120 lines): its phases share a dozen per-step
+    /// buffers and loop indices, and splitting it would only pass them between helpers.
     fn forward_step(
         &self,
         st: &mut State,
@@ -790,6 +793,9 @@ impl<'a> Kernel<'a> {
     }
 
     /// Reverse pass over the steps of `tape` (steps `t0 .. t0 + len`).
+    ///
+    /// Kept as one function (a kernel over 120 lines): its phases share a dozen per-step
+    /// buffers and loop indices, and splitting it would only pass them between helpers.
     #[allow(clippy::too_many_arguments)]
     fn backward_steps(
         &self,
