@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
 #   make test   installs what is missing, builds once (release), runs make lint, the main job on
 #               2 updates and every test
-#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied
+#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -24,6 +24,9 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps
+	# The NPE crate's CUDA backend compiles without a CUDA toolkit (burn 0.21 loads the CUDA
+	# libraries at run time); it runs only where a GPU exists.
+	cargo check --release -p lockstep-npe --features cuda
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=
