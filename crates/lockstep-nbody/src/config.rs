@@ -27,7 +27,9 @@ use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_core::config::{self, ConfigError};
 use lockstep_core::memory::MemoryEstimate;
 
-use crate::integrate::{Diagnostics, ForceSettings, Gravity, Integrator, Method, SimulateOptions};
+use crate::integrate::{
+    Diagnostics, ForceSettings, Gravity, Integrator, Method, NbodySimulateOptions,
+};
 use crate::output::DEFAULT_DIR;
 use crate::shard::simulate_sharded;
 use crate::snapshot::{write_hdf5, write_npz, SnapshotHeader};
@@ -503,7 +505,7 @@ fn integrate<C: Communicator + ?Sized>(
     let mut first: Option<Diagnostics> = None;
     let mut out_index = 0usize;
     let (rank, size) = (comm.rank(), comm.size());
-    let sim_opts = SimulateOptions {
+    let sim_opts = NbodySimulateOptions {
         integrator: cfg.integrator,
         outputs: plan.outputs.clone(),
     };

@@ -207,7 +207,7 @@ impl Diagnostics {
 
 /// Options of [`simulate`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct SimulateOptions {
+pub struct NbodySimulateOptions {
     /// Leapfrog variant.
     pub integrator: Integrator,
     /// Indices into `ts` at which outputs (diagnostics and the output callback) happen.
@@ -248,7 +248,7 @@ pub fn simulate(
     particles: &mut Particles,
     ts: &[f64],
     gravity: &mut Gravity,
-    opts: &SimulateOptions,
+    opts: &NbodySimulateOptions,
     on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     on_step: impl FnMut(usize),
 ) -> Result<Vec<Diagnostics>, NbodyError> {
@@ -269,7 +269,7 @@ pub fn simulate(
 pub fn simulate_with(
     particles: &mut Particles,
     ts: &[f64],
-    opts: &SimulateOptions,
+    opts: &NbodySimulateOptions,
     mut forces_of: impl FnMut(&Particles) -> Result<Forces, NbodyError>,
     mut reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
     mut on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,

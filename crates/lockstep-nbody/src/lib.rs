@@ -46,7 +46,7 @@ pub use error::NbodyError;
 pub use fmm::{fmm, Fmm, FmmParams, FmmStats, PhaseSeconds, RemoteCell, SourceSet};
 pub use ic::InitialConditions;
 pub use integrate::{
-    simulate, Diagnostics, ForceSettings, Gravity, Integrator, Method, SimulateOptions,
+    simulate, Diagnostics, ForceSettings, Gravity, Integrator, Method, NbodySimulateOptions,
 };
 pub use particles::Particles;
 pub use units::Units;

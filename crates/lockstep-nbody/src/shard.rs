@@ -7,7 +7,7 @@ use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
 
 use crate::fmm::tree::{cube_from_bounds, morton_key, Tree};
 use crate::fmm::{Fmm, FmmStats, RemoteCell, SourceSet};
-use crate::integrate::{simulate_with, Diagnostics, ForceSettings, Method, SimulateOptions};
+use crate::integrate::{simulate_with, Diagnostics, ForceSettings, Method, NbodySimulateOptions};
 use crate::{Forces, NbodyError, Particles};
 
 impl From<CommError> for NbodyError {
@@ -479,7 +479,7 @@ pub fn simulate_sharded<C: Communicator + ?Sized>(
     ts: &[f64],
     settings: &ForceSettings,
     g: f64,
-    opts: &SimulateOptions,
+    opts: &NbodySimulateOptions,
     on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     on_step: impl FnMut(usize),
 ) -> Result<Vec<Diagnostics>, NbodyError> {

@@ -3,7 +3,7 @@
 
 use lockstep_nbody::{
     simulate, Diagnostics, ForceSettings, Gravity, InitialConditions, Integrator, Method,
-    SimulateOptions,
+    NbodySimulateOptions,
 };
 
 fn plummer(n: u64, seed: u64) -> lockstep_nbody::Particles {
@@ -33,7 +33,7 @@ fn run(
         p,
         &ts,
         &mut g,
-        &SimulateOptions {
+        &NbodySimulateOptions {
             integrator,
             outputs,
         },
@@ -143,7 +143,7 @@ fn kdk_and_dkd_agree_and_direct_matches_fmm_trajectory() {
 fn bad_times_and_outputs_are_errors() {
     let mut p = plummer(100, 1);
     let mut g = Gravity::new(fmm(0.1), 1.0).unwrap();
-    let o = SimulateOptions {
+    let o = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: vec![0],
     };
@@ -158,7 +158,7 @@ fn bad_times_and_outputs_are_errors() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("increasing"), "{e}");
-    let o = SimulateOptions {
+    let o = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: vec![5],
     };

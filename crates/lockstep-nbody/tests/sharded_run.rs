@@ -10,8 +10,8 @@ use lockstep_nbody::config::run_nbody_config_on;
 use lockstep_nbody::shard::simulate_sharded;
 use lockstep_nbody::snapshot::read_gadget_hdf5;
 use lockstep_nbody::{
-    ForceSettings, InitialConditions, Integrator, Method, NbodyError, Particles, RunOptions,
-    SimulateOptions,
+    ForceSettings, InitialConditions, Integrator, Method, NbodyError, NbodySimulateOptions,
+    Particles, RunOptions,
 };
 
 fn config(dir: &Path, name: &str, method: &str, steps: usize) -> PathBuf {
@@ -101,7 +101,7 @@ fn a_failing_rank_ends_the_run_within_seconds() {
         seed: 1,
     };
     let ts: Vec<f64> = (0..=200).map(|k| k as f64 * 1e-3).collect();
-    let opts = SimulateOptions {
+    let opts = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: (0..=200).step_by(10).collect(),
     };
