@@ -50,6 +50,8 @@ def main():
         s = posterior.sample((spec["num_samples"],), x=xo, show_progress_bars=False)
         np.save(d + f"/samples_{k}.npy", np.ascontiguousarray(s.numpy().astype(np.float32)))
     sample_s = time.perf_counter() - t0
+    # sbi's last progress message ends without a newline.
+    print()
     print(json.dumps({"sbi_version": sbi.__version__, "train_s": train_s,
                       "sample_s": sample_s, "epochs": epochs}))
 

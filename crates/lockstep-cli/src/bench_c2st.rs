@@ -311,10 +311,14 @@ fn run_sbi(
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rfind(|l| l.starts_with('{'))
-        .context("the sbi script printed no result")?;
+    // sbi's progress messages end in carriage returns and its last one in nothing, so the
+    // result may follow them on the same line.
+    let start = stdout.rfind("{\"sbi_version\"").with_context(|| {
+        let out = stdout.trim();
+        let tail = &out[out.floor_char_boundary(out.len().saturating_sub(400))..];
+        format!("the sbi script printed no result; its output ended with: {tail}")
+    })?;
+    let line = stdout[start..].lines().next().unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(line)?;
     let samples = (0..observations.len())
         .map(|k| read_npy::<f32>(&d.join(format!("samples_{k}.npy"))))
