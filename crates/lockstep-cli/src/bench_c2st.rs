@@ -293,8 +293,10 @@ fn run_sbi(
     std::fs::write(d.join("sbi_npe.py"), SBI_SCRIPT)?;
     // Run in the temporary folder: sbi writes its training logs (`sbi-logs/`) to the working
     // directory. A relative interpreter path is made absolute first.
+    // Absolute, but not through `canonicalize`: a venv's python is a link to the base
+    // interpreter, and resolving it would leave the venv (and its packages) behind.
     let python = match args.python.contains('/') {
-        true => std::fs::canonicalize(&args.python).unwrap_or_else(|_| args.python.clone().into()),
+        true => std::path::absolute(&args.python).unwrap_or_else(|_| args.python.clone().into()),
         false => std::path::PathBuf::from(&args.python),
     };
     let out = Command::new(&python)
