@@ -10,8 +10,7 @@
 //! a row) runs up to 20 times slower (4K aliasing of loads and stores), which is what made
 //! the memcpy yardstick read 2.6 GB/s at 64-256 KiB against 30 GB/s at 1 MiB.
 
-use anyhow::{bail, Context, Result};
-use lockstep_comm::launch::{mpirun_command, run_with_limit};
+use anyhow::{bail, Result};
 use lockstep_comm::{run_replicas, CommError, CommExt, Communicator, ReduceOp, World};
 use std::time::{Duration, Instant};
 
@@ -317,23 +316,26 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
             "measuring MpiComm and MPI_Allreduce with mpirun -n {} ...",
             args.ranks
         );
-        let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
-        let mut cmd = mpirun_command(args.ranks);
-        cmd.arg(exe)
-            .args(["bench", "allreduce", "--mpi-worker"])
-            .args(["--max-mib", &args.max_mib.to_string()])
-            .args(["--seconds", &args.seconds.to_string()])
-            .args(["--samples", &args.samples.to_string()]);
-        let out = run_with_limit(cmd, Duration::from_secs(600))?;
-        if !out.success() {
-            bail!("the MPI measurement failed:\n{}", out.all_output());
-        }
-        let line = out
-            .stdout
-            .lines()
-            .rfind(|l| l.starts_with('{'))
-            .context("the MPI measurement printed no timings")?;
-        Some(serde_json::from_str::<MpiTimings>(line)?)
+        let (max_mib, seconds, samples) = (
+            args.max_mib.to_string(),
+            args.seconds.to_string(),
+            args.samples.to_string(),
+        );
+        Some(crate::mpi_worker::run_mpi_worker::<MpiTimings, _, _>(
+            args.ranks,
+            [
+                "bench",
+                "allreduce",
+                "--mpi-worker",
+                "--max-mib",
+                &max_mib,
+                "--seconds",
+                &seconds,
+                "--samples",
+                &samples,
+            ],
+            Duration::from_secs(600),
+        )?)
     };
     print_table(args, &memcpy, &threads, mpi.as_ref());
     Ok(())

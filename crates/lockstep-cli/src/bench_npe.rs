@@ -14,7 +14,6 @@
 
 use crate::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
-use lockstep_comm::launch::{mpirun_command, run_with_limit};
 use lockstep_comm::World;
 use lockstep_npe::layers::Pass;
 use lockstep_npe::params::{to_vec, Params};
@@ -405,26 +404,26 @@ pub(crate) fn train_quietly<T>(
 }
 
 fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {
-    let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
-    let mut cmd = mpirun_command(ranks);
-    cmd.arg(exe).args(["bench", "npe", "--mpi-worker"]).args([
-        "--batch",
-        &args.batch.to_string(),
-        "--steps",
-        &args.steps.to_string(),
-        "--warmup",
-        &args.warmup.to_string(),
-    ]);
-    let out = run_with_limit(cmd, Duration::from_secs(1800)).map_err(anyhow::Error::msg)?;
-    if !out.success() {
-        bail!("the MPI measurement failed:\n{}", out.all_output());
-    }
-    let line = out
-        .stdout
-        .lines()
-        .rfind(|l| l.starts_with('['))
-        .context("the MPI measurement printed no result")?;
-    Ok(serde_json::from_str(line)?)
+    let (batch, steps, warmup) = (
+        args.batch.to_string(),
+        args.steps.to_string(),
+        args.warmup.to_string(),
+    );
+    crate::mpi_worker::run_mpi_worker(
+        ranks,
+        [
+            "bench",
+            "npe",
+            "--mpi-worker",
+            "--batch",
+            &batch,
+            "--steps",
+            &steps,
+            "--warmup",
+            &warmup,
+        ],
+        Duration::from_secs(1800),
+    )
 }
 
 struct TorchResult {

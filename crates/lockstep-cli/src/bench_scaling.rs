@@ -7,8 +7,6 @@
 
 use crate::train::{prepare, Overrides};
 use anyhow::{bail, Context, Result};
-use lockstep_comm::launch::mpirun_command;
-use lockstep_comm::launch::run_with_limit;
 use lockstep_comm::World;
 use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;
@@ -158,28 +156,22 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         }
         if !args.no_mpi {
             eprintln!("round {round}: {n} MPI replicas (mpirun -n {n}) ...");
-            let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
-            let mut cmd = mpirun_command(n);
-            cmd.arg(exe)
-                .args(["bench", "scaling"])
-                .arg(&args.config)
-                .args([
-                    "--updates",
-                    &args.updates.to_string(),
-                    "--warmup",
-                    &args.warmup.to_string(),
-                    "--mpi-worker",
-                ]);
-            let out = run_with_limit(cmd, Duration::from_secs(3600))?;
-            if !out.success() {
-                bail!("the MPI measurement failed:\n{}", out.all_output());
-            }
-            let line = out
-                .stdout
-                .lines()
-                .rfind(|l| l.starts_with('{'))
-                .context("the MPI measurement printed no result")?;
-            mpi.add(serde_json::from_str(line)?);
+            let (updates, warmup) = (args.updates.to_string(), args.warmup.to_string());
+            let worker_args: [&std::ffi::OsStr; 8] = [
+                "bench".as_ref(),
+                "scaling".as_ref(),
+                args.config.as_os_str(),
+                "--updates".as_ref(),
+                updates.as_ref(),
+                "--warmup".as_ref(),
+                warmup.as_ref(),
+                "--mpi-worker".as_ref(),
+            ];
+            mpi.add(crate::mpi_worker::run_mpi_worker(
+                n,
+                worker_args,
+                Duration::from_secs(3600),
+            )?);
         }
     }
     let mut rows = vec![("1 replica", &one)];

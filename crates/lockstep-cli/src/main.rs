@@ -23,6 +23,7 @@ mod bench_scaling;
 mod bench_simulate;
 mod build_network;
 mod info;
+mod mpi_worker;
 mod nbody;
 mod npe;
 mod npy;
