@@ -260,13 +260,22 @@ fn train_lockstep(
         .epochs
         .unwrap_or((1_000_000 / sims.max(1)).clamp(10, 200));
     let (s, raw) = settings(task_name, sims, epochs, args.replicas, args.seed)?;
-    let parameters = trained::network(&s, s.task()?.as_ref())?.layout().len();
-    eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs, {parameters} parameters) ...");
+    eprintln!("{task_name}, {sims} simulations: training lockstep NPE ({epochs} epochs) ...");
     let t = Instant::now();
-    train_quietly(world, &s, &raw, Launch::SingleProcess, |summary, task| {
-        let train_s = t.elapsed().as_secs_f64();
-        Ok((trained::load(&summary.output_dir)?, task.clone(), train_s))
-    })
+    train_quietly(
+        world,
+        &s,
+        &raw,
+        Launch::SingleProcess,
+        |summary, task, network| {
+            let train_s = t.elapsed().as_secs_f64();
+            eprintln!(
+                "{task_name}, {sims} simulations: trained {} parameters in {train_s:.1} s",
+                network.layout().len()
+            );
+            Ok((trained::load(&summary.output_dir)?, task.clone(), train_s))
+        },
+    )
 }
 
 /// Trains sbi's NPE on simulations `0..sims` (the lockstep training set) and returns its

@@ -366,14 +366,14 @@ fn engine(
     launch: Launch,
 ) -> Result<Vec<[f64; 4]>> {
     let (s, raw) = settings(batch, updates, replicas)?;
-    train_quietly(world, &s, &raw, launch, |summary, _| {
+    train_quietly(world, &s, &raw, launch, |summary, _, _| {
         Ok(summary.update_times.clone())
     })
 }
 
 /// Trains the NPE settings `s` (`raw`: their JSON) through the engine, launched as `launch`,
-/// without progress output, in a temporary run folder; `inspect` gets the run's summary and
-/// task before the folder is removed.
+/// without progress output, in a temporary run folder; `inspect` gets the run's summary, the
+/// task and the network before the folder is removed.
 ///
 /// Errors: the settings do not make an engine config, or training fails.
 pub(crate) fn train_quietly<T>(
@@ -381,7 +381,7 @@ pub(crate) fn train_quietly<T>(
     s: &NpeSettings,
     raw: &serde_json::Value,
     launch: Launch,
-    inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>) -> Result<T>,
+    inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>, &NpeNetwork) -> Result<T>,
 ) -> Result<T> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
     let json = s.engine_config(raw, launch, &tmp.path().join("run"), true)?;
@@ -400,7 +400,7 @@ pub(crate) fn train_quietly<T>(
             TaskSource::dataset(task.clone(), seed, n),
         ))
     })?;
-    inspect(&summary, &task)
+    inspect(&summary, &task, &network)
 }
 
 fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {
