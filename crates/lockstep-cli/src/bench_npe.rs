@@ -384,7 +384,7 @@ pub(crate) fn train_quietly<T>(
     inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>, &NpeNetwork) -> Result<T>,
 ) -> Result<T> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
-    let json = s.engine_config(raw, launch, &tmp.path().join("run"), true)?;
+    let json = s.engine_config(0, raw, launch, &tmp.path().join("run"), true)?;
     let cfg = EngineConfig::from_json(&json, Path::new("/"))?;
     let task = s.task()?;
     let network = trained::network(s, task.as_ref())?;

@@ -9,10 +9,10 @@ use lockstep_npe::calibration::{injection, pp_test, PpResult};
 use lockstep_npe::settings::Launch;
 use lockstep_npe::svd::ReducedBasis;
 use lockstep_npe::trained::{self, Trained};
-use lockstep_npe::{CpuAutodiff, NpeModel, NpeSettings, TaskSource};
+use lockstep_npe::{CpuAutodiff, NpeModel, NpeNetwork, NpeSettings, TaskSource};
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::{agree_on_validation, run_job};
-use lockstep_train::{EngineOptions, Model, TrainError};
+use lockstep_train::{EngineOptions, TrainError};
 use plotters::prelude::*;
 use serde_json::Value;
 use std::io::Write;
@@ -27,6 +27,33 @@ pub enum NpeCommand {
     Sample(SampleArgs),
     /// P-P test over simulated injections: a P-P plot PNG and per-parameter KS p-values.
     Pp(PpArgs),
+    /// Write an HTCondor submit description (--condor) or a Slurm batch script (--slurm) that
+    /// runs `lockstep npe train` with the resources of the settings' `local` section.
+    Submit(SubmitArgs),
+}
+
+/// Options of `lockstep npe submit`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("system").required(true).args(["condor", "slurm"])))]
+pub struct SubmitArgs {
+    /// The settings file (YAML, Dingo's shape).
+    pub settings: PathBuf,
+    /// Write an HTCondor submit description (resources from local.condor, local.num_gpus).
+    #[arg(long)]
+    pub condor: bool,
+    /// Write a Slurm batch script: one MPI rank per replica under srun (local.slurm).
+    #[arg(long)]
+    pub slurm: bool,
+    /// The run directory the job trains into.
+    #[arg(long, default_value = "npe_output")]
+    pub train_dir: PathBuf,
+    /// The file to write (default lockstep_npe.sub or lockstep_npe.sbatch); the job's
+    /// .out/.err/.log files go next to it.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Replace an existing output file.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// Options of `lockstep npe train`.
@@ -102,11 +129,75 @@ pub fn run(cmd: &NpeCommand, world: &World) -> Result<()> {
         NpeCommand::Train(a) => train(a, world),
         NpeCommand::Sample(a) => sample(a),
         NpeCommand::Pp(a) => pp(a),
+        NpeCommand::Submit(a) => submit(a),
     }
 }
 
-/// Reads the settings, checks them and builds the engine config (no output touched).
-fn prepare(args: &TrainArgs, world: &World) -> Result<(NpeSettings, Value, EngineConfig)> {
+/// Writes the submission file of `lockstep npe submit` (atomically; an existing file only
+/// with --overwrite) and prints how to submit it.
+fn submit(args: &SubmitArgs) -> Result<()> {
+    use lockstep_npe::submit::{condor, slurm, Job};
+    let (settings, _) = NpeSettings::from_yaml_file(&args.settings)?;
+    let default = if args.condor {
+        "lockstep_npe.sub"
+    } else {
+        "lockstep_npe.sbatch"
+    };
+    let out = std::path::absolute(args.output.as_deref().unwrap_or(Path::new(default)))?;
+    if out.exists() && !args.overwrite {
+        bail!(
+            "{} already exists; pass --overwrite to replace it or --output to write elsewhere",
+            out.display()
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the lockstep executable")?;
+    let settings_file = std::path::absolute(&args.settings)?;
+    let train_dir = std::path::absolute(&args.train_dir)?;
+    let log_stem = out.with_extension("");
+    let job = Job {
+        executable: &exe,
+        settings_file: &settings_file,
+        train_dir: &train_dir,
+        log_stem: &log_stem,
+    };
+    let (text, warnings) = if args.condor {
+        condor(&settings, &job)
+    } else {
+        (slurm(&settings, &job), Vec::new())
+    };
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    lockstep_train::checkpoint::write_atomic(&out, text.as_bytes())?;
+    println!("wrote {}", out.display());
+    if args.condor {
+        match settings.local.condor.as_ref().and_then(|c| c.bid) {
+            Some(bid) => println!("submit with: condor_submit_bid {bid} {}", out.display()),
+            None => println!("submit with: condor_submit {}", out.display()),
+        }
+    } else {
+        println!("submit with: sbatch {}", out.display());
+    }
+    Ok(())
+}
+
+/// A checked `lockstep npe train` run: the settings, the network, one engine config per
+/// stage, where each stage's run directory is, and where training starts.
+struct Prepared {
+    settings: NpeSettings,
+    network: NpeNetwork,
+    /// Per stage: the resolved config (the engine's sections plus `npe`, `npe_stage`).
+    configs: Vec<(Value, EngineConfig)>,
+    /// The folder holding `stage_N` run directories (runs of several stages only).
+    stages_dir: Option<PathBuf>,
+    /// The stage to start with and the checkpoint to resume it from.
+    first_stage: usize,
+    resume: Option<PathBuf>,
+}
+
+/// Reads the settings, checks them (every stage's engine config and frozen blocks), and
+/// finds the stage a `--resume` checkpoint belongs to; no output is touched.
+fn prepare(args: &TrainArgs, world: &World) -> Result<Prepared> {
     let (settings, raw) = NpeSettings::from_yaml_file(&args.settings)?;
     let launch = if world.launch.is_mpi_launch() && world.launch.size > 1 {
         Launch::Mpi(world.launch.size)
@@ -114,56 +205,203 @@ fn prepare(args: &TrainArgs, world: &World) -> Result<(NpeSettings, Value, Engin
         Launch::SingleProcess
     };
     let dir = std::path::absolute(&args.train_dir)?;
-    let json = settings
-        .engine_config(&raw, launch, &dir, args.overwrite)
-        .map_err(|e| e.in_file(&args.settings))?;
-    let cfg = EngineConfig::from_json(&json, Path::new("/")).map_err(|e| match e {
-        TrainError::Config(c) => TrainError::Config(c.in_file(&args.settings)),
-        other => other,
-    })?;
-    Ok((settings, json, cfg))
+    let n = settings.stages().len();
+    let stages_dir = (n > 1).then(|| dir.clone());
+    let (first_stage, resume) = match &args.resume {
+        None => (0, None),
+        Some(p) => {
+            let file = trained::resolve_checkpoint(p)?;
+            let (_, _, stage) = trained::run_settings(&file)?;
+            (stage, Some(file))
+        }
+    };
+    if first_stage >= n {
+        bail!(
+            "--resume {}: the checkpoint is of training.stage_{first_stage}, but {} has {n} stage(s)",
+            args.resume.as_deref().unwrap_or(Path::new("")).display(),
+            args.settings.display()
+        );
+    }
+    let mut configs = Vec::with_capacity(n);
+    for stage in 0..n {
+        let (out, overwrite) = match &stages_dir {
+            // Later stages of a resumed run replace what an interrupted attempt left.
+            Some(d) => (
+                trained::stage_dir(d, stage),
+                stage > first_stage && resume.is_some(),
+            ),
+            None => (dir.clone(), args.overwrite),
+        };
+        let json = settings
+            .engine_config(stage, &raw, launch, &out, overwrite)
+            .map_err(|e| e.in_file(&args.settings))?;
+        let cfg = EngineConfig::from_json(&json, Path::new("/")).map_err(|e| match e {
+            TrainError::Config(c) => TrainError::Config(c.in_file(&args.settings)),
+            other => other,
+        })?;
+        configs.push((json, cfg));
+    }
+    let task = settings.task()?;
+    let network = trained::network(&settings, task.as_ref())?;
+    let mut probe = NpeModel::<CpuAutodiff>::new(network.clone(), 0, Default::default());
+    for stage in 0..n {
+        probe
+            .freeze(&settings.frozen_blocks(stage))
+            .with_context(|| {
+                format!("{}: training.stage_{stage}.freeze", args.settings.display())
+            })?;
+    }
+    Ok(Prepared {
+        settings,
+        network,
+        configs,
+        stages_dir,
+        first_stage,
+        resume,
+    })
+}
+
+/// The chief creates the folder of a run of several stages (replacing an old one only with
+/// `--overwrite`, and only when lockstep wrote it or it is empty); a resumed run keeps it.
+///
+/// Errors: the folder exists (without `--overwrite`) or may not be replaced, or I/O.
+fn create_stages_dir(dir: &Path, overwrite: bool, resumed_inside: bool) -> Result<()> {
+    use lockstep_core::output_dir::{check_replaceable, write_marker};
+    if resumed_inside {
+        return Ok(());
+    }
+    if dir.exists() {
+        if !overwrite {
+            bail!(
+                "{} already exists; choose another --train-dir, pass --overwrite to replace it, or --resume {} to continue it",
+                dir.display(),
+                dir.display()
+            );
+        }
+        check_replaceable(dir, &[])?;
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("cannot remove the old {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    write_marker(
+        dir,
+        "written by lockstep npe train (one run directory per stage); --overwrite may replace this directory\n",
+    )
+    .with_context(|| format!("cannot write into {}", dir.display()))?;
+    Ok(())
+}
+
+/// The (parameters, running statistics) a finished stage ended with, in layout order, read
+/// from its run directory's latest checkpoint.
+///
+/// Errors: the checkpoint cannot be read or does not fit the network.
+fn stage_result(run_dir: &Path) -> Result<(Vec<f32>, Vec<f32>)> {
+    let t = trained::load(run_dir)?;
+    Ok((t.model.parameters(), t.model.state().to_vec()))
 }
 
 fn train(args: &TrainArgs, world: &World) -> Result<()> {
     let prepared = prepare(args, world).map_err(TrainError::Build);
-    let (settings, json, cfg) = agree_on_validation(world.comm(), prepared)?;
+    let p = agree_on_validation(world.comm(), prepared)?;
+    let (settings, network) = (&p.settings, &p.network);
     let task = settings.task()?;
-    let network = trained::network(&settings, task.as_ref())?;
-    let opts = EngineOptions {
-        resolved_config: json,
-        resume: args.resume.clone(),
-        ..EngineOptions::default()
-    };
     let (seed, n_train) = (settings.data.seed, settings.train_samples());
-    let initial = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
-    let mut initial = initial.trainable().to_vec();
-    // The reduced basis, computed from keyed inputs in every process (deterministic; the
-    // startup broadcast makes the replicas equal in any case). A resumed run takes its
-    // parameters from the checkpoint instead.
+    let chief = world.comm().is_chief();
+    if let Some(dir) = &p.stages_dir {
+        let inside = p.resume.as_ref().is_some_and(|f| f.starts_with(dir));
+        let made = if chief {
+            create_stages_dir(dir, args.overwrite, inside).map_err(TrainError::Build)
+        } else {
+            Ok(())
+        };
+        agree_on_validation(world.comm(), made)?;
+    }
+    // Stage 0 starts from the initial parameters, with the reduced basis computed from keyed
+    // inputs in every process (deterministic; the startup broadcast makes the replicas equal
+    // in any case). A resumed stage takes its parameters from the checkpoint instead.
+    let fresh = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+    let mut values = (fresh.parameters(), fresh.state().to_vec());
     let mut svd_report = Vec::new();
-    if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &args.resume) {
+    if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
         let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
-        basis.initialize(&network, &mut initial)?;
+        basis.initialize(network, &mut values.0)?;
         svd_report = basis.report();
-        if world.comm().is_chief() {
+        if chief {
             svd_report.iter().for_each(|l| println!("{l}"));
         }
     }
-    let summary = run_job(world, &cfg, &opts, |_rank| {
-        let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
-        model.trainable_mut().copy_from_slice(&initial);
-        Ok((model, TaskSource::dataset(task.clone(), seed, n_train)))
-    })?;
-    if world.comm().is_chief() {
-        append_log(&summary.output_dir.join(&cfg.log_file), &svd_report)?;
-        let t = trained::load(&summary.output_dir)?;
+    let n = p.configs.len();
+    let mut last_dir = PathBuf::new();
+    for stage in p.first_stage..n {
+        let (json, cfg) = &p.configs[stage];
+        let frozen = settings.frozen_blocks(stage);
+        let mut notes = std::mem::take(&mut svd_report);
+        if n > 1 {
+            let st = settings.stages()[stage];
+            notes.push(format!(
+                "stage {stage} of {n}: {} epoch(s), total batch {}, frozen blocks: {}",
+                st.epochs,
+                st.batch_size,
+                if frozen.is_empty() {
+                    "none".to_string()
+                } else {
+                    frozen.join(", ")
+                }
+            ));
+            if chief {
+                println!("{}", notes.last().map(String::as_str).unwrap_or(""));
+            }
+        }
+        let opts = EngineOptions {
+            resolved_config: json.clone(),
+            resume: if stage == p.first_stage {
+                p.resume.clone()
+            } else {
+                None
+            },
+            ..EngineOptions::default()
+        };
+        let summary = run_job(world, cfg, &opts, |_rank| {
+            let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+            model.freeze(&frozen)?;
+            model.set_parameters(&values.0)?;
+            model.set_state(&values.1)?;
+            Ok((model, TaskSource::dataset(task.clone(), seed, n_train)))
+        })?;
+        last_dir = summary.output_dir.clone();
+        if chief {
+            append_log(&last_dir.join(&cfg.log_file), &notes)?;
+        }
+        if stage + 1 < n {
+            // The next stage starts where this one ended: the chief reads the final
+            // checkpoint, the startup broadcast hands the values to every replica.
+            let next = if chief {
+                stage_result(&last_dir).map_err(TrainError::Build)
+            } else {
+                Ok(values.clone())
+            };
+            values = agree_on_validation(world.comm(), next)?;
+        }
+    }
+    if chief {
+        let log = last_dir.join(&p.configs[n - 1].1.log_file);
+        if let Some(dir) = &p.stages_dir {
+            let export = last_dir.join(lockstep_npe::model::EXPORT_FILE);
+            let bytes = std::fs::read(&export)
+                .with_context(|| format!("cannot read {}", export.display()))?;
+            lockstep_train::checkpoint::write_atomic(
+                &dir.join(lockstep_npe::model::EXPORT_FILE),
+                &bytes,
+            )?;
+        }
+        let t = trained::load(&last_dir)?;
         if let Some(loss) = t.test_loss()? {
-            let n = settings.data.num_samples - n_train;
+            let held_out = settings.data.num_samples - n_train;
             let line = format!(
-                "test loss (mean negative log-probability over {n} held-out simulations): {loss:.6}"
+                "test loss (mean negative log-probability over {held_out} held-out simulations): {loss:.6}"
             );
             println!("{line}");
-            append_log(&summary.output_dir.join(&cfg.log_file), &[line])?;
+            append_log(&log, &[line])?;
         }
     }
     Ok(())

@@ -411,3 +411,256 @@ fn the_gw_chirp_example_trains_with_a_tiny_budget() {
     let png = std::fs::read(&corner).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");
 }
+
+/// Every parameter of the posterior in `path` (a run directory or the folder of a run of
+/// several stages), by name, in layout order.
+fn named_parameters(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let t = lockstep_npe::trained::load(path).unwrap();
+    let values = t.model.parameters();
+    let layout = t.model.network.layout();
+    layout
+        .specs()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.clone(), layout.slice(&values, i).to_vec()))
+        .collect()
+}
+
+/// Dingo's stages under replicas: stage 1 changes the batch, optimizer (AdamW) and schedule
+/// (step) and freezes two embedding blocks, which Dingo refuses under DDP. The frozen
+/// blocks keep stage 0's final values exactly while the rest trains on; the all-reduce
+/// covers only the trainable parameters; 2 thread replicas and 2 MPI ranks end with the same
+/// parameters; resuming mid-stage-1 from a checkpoint (into a new folder) ends where the
+/// uninterrupted run ended; `npe sample` reads the folder of stages.
+#[test]
+fn two_stages_freeze_blocks_under_thread_and_mpi_replicas_and_resume_mid_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let frozen = ["embedding_net.initial_layer", "embedding_net.blocks.0"];
+    // 356 x 0.9 = 320 training simulations: stage 0 has 10 updates of 32, stage 1 two
+    // epochs of 5 updates of 64 with a checkpoint every epoch.
+    let stages = settings(3, "layer_norm", 356, 1, 32, "  checkpoint_epochs: 1\n").replace(
+        "local:",
+        "  stage_1:
+    epochs: 2
+    batch_size: 64
+    optimizer: {type: adamw, lr: 0.001, weight_decay: 0.01}
+    scheduler: {type: step, step_size: 1, gamma: 0.5}
+    freeze: [embedding_net.initial_layer, embedding_net.blocks.0]
+local:",
+    );
+    let threads = write(d, "threads.yaml", &format!("{stages}  num_gpus: 2\n"));
+    let mpi = write(d, "mpi.yaml", &stages);
+    let (rt, rm, rr) = (d.join("threads"), d.join("mpi"), d.join("resumed"));
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&threads),
+        "--train-dir",
+        s(&rt),
+    ]));
+    assert!(
+        out.stdout.contains("stage 1 of 2: 2 epoch(s), total batch 64, frozen blocks: embedding_net.initial_layer, embedding_net.blocks.0"),
+        "{}",
+        out.stdout
+    );
+    let log0 = std::fs::read_to_string(rt.join("stage_0/run.log")).unwrap();
+    let log1 = std::fs::read_to_string(rt.join("stage_1/run.log")).unwrap();
+    let trainable = |log: &str| -> usize {
+        let i = log.find(" trainable parameters").unwrap();
+        log[..i].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let p0 = named_parameters(&rt.join("stage_0"));
+    let p1 = named_parameters(&rt);
+    let is_frozen = |n: &str| frozen.iter().any(|f| n.starts_with(&format!("{f}.")));
+    let frozen_values: usize = p0
+        .iter()
+        .filter(|(n, _)| is_frozen(n))
+        .map(|(_, v)| v.len())
+        .sum();
+    assert!(frozen_values > 0);
+    assert_eq!(
+        trainable(&log0) - trainable(&log1),
+        frozen_values,
+        "{log0}\n{log1}"
+    );
+    assert!(
+        log1.contains("2 replica(s)") && log1.contains("local batch 32,"),
+        "{log1}"
+    );
+    for ((n, a), (_, b)) in p0.iter().zip(&p1) {
+        if is_frozen(n) {
+            assert_eq!(a, b, "{n} is frozen in stage 1 but changed");
+        } else if n.ends_with("weight") {
+            assert_ne!(a, b, "{n} trains in stage 1 but did not change");
+        }
+    }
+    assert!(rt.join("posterior.safetensors").is_file());
+    // The same stages on 2 MPI ranks.
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP)
+        .args(["npe", "train", s(&mpi), "--train-dir", s(&rm)]);
+    ok(run_with_limit(cmd, Duration::from_secs(120)).unwrap());
+    let flat = |p: &[(String, Vec<f32>)]| -> Vec<f32> {
+        p.iter().flat_map(|(_, v)| v.iter().copied()).collect()
+    };
+    let dm = rel_l2(&flat(&named_parameters(&rm)), &flat(&p1));
+    assert!(dm <= 1e-5, "MPI vs threads after two stages: {dm:e}");
+    // Resume stage 1 after its first epoch into a new folder: stage 1 only, same end.
+    let mid = rt.join("stage_1/checkpoints/update_000005.safetensors");
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&threads),
+        "--train-dir",
+        s(&rr),
+        "--resume",
+        s(&mid),
+    ]));
+    assert!(!rr.join("stage_0").exists(), "{}", out.stdout);
+    let log = std::fs::read_to_string(rr.join("stage_1/run.log")).unwrap();
+    assert!(log.contains("updates 5..10"), "{log}");
+    let dr = rel_l2(&flat(&named_parameters(&rr)), &flat(&p1));
+    assert!(dr <= 1e-6, "resumed vs uninterrupted: {dr:e}");
+    // `npe sample` on the folder of stages samples the last stage.
+    let samples = d.join("samples.csv");
+    ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&rt),
+        "--observation",
+        "0.1,0.2,0.3",
+        "--num-samples",
+        "50",
+        "--output",
+        s(&samples),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(&samples).unwrap().lines().count(),
+        51
+    );
+    // Bad stage settings are refused before any output.
+    let bad = write(
+        d,
+        "bad.yaml",
+        &stages.replace("embedding_net.blocks.0]", "embedding_net.block.0]"),
+    );
+    let out = lockstep(&["npe", "train", s(&bad), "--train-dir", s(&d.join("bad"))]);
+    assert!(!out.success());
+    assert!(
+        out.all_output().contains("training.stage_1.freeze")
+            && out.all_output().contains("embedding_net.blocks.0"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!d.join("bad").exists());
+}
+
+/// `lockstep npe submit`: the HTCondor submit description and the Slurm script match the
+/// expected files (paths replaced by placeholders), the deprecated `local.condor.num_gpus`
+/// still works with a warning, an existing file is kept without --overwrite, and
+/// `condor_submit -dry-run` / `sbatch --test-only` accept the files where installed.
+#[test]
+fn submit_files_for_htcondor_and_slurm_match_the_expected_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let expected = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/npe_submit");
+    let base = settings(3, "none", 1000, 1, 64, "");
+    let cfg = write(
+        d,
+        "s.yaml",
+        &format!(
+            "{base}  num_gpus: 2
+  condor:
+    num_cpus: 8
+    memory_cpus: 16000
+    memory_gpus: 8000
+    bid: 100
+    extra_submit_lines: ['+MaxRuntime = 86400', 'accounting_group = ligo.dev.o4.cbc.pe.dingo']
+  slurm:
+    partition: gpu
+    time: '12:00:00'
+    cpus_per_task: 4
+    memory_per_cpu: 4000
+    extra_lines: [module load openmpi]
+"
+        ),
+    );
+    let placeholders = |text: &str| {
+        text.replace(LOCKSTEP, "@LOCKSTEP@")
+            .replace(d.to_str().unwrap(), "@DIR@")
+    };
+    for (flag, file) in [("--condor", "job.sub"), ("--slurm", "job.sbatch")] {
+        let out = d.join(file);
+        let o = ok(lockstep(&[
+            "npe",
+            "submit",
+            s(&cfg),
+            flag,
+            "--train-dir",
+            s(&d.join("run")),
+            "--output",
+            s(&out),
+        ]));
+        let text = std::fs::read_to_string(&out).unwrap();
+        let want = std::fs::read_to_string(expected.join(file)).unwrap();
+        assert_eq!(placeholders(&text), want, "{flag}");
+        let submit_hint = if flag == "--condor" {
+            "condor_submit_bid 100"
+        } else {
+            "sbatch"
+        };
+        assert!(o.stdout.contains(submit_hint), "{}", o.stdout);
+        // A real check where the batch system is installed.
+        let dry = d.join("dry-run.txt");
+        let check = if flag == "--condor" {
+            ("condor_submit", vec!["-dry-run", s(&dry)])
+        } else {
+            ("sbatch", vec!["--test-only"])
+        };
+        if Command::new(check.0).arg("--version").output().is_ok() {
+            let mut c = Command::new(check.0);
+            c.args(&check.1).arg(&out);
+            let r = run_with_limit(c, Duration::from_secs(60)).unwrap();
+            assert!(
+                r.success(),
+                "{} refuses {file}: {}",
+                check.0,
+                r.all_output()
+            );
+        }
+        // An existing file is kept.
+        let again = lockstep(&["npe", "submit", s(&cfg), flag, "--output", s(&out)]);
+        assert!(
+            !again.success() && again.all_output().contains("--overwrite"),
+            "{}",
+            again.all_output()
+        );
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), text);
+    }
+    // Dingo's old key: local.condor.num_gpus without local.num_gpus.
+    let legacy = write(
+        d,
+        "legacy.yaml",
+        &format!("{base}  condor: {{num_gpus: 1, memory_cpus: 8000}}\n"),
+    );
+    let out = d.join("legacy.sub");
+    let o = ok(lockstep(&[
+        "npe",
+        "submit",
+        s(&legacy),
+        "--condor",
+        "--output",
+        s(&out),
+    ]));
+    assert!(
+        o.stderr.contains("local.condor.num_gpus is deprecated"),
+        "{}",
+        o.stderr
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.contains("request_gpus   = 1") && text.contains("request_cpus   = 1"),
+        "{text}"
+    );
+}

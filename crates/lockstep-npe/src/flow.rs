@@ -568,6 +568,27 @@ impl NpeNetwork {
             .collect()
     }
 
+    /// The network's blocks, as names a stage can freeze (`embedding_net.layers_rb.0`,
+    /// `embedding_net.initial_layer`, `embedding_net.blocks.0`, `flow.steps.0`, ...): each
+    /// parameter name up to its first numeric component (at most three components, else
+    /// two), in layout order without repeats. Any dotted prefix of a parameter name freezes.
+    pub fn block_names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in self.layout().specs() {
+            let parts: Vec<&str> = s.name.split('.').collect();
+            let numeric = parts
+                .iter()
+                .take(3)
+                .position(|p| p.chars().all(|c| c.is_ascii_digit()));
+            let n = numeric.map_or(2, |i| i + 1).min(parts.len());
+            let block = parts[..n].join(".");
+            if !out.contains(&block) {
+                out.push(block);
+            }
+        }
+        out
+    }
+
     /// True when some layer is BatchNorm (the loss then couples the samples of a batch).
     pub fn uses_batch_norm(&self) -> bool {
         self.config.embedding.norm == Norm::BatchNorm || self.config.flow.norm == Norm::BatchNorm

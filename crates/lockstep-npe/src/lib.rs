@@ -41,6 +41,7 @@ pub mod params;
 pub mod sbibm;
 pub mod settings;
 pub mod spline;
+pub mod submit;
 pub mod svd;
 pub mod tasks;
 pub mod trained;

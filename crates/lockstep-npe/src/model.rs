@@ -3,14 +3,17 @@
 //! The flat trainable buffer is the source of truth: every `loss_and_grad` turns it into one
 //! gradient-tracking tensor per parameter (in the [`crate::params::Layout`] order), computes the
 //! mean negative log-probability `-mean_i log q(θ_i | x_i)` of the local batch, and writes the
-//! gradients back in the same order, so the engine packs them in one all-reduce. The BatchNorm
-//! running statistics are the model's frozen buffer (broadcast and checkpointed by the engine);
+//! gradients back in the same order, so the engine packs them in one all-reduce. A training
+//! stage may freeze named blocks ([`NpeModel::freeze`]): the trainable buffer then holds only
+//! the other parameters (so the all-reduce covers exactly them), and the frozen parameters
+//! move to the frozen buffer, ahead of the BatchNorm running statistics; both are broadcast
+//! and checkpointed by the engine. The BatchNorm running statistics are always frozen values;
 //! with BatchNorm the loss is not sample-separable and the engine refuses replicas (SyncBatchNorm
 //! comes with issue 17).
 
 use crate::flow::NpeNetwork;
 use crate::layers::Pass;
-use crate::params::{to_vec, Params};
+use crate::params::{to_vec, Params, Partition};
 use burn::tensor::backend::AutodiffBackend;
 use lockstep_train::{checkpoint, Batch, Model};
 use safetensors::tensor::{Dtype, TensorView};
@@ -24,8 +27,12 @@ pub const EXPORT_FILE: &str = "posterior.safetensors";
 pub struct NpeModel<B: AutodiffBackend> {
     /// The network structure.
     pub network: NpeNetwork,
+    /// Which parameters train.
+    partition: Partition,
+    /// The trainable parameters, packed in layout order.
     params: Vec<f32>,
-    state: Vec<f32>,
+    /// The frozen parameters (packed in layout order), then the BatchNorm running statistics.
+    fixed: Vec<f32>,
     device: B::Device,
 }
 
@@ -34,19 +41,98 @@ impl<B: AutodiffBackend> NpeModel<B> {
     pub fn new(network: NpeNetwork, seed: u64, device: B::Device) -> Self {
         let (params, state) = network.initial_values(seed);
         NpeModel {
+            partition: Partition::all_trainable(network.layout()),
             network,
             params,
-            state,
+            fixed: state,
             device,
         }
+    }
+
+    /// Freezes the parameters named by `blocks` (dotted prefixes such as
+    /// `embedding_net.layers_rb` or `embedding_net.blocks.0`) and unfreezes every other one,
+    /// keeping all values: afterwards [`Model::trainable`] holds only the trainable
+    /// parameters and [`Model::frozen`] the frozen ones followed by the running statistics.
+    /// Returns the number of values frozen.
+    ///
+    /// Errors: a prefix that names no parameter (with the network's block names).
+    pub fn freeze(&mut self, blocks: &[String]) -> anyhow::Result<usize> {
+        let layout = self.network.layout();
+        let (partition, counts) = Partition::freezing(layout, blocks);
+        if let Some((block, _)) = blocks.iter().zip(&counts).find(|(_, &c)| c == 0) {
+            anyhow::bail!(
+                "`{block}` names no parameter of the network; its blocks are: {}",
+                self.network.block_names().join(", ")
+            );
+        }
+        let values = self.parameters();
+        let state = self.state().to_vec();
+        let (params, mut fixed) = partition.split(layout, &values);
+        fixed.extend_from_slice(&state);
+        self.partition = partition;
+        self.params = params;
+        self.fixed = fixed;
+        Ok(self.partition.frozen_len())
+    }
+
+    /// Every parameter value in the layout's order (`[network.layout().len()]`), trainable
+    /// and frozen.
+    pub fn parameters(&self) -> Vec<f32> {
+        let frozen = &self.fixed[..self.partition.frozen_len()];
+        self.partition
+            .join(self.network.layout(), &self.params, frozen)
+    }
+
+    /// Sets every parameter value from the layout-ordered `values`
+    /// (`[network.layout().len()]`), whichever are frozen.
+    ///
+    /// Errors: `values` has the wrong length.
+    pub fn set_parameters(&mut self, values: &[f32]) -> anyhow::Result<()> {
+        let layout = self.network.layout();
+        if values.len() != layout.len() {
+            anyhow::bail!(
+                "{} parameter values for a network of {}",
+                values.len(),
+                layout.len()
+            );
+        }
+        let (params, frozen) = self.partition.split(layout, values);
+        let n = frozen.len();
+        self.params = params;
+        self.fixed[..n].copy_from_slice(&frozen);
+        Ok(())
+    }
+
+    /// The BatchNorm running statistics (`[network.state_layout().len()]`).
+    pub fn state(&self) -> &[f32] {
+        &self.fixed[self.partition.frozen_len()..]
+    }
+
+    /// Sets the BatchNorm running statistics.
+    ///
+    /// Errors: `values` has the wrong length.
+    pub fn set_state(&mut self, values: &[f32]) -> anyhow::Result<()> {
+        let n = self.partition.frozen_len();
+        if values.len() != self.fixed.len() - n {
+            anyhow::bail!(
+                "{} running statistics for a network of {}",
+                values.len(),
+                self.fixed.len() - n
+            );
+        }
+        self.fixed[n..].copy_from_slice(values);
+        Ok(())
     }
 
     /// `log q(θ | x)` per sample in evaluation mode (no gradients; BatchNorm uses its running
     /// statistics). `theta: [n * theta_dim]`, `x: [n * x_dim]` row-major; returns `[n]`.
     pub fn log_prob(&self, theta: &[f32], x: &[f32], n: usize) -> Vec<f32> {
-        let p =
-            Params::<B::InnerBackend>::from_flat(self.network.layout(), &self.params, &self.device);
-        let mut state = self.state.clone();
+        let p = Params::<B::InnerBackend>::from_flat(
+            self.network.layout(),
+            &self.parameters(),
+            &self.device,
+        );
+        let mut state = self.state().to_vec();
         let mut pass = Pass {
             params: &p,
             state: &mut state,
@@ -59,9 +145,12 @@ impl<B: AutodiffBackend> NpeModel<B> {
     /// `n` posterior samples `[n * theta_dim]` for the observation `x` (`[x_dim]`), base
     /// draws from SplitMix64(`seed`), evaluation mode.
     pub fn sample(&self, x: &[f32], n: usize, seed: u64) -> Vec<f32> {
-        let p =
-            Params::<B::InnerBackend>::from_flat(self.network.layout(), &self.params, &self.device);
-        let mut state = self.state.clone();
+        let p = Params::<B::InnerBackend>::from_flat(
+            self.network.layout(),
+            &self.parameters(),
+            &self.device,
+        );
+        let mut state = self.state().to_vec();
         let mut pass = Pass {
             params: &p,
             state: &mut state,
@@ -77,7 +166,7 @@ impl<B: AutodiffBackend> NpeModel<B> {
     /// for the gradients flowing back through them).
     pub fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
         let mut m = lockstep_core::memory::MemoryEstimate::new();
-        let p = self.params.len() as u64 + self.state.len() as u64;
+        let p = self.params.len() as u64 + self.fixed.len() as u64;
         m.add("parameters, their tensors and gradients", 4 * p * 4)
             .driven_by("model.embedding_kwargs")
             .driven_by("model.posterior_kwargs");
@@ -88,13 +177,16 @@ impl<B: AutodiffBackend> NpeModel<B> {
     }
 
     /// The mean negative log-probability of a batch and its gradient (training mode, updates
-    /// the BatchNorm running statistics). `grad` has the length of the trainable buffer.
+    /// the BatchNorm running statistics). `grad` has the length of the trainable buffer;
+    /// frozen parameters get no gradient.
     pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
         let layout = self.network.layout();
-        let p = Params::<B>::leaves(layout, &self.params, &self.device);
+        let part = &self.partition;
+        let (frozen, state) = self.fixed.split_at_mut(part.frozen_len());
+        let p = Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device);
         let mut pass = Pass {
             params: &p,
-            state: &mut self.state,
+            state,
             state_layout: self.network.state_layout(),
             training: true,
         };
@@ -102,7 +194,7 @@ impl<B: AutodiffBackend> NpeModel<B> {
         let loss = lp.mean().neg();
         let value = to_vec(loss.clone().detach())[0] as f64;
         let mut grads = loss.backward();
-        p.write_gradients(layout, &mut grads, grad);
+        p.write_partitioned_gradients(layout, part, &mut grads, grad);
         value
     }
 }
@@ -115,10 +207,10 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
         &mut self.params
     }
     fn frozen(&self) -> &[f32] {
-        &self.state
+        &self.fixed
     }
     fn frozen_mut(&mut self) -> &mut [f32] {
-        &mut self.state
+        &mut self.fixed
     }
     fn loss_names(&self) -> Vec<String> {
         vec!["nll".to_string()]
@@ -135,9 +227,10 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
     fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let path = dir.join(EXPORT_FILE);
         let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let params = self.parameters();
         for (layout, values) in [
-            (self.network.layout(), &self.params),
-            (self.network.state_layout(), &self.state),
+            (self.network.layout(), &params[..]),
+            (self.network.state_layout(), self.state()),
         ] {
             for (i, spec) in layout.specs().iter().enumerate() {
                 let bytes = layout

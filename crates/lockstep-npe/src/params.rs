@@ -78,6 +78,124 @@ impl Layout {
     }
 }
 
+/// Which parameters of a [`Layout`] train (a training stage's choice; Dingo's
+/// `freeze_rb_layer` and frozen blocks) and where each lives: the trainable ones packed in
+/// layout order into the engine's trainable buffer, the frozen ones packed into the frozen
+/// buffer. With nothing frozen the trainable buffer is the layout's flat buffer itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partition {
+    /// Per parameter: trainable?
+    trainable: Vec<bool>,
+    /// Per parameter: offset in its buffer (trainable or frozen).
+    offsets: Vec<usize>,
+    trainable_len: usize,
+    frozen_len: usize,
+}
+
+impl Partition {
+    /// Every parameter trainable.
+    pub fn all_trainable(layout: &Layout) -> Partition {
+        Self::with(layout, |_| true)
+    }
+
+    /// The parameters whose dotted name equals a prefix or starts with `prefix.` are frozen;
+    /// the rest train. Returns the partition and, per prefix, how many parameters it froze.
+    pub fn freezing(layout: &Layout, prefixes: &[String]) -> (Partition, Vec<usize>) {
+        let matches = |name: &str, p: &str| {
+            name == p || (name.starts_with(p) && name.as_bytes().get(p.len()) == Some(&b'.'))
+        };
+        let counts = prefixes
+            .iter()
+            .map(|p| {
+                layout
+                    .specs()
+                    .iter()
+                    .filter(|s| matches(&s.name, p))
+                    .count()
+            })
+            .collect();
+        let part = Self::with(layout, |name| !prefixes.iter().any(|p| matches(name, p)));
+        (part, counts)
+    }
+
+    fn with(layout: &Layout, trains: impl Fn(&str) -> bool) -> Partition {
+        let (mut t, mut f) = (0, 0);
+        let mut trainable = Vec::with_capacity(layout.specs().len());
+        let mut offsets = Vec::with_capacity(layout.specs().len());
+        for s in layout.specs() {
+            let on = trains(&s.name);
+            let len = if on { &mut t } else { &mut f };
+            offsets.push(*len);
+            *len += s.numel();
+            trainable.push(on);
+        }
+        Partition {
+            trainable,
+            offsets,
+            trainable_len: t,
+            frozen_len: f,
+        }
+    }
+
+    /// Values in the trainable buffer.
+    pub fn trainable_len(&self) -> usize {
+        self.trainable_len
+    }
+
+    /// Values in the frozen buffer.
+    pub fn frozen_len(&self) -> usize {
+        self.frozen_len
+    }
+
+    /// Whether parameter `index` trains.
+    pub fn is_trainable(&self, index: usize) -> bool {
+        self.trainable[index]
+    }
+
+    /// Parameter `index` (of `numel` values) inside `trainable` or `frozen`.
+    fn slice<'a>(
+        &self,
+        index: usize,
+        numel: usize,
+        trainable: &'a [f32],
+        frozen: &'a [f32],
+    ) -> &'a [f32] {
+        let o = self.offsets[index];
+        let buf = if self.trainable[index] {
+            trainable
+        } else {
+            frozen
+        };
+        &buf[o..o + numel]
+    }
+
+    /// Splits the layout's flat buffer into (trainable, frozen) buffers.
+    pub fn split(&self, layout: &Layout, flat: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let mut t = vec![0.0; self.trainable_len];
+        let mut f = vec![0.0; self.frozen_len];
+        for (i, s) in layout.specs().iter().enumerate() {
+            let o = self.offsets[i];
+            let buf = if self.trainable[i] { &mut t } else { &mut f };
+            buf[o..o + s.numel()].copy_from_slice(layout.slice(flat, i));
+        }
+        (t, f)
+    }
+
+    /// Joins (trainable, frozen) buffers back into the layout's flat buffer.
+    pub fn join(&self, layout: &Layout, trainable: &[f32], frozen: &[f32]) -> Vec<f32> {
+        let mut flat = vec![0.0; layout.len()];
+        for (i, s) in layout.specs().iter().enumerate() {
+            layout.slice_mut(&mut flat, i).copy_from_slice(self.slice(
+                i,
+                s.numel(),
+                trainable,
+                frozen,
+            ));
+        }
+        flat
+    }
+}
+
 /// One tensor per parameter of a [`Layout`], made from a flat buffer for one forward pass.
 #[derive(Debug, Clone)]
 pub struct Params<B: Backend> {
@@ -133,6 +251,53 @@ impl<B: AutodiffBackend> Params<B> {
         p
     }
 
+    /// The parameters of `layout` from the `partition`'s (trainable, frozen) buffers, the
+    /// trainable ones gradient-tracking leaves and the frozen ones constants (the backward
+    /// pass computes no gradient for them).
+    pub fn partitioned_leaves(
+        layout: &Layout,
+        partition: &Partition,
+        trainable: &[f32],
+        frozen: &[f32],
+        device: &B::Device,
+    ) -> Self {
+        let tensors = layout
+            .specs()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let v = partition.slice(i, s.numel(), trainable, frozen).to_vec();
+                let t = Tensor::<B, 1>::from_data(TensorData::new(v, [s.numel()]), device);
+                if partition.is_trainable(i) {
+                    t.require_grad()
+                } else {
+                    t
+                }
+            })
+            .collect();
+        Params {
+            tensors,
+            shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+        }
+    }
+
+    /// Moves the gradients of the `partition`'s trainable parameters out of `grads` into the
+    /// packed trainable gradient `grad` (length `partition.trainable_len()`).
+    pub fn write_partitioned_gradients(
+        &self,
+        layout: &Layout,
+        partition: &Partition,
+        grads: &mut B::Gradients,
+        grad: &mut [f32],
+    ) {
+        for (i, (t, s)) in self.tensors.iter().zip(layout.specs()).enumerate() {
+            if partition.is_trainable(i) {
+                let o = partition.offsets[i];
+                move_gradient(t, grads, &mut grad[o..o + s.numel()]);
+            }
+        }
+    }
+
     /// Moves the gradient of every leaf out of `grads` into `grad` (length `layout.len()`) at
     /// the layout's offsets; a parameter the loss does not depend on gets zeros.
     ///
@@ -141,21 +306,26 @@ impl<B: AutodiffBackend> Params<B> {
     /// backend copy it element by element: ~20% of a training step in `lockstep bench npe`).
     pub fn write_gradients(&self, layout: &Layout, grads: &mut B::Gradients, grad: &mut [f32]) {
         for (t, s) in self.tensors.iter().zip(layout.specs()) {
-            let out = &mut grad[s.offset..s.offset + s.numel()];
-            match t.grad_remove(grads) {
-                Some(g) => {
-                    let data = g.into_data();
-                    match data.as_slice::<f32>() {
-                        Ok(v) => out.copy_from_slice(v),
-                        Err(_) => {
-                            let v = data.convert::<f32>();
-                            out.copy_from_slice(v.as_slice::<f32>().unwrap_or(&[]));
-                        }
-                    }
+            move_gradient(t, grads, &mut grad[s.offset..s.offset + s.numel()]);
+        }
+    }
+}
+
+/// Moves the gradient of leaf `t` out of `grads` into `out` (zeros when the loss does not
+/// depend on it).
+fn move_gradient<B: AutodiffBackend>(t: &Tensor<B, 1>, grads: &mut B::Gradients, out: &mut [f32]) {
+    match t.grad_remove(grads) {
+        Some(g) => {
+            let data = g.into_data();
+            match data.as_slice::<f32>() {
+                Ok(v) => out.copy_from_slice(v),
+                Err(_) => {
+                    let v = data.convert::<f32>();
+                    out.copy_from_slice(v.as_slice::<f32>().unwrap_or(&[]));
                 }
-                None => out.iter_mut().for_each(|x| *x = 0.0),
             }
         }
+        None => out.iter_mut().for_each(|x| *x = 0.0),
     }
 }
 

@@ -33,24 +33,33 @@
 //!     batch_size: 512        # the total batch over all replicas
 //!     optimizer: {type: adam, lr: 0.001}
 //!     scheduler: {type: cosine, T_max: 20}
+//!   stage_1:                 # optional later stages, trained one after the other
+//!     epochs: 10
+//!     batch_size: 1024
+//!     optimizer: {type: adamw, lr: 0.0001, weight_decay: 0.01}
+//!     scheduler: {type: step, step_size: 4, gamma: 0.5}
+//!     freeze_rb_layer: true  # keep the SVD layer fixed (Dingo)
+//!     freeze: [embedding_net.initial_layer, embedding_net.blocks.0]   # lockstep key
 //! local:
 //!   device: cpu
-//!   replicas: 2              # thread replicas (under mpirun: one per rank)
+//!   replicas: 2              # thread replicas (under mpirun: one per rank); alias num_gpus
 //!   checkpoint_epochs: 5
 //! ```
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
-//! one ([`lockstep_core::config`]). Keys Dingo has whose semantics belong to later work
-//! (`stage_1` and later stages, `freeze_rb_layer`, `num_workers`, `num_gpus`,
-//! `runtime_limits`, schedulers other than cosine, AdamW, dropout) are recognised and
-//! refused with an error that says so, rather than silently ignored.
+//! one ([`lockstep_core::config`]). Keys Dingo has whose semantics are not implemented
+//! (`num_workers`, `runtime_limits`, the `reduce_on_plateau` scheduler, dropout) are
+//! recognised and refused with an error that says so, rather than silently ignored.
 //!
-//! [`NpeSettings::engine_config`] turns the settings into the lockstep-train engine's config
+//! [`NpeSettings::engine_config`] turns one stage into the lockstep-train engine's config
 //! (`run`, `training`, `output`): the stage's `batch_size` is the total batch, divided
 //! equally over the replicas (a remainder is refused, naming both numbers); an epoch is
-//! `floor(num_samples × train_fraction / batch_size)` updates whatever the replica count;
-//! the cosine schedule (PyTorch `CosineAnnealingLR`, `T_max` in epochs) is applied per
-//! update, equal to Dingo's per-epoch value at every epoch boundary.
+//! `floor(num_samples × train_fraction / (batch_size × gradient_updates_per_optimizer_step))`
+//! updates whatever the replica count; the cosine and step schedules (PyTorch
+//! `CosineAnnealingLR` with `T_max` and `StepLR` with `step_size` in epochs) are applied per
+//! update, equal to Dingo's per-epoch values at every epoch boundary. Each stage starts a
+//! fresh optimizer and schedule from the parameters the previous stage ended with, as Dingo
+//! does.
 
 use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig};
 use crate::layers::Norm;
@@ -219,18 +228,22 @@ pub struct EmbeddingKwargs {
     pub input_dims: Option<Vec<usize>>,
 }
 
-/// `training`: `stage_0` (later stages are refused until multi-stage training exists).
+/// `training`: `stage_0`, then optionally `stage_1`, `stage_2`, ... (consecutive).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainingSettings {
-    /// The first (and for now only) stage.
+    /// The first stage.
     pub stage_0: StageSettings,
-    /// Every other key: Dingo's later stages `stage_1`, `stage_2`, ... are refused by name
-    /// ("training in several stages"), anything else as an unknown key (nearest: `stage_0`).
+    /// Every other key as written: the later stages `stage_1`, `stage_2`, ..., read and
+    /// checked into [`TrainingSettings::later`]; any other key is refused as unknown
+    /// (nearest: `stage_0`).
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
+    /// The later stages in order, read from `other` when the settings are checked.
+    #[serde(skip)]
+    pub later: Vec<StageSettings>,
 }
 
-/// `training.stage_0`.
+/// `training.stage_N`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSettings {
@@ -243,12 +256,16 @@ pub struct StageSettings {
     /// The learning-rate schedule (default constant).
     #[serde(default)]
     pub scheduler: Option<SchedulerSettings>,
-    /// Micro-batches accumulated per optimizer update (default 1).
+    /// Micro-batches accumulated per optimizer update (default 1); one all-reduce per update.
     #[serde(default)]
     pub gradient_updates_per_optimizer_step: Option<usize>,
-    /// Dingo: freeze the SVD layer. Not implemented yet (refused unless false).
+    /// Dingo: keep the SVD-initialized layer (`embedding_net.layers_rb`) fixed in this stage.
     #[serde(default)]
     pub freeze_rb_layer: Option<bool>,
+    /// lockstep: further blocks kept fixed in this stage, by dotted name prefix
+    /// (`embedding_net.initial_layer`, `embedding_net.blocks.0`, `flow.steps.3`, ...).
+    #[serde(default)]
+    pub freeze: Vec<String>,
     /// Dingo: noise ASDs of a GW data set. Not applicable to simulator tasks (refused).
     #[serde(default)]
     pub asd_dataset_path: Option<Value>,
@@ -268,16 +285,31 @@ pub enum OptimizerSettings {
         /// Denominator offset, default 1e-8.
         #[serde(default)]
         eps: Option<f64>,
-        /// Only 0 (the default): L2 weight decay is not implemented.
+        /// Only 0 (the default): Adam's L2 weight decay is not implemented (use `adamw`).
         #[serde(default)]
         weight_decay: Option<f64>,
         /// PyTorch's fused kernel switch: accepted, no effect on the result.
         #[serde(default)]
         fused: Option<bool>,
     },
-    /// Dingo's `adamw`: not implemented yet (refused by name, whatever its options).
+    /// AdamW (PyTorch `torch.optim.AdamW`, decoupled weight decay).
     #[serde(rename = "adamw")]
-    AdamW(Map<String, Value>),
+    AdamW {
+        /// Learning rate.
+        lr: f64,
+        /// `(beta1, beta2)`, default `(0.9, 0.999)`.
+        #[serde(default)]
+        betas: Option<[f64; 2]>,
+        /// Denominator offset, default 1e-8.
+        #[serde(default)]
+        eps: Option<f64>,
+        /// Decoupled weight decay, default 0.01 (PyTorch's).
+        #[serde(default)]
+        weight_decay: Option<f64>,
+        /// PyTorch's fused kernel switch: accepted, no effect on the result.
+        #[serde(default)]
+        fused: Option<bool>,
+    },
     /// SGD with momentum (PyTorch `torch.optim.SGD`).
     Sgd {
         /// Learning rate.
@@ -303,10 +335,21 @@ pub enum SchedulerSettings {
         #[serde(default)]
         eta_min: f64,
     },
-    /// Dingo's `reduce_on_plateau`: not implemented yet (refused by name).
+    /// Dingo's `reduce_on_plateau`: not implemented (refused by name; it needs a validation
+    /// loss every epoch).
     ReduceOnPlateau(Map<String, Value>),
-    /// Dingo's `step`: not implemented yet (refused by name).
-    Step(Map<String, Value>),
+    /// PyTorch `StepLR`: the rate times `gamma` every `step_size` epochs.
+    Step {
+        /// Epochs between two decays.
+        step_size: u64,
+        /// Decay factor (default 0.1).
+        #[serde(default = "default_gamma")]
+        gamma: f64,
+    },
+}
+
+fn default_gamma() -> f64 {
+    0.1
 }
 
 /// `local`: how this machine runs the training (not part of the model or its checkpoints).
@@ -320,6 +363,11 @@ pub struct LocalSettings {
     /// the ranks; a value here must then equal the rank count.
     #[serde(default)]
     pub replicas: Option<usize>,
+    /// Dingo's key for the replica count (one replica per device): an alias of `replicas`
+    /// (MPI ranks under `mpirun`/`srun`, threads otherwise); also `request_gpus` of
+    /// `lockstep npe submit --condor`.
+    #[serde(default)]
+    pub num_gpus: Option<usize>,
     /// Write a checkpoint every this many epochs (default: only at the end).
     #[serde(default)]
     pub checkpoint_epochs: Option<u64>,
@@ -329,18 +377,83 @@ pub struct LocalSettings {
     /// Dingo's data-loader workers: not implemented yet (refused).
     #[serde(default)]
     pub num_workers: Option<Value>,
-    /// Dingo's GPU count: not implemented yet (refused).
-    #[serde(default)]
-    pub num_gpus: Option<Value>,
     /// Dingo's per-run time and epoch limits: not implemented yet (refused).
     #[serde(default)]
     pub runtime_limits: Option<Value>,
+    /// Dingo's HTCondor resources, for `lockstep npe submit --condor`.
+    #[serde(default)]
+    pub condor: Option<CondorSettings>,
+    /// Slurm resources, for `lockstep npe submit --slurm`.
+    #[serde(default)]
+    pub slurm: Option<SlurmSettings>,
+}
+
+/// `local.condor` (Dingo's keys): what the HTCondor job requests.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CondorSettings {
+    /// `request_cpus` (default: the replica count).
+    #[serde(default)]
+    pub num_cpus: Option<usize>,
+    /// `request_memory` in MB.
+    #[serde(default)]
+    pub memory_cpus: Option<u64>,
+    /// Deprecated: the GPU count now comes from `local.num_gpus`; still accepted (with a
+    /// warning) when `local.num_gpus` is absent, and must agree with it when both are given.
+    #[serde(default)]
+    pub num_gpus: Option<usize>,
+    /// Minimum GPU memory in MB (`requirements = TARGET.CUDAGlobalMemoryMb > ...`).
+    #[serde(default)]
+    pub memory_gpus: Option<u64>,
+    /// Bid of a pool that submits with `condor_submit_bid BID FILE` (as Dingo does at its
+    /// home cluster); not a line of the file: `lockstep npe submit` prints that command.
+    #[serde(default)]
+    pub bid: Option<u64>,
+    /// Lines copied verbatim into the submit description, before `queue`.
+    #[serde(default)]
+    pub extra_submit_lines: Vec<String>,
+}
+
+/// `local.slurm`: what the Slurm job requests.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmSettings {
+    /// `--partition`.
+    #[serde(default)]
+    pub partition: Option<String>,
+    /// `--time` (Slurm's formats, e.g. `12:00:00` or `2-00:00:00`).
+    #[serde(default)]
+    pub time: Option<String>,
+    /// `--cpus-per-task` (default 1).
+    #[serde(default)]
+    pub cpus_per_task: Option<usize>,
+    /// `--mem-per-cpu` in MB.
+    #[serde(default)]
+    pub memory_per_cpu: Option<u64>,
+    /// `gpus_per_task` (default, one GPU per replica with `local.num_gpus`) or `gres`
+    /// (`--gres=gpu:N` per node, for clusters without `--gpus-per-task`).
+    #[serde(default)]
+    pub gpu_request: Option<GpuRequest>,
+    /// Lines copied verbatim into the script after the `#SBATCH` lines (e.g. `module load
+    /// openmpi`).
+    #[serde(default)]
+    pub extra_lines: Vec<String>,
+}
+
+/// How a Slurm job asks for its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuRequest {
+    /// `--gpus-per-task=1`.
+    GpusPerTask,
+    /// `--gres=gpu:N`.
+    Gres,
 }
 
 fn not_yet(key: &str, what: &str) -> ConfigError {
     ConfigError::new(
         key,
-        format!("{what} is not implemented in this version of lockstep (planned: Dingo-style stages, freezing and parallel data loading, issue 17); remove the key"),
+        format!("{what} is not implemented in this version of lockstep; remove the key"),
     )
 }
 
@@ -360,30 +473,35 @@ fn resolve_norm(
     }
 }
 
-/// `training.stage_0.optimizer`: no AdamW, no weight decay.
-fn check_optimizer(o: &OptimizerSettings) -> Result<(), ConfigError> {
-    let k = "training.stage_0.optimizer";
+/// `training.stage_N.optimizer` (`k` is its key): no Adam L2 weight decay.
+fn check_optimizer(k: &str, o: &OptimizerSettings) -> Result<(), ConfigError> {
     match o {
-        OptimizerSettings::AdamW(_) => Err(not_yet(&format!("{k}.type"), "AdamW")),
         OptimizerSettings::Adam {
             weight_decay: Some(w),
             ..
-        } if *w != 0.0 => Err(not_yet(&format!("{k}.weight_decay"), "weight decay")),
+        } if *w != 0.0 => Err(not_yet(
+            &format!("{k}.weight_decay"),
+            "Adam's L2 weight decay (use `type: adamw` for decoupled weight decay)",
+        )),
         _ => Ok(()),
     }
 }
 
-/// `training.stage_0.scheduler`: constant or cosine with `T_max` at least 1.
-fn check_scheduler(s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
-    let k = "training.stage_0.scheduler";
+/// `training.stage_N.scheduler` (`k` is its key): constant, cosine with `T_max` at least 1
+/// or step with `step_size` at least 1 and `gamma` in (0, 1].
+fn check_scheduler(k: &str, s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
     match s {
         Some(SchedulerSettings::ReduceOnPlateau(_)) => Err(not_yet(
             &format!("{k}.type"),
-            "the reduce_on_plateau scheduler",
+            "the reduce_on_plateau scheduler (use cosine or step)",
         )),
-        Some(SchedulerSettings::Step(_)) => {
-            Err(not_yet(&format!("{k}.type"), "the step scheduler"))
-        }
+        Some(SchedulerSettings::Step { step_size: 0, .. }) => Err(ConfigError::new(
+            format!("{k}.step_size"),
+            "must be at least 1 epoch",
+        )),
+        Some(SchedulerSettings::Step { gamma, .. }) if !(*gamma > 0.0 && *gamma <= 1.0) => Err(
+            ConfigError::new(format!("{k}.gamma"), format!("{gamma} is not in (0, 1]")),
+        ),
         Some(SchedulerSettings::Cosine { t_max: Some(0), .. }) => Err(ConfigError::new(
             format!("{k}.T_max"),
             "must be at least 1 epoch",
@@ -391,6 +509,9 @@ fn check_scheduler(s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
         _ => Ok(()),
     }
 }
+
+/// The name of the SVD-initialized layer that `freeze_rb_layer` freezes (Dingo's name).
+pub const RB_LAYER: &str = "embedding_net.layers_rb";
 
 fn only(key: &str, given: &Option<String>, allowed: &str) -> Result<(), ConfigError> {
     match given {
@@ -438,9 +559,55 @@ impl NpeSettings {
     ///
     /// Errors: see [`NpeSettings::from_yaml`].
     pub fn from_value(value: &Value) -> Result<NpeSettings, ConfigError> {
-        let s: NpeSettings = from_value(value, "")?;
+        let mut s: NpeSettings = from_value(value, "")?;
+        s.training.later = s.read_later_stages()?;
         s.check()?;
         Ok(s)
+    }
+
+    /// `training.stage_1`, `stage_2`, ... from the keys after `stage_0`: consecutive, each a
+    /// typed stage; any other key refused with the nearest name.
+    fn read_later_stages(&self) -> Result<Vec<StageSettings>, ConfigError> {
+        let other = &self.training.other;
+        let mut stages = Vec::new();
+        for k in other.keys() {
+            let n = k
+                .strip_prefix("stage_")
+                .and_then(|n| n.parse::<usize>().ok());
+            if n.is_none_or(|n| n == 0 || format!("stage_{n}") != *k) {
+                return Err(ConfigError::new(
+                    format!("training.{k}"),
+                    unknown_problem("key", k, &["stage_0", "stage_1"]),
+                ));
+            }
+        }
+        for n in 1..=other.len() {
+            let key = format!("stage_{n}");
+            let Some(v) = other.get(&key) else {
+                let last = other.keys().last().cloned().unwrap_or_default();
+                return Err(ConfigError::new(
+                    format!("training.{last}"),
+                    format!("stages must be consecutive, but training.{key} is missing"),
+                ));
+            };
+            stages.push(from_value(v, &format!("training.{key}"))?);
+        }
+        Ok(stages)
+    }
+
+    /// Every stage in order: `stage_0`, then the later ones.
+    pub fn stages(&self) -> Vec<&StageSettings> {
+        std::iter::once(&self.training.stage_0)
+            .chain(&self.training.later)
+            .collect()
+    }
+
+    /// The blocks stage `stage` freezes: `embedding_net.layers_rb` with `freeze_rb_layer`,
+    /// then its `freeze` list.
+    pub fn frozen_blocks(&self, stage: usize) -> Vec<String> {
+        let st = self.stages()[stage];
+        let rb = (st.freeze_rb_layer == Some(true)).then(|| RB_LAYER.to_string());
+        rb.into_iter().chain(st.freeze.iter().cloned()).collect()
     }
 
     /// Every check of values the types cannot express, section by section.
@@ -537,66 +704,76 @@ impl NpeSettings {
         Ok(())
     }
 
-    /// `training`: only `stage_0`, with positive epochs and batch, the implemented optimizer
-    /// and scheduler options, and no Dingo keys whose features are not here.
+    /// `training`: every stage with positive epochs, batch and accumulation, the implemented
+    /// optimizer and scheduler options, `freeze_rb_layer` only with an SVD layer, and no Dingo
+    /// keys whose features are not here.
     fn check_training(&self) -> Result<(), ConfigError> {
-        if let Some(k) = self.training.other.keys().next() {
-            let later = k
-                .strip_prefix("stage_")
-                .and_then(|n| n.parse::<u32>().ok())
-                .is_some_and(|n| n > 0);
-            return Err(if later {
-                not_yet(&format!("training.{k}"), "training in several stages")
-            } else {
-                ConfigError::new(
-                    format!("training.{k}"),
-                    unknown_problem("key", k, &["stage_0"]),
-                )
-            });
-        }
-        let st = &self.training.stage_0;
-        let sk = "training.stage_0";
-        for (key, value) in [("epochs", st.epochs), ("batch_size", st.batch_size as u64)] {
-            if value == 0 {
+        for (n, st) in self.stages().into_iter().enumerate() {
+            let sk = format!("training.stage_{n}");
+            let accumulation = st.gradient_updates_per_optimizer_step.unwrap_or(1) as u64;
+            for (key, value) in [
+                ("epochs", st.epochs),
+                ("batch_size", st.batch_size as u64),
+                ("gradient_updates_per_optimizer_step", accumulation),
+            ] {
+                if value == 0 {
+                    return Err(ConfigError::new(
+                        format!("{sk}.{key}"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            if st.freeze_rb_layer == Some(true) && self.model.embedding_kwargs.svd.is_none() {
                 return Err(ConfigError::new(
-                    format!("{sk}.{key}"),
-                    "must be at least 1",
+                    format!("{sk}.freeze_rb_layer"),
+                    "is true but the network has no SVD-initialized layer (model.embedding_kwargs.svd); remove the key or add the layer",
                 ));
             }
+            if st.asd_dataset_path.is_some() {
+                return Err(ConfigError::new(
+                    format!("{sk}.asd_dataset_path"),
+                    "lockstep's tasks simulate their own noise; remove the key",
+                ));
+            }
+            check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
+            check_scheduler(&format!("{sk}.scheduler"), st.scheduler.as_ref())?;
         }
-        if st.freeze_rb_layer == Some(true) {
-            return Err(not_yet(
-                &format!("{sk}.freeze_rb_layer"),
-                "freezing the SVD layer",
-            ));
-        }
-        if st.asd_dataset_path.is_some() {
-            return Err(ConfigError::new(
-                format!("{sk}.asd_dataset_path"),
-                "lockstep's tasks simulate their own noise; remove the key",
-            ));
-        }
-        check_optimizer(&st.optimizer)?;
-        check_scheduler(st.scheduler.as_ref())
+        Ok(())
     }
 
     /// `local`: CPU, at least one replica, and no Dingo keys whose features are not here.
     fn check_local(&self) -> Result<(), ConfigError> {
         let l = &self.local;
         only("local.device", &l.device, "cpu")?;
-        if l.replicas == Some(0) {
-            return Err(ConfigError::new("local.replicas", "must be at least 1"));
+        for (key, v) in [("replicas", l.replicas), ("num_gpus", l.num_gpus)] {
+            if v == Some(0) {
+                return Err(ConfigError::new(
+                    format!("local.{key}"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        if let (Some(g), Some(c)) = (l.num_gpus, l.condor.as_ref().and_then(|c| c.num_gpus)) {
+            if g != c {
+                return Err(ConfigError::new(
+                    "local.condor.num_gpus",
+                    format!("is {c} but local.num_gpus is {g}; remove local.condor.num_gpus (deprecated: the GPU count is local.num_gpus)"),
+                ));
+            }
+        }
+        if let (Some(r), Some(g)) = (l.replicas, l.num_gpus) {
+            if r != g {
+                return Err(ConfigError::new(
+                    "local.num_gpus",
+                    format!("is {g} but local.replicas is {r}; num_gpus is Dingo's name for the replica count, give one of them"),
+                ));
+            }
         }
         let refused = [
             (
                 "num_workers",
                 l.num_workers.is_some(),
-                "parallel data loading",
-            ),
-            (
-                "num_gpus",
-                l.num_gpus.is_some(),
-                "GPU replicas (use local.replicas for CPU replicas)",
+                "parallel data loading (simulations run on each replica's training thread)",
             ),
             (
                 "runtime_limits",
@@ -651,44 +828,53 @@ impl NpeSettings {
         ((self.data.num_samples as f64) * self.data.train_fraction).floor() as u64
     }
 
-    /// Updates per epoch: `floor(train_samples / (batch_size × accumulation))`.
-    pub fn steps_per_epoch(&self) -> u64 {
-        let st = &self.training.stage_0;
+    /// Updates per epoch of stage `stage`: `floor(train_samples / (batch_size ×
+    /// accumulation))`.
+    pub fn steps_per_epoch(&self, stage: usize) -> u64 {
+        let st = self.stages()[stage];
         let per_update =
             (st.batch_size * st.gradient_updates_per_optimizer_step.unwrap_or(1)) as u64;
         self.train_samples() / per_update.max(1)
     }
 
-    /// The replica count for `launch`: the ranks under MPI, else `local.replicas`.
+    /// The replica count for `launch`: the ranks under MPI, else `local.replicas` (or its
+    /// alias `local.num_gpus`, default 1).
     ///
-    /// Errors: `local.replicas` disagrees with the MPI rank count.
+    /// Errors: the configured count disagrees with the MPI rank count.
     pub fn replicas(&self, launch: Launch) -> Result<usize, ConfigError> {
+        let l = &self.local;
+        let (key, configured) = match (l.replicas, l.num_gpus) {
+            (None, Some(g)) => ("local.num_gpus", Some(g)),
+            (r, _) => ("local.replicas", r),
+        };
         match launch {
-            Launch::Mpi(n) => match self.local.replicas {
+            Launch::Mpi(n) => match configured {
                 Some(r) if r != n => Err(ConfigError::new(
-                    "local.replicas",
+                    key,
                     format!("is {r} but the job was launched with {n} MPI ranks (one replica per rank); remove the key or launch {r} ranks"),
                 )),
                 _ => Ok(n),
             },
-            Launch::SingleProcess => Ok(self.local.replicas.unwrap_or(1)),
+            Launch::SingleProcess => Ok(configured.unwrap_or(1)),
         }
     }
 
-    /// The engine's config (`run`, `training`, `output`) plus `npe`: these settings without
-    /// `local` (so the checkpoints' config hash does not depend on the replicas).
+    /// The engine's config (`run`, `training`, `output`) of stage `stage`, plus `npe`: these
+    /// settings without `local` (so the checkpoints' config hash does not depend on the
+    /// replicas), and `npe_stage`: the stage (so a checkpoint resumes only its own stage).
     ///
     /// Errors: the total batch is not divisible by the replicas, the data set holds less than
     /// one update, or the engine refuses a value.
     pub fn engine_config(
         &self,
+        stage: usize,
         raw: &Value,
         launch: Launch,
         output_dir: &Path,
         overwrite: bool,
     ) -> Result<Value, ConfigError> {
-        let st = &self.training.stage_0;
-        let sk = "training.stage_0";
+        let st = self.stages()[stage];
+        let sk = format!("training.stage_{stage}");
         let replicas = self.replicas(launch)?;
         if !st.batch_size.is_multiple_of(replicas) {
             return Err(ConfigError::new(
@@ -699,7 +885,7 @@ impl NpeSettings {
                 ),
             ));
         }
-        let steps = self.steps_per_epoch();
+        let steps = self.steps_per_epoch(stage);
         if steps == 0 {
             return Err(ConfigError::new(
                 format!("{sk}.batch_size"),
@@ -716,18 +902,33 @@ impl NpeSettings {
                 json!({"name": "adam", "learning_rate": lr, "beta1": b1, "beta2": b2,
                        "epsilon": eps.unwrap_or(1e-8)})
             }
+            OptimizerSettings::AdamW {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+                ..
+            } => {
+                let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
+                json!({"name": "adamw", "learning_rate": lr, "beta1": b1, "beta2": b2,
+                       "epsilon": eps.unwrap_or(1e-8), "weight_decay": weight_decay.unwrap_or(0.01)})
+            }
             OptimizerSettings::Sgd { lr, momentum } => {
                 json!({"name": "sgd", "learning_rate": lr, "momentum": momentum.unwrap_or(0.0)})
             }
-            OptimizerSettings::AdamW(_) => {
-                return Err(not_yet(&format!("{sk}.optimizer.type"), "AdamW"))
-            }
         };
         let mut optimizer = optimizer;
-        if let Some(SchedulerSettings::Cosine { t_max, eta_min }) = &st.scheduler {
-            let t = t_max.unwrap_or(st.epochs);
-            optimizer["schedule"] = json!({"name": "warmup_cosine", "warmup_updates": 0,
-                "total_updates": t * steps, "min_learning_rate": eta_min});
+        match &st.scheduler {
+            Some(SchedulerSettings::Cosine { t_max, eta_min }) => {
+                let t = t_max.unwrap_or(st.epochs);
+                optimizer["schedule"] = json!({"name": "warmup_cosine", "warmup_updates": 0,
+                    "total_updates": t * steps, "min_learning_rate": eta_min});
+            }
+            Some(SchedulerSettings::Step { step_size, gamma }) => {
+                optimizer["schedule"] =
+                    json!({"name": "step", "step_updates": step_size * steps, "gamma": gamma});
+            }
+            _ => {}
         }
         let mut run = json!({"batch_size": st.batch_size / replicas, "seed": self.data.seed});
         match launch {
@@ -759,6 +960,7 @@ impl NpeSettings {
         }
         let config = json!({
             "npe": npe,
+            "npe_stage": stage,
             "run": run,
             "training": training,
             "output": {"output_dir": output_dir, "overwrite_output_dir": overwrite},
@@ -813,9 +1015,9 @@ local:
         let net = s.network_config();
         assert_eq!(net.embedding.norm, Norm::LayerNorm);
         assert_eq!(net.flow.norm, Norm::None);
-        assert_eq!(s.steps_per_epoch(), 9000 / 64);
+        assert_eq!(s.steps_per_epoch(0), 9000 / 64);
         let c = s
-            .engine_config(&raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
             .unwrap();
         assert_eq!(c["run"]["batch_size"], 32);
         assert_eq!(c["run"]["distribution"]["strategy"], "threads");
@@ -827,7 +1029,7 @@ local:
         );
         assert!(c["npe"].get("local").is_none());
         let m = s
-            .engine_config(&raw, Launch::Mpi(4), Path::new("/tmp/out"), false)
+            .engine_config(0, &raw, Launch::Mpi(4), Path::new("/tmp/out"), false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -837,7 +1039,7 @@ local:
         let three = GOOD.replace("replicas: 2", "replicas: 3");
         let (s, raw) = NpeSettings::from_yaml(&three).unwrap();
         let e = s
-            .engine_config(&raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -879,10 +1081,10 @@ local:
         );
         let e = err(&GOOD.replace(
             "local:",
-            "  stage_1:\n    epochs: 1\n    batch_size: 64\n    optimizer: {type: adam, lr: 0.001}\nlocal:",
+            "  stage_2:\n    epochs: 1\n    batch_size: 64\n    optimizer: {type: adam, lr: 0.001}\nlocal:",
         ));
         assert!(
-            e.contains("training.stage_1") && e.contains("several stages"),
+            e.contains("training.stage_2") && e.contains("training.stage_1 is missing"),
             "{e}"
         );
         let e = err(&GOOD.replace(
@@ -920,16 +1122,15 @@ local:
         );
         let e = err(&GOOD.replace(
             "{type: adam, lr: 0.001}",
-            "{type: adamw, lr: 0.001, weight_decay: 0.01}",
+            "{type: adam, lr: 0.001, weight_decay: 0.01}",
         ));
         assert!(
-            e.starts_with("training.stage_0.optimizer.type: ")
-                && e.contains("AdamW is not implemented"),
+            e.starts_with("training.stage_0.optimizer.weight_decay: ") && e.contains("adamw"),
             "{e}"
         );
-        let e = err(&GOOD.replace("{type: cosine, T_max: 3}", "{type: step, step_size: 2}"));
+        let e = err(&GOOD.replace("{type: cosine, T_max: 3}", "{type: step, step_size: 0}"));
         assert!(
-            e.starts_with("training.stage_0.scheduler.type: ") && e.contains("step scheduler"),
+            e.starts_with("training.stage_0.scheduler.step_size: "),
             "{e}"
         );
         let e = err(&GOOD.replace("{type: cosine, T_max: 3}", "{type: cosine, T_max: 0}"));
@@ -1005,10 +1206,71 @@ training:
             e.starts_with("model.embedding_kwargs.svd: ") && e.contains("size"),
             "{e}"
         );
-        let e = err(&GW.replace("lr: 0.001}", "lr: 0.001}\n    freeze_rb_layer: True"));
+        let (s, _) = NpeSettings::from_yaml(
+            &GW.replace("lr: 0.001}", "lr: 0.001}\n    freeze_rb_layer: True"),
+        )
+        .unwrap();
+        assert_eq!(s.frozen_blocks(0), [RB_LAYER]);
+    }
+
+    /// Dingo's stages: each with its own batch, optimizer, schedule (per update, from epochs)
+    /// and frozen blocks; `num_gpus` is the replica count; bad stages name their key.
+    #[test]
+    fn later_stages_map_to_their_own_engine_configs() {
+        let two = GOOD.replace(
+            "local:\n  replicas: 2",
+            "  stage_1:
+    epochs: 2
+    batch_size: 128
+    gradient_updates_per_optimizer_step: 2
+    optimizer: {type: adamw, lr: 0.0001, weight_decay: 0.05, fused: true}
+    scheduler: {type: step, step_size: 1, gamma: 0.5}
+    freeze: [embedding_net.blocks.0]
+local:
+  num_gpus: 2",
+        );
+        let (s, raw) = NpeSettings::from_yaml(&two).unwrap();
+        assert_eq!(s.stages().len(), 2);
+        assert_eq!(s.frozen_blocks(1), ["embedding_net.blocks.0"]);
+        assert!(s.frozen_blocks(0).is_empty());
+        assert_eq!(s.steps_per_epoch(1), 9000 / 256);
+        let c = s
+            .engine_config(1, &raw, Launch::SingleProcess, Path::new("/tmp/out"), false)
+            .unwrap();
+        assert_eq!(c["npe_stage"], 1);
+        assert_eq!(c["run"]["batch_size"], 64);
+        assert_eq!(c["run"]["distribution"]["global_batch_size"], 128);
+        assert_eq!(c["training"]["gradient_updates_per_optimizer_step"], 2);
+        assert_eq!(c["training"]["epochs"], 2);
+        let o = &c["training"]["optimizer"];
+        assert_eq!(o["name"], "adamw");
+        assert_eq!(o["weight_decay"], 0.05);
+        assert_eq!(o["schedule"]["name"], "step");
+        assert_eq!(o["schedule"]["step_updates"], 35);
+        assert_eq!(s.replicas(Launch::SingleProcess).unwrap(), 2);
+        let e = s
+            .engine_config(1, &raw, Launch::Mpi(3), Path::new("/tmp/out"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("local.num_gpus: is 2"), "{e}");
+        let e = err(&two.replace("batch_size: 128", "batch_sise: 128"));
         assert!(
-            e.contains("training.stage_0.freeze_rb_layer") && e.contains("not implemented"),
+            e.starts_with("training.stage_1.batch_sise: ") && e.contains("`batch_size`"),
             "{e}"
         );
+        let e = err(&two.replace("gamma: 0.5", "gamma: 1.5"));
+        assert!(e.starts_with("training.stage_1.scheduler.gamma: "), "{e}");
+        let e = err(&two.replace("num_gpus: 2", "num_gpus: 2\n  replicas: 4"));
+        assert!(
+            e.starts_with("local.num_gpus: is 2 but local.replicas is 4"),
+            "{e}"
+        );
+        let e = err(&two.replace("freeze: [", "freeze_rb_layer: true\n    freeze: ["));
+        assert!(
+            e.starts_with("training.stage_1.freeze_rb_layer: ") && e.contains("svd"),
+            "{e}"
+        );
+        let e = err(&two.replace("  stage_1:", "  stage_01:"));
+        assert!(e.starts_with("training.stage_01: "), "{e}");
     }
 }

@@ -1,6 +1,10 @@
 //! A trained posterior, loaded back from a run of `lockstep npe train`: the run directory's
-//! `config.json` (which holds the settings under `npe`) rebuilds the task and the network, and
-//! a checkpoint supplies the parameters.
+//! `config.json` (which holds the settings under `npe` and the stage under `npe_stage`)
+//! rebuilds the task and the network, and a checkpoint supplies the parameters.
+//!
+//! A one-stage run is one run directory. A run of several stages is a folder with one run
+//! directory per stage, `stage_0`, `stage_1`, ... ([`stage_dir`]); pointing at the folder
+//! means its latest stage that has a checkpoint ([`resolve_checkpoint`]).
 
 use crate::flow::NpeNetwork;
 use crate::model::NpeModel;
@@ -26,29 +30,42 @@ pub fn network(settings: &NpeSettings, task: &dyn Task) -> Result<NpeNetwork> {
     )
 }
 
-/// A posterior restored from a checkpoint.
-pub struct Trained {
-    /// The settings it was trained with.
-    pub settings: NpeSettings,
-    /// The task.
-    pub task: Arc<dyn Task>,
-    /// The network with the checkpoint's parameters.
-    pub model: NpeModel<CpuAutodiff>,
-    /// The run directory.
-    pub run_dir: PathBuf,
-    /// The checkpoint file read.
-    pub checkpoint: PathBuf,
-    /// Optimizer updates behind the parameters.
-    pub update: u64,
+/// The run directory of stage `stage` inside the folder `train_dir` of a run of several
+/// stages: `train_dir/stage_N`.
+pub fn stage_dir(train_dir: &Path, stage: usize) -> PathBuf {
+    train_dir.join(format!("stage_{stage}"))
 }
 
-/// Loads the posterior of `path`: a run directory (its latest checkpoint), its
-/// `checkpoints/latest` pointer, or a checkpoint file `checkpoints/update_NNNNNN.safetensors`.
+/// The checkpoint file `path` names, as [`checkpoint::resolve`] (a run directory, a
+/// `checkpoints/latest` pointer, a checkpoint file), or, for the folder of a run of several
+/// stages, the latest checkpoint of its last stage that has one.
 ///
-/// Errors: the checkpoint cannot be found or verified, the run directory has no
-/// `config.json` of an NPE run, or the parameters do not fit the network it describes.
-pub fn load(path: &Path) -> Result<Trained> {
-    let file = checkpoint::resolve(path)?;
+/// Errors: as [`checkpoint::resolve`] when no checkpoint is found.
+pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
+    if path.is_dir() && !path.join("checkpoints").is_dir() {
+        let stages = std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_prefix("stage_")?.parse::<usize>().ok()
+            });
+        let last = stages
+            .filter(|&n| checkpoint::resolve(&stage_dir(path, n)).is_ok())
+            .max();
+        if let Some(n) = last {
+            return Ok(checkpoint::resolve(&stage_dir(path, n))?);
+        }
+    }
+    Ok(checkpoint::resolve(path)?)
+}
+
+/// The settings and stage of the run directory that holds the checkpoint `file`
+/// (`RUN_DIR/checkpoints/FILE`): its `config.json`'s `npe` and `npe_stage` (0 when absent).
+///
+/// Errors: no `config.json` of an NPE run there, or settings it no longer accepts.
+pub fn run_settings(file: &Path) -> Result<(PathBuf, NpeSettings, usize)> {
     let run_dir = file
         .parent()
         .and_then(Path::parent)
@@ -70,10 +87,55 @@ pub fn load(path: &Path) -> Result<Trained> {
     };
     let settings =
         NpeSettings::from_value(npe).map_err(|e| e.under("npe").in_file(&config_path))?;
+    let stage = config
+        .get("npe_stage")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0) as usize;
+    if stage >= settings.stages().len() {
+        bail!(
+            "{}: npe_stage {stage} but the settings have {} stage(s)",
+            config_path.display(),
+            settings.stages().len()
+        );
+    }
+    Ok((run_dir, settings, stage))
+}
+
+/// A posterior restored from a checkpoint.
+pub struct Trained {
+    /// The settings it was trained with.
+    pub settings: NpeSettings,
+    /// The task.
+    pub task: Arc<dyn Task>,
+    /// The network with the checkpoint's parameters.
+    pub model: NpeModel<CpuAutodiff>,
+    /// The run directory (of the checkpoint's stage).
+    pub run_dir: PathBuf,
+    /// The training stage the checkpoint belongs to.
+    pub stage: usize,
+    /// The checkpoint file read.
+    pub checkpoint: PathBuf,
+    /// Optimizer updates behind the parameters.
+    pub update: u64,
+}
+
+/// Loads the posterior of `path`: a run directory (its latest checkpoint), its
+/// `checkpoints/latest` pointer, a checkpoint file `checkpoints/update_NNNNNN.safetensors`,
+/// or the folder of a run of several stages (see [`resolve_checkpoint`]).
+///
+/// Errors: the checkpoint cannot be found or verified, the run directory has no
+/// `config.json` of an NPE run, or the parameters do not fit the network it describes.
+pub fn load(path: &Path) -> Result<Trained> {
+    let file = resolve_checkpoint(path)?;
+    let (run_dir, settings, stage) = run_settings(&file)?;
+    let config_path = run_dir.join("config.json");
     let task = settings.task()?;
     let net = network(&settings, task.as_ref())?;
     let state = checkpoint::read(&file)?;
     let mut model = NpeModel::<CpuAutodiff>::new(net, settings.data.seed, Default::default());
+    model
+        .freeze(&settings.frozen_blocks(stage))
+        .with_context(|| format!("{}: training.stage_{stage}", config_path.display()))?;
     if state.trainable.len() != model.trainable().len()
         || state.frozen.len() != model.frozen().len()
     {
@@ -94,6 +156,7 @@ pub fn load(path: &Path) -> Result<Trained> {
         task,
         model,
         run_dir,
+        stage,
         checkpoint: file,
         update: state.update,
     })

@@ -1,6 +1,8 @@
 //! Optimizers on flat f32 buffers: Adam (Kingma & Ba 2015, with bias correction as in
-//! PyTorch's `torch.optim.Adam`) and SGD with momentum (PyTorch's formulation:
-//! `v = momentum*v + g; p -= lr*v`); learning-rate schedules constant and warmup-cosine.
+//! PyTorch's `torch.optim.Adam`), AdamW (Loshchilov & Hutter 2019, decoupled weight decay as
+//! in `torch.optim.AdamW`: `p -= lr * weight_decay * p` before the Adam step) and SGD with
+//! momentum (PyTorch's formulation: `v = momentum*v + g; p -= lr*v`); learning-rate schedules
+//! constant, warmup-cosine and step (PyTorch `StepLR`).
 //!
 //! The optimizer state is plain data (`slots`, `step`) so checkpoints can save and restore it
 //! exactly, and every replica applying the same update to the same state stays bitwise equal.
@@ -20,6 +22,9 @@ pub enum OptimizerKind {
         beta2: f32,
         /// Denominator offset (default 1e-8).
         epsilon: f32,
+        /// Decoupled weight decay (AdamW; 0 = plain Adam). Default 0 for `adam`, 0.01 for
+        /// `adamw` (PyTorch's defaults).
+        weight_decay: f32,
     },
     /// Stochastic gradient descent with (heavy-ball) momentum (default 0: plain SGD).
     Sgd {
@@ -50,6 +55,22 @@ pub enum Schedule {
         #[serde(default)]
         min_learning_rate: f64,
     },
+    /// PyTorch `StepLR`: the base rate times `gamma` to the power `floor(update /
+    /// step_updates)`.
+    Step {
+        /// Updates between two decays (at least 1).
+        step_updates: u64,
+        /// Decay factor per step, in (0, 1] (default 0.1, as PyTorch).
+        #[serde(default = "default_gamma")]
+        gamma: f64,
+    },
+}
+
+fn default_gamma() -> f64 {
+    0.1
+}
+fn default_adamw_weight_decay() -> f32 {
+    0.01
 }
 
 fn default_learning_rate() -> f64 {
@@ -78,6 +99,21 @@ enum OptimizerSection {
         beta2: f32,
         #[serde(default = "default_epsilon")]
         epsilon: f32,
+        #[serde(default, deserialize_with = "schedule")]
+        schedule: Schedule,
+    },
+    #[serde(rename = "adamw")]
+    AdamW {
+        #[serde(default = "default_learning_rate")]
+        learning_rate: f64,
+        #[serde(default = "default_beta1")]
+        beta1: f32,
+        #[serde(default = "default_beta2")]
+        beta2: f32,
+        #[serde(default = "default_epsilon")]
+        epsilon: f32,
+        #[serde(default = "default_adamw_weight_decay")]
+        weight_decay: f32,
         #[serde(default, deserialize_with = "schedule")]
         schedule: Schedule,
     },
@@ -110,7 +146,9 @@ fn schedule<'de, D: Deserializer<'de>>(d: D) -> Result<Schedule, D::Error> {
 
 /// `training.optimizer`: the update rule, its learning rate and schedule, e.g.
 /// `{"name": "adam", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
-///   "schedule": {"name": "warmup_cosine", "warmup_updates": 10, "min_learning_rate": 0}}`
+///   "schedule": {"name": "warmup_cosine", "warmup_updates": 10, "min_learning_rate": 0}}`,
+/// `{"name": "adamw", "learning_rate": 1e-3, "weight_decay": 0.01,
+///   "schedule": {"name": "step", "step_updates": 100, "gamma": 0.5}}`
 /// or `{"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}`. Default: Adam, lr 1e-3.
 /// Deserializing checks the structure; [`OptimizerConfig::validate`] checks the ranges.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +168,7 @@ impl Default for OptimizerConfig {
                 beta1: default_beta1(),
                 beta2: default_beta2(),
                 epsilon: default_epsilon(),
+                weight_decay: 0.0,
             },
             learning_rate: default_learning_rate(),
             schedule: Schedule::Constant,
@@ -153,6 +192,24 @@ impl<'de> Deserialize<'de> for OptimizerConfig {
                         beta1,
                         beta2,
                         epsilon,
+                        weight_decay: 0.0,
+                    },
+                    learning_rate,
+                    schedule,
+                },
+                OptimizerSection::AdamW {
+                    learning_rate,
+                    beta1,
+                    beta2,
+                    epsilon,
+                    weight_decay,
+                    schedule,
+                } => OptimizerConfig {
+                    kind: OptimizerKind::Adam {
+                        beta1,
+                        beta2,
+                        epsilon,
+                        weight_decay,
                     },
                     learning_rate,
                     schedule,
@@ -185,8 +242,9 @@ impl OptimizerConfig {
         Ok(cfg)
     }
 
-    /// Checks the ranges: `0 <= beta1, beta2, momentum < 1`, `0 < epsilon < 1`, a positive
-    /// finite learning rate, `0 <= min_learning_rate <= learning_rate`.
+    /// Checks the ranges: `0 <= beta1, beta2, momentum < 1`, `0 < epsilon < 1`,
+    /// `0 <= weight_decay < 1`, a positive finite learning rate,
+    /// `0 <= min_learning_rate <= learning_rate`, `step_updates >= 1`, `0 < gamma <= 1`.
     ///
     /// Errors: a [`ConfigError`] whose key is relative to the optimizer (`beta1`,
     /// `schedule.min_learning_rate`, ...).
@@ -206,7 +264,15 @@ impl OptimizerConfig {
                 beta1,
                 beta2,
                 epsilon,
+                weight_decay,
             } => {
+                in_range(
+                    "weight_decay",
+                    weight_decay,
+                    0.0,
+                    1.0,
+                    "use 0 <= weight_decay < 1 (AdamW's default is 0.01)",
+                )?;
                 in_range(
                     "beta1",
                     beta1,
@@ -246,18 +312,24 @@ impl OptimizerConfig {
                 format!("must be a positive number, found {lr}"),
             ));
         }
-        if let Schedule::WarmupCosine {
-            min_learning_rate, ..
-        } = self.schedule
-        {
-            if !(0.0..=lr).contains(&min_learning_rate) {
-                return Err(ConfigError::new(
-                    "schedule.min_learning_rate",
-                    format!("{min_learning_rate} must lie between 0 and the learning_rate {lr}"),
-                ));
-            }
+        match self.schedule {
+            Schedule::WarmupCosine {
+                min_learning_rate, ..
+            } if !(0.0..=lr).contains(&min_learning_rate) => Err(ConfigError::new(
+                "schedule.min_learning_rate",
+                format!("{min_learning_rate} must lie between 0 and the learning_rate {lr}"),
+            )),
+            Schedule::Step {
+                step_updates: 0, ..
+            } => Err(ConfigError::new(
+                "schedule.step_updates",
+                "must be at least 1",
+            )),
+            Schedule::Step { gamma, .. } if !(gamma > 0.0 && gamma <= 1.0) => Err(
+                ConfigError::new("schedule.gamma", format!("{gamma} is not in (0, 1]")),
+            ),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -307,6 +379,10 @@ impl Optimizer {
                             * (1.0 + (std::f64::consts::PI * x).cos())
                 }
             }
+            Schedule::Step {
+                step_updates,
+                gamma,
+            } => base * gamma.powi((step / step_updates.max(1)).min(i32::MAX as u64) as i32),
         }
     }
 
@@ -324,7 +400,12 @@ impl Optimizer {
                 beta1,
                 beta2,
                 epsilon,
+                weight_decay,
             } => {
+                if weight_decay != 0.0 {
+                    let keep = 1.0 - lr * weight_decay;
+                    params.iter_mut().for_each(|p| *p *= keep);
+                }
                 let t = self.step as i32;
                 let c1 = 1.0 - beta1.powi(t);
                 let c2 = 1.0 - beta2.powi(t);
@@ -395,9 +476,49 @@ mod tests {
         assert!((opt.learning_rate(100) - 0.1).abs() < 1e-12);
     }
 
+    /// AdamW as `torch.optim.AdamW`: the decay shrinks the parameter by `1 - lr*wd` before
+    /// the Adam step (which moves it by `lr * sign(g)` on the first update).
+    #[test]
+    fn adamw_decays_before_the_adam_step() {
+        let cfg = OptimizerConfig::from_json(Some(
+            &json!({"name": "adamw", "learning_rate": 0.1, "weight_decay": 0.5}),
+        ))
+        .unwrap();
+        let mut opt = Optimizer::new(cfg, 2);
+        let mut p = [2.0f32, -1.0];
+        opt.update(&mut p, &[1.0, 1.0]);
+        assert!((p[0] - (2.0 * 0.95 - 0.1)).abs() < 1e-6, "{p:?}");
+        assert!((p[1] - (-1.0 * 0.95 - 0.1)).abs() < 1e-6, "{p:?}");
+        let cfg = OptimizerConfig::from_json(Some(&json!({"name": "adamw"}))).unwrap();
+        assert!(
+            matches!(cfg.kind, OptimizerKind::Adam { weight_decay, .. } if weight_decay == 0.01)
+        );
+        let e = OptimizerConfig::from_json(Some(&json!({"name": "adamw", "weight_decay": 2.0})))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("training.optimizer.weight_decay"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn step_schedule_decays_every_step_updates() {
+        let cfg = OptimizerConfig::from_json(Some(&json!({"learning_rate": 1.0,
+            "schedule": {"name": "step", "step_updates": 3, "gamma": 0.5}})))
+        .unwrap();
+        let opt = Optimizer::new(cfg, 0);
+        let lr: Vec<f64> = (0..7).map(|s| opt.learning_rate(s)).collect();
+        assert_eq!(lr, [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25]);
+        let e = OptimizerConfig::from_json(Some(
+            &json!({"schedule": {"name": "step", "step_updates": 0}}),
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("schedule.step_updates"), "{e}");
+    }
+
     #[test]
     fn bad_optimizer_names_the_key() {
-        let e = OptimizerConfig::from_json(Some(&json!({"name": "adamw"}))).unwrap_err();
+        let e = OptimizerConfig::from_json(Some(&json!({"name": "adan"}))).unwrap_err();
         assert!(e.to_string().contains("training.optimizer"), "{e}");
         assert!(e.to_string().contains("did you mean `adam`"), "{e}");
         let e =
