@@ -947,6 +947,7 @@ impl NpeSettings {
             "epochs": st.epochs,
             "steps_per_epoch": steps,
             "log_every": self.local.log_every.unwrap_or((steps / 10).max(1)),
+            "log_style": "dingo",
         });
         if let Some(k) = st.gradient_updates_per_optimizer_step {
             training["gradient_updates_per_optimizer_step"] = json!(k);

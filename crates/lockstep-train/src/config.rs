@@ -84,6 +84,23 @@ pub struct EngineTraining {
     pub early_stop_loss: Option<f64>,
     /// Log a line every this many updates (default 1).
     pub log_every: Option<u64>,
+    /// The log line's format (default `lockstep`).
+    pub log_style: Option<LogStyle>,
+}
+
+/// The format of the periodic training log line (`training.log_style`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogStyle {
+    /// `update U/N epoch E loss L (terms) S samples/s comm C% ETA T s`.
+    #[default]
+    Lockstep,
+    /// Dingo's line (Dax et al.'s `dingo.core.utils.trainutils`):
+    /// `Train Epoch: E [done/total (P%)]   Loss: L (mean)   Time Dataloader: D (mean)
+    /// Time Network: N (mean)` and, with replicas, `Time Loss Aggregation: A (mean)`: each the
+    /// update's value and the running mean over the epoch so far, in seconds, timings the
+    /// slowest replica's, the loss the mean over every sample of the global batch.
+    Dingo,
 }
 
 /// The engine's keys of `output` (the model may read others, e.g. `spikes_file`).
@@ -122,6 +139,8 @@ pub struct EngineConfig {
     pub early_stop_loss: Option<f64>,
     /// `training.log_every` updates (default 1).
     pub log_every: u64,
+    /// `training.log_style` (default `lockstep`).
+    pub log_style: LogStyle,
     /// `output.output_dir` (resolved against the config's folder).
     pub output_dir: PathBuf,
     /// `output.overwrite_output_dir` (default false: an existing directory is an error).
@@ -238,6 +257,7 @@ impl EngineConfig {
             checksum_every: training.checksum_every.unwrap_or(10),
             early_stop_loss: training.early_stop_loss,
             log_every: training.log_every.unwrap_or(1).max(1),
+            log_style: training.log_style.unwrap_or_default(),
             output_dir: lockstep_core::config::resolve_path(config_dir, output_dir),
             overwrite_output_dir: output.overwrite_output_dir.unwrap_or(false),
             log_file: output.log_file.unwrap_or_else(|| "run.log".to_string()),

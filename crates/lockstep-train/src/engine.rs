@@ -13,7 +13,7 @@
 //! 7. the chief alone writes the log, CSV callbacks, checkpoints and exported weights (8, 10).
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{EngineConfig, Plan};
+use crate::config::{EngineConfig, LogStyle, Plan};
 use crate::optim::Optimizer;
 use crate::rundir::RunDir;
 use crate::{checksum, Batch, BatchSource, Model, TrainError};
@@ -120,6 +120,7 @@ pub fn config_hash(resolved: &Value) -> String {
             "checkpoint_every",
             "checksum_every",
             "log_every",
+            "log_style",
             "early_stop_loss",
         ] {
             t.remove(k);
@@ -718,7 +719,19 @@ impl<'a> Trainer<'a> {
                 format!("epoch {epoch} loss {total:.4e} {samples_per_s:.1} samples/s"),
             );
         }
-        if update % cfg.log_every == 0 || update == cfg.updates {
+        if (update % cfg.log_every == 0 || update == cfg.updates)
+            && cfg.log_style == LogStyle::Dingo
+        {
+            let line = self.dingo_line(metrics);
+            let Some(d) = self.rundir.as_mut() else {
+                return Ok(());
+            };
+            if d.has_progress() {
+                d.log_quiet(&line)?;
+            } else {
+                d.log(&line)?;
+            }
+        } else if update % cfg.log_every == 0 || update == cfg.updates {
             let eta = elapsed / done * (cfg.updates - update) as f64;
             let parts: Vec<String> = self
                 .loss_names
@@ -739,6 +752,46 @@ impl<'a> Trainer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Dingo's log line for this update ([`LogStyle::Dingo`]): epoch (1-based), samples of
+    /// the epoch done, the loss and the data, network and (with replicas) all-reduce times,
+    /// each with its running mean over this epoch's updates so far.
+    fn dingo_line(&self, metrics: &Metrics) -> String {
+        let spe = self.checkpointer.steps_per_epoch;
+        let per_update = self.checkpointer.per_update;
+        let epoch = (self.update - 1) / spe;
+        let in_epoch = (self.update - 1) % spe + 1;
+        let epoch_samples = self.checkpointer.dataset.unwrap_or(spe * per_update);
+        // This run's updates of the current epoch (a resumed run starts mid-epoch).
+        let seen = (in_epoch as usize).min(self.history.len()).max(1);
+        let recent = self.history.len() - seen;
+        let mean = |f: &dyn Fn(usize) -> f64| {
+            (recent..self.history.len()).map(f).sum::<f64>() / seen as f64
+        };
+        let loss_mean = mean(&|i| self.history[i].iter().sum::<f64>());
+        let time = |k: usize| {
+            format!(
+                "{:.3} ({:.3})",
+                metrics.times[k],
+                mean(&|i| self.update_times[i][k])
+            )
+        };
+        let mut line = format!(
+            "Train Epoch: {} [{}/{} ({:.0}%)]   Loss: {:.3} ({:.3})   Time Dataloader: {}   Time Network: {}",
+            epoch + 1,
+            in_epoch * per_update,
+            epoch_samples,
+            100.0 * in_epoch as f64 / spe as f64,
+            metrics.total,
+            loss_mean,
+            time(0),
+            time(1)
+        );
+        if self.plan.replicas > 1 {
+            line.push_str(&format!("   Time Loss Aggregation: {}", time(2)));
+        }
+        line
     }
 
     /// True when the reduced total loss fell below `training.early_stop_loss` (the same

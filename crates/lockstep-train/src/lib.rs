@@ -50,7 +50,7 @@ pub mod rundir;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use config::{plan, EngineConfig, Plan, Strategy};
+pub use config::{plan, EngineConfig, LogStyle, Plan, Strategy};
 pub use engine::{train, EngineOptions, TrainSummary};
 pub use error::TrainError;
 pub use optim::{Optimizer, OptimizerConfig};

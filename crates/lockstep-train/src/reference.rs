@@ -81,6 +81,7 @@ pub struct LinearRegression {
     diverge_at: Option<(u64, usize)>,
     updates: u64,
     bytes_per_sample: u64,
+    delay: std::time::Duration,
 }
 
 impl LinearRegression {
@@ -108,7 +109,16 @@ impl LinearRegression {
             diverge_at,
             updates: 0,
             bytes_per_sample: 4 * (dim as u64 + 1),
+            delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// Sleeps `delay` in every [`Model::loss_and_grad`] (a slow replica, for the timing
+    /// tests).
+    #[must_use]
+    pub fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Claims `bytes` of working memory per sample in [`Model::memory_estimate`] (the
@@ -144,6 +154,7 @@ impl Model for LinearRegression {
         if batch.inputs.len() != batch.samples * dim || batch.targets.len() != batch.samples {
             bail!("batch shape does not match the model's {dim} inputs");
         }
+        std::thread::sleep(self.delay);
         let mut mse = 0.0f64;
         let inv = 1.0 / batch.samples as f32;
         for i in 0..batch.samples {

@@ -781,3 +781,108 @@ fn the_chief_keeps_the_first_sample_of_the_global_batch_at_the_updates_the_model
     assert_eq!(read(2), "16 0");
     assert!(!records.join("update_1.txt").exists());
 }
+
+/// The numbers of one Dingo log line: `(epoch, done, total, [loss, mean, data, mean,
+/// network, mean, (aggregation, mean)])`.
+fn parse_dingo(line: &str) -> (u64, u64, u64, Vec<f64>) {
+    let rest = line.strip_prefix("Train Epoch: ").unwrap();
+    let (epoch, rest) = rest.split_once(" [").unwrap();
+    let (done, rest) = rest.split_once('/').unwrap();
+    let (total, rest) = rest.split_once(" (").unwrap();
+    let numbers = rest
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|t| t.parse::<f64>().ok())
+        .collect();
+    (
+        epoch.parse().unwrap(),
+        done.parse().unwrap(),
+        total.parse().unwrap(),
+        numbers,
+    )
+}
+
+/// Dingo's log line (`training.log_style: dingo`) on a 2-replica run whose rank 1 is made
+/// 40 ms slower per micro-batch: `Time Network` is the slowest replica's (the chief alone
+/// would report far less), a `Time Loss Aggregation` column appears, the loss is the
+/// global batch's (as in losses.csv) with the epoch's running mean, and epochs restart the
+/// sample count and the means. A serial run has no aggregation column.
+#[test]
+fn dingo_log_line_reports_the_slowest_replica_and_epoch_means() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let delay = std::time::Duration::from_millis(40);
+    for replicas in [2usize, 1] {
+        let dist = if replicas > 1 {
+            json!({"strategy": "threads", "global_batch_size": 16})
+        } else {
+            Value::Null
+        };
+        let mut cfg_json = config(
+            d,
+            &format!("dingo{replicas}"),
+            16 / replicas,
+            dist,
+            6,
+            json!({"log_style": "dingo", "steps_per_epoch": 3, "epochs": 2}),
+        );
+        cfg_json["training"]
+            .as_object_mut()
+            .unwrap()
+            .remove("optimizer_updates");
+        let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+        let cfg = EngineConfig::from_json(&cfg_json, Path::new("/")).unwrap();
+        let opts = EngineOptions {
+            resolved_config: cfg_json.clone(),
+            ..Default::default()
+        };
+        let summary = run_job(&world, &cfg, &opts, |rank| {
+            let mut m = LinearRegression::new(DIM, cfg.seed, rank, 0, None);
+            if rank == 1 {
+                m = m.with_delay(delay);
+            }
+            Ok((
+                m,
+                RegressionData {
+                    dim: DIM,
+                    seed: cfg.seed,
+                    dataset: None,
+                },
+            ))
+        })
+        .unwrap();
+        let log = std::fs::read_to_string(summary.output_dir.join("run.log")).unwrap();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.starts_with("Train Epoch"))
+            .collect();
+        assert_eq!(lines.len(), 6, "{log}");
+        let csv = std::fs::read_to_string(summary.output_dir.join("callbacks/losses.csv")).unwrap();
+        let totals: Vec<f64> = csv
+            .lines()
+            .skip(1)
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect();
+        for (u, line) in lines.iter().enumerate() {
+            let (epoch, done, total, v) = parse_dingo(line);
+            assert_eq!(epoch, u as u64 / 3 + 1, "{line}");
+            assert_eq!(done, (u as u64 % 3 + 1) * 16, "{line}");
+            assert_eq!(total, 48, "{line}");
+            let first = u - u % 3;
+            let mean = totals[first..=u].iter().sum::<f64>() / (u - first + 1) as f64;
+            assert!((v[0] - totals[u]).abs() < 6e-4, "{line} vs {}", totals[u]);
+            assert!((v[1] - mean).abs() < 6e-4, "{line} vs mean {mean}");
+            if replicas == 2 {
+                assert!(line.contains("Time Loss Aggregation: "), "{line}");
+                assert_eq!(v.len(), 8, "{line}");
+                assert!(
+                    v[4] >= 0.04 && v[5] >= 0.04,
+                    "network time is rank 1's: {line}"
+                );
+            } else {
+                assert!(!line.contains("Aggregation"), "{line}");
+                assert_eq!(v.len(), 6, "{line}");
+                assert!(v[4] < 0.04, "{line}");
+            }
+        }
+    }
+}
