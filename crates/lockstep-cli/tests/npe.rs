@@ -353,8 +353,9 @@ fn two_thread_and_two_mpi_replicas_train_like_one() {
 }
 
 /// `examples/npe_gw_chirp/settings.yaml` with its budget cut (simulations, epochs, SVD
-/// inputs) trains through the SVD-initialized layer, reports the basis in run.log, exports
-/// the layer, and `sample --corner` draws the corner plot.
+/// inputs) trains its two stages through the SVD-initialized layer, reports the basis in
+/// stage 0's run.log, freezes the layer in stage 1, exports it, and `sample --corner` draws
+/// the corner plot.
 #[test]
 fn the_gw_chirp_example_trains_with_a_tiny_budget() {
     let example =
@@ -364,6 +365,8 @@ fn the_gw_chirp_example_trains_with_a_tiny_budget() {
         ("num_samples: 100000", "num_samples: 1200"),
         ("epochs: 12", "epochs: 1"),
         ("T_max: 12", "T_max: 1"),
+        ("epochs: 3", "epochs: 1"),
+        ("T_max: 3", "T_max: 1"),
         ("num_training_samples: 2000", "num_training_samples: 200"),
         ("num_validation_samples: 200", "num_validation_samples: 20"),
     ] {
@@ -380,7 +383,14 @@ fn the_gw_chirp_example_trains_with_a_tiny_budget() {
         "{}",
         out.stdout
     );
-    let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+    // Two stages: the SVD report is in stage 0's log; stage 1 freezes the SVD layer and the
+    // first embedding blocks.
+    let log = std::fs::read_to_string(run.join("stage_0/run.log")).unwrap();
+    let log1 = std::fs::read_to_string(run.join("stage_1/run.log")).unwrap();
+    assert!(
+        log1.contains("frozen blocks: embedding_net.layers_rb, embedding_net.initial_layer, embedding_net.blocks.0"),
+        "{log1}"
+    );
     assert!(
         log.contains("2 block(s) x 24 basis elements from 200 inputs")
             && log.contains("validation mismatch over 20 held-out inputs"),
