@@ -115,7 +115,8 @@ pub struct PpArgs {
     /// Seed of the injections and base draws (default: the settings' data.seed).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Output folder (default RUN_DIR/pp): pp.png, pp.csv (percentiles), ks.csv.
+    /// Output folder (default RUN_DIR/pp, or TRAIN_DIR/pp for the folder of a run of several
+    /// stages): pp.png, pp.csv (percentiles), ks.csv.
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
 }
@@ -584,10 +585,14 @@ fn pp(args: &PpArgs) -> Result<()> {
         bail!("--injections must be at least 2 and --num-samples at least 1");
     }
     let t: Trained = trained::load(&args.checkpoint)?;
-    let out = args
-        .output_dir
-        .clone()
-        .unwrap_or_else(|| t.run_dir.join("pp"));
+    // The folder of a run of several stages gets its pp/ next to its stages.
+    let stages_folder = args.checkpoint.is_dir() && !args.checkpoint.join("checkpoints").is_dir();
+    let base = if stages_folder {
+        &args.checkpoint
+    } else {
+        &t.run_dir
+    };
+    let out = args.output_dir.clone().unwrap_or_else(|| base.join("pp"));
     let seed = args.seed.unwrap_or(t.settings.data.seed);
     let start = std::time::Instant::now();
     let r = pp_test(

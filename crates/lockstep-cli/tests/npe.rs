@@ -674,3 +674,81 @@ fn submit_files_for_htcondor_and_slurm_match_the_expected_files() {
         "{text}"
     );
 }
+
+/// The pids of the `lockstep` processes whose command line names `marker`.
+fn lockstep_pids(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.starts_with(LOCKSTEP) && cmd.contains(marker)
+        })
+        .collect()
+}
+
+/// A rank killed in the middle of stage 1 (freezing blocks, accumulating micro-batches, 2
+/// MPI ranks) ends the whole job within 10 s: the surviving rank does not hang in the next
+/// collective.
+#[test]
+fn a_rank_killed_mid_stage_ends_the_mpi_job_within_10_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Stage 1 is long (200 epochs of 25 updates) so the kill lands inside it.
+    let text = settings(3, "none", 1000, 1, 32, "").replace(
+        "local:",
+        "  stage_1:
+    epochs: 200
+    batch_size: 16
+    gradient_updates_per_optimizer_step: 2
+    optimizer: {type: adam, lr: 0.0003}
+    freeze: [embedding_net.blocks.0]
+local:",
+    );
+    let cfg = write(d, "kill.yaml", &text);
+    let run = d.join("killed_run");
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP)
+        .args(["npe", "train", s(&cfg), "--train-dir", s(&run)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut job = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let losses = run.join("stage_1/callbacks/losses.csv");
+    // Wait for stage 1's first logged updates.
+    while std::fs::read_to_string(&losses).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before stage 1 trained"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "stage 1 never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pids = lockstep_pids(s(&run));
+    assert_eq!(pids.len(), 2, "expected 2 ranks, found {pids:?}");
+    // SAFETY: kill has no memory-safety preconditions; the pid is one of the job's ranks.
+    assert_eq!(unsafe { libc::kill(pids[1], libc::SIGKILL) }, 0);
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = job.try_wait().unwrap() {
+            break st;
+        }
+        if killed.elapsed() > Duration::from_secs(10) {
+            let _ = job.kill();
+            for p in lockstep_pids(s(&run)) {
+                // SAFETY: as above.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            panic!("the job still runs 10 s after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    assert!(lockstep_pids(s(&run)).is_empty(), "a rank outlived the job");
+    eprintln!("job ended {:?} after the kill", killed.elapsed());
+}

@@ -17,11 +17,13 @@
 //!   and keys of features not implemented yet refused by name; a trained run loads back
 //!   from its checkpoint ([`trained`]); the P-P calibration test ([`calibration`]);
 //! - Dingo's reduced-basis first embedding layer, initialized from an SVD of training
-//!   inputs computed from keyed simulations, identical on every replica ([`svd`]).
+//!   inputs computed from keyed simulations, identical on every replica ([`svd`]);
+//! - training stages that freeze named blocks under replicas ([`model::NpeModel::freeze`],
+//!   [`settings::NpeSettings::stages`]), and HTCondor / Slurm submission files ([`submit`]).
 //!
 //! - BatchNorm makes the loss depend on the whole batch: [`model::NpeModel`] then reports a
 //!   non-separable loss and the engine refuses to split it over replicas (SyncBatchNorm is
-//!   issue 17); its running statistics are the model's frozen buffer, so they are
+//!   not implemented); its running statistics are the model's frozen buffer, so they are
 //!   checkpointed and restored exactly.
 //!
 //! Tensors and autodiff come from burn (CPU: the ndarray backend; the `cuda` feature adds
@@ -29,7 +31,7 @@
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
-//! Multi-stage training, freezing the SVD layer and SyncBatchNorm are issue 17.
+//! Not here yet: SyncBatchNorm, mixed precision and parallel data-loading threads.
 
 pub mod c2st;
 pub mod calibration;

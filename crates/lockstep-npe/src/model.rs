@@ -8,8 +8,8 @@
 //! the other parameters (so the all-reduce covers exactly them), and the frozen parameters
 //! move to the frozen buffer, ahead of the BatchNorm running statistics; both are broadcast
 //! and checkpointed by the engine. The BatchNorm running statistics are always frozen values;
-//! with BatchNorm the loss is not sample-separable and the engine refuses replicas (SyncBatchNorm
-//! comes with issue 17).
+//! with BatchNorm the loss is not sample-separable and the engine refuses replicas
+//! (SyncBatchNorm is not implemented).
 
 use crate::flow::NpeNetwork;
 use crate::layers::Pass;

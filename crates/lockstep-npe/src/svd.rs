@@ -27,8 +27,8 @@
 //!   descending order), once per process before training: deterministic, so every replica
 //!   starts from the same values, which the engine's startup broadcast makes exact in any
 //!   case; afterwards the layer is a normal trainable layer, checkpointed and restored as the
-//!   others (`embedding_net.layers_rb.{block}.weight` / `.bias`). Freezing it
-//!   (`freeze_rb_layer`) is issue 17.
+//!   others (`embedding_net.layers_rb.{block}.weight` / `.bias`); a later training stage may
+//!   freeze it (`freeze_rb_layer`).
 
 use crate::flow::{NpeNetwork, Standardization};
 use crate::tasks::{sample_rng, Task};
