@@ -367,7 +367,9 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             model.freeze(&frozen)?;
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;
-            Ok((model, TaskSource::dataset(task.clone(), seed, n_train)))
+            let workers = settings.local.num_workers.unwrap_or(1);
+            let source = TaskSource::dataset(task.clone(), seed, n_train).with_workers(workers);
+            Ok((model, source))
         })?;
         last_dir = summary.output_dir.clone();
         if chief {

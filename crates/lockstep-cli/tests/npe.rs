@@ -362,9 +362,9 @@ fn the_gw_chirp_example_trains_with_a_tiny_budget() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/npe_gw_chirp/settings.yaml");
     let mut text = std::fs::read_to_string(&example).unwrap();
     for (from, to) in [
-        ("num_samples: 100000", "num_samples: 1200"),
-        ("epochs: 12", "epochs: 1"),
-        ("T_max: 12", "T_max: 1"),
+        ("num_samples: 200000", "num_samples: 1200"),
+        ("epochs: 8", "epochs: 1"),
+        ("T_max: 8", "T_max: 1"),
         ("epochs: 3", "epochs: 1"),
         ("T_max: 3", "T_max: 1"),
         ("num_training_samples: 2000", "num_training_samples: 200"),

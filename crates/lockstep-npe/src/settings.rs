@@ -48,7 +48,7 @@
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
 //! one ([`lockstep_core::config`]). Keys Dingo has whose semantics are not implemented
-//! (`num_workers`, `runtime_limits`, the `reduce_on_plateau` scheduler, dropout) are
+//! (`runtime_limits`, the `reduce_on_plateau` scheduler, dropout) are
 //! recognised and refused with an error that says so, rather than silently ignored.
 //!
 //! [`NpeSettings::engine_config`] turns one stage into the lockstep-train engine's config
@@ -374,9 +374,12 @@ pub struct LocalSettings {
     /// Log a line every this many updates (default: about 10 lines per epoch).
     #[serde(default)]
     pub log_every: Option<u64>,
-    /// Dingo's data-loader workers: not implemented yet (refused).
+    /// Dingo's data-loader workers (total over the replicas). 0 (the default): the chief
+    /// simulates each global batch when it is needed. N >= 1: while a micro-batch trains, a
+    /// loader thread of the chief simulates the next one on N threads (the same batches,
+    /// so the same training).
     #[serde(default)]
-    pub num_workers: Option<Value>,
+    pub num_workers: Option<usize>,
     /// Dingo's per-run time and epoch limits: not implemented yet (refused).
     #[serde(default)]
     pub runtime_limits: Option<Value>,
@@ -769,22 +772,13 @@ impl NpeSettings {
                 ));
             }
         }
-        let refused = [
-            (
-                "num_workers",
-                l.num_workers.is_some(),
-                "parallel data loading (simulations run on each replica's training thread)",
-            ),
-            (
-                "runtime_limits",
-                l.runtime_limits.is_some(),
+        if l.runtime_limits.is_some() {
+            return Err(not_yet(
+                "local.runtime_limits",
                 "per-run time and epoch limits",
-            ),
-        ];
-        match refused.iter().find(|(_, given, _)| *given) {
-            Some((key, _, what)) => Err(not_yet(&format!("local.{key}"), what)),
-            None => Ok(()),
+            ));
         }
+        Ok(())
     }
 
     /// The task as a simulator.
@@ -948,6 +942,7 @@ impl NpeSettings {
             "steps_per_epoch": steps,
             "log_every": self.local.log_every.unwrap_or((steps / 10).max(1)),
             "log_style": "dingo",
+            "prefetch": self.local.num_workers.unwrap_or(0) > 0,
         });
         if let Some(k) = st.gradient_updates_per_optimizer_step {
             training["gradient_updates_per_optimizer_step"] = json!(k);
@@ -1075,9 +1070,11 @@ local:
 
     #[test]
     fn later_features_are_refused_by_name() {
-        let e = err(&format!("{GOOD}  num_workers: 4\n"));
+        let e = err(&format!(
+            "{GOOD}  runtime_limits: {{max_epochs_per_run: 4}}\n"
+        ));
         assert!(
-            e.contains("local.num_workers") && e.contains("not implemented"),
+            e.contains("local.runtime_limits") && e.contains("not implemented"),
             "{e}"
         );
         let e = err(&GOOD.replace(

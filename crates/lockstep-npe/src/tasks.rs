@@ -296,6 +296,8 @@ pub struct TaskSource {
     dataset: Option<u64>,
     /// The permutation of the epoch last visited (chief only).
     order: Option<(u64, Arc<Vec<u64>>)>,
+    /// Threads that simulate a batch (each a contiguous part; 1: the calling thread).
+    workers: usize,
 }
 
 impl TaskSource {
@@ -306,6 +308,7 @@ impl TaskSource {
             seed,
             dataset: None,
             order: None,
+            workers: 1,
         }
     }
 
@@ -317,7 +320,16 @@ impl TaskSource {
             seed,
             dataset: Some(samples),
             order: None,
+            workers: 1,
         }
+    }
+
+    /// Simulates each batch on `workers` threads, each a contiguous part of the batch (the
+    /// batch is the same for any count: every simulation is keyed by its index).
+    #[must_use]
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self
     }
 
     /// The data set simulation that global index `index` visits.
@@ -361,19 +373,41 @@ impl BatchSource for TaskSource {
     }
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
         let (td, xd) = (self.task.theta_dim(), self.task.x_dim());
+        let indices: Vec<u64> = (0..count as u64)
+            .map(|i| self.simulation_index(first_sample + i))
+            .collect();
         let mut batch = Batch {
             first_sample,
             samples: count,
-            inputs: Vec::with_capacity(count * xd),
-            targets: Vec::with_capacity(count * td),
+            inputs: vec![0.0; count * xd],
+            targets: vec![0.0; count * td],
         };
-        let (mut theta, mut x) = (vec![0.0; td], vec![0.0; xd]);
-        for i in 0..count as u64 {
-            let k = self.simulation_index(first_sample + i);
-            self.task
-                .simulate(&mut sample_rng(self.seed, k), &mut theta, &mut x);
-            batch.inputs.extend(x.iter().map(|&v| v as f32));
-            batch.targets.extend(theta.iter().map(|&v| v as f32));
+        let (task, seed) = (&*self.task, self.seed);
+        let simulate = |ks: &[u64], inputs: &mut [f32], targets: &mut [f32]| {
+            let (mut theta, mut x) = (vec![0.0; td], vec![0.0; xd]);
+            for (j, &k) in ks.iter().enumerate() {
+                task.simulate(&mut sample_rng(seed, k), &mut theta, &mut x);
+                let (xi, ti) = (
+                    &mut inputs[j * xd..(j + 1) * xd],
+                    &mut targets[j * td..(j + 1) * td],
+                );
+                xi.iter_mut().zip(&x).for_each(|(a, &b)| *a = b as f32);
+                ti.iter_mut().zip(&theta).for_each(|(a, &b)| *a = b as f32);
+            }
+        };
+        let per = count.div_ceil(self.workers.min(count).max(1)).max(1);
+        if per >= count {
+            simulate(&indices, &mut batch.inputs, &mut batch.targets);
+        } else {
+            std::thread::scope(|scope| {
+                let parts = indices
+                    .chunks(per)
+                    .zip(batch.inputs.chunks_mut(per * xd))
+                    .zip(batch.targets.chunks_mut(per * td));
+                for ((ks, xi), ti) in parts {
+                    scope.spawn(move || simulate(ks, xi, ti));
+                }
+            });
         }
         Ok(batch)
     }
@@ -387,6 +421,10 @@ mod tests {
     fn batches_do_not_depend_on_the_split() {
         let mut s = TaskSource::new(Arc::new(GaussianLinear::new(3)), 7);
         let whole = s.global_batch(10, 8).unwrap();
+        for workers in [2, 3, 8, 20] {
+            let mut w = TaskSource::new(Arc::new(GaussianLinear::new(3)), 7).with_workers(workers);
+            assert_eq!(w.global_batch(10, 8).unwrap(), whole, "{workers} workers");
+        }
         let a = s.global_batch(10, 4).unwrap();
         let b = s.global_batch(14, 4).unwrap();
         assert_eq!(whole.inputs, [a.inputs, b.inputs].concat());

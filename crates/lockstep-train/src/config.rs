@@ -86,6 +86,9 @@ pub struct EngineTraining {
     pub log_every: Option<u64>,
     /// The log line's format (default `lockstep`).
     pub log_style: Option<LogStyle>,
+    /// Draw the next global micro-batch on a loader thread of the chief while the current one
+    /// trains (default false).
+    pub prefetch: Option<bool>,
 }
 
 /// The format of the periodic training log line (`training.log_style`).
@@ -141,6 +144,9 @@ pub struct EngineConfig {
     pub log_every: u64,
     /// `training.log_style` (default `lockstep`).
     pub log_style: LogStyle,
+    /// `training.prefetch`: the chief draws the next global micro-batch on a loader thread
+    /// during the current one (the same batches, so the same updates; default false).
+    pub prefetch: bool,
     /// `output.output_dir` (resolved against the config's folder).
     pub output_dir: PathBuf,
     /// `output.overwrite_output_dir` (default false: an existing directory is an error).
@@ -258,6 +264,7 @@ impl EngineConfig {
             early_stop_loss: training.early_stop_loss,
             log_every: training.log_every.unwrap_or(1).max(1),
             log_style: training.log_style.unwrap_or_default(),
+            prefetch: training.prefetch.unwrap_or(false),
             output_dir: lockstep_core::config::resolve_path(config_dir, output_dir),
             overwrite_output_dir: output.overwrite_output_dir.unwrap_or(false),
             log_file: output.log_file.unwrap_or_else(|| "run.log".to_string()),

@@ -121,6 +121,7 @@ pub fn config_hash(resolved: &Value) -> String {
             "checksum_every",
             "log_every",
             "log_style",
+            "prefetch",
             "early_stop_loss",
         ] {
             t.remove(k);
@@ -298,6 +299,9 @@ struct Trainer<'a> {
     /// The update whose first sample the chief's model keeps a record of
     /// ([`Model::record_first_sample`]), until the callbacks write it.
     sample_record: Option<u64>,
+    /// The chief's next global micro-batch (its first sample and the draw), drawn by the
+    /// loader thread during the previous micro-batch (`training.prefetch`).
+    prefetched: Option<(u64, anyhow::Result<Batch>)>,
 }
 
 impl<'a> Trainer<'a> {
@@ -383,6 +387,7 @@ impl<'a> Trainer<'a> {
             update_times: Vec::new(),
             run_start: Instant::now(),
             sample_record: None,
+            prefetched: None,
         })
     }
 
@@ -527,13 +532,22 @@ impl<'a> Trainer<'a> {
         if self.rundir.is_some() && self.model.record_first_sample(self.update) {
             self.sample_record = Some(self.update);
         }
-        for m in 0..self.cfg.accumulation {
+        let (k, g) = (self.cfg.accumulation, self.plan.global_batch as u64);
+        for m in 0..k {
             let t0 = Instant::now();
-            self.scatter_micro_batch(base + (m * self.plan.global_batch) as u64)?;
+            self.scatter_micro_batch(base + m as u64 * g)?;
             t_data += t0.elapsed().as_secs_f64();
-            let t0 = Instant::now();
-            self.accumulate_gradient(&mut terms)?;
-            t_compute += t0.elapsed().as_secs_f64();
+            // The micro-batch after this one: the next in this update, else the next
+            // update's first (none after the last update).
+            let next = if m + 1 < k {
+                Some(base + (m as u64 + 1) * g)
+            } else {
+                (self.update + 1 < self.cfg.updates)
+                    .then(|| self.checkpointer.first_sample(self.update + 1))
+            };
+            let (compute, wait) = self.compute_and_prefetch(&mut terms, next)?;
+            t_compute += compute;
+            t_data += wait;
         }
 
         let t0 = Instant::now();
@@ -571,9 +585,11 @@ impl<'a> Trainer<'a> {
     fn scatter_micro_batch(&mut self, first: u64) -> Result<(), TrainError> {
         let (comm, update) = (self.comm, self.update);
         let drawn = comm.is_chief().then(|| {
-            self.source
-                .global_batch(first, self.plan.global_batch)
-                .map_err(|error| TrainError::Model { update, error })
+            match self.prefetched.take() {
+                Some((f, drawn)) if f == first => drawn,
+                _ => self.source.global_batch(first, self.plan.global_batch),
+            }
+            .map_err(|error| TrainError::Model { update, error })
         });
         let global = agree_with_chief(comm, drawn, "batch generation")?;
         let empty = Vec::new();
@@ -591,41 +607,75 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// Computes the local slice's loss and gradient ([`Trainer::accumulate_gradient`]); with
+    /// `training.prefetch`, the chief meanwhile draws the global micro-batch starting at
+    /// `next` on a loader thread. Returns the seconds of compute and of waiting for the
+    /// loader after the compute ended (the data time left over).
+    ///
+    /// Errors: as [`Trainer::accumulate_gradient`]; a draw's error surfaces when that batch
+    /// is scattered.
+    fn compute_and_prefetch(
+        &mut self,
+        terms: &mut [f64],
+        next: Option<u64>,
+    ) -> Result<(f64, f64), TrainError> {
+        let first = next.filter(|_| self.cfg.prefetch && self.comm.is_chief());
+        let t0 = Instant::now();
+        let Some(first) = first else {
+            self.accumulate_gradient(terms)?;
+            return Ok((t0.elapsed().as_secs_f64(), 0.0));
+        };
+        let count = self.plan.global_batch;
+        let Trainer {
+            source,
+            model,
+            local,
+            micro,
+            grad,
+            opts,
+            comm,
+            cfg,
+            update,
+            ..
+        } = self;
+        let (computed, drawn, compute, wait) = std::thread::scope(|scope| {
+            let loader = scope.spawn(|| source.global_batch(first, count));
+            let computed = accumulate(
+                &mut **model,
+                local,
+                micro,
+                grad,
+                opts,
+                comm.rank(),
+                cfg.accumulation,
+                *update,
+                terms,
+            );
+            let compute = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let drawn = loader
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the batch loader thread panicked")));
+            (computed, drawn, compute, t1.elapsed().as_secs_f64())
+        });
+        self.prefetched = Some((first, drawn));
+        computed.map(|()| (compute, wait))
+    }
+
     /// Adds the local slice's loss terms into `terms` and its mean gradient into the
     /// update's gradient.
     fn accumulate_gradient(&mut self, terms: &mut [f64]) -> Result<(), TrainError> {
-        let update = self.update;
-        self.opts
-            .injected(FaultPoint::Update, self.comm.rank(), update)?;
-        let accumulate = self.cfg.accumulation > 1;
-        let target: &mut [f32] = if accumulate {
-            self.micro.iter_mut().for_each(|x| *x = 0.0);
-            &mut self.micro
-        } else {
-            &mut self.grad
-        };
-        let lt = self
-            .model
-            .loss_and_grad(&self.local, target)
-            .map_err(|error| TrainError::Model { update, error })?;
-        if lt.len() != terms.len() {
-            return Err(TrainError::Model {
-                update,
-                error: anyhow::anyhow!(
-                    "the model returned {} loss terms but names {}",
-                    lt.len(),
-                    terms.len()
-                ),
-            });
-        }
-        if accumulate {
-            self.grad
-                .iter_mut()
-                .zip(&self.micro)
-                .for_each(|(a, b)| *a += *b);
-        }
-        terms.iter_mut().zip(&lt).for_each(|(a, b)| *a += *b);
-        Ok(())
+        accumulate(
+            &mut *self.model,
+            &self.local,
+            &mut self.micro,
+            &mut self.grad,
+            self.opts,
+            self.comm.rank(),
+            self.cfg.accumulation,
+            self.update,
+            terms,
+        )
     }
 
     /// Reduces the update's loss terms (one small sum, weighted by samples) and timings (MAX).
@@ -850,6 +900,52 @@ impl<'a> Trainer<'a> {
             exported: exported.unwrap_or_default(),
         })
     }
+}
+
+/// Adds the loss terms of `model` on the local slice `local` into `terms` and its mean
+/// gradient into `grad` (through `micro` when `accumulation > 1`).
+///
+/// Errors: [`TrainError::Model`] for a model error or a wrong number of loss terms.
+#[allow(clippy::too_many_arguments)]
+fn accumulate(
+    model: &mut dyn Model,
+    local: &Batch,
+    micro: &mut [f32],
+    grad: &mut [f32],
+    opts: &EngineOptions,
+    rank: usize,
+    accumulation: usize,
+    update: u64,
+    terms: &mut [f64],
+) -> Result<(), TrainError> {
+    opts.injected(FaultPoint::Update, rank, update)?;
+    let accumulate = accumulation > 1;
+    let target: &mut [f32] = if accumulate {
+        micro.iter_mut().for_each(|x| *x = 0.0);
+        micro
+    } else {
+        grad
+    };
+    let lt = model
+        .loss_and_grad(local, target)
+        .map_err(|error| TrainError::Model { update, error })?;
+    if lt.len() != terms.len() {
+        return Err(TrainError::Model {
+            update,
+            error: anyhow::anyhow!(
+                "the model returned {} loss terms but names {}",
+                lt.len(),
+                terms.len()
+            ),
+        });
+    }
+    if accumulate {
+        grad.iter_mut()
+            .zip(micro.iter())
+            .for_each(|(a, b)| *a += *b);
+    }
+    terms.iter_mut().zip(&lt).for_each(|(a, b)| *a += *b);
+    Ok(())
 }
 
 /// Compares the parameter checksums of all ranks (invariant 7).

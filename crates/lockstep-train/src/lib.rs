@@ -76,10 +76,12 @@ pub struct Batch {
 }
 
 /// Produces global batches on the chief, exactly as a serial run with the global batch size
-/// would (invariant 4). Only the chief calls [`BatchSource::global_batch`].
+/// would (invariant 4). Only the chief calls [`BatchSource::global_batch`], possibly on a
+/// loader thread (`training.prefetch`), hence `Send`; batches are asked for in order, but
+/// the last one asked may go unused when a run ends early.
 ///
 /// Errors are [`anyhow::Error`] with the source's own causes (see the crate docs).
-pub trait BatchSource {
+pub trait BatchSource: Send {
     /// f32 values per sample in [`Batch::inputs`].
     fn input_width(&self) -> usize;
     /// f32 values per sample in [`Batch::targets`].

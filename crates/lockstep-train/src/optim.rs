@@ -488,7 +488,7 @@ mod tests {
         let mut p = [2.0f32, -1.0];
         opt.update(&mut p, &[1.0, 1.0]);
         assert!((p[0] - (2.0 * 0.95 - 0.1)).abs() < 1e-6, "{p:?}");
-        assert!((p[1] - (-1.0 * 0.95 - 0.1)).abs() < 1e-6, "{p:?}");
+        assert!((p[1] - (-0.95 - 0.1)).abs() < 1e-6, "{p:?}");
         let cfg = OptimizerConfig::from_json(Some(&json!({"name": "adamw"}))).unwrap();
         assert!(
             matches!(cfg.kind, OptimizerKind::Adam { weight_decay, .. } if weight_decay == 0.01)

@@ -324,10 +324,11 @@ fn early_stop_is_the_same_on_all_replicas() {
     assert!(updates.iter().all(|&u| u == updates[0]), "{updates:?}");
 }
 
-/// Records which samples a finite source is asked for.
+/// Records which samples a finite source is asked for, and on which thread.
 struct Recording {
     inner: RegressionData,
     asked: Vec<(u64, usize)>,
+    threads: Vec<std::thread::ThreadId>,
 }
 
 impl BatchSource for Recording {
@@ -342,6 +343,7 @@ impl BatchSource for Recording {
     }
     fn global_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
         self.asked.push((first, count));
+        self.threads.push(std::thread::current().id());
         self.inner.global_batch(first, count)
     }
 }
@@ -368,6 +370,7 @@ fn partial_final_batches_are_dropped() {
             dataset: Some(20),
         },
         asked: Vec::new(),
+        threads: Vec::new(),
     };
     let opts = EngineOptions {
         resolved_config: c.clone(),
@@ -378,6 +381,32 @@ fn partial_final_batches_are_dropped() {
     train(&lockstep_comm::SelfComm, &cfg, &p, &mut m, &mut s, &opts).unwrap();
     // 20 samples, 8 per update: 2 updates per epoch, samples 16..19 dropped.
     assert_eq!(s.asked, vec![(0, 8), (8, 8), (20, 8), (28, 8)]);
+    let here = std::thread::current().id();
+    assert!(s.threads.iter().all(|t| *t == here));
+    // With training.prefetch the same batches are drawn in the same order, each after the
+    // first on the loader thread while the previous one trains.
+    let mut c = c;
+    c["training"]["prefetch"] = json!(true);
+    let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+    let mut m = LinearRegression::new(DIM, 11, 0, 0, None);
+    let inner = RegressionData {
+        dim: DIM,
+        seed: 11,
+        dataset: Some(20),
+    };
+    let mut s = Recording {
+        inner,
+        asked: Vec::new(),
+        threads: Vec::new(),
+    };
+    let opts = EngineOptions {
+        resolved_config: c.clone(),
+        ..Default::default()
+    };
+    train(&lockstep_comm::SelfComm, &cfg, &p, &mut m, &mut s, &opts).unwrap();
+    assert_eq!(s.asked, vec![(0, 8), (8, 8), (20, 8), (28, 8)]);
+    assert_eq!(s.threads[0], here);
+    assert!(s.threads[1..].iter().all(|t| *t != here), "{:?}", s.threads);
 }
 
 /// Invariant 10: destructive restore. Train 4 updates and checkpoint; start from garbage
@@ -885,4 +914,50 @@ fn dingo_log_line_reports_the_slowest_replica_and_epoch_means() {
             }
         }
     }
+}
+
+/// `training.prefetch`: the chief's loader thread draws the next micro-batch during the
+/// current one; the batches and so the updates are the same as without it, across epoch
+/// boundaries of a finite data set, with accumulation and 2 thread replicas.
+#[test]
+fn prefetching_batches_changes_nothing_but_the_timing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut results = Vec::new();
+    for prefetch in [false, true] {
+        let mut cfg_json = config(
+            d,
+            &format!("prefetch_{prefetch}"),
+            4,
+            json!({"strategy": "threads", "global_batch_size": 8}),
+            12,
+            json!({"prefetch": prefetch, "gradient_updates_per_optimizer_step": 2,
+                   "steps_per_epoch": 3, "epochs": 4}),
+        );
+        cfg_json["training"]
+            .as_object_mut()
+            .unwrap()
+            .remove("optimizer_updates");
+        let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+        let cfg = EngineConfig::from_json(&cfg_json, Path::new("/")).unwrap();
+        assert_eq!(cfg.prefetch, prefetch);
+        let opts = EngineOptions {
+            resolved_config: cfg_json.clone(),
+            ..Default::default()
+        };
+        let summary = run_job(&world, &cfg, &opts, |rank| {
+            Ok((
+                LinearRegression::new(DIM, cfg.seed, rank, 0, None),
+                RegressionData {
+                    dim: DIM,
+                    seed: cfg.seed,
+                    dataset: Some(50),
+                },
+            ))
+        })
+        .unwrap();
+        assert_eq!(summary.updates, 12);
+        results.push((summary.params_checksum, summary.loss_history));
+    }
+    assert_eq!(results[0], results[1]);
 }
