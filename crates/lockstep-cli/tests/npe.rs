@@ -247,8 +247,8 @@ fn bad_settings_are_refused_naming_the_file_and_key_before_any_output() {
         ),
         (
             "  device: cpu\n",
-            "  device: cpu\n  num_workers: 4\n",
-            "local.num_workers",
+            "  device: cpu\n  runtime_limits: {max_time_per_run: 100}\n",
+            "local.runtime_limits",
         ),
         (
             "local:",

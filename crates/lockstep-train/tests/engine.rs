@@ -811,6 +811,37 @@ fn the_chief_keeps_the_first_sample_of_the_global_batch_at_the_updates_the_model
     assert!(!records.join("update_1.txt").exists());
 }
 
+/// Runs `config` counted in epochs (its `training.optimizer_updates` removed) through
+/// [`run_job`]: replica `r` is `adapt(LinearRegression, r)` on regression data of `dataset`
+/// samples (`None`: unbounded).
+fn run_epochs(
+    mut config: Value,
+    dataset: Option<u64>,
+    adapt: impl Fn(LinearRegression, usize) -> LinearRegression + Sync,
+) -> TrainSummary {
+    config["training"]
+        .as_object_mut()
+        .unwrap()
+        .remove("optimizer_updates");
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+    let cfg = EngineConfig::from_json(&config, Path::new("/")).unwrap();
+    let opts = EngineOptions {
+        resolved_config: config.clone(),
+        ..Default::default()
+    };
+    let seed = cfg.seed;
+    run_job(&world, &cfg, &opts, |rank| {
+        let m = LinearRegression::new(DIM, seed, rank, 0, None);
+        let data = RegressionData {
+            dim: DIM,
+            seed,
+            dataset,
+        };
+        Ok((adapt(m, rank), data))
+    })
+    .unwrap()
+}
+
 /// The numbers of one Dingo log line: `(epoch, done, total, [loss, mean, data, mean,
 /// network, mean, (aggregation, mean)])`.
 fn parse_dingo(line: &str) -> (u64, u64, u64, Vec<f64>) {
@@ -846,7 +877,7 @@ fn dingo_log_line_reports_the_slowest_replica_and_epoch_means() {
         } else {
             Value::Null
         };
-        let mut cfg_json = config(
+        let cfg_json = config(
             d,
             &format!("dingo{replicas}"),
             16 / replicas,
@@ -854,31 +885,13 @@ fn dingo_log_line_reports_the_slowest_replica_and_epoch_means() {
             6,
             json!({"log_style": "dingo", "steps_per_epoch": 3, "epochs": 2}),
         );
-        cfg_json["training"]
-            .as_object_mut()
-            .unwrap()
-            .remove("optimizer_updates");
-        let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
-        let cfg = EngineConfig::from_json(&cfg_json, Path::new("/")).unwrap();
-        let opts = EngineOptions {
-            resolved_config: cfg_json.clone(),
-            ..Default::default()
-        };
-        let summary = run_job(&world, &cfg, &opts, |rank| {
-            let mut m = LinearRegression::new(DIM, cfg.seed, rank, 0, None);
+        let summary = run_epochs(cfg_json, None, |m, rank| {
             if rank == 1 {
-                m = m.with_delay(delay);
+                m.with_delay(delay)
+            } else {
+                m
             }
-            Ok((
-                m,
-                RegressionData {
-                    dim: DIM,
-                    seed: cfg.seed,
-                    dataset: None,
-                },
-            ))
-        })
-        .unwrap();
+        });
         let log = std::fs::read_to_string(summary.output_dir.join("run.log")).unwrap();
         let lines: Vec<&str> = log
             .lines()
@@ -925,7 +938,7 @@ fn prefetching_batches_changes_nothing_but_the_timing() {
     let d = dir.path();
     let mut results = Vec::new();
     for prefetch in [false, true] {
-        let mut cfg_json = config(
+        let cfg_json = config(
             d,
             &format!("prefetch_{prefetch}"),
             4,
@@ -934,28 +947,7 @@ fn prefetching_batches_changes_nothing_but_the_timing() {
             json!({"prefetch": prefetch, "gradient_updates_per_optimizer_step": 2,
                    "steps_per_epoch": 3, "epochs": 4}),
         );
-        cfg_json["training"]
-            .as_object_mut()
-            .unwrap()
-            .remove("optimizer_updates");
-        let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
-        let cfg = EngineConfig::from_json(&cfg_json, Path::new("/")).unwrap();
-        assert_eq!(cfg.prefetch, prefetch);
-        let opts = EngineOptions {
-            resolved_config: cfg_json.clone(),
-            ..Default::default()
-        };
-        let summary = run_job(&world, &cfg, &opts, |rank| {
-            Ok((
-                LinearRegression::new(DIM, cfg.seed, rank, 0, None),
-                RegressionData {
-                    dim: DIM,
-                    seed: cfg.seed,
-                    dataset: Some(50),
-                },
-            ))
-        })
-        .unwrap();
+        let summary = run_epochs(cfg_json, Some(50), |m, _| m);
         assert_eq!(summary.updates, 12);
         results.push((summary.params_checksum, summary.loss_history));
     }
