@@ -14,10 +14,16 @@ Usage: python npe_torch.py SPEC.json OUT.json
 SPEC: {"x_dim", "theta_dim", "hidden_dims", "output_dim", "num_flow_steps", "hidden_dim",
   "num_transform_blocks", "num_bins", "tail_bound", "permutations": [[...] per step],
   "theta_mean", "theta_std", "x_mean", "x_std", "batch", "warmup", "steps", "threads": [..],
-  "learning_rate", "dir": folder with params.npy (flat f32), names.json ([[name, shape]...]),
-  theta.npy [batch, theta_dim], x.npy [batch, x_dim]}
+  "learning_rate", "ddp_processes" (0: no DDP run), "dir": folder with params.npy (flat
+  f32), names.json ([[name, shape]...]), theta.npy [batch, theta_dim], x.npy [batch, x_dim]}
 OUT: {"torch_version", "parameters", "initial_loss", "s_per_step": {threads: [seconds...]},
-  "phases": {threads: {"forward": s, "backward": s, "optimizer": s}}}
+  "phases": {threads: {"forward": s, "backward": s, "optimizer": s}},
+  "ddp": {"processes": P, "s_per_step": [seconds...]} or {"error": text}}
+
+The DDP run is PyTorch DistributedDataParallel over the gloo backend on this machine: P
+processes of 1 thread each, each with its contiguous slice of the same batch (batch / P
+samples), the same initial parameters and Adam; the step time is rank 0's (forward,
+backward with DDP's bucketed gradient all-reduce, optimizer step).
 """
 
 import json
@@ -202,6 +208,10 @@ class Npe(nn.Module):
         self.flow = Flow(spec)
         self.jac = float(np.log(np.asarray(spec["theta_std"])).sum())
 
+    def forward(self, theta, x):
+        """log q(theta | x) per sample (DDP calls the module)."""
+        return self.log_prob(theta, x)
+
     def log_prob(self, theta, x):
         c = self.embedding_net(x)
         z = theta
@@ -217,8 +227,9 @@ class Npe(nn.Module):
         return base + logdet - self.jac
 
 
-def main():
-    spec = json.load(open(sys.argv[1]))
+def load(spec):
+    """The network with lockstep's initial parameters, its state dict, and the standardized
+    (theta, x) batch."""
     d = spec["dir"]
     net = Npe(spec)
     names = json.load(open(d + "/names.json"))
@@ -234,6 +245,56 @@ def main():
     net.load_state_dict(state, strict=True)
     theta = (torch.from_numpy(np.load(d + "/theta.npy")) - torch.tensor(spec["theta_mean"], dtype=torch.float32)) / torch.tensor(spec["theta_std"], dtype=torch.float32)
     x = (torch.from_numpy(np.load(d + "/x.npy")) - torch.tensor(spec["x_mean"], dtype=torch.float32)) / torch.tensor(spec["x_std"], dtype=torch.float32)
+    return net, state, count, theta, x
+
+
+def ddp_worker(rank, spec, port, out_path):
+    """One DDP process: its slice of the batch, timed steps; rank 0 writes the times."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    world = spec["ddp_processes"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    net, _, _, theta, x = load(spec)
+    per = theta.shape[0] // world
+    theta, x = theta[rank * per : (rank + 1) * per], x[rank * per : (rank + 1) * per]
+    model = DistributedDataParallel(net)
+    opt = torch.optim.Adam(model.parameters(), lr=spec["learning_rate"])
+    times = []
+    for i in range(spec["warmup"] + spec["steps"]):
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = -model(theta, x).mean()
+        loss.backward()
+        opt.step()
+        if i >= spec["warmup"]:
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        json.dump(times, open(out_path, "w"))
+    dist.destroy_process_group()
+
+
+def ddp(spec):
+    """Runs the DDP measurement; returns its entry of OUT."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = tmp + "/ddp.json"
+        mp.spawn(ddp_worker, args=(spec, port, out_path), nprocs=spec["ddp_processes"], join=True)
+        return {"processes": spec["ddp_processes"], "s_per_step": json.load(open(out_path))}
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    net, state, count, theta, x = load(spec)
     with torch.no_grad():
         initial = float(-net.log_prob(theta, x).mean())
     out = {"torch_version": torch.__version__, "parameters": count, "initial_loss": initial,
@@ -262,6 +323,11 @@ def main():
             "forward": float(np.median(fw)), "backward": float(np.median(bw)),
             "optimizer": float(np.median(op)),
         }
+    if spec.get("ddp_processes", 0) > 1:
+        try:
+            out["ddp"] = ddp(spec)
+        except Exception as e:  # reported by lockstep next to its own figures
+            out["ddp"] = {"error": f"{type(e).__name__}: {e}"}
     json.dump(out, open(sys.argv[2], "w"))
 
 

@@ -10,7 +10,9 @@
 //!    (`scripts/peers/npe_torch.py`, run by `--python` when it imports torch), at 1 and 2
 //!    threads, with the time ratios and the loss of both at the initial parameters;
 //! 3. the engine (`lockstep npe`'s training path, simulation included) at the same global
-//!    batch with 1 replica, N thread replicas and N MPI ranks: updates/s and the speed-up.
+//!    batch with 1 replica, N thread replicas and N MPI ranks: updates/s and the speed-up,
+//!    next to PyTorch DistributedDataParallel (gloo, N processes of 1 thread, each with
+//!    batch / N samples of the same batch) when torch is importable.
 
 use crate::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -137,11 +139,13 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
 
     let (step, initial, initial_loss) =
         single_core(args, &network, s.data.seed, &batch.targets, &batch.inputs)?;
-    if !args.no_torch {
-        compare_with_torch(args, &network, &initial, &batch, step, initial_loss);
-    }
+    let ddp = if args.no_torch {
+        None
+    } else {
+        compare_with_torch(args, &network, &initial, &batch, step, initial_loss)
+    };
     if !args.no_replicas {
-        replica_table(args, world, updates)?;
+        replica_table(args, world, updates, ddp)?;
     }
     Ok(())
 }
@@ -205,7 +209,7 @@ fn single_core(
 }
 
 /// Part 2 of the bench: PyTorch eager on the same batch and initial parameters (a note when
-/// torch is missing).
+/// torch is missing); returns PyTorch DDP's (processes, median s/step) when it ran.
 fn compare_with_torch(
     args: &BenchNpeArgs,
     network: &NpeNetwork,
@@ -213,7 +217,7 @@ fn compare_with_torch(
     batch: &lockstep_train::Batch,
     step: f64,
     initial_loss: f64,
-) {
+) -> Option<(usize, f64)> {
     let n = args.batch;
     match torch(args, network, initial, &batch.targets, &batch.inputs) {
         Ok(t) => {
@@ -243,14 +247,30 @@ fn compare_with_torch(
             for (threads, p) in &t.phases {
                 println!("torch {threads} thread(s) phases: forward {:.2} ms, backward {:.2} ms, Adam {:.2} ms", 1e3 * p[0], 1e3 * p[1], 1e3 * p[2]);
             }
+            match t.ddp {
+                Some(Ok((p, times))) => Some((p, median(&times))),
+                Some(Err(e)) => {
+                    println!("note: no PyTorch DDP run: {e}");
+                    None
+                }
+                None => None,
+            }
         }
-        Err(e) => println!("\nnote: no PyTorch comparison: {e:#}"),
+        Err(e) => {
+            println!("\nnote: no PyTorch comparison: {e:#}");
+            None
+        }
     }
 }
 
 /// Part 3 of the bench, the engine: 1 replica vs N thread replicas vs N MPI ranks, same
-/// global batch.
-fn replica_table(args: &BenchNpeArgs, world: &World, updates: usize) -> Result<()> {
+/// global batch, and PyTorch DDP's (processes, s/step) when it ran.
+fn replica_table(
+    args: &BenchNpeArgs,
+    world: &World,
+    updates: usize,
+    ddp: Option<(usize, f64)>,
+) -> Result<()> {
     let n = args.batch;
     let r = args.replicas;
     let mut rows = vec![(
@@ -296,6 +316,20 @@ fn replica_table(args: &BenchNpeArgs, world: &World, updates: usize) -> Result<(
         );
     }
     println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch)");
+    if let Some((p, s)) = ddp {
+        let mpi = rows
+            .iter()
+            .find(|(name, _, _)| name.ends_with("MPI ranks"))
+            .map(|(_, _, t)| col(t, 3));
+        println!(
+            "PyTorch DDP (gloo, {p} processes of 1 thread, same network and global batch, simulation not included): {s:.4} s/step, {:.0} samples/s{}",
+            n as f64 / s,
+            match mpi {
+                Some(m) => format!("; lockstep {r} MPI ranks / DDP time = {:.2}", m / s),
+                None => String::new(),
+            }
+        );
+    }
     Ok(())
 }
 
@@ -434,6 +468,8 @@ struct TorchResult {
     steps: Vec<(usize, f64)>,
     /// (threads, [forward, backward, Adam] s)
     phases: Vec<(usize, [f64; 3])>,
+    /// DDP: (processes, seconds per step) or why it did not run; `None` when not asked.
+    ddp: Option<std::result::Result<(usize, Vec<f64>), String>>,
 }
 
 const TORCH_SCRIPT: &str = include_str!("../../../scripts/peers/npe_torch.py");
@@ -478,6 +514,7 @@ fn torch(
         "x_mean": st.x_mean, "x_std": st.x_std,
         "batch": args.batch, "warmup": args.warmup, "steps": args.steps,
         "threads": [1, 2], "learning_rate": 1e-3, "dir": d,
+        "ddp_processes": if args.no_replicas { 0 } else { args.replicas },
     });
     let spec_path = d.join("spec.json");
     std::fs::write(&spec_path, serde_json::to_string(&spec)?)?;
@@ -524,7 +561,18 @@ fn torch(
             ],
         ));
     }
+    let ddp = v.get("ddp").map(|d| match d["error"].as_str() {
+        Some(e) => Err(e.to_string()),
+        None => Ok((
+            d["processes"].as_u64().unwrap_or(0) as usize,
+            d["s_per_step"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                .unwrap_or_default(),
+        )),
+    });
     Ok(TorchResult {
+        ddp,
         version: v["torch_version"].as_str().unwrap_or("unknown").to_string(),
         parameters,
         initial_loss: v["initial_loss"].as_f64().unwrap_or(f64::NAN),
