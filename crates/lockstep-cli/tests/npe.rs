@@ -652,7 +652,7 @@ fn submit_files_for_htcondor_and_slurm_match_the_expected_files() {
     let legacy = write(
         d,
         "legacy.yaml",
-        &format!("{base}  condor: {{num_gpus: 1, memory_cpus: 8000}}\n"),
+        &format!("{base}  num_workers: 2\n  condor: {{num_gpus: 1, memory_cpus: 8000}}\n"),
     );
     let out = d.join("legacy.sub");
     let o = ok(lockstep(&[
@@ -670,7 +670,7 @@ fn submit_files_for_htcondor_and_slurm_match_the_expected_files() {
     );
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(
-        text.contains("request_gpus   = 1") && text.contains("request_cpus   = 1"),
+        text.contains("request_gpus   = 1") && text.contains("request_cpus   = 3"),
         "{text}"
     );
 }

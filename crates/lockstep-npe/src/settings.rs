@@ -395,7 +395,7 @@ pub struct LocalSettings {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CondorSettings {
-    /// `request_cpus` (default: the replica count).
+    /// `request_cpus` (default: the replica count plus `local.num_workers`).
     #[serde(default)]
     pub num_cpus: Option<usize>,
     /// `request_memory` in MB.

@@ -5,7 +5,8 @@
 //! The replica count is `local.num_gpus` (Dingo's key) or `local.replicas`:
 //! - HTCondor runs one process, so the replicas are threads; `request_gpus` is
 //!   `local.num_gpus` (the deprecated `local.condor.num_gpus` when it is absent) and
-//!   `request_cpus` is `local.condor.num_cpus` (default: the replica count).
+//!   `request_cpus` is `local.condor.num_cpus` (default: the replica count plus
+//!   `local.num_workers`).
 //! - Slurm runs one MPI rank per replica under `srun` (`--ntasks` = replicas); GPUs are asked
 //!   for per task (`--gpus-per-task=1`) or per node (`--gres=gpu:N`) when `local.num_gpus`
 //!   is given.
@@ -102,7 +103,12 @@ pub fn condor(settings: &NpeSettings, job: &Job) -> (String, Vec<String>) {
     line(&mut f, "output", &format!("{stem}.out"));
     line(&mut f, "error", &format!("{stem}.err"));
     line(&mut f, "log", &format!("{stem}.log"));
-    line(&mut f, "request_cpus", &c.num_cpus.unwrap_or(replicas));
+    let loaders = settings.local.num_workers.unwrap_or(0);
+    line(
+        &mut f,
+        "request_cpus",
+        &c.num_cpus.unwrap_or(replicas + loaders),
+    );
     if let Some(m) = c.memory_cpus {
         line(&mut f, "request_memory", &m);
     }
