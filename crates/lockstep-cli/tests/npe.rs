@@ -440,8 +440,9 @@ fn named_parameters(path: &Path) -> Vec<(String, Vec<f32>)> {
 /// (step) and freezes two embedding blocks, which Dingo refuses under DDP. The frozen
 /// blocks keep stage 0's final values exactly while the rest trains on; the all-reduce
 /// covers only the trainable parameters; 2 thread replicas and 2 MPI ranks end with the same
-/// parameters; resuming mid-stage-1 from a checkpoint (into a new folder) ends where the
-/// uninterrupted run ended; `npe sample` reads the folder of stages.
+/// parameters; resuming mid-stage-1 from a checkpoint, into a new folder or in place from
+/// the folder of stages (MPI), ends where the uninterrupted run ended; `npe sample` reads
+/// the folder of stages.
 #[test]
 fn two_stages_freeze_blocks_under_thread_and_mpi_replicas_and_resume_mid_stage() {
     let dir = tempfile::tempdir().unwrap();
@@ -532,6 +533,30 @@ local:",
     assert!(log.contains("updates 5..10"), "{log}");
     let dr = rel_l2(&flat(&named_parameters(&rr)), &flat(&p1));
     assert!(dr <= 1e-6, "resumed vs uninterrupted: {dr:e}");
+    // In place, as a resubmitted batch job does: the MPI run's folder loses stage 1's last
+    // checkpoint (as if killed after update 5), and `--resume FOLDER` continues stage 1
+    // there from its latest checkpoint.
+    let ckpts = rm.join("stage_1/checkpoints");
+    std::fs::remove_file(ckpts.join("update_000010.safetensors")).unwrap();
+    std::fs::write(ckpts.join("latest"), "update_000005.safetensors").unwrap();
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP).args([
+        "npe",
+        "train",
+        s(&mpi),
+        "--train-dir",
+        s(&rm),
+        "--resume",
+        s(&rm),
+    ]);
+    ok(run_with_limit(cmd, Duration::from_secs(120)).unwrap());
+    let log = std::fs::read_to_string(rm.join("stage_1/run.log")).unwrap();
+    assert!(log.contains("updates 5..10"), "{log}");
+    assert!(rm
+        .join("stage_0/checkpoints/update_000010.safetensors")
+        .is_file());
+    let di = rel_l2(&flat(&named_parameters(&rm)), &flat(&p1));
+    assert!(di <= 1e-5, "resumed in place vs uninterrupted: {di:e}");
     // `npe sample` on the folder of stages samples the last stage.
     let samples = d.join("samples.csv");
     ok(lockstep(&[
