@@ -10,7 +10,8 @@
 //!    (`scripts/peers/npe_torch.py`, run by `--python` when it imports torch), at 1 and 2
 //!    threads, with the time ratios and the loss of both at the initial parameters;
 //! 3. the engine (`lockstep npe`'s training path, simulation included) at the same global
-//!    batch with 1 replica, N thread replicas and N MPI ranks: updates/s and the speed-up,
+//!    batch with 1 replica, N thread replicas and N MPI ranks (each also with a loader
+//!    thread, `local.num_workers: 1`): updates/s and the speed-up,
 //!    next to PyTorch DistributedDataParallel (gloo, N processes of 1 thread, each with
 //!    batch / N samples of the same batch) when torch is importable.
 
@@ -61,6 +62,9 @@ pub struct BenchNpeArgs {
     /// Internal: one rank of the MPI measurement.
     #[arg(long, hide = true)]
     pub mpi_worker: bool,
+    /// Internal: `local.num_workers` of the MPI measurement (its loader thread).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workers: usize,
 }
 
 /// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES` and
@@ -85,17 +89,20 @@ training:
     optimizer: {type: adam, lr: 0.001}
 local:
   replicas: REPLICAS
+  num_workers: WORKERS
 ";
 
 fn settings(
     batch: usize,
     updates: usize,
     replicas: usize,
+    workers: usize,
 ) -> Result<(NpeSettings, serde_json::Value)> {
     let text = SETTINGS
         .replace("SAMPLES", &(batch * updates).to_string())
         .replace("BATCH", &batch.to_string())
-        .replace("REPLICAS", &replicas.to_string());
+        .replace("REPLICAS", &replicas.to_string())
+        .replace("WORKERS", &workers.to_string());
     Ok(NpeSettings::from_yaml(&text)?)
 }
 
@@ -117,7 +124,14 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     let updates = args.warmup + args.steps;
     if args.mpi_worker {
         let ranks = world.comm().size();
-        let times = engine(world, args.batch, updates, ranks, Launch::Mpi(ranks))?;
+        let times = engine(
+            world,
+            args.batch,
+            updates,
+            ranks,
+            args.workers,
+            Launch::Mpi(ranks),
+        )?;
         if world.comm().is_chief() {
             println!("{}", serde_json::to_string(&times)?);
         }
@@ -126,7 +140,7 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     if world.comm().size() > 1 {
         bail!("run `lockstep bench npe` without mpirun: it starts its own MPI job");
     }
-    let (s, _) = settings(args.batch, updates, 1)?;
+    let (s, _) = settings(args.batch, updates, 1, 0)?;
     let task = s.task()?;
     let network = trained::network(&s, task.as_ref())?;
     let batch = TaskSource::new(task.clone(), 7).global_batch(0, args.batch)?;
@@ -273,21 +287,26 @@ fn replica_table(
 ) -> Result<()> {
     let n = args.batch;
     let r = args.replicas;
+    let single = Launch::SingleProcess;
     let mut rows = vec![(
         "1 replica".to_string(),
         1,
-        engine(world, n, updates, 1, Launch::SingleProcess)?,
+        engine(world, n, updates, 1, 0, single)?,
     )];
     if r > 1 {
-        rows.push((
-            format!("{r} threads"),
-            r,
-            engine(world, n, updates, r, Launch::SingleProcess)?,
-        ));
-        if !args.no_mpi {
-            match mpi_run(args, r) {
-                Ok(t) => rows.push((format!("{r} MPI ranks"), r, t)),
-                Err(e) => println!("note: no MPI run: {e:#}"),
+        // Each parallel run without and with a loader thread (local.num_workers: 1).
+        for workers in [0, 1] {
+            let loader = if workers > 0 { " + loader" } else { "" };
+            rows.push((
+                format!("{r} threads{loader}"),
+                r,
+                engine(world, n, updates, r, workers, single)?,
+            ));
+            if !args.no_mpi {
+                match mpi_run(args, r, workers) {
+                    Ok(t) => rows.push((format!("{r} MPI ranks{loader}"), r, t)),
+                    Err(e) => println!("note: no MPI run: {e:#}"),
+                }
             }
         }
     }
@@ -296,6 +315,7 @@ fn replica_table(
         "{:>12} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>9}",
         "run", "replicas", "s/update", "data s", "compute s", "comm s", "samples/s", "speed-up"
     );
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(12);
     let col = |times: &[[f64; 4]], k: usize| {
         let timed = &times[args.warmup.min(times.len())..];
         median(&timed.iter().map(|t| t[k]).collect::<Vec<_>>())
@@ -304,7 +324,7 @@ fn replica_table(
     for (name, reps, times) in &rows {
         let total = col(times, 3);
         println!(
-            "{:>12} {:>9} {:>9.4} {:>10.4} {:>10.4} {:>10.4} {:>12.0} {:>9.2}",
+            "{:>width$} {:>9} {:>9.4} {:>10.4} {:>10.4} {:>10.4} {:>12.0} {:>9.2}",
             name,
             reps,
             total,
@@ -315,7 +335,7 @@ fn replica_table(
             base / total
         );
     }
-    println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch)");
+    println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch); + loader: local.num_workers 1, the chief simulates the next batch during the step (data s is the wait left)");
     if let Some((p, s)) = ddp {
         let mpi = rows
             .iter()
@@ -391,15 +411,17 @@ fn phases(
 }
 
 /// Per update: seconds of data, compute, communication, whole update (slowest rank), of
-/// the engine training the benchmark network with `replicas` replicas launched as `launch`.
+/// the engine training the benchmark network with `replicas` replicas launched as `launch`
+/// and `workers` as `local.num_workers` (0: no loader thread).
 fn engine(
     world: &World,
     batch: usize,
     updates: usize,
     replicas: usize,
+    workers: usize,
     launch: Launch,
 ) -> Result<Vec<[f64; 4]>> {
-    let (s, raw) = settings(batch, updates, replicas)?;
+    let (s, raw) = settings(batch, updates, replicas, workers)?;
     train_quietly(world, &s, &raw, launch, |summary, _, _| {
         Ok(summary.update_times.clone())
     })
@@ -431,17 +453,19 @@ pub(crate) fn train_quietly<T>(
     let summary = run_job(world, &cfg, &opts, |_rank| {
         Ok((
             NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default()),
-            TaskSource::dataset(task.clone(), seed, n),
+            TaskSource::dataset(task.clone(), seed, n)
+                .with_workers(s.local.num_workers.unwrap_or(1)),
         ))
     })?;
     inspect(&summary, &task, &network)
 }
 
-fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {
-    let (batch, steps, warmup) = (
+fn mpi_run(args: &BenchNpeArgs, ranks: usize, workers: usize) -> Result<Vec<[f64; 4]>> {
+    let (batch, steps, warmup, workers) = (
         args.batch.to_string(),
         args.steps.to_string(),
         args.warmup.to_string(),
+        workers.to_string(),
     );
     crate::mpi_worker::run_mpi_worker(
         ranks,
@@ -455,6 +479,8 @@ fn mpi_run(args: &BenchNpeArgs, ranks: usize) -> Result<Vec<[f64; 4]>> {
             &steps,
             "--warmup",
             &warmup,
+            "--workers",
+            &workers,
         ],
         Duration::from_secs(1800),
     )
