@@ -244,10 +244,9 @@ fn prepare(args: &TrainArgs, world: &World) -> Result<Prepared> {
     }
     let task = settings.task()?;
     let network = trained::network(&settings, task.as_ref())?;
-    let mut probe = NpeModel::<CpuAutodiff>::new(network.clone(), 0, Default::default());
     for stage in 0..n {
-        probe
-            .freeze(&settings.frozen_blocks(stage))
+        network
+            .freezing(&settings.frozen_blocks(stage))
             .with_context(|| {
                 format!("{}: training.stage_{stage}.freeze", args.settings.display())
             })?;

@@ -12,7 +12,7 @@
 use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
-use crate::params::{to_vec, Layout, Params};
+use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{rational_quadratic_spline, SplineParams};
 use crate::svd::ProjectionConfig;
 use burn::tensor::activation::softplus;
@@ -587,6 +587,21 @@ impl NpeNetwork {
             }
         }
         out
+    }
+
+    /// The partition of the parameters that freezes `blocks` (dotted name prefixes, see
+    /// [`NpeNetwork::block_names`]) and trains the rest.
+    ///
+    /// Errors: a prefix that names no parameter (with the network's block names).
+    pub fn freezing(&self, blocks: &[String]) -> anyhow::Result<Partition> {
+        let (partition, counts) = Partition::freezing(self.layout(), blocks);
+        if let Some((block, _)) = blocks.iter().zip(&counts).find(|(_, &c)| c == 0) {
+            anyhow::bail!(
+                "`{block}` names no parameter of the network; its blocks are: {}",
+                self.block_names().join(", ")
+            );
+        }
+        Ok(partition)
     }
 
     /// True when some layer is BatchNorm (the loss then couples the samples of a batch).

@@ -57,14 +57,8 @@ impl<B: AutodiffBackend> NpeModel<B> {
     ///
     /// Errors: a prefix that names no parameter (with the network's block names).
     pub fn freeze(&mut self, blocks: &[String]) -> anyhow::Result<usize> {
+        let partition = self.network.freezing(blocks)?;
         let layout = self.network.layout();
-        let (partition, counts) = Partition::freezing(layout, blocks);
-        if let Some((block, _)) = blocks.iter().zip(&counts).find(|(_, &c)| c == 0) {
-            anyhow::bail!(
-                "`{block}` names no parameter of the network; its blocks are: {}",
-                self.network.block_names().join(", ")
-            );
-        }
         let values = self.parameters();
         let state = self.state().to_vec();
         let (params, mut fixed) = partition.split(layout, &values);
