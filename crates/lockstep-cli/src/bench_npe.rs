@@ -13,7 +13,12 @@
 //!    batch with 1 replica, N thread replicas and N MPI ranks (each also with a loader
 //!    thread, `local.num_workers: 1`): updates/s and the speed-up,
 //!    next to PyTorch DistributedDataParallel (gloo, N processes of 1 thread, each with
-//!    batch / N samples of the same batch) when torch is importable.
+//!    batch / N samples of the same batch) when torch is importable;
+//! 4. normalization (embedding and flow): LayerNorm, BatchNorm and, under N replicas,
+//!    SyncBatchNorm (threads and MPI) and BatchNorm with each replica's local statistics
+//!    (what DDP without `convert_sync_batchnorm` trains; the bench wraps the model so that
+//!    the engine runs it, which `lockstep npe` refuses), seconds per update in one run, so
+//!    the cost of the batch statistics' collectives is seen.
 
 use crate::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -65,10 +70,17 @@ pub struct BenchNpeArgs {
     /// Internal: `local.num_workers` of the MPI measurement (its loader thread).
     #[arg(long, hide = true, default_value_t = 0)]
     pub workers: usize,
+    /// Skip the normalization table.
+    #[arg(long)]
+    pub no_norms: bool,
+    /// Internal: the norm of every layer of the MPI measurement (`layer_norm`,
+    /// `batch_norm`); the main network's norms when absent.
+    #[arg(long, hide = true)]
+    pub norm: Option<String>,
 }
 
-/// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES` and
-/// `REPLICAS` are filled in).
+/// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES`,
+/// `REPLICAS`, `WORKERS` and the norms are filled in).
 const SETTINGS: &str = "
 data:
   task: {name: gw_chirp, f_max: 64}
@@ -80,8 +92,8 @@ model:
   posterior_kwargs:
     num_flow_steps: 6
     base_transform_kwargs: {hidden_dim: 160, num_transform_blocks: 2, num_bins: 8,
-                            base_transform_type: rq-coupling, norm: none, tail_bound: 1.0}
-  embedding_kwargs: {output_dim: 64, hidden_dims: [256, 256, 128, 128], norm: layer_norm}
+                            base_transform_type: rq-coupling, norm: FLOW_NORM, tail_bound: 1.0}
+  embedding_kwargs: {output_dim: 64, hidden_dims: [256, 256, 128, 128], norm: EMBEDDING_NORM}
 training:
   stage_0:
     epochs: 1
@@ -97,8 +109,11 @@ fn settings(
     updates: usize,
     replicas: usize,
     workers: usize,
+    norm: Option<&str>,
 ) -> Result<(NpeSettings, serde_json::Value)> {
     let text = SETTINGS
+        .replace("EMBEDDING_NORM", norm.unwrap_or("layer_norm"))
+        .replace("FLOW_NORM", norm.unwrap_or("none"))
         .replace("SAMPLES", &(batch * updates).to_string())
         .replace("BATCH", &batch.to_string())
         .replace("REPLICAS", &replicas.to_string())
@@ -124,14 +139,14 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     let updates = args.warmup + args.steps;
     if args.mpi_worker {
         let ranks = world.comm().size();
-        let times = engine(
-            world,
-            args.batch,
-            updates,
-            ranks,
-            args.workers,
-            Launch::Mpi(ranks),
-        )?;
+        let run = EngineRun {
+            replicas: ranks,
+            workers: args.workers,
+            launch: Launch::Mpi(ranks),
+            norm: args.norm.as_deref(),
+            local_statistics: false,
+        };
+        let times = engine(world, args.batch, updates, &run)?;
         if world.comm().is_chief() {
             println!("{}", serde_json::to_string(&times)?);
         }
@@ -140,7 +155,7 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     if world.comm().size() > 1 {
         bail!("run `lockstep bench npe` without mpirun: it starts its own MPI job");
     }
-    let (s, _) = settings(args.batch, updates, 1, 0)?;
+    let (s, _) = settings(args.batch, updates, 1, 0, None)?;
     let task = s.task()?;
     let network = trained::network(&s, task.as_ref())?;
     let batch = TaskSource::new(task.clone(), 7).global_batch(0, args.batch)?;
@@ -160,6 +175,9 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     };
     if !args.no_replicas {
         replica_table(args, world, updates, ddp)?;
+    }
+    if !args.no_norms {
+        norm_table(args, world, updates)?;
     }
     Ok(())
 }
@@ -288,10 +306,17 @@ fn replica_table(
     let n = args.batch;
     let r = args.replicas;
     let single = Launch::SingleProcess;
+    let run = |replicas, workers| EngineRun {
+        replicas,
+        workers,
+        launch: single,
+        norm: None,
+        local_statistics: false,
+    };
     let mut rows = vec![(
         "1 replica".to_string(),
         1,
-        engine(world, n, updates, 1, 0, single)?,
+        engine(world, n, updates, &run(1, 0))?,
     )];
     if r > 1 {
         // Each parallel run without and with a loader thread (local.num_workers: 1).
@@ -300,10 +325,10 @@ fn replica_table(
             rows.push((
                 format!("{r} threads{loader}"),
                 r,
-                engine(world, n, updates, r, workers, single)?,
+                engine(world, n, updates, &run(r, workers))?,
             ));
             if !args.no_mpi {
-                match mpi_run(args, r, workers) {
+                match mpi_run(args, r, workers, None) {
                     Ok(t) => rows.push((format!("{r} MPI ranks{loader}"), r, t)),
                     Err(e) => println!("note: no MPI run: {e:#}"),
                 }
@@ -380,6 +405,7 @@ fn phases(
             state: &mut state,
             state_layout: network.state_layout(),
             training: true,
+            sync: None,
         };
         let c = Instant::now();
         let context = network.context(&mut pass, x, n);
@@ -410,21 +436,164 @@ fn phases(
     Ok(times.iter().map(|v| median(v)).collect())
 }
 
+/// Part 4: LayerNorm, BatchNorm, SyncBatchNorm and BatchNorm with local statistics in every
+/// layer, at 1 and `--replicas` replicas (threads; SyncBatchNorm also MPI).
+fn norm_table(args: &BenchNpeArgs, world: &World, updates: usize) -> Result<()> {
+    let (n, r) = (args.batch, args.replicas);
+    let run = |replicas, norm, local_statistics| EngineRun {
+        replicas,
+        workers: 0,
+        launch: Launch::SingleProcess,
+        norm: Some(norm),
+        local_statistics,
+    };
+    let median_of = |times: &[[f64; 4]], k: usize| {
+        let timed = &times[args.warmup.min(times.len())..];
+        median(&timed.iter().map(|t| t[k]).collect::<Vec<_>>())
+    };
+    let mut rows: Vec<(String, Vec<[f64; 4]>)> = vec![
+        (
+            "LayerNorm, 1 replica".into(),
+            engine(world, n, updates, &run(1, "layer_norm", false))?,
+        ),
+        (
+            "BatchNorm, 1 replica".into(),
+            engine(world, n, updates, &run(1, "batch_norm", false))?,
+        ),
+    ];
+    if r > 1 {
+        rows.push((
+            format!("LayerNorm, {r} threads"),
+            engine(world, n, updates, &run(r, "layer_norm", false))?,
+        ));
+        rows.push((
+            format!("SyncBatchNorm, {r} threads"),
+            engine(world, n, updates, &run(r, "batch_norm", false))?,
+        ));
+        if !args.no_mpi {
+            for norm in ["layer_norm", "batch_norm"] {
+                let name = if norm == "layer_norm" {
+                    "LayerNorm"
+                } else {
+                    "SyncBatchNorm"
+                };
+                match mpi_run(args, r, 0, Some(norm)) {
+                    Ok(t) => rows.push((format!("{name}, {r} MPI ranks"), t)),
+                    Err(e) => println!("note: no MPI run: {e:#}"),
+                }
+            }
+        }
+        rows.push((
+            format!("BatchNorm, local statistics, {r} threads"),
+            engine(world, n, updates, &run(r, "batch_norm", true))?,
+        ));
+    }
+    println!("\nnormalization in every embedding block and coupling conditioner, engine, global batch {n}: median of {} updates after {} warm-up", args.steps, args.warmup);
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(12);
+    println!(
+        "{:>width$} {:>9} {:>10} {:>10} {:>12}",
+        "run", "s/update", "compute s", "comm s", "vs LayerNorm"
+    );
+    let layer_norm = |replicas: &str| {
+        rows.iter()
+            .find(|(name, _)| name.starts_with("LayerNorm") && name.ends_with(replicas))
+            .map(|(_, t)| median_of(t, 3))
+    };
+    for (name, times) in &rows {
+        let total = median_of(times, 3);
+        let suffix = name.rsplit(", ").next().unwrap_or_default();
+        let versus = layer_norm(suffix)
+            .map(|l| format!("{:.2}", total / l))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:>width$} {:>9.4} {:>10.4} {:>10.4} {:>12}",
+            name,
+            total,
+            median_of(times, 1),
+            median_of(times, 2),
+            versus
+        );
+    }
+    println!("vs LayerNorm = s/update / s/update of LayerNorm with the same replicas; SyncBatchNorm sums the batch statistics over the replicas (one all-reduce per layer forward and one backward, inside compute s); local statistics: each replica normalizes by its own slice (not the same training as 1 replica; lockstep npe refuses it)");
+    Ok(())
+}
+
+/// One engine measurement: `replicas` replicas launched as `launch`, `workers` as
+/// `local.num_workers` (0: no loader thread), `norm` in every layer (`None`: the main
+/// network's), and with `local_statistics` each replica's BatchNorm uses its own slice.
+struct EngineRun<'a> {
+    replicas: usize,
+    workers: usize,
+    launch: Launch,
+    norm: Option<&'a str>,
+    local_statistics: bool,
+}
+
 /// Per update: seconds of data, compute, communication, whole update (slowest rank), of
-/// the engine training the benchmark network with `replicas` replicas launched as `launch`
-/// and `workers` as `local.num_workers` (0: no loader thread).
+/// the engine training the benchmark network as `run` says.
 fn engine(
     world: &World,
     batch: usize,
     updates: usize,
-    replicas: usize,
-    workers: usize,
-    launch: Launch,
+    run: &EngineRun<'_>,
 ) -> Result<Vec<[f64; 4]>> {
-    let (s, raw) = settings(batch, updates, replicas, workers)?;
-    train_quietly(world, &s, &raw, launch, |summary, _, _| {
-        Ok(summary.update_times.clone())
-    })
+    let (s, raw) = settings(batch, updates, run.replicas, run.workers, run.norm)?;
+    let times = |summary: &TrainSummary, _: &_, _: &_| Ok(summary.update_times.clone());
+    if run.local_statistics {
+        return train_quietly_as(world, &s, &raw, run.launch, LocalStatistics, times);
+    }
+    train_quietly(world, &s, &raw, run.launch, times)
+}
+
+/// The NPE model with BatchNorm over each replica's own slice: the engine's replicas do not
+/// reach its pass (what PyTorch DDP trains without SyncBatchNorm). Bench only.
+struct LocalStatistics(NpeModel<CpuAutodiff>);
+
+impl Model for LocalStatistics {
+    fn trainable(&self) -> &[f32] {
+        self.0.trainable()
+    }
+    fn trainable_mut(&mut self) -> &mut [f32] {
+        self.0.trainable_mut()
+    }
+    fn frozen(&self) -> &[f32] {
+        self.0.frozen()
+    }
+    fn frozen_mut(&mut self) -> &mut [f32] {
+        self.0.frozen_mut()
+    }
+    fn loss_names(&self) -> Vec<String> {
+        self.0.loss_names()
+    }
+    fn sample_separable(&self) -> bool {
+        false
+    }
+    fn synchronizes_batch_statistics(&self) -> bool {
+        true
+    }
+    fn loss_and_grad(
+        &mut self,
+        batch: &lockstep_train::Batch,
+        grad: &mut [f32],
+    ) -> anyhow::Result<Vec<f64>> {
+        self.0.loss_and_grad(batch, grad)
+    }
+    /// The pass on the local slice alone, then the running statistics averaged over the
+    /// replicas (DDP broadcasts rank 0's buffers instead; either keeps replicas identical).
+    fn loss_and_grad_in(
+        &mut self,
+        batch: &lockstep_train::Batch,
+        grad: &mut [f32],
+        replicas: &lockstep_train::ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f64>> {
+        let loss = self.0.loss_and_grad(batch, grad)?;
+        let mut state: Vec<f64> = self.0.state().iter().map(|&v| v as f64).collect();
+        replicas.all_reduce_sum(&mut state)?;
+        let r = replicas.replicas() as f64;
+        let mean: Vec<f32> = state.iter().map(|v| (v / r) as f32).collect();
+        self.0.set_state(&mean)?;
+        Ok(loss)
+    }
 }
 
 /// Trains the NPE settings `s` (`raw`: their JSON) through the engine, launched as `launch`,
@@ -437,6 +606,18 @@ pub(crate) fn train_quietly<T>(
     s: &NpeSettings,
     raw: &serde_json::Value,
     launch: Launch,
+    inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>, &NpeNetwork) -> Result<T>,
+) -> Result<T> {
+    train_quietly_as(world, s, raw, launch, |m| m, inspect)
+}
+
+/// [`train_quietly`] with each replica's model wrapped by `wrap`.
+fn train_quietly_as<T, M: Model>(
+    world: &World,
+    s: &NpeSettings,
+    raw: &serde_json::Value,
+    launch: Launch,
+    wrap: impl Fn(NpeModel<CpuAutodiff>) -> M + Sync,
     inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>, &NpeNetwork) -> Result<T>,
 ) -> Result<T> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
@@ -452,7 +633,11 @@ pub(crate) fn train_quietly<T>(
     let (seed, n) = (s.data.seed, s.train_samples());
     let summary = run_job(world, &cfg, &opts, |_rank| {
         Ok((
-            NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default()),
+            wrap(NpeModel::<CpuAutodiff>::new(
+                network.clone(),
+                seed,
+                Default::default(),
+            )),
             TaskSource::dataset(task.clone(), seed, n)
                 .with_workers(s.local.num_workers.unwrap_or(1)),
         ))
@@ -460,30 +645,35 @@ pub(crate) fn train_quietly<T>(
     inspect(&summary, &task, &network)
 }
 
-fn mpi_run(args: &BenchNpeArgs, ranks: usize, workers: usize) -> Result<Vec<[f64; 4]>> {
+fn mpi_run(
+    args: &BenchNpeArgs,
+    ranks: usize,
+    workers: usize,
+    norm: Option<&str>,
+) -> Result<Vec<[f64; 4]>> {
     let (batch, steps, warmup, workers) = (
         args.batch.to_string(),
         args.steps.to_string(),
         args.warmup.to_string(),
         workers.to_string(),
     );
-    crate::mpi_worker::run_mpi_worker(
-        ranks,
-        [
-            "bench",
-            "npe",
-            "--mpi-worker",
-            "--batch",
-            &batch,
-            "--steps",
-            &steps,
-            "--warmup",
-            &warmup,
-            "--workers",
-            &workers,
-        ],
-        Duration::from_secs(1800),
-    )
+    let mut worker_args = vec![
+        "bench",
+        "npe",
+        "--mpi-worker",
+        "--batch",
+        &batch,
+        "--steps",
+        &steps,
+        "--warmup",
+        &warmup,
+        "--workers",
+        &workers,
+    ];
+    if let Some(norm) = norm {
+        worker_args.extend(["--norm", norm]);
+    }
+    crate::mpi_worker::run_mpi_worker(ranks, worker_args, Duration::from_secs(1800))
 }
 
 struct TorchResult {

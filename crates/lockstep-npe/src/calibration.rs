@@ -8,8 +8,8 @@
 //! per parameter.
 
 use crate::model::NpeModel;
+use crate::sync_batch_norm::TrainBackend;
 use crate::tasks::{sample_rng, Task};
-use burn::tensor::backend::AutodiffBackend;
 use lockstep_core::rng::splitmix64;
 
 /// The Kolmogorov-Smirnov statistic `D = sup |F_n(u) - u|` of `values` against U(0, 1) and
@@ -101,7 +101,7 @@ pub fn injection(task: &dyn Task, seed: u64, i: u64) -> (Vec<f64>, Vec<f64>) {
 
 /// Runs the P-P test: `injections` injections of `task` (keyed by `seed`), `samples` posterior
 /// samples each from `model` (base draws keyed by `seed` and the injection).
-pub fn pp_test<B: AutodiffBackend>(
+pub fn pp_test<B: TrainBackend>(
     model: &NpeModel<B>,
     task: &dyn Task,
     seed: u64,

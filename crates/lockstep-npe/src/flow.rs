@@ -15,6 +15,7 @@ use crate::layers::{
 use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{rational_quadratic_spline, SplineParams};
 use crate::svd::ProjectionConfig;
+use crate::sync_batch_norm::NormBackend;
 use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -315,7 +316,7 @@ impl Coupling {
     }
 
     /// `x: [N, features]` -> `(y, log|det| [N])`; `inverse` runs the inverse spline.
-    fn apply<B: Backend>(
+    fn apply<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,
@@ -626,7 +627,12 @@ impl NpeNetwork {
     }
 
     /// The context `[N, output_dim]` of observations `x` (`[N * x_dim]` row-major, raw units).
-    pub fn context<B: Backend>(&self, pass: &mut Pass<'_, B>, x: &[f32], n: usize) -> Tensor<B, 2> {
+    pub fn context<B: NormBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: &[f32],
+        n: usize,
+    ) -> Tensor<B, 2> {
         let device = pass.params.vector(0).device();
         let s = &self.standardization;
         let xs = Self::standardize::<B>(x, n, &s.x_mean, &s.x_std, &device);
@@ -639,7 +645,7 @@ impl NpeNetwork {
 
     /// `log q(θ | x)` per sample `[N]`, θ `[N * theta_dim]` and x `[N * x_dim]` row-major in
     /// raw units. Differentiable in the parameters on an autodiff backend.
-    pub fn log_prob<B: Backend>(
+    pub fn log_prob<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -653,7 +659,7 @@ impl NpeNetwork {
     /// The flow's map from θ (raw units, `[N * theta_dim]`) to the base variable:
     /// `(z [N, theta_dim], Σ log|det ∂z/∂θ_std| [N])`, the log-determinant taken with
     /// respect to standardized θ (add `-Σ log σ_θ` for raw θ).
-    pub fn transform<B: Backend>(
+    pub fn transform<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -677,7 +683,7 @@ impl NpeNetwork {
     }
 
     /// `log q(θ | context)` per sample `[N]` for a precomputed context `[N, output_dim]`.
-    pub fn log_prob_with_context<B: Backend>(
+    pub fn log_prob_with_context<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -699,7 +705,7 @@ impl NpeNetwork {
     /// `n` samples of θ from `q(θ | x)` for one observation `x` (`[x_dim]`, raw units):
     /// `[n * theta_dim]` row-major, raw units. The base draws come from SplitMix64(`seed`).
     /// Call with the network in evaluation mode (`pass.training == false`).
-    pub fn sample<B: Backend>(
+    pub fn sample<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: &[f32],

@@ -9,6 +9,7 @@
 //! Dingo `core/nn/enets.py` (DenseResidualNet; Dax et al. 2021).
 
 use crate::params::{to_vec, Layout, Params};
+use crate::sync_batch_norm::{NormBackend, StatsReducer};
 use burn::tensor::activation::{elu, sigmoid};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -28,8 +29,9 @@ pub enum Norm {
     #[serde(alias = "LayerNorm")]
     LayerNorm,
     /// `BatchNorm1d` over the batch (eps 1e-5, momentum 0.1, affine, running statistics used
-    /// in evaluation). Couples the samples of a batch, so it is not sample-separable
-    /// (`batch_norm`, also `BatchNorm`).
+    /// in evaluation). Couples the samples of a batch, so it is not sample-separable; under
+    /// replicas it runs as SyncBatchNorm over the global batch
+    /// ([`crate::sync_batch_norm`]) (`batch_norm`, also `BatchNorm`).
     #[serde(alias = "BatchNorm")]
     BatchNorm,
 }
@@ -102,6 +104,26 @@ pub struct Pass<'a, B: Backend> {
     pub state_layout: &'a Layout,
     /// Training mode: BatchNorm uses batch statistics and updates the running ones.
     pub training: bool,
+    /// In training mode with replicas: BatchNorm becomes SyncBatchNorm, its batch statistics
+    /// summed over all replicas through this reducer ([`crate::sync_batch_norm`]).
+    pub sync: Option<&'a StatsReducer>,
+}
+
+impl<'a, B: Backend> Pass<'a, B> {
+    /// An evaluation pass: BatchNorm uses the running statistics in `state`.
+    pub fn evaluation(
+        params: &'a Params<B>,
+        state: &'a mut [f32],
+        state_layout: &'a Layout,
+    ) -> Self {
+        Pass {
+            params,
+            state,
+            state_layout,
+            training: false,
+            sync: None,
+        }
+    }
 }
 
 /// Affine map `y = x W^T + b`, `W: [out, in]`, `b: [out]` (PyTorch `nn.Linear`).
@@ -264,7 +286,7 @@ impl NormLayer {
     }
 
     /// `x: [batch, features]` -> normalized `[batch, features]`.
-    pub fn forward<B: Backend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward<B: NormBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match *self {
             NormLayer::None => x,
             NormLayer::Layer { weight, bias } => {
@@ -278,6 +300,24 @@ impl NormLayer {
                 running_mean,
                 running_var,
             } => {
+                if let (true, Some(reducer)) = (pass.training, pass.sync) {
+                    let (xhat, stats) =
+                        B::sync_batch_norm(x, reducer, running_mean as u64, NORM_EPS);
+                    let unbias = if stats.count > 1.0 {
+                        stats.count / (stats.count - 1.0)
+                    } else {
+                        1.0
+                    };
+                    let rm = pass.state_layout.slice_mut(pass.state, running_mean);
+                    rm.iter_mut()
+                        .zip(&stats.mean)
+                        .for_each(|(r, x)| *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * *x as f32);
+                    let rv = pass.state_layout.slice_mut(pass.state, running_var);
+                    rv.iter_mut().zip(&stats.variance).for_each(|(r, x)| {
+                        *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * (x * unbias) as f32
+                    });
+                    return xhat * pass.params.row(weight) + pass.params.row(bias);
+                }
                 let device = x.device();
                 let n = x.dims()[0];
                 let (mean, var) = if pass.training {
@@ -359,7 +399,7 @@ impl ResidualBlock {
     }
 
     /// `x: [batch, features]`, `context: [batch, context_features]` -> `[batch, features]`.
-    pub fn forward<B: Backend>(
+    pub fn forward<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,
@@ -437,7 +477,7 @@ impl DenseResidualNet {
     }
 
     /// `x: [batch, input_dim]` -> `[batch, output_dim]`.
-    pub fn forward<B: Backend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward<B: NormBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let mut x = self.initial.forward(pass.params, x);
         for (block, resize) in self.blocks.iter().zip(&self.resize) {
             x = block.forward(pass, x, None);
@@ -516,7 +556,7 @@ impl ResidualNet {
     }
 
     /// `x: [batch, inputs]`, `context: [batch, context]` -> `[batch, outputs]`.
-    pub fn forward<B: Backend>(
+    pub fn forward<B: NormBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,

@@ -21,17 +21,18 @@
 //! - training stages that freeze named blocks under replicas ([`model::NpeModel::freeze`],
 //!   [`settings::NpeSettings::stages`]), and HTCondor / Slurm submission files ([`submit`]).
 //!
-//! - BatchNorm makes the loss depend on the whole batch: [`model::NpeModel`] then reports a
-//!   non-separable loss and the engine refuses to split it over replicas (SyncBatchNorm is
-//!   not implemented); its running statistics are the model's frozen buffer, so they are
-//!   checkpointed and restored exactly.
+//! - BatchNorm makes the loss depend on the whole batch: under replicas its layers run as
+//!   SyncBatchNorm ([`sync_batch_norm`]: batch statistics and their backward sums over all
+//!   replicas), so N replicas train like one with the whole batch; its running statistics
+//!   are the model's frozen buffer, identical on every replica, checkpointed and restored
+//!   exactly.
 //!
 //! Tensors and autodiff come from burn (CPU: the ndarray backend; the `cuda` feature adds
 //! `CudaAutodiff` and `cuda_model`, which load CUDA at run time). burn's ndarray backends share
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
-//! Not here yet: SyncBatchNorm, mixed precision and parallel data-loading threads.
+//! Not here yet: mixed precision.
 
 pub mod c2st;
 pub mod calibration;
@@ -45,6 +46,7 @@ pub mod settings;
 pub mod spline;
 pub mod submit;
 pub mod svd;
+pub mod sync_batch_norm;
 pub mod tasks;
 pub mod trained;
 

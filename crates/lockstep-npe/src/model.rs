@@ -8,14 +8,14 @@
 //! the other parameters (so the all-reduce covers exactly them), and the frozen parameters
 //! move to the frozen buffer, ahead of the BatchNorm running statistics; both are broadcast
 //! and checkpointed by the engine. The BatchNorm running statistics are always frozen values;
-//! with BatchNorm the loss is not sample-separable and the engine refuses replicas
-//! (SyncBatchNorm is not implemented).
+//! with BatchNorm the loss is not sample-separable, so under replicas the BatchNorm layers run
+//! as SyncBatchNorm ([`crate::sync_batch_norm`]).
 
 use crate::flow::NpeNetwork;
 use crate::layers::Pass;
 use crate::params::{to_vec, Params, Partition};
-use burn::tensor::backend::AutodiffBackend;
-use lockstep_train::{checkpoint, Batch, Model};
+use crate::sync_batch_norm::{with_stats_reducer, StatsReducer, TrainBackend};
+use lockstep_train::{checkpoint, Batch, Model, ReplicaContext};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 pub const EXPORT_FILE: &str = "posterior.safetensors";
 
 /// The NPE network with its parameters, on an autodiff backend `B`.
-pub struct NpeModel<B: AutodiffBackend> {
+pub struct NpeModel<B: TrainBackend> {
     /// The network structure.
     pub network: NpeNetwork,
     /// Which parameters train.
@@ -36,7 +36,7 @@ pub struct NpeModel<B: AutodiffBackend> {
     device: B::Device,
 }
 
-impl<B: AutodiffBackend> NpeModel<B> {
+impl<B: TrainBackend> NpeModel<B> {
     /// The network with parameters initialized from `seed` on `device`.
     pub fn new(network: NpeNetwork, seed: u64, device: B::Device) -> Self {
         let (params, state) = network.initial_values(seed);
@@ -127,12 +127,7 @@ impl<B: AutodiffBackend> NpeModel<B> {
             &self.device,
         );
         let mut state = self.state().to_vec();
-        let mut pass = Pass {
-            params: &p,
-            state: &mut state,
-            state_layout: self.network.state_layout(),
-            training: false,
-        };
+        let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
         to_vec(self.network.log_prob(&mut pass, theta, x, n))
     }
 
@@ -145,12 +140,7 @@ impl<B: AutodiffBackend> NpeModel<B> {
             &self.device,
         );
         let mut state = self.state().to_vec();
-        let mut pass = Pass {
-            params: &p,
-            state: &mut state,
-            state_layout: self.network.state_layout(),
-            training: false,
-        };
+        let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
         self.network.sample(&mut pass, x, n, seed)
     }
 
@@ -174,6 +164,46 @@ impl<B: AutodiffBackend> NpeModel<B> {
     /// the BatchNorm running statistics). `grad` has the length of the trainable buffer;
     /// frozen parameters get no gradient.
     pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
+        let lp = self.training_pass(theta, x, n, grad, None);
+        -lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64
+    }
+
+    /// One training pass over this replica's `n` samples (`theta: [n * theta_dim]`,
+    /// `x: [n * x_dim]`): returns `log q(θ_i | x_i)` per sample (`[n]`, training mode) and
+    /// writes the gradient of the local mean negative log-probability into `grad` (the
+    /// trainable buffer's length; frozen parameters get none). With more than one replica in
+    /// `replicas` and BatchNorm layers, they run as SyncBatchNorm: batch statistics and their
+    /// backward sums cover all replicas' samples ([`crate::sync_batch_norm`]), so the
+    /// replicas' averaged gradient equals one replica's on the whole batch. Updates the
+    /// running statistics (identically on every replica).
+    ///
+    /// Errors: a failed SyncBatchNorm reduction (a failed peer; replicas that disagree on
+    /// the network).
+    pub fn train_pass(
+        &mut self,
+        theta: &[f32],
+        x: &[f32],
+        n: usize,
+        grad: &mut [f32],
+        replicas: &ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f32>> {
+        if replicas.replicas() == 1 || !self.network.uses_batch_norm() {
+            return Ok(self.training_pass(theta, x, n, grad, None));
+        }
+        with_stats_reducer(replicas, |reducer| {
+            self.training_pass(theta, x, n, grad, Some(reducer))
+        })
+    }
+
+    /// The training pass: per-sample `log q` `[n]`, gradient of the mean NLL into `grad`.
+    fn training_pass(
+        &mut self,
+        theta: &[f32],
+        x: &[f32],
+        n: usize,
+        grad: &mut [f32],
+        sync: Option<&StatsReducer>,
+    ) -> Vec<f32> {
         let layout = self.network.layout();
         let part = &self.partition;
         let (frozen, state) = self.fixed.split_at_mut(part.frozen_len());
@@ -183,17 +213,17 @@ impl<B: AutodiffBackend> NpeModel<B> {
             state,
             state_layout: self.network.state_layout(),
             training: true,
+            sync,
         };
         let lp = self.network.log_prob(&mut pass, theta, x, n);
-        let loss = lp.mean().neg();
-        let value = to_vec(loss.clone().detach())[0] as f64;
-        let mut grads = loss.backward();
+        let values = to_vec(lp.clone().detach());
+        let mut grads = lp.mean().neg().backward();
         p.write_partitioned_gradients(layout, part, &mut grads, grad);
-        value
+        values
     }
 }
 
-impl<B: AutodiffBackend> Model for NpeModel<B> {
+impl<B: TrainBackend> Model for NpeModel<B> {
     fn trainable(&self) -> &[f32] {
         &self.params
     }
@@ -214,6 +244,10 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
     }
     fn sample_separable(&self) -> bool {
         !self.network.uses_batch_norm()
+    }
+    /// BatchNorm runs as SyncBatchNorm under replicas ([`NpeModel::train_pass`]).
+    fn synchronizes_batch_statistics(&self) -> bool {
+        true
     }
     /// Writes `posterior.safetensors`: every parameter and running statistic under its
     /// PyTorch-style name and shape (e.g. `flow.steps.0.coupling.transform_net.final_layer.weight`
@@ -264,6 +298,30 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
     }
 
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
+        self.batch_loss(batch, grad, None)
+    }
+
+    fn loss_and_grad_in(
+        &mut self,
+        batch: &Batch,
+        grad: &mut [f32],
+        replicas: &ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f64>> {
+        self.batch_loss(batch, grad, Some(replicas))
+    }
+}
+
+impl<B: TrainBackend> NpeModel<B> {
+    /// The engine's loss: `[mean NLL]` of the local batch and its gradient, synchronized over
+    /// `replicas` where BatchNorm needs it.
+    ///
+    /// Errors: a batch whose widths do not match the network; a failed reduction.
+    fn batch_loss(
+        &mut self,
+        batch: &Batch,
+        grad: &mut [f32],
+        replicas: Option<&ReplicaContext<'_>>,
+    ) -> anyhow::Result<Vec<f64>> {
         let (td, xd) = (self.network.theta_dim, self.network.x_dim);
         if batch.targets.len() != batch.samples * td || batch.inputs.len() != batch.samples * xd {
             anyhow::bail!(
@@ -271,11 +329,11 @@ impl<B: AutodiffBackend> Model for NpeModel<B> {
                 batch.targets.len(), batch.inputs.len(), batch.samples
             );
         }
-        Ok(vec![self.nll_and_grad(
-            &batch.targets,
-            &batch.inputs,
-            batch.samples,
-            grad,
-        )])
+        let n = batch.samples;
+        let lp = match replicas {
+            Some(r) => self.train_pass(&batch.targets, &batch.inputs, n, grad, r)?,
+            None => self.training_pass(&batch.targets, &batch.inputs, n, grad, None),
+        };
+        Ok(vec![-lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64])
     }
 }

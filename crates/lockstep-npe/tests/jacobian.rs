@@ -91,6 +91,7 @@ fn flow_log_det_matches_the_numerical_jacobian() {
         state: &mut st,
         state_layout: net.state_layout(),
         training: false,
+        sync: None,
     };
     let x = [0.3f32, -0.7];
     let n = 20;
@@ -170,6 +171,7 @@ fn gradient_matches_finite_differences() {
                 state: &mut state,
                 state_layout: net.state_layout(),
                 training: true,
+                sync: None,
             };
             let lp = net.log_prob(&mut pass, &theta, &x, n);
             -lp.mean()

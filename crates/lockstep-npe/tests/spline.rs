@@ -55,6 +55,7 @@ fn density_of_a_random_2d_flow_integrates_to_one() {
         state: &mut st,
         state_layout: net.state_layout(),
         training: false,
+        sync: None,
     };
     let x = [0.5f32, 0.1];
     // Midpoint rule on [-L, L]²; the base is N(0, I) and the flow is the identity beyond the

@@ -646,7 +646,7 @@ impl<'a> Trainer<'a> {
                 micro,
                 grad,
                 opts,
-                comm.rank(),
+                *comm,
                 cfg.accumulation,
                 *update,
                 terms,
@@ -671,7 +671,7 @@ impl<'a> Trainer<'a> {
             &mut self.micro,
             &mut self.grad,
             self.opts,
-            self.comm.rank(),
+            self.comm,
             self.cfg.accumulation,
             self.update,
             terms,
@@ -903,7 +903,8 @@ impl<'a> Trainer<'a> {
 }
 
 /// Adds the loss terms of `model` on the local slice `local` into `terms` and its mean
-/// gradient into `grad` (through `micro` when `accumulation > 1`).
+/// gradient into `grad` (through `micro` when `accumulation > 1`); the model may talk to the
+/// other replicas through `comm` inside its pass ([`Model::loss_and_grad_in`]).
 ///
 /// Errors: [`TrainError::Model`] for a model error or a wrong number of loss terms.
 #[allow(clippy::too_many_arguments)]
@@ -913,12 +914,12 @@ fn accumulate(
     micro: &mut [f32],
     grad: &mut [f32],
     opts: &EngineOptions,
-    rank: usize,
+    comm: &dyn Communicator,
     accumulation: usize,
     update: u64,
     terms: &mut [f64],
 ) -> Result<(), TrainError> {
-    opts.injected(FaultPoint::Update, rank, update)?;
+    opts.injected(FaultPoint::Update, comm.rank(), update)?;
     let accumulate = accumulation > 1;
     let target: &mut [f32] = if accumulate {
         micro.iter_mut().for_each(|x| *x = 0.0);
@@ -927,7 +928,7 @@ fn accumulate(
         grad
     };
     let lt = model
-        .loss_and_grad(local, target)
+        .loss_and_grad_in(local, target, &crate::ReplicaContext::new(comm))
         .map_err(|error| TrainError::Model { update, error })?;
     if lt.len() != terms.len() {
         return Err(TrainError::Model {

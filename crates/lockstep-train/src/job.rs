@@ -108,7 +108,15 @@ fn validate<M: Model, S: BatchSource>(
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let plan = plan(cfg, &world.launch, cores, model.sample_separable())?;
+    let separable = model.sample_separable();
+    let synchronized = !separable && model.synchronizes_batch_statistics();
+    let mut plan = plan(cfg, &world.launch, cores, separable || synchronized)?;
+    if synchronized && plan.replicas > 1 {
+        plan.warnings.push(format!(
+            "warning: the loss couples the samples of a batch (BatchNorm); the {} replicas sum its batch statistics over the global batch (SyncBatchNorm: one all-reduce per layer in the forward and one in the backward pass); LayerNorm needs no communication",
+            plan.replicas
+        ));
+    }
     check_memory(&model, &plan, cfg)?;
     Ok((model, source, plan))
 }

@@ -55,8 +55,44 @@ pub use engine::{train, EngineOptions, TrainSummary};
 pub use error::TrainError;
 pub use optim::{Optimizer, OptimizerConfig};
 
+use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
 use lockstep_core::memory::MemoryEstimate;
 use std::path::{Path, PathBuf};
+
+/// The replicas of a run as a model's own pass sees them (`docs/design.md`, "Models that
+/// communicate inside the forward pass"): the rank, the replica count and an all-reduce of
+/// f64 sums. Handed to [`Model::loss_and_grad_in`] with every local batch; a model that uses
+/// it must make the same calls, in the same order and with the same lengths, on every
+/// replica (invariant 9), e.g. SyncBatchNorm's per-channel sums, one per layer in the forward
+/// pass and one in the backward pass.
+pub struct ReplicaContext<'a> {
+    comm: &'a dyn Communicator,
+}
+
+impl<'a> ReplicaContext<'a> {
+    /// The context of the replica that talks through `comm`.
+    pub fn new(comm: &'a dyn Communicator) -> Self {
+        ReplicaContext { comm }
+    }
+
+    /// This replica's rank, `0..replicas()`.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// The number of replicas.
+    pub fn replicas(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Sums `values` element by element over all replicas, in place; every replica ends with
+    /// bitwise the same values.
+    ///
+    /// Errors: a failed peer or a length mismatch ([`CommError`]).
+    pub fn all_reduce_sum(&self, values: &mut [f64]) -> Result<(), CommError> {
+        self.comm.all_reduce(values, ReduceOp::Sum)
+    }
+}
 
 /// A batch of samples: the global batch on the chief, or one replica's contiguous slice.
 ///
@@ -122,9 +158,29 @@ pub trait Model {
     /// True when every loss term is a mean over samples, so the mean of the replicas' means is
     /// the global mean. The engine refuses to split a non-separable loss across replicas.
     fn sample_separable(&self) -> bool;
+    /// True when the loss couples the samples of a batch only through statistics that the
+    /// model itself sums over all replicas inside its pass ([`Model::loss_and_grad_in`],
+    /// e.g. SyncBatchNorm), so a split batch trains exactly like the whole one: the engine
+    /// then splits it over replicas although [`Model::sample_separable`] is false (with a
+    /// warning on the chief). Default: false.
+    fn synchronizes_batch_statistics(&self) -> bool {
+        false
+    }
     /// The loss terms (each a mean over the batch's samples) and, written into `grad`
     /// (zeroed by the caller, length `trainable().len()`), the gradient of their sum.
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>>;
+    /// [`Model::loss_and_grad`] with the replicas at hand for collectives inside the pass
+    /// (see [`ReplicaContext`]); the engine calls this one. Default: ignores the replicas and
+    /// calls [`Model::loss_and_grad`].
+    fn loss_and_grad_in(
+        &mut self,
+        batch: &Batch,
+        grad: &mut [f32],
+        replicas: &ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f64>> {
+        let _ = replicas;
+        self.loss_and_grad(batch, grad)
+    }
     /// The memory one replica needs to train on `local_batch` samples per micro-batch
     /// (per-sample state, tapes, buffers), with the config keys that drive it. The engine
     /// multiplies it by the replicas that share this machine and refuses a run that does not
