@@ -48,7 +48,8 @@
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
 //! one ([`lockstep_core::config`]). Keys Dingo has whose semantics are not implemented
-//! (`runtime_limits`, the `reduce_on_plateau` scheduler, dropout) are
+//! (`runtime_limits`, the `reduce_on_plateau` scheduler, dropout,
+//! `automatic_mixed_precision: true`) are
 //! recognised and refused with an error that says so, rather than silently ignored.
 //!
 //! [`NpeSettings::engine_config`] turns one stage into the lockstep-train engine's config
@@ -269,6 +270,10 @@ pub struct StageSettings {
     /// Dingo: noise ASDs of a GW data set. Not applicable to simulator tasks (refused).
     #[serde(default)]
     pub asd_dataset_path: Option<Value>,
+    /// Mixed precision (bf16/f16 matmuls, f32 master weights). Not implemented: `true` is
+    /// refused by name, `false` is the f32 training every run does.
+    #[serde(default)]
+    pub automatic_mixed_precision: Option<bool>,
 }
 
 /// `optimizer`, tagged by `type`.
@@ -738,6 +743,12 @@ impl NpeSettings {
                     "lockstep's tasks simulate their own noise; remove the key",
                 ));
             }
+            if st.automatic_mixed_precision == Some(true) {
+                return Err(not_yet(
+                    &format!("{sk}.automatic_mixed_precision"),
+                    "mixed precision (every pass computes in f32 on the CPU backend)",
+                ));
+            }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
             check_scheduler(&format!("{sk}.scheduler"), st.scheduler.as_ref())?;
         }
@@ -1070,6 +1081,20 @@ local:
 
     #[test]
     fn later_features_are_refused_by_name() {
+        let e = err(&GOOD.replace(
+            "    optimizer:",
+            "    automatic_mixed_precision: true\n    optimizer:",
+        ));
+        assert!(
+            e.contains("training.stage_0.automatic_mixed_precision")
+                && e.contains("not implemented"),
+            "{e}"
+        );
+        let off = GOOD.replace(
+            "    optimizer:",
+            "    automatic_mixed_precision: false\n    optimizer:",
+        );
+        assert!(NpeSettings::from_yaml(&off).is_ok());
         let e = err(&format!(
             "{GOOD}  runtime_limits: {{max_epochs_per_run: 4}}\n"
         ));
