@@ -367,7 +367,11 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;
             let workers = settings.local.num_workers.unwrap_or(1);
-            let source = TaskSource::dataset(task.clone(), seed, n_train).with_workers(workers);
+            // The test simulations are the validation set that reduce_on_plateau steps on.
+            let held_out = settings.data.num_samples.saturating_sub(n_train);
+            let source = TaskSource::dataset(task.clone(), seed, n_train)
+                .with_workers(workers)
+                .with_validation(n_train, held_out);
             Ok((model, source))
         })?;
         last_dir = summary.output_dir.clone();

@@ -20,6 +20,11 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// The mean negative log-probability `-mean_i lp_i` of per-sample `lp` (f64 sum).
+fn mean_nll(lp: &[f32]) -> f64 {
+    -lp.iter().map(|&v| v as f64).sum::<f64>() / lp.len().max(1) as f64
+}
+
 /// File name of the exported network in a run directory.
 pub const EXPORT_FILE: &str = "posterior.safetensors";
 
@@ -165,7 +170,7 @@ impl<B: TrainBackend> NpeModel<B> {
     /// frozen parameters get no gradient.
     pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
         let lp = self.training_pass(theta, x, n, grad, None);
-        -lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64
+        mean_nll(&lp)
     }
 
     /// One training pass over this replica's `n` samples (`theta: [n * theta_dim]`,
@@ -301,6 +306,13 @@ impl<B: TrainBackend> Model for NpeModel<B> {
         self.batch_loss(batch, grad, None)
     }
 
+    /// `[mean -log q(θ | x)]` of `batch` in evaluation mode (running statistics).
+    fn validation_loss(&mut self, batch: &Batch) -> anyhow::Result<Vec<f64>> {
+        let n = batch.samples;
+        let lp = self.log_prob(&batch.targets, &batch.inputs, n);
+        Ok(vec![mean_nll(&lp)])
+    }
+
     fn loss_and_grad_in(
         &mut self,
         batch: &Batch,
@@ -334,6 +346,6 @@ impl<B: TrainBackend> NpeModel<B> {
             Some(r) => self.train_pass(&batch.targets, &batch.inputs, n, grad, r)?,
             None => self.training_pass(&batch.targets, &batch.inputs, n, grad, None),
         };
-        Ok(vec![-lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64])
+        Ok(vec![mean_nll(&lp)])
     }
 }

@@ -48,8 +48,7 @@
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
 //! one ([`lockstep_core::config`]). Keys Dingo has whose semantics are not implemented
-//! (`runtime_limits`, the `reduce_on_plateau` scheduler, dropout,
-//! `automatic_mixed_precision: true`) are
+//! (`runtime_limits`, dropout, `automatic_mixed_precision: true`) are
 //! recognised and refused with an error that says so, rather than silently ignored.
 //!
 //! [`NpeSettings::engine_config`] turns one stage into the lockstep-train engine's config
@@ -69,7 +68,7 @@ use crate::tasks::{Task, TaskSpec};
 use lockstep_core::config::{from_value, unknown_problem, ConfigError};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -340,9 +339,26 @@ pub enum SchedulerSettings {
         #[serde(default)]
         eta_min: f64,
     },
-    /// Dingo's `reduce_on_plateau`: not implemented (refused by name; it needs a validation
-    /// loss every epoch).
-    ReduceOnPlateau(Map<String, Value>),
+    /// PyTorch `ReduceLROnPlateau` (Dingo's `reduce_on_plateau`), stepped with the test loss
+    /// (the held-out simulations) at the end of every epoch; needs `data.train_fraction`
+    /// below 1.
+    ReduceOnPlateau {
+        /// Rate multiplier of a reduction (default 0.1).
+        #[serde(default = "default_gamma")]
+        factor: f64,
+        /// Epochs without improvement tolerated (default 10).
+        #[serde(default = "default_patience")]
+        patience: u64,
+        /// Relative improvement that counts (default 1e-4).
+        #[serde(default = "default_threshold")]
+        threshold: f64,
+        /// Epochs after a reduction before bad epochs count again (default 0).
+        #[serde(default)]
+        cooldown: u64,
+        /// Lower bound of the rate (default 0).
+        #[serde(default)]
+        min_lr: f64,
+    },
     /// PyTorch `StepLR`: the rate times `gamma` every `step_size` epochs.
     Step {
         /// Epochs between two decays.
@@ -355,6 +371,14 @@ pub enum SchedulerSettings {
 
 fn default_gamma() -> f64 {
     0.1
+}
+
+fn default_patience() -> u64 {
+    10
+}
+
+fn default_threshold() -> f64 {
+    1e-4
 }
 
 /// `local`: how this machine runs the training (not part of the model or its checkpoints).
@@ -499,10 +523,14 @@ fn check_optimizer(k: &str, o: &OptimizerSettings) -> Result<(), ConfigError> {
 /// or step with `step_size` at least 1 and `gamma` in (0, 1].
 fn check_scheduler(k: &str, s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
     match s {
-        Some(SchedulerSettings::ReduceOnPlateau(_)) => Err(not_yet(
-            &format!("{k}.type"),
-            "the reduce_on_plateau scheduler (use cosine or step)",
-        )),
+        Some(SchedulerSettings::ReduceOnPlateau { factor, .. })
+            if !(*factor > 0.0 && *factor < 1.0) =>
+        {
+            Err(ConfigError::new(
+                format!("{k}.factor"),
+                format!("{factor} is not in (0, 1)"),
+            ))
+        }
         Some(SchedulerSettings::Step { step_size: 0, .. }) => Err(ConfigError::new(
             format!("{k}.step_size"),
             "must be at least 1 epoch",
@@ -751,6 +779,16 @@ impl NpeSettings {
             }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
             check_scheduler(&format!("{sk}.scheduler"), st.scheduler.as_ref())?;
+            let plateau = matches!(
+                st.scheduler,
+                Some(SchedulerSettings::ReduceOnPlateau { .. })
+            );
+            if plateau && self.train_samples() >= self.data.num_samples {
+                return Err(ConfigError::new(
+                    format!("{sk}.scheduler.type"),
+                    "reduce_on_plateau steps on the test loss at each epoch end, but data.train_fraction leaves no test simulations; set it below 1 (Dingo: 0.95) or use cosine or step",
+                ));
+            }
         }
         Ok(())
     }
@@ -933,6 +971,17 @@ impl NpeSettings {
                 optimizer["schedule"] =
                     json!({"name": "step", "step_updates": step_size * steps, "gamma": gamma});
             }
+            Some(SchedulerSettings::ReduceOnPlateau {
+                factor,
+                patience,
+                threshold,
+                cooldown,
+                min_lr,
+            }) => {
+                optimizer["schedule"] = json!({"name": "reduce_on_plateau", "factor": factor,
+                    "patience": patience, "threshold": threshold, "cooldown": cooldown,
+                    "min_learning_rate": min_lr});
+            }
             _ => {}
         }
         let mut run = json!({"batch_size": st.batch_size / replicas, "seed": self.data.seed});
@@ -1110,12 +1159,22 @@ local:
             e.contains("training.stage_2") && e.contains("training.stage_1 is missing"),
             "{e}"
         );
-        let e = err(&GOOD.replace(
+        let plateau = GOOD.replace(
             "{type: cosine, T_max: 3}",
-            "{type: reduce_on_plateau, patience: 3}",
-        ));
+            "{type: reduce_on_plateau, patience: 3, factor: 0.5}",
+        );
+        let (s, raw) = NpeSettings::from_yaml(&plateau).unwrap();
+        let engine = s
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/x"), false)
+            .unwrap();
+        assert_eq!(
+            engine["training"]["optimizer"]["schedule"],
+            json!({"name": "reduce_on_plateau", "factor": 0.5, "patience": 3,
+                   "threshold": 1e-4, "cooldown": 0, "min_learning_rate": 0.0})
+        );
+        let e = err(&plateau.replace("train_fraction: 0.9", "train_fraction: 1.0"));
         assert!(
-            e.contains("scheduler") && e.contains("not implemented"),
+            e.contains("training.stage_0.scheduler.type") && e.contains("train_fraction"),
             "{e}"
         );
         let e = err(&GOOD.replace("norm: LayerNorm", "norm: LayerNorm\n    batch_norm: True"));

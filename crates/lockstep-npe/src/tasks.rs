@@ -298,6 +298,8 @@ pub struct TaskSource {
     order: Option<(u64, Arc<Vec<u64>>)>,
     /// Threads that simulate a batch (each a contiguous part; 1: the calling thread).
     workers: usize,
+    /// The held-out validation set: simulations `first .. first + count` of the stream.
+    validation: Option<(u64, u64)>,
 }
 
 impl TaskSource {
@@ -309,6 +311,7 @@ impl TaskSource {
             dataset: None,
             order: None,
             workers: 1,
+            validation: None,
         }
     }
 
@@ -321,6 +324,7 @@ impl TaskSource {
             dataset: Some(samples),
             order: None,
             workers: 1,
+            validation: None,
         }
     }
 
@@ -329,6 +333,15 @@ impl TaskSource {
     #[must_use]
     pub fn with_workers(mut self, workers: usize) -> Self {
         self.workers = workers.max(1);
+        self
+    }
+
+    /// A held-out validation set ([`BatchSource::validation_batch`]): the simulations
+    /// `first .. first + count` keyed by `(seed, index)`, in order (`lockstep npe`: the test
+    /// set `train_samples .. num_samples`).
+    #[must_use]
+    pub fn with_validation(mut self, first: u64, count: u64) -> Self {
+        self.validation = (count > 0).then_some((first, count));
         self
     }
 
@@ -372,10 +385,37 @@ impl BatchSource for TaskSource {
         self.dataset
     }
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
-        let (td, xd) = (self.task.theta_dim(), self.task.x_dim());
         let indices: Vec<u64> = (0..count as u64)
             .map(|i| self.simulation_index(first_sample + i))
             .collect();
+        Ok(self.simulate_batch(first_sample, &indices))
+    }
+
+    fn validation_samples(&self) -> u64 {
+        self.validation.map_or(0, |(_, count)| count)
+    }
+
+    fn validation_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
+        let Some((start, total)) = self.validation else {
+            anyhow::bail!("this task source has no validation set");
+        };
+        if first + count as u64 > total {
+            anyhow::bail!(
+                "validation samples {first}..{} asked of a set of {total}",
+                first + count as u64
+            );
+        }
+        let indices: Vec<u64> = (0..count as u64).map(|i| start + first + i).collect();
+        Ok(self.simulate_batch(first, &indices))
+    }
+}
+
+impl TaskSource {
+    /// The simulations `indices` as a batch whose first sample is `first_sample`, simulated
+    /// on the source's worker threads.
+    fn simulate_batch(&self, first_sample: u64, indices: &[u64]) -> Batch {
+        let count = indices.len();
+        let (td, xd) = (self.task.theta_dim(), self.task.x_dim());
         let mut batch = Batch {
             first_sample,
             samples: count,
@@ -397,7 +437,7 @@ impl BatchSource for TaskSource {
         };
         let per = count.div_ceil(self.workers.min(count).max(1)).max(1);
         if per >= count {
-            simulate(&indices, &mut batch.inputs, &mut batch.targets);
+            simulate(indices, &mut batch.inputs, &mut batch.targets);
         } else {
             std::thread::scope(|scope| {
                 let parts = indices
@@ -409,7 +449,7 @@ impl BatchSource for TaskSource {
                 }
             });
         }
-        Ok(batch)
+        batch
     }
 }
 

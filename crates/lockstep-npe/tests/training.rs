@@ -72,6 +72,21 @@ fn train(
     task: Arc<dyn Task>,
     resume: Option<&Path>,
 ) -> Result<TrainSummary, TrainError> {
+    train_on(
+        config,
+        net,
+        |seed| TaskSource::new(task.clone(), seed),
+        resume,
+    )
+}
+
+/// [`train`] on the source `source(run.seed)`.
+fn train_on(
+    config: &Value,
+    net: &NpeNetwork,
+    source: impl Fn(u64) -> TaskSource + Sync,
+    resume: Option<&Path>,
+) -> Result<TrainSummary, TrainError> {
     let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
     // `..Default::default()` fills the fault-injection field that exists when another
@@ -87,7 +102,7 @@ fn train(
     run_job(&world, &cfg, &opts, |_rank| {
         Ok((
             NpeModel::<CpuAutodiff>::new(net.clone(), seed, Default::default()),
-            TaskSource::new(task.clone(), seed),
+            source(seed),
         ))
     })
 }
@@ -371,4 +386,75 @@ fn density_of_a_trained_2d_flow_integrates_to_one() {
     assert!((total - 1.0).abs() <= 1e-2, "∫ q(θ|x) dθ = {total}");
     // Trained: the mass sits inside the prior's support [-1, 1]².
     assert!(prior_box > 0.9, "mass in the prior box {prior_box}");
+}
+
+/// `training.optimizer.schedule` reduce_on_plateau steps on the validation loss (the
+/// held-out simulations) at each epoch end: with patience 0 and a threshold no later epoch
+/// can beat, the rate halves after every epoch but the first; 2 thread replicas take the
+/// same decisions (same parameters, 1e-5); resuming from an epoch-end checkpoint restores
+/// the schedule's state (bit for bit); a run without a validation set is refused.
+#[test]
+fn reduce_on_plateau_steps_on_the_validation_loss() {
+    let task: Arc<dyn Task> = Arc::new(GaussianLinear::new(2));
+    let net = network(task.as_ref(), Norm::LayerNorm, 16, 2, 3.0);
+    let dir = tempfile::tempdir().unwrap();
+    let sgd = json!({"name": "sgd", "learning_rate": 4e-3, "momentum": 0.9,
+        "schedule": {"name": "reduce_on_plateau", "factor": 0.5, "patience": 0, "threshold": 0.9}});
+    let run = |name: &str, batch: usize, dist: Value, updates: u64, resume: Option<&Path>| {
+        let mut c = config(dir.path(), name, batch, dist, updates, sgd.clone());
+        c["training"]["checkpoint_every"] = json!(4);
+        let source = |seed| TaskSource::dataset(task.clone(), seed, 64).with_validation(64, 40);
+        train_on(&c, &net, source, resume)
+    };
+    // 64 training simulations in batches of 16: 4 updates per epoch, 4 epochs.
+    run("serial", 16, Value::Null, 16, None).unwrap();
+    let log = std::fs::read_to_string(dir.path().join("serial/run.log")).unwrap();
+    let rates: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("validation loss"))
+        .map(|l| l.rsplit("learning rate ").next().unwrap())
+        .collect();
+    assert_eq!(
+        rates,
+        [
+            "4e-3",
+            "2e-3 (reduced on plateau)",
+            "1e-3 (reduced on plateau)",
+            "5e-4 (reduced on plateau)"
+        ],
+        "{log}"
+    );
+    let threads = json!({"strategy": "threads", "global_batch_size": 16});
+    run("threads", 8, threads, 16, None).unwrap();
+    let (a, b) = (
+        final_state(&dir.path().join("serial"), 16),
+        final_state(&dir.path().join("threads"), 16),
+    );
+    let d = rel_l2(&b.trainable, &a.trainable);
+    assert!(d <= 1e-5, "threads vs serial: {d:e}");
+    let (pa, pb) = (a.plateau.unwrap(), b.plateau.unwrap());
+    assert_eq!(
+        (pa.learning_rate, pa.bad_epochs, pa.cooldown_left),
+        (pb.learning_rate, pb.bad_epochs, pb.cooldown_left)
+    );
+    assert!(
+        (pa.best - pb.best).abs() <= 1e-5 * pa.best.abs(),
+        "{pa:?} {pb:?}"
+    );
+    let mid = dir
+        .path()
+        .join("serial/checkpoints/update_000008.safetensors");
+    run("resumed", 16, Value::Null, 16, Some(&mid)).unwrap();
+    let c = final_state(&dir.path().join("resumed"), 16);
+    assert_eq!(c.trainable, a.trainable);
+    assert_eq!(c.plateau, a.plateau);
+    assert_eq!(a.plateau.unwrap().learning_rate, 5e-4);
+
+    // No validation set: refused before training, naming the key.
+    let c = config(dir.path(), "none", 16, Value::Null, 4, sgd.clone());
+    let e = train(&c, &net, task.clone(), None).unwrap_err().to_string();
+    assert!(
+        e.contains("training.optimizer.schedule") && e.contains("validation"),
+        "{e}"
+    );
 }

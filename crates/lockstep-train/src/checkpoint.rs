@@ -8,7 +8,7 @@
 //! whose checksum does not match is refused. The state does not depend on the replica count,
 //! so a checkpoint restores on any number of replicas.
 
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, PlateauState};
 use crate::TrainError;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use sha2::{Digest, Sha256};
@@ -35,6 +35,8 @@ pub struct TrainState {
     pub optimizer_step: u64,
     /// Optimizer state buffers (Adam: m, v; SGD: velocity).
     pub optimizer_slots: Vec<Vec<f32>>,
+    /// The reduce-on-plateau state (`None` in checkpoints written before it existed).
+    pub plateau: Option<PlateauState>,
     /// Hash of the config parts that define the model and its training (see
     /// [`crate::engine::config_hash`]).
     pub config_hash: String,
@@ -45,6 +47,7 @@ impl TrainState {
     pub fn set_optimizer(&mut self, opt: &Optimizer) {
         self.optimizer_step = opt.step;
         self.optimizer_slots = opt.slots.clone();
+        self.plateau = Some(opt.plateau);
     }
 }
 
@@ -98,6 +101,19 @@ pub fn write(path: &Path, state: &TrainState) -> Result<(), TrainError> {
         state.optimizer_slots.len().to_string(),
     );
     meta.insert("config_hash".to_string(), state.config_hash.clone());
+    if let Some(p) = &state.plateau {
+        // f64 bit patterns, so the state round-trips exactly (infinity included).
+        meta.insert(
+            "plateau".to_string(),
+            format!(
+                "{:x},{:x},{},{}",
+                p.learning_rate.to_bits(),
+                p.best.to_bits(),
+                p.bad_epochs,
+                p.cooldown_left
+            ),
+        );
+    }
     let sum = digest(&tensors, &meta);
     meta.insert("sha256".to_string(), sum);
     let bytes: Vec<(String, Vec<u8>)> = tensors
@@ -270,6 +286,27 @@ pub fn read(path: &Path) -> Result<TrainState, TrainError> {
             .map(|i| take(&format!("optimizer.slot{i}")))
             .collect::<Result<_, _>>()?,
         config_hash: meta.get("config_hash").cloned().unwrap_or_default(),
+        plateau: match meta.get("plateau") {
+            None => None,
+            Some(text) => Some(
+                parse_plateau(text)
+                    .ok_or_else(|| bad(format!("metadata plateau {text:?} is malformed")))?,
+            ),
+        },
+    })
+}
+
+/// `learning_rate_bits,best_bits,bad_epochs,cooldown_left` (hex f64 bits, decimal counts).
+fn parse_plateau(text: &str) -> Option<PlateauState> {
+    let parts: Vec<&str> = text.split(',').collect();
+    let [lr, best, bad, cooldown] = parts.as_slice() else {
+        return None;
+    };
+    Some(PlateauState {
+        learning_rate: f64::from_bits(u64::from_str_radix(lr, 16).ok()?),
+        best: f64::from_bits(u64::from_str_radix(best, 16).ok()?),
+        bad_epochs: bad.parse().ok()?,
+        cooldown_left: cooldown.parse().ok()?,
     })
 }
 
@@ -287,6 +324,12 @@ mod tests {
             optimizer_step: 4,
             optimizer_slots: vec![vec![0.1, 0.2, 0.3], vec![1e-3, 2e-3, 3e-3]],
             config_hash: "abc".into(),
+            plateau: Some(PlateauState {
+                learning_rate: 0.1 / 3.0,
+                best: f64::INFINITY,
+                bad_epochs: 2,
+                cooldown_left: 1,
+            }),
         }
     }
 

@@ -246,6 +246,7 @@ pub fn train(
     while t.update < cfg.updates {
         let step = t.run_update()?;
         let metrics = t.reduce_metrics(step)?;
+        t.end_of_epoch()?;
         t.callbacks(&metrics)?;
         if t.early_stop(&metrics)? {
             break;
@@ -352,6 +353,13 @@ impl<'a> Trainer<'a> {
         if n == 0 {
             return Err(no_trainable_parameters());
         }
+        let optimizer = Optimizer::new(cfg.optimizer.clone(), n);
+        if optimizer.steps_on_validation() && source.validation_samples() == 0 {
+            return Err(TrainError::config(
+                "training.optimizer.schedule",
+                "reduce_on_plateau steps on the validation loss at each epoch end, but this run has no validation set (lockstep npe: set data.train_fraction below 1); use another schedule",
+            ));
+        }
         let b = plan.local_batch;
         let local = Batch {
             first_sample: 0,
@@ -371,7 +379,7 @@ impl<'a> Trainer<'a> {
                 seed: cfg.seed,
                 hash: config_hash(&opts.resolved_config),
             },
-            optimizer: Optimizer::new(cfg.optimizer.clone(), n),
+            optimizer,
             model,
             source,
             opts,
@@ -479,8 +487,19 @@ impl<'a> Trainer<'a> {
         for slot in self.optimizer.slots.iter_mut() {
             comm.broadcast(slot, 0)?;
         }
-        let mut counters = [self.start_update, self.optimizer.step, self.cfg.seed];
+        let p = &mut self.optimizer.plateau;
+        let mut counters = [
+            self.start_update,
+            self.optimizer.step,
+            self.cfg.seed,
+            p.bad_epochs,
+            p.cooldown_left,
+        ];
         comm.broadcast(&mut counters, 0)?;
+        let mut rates = [p.learning_rate, p.best];
+        comm.broadcast(&mut rates, 0)?;
+        [p.learning_rate, p.best] = rates;
+        [p.bad_epochs, p.cooldown_left] = [counters[3], counters[4]];
         self.start_update = counters[0];
         self.update = counters[0];
         self.optimizer.step = counters[1];
@@ -744,6 +763,58 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// At the end of an epoch, with a schedule that needs it (reduce-on-plateau): the chief
+    /// computes the validation loss ([`BatchSource::validation_batch`] in chunks of 1024,
+    /// [`Model::validation_loss`], the sample-weighted mean of the summed terms) and
+    /// broadcasts it; every replica steps the schedule with it, so the learning rates stay
+    /// identical; the chief logs the loss and any reduction. Runs before the update's
+    /// checkpoint, which therefore holds the stepped state.
+    ///
+    /// Errors: the chief's source or model errors ([`TrainError::Model`]; the peers get
+    /// [`TrainError::PeerFailed`]), a non-finite validation loss, failed collectives.
+    fn end_of_epoch(&mut self) -> Result<(), TrainError> {
+        let spe = self.checkpointer.steps_per_epoch.max(1);
+        if !self.optimizer.steps_on_validation() || !self.update.is_multiple_of(spe) {
+            return Ok(());
+        }
+        let update = self.update;
+        let chief = self.comm.is_chief().then(|| {
+            validation_loss(&mut *self.model, &mut *self.source)
+                .map_err(|error| TrainError::Model { update, error })
+        });
+        let mut loss = [match &chief {
+            Some(Ok(v)) => *v,
+            _ => f64::NAN,
+        }];
+        agree_with_chief(
+            self.comm,
+            chief.map(|r| r.map(|_| ())),
+            "the validation loss",
+        )?;
+        self.comm.broadcast(&mut loss, 0)?;
+        let loss = loss[0];
+        if !loss.is_finite() {
+            return Err(TrainError::NonFinite {
+                update,
+                value: loss,
+            });
+        }
+        let reduced = self.optimizer.end_epoch(loss);
+        if let Some(d) = self.rundir.as_mut() {
+            let epoch = update / spe;
+            let rate = self.optimizer.plateau.learning_rate;
+            d.log(&format!(
+                "epoch {epoch}: validation loss {loss:.6}; learning rate {rate:e}{}",
+                if reduced.is_some() {
+                    " (reduced on plateau)"
+                } else {
+                    ""
+                }
+            ))?;
+        }
+        Ok(())
+    }
+
     /// The chief's rows of `losses.csv` and `performance.csv`, the progress bar and the
     /// periodic log line.
     fn write_rows(&mut self, metrics: &Metrics) -> Result<(), TrainError> {
@@ -949,6 +1020,23 @@ fn accumulate(
     Ok(())
 }
 
+/// The mean over the source's validation set of the model's summed loss terms in
+/// evaluation mode, in chunks of at most 1024 samples.
+///
+/// Errors: the source's or the model's.
+fn validation_loss(model: &mut dyn Model, source: &mut dyn BatchSource) -> anyhow::Result<f64> {
+    let total = source.validation_samples();
+    let (mut sum, mut first) = (0.0, 0u64);
+    while first < total {
+        let count = (total - first).min(1024) as usize;
+        let batch = source.validation_batch(first, count)?;
+        let terms = model.validation_loss(&batch)?;
+        sum += terms.iter().sum::<f64>() * count as f64;
+        first += count as u64;
+    }
+    Ok(sum / total.max(1) as f64)
+}
+
 /// Compares the parameter checksums of all ranks (invariant 7).
 fn verify_identical(
     comm: &dyn Communicator,
@@ -1013,6 +1101,7 @@ impl Checkpointer {
             optimizer_step: 0,
             optimizer_slots: Vec::new(),
             config_hash: self.hash.clone(),
+            plateau: None,
         };
         state.set_optimizer(optimizer);
         let path = root.join(format!("checkpoints/update_{update:06}.safetensors"));
@@ -1094,6 +1183,9 @@ fn restore(
     model.frozen_mut().copy_from_slice(&state.frozen);
     optimizer.step = state.optimizer_step;
     optimizer.slots = state.optimizer_slots;
+    if let Some(p) = state.plateau {
+        optimizer.plateau = p;
+    }
     Ok(state.update)
 }
 

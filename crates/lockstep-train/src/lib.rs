@@ -131,6 +131,19 @@ pub trait BatchSource: Send {
     /// The samples with global indices `first_sample .. first_sample + count`. A finite
     /// source maps indices modulo its size (the engine never asks across an epoch boundary).
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch>;
+    /// Samples in the held-out validation set (default 0: none). A schedule that steps on
+    /// the validation loss (reduce-on-plateau) needs some.
+    fn validation_samples(&self) -> u64 {
+        0
+    }
+    /// Validation samples `first .. first + count` (`first + count <= validation_samples()`),
+    /// the same every time. Asked for by the chief at epoch ends.
+    ///
+    /// Errors: the source's own; the default has no validation set.
+    fn validation_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
+        let _ = (first, count);
+        anyhow::bail!("this data source has no validation set")
+    }
 }
 
 /// A model replica: flat f32 parameter buffers and the loss gradient of a local batch.
@@ -189,6 +202,14 @@ pub trait Model {
     fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
         let _ = local_batch;
         MemoryEstimate::new()
+    }
+    /// The loss terms of `batch` in evaluation mode (no gradient, no state change; each a
+    /// mean over the batch's samples), for the validation loss at epoch ends.
+    ///
+    /// Errors: the model's own; the default does not evaluate held-out data.
+    fn validation_loss(&mut self, batch: &Batch) -> anyhow::Result<Vec<f64>> {
+        let _ = batch;
+        anyhow::bail!("this model does not compute a validation loss")
     }
     /// Applies constraints after each update (e.g. sign constraints). Default: none.
     fn after_update(&mut self) {}

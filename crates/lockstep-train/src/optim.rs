@@ -2,10 +2,12 @@
 //! PyTorch's `torch.optim.Adam`), AdamW (Loshchilov & Hutter 2019, decoupled weight decay as
 //! in `torch.optim.AdamW`: `p -= lr * weight_decay * p` before the Adam step) and SGD with
 //! momentum (PyTorch's formulation: `v = momentum*v + g; p -= lr*v`); learning-rate schedules
-//! constant, warmup-cosine and step (PyTorch `StepLR`).
+//! constant, warmup-cosine, step (PyTorch `StepLR`) and reduce-on-plateau (PyTorch
+//! `ReduceLROnPlateau`, stepped by the engine with the validation loss at each epoch end).
 //!
-//! The optimizer state is plain data (`slots`, `step`) so checkpoints can save and restore it
-//! exactly, and every replica applying the same update to the same state stays bitwise equal.
+//! The optimizer state is plain data (`slots`, `step`, `plateau`) so checkpoints can save and
+//! restore it exactly, and every replica applying the same update to the same state stays
+//! bitwise equal.
 
 use lockstep_core::config::{from_value, ConfigError};
 use serde::{Deserialize, Deserializer};
@@ -64,6 +66,62 @@ pub enum Schedule {
         #[serde(default = "default_gamma")]
         gamma: f64,
     },
+    /// PyTorch `ReduceLROnPlateau` (mode `min`, relative threshold), stepped once per epoch
+    /// with the validation loss ([`Optimizer::end_epoch`]): a loss below `best (1 -
+    /// threshold)` is an improvement; after more than `patience` epochs without one the rate
+    /// becomes `max(rate factor, min_learning_rate)`, then `cooldown` epochs pass before
+    /// counting again. Needs a run with a validation set.
+    ReduceOnPlateau {
+        /// Rate multiplier of a reduction, in (0, 1) (default 0.1).
+        #[serde(default = "default_gamma")]
+        factor: f64,
+        /// Epochs without improvement tolerated (default 10).
+        #[serde(default = "default_patience")]
+        patience: u64,
+        /// Relative improvement that counts (default 1e-4).
+        #[serde(default = "default_threshold")]
+        threshold: f64,
+        /// Epochs after a reduction before bad epochs count again (default 0).
+        #[serde(default)]
+        cooldown: u64,
+        /// Lower bound of the rate (default 0).
+        #[serde(default)]
+        min_learning_rate: f64,
+    },
+}
+
+fn default_patience() -> u64 {
+    10
+}
+
+fn default_threshold() -> f64 {
+    1e-4
+}
+
+/// The state of a [`Schedule::ReduceOnPlateau`] (PyTorch `ReduceLROnPlateau`'s `best`,
+/// `num_bad_epochs`, `cooldown_counter` and the current rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlateauState {
+    /// The current learning rate.
+    pub learning_rate: f64,
+    /// The best validation loss so far (`+inf` before the first epoch).
+    pub best: f64,
+    /// Epochs since the last improvement.
+    pub bad_epochs: u64,
+    /// Epochs of cooldown left after a reduction.
+    pub cooldown_left: u64,
+}
+
+impl PlateauState {
+    /// The state before the first epoch, at `learning_rate`.
+    pub fn new(learning_rate: f64) -> Self {
+        PlateauState {
+            learning_rate,
+            best: f64::INFINITY,
+            bad_epochs: 0,
+            cooldown_left: 0,
+        }
+    }
 }
 
 fn default_gamma() -> f64 {
@@ -328,6 +386,21 @@ impl OptimizerConfig {
             Schedule::Step { gamma, .. } if !(gamma > 0.0 && gamma <= 1.0) => Err(
                 ConfigError::new("schedule.gamma", format!("{gamma} is not in (0, 1]")),
             ),
+            Schedule::ReduceOnPlateau { factor, .. } if !(factor > 0.0 && factor < 1.0) => Err(
+                ConfigError::new("schedule.factor", format!("{factor} is not in (0, 1)")),
+            ),
+            Schedule::ReduceOnPlateau { threshold, .. } if !(0.0..1.0).contains(&threshold) => {
+                Err(ConfigError::new(
+                    "schedule.threshold",
+                    format!("{threshold} is not in [0, 1)"),
+                ))
+            }
+            Schedule::ReduceOnPlateau {
+                min_learning_rate, ..
+            } if !(0.0..=lr).contains(&min_learning_rate) => Err(ConfigError::new(
+                "schedule.min_learning_rate",
+                format!("{min_learning_rate} must lie between 0 and the learning_rate {lr}"),
+            )),
             _ => Ok(()),
         }
     }
@@ -342,6 +415,8 @@ pub struct Optimizer {
     pub step: u64,
     /// State buffers, each as long as the parameters: Adam `[m, v]`, SGD `[velocity]`.
     pub slots: Vec<Vec<f32>>,
+    /// The reduce-on-plateau state (used only by [`Schedule::ReduceOnPlateau`]).
+    pub plateau: PlateauState,
 }
 
 impl Optimizer {
@@ -352,10 +427,54 @@ impl Optimizer {
             OptimizerKind::Sgd { .. } => vec![vec![0.0; n]],
         };
         Optimizer {
+            plateau: PlateauState::new(config.learning_rate),
             config,
             step: 0,
             slots,
         }
+    }
+
+    /// True when the schedule needs the validation loss at each epoch end
+    /// ([`Optimizer::end_epoch`]).
+    pub fn steps_on_validation(&self) -> bool {
+        matches!(self.config.schedule, Schedule::ReduceOnPlateau { .. })
+    }
+
+    /// Ends an epoch whose validation loss is `loss` (reduce-on-plateau; other schedules
+    /// ignore it). Returns the new learning rate when it was reduced.
+    pub fn end_epoch(&mut self, loss: f64) -> Option<f64> {
+        let Schedule::ReduceOnPlateau {
+            factor,
+            patience,
+            threshold,
+            cooldown,
+            min_learning_rate,
+        } = self.config.schedule
+        else {
+            return None;
+        };
+        let p = &mut self.plateau;
+        if loss < p.best * (1.0 - threshold) {
+            p.best = loss;
+            p.bad_epochs = 0;
+        } else {
+            p.bad_epochs += 1;
+        }
+        if p.cooldown_left > 0 {
+            p.cooldown_left -= 1;
+            p.bad_epochs = 0;
+        }
+        if p.bad_epochs > patience {
+            p.bad_epochs = 0;
+            p.cooldown_left = cooldown;
+            let reduced = (p.learning_rate * factor).max(min_learning_rate);
+            // PyTorch's eps: a change below 1e-8 is not made.
+            if p.learning_rate - reduced > 1e-8 {
+                p.learning_rate = reduced;
+                return Some(reduced);
+            }
+        }
+        None
     }
 
     /// The learning rate of update number `step` (0-based).
@@ -383,6 +502,7 @@ impl Optimizer {
                 step_updates,
                 gamma,
             } => base * gamma.powi((step / step_updates.max(1)).min(i32::MAX as u64) as i32),
+            Schedule::ReduceOnPlateau { .. } => self.plateau.learning_rate,
         }
     }
 
@@ -499,6 +619,39 @@ mod tests {
             e.to_string().contains("training.optimizer.weight_decay"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn reduce_on_plateau_follows_pytorch() {
+        // torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1,
+        // threshold=0.1, cooldown=1, min_lr=0.02) stepped with these losses gives these rates.
+        let mut o = Optimizer::new(
+            OptimizerConfig::from_json(Some(&json!({"name": "sgd", "learning_rate": 0.1,
+                "schedule": {"name": "reduce_on_plateau", "factor": 0.5, "patience": 1,
+                    "threshold": 0.1, "cooldown": 1, "min_learning_rate": 0.02}})))
+            .unwrap(),
+            1,
+        );
+        assert!(o.steps_on_validation());
+        let losses = [1.0, 0.95, 0.95, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5];
+        let rates: Vec<f64> = losses
+            .iter()
+            .map(|&l| {
+                o.end_epoch(l);
+                o.learning_rate(0)
+            })
+            .collect();
+        let want = [
+            0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.02, 0.02, 0.02,
+        ];
+        for (r, w) in rates.iter().zip(want) {
+            assert!((r - w).abs() < 1e-12, "{rates:?}");
+        }
+        let e = OptimizerConfig::from_json(Some(
+            &json!({"schedule": {"name": "reduce_on_plateau", "factor": 1.5}}),
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("schedule.factor"), "{e}");
     }
 
     #[test]
