@@ -303,41 +303,22 @@ impl NormLayer {
                 if let (true, Some(reducer)) = (pass.training, pass.sync) {
                     let (xhat, stats) =
                         B::sync_batch_norm(x, reducer, running_mean as u64, NORM_EPS);
-                    let unbias = if stats.count > 1.0 {
-                        stats.count / (stats.count - 1.0)
-                    } else {
-                        1.0
-                    };
-                    let rm = pass.state_layout.slice_mut(pass.state, running_mean);
-                    rm.iter_mut()
-                        .zip(&stats.mean)
-                        .for_each(|(r, x)| *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * *x as f32);
-                    let rv = pass.state_layout.slice_mut(pass.state, running_var);
-                    rv.iter_mut().zip(&stats.variance).for_each(|(r, x)| {
-                        *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * (x * unbias) as f32
-                    });
+                    let handles = (running_mean, running_var);
+                    update_running(pass, handles, &stats.mean, &stats.variance, stats.count);
                     return xhat * pass.params.row(weight) + pass.params.row(bias);
                 }
                 let device = x.device();
                 let n = x.dims()[0];
                 let (mean, var) = if pass.training {
                     let (var, mean) = x.clone().var_mean_bias(0);
-                    // Running statistics (PyTorch: unbiased variance, momentum 0.1).
-                    let m = to_vec(mean.clone().detach());
-                    let v = to_vec(var.clone().detach());
-                    let unbias = if n > 1 {
-                        n as f32 / (n as f32 - 1.0)
-                    } else {
-                        1.0
+                    let f64s = |t: &Tensor<B, 2>| -> Vec<f64> {
+                        to_vec(t.clone().detach())
+                            .iter()
+                            .map(|&v| v as f64)
+                            .collect()
                     };
-                    let rm = pass.state_layout.slice_mut(pass.state, running_mean);
-                    rm.iter_mut()
-                        .zip(&m)
-                        .for_each(|(r, x)| *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * x);
-                    let rv = pass.state_layout.slice_mut(pass.state, running_var);
-                    rv.iter_mut().zip(&v).for_each(|(r, x)| {
-                        *r = (1.0 - BN_MOMENTUM) * *r + BN_MOMENTUM * x * unbias
-                    });
+                    let handles = (running_mean, running_var);
+                    update_running(pass, handles, &f64s(&mean), &f64s(&var), n as f64);
                     (mean, var)
                 } else {
                     let f = x.dims()[1];
@@ -353,6 +334,31 @@ impl NormLayer {
             }
         }
     }
+}
+
+/// Updates a BatchNorm layer's running statistics (state handles `(mean, var)`) from a
+/// batch of `count` samples with per-channel `mean` and biased `variance` `[features]`, as
+/// PyTorch `BatchNorm1d`: momentum 0.1, the variance made unbiased by `count / (count - 1)`.
+fn update_running<B: Backend>(
+    pass: &mut Pass<'_, B>,
+    (running_mean, running_var): (usize, usize),
+    mean: &[f64],
+    variance: &[f64],
+    count: f64,
+) {
+    let unbias = if count > 1.0 {
+        count / (count - 1.0)
+    } else {
+        1.0
+    };
+    let m = BN_MOMENTUM as f64;
+    let blend = |r: &mut f32, x: f64| *r = ((1.0 - m) * *r as f64 + m * x) as f32;
+    let rm = pass.state_layout.slice_mut(pass.state, running_mean);
+    rm.iter_mut().zip(mean).for_each(|(r, &x)| blend(r, x));
+    let rv = pass.state_layout.slice_mut(pass.state, running_var);
+    rv.iter_mut()
+        .zip(variance)
+        .for_each(|(r, &x)| blend(r, x * unbias));
 }
 
 /// Residual block (nflows `ResidualBlock`, as used by Dingo):

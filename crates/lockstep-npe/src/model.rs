@@ -169,7 +169,7 @@ impl<B: TrainBackend> NpeModel<B> {
     /// the BatchNorm running statistics). `grad` has the length of the trainable buffer;
     /// frozen parameters get no gradient.
     pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
-        let lp = self.training_pass(theta, x, n, grad, None);
+        let lp = self.pass_with_reducer(theta, x, n, grad, None);
         mean_nll(&lp)
     }
 
@@ -193,15 +193,16 @@ impl<B: TrainBackend> NpeModel<B> {
         replicas: &ReplicaContext<'_>,
     ) -> anyhow::Result<Vec<f32>> {
         if replicas.replicas() == 1 || !self.network.uses_batch_norm() {
-            return Ok(self.training_pass(theta, x, n, grad, None));
+            return Ok(self.pass_with_reducer(theta, x, n, grad, None));
         }
         with_stats_reducer(replicas, |reducer| {
-            self.training_pass(theta, x, n, grad, Some(reducer))
+            self.pass_with_reducer(theta, x, n, grad, Some(reducer))
         })
     }
 
-    /// The training pass: per-sample `log q` `[n]`, gradient of the mean NLL into `grad`.
-    fn training_pass(
+    /// The training pass, its BatchNorm layers synchronized through `sync` when given:
+    /// per-sample `log q` `[n]`, gradient of the mean NLL into `grad`.
+    fn pass_with_reducer(
         &mut self,
         theta: &[f32],
         x: &[f32],
@@ -344,7 +345,7 @@ impl<B: TrainBackend> NpeModel<B> {
         let n = batch.samples;
         let lp = match replicas {
             Some(r) => self.train_pass(&batch.targets, &batch.inputs, n, grad, r)?,
-            None => self.training_pass(&batch.targets, &batch.inputs, n, grad, None),
+            None => self.pass_with_reducer(&batch.targets, &batch.inputs, n, grad, None),
         };
         Ok(vec![mean_nll(&lp)])
     }

@@ -86,13 +86,7 @@ fn flow_log_det_matches_the_numerical_jacobian() {
     let net = small_network(d, 2, Norm::LayerNorm, 2.5);
     let (p, mut st) = random_params(&net, 0.4, 3);
     let params = Params::<F64>::from_flat(net.layout(), &p, &Default::default());
-    let mut pass = Pass {
-        params: &params,
-        state: &mut st,
-        state_layout: net.state_layout(),
-        training: false,
-        sync: None,
-    };
+    let mut pass = Pass::evaluation(&params, &mut st, net.state_layout());
     let x = [0.3f32, -0.7];
     let n = 20;
     let mut rng = SplitMix64::new(4);

@@ -50,13 +50,7 @@ fn density_of_a_random_2d_flow_integrates_to_one() {
     let net = small_network(2, 2, Norm::None, 2.0);
     let (p, mut st) = random_params(&net, 0.3, 7);
     let params = Params::<CpuBackend>::from_flat(net.layout(), &p, &Default::default());
-    let mut pass = Pass {
-        params: &params,
-        state: &mut st,
-        state_layout: net.state_layout(),
-        training: false,
-        sync: None,
-    };
+    let mut pass = Pass::evaluation(&params, &mut st, net.state_layout());
     let x = [0.5f32, 0.1];
     // Midpoint rule on [-L, L]²; the base is N(0, I) and the flow is the identity beyond the
     // tails (up to the LU map), so the mass outside is negligible.
