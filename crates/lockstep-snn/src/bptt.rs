@@ -84,6 +84,11 @@ pub struct BpttOptions {
     /// Keep the spikes of the batch's first sample in [`LossAndGrad::first_spikes`], as the
     /// forward pass computes them (no extra simulation; `output.training_spikes`).
     pub record_first_sample: bool,
+    /// Float32 kernels: target neurons per pass of the adjoint SpMV (`None`: 32,768). The
+    /// SpMV reads only the adjoint rows of one pass's targets at a time so that they stay
+    /// in cache; a source's sum is the sum of its passes' partial sums, so the pass size
+    /// changes results by float rounding only. A tuning and testing knob, not a config key.
+    pub spmv_pass_targets: Option<usize>,
 }
 
 /// Precision of the BPTT computation (`run.dtype`).
@@ -113,6 +118,7 @@ impl Default for BpttOptions {
             parallel: true,
             dtype: Dtype::Float64,
             record_first_sample: false,
+            spmv_pass_targets: None,
         }
     }
 }

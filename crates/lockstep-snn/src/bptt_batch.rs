@@ -23,16 +23,24 @@
 //!   kernel;
 //! * parallelism (rayon) over fixed chunks of neurons (neuron updates, local adjoints), of
 //!   sources (the adjoint SpMV and the weight gradient: each source owns its edges) and of
-//!   samples (spike delivery: each sample's ring entries are summed in the serial order).
-//!   The chunks do not depend on the thread count and every sum has a fixed order, so the
-//!   results are bitwise the same for any thread count.
+//!   target blocks (spike delivery: each task adds the step's spikes into its own targets'
+//!   ring rows, every entry in the serial order). The chunks do not depend on the thread
+//!   count and every sum has a fixed order, so the results are bitwise the same for any
+//!   thread count;
+//! * cache locality at V1 scale: the ring and its adjoint start on a cache line (a 16-sample
+//!   row is one line); spike delivery works on blocks of targets whose rows fit in a
+//!   core's cache; the adjoint SpMV gathers from at most 32,768 targets per pass (their rows
+//!   then stay in cache) and, on networks too large for the core's cache, asks for the rows
+//!   of the edges ahead (prefetch).
 //!
 //! Against the per-sample float32 implementation
 //! ([`SnnModel::loss_and_grad_reference`] with [`crate::Dtype::Float32`]) the forward pass is
 //! bitwise identical (same operations in the same order per sample: same spikes, same
-//! states), the adjoints too; only the reduction of the weight gradient over samples and
-//! steps differs (here per edge in f64 over steps and samples, there per sample in f32), and
-//! the voltage-regularization sum is reduced per chunk of neurons.
+//! states), and with one SpMV pass (up to 32,768 neurons) the adjoints too; with several
+//! passes a source's adjoint sums its passes' partial sums (rounding differs); the
+//! reduction of the weight gradient over samples and steps differs (here per edge in f64
+//! over steps and samples, there per sample in f32), and the voltage-regularization sum is
+//! reduced per chunk of neurons.
 //!
 //! Segmented BPTT keeps the state at chunk boundaries and recomputes each chunk, as the
 //! per-sample path; recomputation repeats the same operations, so the gradient is bitwise
@@ -49,9 +57,19 @@ use crate::model::ModelKind;
 use crate::scalar::{PseudoDerivative, Surrogate};
 
 /// Neurons per task of the elementwise passes (fixed: results do not depend on threads).
-const NEURON_CHUNK: usize = 256;
+const NEURON_CHUNK: usize = 64;
 /// Sources per task of the adjoint SpMV.
 const SOURCE_CHUNK: usize = 128;
+/// Target neurons per block of the spike delivery at most: one task per block of targets
+/// (no two tasks write the same cache line of the ring, and a task's rows, about 128 bytes
+/// per target at batch 16, mostly stay in its core's cache). At least one block per thread.
+/// The blocks split the work, never the order of a sum.
+const DELIVERY_BLOCK: usize = 8192;
+/// Target neurons per pass of the adjoint SpMV at most: the SpMV gathers only from the
+/// targets of one pass at a time, so that the adjoint rows it reads stay in cache on
+/// networks whose rows do not fit (full V1: 8.5 MB of rows per step). Fixed, not derived
+/// from the batch or the thread count, so every replica sums in the same order.
+const SPMV_PASS: usize = 32_768;
 
 /// Flag bit: the neuron was not refractory at the start of the step.
 const ACTIVE: u8 = 1;
@@ -150,6 +168,16 @@ impl<T> Shared<T> {
         unsafe { *self.0.add(i) += v }
     }
 
+    /// Asks the cache for the line holding element `i` (a hint: no access, no effect on
+    /// results).
+    #[inline]
+    fn prefetch(&self, i: usize) {
+        if i < self.1 {
+            // SAFETY: in bounds; the pointer is only passed to a cache hint.
+            prefetch_ptr(unsafe { self.0.add(i) }.cast_const());
+        }
+    }
+
     /// The elements `a..b`.
     ///
     /// # Safety
@@ -166,6 +194,50 @@ impl<T> Shared<T> {
     }
 }
 
+/// One 64-byte cache line of `f32`s.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A zeroed `f32` buffer that starts on a cache-line boundary, so that the 16-sample rows of
+/// the arrival ring and its adjoint (64 bytes at batch 16) each fill exactly one line
+/// instead of straddling two.
+struct LineAligned {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl LineAligned {
+    fn zeros(len: usize) -> Self {
+        LineAligned {
+            lines: vec![Line([0.0; 16]); len.div_ceil(16)],
+            len,
+        }
+    }
+}
+
+impl std::fmt::Debug for LineAligned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LineAligned({} f32)", self.len)
+    }
+}
+
+impl std::ops::Deref for LineAligned {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `lines` holds `16 * lines.len() >= len` initialized f32s, contiguous
+        // (`Line` is `repr(C)` over `[f32; 16]`, whose size is a multiple of its alignment).
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for LineAligned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+    }
+}
+
 /// Forward state of the batch (shapes in the module docs).
 #[derive(Debug)]
 struct State {
@@ -174,7 +246,8 @@ struct State {
     y1: Vec<f32>,
     y2: Vec<f32>,
     refr: Vec<u32>,
-    ring: Vec<f32>,
+    /// `[ring_len, neuron, port, B]` synaptic input arriving per step (pA).
+    ring: LineAligned,
 }
 
 /// A chunk boundary of segmented BPTT: the state without its arrival ring, and the spike
@@ -216,7 +289,7 @@ struct Adjoint {
     y1: Vec<f32>,
     y2: Vec<f32>,
     /// `[ring_len, neuron, port, B]` adjoints of the arrivals.
-    mu: Vec<f32>,
+    mu: LineAligned,
     /// `[neuron, B]` adjoint of this step's spikes.
     gz: Vec<f32>,
 }
@@ -264,21 +337,25 @@ fn has_avx2() -> bool {
     }
 }
 
+/// Where the adjoint gather of one segment reads: `mu` (`[row, nb]`, the adjoint of the
+/// arrivals), the row of the segment's delay slot and port (`row_e = base + offs[e]`), and
+/// whether to ask the cache for rows ahead ([`PREFETCH_EDGES`]).
+#[derive(Clone, Copy)]
+struct Gather<'a> {
+    mu: &'a [f32],
+    base: usize,
+    nb: usize,
+    prefetch: bool,
+}
+
 /// [`segment_dot`] compiled for AVX2.
 ///
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn segment_dot_avx2(
-    ws: &[f32],
-    offs: &[u32],
-    mu: &[f32],
-    base: usize,
-    nb: usize,
-    acc: &mut [f32],
-) {
-    segment_dot(ws, offs, mu, base, nb, acc)
+unsafe fn segment_dot_avx2(ws: &[f32], offs: &[u32], g: Gather, acc: &mut [f32]) {
+    segment_dot(ws, offs, g, acc)
 }
 
 /// Stand-in where AVX2 does not exist (never called: [`has_avx2`] is false).
@@ -286,50 +363,77 @@ unsafe fn segment_dot_avx2(
 /// # Safety
 /// None beyond [`segment_dot`]'s.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn segment_dot_avx2(
-    ws: &[f32],
-    offs: &[u32],
-    mu: &[f32],
-    base: usize,
-    nb: usize,
-    acc: &mut [f32],
-) {
-    segment_dot(ws, offs, mu, base, nb, acc)
+unsafe fn segment_dot_avx2(ws: &[f32], offs: &[u32], g: Gather, acc: &mut [f32]) {
+    segment_dot(ws, offs, g, acc)
 }
 
-/// The adjoint gather of one CSR segment for all `nb` samples:
-/// `acc[l] += (p0 + p1) + (p2 + p3) + tail` with `p_k = sum_{e = k mod 4} w_e mu[row_e][l]`
-/// over whole groups of four edges and `tail` over the rest, in edge order (the four partial
-/// sums of the per-sample kernel). `row_e = base + offs[e]`, `mu` is `[row, nb]`. The lanes
+/// The adjoint gather of one CSR segment (or of its edges into one SpMV pass) for all `nb`
+/// samples: `acc[l] += (p0 + p1) + (p2 + p3) + tail` with
+/// `p_k = sum_{e = k mod 4} w_e mu[row_e][l]` over whole groups of four edges and `tail`
+/// over the rest, in edge order (the four partial sums of the per-sample kernel). The lanes
 /// go in register-sized blocks of 16, 8, 4 and 1.
 #[inline(always)]
-fn segment_dot(ws: &[f32], offs: &[u32], mu: &[f32], base: usize, nb: usize, acc: &mut [f32]) {
+fn segment_dot(ws: &[f32], offs: &[u32], g: Gather, acc: &mut [f32]) {
     let mut l0 = 0;
-    while l0 < nb {
-        let rem = nb - l0;
+    while l0 < g.nb {
+        let rem = g.nb - l0;
         l0 += if rem >= 16 {
-            segment_dot_lanes::<16>(ws, offs, mu, base, nb, l0, acc)
+            segment_dot_lanes::<16>(ws, offs, g, l0, acc)
         } else if rem >= 8 {
-            segment_dot_lanes::<8>(ws, offs, mu, base, nb, l0, acc)
+            segment_dot_lanes::<8>(ws, offs, g, l0, acc)
         } else if rem >= 4 {
-            segment_dot_lanes::<4>(ws, offs, mu, base, nb, l0, acc)
+            segment_dot_lanes::<4>(ws, offs, g, l0, acc)
         } else {
-            segment_dot_lanes::<1>(ws, offs, mu, base, nb, l0, acc)
+            segment_dot_lanes::<1>(ws, offs, g, l0, acc)
         };
     }
 }
+
+/// Edges ahead of the current one whose adjoint rows the SpMV asks the cache for: the rows
+/// are random reads (a target's row per edge), so on networks whose rows do not fit in the
+/// core's cache their latency is hidden only by requesting them early.
+const PREFETCH_EDGES: usize = 16;
+
+/// Targets per SpMV pass above which the SpMV prefetches ([`PREFETCH_EDGES`]); below, the
+/// rows stay in cache and the prefetch instructions only cost time.
+const PREFETCH_MIN_TARGETS: usize = 2048;
+
+/// Asks the cache for the line holding `v[i]` (no effect on results; nothing when `i` is
+/// out of range).
+#[inline(always)]
+fn prefetch<T>(v: &[T], i: usize) {
+    if let Some(x) = v.get(i) {
+        prefetch_ptr(x);
+    }
+}
+
+/// Asks the cache for the line at `p` (nothing where the target has no prefetch
+/// instruction). A hint: nothing is read, so any address is harmless.
+#[inline(always)]
+fn prefetch_ptr<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints the cache (SSE, in every x86_64 CPU); it never
+    // faults and reads nothing.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Spiking sources ahead whose edges the delivery asks the cache for.
+const PREFETCH_SOURCES: usize = 4;
 
 /// [`segment_dot`] for lanes `l0 .. l0 + L`; returns `L`.
 #[inline(always)]
 fn segment_dot_lanes<const L: usize>(
     ws: &[f32],
     offs: &[u32],
-    mu: &[f32],
-    base: usize,
-    nb: usize,
+    g: Gather,
     l0: usize,
     acc: &mut [f32],
 ) -> usize {
+    let (mu, base, nb) = (g.mu, g.base, g.nb);
     let mut p = [[0.0f32; L]; 4];
     let mut tail = [0.0f32; L];
     let row = |off: u32| -> &[f32; L] {
@@ -338,7 +442,15 @@ fn segment_dot_lanes<const L: usize>(
     };
     let mut w4 = ws.chunks_exact(4);
     let mut o4 = offs.chunks_exact(4);
-    for (w, o) in (&mut w4).zip(&mut o4) {
+    let ahead = if g.prefetch {
+        offs.get(PREFETCH_EDGES..).unwrap_or(&[])
+    } else {
+        &[]
+    };
+    for (q, (w, o)) in (&mut w4).zip(&mut o4).enumerate() {
+        for &off in ahead.get(4 * q..4 * q + 4).unwrap_or(&[]) {
+            prefetch(mu, (base + off as usize) * nb + l0);
+        }
         for k in 0..4 {
             let m = row(o[k]);
             for l in 0..L {
@@ -366,6 +478,59 @@ fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
         .map_or(csr.len(), |seg| seg.start as usize)
 }
 
+/// A split of the target neurons into contiguous blocks, with each CSR segment's slots per
+/// block.
+struct TargetBlocks {
+    /// `[n_blocks + 1]` first target neuron of each block (last: the neuron count).
+    starts: Vec<usize>,
+    /// `[n_blocks + 1, segment]`: row `k` holds, for each CSR segment, its first slot whose
+    /// target lies in block `k` or later (row `n_blocks`: the segment's end). Targets ascend
+    /// within a segment, so block `k`'s edges of segment `g` are the slots
+    /// `slots[k][g] .. slots[k + 1][g]`.
+    slots: Vec<u32>,
+    /// Segments of the CSR.
+    n_segs: usize,
+}
+
+impl TargetBlocks {
+    /// `n` neurons in `n_blocks` blocks of equal size (within one) over the segments of `csr`.
+    fn new(csr: &crate::network::Csr, np: usize, n: usize, n_blocks: usize) -> Self {
+        let n_blocks = n_blocks.clamp(1, n.max(1));
+        let starts: Vec<usize> = (0..=n_blocks).map(|k| n * k / n_blocks).collect();
+        let n_segs = csr.segments.len();
+        let mut slots = vec![0u32; n_segs * (n_blocks + 1)];
+        for (g, seg) in csr.segments.iter().enumerate() {
+            let mut e = seg.start as usize;
+            for k in 0..n_blocks {
+                let first = (starts[k] * np) as u64;
+                while e < seg.end as usize && (csr.target_off[e] as u64) < first {
+                    e += 1;
+                }
+                slots[k * n_segs + g] = e as u32;
+            }
+            slots[n_blocks * n_segs + g] = seg.end;
+        }
+        TargetBlocks {
+            starts,
+            slots,
+            n_segs,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// The CSR slots of segment `g` whose targets lie in blocks `k0..k1`.
+    #[inline]
+    fn range(&self, g: usize, k0: usize, k1: usize) -> (usize, usize) {
+        (
+            self.slots[k0 * self.n_segs + g] as usize,
+            self.slots[k1 * self.n_segs + g] as usize,
+        )
+    }
+}
+
 struct Kernel<'a> {
     m: &'a SnnModel,
     groups: Vec<Group32>,
@@ -381,10 +546,16 @@ struct Kernel<'a> {
     samples: Vec<u64>,
     parallel: bool,
     sg: Surrogate,
-    /// Lane blocks of the spike delivery.
-    lane_blocks: Vec<(usize, usize)>,
     /// `[max_delay + 1]` recurrent edges per delay (steps).
     edges_by_delay: Vec<u64>,
+    /// Whether the delivery prefetches (networks whose ring rows do not fit in cache).
+    prefetch_delivery: bool,
+    /// Target blocks of the delivery over the recurrent CSR ([`DELIVERY_BLOCK`]).
+    rec_delivery: TargetBlocks,
+    /// The same blocks over the input CSR.
+    in_delivery: TargetBlocks,
+    /// Target blocks of the adjoint SpMV's passes ([`SPMV_PASS`]).
+    spmv_passes: TargetBlocks,
 }
 
 /// Where the time of one [`SnnModel::loss_and_grad_timed`] call went (seconds), and the
@@ -433,7 +604,7 @@ impl<'a> Kernel<'a> {
             y1: vec![0.0; n * np * b],
             y2: vec![0.0; n * np * b],
             refr: vec![0; n * b],
-            ring: vec![0.0; self.rl * n * np * b],
+            ring: LineAligned::zeros(self.rl * n * np * b),
         }
     }
 
@@ -660,7 +831,7 @@ impl<'a> Kernel<'a> {
             y1: b.y1.clone(),
             y2: b.y2.clone(),
             refr: b.refr.clone(),
-            ring: vec![0.0; self.rl * n * np * nb],
+            ring: LineAligned::zeros(self.rl * n * np * nb),
         };
         let m = b.flags.len() / (n * nb).max(1);
         let mut any = vec![0u8; n];
@@ -675,60 +846,108 @@ impl<'a> Kernel<'a> {
         st
     }
 
-    /// Delivers the spikes of step `t` (recurrent, then inputs) into the ring, per sample in
-    /// the serial order (sources ascending, then input events).
+    /// Delivers the spikes of step `t` (recurrent, then inputs) into the ring, every ring
+    /// entry receiving its additions in the serial order (sources ascending, then the
+    /// sample's input events in order).
     ///
     /// Only arrivals at steps `>= min_arrival` are delivered (0: all; the ring rebuild at a
     /// chunk boundary replays the last `max_delay` steps with `min_arrival` = the boundary).
+    ///
+    /// One task per target block ([`DELIVERY_BLOCK`]): each walks the step's spiking sources
+    /// and input events and adds, for every edge into its block, the weight to the lanes that
+    /// fired. The blocks split the work, never the order of a sum.
     fn deliver(&self, st: &mut State, t: usize, flags: &[u8], any: &[u8], min_arrival: usize) {
         let (n, nb, np, rl) = (self.n, self.nb, self.np, self.rl);
         let net = &self.m.net;
+        // The sources that fired in some lane (ascending) and their fired lanes.
+        let mut fired: Vec<(u32, u32, u32)> = Vec::new();
+        let mut lanes: Vec<u32> = Vec::new();
+        for i in 0..n {
+            if any[i] == 0 {
+                continue;
+            }
+            let l0 = lanes.len() as u32;
+            let fl = &flags[i * nb..(i + 1) * nb];
+            lanes.extend((0..nb as u32).filter(|&l| fl[l as usize] & FIRED != 0));
+            fired.push((i as u32, l0, lanes.len() as u32));
+        }
+        // Each lane's input events of step t (node, count), in the order of `for_each`.
+        let mut events: Vec<Vec<(u32, u32)>> = vec![Vec::new(); nb];
+        let draw = |l: usize, ev: &mut Vec<(u32, u32)>| {
+            self.m
+                .inputs
+                .for_each(self.samples[l], t, |v, count| ev.push((v, count)));
+        };
+        if self.parallel {
+            events
+                .par_iter_mut()
+                .enumerate()
+                .for_each(|(l, ev)| draw(l, ev));
+        } else {
+            events
+                .iter_mut()
+                .enumerate()
+                .for_each(|(l, ev)| draw(l, ev));
+        }
         let ring = Shared::new(&mut st.ring);
-        self.tasks(self.lane_blocks.len(), |blk| {
-            let (b0, b1) = self.lane_blocks[blk];
-            let mut lanes: Vec<usize> = Vec::with_capacity(b1 - b0);
+        let w_rec = self.w_rec;
+        let w_in = &self.w_in;
+        self.tasks(self.rec_delivery.len(), |k| {
             let rec = &net.recurrent;
-            for i in 0..n {
-                if any[i] == 0 {
-                    continue;
+            for (f, &(i, l0, l1)) in fired.iter().enumerate() {
+                // Ask for the edges of a source a few ahead (random sources: the first lines
+                // of their pieces would otherwise miss).
+                if self.prefetch_delivery {
+                    if let Some(&(ia, _, _)) = fired.get(f + PREFETCH_SOURCES) {
+                        for g in rec.seg_ptr[ia as usize]..rec.seg_ptr[ia as usize + 1] {
+                            let (a, _) = self.rec_delivery.range(g as usize, k, k + 1);
+                            prefetch(&rec.target_off, a);
+                            prefetch(w_rec, a);
+                        }
+                    }
                 }
-                let fl = &flags[i * nb..(i + 1) * nb];
-                lanes.clear();
-                lanes.extend((b0..b1).filter(|&l| fl[l] & FIRED != 0));
-                if lanes.is_empty() {
-                    continue;
-                }
-                for seg in rec.segments_of(i) {
-                    if t + (seg.delay as usize) < min_arrival {
+                let ls = &lanes[l0 as usize..l1 as usize];
+                let g0 = rec.seg_ptr[i as usize] as usize;
+                for (j, seg) in rec.segments_of(i as usize).iter().enumerate() {
+                    let d = seg.delay as usize;
+                    if t + d < min_arrival {
                         continue;
                     }
-                    let base = ((t + seg.delay as usize) % rl) * n * np + seg.port as usize;
-                    let (a, b) = (seg.start as usize, seg.end as usize);
-                    for (&off, &w) in rec.target_off[a..b].iter().zip(&self.w_rec[a..b]) {
+                    let base = ((t + d) % rl) * n * np + seg.port as usize;
+                    let (a, b) = self.rec_delivery.range(g0 + j, k, k + 1);
+                    let offs = &rec.target_off[a..b];
+                    for (e, (&off, &w)) in offs.iter().zip(&w_rec[a..b]).enumerate() {
+                        if self.prefetch_delivery {
+                            if let Some(&ahead) = offs.get(e + PREFETCH_EDGES) {
+                                ring.prefetch((base + ahead as usize) * nb);
+                            }
+                        }
                         let row = (base + off as usize) * nb;
-                        for &l in &lanes {
-                            // SAFETY: lane l of every row belongs to this task (lane blocks
-                            // are disjoint).
-                            unsafe { ring.add(row + l, w) };
+                        for &l in ls {
+                            // SAFETY: the row's target lies in this task's block k.
+                            unsafe { ring.add(row + l as usize, w) };
                         }
                     }
                 }
             }
-            for l in b0..b1 {
-                self.m.inputs.for_each(self.samples[l], t, |v, count| {
+            let inp = &net.input;
+            for (l, ev) in events.iter().enumerate() {
+                for &(v, count) in ev {
                     let cnt = count as f32;
-                    for seg in net.input.segments_of(v as usize) {
-                        if t + (seg.delay as usize) < min_arrival {
+                    let g0 = inp.seg_ptr[v as usize] as usize;
+                    for (j, seg) in inp.segments_of(v as usize).iter().enumerate() {
+                        let d = seg.delay as usize;
+                        if t + d < min_arrival {
                             continue;
                         }
-                        let base = ((t + seg.delay as usize) % rl) * n * np + seg.port as usize;
-                        let (a, b) = (seg.start as usize, seg.end as usize);
-                        for (&off, &w) in net.input.target_off[a..b].iter().zip(&self.w_in[a..b]) {
-                            // SAFETY: lane l belongs to this task.
+                        let base = ((t + d) % rl) * n * np + seg.port as usize;
+                        let (a, b) = self.in_delivery.range(g0 + j, k, k + 1);
+                        for (&off, &w) in inp.target_off[a..b].iter().zip(&w_in[a..b]) {
+                            // SAFETY: the row's target lies in this task's block k.
                             unsafe { ring.add((base + off as usize) * nb + l, w * cnt) };
                         }
                     }
-                });
+                }
             }
         });
     }
@@ -863,9 +1082,16 @@ impl<'a> Kernel<'a> {
                     }
                 });
             }
-            // 3. Spike adjoints (transposed SpMV over all edges) and recurrent weight gradients.
+            // 3. Spike adjoints (transposed SpMV over all edges) and recurrent weight gradients,
+            // in passes over the targets (SPMV_PASS): each source's sum is the sum of its
+            // passes' partial sums, in pass order.
             let spmv_start = std::time::Instant::now();
-            {
+            let n_passes = self.spmv_passes.len();
+            for pass in 0..n_passes {
+                let last = pass + 1 == n_passes;
+                let pass_targets =
+                    self.spmv_passes.starts[pass + 1] - self.spmv_passes.starts[pass];
+                let prefetch = pass_targets > PREFETCH_MIN_TARGETS;
                 let gz = Shared::new(&mut adj.gz);
                 let gr = Shared::new(&mut grad[..n_rec]);
                 let mu = &adj.mu;
@@ -876,43 +1102,58 @@ impl<'a> Kernel<'a> {
                     let (e0, e1) = (edge_start(rec, s0), edge_start(rec, s1));
                     // SAFETY: sources s0..s1 and their CSR edges e0..e1 belong to this task.
                     let (gz, gr) = unsafe { (gz.slice(s0 * nb, s1 * nb), gr.slice(e0, e1)) };
-                    let mut acc = vec![0.0f32; nb];
+                    let mut lanes: Vec<usize> = Vec::with_capacity(nb);
                     let avx2 = has_avx2();
                     for i in s0..s1 {
-                        acc.fill(0.0);
+                        let li = i - s0;
+                        let acc = &mut gz[li * nb..(li + 1) * nb];
+                        if pass == 0 {
+                            acc.fill(0.0);
+                        }
                         let fl = &flags[i * nb..(i + 1) * nb];
-                        let spiked = fl.iter().any(|&f| f & FIRED != 0);
-                        for seg in rec.segments_of(i) {
+                        lanes.clear();
+                        lanes.extend((0..nb).filter(|&l| fl[l] & FIRED != 0));
+                        let spiked = !lanes.is_empty();
+                        let g0 = rec.seg_ptr[i] as usize;
+                        for (j, seg) in rec.segments_of(i).iter().enumerate() {
                             let d = seg.delay as usize;
                             if t + d >= t_len {
                                 continue;
                             }
                             let base = ((t + d) % rl) * n * np + seg.port as usize;
-                            let (a, b) = (seg.start as usize, seg.end as usize);
+                            let (a, b) = self.spmv_passes.range(g0 + j, pass, pass + 1);
+                            if a == b {
+                                continue;
+                            }
                             let offs = &rec.target_off[a..b];
                             let ws = &self.w_rec[a..b];
+                            let gather = Gather {
+                                mu,
+                                base,
+                                nb,
+                                prefetch,
+                            };
                             if avx2 {
                                 // SAFETY: the CPU has AVX2 (checked at run time).
-                                unsafe { segment_dot_avx2(ws, offs, mu, base, nb, &mut acc) }
+                                unsafe { segment_dot_avx2(ws, offs, gather, acc) }
                             } else {
-                                segment_dot(ws, offs, mu, base, nb, &mut acc);
+                                segment_dot(ws, offs, gather, acc);
                             }
                             if spiked {
                                 for (k, &off) in offs.iter().enumerate() {
                                     let m = &mu[(base + off as usize) * nb..][..nb];
                                     let mut s = 0.0f64;
-                                    for l in 0..nb {
-                                        if fl[l] & FIRED != 0 {
-                                            s += m[l] as f64;
-                                        }
+                                    for &l in &lanes {
+                                        s += m[l] as f64;
                                     }
                                     gr[a + k - e0] += s;
                                 }
                             }
                         }
-                        let li = i - s0;
-                        for l in 0..nb {
-                            gz[li * nb + l] = acc[l] + gz_rate[i * nb + l];
+                        if last {
+                            for l in 0..nb {
+                                acc[l] += gz_rate[i * nb + l];
+                            }
                         }
                     }
                 });
@@ -1193,21 +1434,18 @@ impl<'a> Kernel<'a> {
         } else {
             net.weights_in.iter().map(|&w| w as f32).collect()
         };
+        let n = net.n_neurons();
         let threads = if m.opts.parallel {
-            rayon::current_num_threads().clamp(1, nb)
+            rayon::current_num_threads()
         } else {
             1
         };
-        let per = nb.div_ceil(threads);
-        let lane_blocks = (0..nb)
-            .step_by(per)
-            .map(|b0| (b0, (b0 + per).min(nb)))
-            .collect();
+        let n_delivery = n.div_ceil(DELIVERY_BLOCK).max(threads);
         Kernel {
             m,
             groups: net.groups.iter().map(group32).collect(),
             nb,
-            n: net.n_neurons(),
+            n,
             np: net.n_ports,
             na: net.n_asc,
             rl: net.ring_len(),
@@ -1217,7 +1455,6 @@ impl<'a> Kernel<'a> {
             samples: (0..nb as u64).map(|b| first_sample + b).collect(),
             parallel: m.opts.parallel,
             sg: m.opts.surrogate,
-            lane_blocks,
             edges_by_delay: {
                 let mut c = vec![0u64; net.max_delay + 1];
                 for seg in &net.recurrent.segments {
@@ -1225,6 +1462,15 @@ impl<'a> Kernel<'a> {
                 }
                 c
             },
+            prefetch_delivery: n > PREFETCH_MIN_TARGETS,
+            rec_delivery: TargetBlocks::new(&net.recurrent, net.n_ports, n, n_delivery),
+            in_delivery: TargetBlocks::new(&net.input, net.n_ports, n, n_delivery),
+            spmv_passes: TargetBlocks::new(
+                &net.recurrent,
+                net.n_ports,
+                n,
+                n.div_ceil(m.opts.spmv_pass_targets.unwrap_or(SPMV_PASS).max(1)),
+            ),
         }
     }
 
@@ -1322,7 +1568,7 @@ impl<'a> Kernel<'a> {
             asc: vec![0.0; n * na * nb],
             y1: vec![0.0; n * np * nb],
             y2: vec![0.0; n * np * nb],
-            mu: vec![0.0; self.rl * n * np * nb],
+            mu: LineAligned::zeros(self.rl * n * np * nb),
             gz: vec![0.0; n * nb],
         };
         if let Some(tape) = fwd.full_tape.take() {
