@@ -101,7 +101,7 @@ pub enum Dtype {
     Float64,
     /// The batch-innermost float32 kernels ([`SnnModel::loss_and_grad`]): the whole local
     /// batch advances together, spike delivery and weight gradients only where a source
-    /// spiked, parallel over neurons, sources and samples with results independent of the
+    /// spiked, parallel over neurons, sources and target blocks with results independent of the
     /// thread count.
     Float32,
 }
@@ -288,7 +288,7 @@ impl SnnModel {
             }
             for seg in &csr.segments {
                 for e in seg.start as usize..seg.end as usize {
-                    let tgt = csr.target[e] as usize;
+                    let tgt = csr.target_off[e] as usize / net.n_ports.max(1);
                     if net.consts_of(tgt).kind == ModelKind::Iaf && sign[off + e] == 0 {
                         sign[off + e] = if seg.port == 0 { 1 } else { -1 };
                     }
@@ -437,6 +437,7 @@ impl SnnModel {
     /// layout: the forward state (one, plus one per chunk boundary when segmented), the tape
     /// (all steps, or one chunk), the adjoint state, the `f64` gradient accumulator and the
     /// returned `f32` gradient, the input weights in `f32`, and the network's weights.
+    /// Both count the compiled network's per-edge index arrays.
     pub fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
         if self.opts.dtype == Dtype::Float32 {
             return self.memory_estimate_f32(local_batch);
@@ -474,6 +475,10 @@ impl SnnModel {
                 .saturating_add(4 * params),
         )
         .add("weights (f64)", weights)
+        .add(
+            "compiled network (per edge: target offset, edge id, sign)",
+            self.network_bytes(),
+        )
         .driven_by("run.seq_len")
         .driven_by("run.batch_size")
         .driven_by("training.gradient_checkpointing");
@@ -511,10 +516,22 @@ impl SnnModel {
             12 * params + 4 * self.net.weights_in.len() as u64,
         )
         .add("weights (f64)", weights)
+        .add(
+            "compiled network (per edge: target offset, edge id, sign)",
+            self.network_bytes(),
+        )
         .driven_by("run.seq_len")
         .driven_by("run.batch_size")
         .driven_by("training.gradient_checkpointing");
         e
+    }
+
+    /// Bytes of the compiled network's per-edge index arrays (CSR target offset and edge id,
+    /// 4 bytes each) and per-parameter sign constraints (1 byte), segments included.
+    fn network_bytes(&self) -> u64 {
+        let edges = (self.net.recurrent.len() + self.net.input.len()) as u64;
+        let segments = (self.net.recurrent.segments.len() + self.net.input.segments.len()) as u64;
+        8 * edges + 16 * segments + self.sign.len() as u64
     }
 
     /// Loss and mean gradient over the local batch of global samples

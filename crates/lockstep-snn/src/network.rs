@@ -109,10 +109,9 @@ pub struct Csr {
     pub seg_ptr: Vec<u32>,
     /// Segments.
     pub segments: Vec<Segment>,
-    /// `[n_edges]`: internal target neuron index per CSR slot.
-    pub target: Vec<u32>,
-    /// `[n_edges]`: `target * n_ports`, the offset of the target within a
-    /// `[neuron, port]` slot of the ring buffer (add the segment's port).
+    /// `[n_edges]`: `target * n_ports` for the internal target neuron index `target`, the
+    /// offset of the target within a `[neuron, port]` slot of the ring buffer (add the
+    /// segment's port).
     pub target_off: Vec<u32>,
     /// `[n_edges]`: index of the edge in the spec's edge vector.
     pub edge_id: Vec<u32>,
@@ -121,11 +120,11 @@ pub struct Csr {
 impl Csr {
     /// Number of edges.
     pub fn len(&self) -> usize {
-        self.target.len()
+        self.target_off.len()
     }
     /// True when there are no edges.
     pub fn is_empty(&self) -> bool {
-        self.target.is_empty()
+        self.target_off.is_empty()
     }
     /// Segments of source `s`.
     #[inline]
@@ -245,7 +244,9 @@ impl NetworkSpec {
             )));
         }
         for csr in [&mut recurrent, &mut input] {
-            csr.target_off = csr.target.iter().map(|&t| t * n_ports as u32).collect();
+            for t in &mut csr.target_off {
+                *t *= n_ports as u32;
+            }
         }
         Ok(Network {
             grid,
@@ -352,8 +353,7 @@ impl NetworkSpec {
         let mut csr = Csr {
             seg_ptr: Vec::with_capacity(n_sources + 1),
             segments: Vec::new(),
-            target: Vec::with_capacity(keyed.len()),
-            target_off: Vec::new(),
+            target_off: Vec::with_capacity(keyed.len()),
             edge_id: Vec::with_capacity(keyed.len()),
         };
         let mut weights = Vec::with_capacity(keyed.len());
@@ -364,7 +364,8 @@ impl NetworkSpec {
                 let (_, d, p, _, _) = keyed[k];
                 let start = k;
                 while k < keyed.len() && keyed[k].0 == s && keyed[k].1 == d && keyed[k].2 == p {
-                    csr.target.push(keyed[k].3);
+                    // The target index; scaled by the port count once it is known.
+                    csr.target_off.push(keyed[k].3);
                     csr.edge_id.push(keyed[k].4);
                     weights.push(edges[keyed[k].4 as usize].weight);
                     k += 1;
@@ -491,7 +492,6 @@ mod tests {
         for (slot, &id) in net.recurrent.edge_id.iter().enumerate() {
             let ed = &spec.recurrent_edges[id as usize];
             assert_eq!(net.weights_rec[slot], ed.weight);
-            assert_eq!(net.recurrent.target[slot], net.rank[ed.target]);
             assert_eq!(net.recurrent.target_off[slot], net.rank[ed.target] * 2);
         }
         assert!(net.recurrent.segments_of(0).is_empty());

@@ -42,7 +42,12 @@ impl SnnReplica {
     ///
     /// Errors: every configuration, network and input error of [`model_from_config`].
     pub fn from_config(config: &Path, parallel: bool) -> crate::Result<SnnReplica> {
-        let (circuit, mut model) = model_from_config(config)?;
+        let (mut circuit, mut model) = model_from_config(config)?;
+        // The circuit stays for exporting trained weights, which needs only each edge
+        // population's identity, edge count and nsyns: the compiled network holds the rest.
+        for ep in &mut circuit.edges {
+            ep.release_build_columns();
+        }
         model.opts.parallel = parallel;
         let params = model.initial_params();
         let sections = SnnTrainConfig::from_config(&circuit.config)?;
@@ -101,9 +106,17 @@ impl Model for SnnReplica {
         Ok(r.terms.iter().map(|(_, v)| *v).collect())
     }
 
-    /// [`SnnModel::memory_estimate`] of the local batch.
+    /// [`SnnModel::memory_estimate`] of the local batch, with this replica's trainable
+    /// weights (f32) and what it keeps of the circuit for export (per edge: the source node
+    /// id and `nsyns`).
     fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
-        self.model.memory_estimate(local_batch)
+        let mut e = self.model.memory_estimate(local_batch);
+        let edges: u64 = self.circuit.edges.iter().map(|ep| ep.len() as u64).sum();
+        e.add(
+            "trainable weights (f32) and the circuit kept for export",
+            4 * self.params.len() as u64 + 12 * edges,
+        );
+        e
     }
 
     fn after_update(&mut self) {

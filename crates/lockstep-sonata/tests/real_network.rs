@@ -145,6 +145,27 @@ fn populations_and_counts() {
     assert_eq!(c.components.len(), 7 + 7);
 }
 
+/// What a trainer keeps for exporting weights after the network is compiled: the edge
+/// count, the file and name, and nsyns; the build-only columns are gone.
+#[test]
+fn released_edge_populations_keep_what_export_needs() {
+    let mut c = circuit();
+    let before: Vec<(String, usize, Option<Vec<u32>>)> = c
+        .edges
+        .iter()
+        .map(|e| (e.name.clone(), e.len(), e.nsyns.clone()))
+        .collect();
+    for e in &mut c.edges {
+        e.release_build_columns();
+    }
+    for (e, (name, len, nsyns)) in c.edges.iter().zip(before) {
+        assert_eq!((&e.name, e.len(), &e.nsyns), (&name, len, &nsyns));
+        assert!(e.file.exists());
+        assert!(e.target_node_id.is_empty() && e.syn_weight.is_empty() && e.delay.is_empty());
+        assert!(e.groups.is_empty() && e.type_row.is_empty() && e.synapse_index.is_empty());
+    }
+}
+
 /// (edge, source, target, edge type, nsyns, syn_weight, receptor_type)
 type EdgeCase = (usize, u64, u64, u64, u32, f64, Option<u64>);
 
