@@ -152,8 +152,9 @@ pub struct SnnModel {
     pub net: Network,
     /// Inputs compiled for `seq_len` steps.
     pub inputs: Inputs,
-    /// Options. Only `parallel` (and `surrogate`) may be changed after construction; the
-    /// others shaped the model (parameter layout, tapes, loss coefficients).
+    /// Options. Only `parallel`, `surrogate` and `spmv_pass_targets` may be changed after
+    /// construction; the others shaped the model (parameter layout, tapes, loss
+    /// coefficients).
     pub opts: BpttOptions,
     /// `[neuron]` `V_th - E_L` (mV), internal order.
     pub(crate) th: Vec<f64>,
