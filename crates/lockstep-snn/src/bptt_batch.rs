@@ -421,6 +421,9 @@ fn prefetch_ptr<T>(p: *const T) {
     let _ = p;
 }
 
+/// Poisson draws per step (nodes x samples) from which the delivery draws them on rayon.
+const PARALLEL_DRAWS: usize = 4096;
+
 /// Spiking sources ahead whose edges the delivery asks the cache for.
 const PREFETCH_SOURCES: usize = 4;
 
@@ -878,7 +881,8 @@ impl<'a> Kernel<'a> {
                 .inputs
                 .for_each(self.samples[l], t, |v, count| ev.push((v, count)));
         };
-        if self.parallel {
+        // On rayon only when the draws outweigh a fork-join (tenth-scale V1: 27,840 per step).
+        if self.parallel && self.m.inputs.n_poisson() * nb >= PARALLEL_DRAWS {
             events
                 .par_iter_mut()
                 .enumerate()

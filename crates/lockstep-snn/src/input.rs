@@ -163,6 +163,11 @@ impl Inputs {
         self.n_steps
     }
 
+    /// Number of Poisson-driven virtual nodes (one draw each per step and sample).
+    pub fn n_poisson(&self) -> usize {
+        self.poisson.len()
+    }
+
     /// Call `f(node, count)` for every virtual node emitting `count >= 1` spikes in update
     /// step `step` of global sample `sample` (file spikes first, then Poisson draws).
     #[inline]
