@@ -1015,10 +1015,13 @@ impl<'a> Kernel<'a> {
         }
     }
 
-    /// Reverse pass over the steps of `tape` (steps `t0 .. t0 + len`).
-    ///
-    /// Kept as one function (a kernel over 120 lines): its phases share a dozen per-step
-    /// buffers and loop indices, and splitting it would only pass them between helpers.
+    /// Reverse pass over the steps of `tape` (steps `t0 .. t0 + len`). Per step: the adjoint
+    /// of the step's arrivals ([`Kernel::arrivals_adjoint`]), the transposed SpMV with the
+    /// recurrent weight gradient, the input weight gradient, and the local backward of every
+    /// neuron ([`Kernel::local_backward`]). The last and the first phase touch only each
+    /// neuron's own state, so one task per neuron chunk runs the local backward of step `t`
+    /// and then the arrivals' adjoint of step `t - 1`: one fork-join per step fewer, the same
+    /// operations in the same order.
     #[allow(clippy::too_many_arguments)]
     fn backward_steps(
         &self,
@@ -1037,55 +1040,37 @@ impl<'a> Kernel<'a> {
         let n_rec = net.weights_rec.len();
         let n_chunks = n.div_ceil(NEURON_CHUNK);
         let n_src_chunks = n.div_ceil(SOURCE_CHUNK);
+        let step_of = |l: usize| StepTape {
+            x: &tape.x[l * n * nb..(l + 1) * n * nb],
+            asc: &tape.asc[l * n * na * nb..(l + 1) * n * na * nb],
+            flags: &tape.flags[l * n * nb..(l + 1) * n * nb],
+        };
+        if len == 0 {
+            return;
+        }
+        // The arrivals' adjoint of the last step; the loop computes each earlier step's.
+        {
+            let st = step_of(len - 1);
+            let slot = (t0 + len - 1) % rl;
+            let au = Shared::new(&mut adj.u);
+            let mu = Shared::new(&mut adj.mu[slot * stride..(slot + 1) * stride]);
+            let a1 = &adj.y1;
+            self.tasks(n_chunks, |c| {
+                let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
+                // SAFETY: neurons i0..i1 belong to this task alone.
+                let (au, mu) = unsafe {
+                    (
+                        au.slice(i0 * nb, i1 * nb),
+                        mu.slice(i0 * np * nb, i1 * np * nb),
+                    )
+                };
+                let y1 = &a1[i0 * np * nb..i1 * np * nb];
+                self.arrivals_adjoint(i0, i1, &st, vreg_coef, au, mu, y1);
+            });
+        }
         for l in (0..len).rev() {
             let t = t0 + l;
-            let slot = t % rl;
-            let x = &tape.x[l * n * nb..(l + 1) * n * nb];
-            let tasc = &tape.asc[l * n * na * nb..(l + 1) * n * na * nb];
-            let flags = &tape.flags[l * n * nb..(l + 1) * n * nb];
-            // 1-2. Voltage regularization on U after step t; adjoint of this step's arrivals.
-            {
-                let au = Shared::new(&mut adj.u);
-                let mu = Shared::new(&mut adj.mu[slot * stride..(slot + 1) * stride]);
-                let ly1 = &adj.y1;
-                self.tasks(n_chunks, |c| {
-                    let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
-                    // SAFETY: neurons i0..i1 belong to this task alone.
-                    let (au, mu) = unsafe {
-                        (
-                            au.slice(i0 * nb, i1 * nb),
-                            mu.slice(i0 * np * nb, i1 * np * nb),
-                        )
-                    };
-                    mu.fill(0.0);
-                    for g in &self.groups {
-                        for i in g.start.max(i0)..g.end.min(i1) {
-                            let li = i - i0;
-                            if vreg_coef != 0.0 {
-                                for b in 0..nb {
-                                    let f = flags[i * nb + b];
-                                    let u_post = if f & (ACTIVE | FIRED) == ACTIVE | FIRED {
-                                        g.v_reset
-                                    } else {
-                                        x[i * nb + b]
-                                    };
-                                    let (r, dr) = vreg_r(u_post as f64 / g.th);
-                                    if r != 0.0 {
-                                        au[li * nb + b] += (vreg_coef * 2.0 * r * dr / g.th) as f32;
-                                    }
-                                }
-                            }
-                            for (k, pc) in g.ports.iter().enumerate() {
-                                let src = &ly1[(i * np + k) * nb..(i * np + k + 1) * nb];
-                                let dst = &mut mu[(li * np + k) * nb..(li * np + k + 1) * nb];
-                                for b in 0..nb {
-                                    dst[b] = src[b] * pc.psc_init;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
+            let flags = step_of(l).flags;
             // 3. Spike adjoints (transposed SpMV over all edges) and recurrent weight gradients,
             // in passes over the targets (SPMV_PASS): each source's sum is the sum of its
             // passes' partial sums, in pass order.
@@ -1191,14 +1176,18 @@ impl<'a> Kernel<'a> {
                     });
                 }
             }
-            // 5. Local backward of every neuron through step t.
+            // 5. Local backward of every neuron through step t, then 1-2 of step t - 1:
+            // voltage regularization on U after it and the adjoint of its arrivals.
             {
+                let st = step_of(l);
+                let before = (l > 0).then(|| step_of(l - 1));
+                let slot_before = (t + rl - 1) % rl;
                 let au = Shared::new(&mut adj.u);
                 let aa = Shared::new(&mut adj.asc);
                 let a1 = Shared::new(&mut adj.y1);
                 let a2 = Shared::new(&mut adj.y2);
+                let mu = Shared::new(&mut adj.mu[slot_before * stride..(slot_before + 1) * stride]);
                 let gz = &adj.gz;
-                let sg = self.sg;
                 self.tasks(n_chunks, |c| {
                     let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
                     // SAFETY: neurons i0..i1 belong to this task alone.
@@ -1210,91 +1199,169 @@ impl<'a> Kernel<'a> {
                             a2.slice(i0 * np * nb, i1 * np * nb),
                         )
                     };
-                    let mut p1 = vec![0.0f32; np * nb];
-                    let mut p2 = vec![0.0f32; np * nb];
-                    let mut sigma = vec![0.0f32; nb];
-                    let mut lz = vec![0.0f32; nb];
-                    let mut lun = vec![0.0f32; nb];
-                    for g in &self.groups {
-                        let gp = g.ports.len();
-                        for i in g.start.max(i0)..g.end.min(i1) {
-                            let li = i - i0;
-                            let u = &mut au[li * nb..(li + 1) * nb];
-                            let lasc = &mut aa[li * na * nb..(li + 1) * na * nb];
-                            let ly1 = &mut a1[li * np * nb..(li + 1) * np * nb];
-                            let ly2 = &mut a2[li * np * nb..(li + 1) * np * nb];
-                            let fl = &flags[i * nb..(i + 1) * nb];
-                            let xv = &x[i * nb..(i + 1) * nb];
-                            for (k, pc) in g.ports.iter().enumerate() {
-                                for b in 0..nb {
-                                    let j = k * nb + b;
-                                    p1[j] = ly2[j] * pc.p21 + ly1[j] * pc.p11;
-                                    p2[j] = ly2[j] * pc.p22;
-                                }
-                            }
-                            let gzi = &gz[i * nb..(i + 1) * nb];
-                            for b in 0..nb {
-                                let un = xv[b];
-                                let clamped = !g.glif && un == g.lb32;
-                                sigma[b] = if clamped {
-                                    0.0
-                                } else {
-                                    dz_du_f32(&sg, un, g.th32)
-                                };
-                                lz[b] = gzi[b] - u[b] * g.th_minus_reset;
-                            }
-                            for (a, ac) in g.asc.iter().enumerate() {
-                                let ap = &tasc[(i * na + a) * nb..(i * na + a + 1) * nb];
-                                let la = &lasc[a * nb..(a + 1) * nb];
-                                for b in 0..nb {
-                                    lz[b] += la[b] * (ac.amp + ap[b] * ac.rd - ap[b]);
-                                }
-                            }
-                            for b in 0..nb {
-                                let clamped = !g.glif && xv[b] == g.lb32;
-                                lun[b] = if clamped {
-                                    0.0
-                                } else {
-                                    u[b] + lz[b] * sigma[b]
-                                };
-                            }
-                            for (a, ac) in g.asc.iter().enumerate() {
-                                let la = &mut lasc[a * nb..(a + 1) * nb];
-                                for b in 0..nb {
-                                    let f = fl[b];
-                                    if f & ACTIVE != 0 {
-                                        let s = if f & FIRED != 0 { ac.jump_slope } else { 1.0 };
-                                        let lap = la[b] * s;
-                                        la[b] = lap * ac.decay + lun[b] * g.p30 * ac.stable;
-                                    }
-                                }
-                            }
-                            for b in 0..nb {
-                                if fl[b] & ACTIVE != 0 {
-                                    u[b] = if g.glif {
-                                        lun[b] * g.p33
-                                    } else {
-                                        lun[b] * g.expm1 + lun[b]
-                                    };
-                                }
-                            }
-                            for (k, pc) in g.ports.iter().enumerate() {
-                                for b in 0..nb {
-                                    let j = k * nb + b;
-                                    if fl[b] & ACTIVE != 0 {
-                                        p1[j] += lun[b] * pc.p31;
-                                        p2[j] += lun[b] * pc.p32;
-                                    }
-                                }
-                            }
-                            ly1[..gp * nb].copy_from_slice(&p1[..gp * nb]);
-                            ly2[..gp * nb].copy_from_slice(&p2[..gp * nb]);
-                        }
+                    self.local_backward(i0, i1, &st, gz, au, aa, a1, a2);
+                    if let Some(sb) = &before {
+                        // SAFETY: as above.
+                        let mu = unsafe { mu.slice(i0 * np * nb, i1 * np * nb) };
+                        self.arrivals_adjoint(i0, i1, sb, vreg_coef, au, mu, a1);
                     }
                 });
             }
         }
     }
+
+    /// Steps 1-2 of the backward pass for neurons `i0..i1` at one step `st`: the
+    /// voltage-regularization derivative on U after the step (added to `au`), and the adjoint
+    /// of the step's arrivals, `mu = psc_init * y1` (`mu`, `au` and `y1` are the chunk's rows).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn arrivals_adjoint(
+        &self,
+        i0: usize,
+        i1: usize,
+        st: &StepTape,
+        vreg_coef: f64,
+        au: &mut [f32],
+        mu: &mut [f32],
+        y1: &[f32],
+    ) {
+        let (nb, np) = (self.nb, self.np);
+        mu.fill(0.0);
+        for g in &self.groups {
+            for i in g.start.max(i0)..g.end.min(i1) {
+                let li = i - i0;
+                if vreg_coef != 0.0 {
+                    for b in 0..nb {
+                        let f = st.flags[i * nb + b];
+                        let u_post = if f & (ACTIVE | FIRED) == ACTIVE | FIRED {
+                            g.v_reset
+                        } else {
+                            st.x[i * nb + b]
+                        };
+                        let (r, dr) = vreg_r(u_post as f64 / g.th);
+                        if r != 0.0 {
+                            au[li * nb + b] += (vreg_coef * 2.0 * r * dr / g.th) as f32;
+                        }
+                    }
+                }
+                for (k, pc) in g.ports.iter().enumerate() {
+                    let src = &y1[(li * np + k) * nb..(li * np + k + 1) * nb];
+                    let dst = &mut mu[(li * np + k) * nb..(li * np + k + 1) * nb];
+                    for b in 0..nb {
+                        dst[b] = src[b] * pc.psc_init;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Step 5 of the backward pass for neurons `i0..i1`: the adjoint of every neuron's state
+    /// through step `st` from the spike adjoints `gz` (`[neuron, B]`, all neurons); `au`,
+    /// `aa`, `a1`, `a2` are the chunk's rows.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn local_backward(
+        &self,
+        i0: usize,
+        i1: usize,
+        st: &StepTape,
+        gz: &[f32],
+        au: &mut [f32],
+        aa: &mut [f32],
+        a1: &mut [f32],
+        a2: &mut [f32],
+    ) {
+        let (nb, np, na) = (self.nb, self.np, self.na);
+        let mut p1 = vec![0.0f32; np * nb];
+        let mut p2 = vec![0.0f32; np * nb];
+        let mut sigma = vec![0.0f32; nb];
+        let mut lz = vec![0.0f32; nb];
+        let mut lun = vec![0.0f32; nb];
+        for g in &self.groups {
+            let gp = g.ports.len();
+            for i in g.start.max(i0)..g.end.min(i1) {
+                let li = i - i0;
+                let u = &mut au[li * nb..(li + 1) * nb];
+                let lasc = &mut aa[li * na * nb..(li + 1) * na * nb];
+                let ly1 = &mut a1[li * np * nb..(li + 1) * np * nb];
+                let ly2 = &mut a2[li * np * nb..(li + 1) * np * nb];
+                let fl = &st.flags[i * nb..(i + 1) * nb];
+                let xv = &st.x[i * nb..(i + 1) * nb];
+                for (k, pc) in g.ports.iter().enumerate() {
+                    for b in 0..nb {
+                        let j = k * nb + b;
+                        p1[j] = ly2[j] * pc.p21 + ly1[j] * pc.p11;
+                        p2[j] = ly2[j] * pc.p22;
+                    }
+                }
+                let gzi = &gz[i * nb..(i + 1) * nb];
+                for b in 0..nb {
+                    let un = xv[b];
+                    let clamped = !g.glif && un == g.lb32;
+                    sigma[b] = if clamped {
+                        0.0
+                    } else {
+                        dz_du_f32(&self.sg, un, g.th32)
+                    };
+                    lz[b] = gzi[b] - u[b] * g.th_minus_reset;
+                }
+                for (a, ac) in g.asc.iter().enumerate() {
+                    let ap = &st.asc[(i * na + a) * nb..(i * na + a + 1) * nb];
+                    let la = &lasc[a * nb..(a + 1) * nb];
+                    for b in 0..nb {
+                        lz[b] += la[b] * (ac.amp + ap[b] * ac.rd - ap[b]);
+                    }
+                }
+                for b in 0..nb {
+                    let clamped = !g.glif && xv[b] == g.lb32;
+                    lun[b] = if clamped {
+                        0.0
+                    } else {
+                        u[b] + lz[b] * sigma[b]
+                    };
+                }
+                for (a, ac) in g.asc.iter().enumerate() {
+                    let la = &mut lasc[a * nb..(a + 1) * nb];
+                    for b in 0..nb {
+                        let f = fl[b];
+                        if f & ACTIVE != 0 {
+                            let s = if f & FIRED != 0 { ac.jump_slope } else { 1.0 };
+                            let lap = la[b] * s;
+                            la[b] = lap * ac.decay + lun[b] * g.p30 * ac.stable;
+                        }
+                    }
+                }
+                for b in 0..nb {
+                    if fl[b] & ACTIVE != 0 {
+                        u[b] = if g.glif {
+                            lun[b] * g.p33
+                        } else {
+                            lun[b] * g.expm1 + lun[b]
+                        };
+                    }
+                }
+                for (k, pc) in g.ports.iter().enumerate() {
+                    for b in 0..nb {
+                        let j = k * nb + b;
+                        if fl[b] & ACTIVE != 0 {
+                            p1[j] += lun[b] * pc.p31;
+                            p2[j] += lun[b] * pc.p32;
+                        }
+                    }
+                }
+                ly1[..gp * nb].copy_from_slice(&p1[..gp * nb]);
+                ly2[..gp * nb].copy_from_slice(&p2[..gp * nb]);
+            }
+        }
+    }
+}
+
+/// The stored forward values of one step (global neuron index): `x` `[neuron, B]`, `asc`
+/// `[neuron, n_asc, B]`, `flags` `[neuron, B]` (see [`Tape`]).
+struct StepTape<'a> {
+    x: &'a [f32],
+    asc: &'a [f32],
+    flags: &'a [u8],
 }
 
 impl SnnModel {
@@ -1318,17 +1385,27 @@ impl SnnModel {
                 self.n_params()
             )));
         }
-        let k = Kernel::new(self, params, first_sample, batch);
-        let mut timing = StepTiming::default();
-        let clock = std::time::Instant::now();
-        let mut fwd = k.forward_pass();
-        timing.forward_s = clock.elapsed().as_secs_f64();
-        let (terms, n_spikes, gz_rate) = self.batch_loss_terms(&fwd.acc, k.n, batch);
-        let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
-        let grad = k.backward_pass(&mut fwd, &gz_rate, vreg_coef, &mut timing);
-        let mut r = self.finish(terms, &grad, n_spikes, batch);
-        r.first_spikes = fwd.acc.first.take();
-        Ok((r, timing))
+        let run = || {
+            let k = Kernel::new(self, params, first_sample, batch);
+            let mut timing = StepTiming::default();
+            let clock = std::time::Instant::now();
+            let mut fwd = k.forward_pass();
+            timing.forward_s = clock.elapsed().as_secs_f64();
+            let (terms, n_spikes, gz_rate) = self.batch_loss_terms(&fwd.acc, k.n, batch);
+            let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
+            let grad = k.backward_pass(&mut fwd, &gz_rate, vreg_coef, &mut timing);
+            let mut r = self.finish(terms, &grad, n_spikes, batch);
+            r.first_spikes = fwd.acc.first.take();
+            (r, timing)
+        };
+        // Thousands of fork-joins per call (a few per step): started from a rayon worker,
+        // each costs a few microseconds, from an outside thread (which must hand every one
+        // to the pool and sleep until it is done) tens. So the whole call runs on a worker.
+        if self.opts.parallel && rayon::current_thread_index().is_none() {
+            Ok(rayon::join(run, || ()).0)
+        } else {
+            Ok(run())
+        }
     }
 
     /// The loss terms of a batch of `batch` samples of `n` neurons (means over the samples,
