@@ -71,6 +71,26 @@ const DELIVERY_BLOCK: usize = 8192;
 /// from the batch or the thread count, so every replica sums in the same order.
 const SPMV_PASS: usize = 32_768;
 
+/// Edges ahead of the current one whose adjoint rows the SpMV asks the cache for: the rows
+/// are random reads (a target's row per edge), so on networks whose rows do not fit in the
+/// core's cache their latency is hidden only by requesting them early.
+const PREFETCH_EDGES: usize = 16;
+
+/// Spiking sources ahead whose edges the delivery asks the cache for.
+const PREFETCH_SOURCES: usize = 4;
+
+/// Targets (per SpMV pass, or in the network for the delivery) above which the kernels
+/// prefetch ([`PREFETCH_EDGES`], [`PREFETCH_SOURCES`]); below, the rows stay in cache and
+/// the prefetch instructions only cost time.
+const PREFETCH_MIN_TARGETS: usize = 2048;
+
+/// Poisson draws per step (nodes x samples) from which the delivery draws them on rayon.
+const PARALLEL_DRAWS: usize = 4096;
+
+/// Networks up to this many neurons run a parallel call on a rayon worker (see
+/// `loss_and_grad_batched`).
+const WORKER_CALL_MAX_NEURONS: usize = 2048;
+
 /// Flag bit: the neuron was not refractory at the start of the step.
 const ACTIVE: u8 = 1;
 /// Flag bit: the neuron spiked in the step.
@@ -389,15 +409,6 @@ fn segment_dot(ws: &[f32], offs: &[u32], g: Gather, acc: &mut [f32]) {
     }
 }
 
-/// Edges ahead of the current one whose adjoint rows the SpMV asks the cache for: the rows
-/// are random reads (a target's row per edge), so on networks whose rows do not fit in the
-/// core's cache their latency is hidden only by requesting them early.
-const PREFETCH_EDGES: usize = 16;
-
-/// Targets per SpMV pass above which the SpMV prefetches ([`PREFETCH_EDGES`]); below, the
-/// rows stay in cache and the prefetch instructions only cost time.
-const PREFETCH_MIN_TARGETS: usize = 2048;
-
 /// Asks the cache for the line holding `v[i]` (no effect on results; nothing when `i` is
 /// out of range).
 #[inline(always)]
@@ -420,16 +431,6 @@ fn prefetch_ptr<T>(p: *const T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
-
-/// Networks up to this many neurons run a parallel call on a rayon worker (see
-/// `loss_and_grad_batched`).
-const WORKER_CALL_MAX_NEURONS: usize = 2048;
-
-/// Poisson draws per step (nodes x samples) from which the delivery draws them on rayon.
-const PARALLEL_DRAWS: usize = 4096;
-
-/// Spiking sources ahead whose edges the delivery asks the cache for.
-const PREFETCH_SOURCES: usize = 4;
 
 /// [`segment_dot`] for lanes `l0 .. l0 + L`; returns `L`.
 #[inline(always)]
