@@ -1,11 +1,14 @@
 //! Batched forward simulation.
 //!
-//! Layout: batch-major `[batch, neuron]`. Each trial owns contiguous arrays
+//! [`TrialState`] is one trial in the layout BPTT's reference uses: contiguous arrays
 //! `u [neuron]`, `asc [neuron, n_asc]`, `y1`/`y2 [neuron, port]`, `refr [neuron]` and a ring
-//! buffer `ring [slot, neuron, port]` of `max_delay + 1` slots. A trial's whole working set
-//! (about 300 KB for the 450-cell network at dt 0.1 ms) stays in cache while it advances,
-//! trials never interact, so trials run in parallel (rayon) without any synchronisation
-//! and give bit-identical results for any thread count.
+//! buffer `ring [slot, neuron, port]` of `max_delay + 1` slots, advanced by
+//! [`TrialState::step`], generic over [`Scalar`]. [`simulate`] runs the same recursion in
+//! double precision through `crate::simulation_kernel` (structure-of-arrays, four neurons per
+//! vector operation), bitwise equal to `TrialState::<f64>::step`. A trial's whole working set
+//! (about 300 KB for the 450-cell network at dt 0.1 ms) stays in cache while it advances;
+//! trials never interact, so trials run in parallel (rayon) without any synchronisation and
+//! give bit-identical results for any thread count.
 //!
 //! Spike delivery follows NEST: a spike emitted in update step `t` (time stamp `(t+1) dt`)
 //! with delay `d` steps is added to the ring slot read in step `t + d`, where it enters
@@ -16,6 +19,7 @@ use rayon::prelude::*;
 use crate::input::Inputs;
 use crate::network::Network;
 use crate::scalar::{Scalar, Surrogate};
+use crate::simulation_kernel::{EdgeTargets, SimTrial};
 use crate::step::{step_neuron, NeuronStateMut};
 
 /// Initial state of a trial.
@@ -335,10 +339,10 @@ pub fn simulate_with(
                 .collect()
         })
         .collect();
+    let targets = EdgeTargets::new(net);
     let run = |b: usize| -> (TrialSpikes, Vec<Vec<f64>>) {
         let sample = first_sample + b as u64;
-        let mut st = TrialState::<f64>::new(net, opts.initial);
-        let mut z = vec![0.0f64; net.n_neurons()];
+        let mut st = SimTrial::new(net, opts.initial);
         let mut out = TrialSpikes {
             sample,
             ..Default::default()
@@ -360,21 +364,16 @@ pub fn simulate_with(
         for t in 0..n_steps {
             out.syn_events += st.step(
                 net,
-                &net.weights_rec,
-                &net.weights_in,
+                &targets,
                 inputs,
                 sample,
                 t,
                 &opts.surrogate,
-                &mut z,
+                &mut fired,
             );
-            fired.clear();
-            fired.extend(
-                z.iter()
-                    .enumerate()
-                    .filter(|(_, &v)| v != 0.0)
-                    .map(|(i, _)| net.order[i]),
-            );
+            for i in fired.iter_mut() {
+                *i = net.order[*i as usize];
+            }
             fired.sort_unstable();
             out.spikes.extend(fired.iter().map(|&e| (t as u32, e)));
             if record {
@@ -385,7 +384,7 @@ pub fn simulate_with(
                         && (m - r.first_step) % r.stride == 0
                         && (m - r.first_step) / r.stride < r.n_frames
                     {
-                        v.extend(cells.iter().map(|&(i, e_l)| st.u[i] + e_l));
+                        v.extend(cells.iter().map(|&(i, e_l)| st.u()[i] + e_l));
                     }
                 }
             }

@@ -20,7 +20,8 @@
 //!
 //! Layout: cell models and NEST's propagators (`model`, `nest`, `step`), networks in CSR form
 //! per presynaptic source grouped by delay and receptor port (`network`), inputs (`input`),
-//! the batched forward kernel (`forward`), BPTT and losses (`bptt`: per-sample f64 and the
+//! the batched forward simulation (`forward`, with its f64 structure-of-arrays kernel in
+//! `simulation_kernel`), BPTT and losses (`bptt`: per-sample f64 and the
 //! f32 reference; `bptt_batch`: the batch-innermost float32 kernels; `loss`), the SONATA
 //! adapter (`sonata`), config reading (`config`), the `lockstep simulate` run
 //! (`simulate_config`) and the trainer's replica (`replica`). Every public item is
@@ -40,6 +41,7 @@ mod network;
 mod replica;
 mod scalar;
 mod simulate_config;
+mod simulation_kernel;
 mod sonata;
 mod step;
 mod trained_simulation;

@@ -470,7 +470,7 @@ pub(crate) fn memory_estimate(
     let trials = batch as u64;
     let mut est = MemoryEstimate::new();
     // U, spikes z, refractory counters, ASCs, y1/y2 per neuron; the ring buffer.
-    let state = n * (8 + 8 + 4 + 8 * na + 16 * np);
+    let state = n * (8 + 1 + 4 + 8 * na + 16 * np);
     let ring = (net.ring_len() as u64)
         .saturating_mul(n)
         .saturating_mul(np)
@@ -478,6 +478,10 @@ pub(crate) fn memory_estimate(
     est.add(
         format!("trial state ({trials} trial(s))"),
         state.saturating_mul(trials),
+    );
+    est.add(
+        "edge targets of the simulation kernel (4 bytes per edge)",
+        crate::simulation_kernel::EdgeTargets::bytes(net),
     );
     est.add(
         format!(
