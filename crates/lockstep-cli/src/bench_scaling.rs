@@ -1,7 +1,9 @@
 //! `lockstep bench scaling CONFIG`: optimizer updates per second and samples per second with
 //! 1 replica (local batch B) and with N replicas (local batch B each), for threads and for
 //! MPI, in one invocation. Each replica computes on one core; the first updates are warm-up;
-//! the figures are medians over the timed updates (each update timed on the slowest rank).
+//! the figures are medians over the timed updates (each update timed on the slowest rank),
+//! with the range of the per-round ratios (each round against its own 1-replica run) and
+//! each run's spread between rounds, so that drift in the machine's speed shows.
 //! The weights are held fixed (SGD with a vanishing learning rate) so that all runs simulate
 //! the same network: training would change the firing, and with it the cost of a sample.
 
@@ -75,6 +77,37 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         0.5 * (v[n / 2 - 1] + v[n / 2])
     }
+}
+
+/// Median of each round's `per_round` consecutive update times.
+fn round_medians(step_s: &[f64], per_round: usize) -> Vec<f64> {
+    step_s
+        .chunks(per_round.max(1))
+        .map(|c| median(c.to_vec()))
+        .collect()
+}
+
+/// Smallest and largest throughput ratio of a run to the 1-replica baseline, pairing each
+/// round's median update time (s) with the same round's baseline; global batches in samples.
+/// NaN when there are no rounds.
+fn paired_ratio_range(
+    rounds: &[f64],
+    global_batch: usize,
+    baseline: &[f64],
+    baseline_batch: usize,
+) -> (f64, f64) {
+    let ratios = rounds
+        .iter()
+        .zip(baseline)
+        .map(|(&s, &b)| (global_batch as f64 / s) / (baseline_batch as f64 / b));
+    ratios.fold((f64::NAN, f64::NAN), |(lo, hi), r| (lo.min(r), hi.max(r)))
+}
+
+/// Slowest over fastest of the rounds' median update times (1 = no drift between rounds).
+fn spread(rounds: &[f64]) -> f64 {
+    let lo = rounds.iter().copied().fold(f64::NAN, f64::min);
+    let hi = rounds.iter().copied().fold(f64::NAN, f64::max);
+    hi / lo
 }
 
 fn measure(
@@ -182,31 +215,70 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         rows.push(("mpi", &mpi));
     }
     let one_sps = one.global_batch as f64 / median(one.step_s.clone());
+    let per_round = args.updates as usize;
+    let one_rounds = round_medians(&one.step_s, per_round);
     println!(
         "local batch {} per replica, median of {} rounds x {} updates (after {} warm-up each), one core per replica",
         one.global_batch, args.rounds.max(1), args.updates, args.warmup
     );
     println!(
-        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
-        "run", "replicas", "global batch", "updates/s", "samples/s", "ratio", "comm %", "compute s"
+        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>10}",
+        "run",
+        "replicas",
+        "global batch",
+        "updates/s",
+        "samples/s",
+        "ratio",
+        "ratio min",
+        "ratio max",
+        "spread",
+        "comm %",
+        "compute s"
     );
     for (name, m) in &rows {
         let step = median(m.step_s.clone());
         let ups = 1.0 / step;
         let sps = m.global_batch as f64 / step;
         let ratio = sps / one_sps;
+        let rounds = round_medians(&m.step_s, per_round);
+        let (lo, hi) = paired_ratio_range(&rounds, m.global_batch, &one_rounds, one.global_batch);
         println!(
-            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>10.3} {:>10.2} {:>12.4}",
+            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>8.3} {:>9.3} {:>9.3} {:>8.3} {:>8.2} {:>10.4}",
             name,
             m.replicas,
             m.global_batch,
             ups,
             sps,
             ratio,
+            lo,
+            hi,
+            spread(&rounds),
             100.0 * median(m.comm_s.clone()) / step,
             median(m.compute_s.clone())
         );
     }
-    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch)");
+    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time)");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_are_paired_with_the_baseline_of_the_same_round() {
+        // Two rounds of two updates: the baseline (batch 16) slowed down in round 2, and so
+        // did the 2-replica run (batch 32).
+        let one = round_medians(&[1.0, 1.0, 2.0, 2.0], 2);
+        let two = round_medians(&[1.0, 1.2, 2.0, 2.0], 2);
+        assert_eq!(one, vec![1.0, 2.0]);
+        assert_eq!(two, vec![1.1, 2.0]);
+        let (lo, hi) = paired_ratio_range(&two, 32, &one, 16);
+        assert!(
+            (lo - 2.0 / 1.1).abs() < 1e-12 && (hi - 2.0).abs() < 1e-12,
+            "{lo} {hi}"
+        );
+        assert!((spread(&one) - 2.0).abs() < 1e-12);
+        assert!(paired_ratio_range(&[], 32, &[], 16).0.is_nan());
+    }
 }
