@@ -166,8 +166,8 @@ impl SimTrial {
                 let (a, b) = (seg.start as usize, seg.end as usize);
                 let row = &mut ring[base..base + n];
                 for (&tg, &w) in targets.recurrent[a..b].iter().zip(&w_rec[a..b]) {
-                    // `w * 1.0`: TrialState::step's `w * z` for a spike.
-                    row[tg as usize] += w * 1.0;
+                    // TrialState::step adds `w * z`, which is `w` for a spike (z = 1).
+                    row[tg as usize] += w;
                 }
                 events += (b - a) as u64;
             }
