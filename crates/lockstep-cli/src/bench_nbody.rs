@@ -21,7 +21,7 @@ use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_nbody::accuracy::{compare, Accuracy};
 use lockstep_nbody::shard::{redistribute, sharded_forces};
 use lockstep_nbody::{
-    direct, direct_on, Fmm, FmmParams, FmmStats, Forces, InitialConditions, SourceSet,
+    direct, direct_on, Fmm, FmmParams, FmmStats, Forces, InitialConditions, NearField, SourceSet,
 };
 
 /// Options of `lockstep bench nbody`.
@@ -54,6 +54,9 @@ pub struct BenchNbodyArgs {
     /// FMM leaf size (particles per leaf).
     #[arg(long, default_value_t = FmmParams::default().leaf_size)]
     pub leaf_size: usize,
+    /// Arithmetic of the FMM near-field sums (`forces.near_field`).
+    #[arg(long, value_enum, default_value_t = NearFieldArg::F32)]
+    pub near_field: NearFieldArg,
     /// Timed evaluations per configuration (the best is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -68,12 +71,25 @@ pub struct BenchNbodyArgs {
     pub fmm3d_eps: Vec<f64>,
 }
 
+/// `--near-field` values (`forces.near_field` of an N-body config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NearFieldArg {
+    /// Single-precision sums on centred, scaled coordinates (the default).
+    F32,
+    /// Double-precision sums.
+    F64,
+}
+
 /// Runs the benchmark selected by `args` and prints its table.
 pub fn run(args: &BenchNbodyArgs) -> Result<()> {
     let params = FmmParams {
         order: args.order,
         theta: args.theta,
         leaf_size: args.leaf_size,
+        near_field: match args.near_field {
+            NearFieldArg::F32 => NearField::F32,
+            NearFieldArg::F64 => NearField::F64,
+        },
     };
     if let Some(n) = args.accuracy_table {
         return accuracy_table(n);
@@ -185,13 +201,16 @@ pos = np.load(d + "/pos.npy")
 q = np.load(d + "/mass.npy")
 src = np.ascontiguousarray(pos.T)
 secs = []
+cpus = []
 for k, e in enumerate(sys.argv[2:]):
     t0 = time.perf_counter()
+    c0 = time.process_time()
     out = fmm3dpy.lfmm3d(eps=float(e), sources=src, charges=q, pg=2)
     secs.append(time.perf_counter() - t0)
+    cpus.append(time.process_time() - c0)
     np.save(d + "/pot%d.npy" % k, np.ascontiguousarray(out.pot))
     np.save(d + "/grad%d.npy" % k, np.ascontiguousarray(out.grad.T))
-print(json.dumps({"seconds": secs, "version": getattr(fmm3dpy, "__version__", "unknown")}))
+print(json.dumps({"seconds": secs, "cpu_seconds": cpus, "version": getattr(fmm3dpy, "__version__", "unknown")}))
 "#;
 
 fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
@@ -206,8 +225,9 @@ fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
     Ok((p.valid_pos().to_vec(), p.valid_mass().to_vec()))
 }
 
-/// Runs FMM3D on `pos`/`mass` at each precision of `eps`; returns per precision (seconds,
-/// forces in our sign convention with G = 1), and the fmm3dpy version. FMM3D's kernel
+/// Runs FMM3D on `pos`/`mass` at each precision of `eps`; returns per precision (wall
+/// seconds, CPU seconds of the process, forces in our sign convention with G = 1), and the
+/// fmm3dpy version. FMM3D's kernel
 /// normalisation (1/r or 1/(4 pi r)) is detected from the potential of the first point.
 fn run_fmm3d(
     python: &str,
@@ -215,7 +235,7 @@ fn run_fmm3d(
     mass: &[f64],
     eps: &[f64],
     reference: &Forces,
-) -> Result<(Vec<(f64, Forces)>, String)> {
+) -> Result<(Vec<Fmm3dRun>, String)> {
     let dir = tempfile::tempdir().context("creating a temporary directory")?;
     let d = dir.path();
     let flat: Vec<f64> = pos.iter().flatten().copied().collect();
@@ -245,6 +265,7 @@ fn run_fmm3d(
     let mut res = Vec::new();
     for k in 0..eps.len() {
         let seconds = v["seconds"][k].as_f64().unwrap_or(f64::NAN);
+        let cpu_seconds = v["cpu_seconds"][k].as_f64().unwrap_or(f64::NAN);
         let pot = read_npy::<f64>(&d.join(format!("pot{k}.npy")))?;
         let grad = read_npy::<f64>(&d.join(format!("grad{k}.npy")))?;
         if pot.len() != pos.len() || grad.len() != 3 * pos.len() {
@@ -269,9 +290,23 @@ fn run_fmm3d(
                 .map(|g| [scale * g[0], scale * g[1], scale * g[2]])
                 .collect(),
         };
-        res.push((seconds, f));
+        res.push(Fmm3dRun {
+            seconds,
+            cpu_seconds,
+            forces: f,
+        });
     }
     Ok((res, version))
+}
+
+/// One FMM3D evaluation.
+struct Fmm3dRun {
+    /// Wall-clock seconds.
+    seconds: f64,
+    /// CPU seconds of the Python process during the call (all its threads).
+    cpu_seconds: f64,
+    /// Forces in our sign convention, G = 1.
+    forces: Forces,
 }
 
 fn subset(f: &Forces, k: usize) -> Forces {
@@ -342,24 +377,46 @@ pub fn bench_nbody(opts: &NbodyBenchOptions) -> Result<NbodyBenchReport> {
     let threads = rayon::current_num_threads();
     let mut rows = Vec::new();
     let mut note = None;
+    let mut one_thread = Vec::new();
     print_header(&opts.params, threads);
     for &n in &opts.fmm_sizes {
         let (pos, mass) = plummer_points(n, opts.seed)?;
         let k = opts.accuracy_targets.min(n);
         let reference = direct_on(&pos[..k], Some(0), &pos, &mass, 1.0, 0.0);
-        let row = fmm_row(opts, &fmm, &pos, &mass, &reference)?;
+        let row = fmm_row(opts, &fmm, &pos, &mass, &reference, threads)?;
         print_row(&row);
         let (ours_seconds, ours_p99) = (row.seconds, row.accuracy.map_or(0.0, |a| a.acc.p99));
         rows.push(row);
+        if threads > 1 {
+            // The same evaluation on one core: the per-core comparison with a peer that
+            // runs on one thread (the PyPI fmm3dpy wheel is built without OpenMP).
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .context("a rayon pool of 1 thread")?;
+            let row = one.install(|| fmm_row(opts, &fmm, &pos, &mass, &reference, 1))?;
+            print_row(&row);
+            one_thread.push((n, row.seconds));
+            rows.push(row);
+        }
         if opts.fmm3d && note.is_none() {
             match run_fmm3d(&opts.python, &pos, &mass, &opts.fmm3d_eps, &reference) {
                 Ok((runs, version)) => {
-                    for row in
-                        fmm3d_rows(opts, n, &runs, &version, &reference, ours_seconds, ours_p99)
-                    {
-                        print_row(&row);
-                        rows.push(row);
+                    let peer =
+                        fmm3d_rows(opts, n, &runs, &version, &reference, ours_seconds, ours_p99);
+                    for row in &peer {
+                        print_row(row);
                     }
+                    if let Some(m) = peer.iter().find(|r| r.setting.ends_with("(matched)")) {
+                        let one = one_thread.iter().find(|&&(k, _)| k == n).map(|&(_, s)| s);
+                        println!(
+                            "  speed N={n}: fmm3d matched / ours = {:.2} ({threads} threads){}",
+                            m.seconds / ours_seconds,
+                            one.map(|s| format!(", {:.2} (ours on 1 thread)", m.seconds / s))
+                                .unwrap_or_default()
+                        );
+                    }
+                    rows.extend(peer);
                 }
                 Err(e) => {
                     println!("fmm3d comparison skipped: {e}");
@@ -401,6 +458,7 @@ fn fmm_row(
     pos: &[[f64; 3]],
     mass: &[f64],
     reference: &Forces,
+    threads: usize,
 ) -> Result<NbodyBenchRow> {
     let n = pos.len();
     let mut best = f64::INFINITY;
@@ -424,7 +482,16 @@ fn fmm_row(
         seconds: best,
         evals_per_second: 1.0 / best,
         accuracy: Some(acc),
-        setting: format!("p={} theta={}", opts.params.order, opts.params.theta),
+        setting: format!(
+            "p={} theta={} near field {}, {threads} thread{}",
+            opts.params.order,
+            opts.params.theta,
+            match opts.params.near_field {
+                NearField::F32 => "f32",
+                NearField::F64 => "f64",
+            },
+            if threads == 1 { "" } else { "s" }
+        ),
         speed_ratio: None,
     })
 }
@@ -435,7 +502,7 @@ fn fmm_row(
 fn fmm3d_rows(
     opts: &NbodyBenchOptions,
     n: usize,
-    runs: &[(f64, Forces)],
+    runs: &[Fmm3dRun],
     version: &str,
     reference: &Forces,
     ours_seconds: f64,
@@ -444,7 +511,7 @@ fn fmm3d_rows(
     let k = reference.pot.len();
     let accs: Vec<Accuracy> = runs
         .iter()
-        .map(|(_, f)| compare(&subset(f, k), reference))
+        .map(|r| compare(&subset(&r.forces, k), reference))
         .collect();
     let eps = &opts.fmm3d_eps;
     let matched = (0..runs.len())
@@ -453,18 +520,19 @@ fn fmm3d_rows(
         .or_else(|| (0..runs.len()).min_by(|&i, &j| eps[i].total_cmp(&eps[j])));
     runs.iter()
         .enumerate()
-        .map(|(i, (secs, _))| NbodyBenchRow {
+        .map(|(i, r)| NbodyBenchRow {
             method: "fmm3d".into(),
             n,
-            seconds: *secs,
-            evals_per_second: 1.0 / secs,
+            seconds: r.seconds,
+            evals_per_second: 1.0 / r.seconds,
             accuracy: Some(accs[i]),
             setting: format!(
-                "fmm3dpy {version} lfmm3d eps={:.0e}{}",
+                "fmm3dpy {version} lfmm3d eps={:.0e}, {:.2} cores busy{}",
                 eps[i],
+                r.cpu_seconds / r.seconds,
                 if Some(i) == matched { " (matched)" } else { "" }
             ),
-            speed_ratio: Some(ours_seconds / secs),
+            speed_ratio: Some(ours_seconds / r.seconds),
         })
         .collect()
 }
@@ -514,6 +582,7 @@ pub fn accuracy_table(n: u64) -> Result<()> {
                     order,
                     theta,
                     leaf_size: 32,
+                    ..FmmParams::default()
                 })?;
                 let t0 = Instant::now();
                 let (f, _) =

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::direct::{direct, Forces};
-use crate::fmm::{Fmm, FmmParams, FmmStats, SourceSet};
+use crate::fmm::{Fmm, FmmParams, FmmStats, NearField, SourceSet};
 use crate::{NbodyError, Particles};
 
 /// Leapfrog variant.
@@ -49,6 +49,9 @@ pub struct ForceSettings {
     /// FMM leaf size.
     #[serde(default = "d_leaf")]
     pub leaf_size: usize,
+    /// FMM near-field arithmetic: `"f32"` (default) or `"f64"` ([`NearField`]).
+    #[serde(default)]
+    pub near_field: NearField,
 }
 
 fn d_order() -> usize {
@@ -68,6 +71,7 @@ impl ForceSettings {
             order: self.order,
             theta: self.theta,
             leaf_size: self.leaf_size,
+            near_field: self.near_field,
         }
     }
 }
@@ -80,6 +84,7 @@ impl Default for ForceSettings {
             order: d_order(),
             theta: d_theta(),
             leaf_size: d_leaf(),
+            near_field: NearField::F32,
         }
     }
 }

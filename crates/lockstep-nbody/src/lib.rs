@@ -43,7 +43,7 @@ pub mod units;
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;
-pub use fmm::{fmm, Fmm, FmmParams, FmmStats, PhaseSeconds, RemoteCell, SourceSet};
+pub use fmm::{fmm, Fmm, FmmParams, FmmStats, NearField, PhaseSeconds, RemoteCell, SourceSet};
 pub use ic::InitialConditions;
 pub use integrate::{
     simulate, Diagnostics, ForceSettings, Gravity, Integrator, Method, NbodySimulateOptions,

@@ -4,7 +4,7 @@
 
 use lockstep_nbody::accuracy::compare;
 use lockstep_nbody::fmm::RemoteCell;
-use lockstep_nbody::{direct, direct_on, Fmm, FmmParams, InitialConditions, SourceSet};
+use lockstep_nbody::{direct, direct_on, Fmm, FmmParams, InitialConditions, NearField, SourceSet};
 
 const EPS: f64 = 1e-3;
 
@@ -84,6 +84,7 @@ fn fmm_error_falls_as_order_rises() {
             order,
             theta: 0.6,
             leaf_size: 32,
+            ..FmmParams::default()
         })
         .unwrap();
         let (f, _) = fmm
@@ -106,6 +107,7 @@ fn fmm_error_falls_as_order_rises() {
         order: 4,
         theta: 0.4,
         leaf_size: 32,
+        ..FmmParams::default()
     })
     .unwrap();
     let (f, _) = fmm
@@ -209,19 +211,64 @@ fn imported_multipoles_reproduce_a_distant_cluster() {
 }
 
 #[test]
+fn near_field_f32_matches_f64_on_plummer_and_clumps() {
+    for (p, name) in [(plummer(20_000), "plummer"), (clumps(20_000), "clumps")] {
+        let src = SourceSet::local(p.valid_pos(), p.valid_mass());
+        let run = |near_field| {
+            let params = FmmParams {
+                near_field,
+                ..FmmParams::default()
+            };
+            Fmm::new(params).unwrap().forces(&src, 1.0, EPS).unwrap().0
+        };
+        let (single, double) = (run(NearField::F32), run(NearField::F64));
+        let diff = compare(&single, &double);
+        println!("{name}: f32 near field against f64: {diff:?}");
+        // f32 rounding (about 6e-8 per operation) over thousands of pairs summed in f64.
+        assert!(
+            diff.acc.p99 < 1e-6 && diff.acc.max < 3e-5,
+            "{name}: {diff:?}"
+        );
+        assert!(
+            diff.pot.p99 < 2e-7 && diff.pot.max < 1e-6,
+            "{name}: {diff:?}"
+        );
+        // Far below the far-field truncation error against direct summation.
+        let reference = direct(p.valid_pos(), p.valid_mass(), 1.0, EPS);
+        let (e32, e64) = (compare(&single, &reference), compare(&double, &reference));
+        assert!(
+            (e32.acc.p99 - e64.acc.p99).abs() < 0.01 * e64.acc.p99,
+            "{name}: p99 error {:e} (f32) against {:e} (f64)",
+            e32.acc.p99,
+            e64.acc.p99
+        );
+    }
+}
+
+#[test]
 fn degenerate_inputs() {
-    let fmm = Fmm::new(FmmParams::default()).unwrap();
     // Coincident particles (keys exhausted), a single particle, and no particles.
     let pos = vec![[1.0, 2.0, 3.0]; 100];
     let mass = vec![1.0; 100];
-    let (f, _) = fmm
-        .forces(&SourceSet::local(&pos, &mass), 1.0, 0.1)
-        .unwrap();
     let r = direct(&pos, &mass, 1.0, 0.1);
-    for i in 0..100 {
-        assert!((f.pot[i] - r.pot[i]).abs() < 1e-12 * r.pot[i].abs());
-        assert!(f.acc[i].iter().all(|a| a.abs() < 1e-12));
+    for (near_field, tol) in [(NearField::F64, 1e-12), (NearField::F32, 1e-6)] {
+        let fmm = Fmm::new(FmmParams {
+            near_field,
+            ..FmmParams::default()
+        })
+        .unwrap();
+        let (f, _) = fmm
+            .forces(&SourceSet::local(&pos, &mass), 1.0, 0.1)
+            .unwrap();
+        for i in 0..100 {
+            assert!(
+                (f.pot[i] - r.pot[i]).abs() < tol * r.pot[i].abs(),
+                "{near_field:?}"
+            );
+            assert!(f.acc[i].iter().all(|a| a.abs() < 1e-12), "{near_field:?}");
+        }
     }
+    let fmm = Fmm::new(FmmParams::default()).unwrap();
     let (f, _) = fmm
         .forces(&SourceSet::local(&pos[..1], &mass[..1]), 1.0, 0.1)
         .unwrap();
@@ -243,6 +290,7 @@ fn degenerate_inputs() {
             order: o,
             theta: t,
             leaf_size: l,
+            ..FmmParams::default()
         })
         .unwrap_err()
         .to_string();

@@ -38,6 +38,30 @@ pub struct FmmParams {
     /// Largest number of particles in a leaf.
     #[serde(default = "default_leaf")]
     pub leaf_size: usize,
+    /// Arithmetic of the near-field (P2P) sums: `"f32"` (default) or `"f64"`.
+    #[serde(default)]
+    pub near_field: NearField,
+}
+
+/// Arithmetic of the near-field (P2P) sums.
+///
+/// `F32` (the default) stores each target leaf's sources relative to the leaf centre,
+/// scaled by powers of two, in single precision; a pair's force then carries a relative
+/// error of about `1e-7 * L / r` (`L` the extent of the gathered sources, `r` the pair's
+/// separation), and partial sums are added in f64 every 128 sources. With any softening,
+/// or separations above `1e-4 L`, that is far below the far-field truncation error (the
+/// 99th percentile of the relative acceleration error of the default p = 6, theta = 0.6
+/// is unchanged at 2.4e-4 on a 10^6-particle Plummer sphere). Pairs closer than `1e-10 L`
+/// count as that far apart. `F64` sums in double precision (for unsoftened systems with
+/// very close pairs), at about 1.9 times the near-field cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NearField {
+    /// Single precision on centred, scaled coordinates, accumulated in f64.
+    #[default]
+    F32,
+    /// Double precision throughout.
+    F64,
 }
 
 fn default_order() -> usize {
@@ -56,6 +80,7 @@ impl Default for FmmParams {
             order: default_order(),
             theta: default_theta(),
             leaf_size: default_leaf(),
+            near_field: NearField::F32,
         }
     }
 }
@@ -503,8 +528,9 @@ impl Fmm {
             p2p_node_max: P2P_NODE_LEAVES * self.params.leaf_size,
             m2p_max: usize::MAX,
         };
+        let near_field = self.params.near_field;
         work.into_par_iter()
-            .map_init(p2p::GatheredSources::default, |buf, (t, acc, pot)| {
+            .map_init(NearBuffers::default, |(buf32, buf64), (t, acc, pot)| {
                 let clock = std::time::Instant::now();
                 let mut out = Lists::default();
                 let w = walker(t);
@@ -515,7 +541,11 @@ impl Fmm {
                 let walked = clock.elapsed().as_secs_f64();
                 let near = std::mem::take(&mut out.p2p);
                 let p2p_blocks = near.len();
-                let p2p_pairs = task_p2p(tree, near, nodes[t].start, eps2, acc, pot, buf);
+                let start = nodes[t].start;
+                let p2p_pairs = match near_field {
+                    NearField::F32 => task_p2p(tree, near, start, eps2, acc, pot, buf32),
+                    NearField::F64 => task_p2p(tree, near, start, eps2, acc, pot, buf64),
+                };
                 Traversal {
                     lists: out,
                     p2p_blocks,
@@ -565,18 +595,21 @@ impl Traversal {
     }
 }
 
+/// Per-worker gathered-source buffers of the two near-field kernels.
+type NearBuffers = (p2p::GatheredSources32, p2p::GatheredSources);
+
 /// Adds the direct sums of one task's P2P pairs `(target leaf, source node)` into the
 /// task's outputs `acc`/`pot` (sorted particles from `task_start`): the sources of a leaf
 /// (its own particles first) are gathered into one padded buffer and each target sums over
 /// all of it, its own entry massless. Returns the number of particle pairs.
-fn task_p2p(
+fn task_p2p<B: p2p::Gathered>(
     tree: &Tree,
     mut pairs: Vec<(usize, usize)>,
     task_start: usize,
     eps2: f64,
     acc: &mut [[f64; 3]],
     pot: &mut [f64],
-    buf: &mut p2p::GatheredSources,
+    buf: &mut B,
 ) -> u64 {
     // Stable: the sources of a leaf keep the (deterministic) traversal order.
     pairs.sort_by_key(|&(a, _)| a);
@@ -585,7 +618,7 @@ fn task_p2p(
         let lf = group[0].0;
         let nd: &Node = &tree.nodes[lf];
         let own = group.iter().any(|&(_, b)| b == lf);
-        buf.clear();
+        buf.begin(nd.center);
         if own {
             buf.extend(&tree.soa, nd.start..nd.end);
         }
@@ -597,15 +630,15 @@ fn task_p2p(
                 buf.extend(&tree.soa, src.start..src.end);
             }
         }
-        buf.pad();
+        buf.finish();
         count += (sources * nd.count()) as u64;
         let off = nd.start - task_start;
         for (k, i) in (nd.start..nd.end).enumerate() {
-            let m = if own { buf.mass(k) } else { 0.0 };
+            let m = if own { buf.mass(k) } else { B::Mass::default() };
             if own {
-                buf.set_mass(k, 0.0);
+                buf.set_mass(k, B::Mass::default());
             }
-            let (a, phi) = p2p::field_at(tree.soa.point(i), buf, eps2);
+            let (a, phi) = buf.field_at(tree.soa.point(i), eps2);
             if own {
                 buf.set_mass(k, m);
             }
