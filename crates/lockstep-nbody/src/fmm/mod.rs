@@ -53,7 +53,7 @@ pub struct FmmParams {
 /// 99th percentile of the relative acceleration error of the default p = 6, theta = 0.6
 /// is unchanged at 2.4e-4 on a 10^6-particle Plummer sphere). Pairs closer than `1e-10 L`
 /// count as that far apart. `F64` sums in double precision (for unsoftened systems with
-/// very close pairs), at about 1.9 times the near-field cost.
+/// very close pairs), at about 1.6 times the near-field cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NearField {

@@ -9,8 +9,8 @@
 //! - f32 (the default, [`GatheredSources32`]): coordinates relative to the target leaf's
 //!   centre and masses, both scaled by powers of two, rounded once to f32; 8 sources per
 //!   256-bit vector; `1 / sqrt` from the integer estimate and three Newton steps; partial
-//!   sums added into f64 every 128 sources. About 1.9 times faster than f64 on the
-//!   development machine (AMD EPYC, AVX2), with a relative error per pair of about
+//!   sums added into f64 every 128 sources. About 1.6 times faster than f64 on the
+//!   development machine (AMD EPYC Zen 1, AVX2), with a relative error per pair of about
 //!   `1e-7 L / r`.
 //! - f64 ([`GatheredSources`]): `1 / sqrt` from the integer estimate refined by four Newton
 //!   steps, within a few units in the last place of `1.0 / x.sqrt()`.
