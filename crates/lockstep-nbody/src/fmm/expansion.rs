@@ -345,8 +345,8 @@ impl Tables {
                 // SAFETY: the CPU supports AVX-512F, checked just above.
                 return unsafe { self.m2l_batch_avx512(mps, zbs, za, eps2, local, work) };
             }
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2, checked just above.
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU supports AVX2 and FMA, checked just above.
                 return unsafe { self.m2l_batch_avx2(mps, zbs, za, eps2, local, work) };
             }
         }
@@ -368,7 +368,7 @@ impl Tables {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     fn m2l_batch_avx2(
         &self,
         mps: &[&[f64]],
@@ -418,7 +418,7 @@ impl Tables {
                 let a = &ms[m];
                 let b = &d[nm as usize];
                 for l in 0..LANES {
-                    acc[l] += a[l] * b[l];
+                    acc[l] = a[l].mul_add(b[l], acc[l]);
                 }
             }
             local[n] +=
@@ -442,8 +442,8 @@ impl Tables {
                 // SAFETY: the CPU supports AVX-512F, checked just above.
                 return unsafe { self.m2p_batch_avx512(mp, zb, xs, eps2, work) };
             }
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2, checked just above.
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU supports AVX2 and FMA, checked just above.
                 return unsafe { self.m2p_batch_avx2(mp, zb, xs, eps2, work) };
             }
         }
@@ -464,7 +464,7 @@ impl Tables {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     fn m2p_batch_avx2(
         &self,
         mp: &[f64],
@@ -500,7 +500,7 @@ impl Tables {
         for i in 0..nt {
             let sm = self.sign[i] * mp[i];
             for l in 0..LANES {
-                phi[l] += sm * d[i][l];
+                phi[l] = sm.mul_add(d[i][l], phi[l]);
             }
         }
         let mut g = [[0.0f64; LANES]; 3];
@@ -510,7 +510,7 @@ impl Tables {
             for c in 0..3 {
                 let dd = &d[gi[c]];
                 for l in 0..LANES {
-                    g[c][l] += sm * dd[l];
+                    g[c][l] = sm.mul_add(dd[l], g[c][l]);
                 }
             }
         }
@@ -548,7 +548,7 @@ impl Tables {
                 let m = &mono[rest as usize];
                 let hj = &h[j as usize];
                 for l in 0..LANES {
-                    acc[l] += c * m[l] * hj[l];
+                    acc[l] = (c * m[l]).mul_add(hj[l], acc[l]);
                 }
             }
             d[n] = acc;
