@@ -3,12 +3,16 @@
 //! MPI, in one invocation. Each replica computes on one core; the first updates are warm-up;
 //! the figures are medians over the timed updates (each update timed on the slowest rank),
 //! with the range of the per-round ratios (each round against its own 1-replica run) and
-//! each run's spread between rounds, so that drift in the machine's speed shows.
+//! each run's spread between rounds, so that drift in the machine's speed shows. The
+//! machine's own bound for N replicas is measured in the same rounds: N 1-replica processes
+//! at once that never communicate (`independent`), so the table separates what the machine
+//! loses when N cores are busy (shared caches, memory bandwidth, clock) from what the
+//! replicas lose to communication and waiting.
 //! The weights are held fixed (SGD with a vanishing learning rate) so that all runs simulate
 //! the same network: training would change the firing, and with it the cost of a sample.
 
 use crate::train::{prepare, Overrides};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;
@@ -41,9 +45,15 @@ pub struct ScalingArgs {
     /// Skip the thread runs.
     #[arg(long)]
     pub no_threads: bool,
+    /// Skip the machine-bound runs (N independent 1-replica processes at once).
+    #[arg(long)]
+    pub no_independent: bool,
     /// Internal: one rank of the MPI measurement.
     #[arg(long, hide = true)]
     pub mpi_worker: bool,
+    /// Internal: one of the independent 1-replica processes.
+    #[arg(long, hide = true)]
+    pub independent_worker: bool,
 }
 
 /// Seconds of the timed updates (slowest rank): whole update, communication, compute.
@@ -151,6 +161,65 @@ fn measure(
     })
 }
 
+/// Combines `runs` that ran at the same time without communicating into one N-replica
+/// measurement: update `i` takes the slowest run's update `i` (as a synchronized update
+/// waits for the slowest replica), with no communication.
+fn combine_concurrent(runs: &[Measured]) -> Measured {
+    let k = runs.iter().map(|m| m.step_s.len()).min().unwrap_or(0);
+    let slowest = |f: fn(&Measured) -> &Vec<f64>| -> Vec<f64> {
+        (0..k)
+            .map(|i| runs.iter().map(|m| f(m)[i]).fold(f64::NAN, f64::max))
+            .collect()
+    };
+    Measured {
+        replicas: runs.len(),
+        global_batch: runs.iter().map(|m| m.global_batch).sum(),
+        step_s: slowest(|m| &m.step_s),
+        comm_s: vec![0.0; k],
+        compute_s: slowest(|m| &m.compute_s),
+    }
+}
+
+/// The machine's bound for N replicas: N 1-replica runs of the config at once, as separate
+/// processes that never communicate (each on one core, like a replica).
+fn measure_independent(args: &ScalingArgs, n: usize) -> Result<Measured> {
+    let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
+    let (updates, warmup) = (args.updates.to_string(), args.warmup.to_string());
+    let results: Vec<Result<Measured>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.args(["bench", "scaling"])
+                    .arg(&args.config)
+                    .args(["--updates", &updates, "--warmup", &warmup])
+                    .arg("--independent-worker");
+                scope.spawn(move || -> Result<Measured> {
+                    let out = lockstep_comm::launch::run_with_limit(cmd, Duration::from_secs(3600))
+                        .context("cannot start an independent 1-replica run")?;
+                    if !out.success() {
+                        bail!("an independent 1-replica run failed:\n{}", out.all_output());
+                    }
+                    let line = out
+                        .stdout
+                        .lines()
+                        .rfind(|l| l.starts_with('{'))
+                        .context("an independent 1-replica run printed no result")?;
+                    serde_json::from_str(line).context("unexpected result line")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a worker thread panicked")))
+            })
+            .collect()
+    });
+    let runs = results.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(combine_concurrent(&runs))
+}
+
 /// Runs the benchmark and prints the table.
 pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
     if args.updates == 0 {
@@ -164,11 +233,17 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         }
         return Ok(());
     }
+    if args.independent_worker {
+        let m = measure(world, args, Value::Null, tmp.path(), "serial")?;
+        println!("{}", serde_json::to_string(&m)?);
+        return Ok(());
+    }
     if world.comm().size() > 1 {
         bail!("run `lockstep bench scaling` without mpirun: it starts its own MPI jobs");
     }
     let n = args.replicas;
-    let (mut one, mut threads, mut mpi) = (
+    let (mut one, mut bound, mut threads, mut mpi) = (
+        Measured::default(),
         Measured::default(),
         Measured::default(),
         Measured::default(),
@@ -176,6 +251,10 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
     for round in 1..=args.rounds.max(1) {
         eprintln!("round {round}: 1 replica ...");
         one.add(measure(world, args, Value::Null, tmp.path(), "serial")?);
+        if !args.no_independent {
+            eprintln!("round {round}: {n} independent 1-replica processes at once ...");
+            bound.add(measure_independent(args, n)?);
+        }
         if !args.no_threads {
             eprintln!("round {round}: {n} thread replicas ...");
             let devices: Vec<String> = (0..n).map(|r| format!("cpu:{r}")).collect();
@@ -208,6 +287,9 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         }
     }
     let mut rows = vec![("1 replica", &one)];
+    if !args.no_independent {
+        rows.push(("independent", &bound));
+    }
     if !args.no_threads {
         rows.push(("threads", &threads));
     }
@@ -258,6 +340,22 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         );
     }
     println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time)");
+    if !args.no_independent {
+        let bound_sps = bound.global_batch as f64 / median(bound.step_s.clone());
+        println!(
+            "independent = {n} 1-replica processes at once that never communicate, each update the slowest of the {n}: the machine's bound for {n} replicas ({:.3}x)",
+            bound_sps / one_sps
+        );
+        for (name, m) in rows.iter().filter(|(r, _)| *r == "threads" || *r == "mpi") {
+            let sps = m.global_batch as f64 / median(m.step_s.clone());
+            println!(
+                "{name}: {:.1}% of the bound ({:.3}x of {:.3}x)",
+                100.0 * sps / bound_sps,
+                sps / one_sps,
+                bound_sps / one_sps
+            );
+        }
+    }
     Ok(())
 }
 
@@ -280,5 +378,22 @@ mod tests {
         );
         assert!((spread(&one) - 2.0).abs() < 1e-12);
         assert!(paired_ratio_range(&[], 32, &[], 16).0.is_nan());
+    }
+
+    #[test]
+    fn concurrent_runs_combine_into_the_slowest_update_and_the_summed_batch() {
+        let run = |step_s: Vec<f64>| Measured {
+            replicas: 1,
+            global_batch: 16,
+            compute_s: step_s.iter().map(|s| s * 0.9).collect(),
+            comm_s: vec![0.0; step_s.len()],
+            step_s,
+        };
+        let m = combine_concurrent(&[run(vec![1.0, 3.0, 2.0]), run(vec![2.0, 1.0])]);
+        assert_eq!((m.replicas, m.global_batch), (2, 32));
+        // Update i waits for the slower process; the extra update of the first is dropped.
+        assert_eq!(m.step_s, vec![2.0, 3.0]);
+        assert_eq!(m.compute_s, vec![1.8, 2.7]);
+        assert_eq!(m.comm_s, vec![0.0, 0.0]);
     }
 }
