@@ -64,6 +64,8 @@ struct Measured {
     step_s: Vec<f64>,
     comm_s: Vec<f64>,
     compute_s: Vec<f64>,
+    #[serde(default)]
+    data_s: Vec<f64>,
 }
 
 impl Measured {
@@ -73,6 +75,7 @@ impl Measured {
         self.step_s.extend(other.step_s);
         self.comm_s.extend(other.comm_s);
         self.compute_s.extend(other.compute_s);
+        self.data_s.extend(other.data_s);
     }
 }
 
@@ -158,6 +161,7 @@ fn measure(
         step_s: timed.iter().map(|t| t[3]).collect(),
         comm_s: timed.iter().map(|t| t[2]).collect(),
         compute_s: timed.iter().map(|t| t[1]).collect(),
+        data_s: timed.iter().map(|t| t[0]).collect(),
     })
 }
 
@@ -177,6 +181,7 @@ fn combine_concurrent(runs: &[Measured]) -> Measured {
         step_s: slowest(|m| &m.step_s),
         comm_s: vec![0.0; k],
         compute_s: slowest(|m| &m.compute_s),
+        data_s: slowest(|m| &m.data_s),
     }
 }
 
@@ -304,7 +309,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         one.global_batch, args.rounds.max(1), args.updates, args.warmup
     );
     println!(
-        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>10}",
+        "{:>11} {:>8} {:>12} {:>12} {:>12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}",
         "run",
         "replicas",
         "global batch",
@@ -314,6 +319,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         "ratio min",
         "ratio max",
         "spread",
+        "data %",
         "comm %",
         "compute s"
     );
@@ -325,7 +331,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
         let rounds = round_medians(&m.step_s, per_round);
         let (lo, hi) = paired_ratio_range(&rounds, m.global_batch, &one_rounds, one.global_batch);
         println!(
-            "{:>10} {:>8} {:>12} {:>12.4} {:>12.2} {:>8.3} {:>9.3} {:>9.3} {:>8.3} {:>8.2} {:>10.4}",
+            "{:>11} {:>8} {:>12} {:>12.4} {:>12.2} {:>8.3} {:>9.3} {:>9.3} {:>8.3} {:>8.2} {:>8.2} {:>10.4}",
             name,
             m.replicas,
             m.global_batch,
@@ -335,11 +341,12 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
             lo,
             hi,
             spread(&rounds),
+            100.0 * median(m.data_s.clone()) / step,
             100.0 * median(m.comm_s.clone()) / step,
             median(m.compute_s.clone())
         );
     }
-    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time)");
+    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time); data, comm and compute are each the slowest rank's (data: the chief drawing the global batch and the scatter; comm: the gradient all-reduce, including the wait for the slower replica)");
     if !args.no_independent {
         let bound_sps = bound.global_batch as f64 / median(bound.step_s.clone());
         println!(
@@ -387,6 +394,7 @@ mod tests {
             global_batch: 16,
             compute_s: step_s.iter().map(|s| s * 0.9).collect(),
             comm_s: vec![0.0; step_s.len()],
+            data_s: vec![0.0; step_s.len()],
             step_s,
         };
         let m = combine_concurrent(&[run(vec![1.0, 3.0, 2.0]), run(vec![2.0, 1.0])]);
