@@ -1,7 +1,10 @@
 //! `lockstep bench allreduce`: all-reduce time and bandwidth of ThreadComm and MpiComm, next
 //! to Open MPI's own `MPI_Allreduce` of the same message (the bound for MpiComm) and a
 //! single-core memcpy of the same size (the yardstick for bandwidth), all measured in the
-//! same run.
+//! same run. ThreadComm's bound is a memcpy of the same size on every rank at once: each
+//! rank reduces its `1/ranks` share of the message, reading it from every rank's buffer and
+//! writing it back into every one, so with 2 ranks each core reads and writes as many bytes
+//! as one memcpy of the message, and the cores share the memory bandwidth.
 //!
 //! Every figure is the median over several samples; each sample times enough back-to-back
 //! operations to last a few milliseconds (on the slowest rank), on buffers written once
@@ -129,6 +132,8 @@ type OpFn<'a> = dyn Fn(&mut [f32], &[f32]) -> Result<(), CommError> + 'a;
 struct Op<'a> {
     run: &'a OpFn<'a>,
     chief_only: bool,
+    /// Whether `run` reads `src` (a second buffer is then allocated where it runs).
+    reads_src: bool,
 }
 
 /// Times each of `ops` for each size on `comm` (a collective: call it on every rank), with
@@ -154,7 +159,9 @@ fn interleaved_timings(
         // Zeros: sums stay zero (no overflow to infinity).
         let (mut storage, off) = page_aligned::<f32>(n);
         let buf = &mut storage[off..off + n];
-        let needs_src = comm.is_chief() && ops.iter().any(|o| o.chief_only);
+        let needs_src = ops
+            .iter()
+            .any(|o| o.reads_src && (!o.chief_only || comm.is_chief()));
         let m = if needs_src { n } else { 0 };
         let (src_storage, src_off) = page_aligned::<f32>(m);
         let src = &src_storage[src_off..src_off + m];
@@ -263,10 +270,12 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
                 Op {
                     run: &through_comm,
                     chief_only: false,
+                    reads_src: false,
                 },
                 Op {
                     run: &raw_mpi_all_reduce,
                     chief_only: false,
+                    reads_src: false,
                 },
             ],
         )?;
@@ -297,18 +306,26 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
                 Op {
                     run: &memcpy,
                     chief_only: true,
+                    reads_src: true,
+                },
+                Op {
+                    run: &memcpy,
+                    chief_only: false,
+                    reads_src: true,
                 },
                 Op {
                     run: &through_comm,
                     chief_only: false,
+                    reads_src: false,
                 },
             ],
         )
     })
     .map_err(|f| anyhow::anyhow!("{f}"))?
     .remove(0);
-    let threads = chief.pop().expect("two timing lists");
-    let memcpy = chief.pop().expect("two timing lists");
+    let threads = chief.pop().expect("three timing lists");
+    let memcpy_all = chief.pop().expect("three timing lists");
+    let memcpy = chief.pop().expect("three timing lists");
     let mpi = if args.no_mpi {
         None
     } else {
@@ -337,33 +354,45 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
             Duration::from_secs(600),
         )?)
     };
-    print_table(args, &memcpy, &threads, mpi.as_ref());
+    print_table(args, &memcpy, &memcpy_all, &threads, mpi.as_ref());
     Ok(())
 }
+
+/// Smallest message for which the all-ranks memcpy bounds ThreadComm: below it the
+/// all-reduce's two buffers (2 x the message) may stay in the caches while the memcpys' (2 x
+/// the message per rank) do not, or the time is the synchronisation's, not the copy's.
+const BOUND_FROM: usize = 64 << 20;
 
 fn print_table(
     args: &AllreduceArgs,
     memcpy: &[Timing],
+    memcpy_all: &[Timing],
     threads: &[Timing],
     mpi: Option<&MpiTimings>,
 ) {
     println!(
         "all-reduce (f32 sum, in place), {} ranks; median of {} samples; GB/s = bytes / time; \
-         /memcpy = GB/s over a single-core memcpy's; /MPI = time over MPI_Allreduce's",
-        args.ranks, args.samples
+         /memcpy = GB/s over a single-core memcpy's; /MPI = time over MPI_Allreduce's; \
+         /bound = time over a memcpy of the message on every rank at once (ThreadComm's bound \
+         where the buffers exceed the caches; shown from {} MiB)",
+        args.ranks,
+        args.samples,
+        BOUND_FROM >> 20
     );
     println!(
-        "{:>9} {:>7} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
-        "", "memcpy", "ThreadComm", "", "", "", "MpiComm", "", "", "", "MPI_Allreduce", "", ""
+        "{:>9} {:>7} {:>8} | {:>9} {:>6} {:>7} {:>5} {:>6} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
+        "", "memcpy", "all", "ThreadComm", "", "", "", "", "MpiComm", "", "", "", "MPI_Allreduce", "", ""
     );
     println!(
-        "{:>9} {:>7} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
+        "{:>9} {:>7} {:>8} | {:>9} {:>6} {:>7} {:>5} {:>6} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
         "size",
         "GB/s",
+        "us",
         "us",
         "GB/s",
         "/memcpy",
         "/MPI",
+        "/bound",
         "us",
         "GB/s",
         "/memcpy",
@@ -394,14 +423,21 @@ fn print_table(
         let (tu, tg, tr) = cols(Some(t));
         let (mu, mg, mr) = cols(mc);
         let (ru, rg, rr) = cols(raw);
+        let all = &memcpy_all[i];
         println!(
-            "{:>9} {:>7.2} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
+            "{:>9} {:>7.2} {:>8.1} | {:>9} {:>6} {:>7} {:>5} {:>6} | {:>9} {:>6} {:>7} {:>5} | {:>9} {:>6} {:>7}",
             human(m.bytes),
             m.gbps(),
+            all.micros(),
             tu,
             tg,
             tr,
             vs_raw(t),
+            if m.bytes >= BOUND_FROM {
+                format!("{:.2}", t.seconds / all.seconds)
+            } else {
+                "-".into()
+            },
             mu,
             mg,
             mr,
@@ -448,15 +484,22 @@ mod tests {
                 Op {
                     run: &memcpy,
                     chief_only: true,
+                    reads_src: true,
+                },
+                Op {
+                    run: &memcpy,
+                    chief_only: false,
+                    reads_src: true,
                 },
                 Op {
                     run: &through_comm,
                     chief_only: false,
+                    reads_src: false,
                 },
             ],
         )
         .unwrap();
-        assert_eq!((t.len(), t[0].len()), (2, 2));
+        assert_eq!((t.len(), t[0].len()), (3, 2));
         for x in t.iter().flatten() {
             assert!(x.seconds > 0.0 && x.ops >= 1 && x.samples == 3);
             assert!(x.best_seconds <= x.seconds);
