@@ -196,18 +196,20 @@ pub(crate) struct GatheredSources32 {
     z: Vec<f32>,
     m: Vec<f32>,
     center: [f64; 3],
+    /// `1 / L`.
     inv_len: f64,
-    len: f64,
+    /// `M`.
     mass: f64,
 }
 
-/// Smallest power of two `>= v` (1 for `v <= 0` or non-finite `v`).
+/// Smallest power of two `>= v`, at least `f64::MIN_POSITIVE` (1 for `v <= 0` or
+/// non-finite `v`).
 fn pow2_at_least(v: f64) -> f64 {
     if !(v.is_finite() && v > 0.0) {
         return 1.0;
     }
-    let e = v.log2().ceil();
-    let mut p = 2f64.powi(e as i32);
+    // The floor keeps a subnormal `v` (whose power of two underflows to 0) from looping.
+    let mut p = 2f64.powi(v.log2().ceil() as i32).max(f64::MIN_POSITIVE);
     while p < v {
         p *= 2.0;
     }
@@ -239,8 +241,7 @@ impl Gathered for GatheredSources32 {
                 .max((s.z[i] - c[2]).abs());
             mmax = mmax.max(s.m[i]);
         }
-        self.len = pow2_at_least(ext);
-        self.inv_len = 1.0 / self.len;
+        self.inv_len = 1.0 / pow2_at_least(ext);
         self.mass = pow2_at_least(mmax);
         let (il, im) = (self.inv_len, 1.0 / self.mass);
         let n = s.x.len().div_ceil(LANES32) * LANES32;
@@ -409,6 +410,17 @@ mod tests {
             );
         }
         assert!((phi - (5.0 / 5.0 + 7.0 / 3f64.sqrt())).abs() < 1e-14);
+    }
+
+    #[test]
+    fn pow2_at_least_is_the_next_power_of_two() {
+        assert_eq!(pow2_at_least(3.0), 4.0);
+        assert_eq!(pow2_at_least(4.0), 4.0);
+        assert_eq!(pow2_at_least(0.3), 0.5);
+        assert_eq!(pow2_at_least(0.0), 1.0);
+        assert_eq!(pow2_at_least(f64::NAN), 1.0);
+        assert_eq!(pow2_at_least(1e-320), f64::MIN_POSITIVE);
+        assert_eq!(pow2_at_least(1e300), 2f64.powi(997));
     }
 
     #[test]
