@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::input::Inputs;
 use crate::network::Network;
 use crate::scalar::{Scalar, Surrogate};
-use crate::simulation_kernel::{EdgeTargets, SimTrial};
+use crate::simulation_kernel::{SimPlan, SimTrial};
 use crate::step::{step_neuron, NeuronStateMut};
 
 /// Initial state of a trial.
@@ -339,7 +339,7 @@ pub fn simulate_with(
                 .collect()
         })
         .collect();
-    let targets = EdgeTargets::new(net);
+    let plan = SimPlan::new(net);
     let run = |b: usize| -> (TrialSpikes, Vec<Vec<f64>>) {
         let sample = first_sample + b as u64;
         let mut st = SimTrial::new(net, opts.initial);
@@ -362,15 +362,7 @@ pub fn simulate_with(
         let mut fired: Vec<u32> = Vec::new();
         let mut since_report = 0usize;
         for t in 0..n_steps {
-            out.syn_events += st.step(
-                net,
-                &targets,
-                inputs,
-                sample,
-                t,
-                &opts.surrogate,
-                &mut fired,
-            );
+            out.syn_events += st.step(net, &plan, inputs, sample, t, &opts.surrogate, &mut fired);
             for i in fired.iter_mut() {
                 *i = net.order[*i as usize];
             }

@@ -408,6 +408,36 @@ impl Network {
             .expect("internal index in range");
         &g.consts
     }
+
+    /// `[group][live port]` each group's live receptor ports: the 0-based ports (ascending)
+    /// on which at least one recurrent or input edge reaches a neuron of the group.
+    ///
+    /// A port no edge reaches keeps its PSC state at zero for a whole trial (NEST starts it
+    /// at zero), so the kernels skip it: its share of the membrane update is `+0.0` (BMTK's
+    /// GLIF3 cells declare 4 receptor types; excitatory V1 cells receive on 2 of them).
+    pub fn live_ports(&self) -> Vec<Vec<usize>> {
+        let np = self.n_ports.max(1) as u32;
+        // Bit k of `live[i]`: some edge reaches neuron i on port k (ports beyond 63 are
+        // always kept).
+        let mut live = vec![0u64; self.n_neurons()];
+        for csr in [&self.recurrent, &self.input] {
+            for seg in &csr.segments {
+                let bit = 1u64.checked_shl(seg.port).unwrap_or(0);
+                for &o in &csr.target_off[seg.start as usize..seg.end as usize] {
+                    live[(o / np) as usize] |= bit;
+                }
+            }
+        }
+        self.groups
+            .iter()
+            .map(|g| {
+                let mask = live[g.start..g.end].iter().fold(0u64, |m, &l| m | l);
+                (0..g.consts.ports.len())
+                    .filter(|&k| k >= 64 || mask & (1u64 << k) != 0)
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

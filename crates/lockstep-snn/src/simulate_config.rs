@@ -481,7 +481,7 @@ pub(crate) fn memory_estimate(
     );
     est.add(
         "edge targets of the simulation kernel (4 bytes per edge)",
-        crate::simulation_kernel::EdgeTargets::bytes(net),
+        crate::simulation_kernel::SimPlan::bytes(net),
     );
     est.add(
         format!(

@@ -28,27 +28,48 @@ use crate::scalar::Surrogate;
 use crate::step::{step_neuron, NeuronStateMut};
 use wide::{f64x4, CmpEq, CmpGe, CmpGt, CmpLt};
 
-/// Each edge's target neuron (internal index), in CSR order, for the `[slot, port, neuron]`
-/// ring: `[n_recurrent_edges]` and `[n_input_edges]`. Built once per simulation and shared
-/// by its trials (4 bytes per edge).
+/// What a simulation computes once from its network and shares among its trials: each
+/// edge's target neuron (internal index), in CSR order, for the `[slot, port, neuron]` ring
+/// (`[n_recurrent_edges]` and `[n_input_edges]`, 4 bytes per edge), and each group's live
+/// receptor ports.
+///
+/// A group's update runs over its live ports only ([`Network::live_ports`]): a port that no
+/// edge reaches keeps `y1 = y2 = 0`, so its share of the membrane update,
+/// `0 * P31 + 0 * P32`, adds `+0.0`. Skipping it leaves the same nonzero terms in the same
+/// order, so the same bits as NEST's update over every port (adding `+0.0` changes no value
+/// but a `-0.0` potential, which the update never produces from NEST's start).
 #[derive(Debug, Clone)]
-pub(crate) struct EdgeTargets {
+pub(crate) struct SimPlan {
     recurrent: Vec<u32>,
     input: Vec<u32>,
+    /// `[group]` the group's constants over its live ports only, and those ports (ascending
+    /// 0-based indices into the network's ports).
+    groups: Vec<(CellConsts, Vec<usize>)>,
 }
 
-impl EdgeTargets {
-    /// The targets of `net`'s recurrent and input edges.
+impl SimPlan {
+    /// The targets of `net`'s recurrent and input edges and its groups' live ports.
     pub(crate) fn new(net: &Network) -> Self {
         let np = net.n_ports as u32;
         let of = |csr: &Csr| csr.target_off.iter().map(|&o| o / np).collect();
-        EdgeTargets {
+        let groups = net
+            .groups
+            .iter()
+            .zip(net.live_ports())
+            .map(|(g, ports)| {
+                let mut consts = g.consts.clone();
+                consts.ports = ports.iter().map(|&k| g.consts.ports[k]).collect();
+                (consts, ports)
+            })
+            .collect();
+        SimPlan {
             recurrent: of(&net.recurrent),
             input: of(&net.input),
+            groups,
         }
     }
 
-    /// Bytes these arrays take for `net`.
+    /// Bytes the edge arrays take for `net`.
     pub(crate) fn bytes(net: &Network) -> u64 {
         4 * (net.recurrent.len() as u64 + net.input.len() as u64)
     }
@@ -111,12 +132,12 @@ impl SimTrial {
     /// Returns the number of synaptic events delivered (recurrent + input edges).
     ///
     /// # Panics
-    /// If `self` or `targets` were not made for `net`.
+    /// If `self` or `plan` were not made for `net`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn step(
         &mut self,
         net: &Network,
-        targets: &EdgeTargets,
+        plan: &SimPlan,
         inputs: &Inputs,
         sample: u64,
         t: usize,
@@ -128,10 +149,11 @@ impl SimTrial {
         let rl = net.ring_len();
         let stride = n * np;
         let slot = t % rl;
-        for g in &net.groups {
+        for (g, (consts, ports)) in net.groups.iter().zip(&plan.groups) {
             advance_group(
-                &g.consts,
+                consts,
                 Group {
+                    ports,
                     n,
                     a: g.start,
                     b: g.end,
@@ -165,7 +187,7 @@ impl SimTrial {
                 let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize * n;
                 let (a, b) = (seg.start as usize, seg.end as usize);
                 let row = &mut ring[base..base + n];
-                for (&tg, &w) in targets.recurrent[a..b].iter().zip(&w_rec[a..b]) {
+                for (&tg, &w) in plan.recurrent[a..b].iter().zip(&w_rec[a..b]) {
                     // TrialState::step adds `w * z`, which is `w` for a spike (z = 1).
                     row[tg as usize] += w;
                 }
@@ -179,7 +201,7 @@ impl SimTrial {
                 let base = ((t + seg.delay as usize) % rl) * stride + seg.port as usize * n;
                 let (a, b) = (seg.start as usize, seg.end as usize);
                 let row = &mut ring[base..base + n];
-                for (&tg, &w) in targets.input[a..b].iter().zip(&w_in[a..b]) {
+                for (&tg, &w) in plan.input[a..b].iter().zip(&w_in[a..b]) {
                     row[tg as usize] += w * cnt;
                 }
                 events += (b - a) as u64;
@@ -194,6 +216,9 @@ impl SimTrial {
 /// `arrivals` `[n_ports, neuron]`. The group's update reads `arrivals` and leaves its rows
 /// of the group's ports zero (the slot is reused `ring_len` steps later).
 struct Group<'a> {
+    /// The group's live ports (ascending): the rows of `y1`, `y2` and `arrivals` it updates,
+    /// in the order of its constants' ports.
+    ports: &'a [usize],
     n: usize,
     a: usize,
     b: usize,
@@ -206,28 +231,62 @@ struct Group<'a> {
     arrivals: &'a mut [f64],
 }
 
-/// The columns `a..b` of the first `K` rows of a `[row, n]` array.
+/// The columns `a..b` of the rows `which` (ascending, `K` of them) of a `[row, n]` array.
 ///
 /// # Panics
-/// If `v` has fewer than `K` rows of `n`, or `b > n`.
+/// If `which` has fewer than `K` entries or is not ascending, if `v` has no row
+/// `which[K - 1]`, or if `b > n`.
 #[inline(always)]
-fn rows<const K: usize>(v: &mut [f64], n: usize, a: usize, b: usize) -> [&mut [f64]; K] {
+fn rows<'a, const K: usize>(
+    v: &'a mut [f64],
+    n: usize,
+    a: usize,
+    b: usize,
+    which: &[usize],
+) -> [&'a mut [f64]; K] {
     let mut rest = v;
-    std::array::from_fn(|_| {
-        let (row, tail) = std::mem::take(&mut rest).split_at_mut(n);
+    let mut next = 0;
+    std::array::from_fn(|k| {
+        let skip = (which[k] - next) * n;
+        let (row, tail) = std::mem::take(&mut rest)[skip..].split_at_mut(n);
         rest = tail;
+        next = which[k] + 1;
         &mut row[a..b]
     })
 }
 
 /// Advance the neurons of one group with constants `c` by one step (f64, NEST's operation
 /// order); `g.z` receives their spikes (0 or 1). Bitwise the same as [`step_neuron`] on
-/// each neuron: the loop compiled for the group's shape, or [`advance_any`].
+/// each neuron: the loop compiled for the group's shape, or [`advance_any`]. On CPUs with
+/// AVX the same loop runs on 256-bit vectors ([`advance_group_avx`]): the same IEEE
+/// operations in the same order (no fused multiply-add), so the same bits.
 fn advance_group(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked at run time).
+        return unsafe { advance_group_avx(c, g, sg) };
+    }
+    advance_by_shape(c, g, sg)
+}
+
+/// [`advance_by_shape`] compiled for AVX.
+///
+/// # Safety
+/// The CPU must support AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn advance_group_avx(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
+    advance_by_shape(c, g, sg)
+}
+
+/// [`advance_group`]'s dispatch on the group's shape.
+#[inline(always)]
+fn advance_by_shape(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
     macro_rules! by_shape {
         ($($ga:literal, $gp:literal);*) => {
             match (c.kind, c.asc.len(), c.ports.len()) {
                 (ModelKind::Iaf, 0, 2) => advance::<false, 0, 2>(c, g),
+                (ModelKind::Iaf, 0, 1) => advance::<false, 0, 1>(c, g),
                 $((ModelKind::Glif, $ga, $gp) => advance::<true, $ga, $gp>(c, g),)*
                 _ => advance_any(c, g, sg),
             }
@@ -237,7 +296,7 @@ fn advance_group(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
 }
 
 /// Any group shape: [`step_neuron`] itself, one neuron at a time (its state gathered from
-/// and scattered back to the rows).
+/// and scattered back to the rows of its live ports).
 fn advance_any(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
     let (ga, gp, n) = (c.asc.len(), c.ports.len(), g.n);
     let mut asc = vec![0.0; ga];
@@ -246,10 +305,10 @@ fn advance_any(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
         for (a, v) in asc.iter_mut().enumerate() {
             *v = g.asc[a * n + i];
         }
-        for k in 0..gp {
-            y1[k] = g.y1[k * n + i];
-            y2[k] = g.y2[k * n + i];
-            x[k] = std::mem::take(&mut g.arrivals[k * n + i]);
+        for (k, &p) in g.ports.iter().enumerate() {
+            y1[k] = g.y1[p * n + i];
+            y2[k] = g.y2[p * n + i];
+            x[k] = std::mem::take(&mut g.arrivals[p * n + i]);
         }
         let z = step_neuron(
             c,
@@ -267,9 +326,9 @@ fn advance_any(c: &CellConsts, g: Group<'_>, sg: &Surrogate) {
         for (a, &v) in asc.iter().enumerate() {
             g.asc[a * n + i] = v;
         }
-        for k in 0..gp {
-            g.y1[k * n + i] = y1[k];
-            g.y2[k * n + i] = y2[k];
+        for (k, &p) in g.ports.iter().enumerate() {
+            g.y1[p * n + i] = y1[k];
+            g.y2[p * n + i] = y2[k];
         }
     }
 }
@@ -430,10 +489,11 @@ fn advance<const GLIF: bool, const GA: usize, const GP: usize>(c: &CellConsts, g
     let u = &mut g.u[a..b];
     let refr = &mut g.refr[a..b];
     let z = &mut g.z[a..b];
-    let mut asc = rows::<GA>(g.asc, n, a, b);
-    let mut y1 = rows::<GP>(g.y1, n, a, b);
-    let mut y2 = rows::<GP>(g.y2, n, a, b);
-    let mut x = rows::<GP>(g.arrivals, n, a, b);
+    let all: [usize; GA] = std::array::from_fn(|q| q);
+    let mut asc = rows::<GA>(g.asc, n, a, b, &all);
+    let mut y1 = rows::<GP>(g.y1, n, a, b, g.ports);
+    let mut y2 = rows::<GP>(g.y2, n, a, b, g.ports);
+    let mut x = rows::<GP>(g.arrivals, n, a, b, g.ports);
     let mut j = 0;
     while j + LANES <= m {
         f.block(j, LANES, u, refr, z, &mut asc, &mut y1, &mut y2, &mut x);
@@ -508,7 +568,13 @@ mod tests {
         let mut edge = |source: usize, target: usize, scale: f64| {
             let ty = target % cell_types.len();
             let np = ports[ty];
-            let port = (rng.next_u64() % np as u64) as i64;
+            // Type 0 never receives on its second port and type 3 never on its first: the
+            // kernel skips those dead ports (SimPlan), the reference updates them.
+            let port = match (ty, (rng.next_u64() % np as u64) as i64) {
+                (0, 1) => 2,
+                (3, 0) => 1,
+                (_, p) => p,
+            };
             let weight = scale * (rng.uniform() - 0.4);
             // iaf_psc_alpha: receptor 0, the weight's sign picks the port.
             let receptor = if ty == cell_types.len() - 1 {
@@ -571,7 +637,9 @@ mod tests {
         .compile("test", net.n_virtual(), &net.grid, steps)
         .unwrap();
         let sg = Surrogate::default();
-        let targets = EdgeTargets::new(&net);
+        let plan = SimPlan::new(&net);
+        let live: Vec<usize> = plan.groups.iter().map(|(_, p)| p.len()).collect();
+        assert_eq!(live, [3, 1, 3, 1, 5, 2], "live ports per group");
         let mut spikes_per_type = vec![0usize; net.groups.len()];
         let mut refractory_seen = 0usize;
         for init in [InitialState::Nest, InitialState::Rest] {
@@ -590,7 +658,7 @@ mod tests {
                     &sg,
                     &mut z,
                 );
-                let e = kernel.step(&net, &targets, &inputs, 3, t, &sg, &mut fired);
+                let e = kernel.step(&net, &plan, &inputs, 3, t, &sg, &mut fired);
                 assert_eq!(e, e_ref, "events of step {t}");
                 let want: Vec<u32> = (0..n as u32).filter(|&i| z[i as usize] != 0.0).collect();
                 assert_eq!(fired, want, "spikes of step {t}");
