@@ -360,7 +360,7 @@ fn replica_table(
             base / total
         );
     }
-    println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch); + loader: local.num_workers 1, the chief simulates the next batch during the step (data s is the wait left)");
+    println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch); each replica simulates its own slice of the global batch (data s); + loader: local.num_workers 1, a loader thread of each replica simulates its next slice during the step (data s is the wait left)");
     if let Some((p, s)) = ddp {
         let mpi = rows
             .iter()

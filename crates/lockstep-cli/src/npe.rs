@@ -366,7 +366,14 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             model.freeze(&frozen)?;
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;
-            let workers = settings.local.num_workers.unwrap_or(1);
+            // local.num_workers counts the loader threads of all replicas (as Dingo's); each
+            // replica simulates its own slice, with at least one.
+            let replicas = cfg
+                .distribution
+                .as_ref()
+                .and_then(|d| d.global_batch_size)
+                .map_or(1, |g| (g / cfg.batch_size.max(1)).max(1));
+            let workers = (settings.local.num_workers.unwrap_or(1) / replicas).max(1);
             // The test simulations are the validation set that reduce_on_plateau steps on.
             let held_out = settings.data.num_samples.saturating_sub(n_train);
             let source = TaskSource::dataset(task.clone(), seed, n_train)

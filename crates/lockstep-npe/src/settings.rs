@@ -403,10 +403,11 @@ pub struct LocalSettings {
     /// Log a line every this many updates (default: about 10 lines per epoch).
     #[serde(default)]
     pub log_every: Option<u64>,
-    /// Dingo's data-loader workers (total over the replicas). 0 (the default): the chief
-    /// simulates each global batch when it is needed. N >= 1: while a micro-batch trains, a
-    /// loader thread of the chief simulates the next one on N threads (the same batches,
-    /// so the same training).
+    /// Dingo's data-loader workers (total over the replicas). Every replica simulates its own
+    /// slice of each global batch (simulations are keyed by index, so the slices are the
+    /// same for any replica count), on `max(1, N / replicas)` threads. 0 (the default): when
+    /// it is needed. N >= 1: while a micro-batch trains, a loader thread of each replica
+    /// simulates its next slice (the same batches, so the same training).
     #[serde(default)]
     pub num_workers: Option<usize>,
     /// Dingo's per-run time and epoch limits: not implemented yet (refused).

@@ -384,6 +384,11 @@ impl BatchSource for TaskSource {
     fn num_samples(&self) -> Option<u64> {
         self.dataset
     }
+    /// Simulation i is keyed by `(seed, i)` and the epoch order by `(seed, epoch)`.
+    fn keyed_by_sample(&self) -> bool {
+        true
+    }
+
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
         let indices: Vec<u64> = (0..count as u64)
             .map(|i| self.simulation_index(first_sample + i))

@@ -203,6 +203,11 @@ impl BatchSource for PoissonTrials {
         0
     }
 
+    /// A batch is only its sample indices (the model keys its Poisson draws by them).
+    fn keyed_by_sample(&self) -> bool {
+        true
+    }
+
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
         Ok(Batch {
             first_sample,

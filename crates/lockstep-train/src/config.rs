@@ -86,8 +86,9 @@ pub struct EngineTraining {
     pub log_every: Option<u64>,
     /// The log line's format (default `lockstep`).
     pub log_style: Option<LogStyle>,
-    /// Draw the next global micro-batch on a loader thread of the chief while the current one
-    /// trains (default false).
+    /// Draw the next micro-batch on a loader thread while the current one trains (default
+    /// false): the chief's next global micro-batch, or each replica's own slice of it when
+    /// the source is keyed by sample.
     pub prefetch: Option<bool>,
 }
 
@@ -144,8 +145,9 @@ pub struct EngineConfig {
     pub log_every: u64,
     /// `training.log_style` (default `lockstep`).
     pub log_style: LogStyle,
-    /// `training.prefetch`: the chief draws the next global micro-batch on a loader thread
-    /// during the current one (the same batches, so the same updates; default false).
+    /// `training.prefetch`: the next micro-batch is drawn on a loader thread during the
+    /// current one, by the chief or, from a source keyed by sample, by every replica for its
+    /// own slice (the same batches, so the same updates; default false).
     pub prefetch: bool,
     /// `output.output_dir` (resolved against the config's folder).
     pub output_dir: PathBuf,

@@ -2,7 +2,9 @@
 //!
 //! Per update (invariants of `docs/design.md`):
 //! 1. for each of the `k` micro-batches, the chief draws the global batch of `B x replicas`
-//!    samples and scatters contiguous slices, inputs and targets together (4);
+//!    samples and scatters contiguous slices, inputs and targets together (4); a source
+//!    keyed by sample ([`BatchSource::keyed_by_sample`]) instead lets every replica draw
+//!    its own slice `[r*B, (r+1)*B)`, the same values, in parallel;
 //! 2. each replica adds the mean gradient of its slice into one flat buffer;
 //! 3. that one buffer is all-reduced once and divided by `replicas x k` (6);
 //! 4. every replica applies the same optimizer update (7), then the constraints;
@@ -300,9 +302,16 @@ struct Trainer<'a> {
     /// The update whose first sample the chief's model keeps a record of
     /// ([`Model::record_first_sample`]), until the callbacks write it.
     sample_record: Option<u64>,
-    /// The chief's next global micro-batch (its first sample and the draw), drawn by the
-    /// loader thread during the previous micro-batch (`training.prefetch`).
+    /// The next batch this rank draws (its first sample and the draw), drawn by the loader
+    /// thread during the previous micro-batch (`training.prefetch`): the chief's next global
+    /// micro-batch, or with [`Trainer::own_slices`] this rank's own slice of it.
     prefetched: Option<(u64, anyhow::Result<Batch>)>,
+    /// Every replica draws its own slice `[r*B, (r+1)*B)` of each global micro-batch instead
+    /// of receiving it from the chief: the source is keyed by sample
+    /// ([`BatchSource::keyed_by_sample`]) on every rank and there is more than one replica.
+    /// The slices hold exactly what the chief would have scattered (invariant 4), and the
+    /// replicas simulate in parallel (issue 17: per-replica loaders).
+    own_slices: bool,
 }
 
 impl<'a> Trainer<'a> {
@@ -396,6 +405,7 @@ impl<'a> Trainer<'a> {
             run_start: Instant::now(),
             sample_record: None,
             prefetched: None,
+            own_slices: false,
         })
     }
 
@@ -482,6 +492,9 @@ impl<'a> Trainer<'a> {
                 format!("replicas were built differently: rank {} has (trainable, frozen, optimizer slots, input width, target width) = {sizes:?}, the chief {chief_sizes:?}", comm.rank()),
             ));
         }
+        // Every rank must take the same data path (the chief's scatter is a collective).
+        let keyed = u64::from(self.source.keyed_by_sample());
+        self.own_slices = comm.size() > 1 && comm.all_reduce_scalar(keyed, ReduceOp::Min)? == 1;
         comm.broadcast(self.model.trainable_mut(), 0)?;
         comm.broadcast(self.model.frozen_mut(), 0)?;
         for slot in self.optimizer.slots.iter_mut() {
@@ -600,8 +613,12 @@ impl<'a> Trainer<'a> {
     }
 
     /// The chief draws the global micro-batch starting at sample `first` and scatters the
-    /// replicas' contiguous slices into `self.local` (invariant 4).
+    /// replicas' contiguous slices into `self.local` (invariant 4); with
+    /// [`Trainer::own_slices`] every rank draws its own slice instead.
     fn scatter_micro_batch(&mut self, first: u64) -> Result<(), TrainError> {
+        if self.own_slices {
+            return self.draw_own_slice(first);
+        }
         let (comm, update) = (self.comm, self.update);
         let drawn = comm.is_chief().then(|| {
             match self.prefetched.take() {
@@ -626,6 +643,54 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// This rank draws its own slice of the global micro-batch starting at sample `first`
+    /// (the samples `first + r*B .. first + (r+1)*B`, exactly the slice the chief would have
+    /// scattered) into `self.local`. Every rank then learns whether any draw failed (one
+    /// small all-reduce where the chief's path has its scatter), so all leave together.
+    ///
+    /// Errors: this rank's draw ([`TrainError::Model`]), a batch of the wrong shape
+    /// ([`TrainError::Model`]), another rank's failed draw ([`TrainError::PeerFailed`]).
+    fn draw_own_slice(&mut self, first: u64) -> Result<(), TrainError> {
+        let (comm, update, b) = (self.comm, self.update, self.plan.local_batch);
+        let mine = first + (comm.rank() * b) as u64;
+        let drawn = match self.prefetched.take() {
+            Some((f, drawn)) if f == mine => drawn,
+            _ => self.source.global_batch(mine, b),
+        }
+        .and_then(|batch| {
+            let (ni, nt) = (self.local.inputs.len(), self.local.targets.len());
+            if batch.inputs.len() != ni || batch.targets.len() != nt {
+                anyhow::bail!(
+                    "the data source gave {} input and {} target values for samples {mine}..{}, expected {ni} and {nt}",
+                    batch.inputs.len(),
+                    batch.targets.len(),
+                    mine + b as u64
+                );
+            }
+            Ok(batch)
+        });
+        // The lowest rank whose draw failed (u64::MAX: none).
+        let mark = if drawn.is_err() {
+            comm.rank() as u64
+        } else {
+            u64::MAX
+        };
+        let failing = comm.all_reduce_scalar(mark, ReduceOp::Min)?;
+        match drawn {
+            Err(error) => Err(TrainError::Model { update, error }),
+            Ok(_) if failing != u64::MAX => Err(TrainError::PeerFailed {
+                rank: failing as usize,
+                message: "batch generation failed".into(),
+            }),
+            Ok(batch) => {
+                self.local.inputs.copy_from_slice(&batch.inputs);
+                self.local.targets.copy_from_slice(&batch.targets);
+                self.local.first_sample = mine;
+                Ok(())
+            }
+        }
+    }
+
     /// Computes the local slice's loss and gradient ([`Trainer::accumulate_gradient`]); with
     /// `training.prefetch`, the chief meanwhile draws the global micro-batch starting at
     /// `next` on a loader thread. Returns the seconds of compute and of waiting for the
@@ -638,13 +703,18 @@ impl<'a> Trainer<'a> {
         terms: &mut [f64],
         next: Option<u64>,
     ) -> Result<(f64, f64), TrainError> {
-        let first = next.filter(|_| self.cfg.prefetch && self.comm.is_chief());
+        // The chief prefetches the next global micro-batch; with own slices, every rank
+        // prefetches its own slice of it.
+        let (own, rank, b) = (self.own_slices, self.comm.rank(), self.plan.local_batch);
+        let first = next
+            .filter(|_| self.cfg.prefetch && (own || self.comm.is_chief()))
+            .map(|f| if own { f + (rank * b) as u64 } else { f });
         let t0 = Instant::now();
         let Some(first) = first else {
             self.accumulate_gradient(terms)?;
             return Ok((t0.elapsed().as_secs_f64(), 0.0));
         };
-        let count = self.plan.global_batch;
+        let count = if own { b } else { self.plan.global_batch };
         let Trainer {
             source,
             model,

@@ -11,7 +11,8 @@
 //!
 //! The ten invariants of `docs/design.md` ("Invariants of sample-parallel training"):
 //! [`config::plan`] (1-3: opt-in, batch sizes, launcher and config agree), [`engine::train`]
-//! (4-9: the chief draws and scatters contiguous slices, noise keyed by sample, one gradient
+//! (4-9: contiguous slices, drawn by the chief and scattered or, from a source keyed by
+//! sample, drawn by each replica itself; noise keyed by sample, one gradient
 //! reduction per update, identical replicas, chief-owned outputs, the same control flow on
 //! every rank) and [`checkpoint`] (10: complete, portable, verified checkpoints). Also:
 //!
@@ -131,6 +132,15 @@ pub trait BatchSource: Send {
     /// The samples with global indices `first_sample .. first_sample + count`. A finite
     /// source maps indices modulo its size (the engine never asks across an epoch boundary).
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch>;
+    /// True when a sample's inputs and targets depend only on its global index (and the
+    /// source's own seed), never on which samples were asked for with it: then every
+    /// replica draws its own slice of each global batch with [`BatchSource::global_batch`]
+    /// (in parallel, each on its own loader thread with `training.prefetch`) and gets exactly
+    /// the values the chief would have scattered. Default false: the chief draws each global
+    /// batch and scatters the slices (invariant 4).
+    fn keyed_by_sample(&self) -> bool {
+        false
+    }
     /// Samples in the held-out validation set (default 0: none). A schedule that steps on
     /// the validation loss (reduce-on-plateau) needs some.
     fn validation_samples(&self) -> u64 {

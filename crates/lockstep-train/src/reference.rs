@@ -46,6 +46,10 @@ impl BatchSource for RegressionData {
     fn num_samples(&self) -> Option<u64> {
         self.dataset
     }
+    /// Sample i is drawn from `(seed, i)` alone.
+    fn keyed_by_sample(&self) -> bool {
+        true
+    }
     fn global_batch(&mut self, first_sample: u64, count: usize) -> Result<Batch> {
         let mut inputs = Vec::with_capacity(count * self.dim);
         let mut targets = Vec::with_capacity(count);

@@ -255,8 +255,17 @@ fn one_gradient_reduction_per_update() {
     let grads = counts[0].iter().filter(|&&n| n == DIM).count();
     assert_eq!(grads, 3, "gradient reductions: {:?}", counts[0]);
     // Per update: gradient, metrics (loss terms + samples), timings (MAX).
-    let per_update: Vec<usize> = counts[0].iter().copied().filter(|&n| n != 5).collect();
+    let per_update: Vec<usize> = counts[0]
+        .iter()
+        .copied()
+        .filter(|&n| n != 5 && n != 1)
+        .collect();
     assert!(per_update.len() <= 3 * 3 + 1, "{:?}", counts[0]);
+    // Single values: the startup checks (the replicas' sizes agree; every source is keyed
+    // by sample) and, since each replica draws its own slice of the keyed reference data,
+    // one flag per micro-batch saying whether any draw failed (3 updates x 2).
+    let flags = counts[0].iter().filter(|&&n| n == 1).count();
+    assert_eq!(flags, 2 + 3 * 2, "{:?}", counts[0]);
 
     // Accumulating 2 micro-batches of 4 per replica equals one batch of 16 serially.
     let acc = weights(&dir.path().join("t"));
@@ -952,4 +961,157 @@ fn prefetching_batches_changes_nothing_but_the_timing() {
         results.push((summary.params_checksum, summary.loss_history));
     }
     assert_eq!(results[0], results[1]);
+}
+
+/// A reference source that says whether it is keyed by sample and records what each rank
+/// asked for: `(rank, first sample, count)`.
+struct Asked<'a> {
+    inner: RegressionData,
+    keyed: bool,
+    rank: usize,
+    log: &'a Mutex<Vec<(usize, u64, usize)>>,
+}
+
+impl BatchSource for Asked<'_> {
+    fn input_width(&self) -> usize {
+        self.inner.input_width()
+    }
+    fn target_width(&self) -> usize {
+        1
+    }
+    fn keyed_by_sample(&self) -> bool {
+        self.keyed
+    }
+    fn global_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
+        self.log.lock().unwrap().push((self.rank, first, count));
+        self.inner.global_batch(first, count)
+    }
+}
+
+/// A source keyed by sample lets each replica draw its own slice (issue 17: per-replica
+/// loaders): rank r asks only for the samples `first + r*B .. first + (r+1)*B` of each global
+/// micro-batch, and the training is bitwise the same as when the chief draws and scatters.
+#[test]
+fn replicas_draw_their_own_slices_of_a_keyed_source() {
+    let dir = tempfile::tempdir().unwrap();
+    for prefetch in [false, true] {
+        let mut params = Vec::new();
+        for keyed in [false, true] {
+            let c = config(
+                dir.path(),
+                &format!("keyed_{keyed}_{prefetch}"),
+                4,
+                json!({"strategy": "threads", "global_batch_size": 8}),
+                5,
+                json!({"prefetch": prefetch, "gradient_updates_per_optimizer_step": 2}),
+            );
+            let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+            let p = plan(&cfg, &lockstep_comm::launch::LaunchEnv::serial(), 2, true).unwrap();
+            let log = Mutex::new(Vec::new());
+            let trained = run_replicas(2, |comm: ThreadComm| -> Result<Vec<f32>, TrainError> {
+                let mut m = LinearRegression::new(DIM, 11, comm.rank(), 0, None);
+                let mut s = Asked {
+                    inner: RegressionData {
+                        dim: DIM,
+                        seed: 11,
+                        dataset: None,
+                    },
+                    keyed,
+                    rank: comm.rank(),
+                    log: &log,
+                };
+                let opts = EngineOptions {
+                    resolved_config: c.clone(),
+                    ..Default::default()
+                };
+                train(&comm, &cfg, &p, &mut m, &mut s, &opts)?;
+                Ok(m.trainable().to_vec())
+            })
+            .unwrap();
+            assert_eq!(trained[0], trained[1], "replicas differ");
+            let mut asked = log.into_inner().unwrap();
+            asked.sort_unstable();
+            // 5 updates x 2 micro-batches of 8 samples.
+            let want: Vec<(usize, u64, usize)> = if keyed {
+                (0..2)
+                    .flat_map(|r| (0..10).map(move |m| (r, m * 8 + r as u64 * 4, 4)))
+                    .collect()
+            } else {
+                (0..10).map(|m| (0, m * 8, 8)).collect()
+            };
+            assert_eq!(asked, want, "keyed {keyed}, prefetch {prefetch}");
+            params.push(trained[0].clone());
+        }
+        assert_eq!(params[0], params[1], "prefetch {prefetch}");
+    }
+}
+
+/// A failing draw on one rank of a keyed source ends every replica with that rank named.
+#[test]
+fn a_failed_draw_on_one_replica_ends_all() {
+    struct FailsOnRank1(RegressionData, usize);
+    impl BatchSource for FailsOnRank1 {
+        fn input_width(&self) -> usize {
+            self.0.input_width()
+        }
+        fn target_width(&self) -> usize {
+            1
+        }
+        fn keyed_by_sample(&self) -> bool {
+            true
+        }
+        fn global_batch(&mut self, first: u64, count: usize) -> anyhow::Result<Batch> {
+            anyhow::ensure!(self.1 != 1 || first < 20, "no samples beyond 20 here");
+            self.0.global_batch(first, count)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        "fails",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        6,
+        json!({}),
+    );
+    let cfg = EngineConfig::from_json(&c, Path::new("/")).unwrap();
+    let p = plan(&cfg, &lockstep_comm::launch::LaunchEnv::serial(), 2, true).unwrap();
+    let errors = std::sync::Mutex::new(Vec::new());
+    let _ = run_replicas(2, |comm: ThreadComm| -> Result<(), TrainError> {
+        let mut m = LinearRegression::new(DIM, 11, comm.rank(), 0, None);
+        let data = RegressionData {
+            dim: DIM,
+            seed: 11,
+            dataset: None,
+        };
+        let mut s = FailsOnRank1(data, comm.rank());
+        let opts = EngineOptions {
+            resolved_config: c.clone(),
+            ..Default::default()
+        };
+        let r = train(&comm, &cfg, &p, &mut m, &mut s, &opts);
+        let e = r.expect_err("the run must fail");
+        // The error with its causes.
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            text += &format!(": {c}");
+            cause = c.source();
+        }
+        errors.lock().unwrap().push((comm.rank(), text));
+        Ok(())
+    });
+    let mut errors = errors.into_inner().unwrap();
+    errors.sort();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0]
+            .1
+            .contains("rank 1 failed: batch generation failed"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].1.contains("no samples beyond 20 here"),
+        "{errors:?}"
+    );
 }
