@@ -194,6 +194,8 @@ struct Prepared {
     /// The stage to start with and the checkpoint to resume it from.
     first_stage: usize,
     resume: Option<PathBuf>,
+    /// Replicas of this launch ([`NpeSettings::replicas`]).
+    replicas: usize,
 }
 
 /// Reads the settings, checks them (every stage's engine config and frozen blocks), and
@@ -251,6 +253,9 @@ fn prepare(args: &TrainArgs, world: &World) -> Result<Prepared> {
                 format!("{}: training.stage_{stage}.freeze", args.settings.display())
             })?;
     }
+    let replicas = settings
+        .replicas(launch)
+        .map_err(|e| e.in_file(&args.settings))?;
     Ok(Prepared {
         settings,
         network,
@@ -258,6 +263,7 @@ fn prepare(args: &TrainArgs, world: &World) -> Result<Prepared> {
         stages_dir,
         first_stage,
         resume,
+        replicas,
     })
 }
 
@@ -368,12 +374,7 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             model.set_state(&values.1)?;
             // local.num_workers counts the loader threads of all replicas (as Dingo's); each
             // replica simulates its own slice, with at least one.
-            let replicas = cfg
-                .distribution
-                .as_ref()
-                .and_then(|d| d.global_batch_size)
-                .map_or(1, |g| (g / cfg.batch_size.max(1)).max(1));
-            let workers = (settings.local.num_workers.unwrap_or(1) / replicas).max(1);
+            let workers = (settings.local.num_workers.unwrap_or(1) / p.replicas).max(1);
             // The test simulations are the validation set that reduce_on_plateau steps on.
             let held_out = settings.data.num_samples.saturating_sub(n_train);
             let source = TaskSource::dataset(task.clone(), seed, n_train)
