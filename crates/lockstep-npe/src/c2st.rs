@@ -224,7 +224,7 @@ impl Classifier {
         }
     }
 
-    fn logits<B: burn::tensor::backend::Backend>(
+    fn logits<B: crate::fused_ops::FusedOps>(
         &self,
         p: &Params<B>,
         x: Tensor<B, 2>,

@@ -7,8 +7,8 @@
 //! uniform on [0, 1]; the one-sample Kolmogorov-Smirnov test against U(0, 1) gives a p-value
 //! per parameter.
 
+use crate::backend::TrainBackend;
 use crate::model::NpeModel;
-use crate::sync_batch_norm::TrainBackend;
 use crate::tasks::{sample_rng, Task};
 use lockstep_core::rng::splitmix64;
 

@@ -9,13 +9,13 @@
 //! returned `log_prob` is the density of θ in its own units (the standardization's Jacobian
 //! `-Σ log σ_θ` included).
 
+use crate::backend::NpeBackend;
 use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
 use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{rational_quadratic_spline, SplineParams};
 use crate::svd::ProjectionConfig;
-use crate::sync_batch_norm::NormBackend;
 use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -316,7 +316,7 @@ impl Coupling {
     }
 
     /// `x: [N, features]` -> `(y, log|det| [N])`; `inverse` runs the inverse spline.
-    fn apply<B: NormBackend>(
+    fn apply<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,
@@ -505,7 +505,7 @@ impl NpeNetwork {
 
     /// The reduced-basis layer's output `[N, outputs]` for observations `x` (`[N * x_dim]`
     /// row-major, raw units), or `None` without that layer.
-    pub fn projection_output<B: Backend>(
+    pub fn projection_output<B: NpeBackend>(
         &self,
         params: &Params<B>,
         x: &[f32],
@@ -627,7 +627,7 @@ impl NpeNetwork {
     }
 
     /// The context `[N, output_dim]` of observations `x` (`[N * x_dim]` row-major, raw units).
-    pub fn context<B: NormBackend>(
+    pub fn context<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: &[f32],
@@ -645,7 +645,7 @@ impl NpeNetwork {
 
     /// `log q(θ | x)` per sample `[N]`, θ `[N * theta_dim]` and x `[N * x_dim]` row-major in
     /// raw units. Differentiable in the parameters on an autodiff backend.
-    pub fn log_prob<B: NormBackend>(
+    pub fn log_prob<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -659,7 +659,7 @@ impl NpeNetwork {
     /// The flow's map from θ (raw units, `[N * theta_dim]`) to the base variable:
     /// `(z [N, theta_dim], Σ log|det ∂z/∂θ_std| [N])`, the log-determinant taken with
     /// respect to standardized θ (add `-Σ log σ_θ` for raw θ).
-    pub fn transform<B: NormBackend>(
+    pub fn transform<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -683,7 +683,7 @@ impl NpeNetwork {
     }
 
     /// `log q(θ | context)` per sample `[N]` for a precomputed context `[N, output_dim]`.
-    pub fn log_prob_with_context<B: NormBackend>(
+    pub fn log_prob_with_context<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         theta: &[f32],
@@ -705,7 +705,7 @@ impl NpeNetwork {
     /// `n` samples of θ from `q(θ | x)` for one observation `x` (`[x_dim]`, raw units):
     /// `[n * theta_dim]` row-major, raw units. The base draws come from SplitMix64(`seed`).
     /// Call with the network in evaluation mode (`pass.training == false`).
-    pub fn sample<B: NormBackend>(
+    pub fn sample<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: &[f32],

@@ -8,9 +8,10 @@
 //! Sources: nflows `nn/nets/resnet.py` (ResidualBlock, ResidualNet; Durkan et al. 2019) and
 //! Dingo `core/nn/enets.py` (DenseResidualNet; Dax et al. 2021).
 
+use crate::backend::NpeBackend;
+use crate::fused_ops::FusedOps;
 use crate::params::{to_vec, Layout, Params};
-use crate::sync_batch_norm::{NormBackend, StatsReducer};
-use burn::tensor::activation::{elu, sigmoid};
+use crate::sync_batch_norm::StatsReducer;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use lockstep_core::rng::SplitMix64;
@@ -161,8 +162,8 @@ impl Linear {
     }
 
     /// `x: [batch, inputs]` -> `[batch, outputs]`.
-    pub fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.matmul(p.matrix(self.weight).transpose()) + p.row(self.bias)
+    pub fn forward<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        B::fused_linear(x, p.vector(self.weight), p.vector(self.bias))
     }
 
     /// The layout handles `(weight, bias)`.
@@ -211,7 +212,7 @@ impl LinearProjection {
     }
 
     /// `x: [batch, blocks * block_inputs]` -> `[batch, outputs]`.
-    pub fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         if self.layers.len() == 1 {
             return self.layers[0].forward(p, x);
         }
@@ -286,7 +287,7 @@ impl NormLayer {
     }
 
     /// `x: [batch, features]` -> normalized `[batch, features]`.
-    pub fn forward<B: NormBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward<B: NpeBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match *self {
             NormLayer::None => x,
             NormLayer::Layer { weight, bias } => {
@@ -405,18 +406,18 @@ impl ResidualBlock {
     }
 
     /// `x: [batch, features]`, `context: [batch, context_features]` -> `[batch, features]`.
-    pub fn forward<B: NormBackend>(
+    pub fn forward<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,
         context: Option<&Tensor<B, 2>>,
     ) -> Tensor<B, 2> {
         let t = self.norm0.forward(pass, x.clone());
-        let t = self.linear0.forward(pass.params, elu(t, 1.0));
+        let t = self.linear0.forward(pass.params, B::fused_elu(t));
         let t = self.norm1.forward(pass, t);
-        let mut t = self.linear1.forward(pass.params, elu(t, 1.0));
+        let mut t = self.linear1.forward(pass.params, B::fused_elu(t));
         if let (Some(layer), Some(c)) = (&self.context, context) {
-            t = t * sigmoid(layer.forward(pass.params, c.clone()));
+            t = t * B::fused_sigmoid(layer.forward(pass.params, c.clone()));
         }
         x + t
     }
@@ -483,7 +484,7 @@ impl DenseResidualNet {
     }
 
     /// `x: [batch, input_dim]` -> `[batch, output_dim]`.
-    pub fn forward<B: NormBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward<B: NpeBackend>(&self, pass: &mut Pass<'_, B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let mut x = self.initial.forward(pass.params, x);
         for (block, resize) in self.blocks.iter().zip(&self.resize) {
             x = block.forward(pass, x, None);
@@ -562,7 +563,7 @@ impl ResidualNet {
     }
 
     /// `x: [batch, inputs]`, `context: [batch, context]` -> `[batch, outputs]`.
-    pub fn forward<B: NormBackend>(
+    pub fn forward<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
         x: Tensor<B, 2>,

@@ -34,9 +34,11 @@
 //!
 //! Not here yet: mixed precision.
 
+pub mod backend;
 pub mod c2st;
 pub mod calibration;
 pub mod flow;
+pub mod fused_ops;
 pub mod gw;
 pub mod layers;
 pub mod model;

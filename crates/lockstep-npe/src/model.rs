@@ -11,10 +11,11 @@
 //! with BatchNorm the loss is not sample-separable, so under replicas the BatchNorm layers run
 //! as SyncBatchNorm ([`crate::sync_batch_norm`]).
 
+use crate::backend::TrainBackend;
 use crate::flow::NpeNetwork;
 use crate::layers::Pass;
 use crate::params::{to_vec, Params, Partition};
-use crate::sync_batch_norm::{with_stats_reducer, StatsReducer, TrainBackend};
+use crate::sync_batch_norm::{with_stats_reducer, StatsReducer};
 use lockstep_train::{checkpoint, Batch, Model, ReplicaContext};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;

@@ -339,15 +339,3 @@ impl<B: Backend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
         )
     }
 }
-
-/// The autodiff backends an [`crate::NpeModel`] trains on: SyncBatchNorm in training
-/// ([`NormBackend`]) and in the evaluation passes on the inner backend.
-pub trait TrainBackend:
-    burn::tensor::backend::AutodiffBackend<InnerBackend: NormBackend> + NormBackend
-{
-}
-
-impl<B> TrainBackend for B where
-    B: burn::tensor::backend::AutodiffBackend<InnerBackend: NormBackend> + NormBackend
-{
-}

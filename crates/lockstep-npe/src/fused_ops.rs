@@ -1,0 +1,723 @@
+//! Single autodiff operations for the layers the NPE network spends its time in: the linear
+//! layer, ELU and the logistic sigmoid ([`FusedOps`]).
+//!
+//! burn composes a linear layer from a reshape, a transpose, a matrix product (whose ndarray
+//! kernel copies a transposed operand into a contiguous one, in the forward and the backward
+//! pass) and a broadcast addition; `elu` from five tensor operations (`exp` over the whole
+//! input, then a subtraction, a scaling and a `mask_where` whose backward builds zero
+//! tensors); and `sigmoid` as `exp(-log(1 + exp(-x)))`, whose backward recomputes the
+//! exponentials. Here each is one operation with its own backward step:
+//!
+//! - linear (PyTorch `nn.Linear`): `y = x Wᵀ + b`; `dx = g W`, `dW = gᵀ x`, `db = Σ_batch g`,
+//!   each computed only when that input needs a gradient (frozen weights, data inputs);
+//! - ELU (α = 1; Clevert, Unterthiner, Hochreiter 2016): `y = x` for `x > 0`, `e^x - 1`
+//!   otherwise; `dy/dx = 1` for `y > 0`, `y + 1` otherwise (from the saved output);
+//! - sigmoid: `s = 1 / (1 + e^-x)`; `ds/dx = s (1 - s)` (from the saved output).
+//!
+//! On the ndarray backend (f32) the matrix products call `matrixmultiply`'s sgemm (through
+//! `ndarray::linalg::general_mat_mul`, as burn does) on strided views, without copies, with
+//! the bias as the initial output; the activations are one pass over the data with
+//! [`exp_f32`], a branch-free exponential (Cephes `expf`'s range reduction and polynomial,
+//! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
+//! multiplications (no fused multiply-add), so every CPU computes the same bits. Other
+//! backends (CUDA, f64) compose the same formulas from burn's tensor operations.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ndarray::{NdArray, NdArrayTensor};
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
+
+/// Backends with the linear layer, ELU and sigmoid as single operations (see the module
+/// docs). The default methods compose burn's tensor operations; the ndarray backend (f32)
+/// runs fused kernels and every `Autodiff<B>` records one node per operation, with the
+/// backward steps below.
+pub trait FusedOps: Backend {
+    /// The linear layer `x Wᵀ + b` (PyTorch `nn.Linear`): `x: [batch, in]`, `weight` the
+    /// row-major `[out, in]` matrix flattened to `[out * in]`, `bias: [out]` ->
+    /// `[batch, out]`.
+    ///
+    /// Panics when `weight` does not hold `out * in` values.
+    fn fused_linear(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        linear_composed(x, weight, bias)
+    }
+
+    /// The gradients of [`FusedOps::fused_linear`] for the incoming gradient
+    /// `grad: [batch, out]`: `(dx [batch, in], dweight [out * in], dbias [out])`, each only
+    /// when `need` asks for it.
+    fn fused_linear_backward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        need: [bool; 3],
+    ) -> LinearGradients<Self> {
+        linear_backward_composed(x, weight, grad, need)
+    }
+
+    /// ELU with α = 1, elementwise: `[batch, features]` -> `[batch, features]`.
+    fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        elu_composed(x)
+    }
+
+    /// The gradient of [`FusedOps::fused_elu`] from its output `y` and the incoming
+    /// gradient `grad` (same shape): `grad` where `y > 0`, `grad (y + 1)` elsewhere.
+    fn fused_elu_backward(y: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        elu_backward_composed(y, grad)
+    }
+
+    /// The logistic sigmoid `1 / (1 + e^-x)`, elementwise.
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        sigmoid_composed(x)
+    }
+
+    /// The gradient of [`FusedOps::fused_sigmoid`] from its output `s` and the incoming
+    /// gradient: `grad s (1 - s)`.
+    fn fused_sigmoid_backward(s: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        sigmoid_backward_composed(s, grad)
+    }
+}
+
+/// The gradients of a linear layer: `(dx, dweight, dbias)` (see
+/// [`FusedOps::fused_linear_backward`]).
+pub type LinearGradients<B> = (
+    Option<Tensor<B, 2>>,
+    Option<Tensor<B, 1>>,
+    Option<Tensor<B, 1>>,
+);
+
+fn linear_composed<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+) -> Tensor<B, 2> {
+    let [inputs] = [x.dims()[1]];
+    let [outputs] = bias.dims();
+    x.matmul(weight.reshape([outputs, inputs]).transpose()) + bias.unsqueeze_dim(0)
+}
+
+fn linear_backward_composed<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    grad: Tensor<B, 2>,
+    need: [bool; 3],
+) -> LinearGradients<B> {
+    let [_, inputs] = x.dims();
+    let [_, outputs] = grad.dims();
+    let dx = need[0].then(|| grad.clone().matmul(weight.reshape([outputs, inputs])));
+    let dw = need[1].then(|| {
+        grad.clone()
+            .transpose()
+            .matmul(x)
+            .reshape([outputs * inputs])
+    });
+    let db = need[2].then(|| grad.sum_dim(0).reshape([outputs]));
+    (dx, dw, db)
+}
+
+fn elu_composed<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let negative = x.clone().lower_equal_elem(0.0);
+    x.clone()
+        .mask_where(negative, x.clamp_max(0.0).exp().sub_scalar(1.0))
+}
+
+fn elu_backward_composed<B: Backend>(y: Tensor<B, 2>, grad: Tensor<B, 2>) -> Tensor<B, 2> {
+    let positive = y.clone().greater_elem(0.0);
+    grad * y.add_scalar(1.0).mask_fill(positive, 1.0)
+}
+
+fn sigmoid_composed<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    x.neg().exp().add_scalar(1.0).recip()
+}
+
+fn sigmoid_backward_composed<B: Backend>(s: Tensor<B, 2>, grad: Tensor<B, 2>) -> Tensor<B, 2> {
+    grad * s.clone() * s.neg().add_scalar(1.0)
+}
+
+impl FusedOps for NdArray<f64> {}
+
+#[cfg(feature = "cuda")]
+impl FusedOps for burn::backend::Cuda {}
+
+impl FusedOps for NdArray<f32> {
+    fn fused_linear(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let (xp, wp, bp) = (f32_array(&x), f32_array(&weight), f32_array(&bias));
+        let (Some(xa), Some(wa), Some(ba)) = (xp, wp, bp) else {
+            return linear_composed(x, weight, bias);
+        };
+        let (Some(x2), Some(b1)) = (view2(&xa), view1(&ba)) else {
+            return linear_composed(x, weight, bias);
+        };
+        let (m, k) = x2.dim();
+        let n = b1.len();
+        let Some(w2) = matrix(&wa, n, k) else {
+            return linear_composed(x, weight, bias);
+        };
+        let mut out = Array2::from_shape_fn((m, n), |(_, j)| b1[j]);
+        general_mat_mul(1.0, &x2, &w2.t(), 1.0, &mut out);
+        from_array(out.into_dyn().into_shared())
+    }
+
+    fn fused_linear_backward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        need: [bool; 3],
+    ) -> LinearGradients<Self> {
+        let (xp, wp, gp) = (f32_array(&x), f32_array(&weight), f32_array(&grad));
+        let (Some(xa), Some(wa), Some(ga)) = (xp, wp, gp) else {
+            return linear_backward_composed(x, weight, grad, need);
+        };
+        let (Some(x2), Some(g2)) = (view2(&xa), view2(&ga)) else {
+            return linear_backward_composed(x, weight, grad, need);
+        };
+        let (m, k) = x2.dim();
+        let n = g2.dim().1;
+        let Some(w2) = matrix(&wa, n, k) else {
+            return linear_backward_composed(x, weight, grad, need);
+        };
+        let dx = need[0].then(|| {
+            let mut dx = Array2::<f32>::zeros((m, k));
+            general_mat_mul(1.0, &g2, &w2, 0.0, &mut dx);
+            from_array(dx.into_dyn().into_shared())
+        });
+        let dw = need[1].then(|| {
+            let mut dw = Array2::<f32>::zeros((n, k));
+            general_mat_mul(1.0, &g2.t(), &x2, 0.0, &mut dw);
+            from_array(
+                dw.into_shape_with_order(n * k)
+                    .expect("contiguous")
+                    .into_dyn()
+                    .into_shared(),
+            )
+        });
+        let db = need[2].then(|| from_array(g2.sum_axis(Axis(0)).into_dyn().into_shared()));
+        (dx, dw, db)
+    }
+
+    fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        map_f32(x, elu_slice, elu_composed)
+    }
+
+    fn fused_elu_backward(y: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        zip_f32(y, grad, elu_backward_slice, elu_backward_composed)
+    }
+
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        map_f32(x, sigmoid_slice, sigmoid_composed)
+    }
+
+    fn fused_sigmoid_backward(s: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        zip_f32(s, grad, sigmoid_backward_slice, sigmoid_backward_composed)
+    }
+}
+
+/// The f32 array of an ndarray tensor (shares the data; `None` for another dtype).
+fn f32_array<const D: usize>(
+    t: &Tensor<NdArray<f32>, D>,
+) -> Option<ndarray::ArcArray<f32, ndarray::IxDyn>> {
+    match t.clone().into_primitive().tensor() {
+        NdArrayTensor::F32(storage) => Some(storage.into_owned()),
+        _ => None,
+    }
+}
+
+fn view2(a: &ndarray::ArcArray<f32, ndarray::IxDyn>) -> Option<ArrayView2<'_, f32>> {
+    a.view().into_dimensionality::<Ix2>().ok()
+}
+
+fn view1(a: &ndarray::ArcArray<f32, ndarray::IxDyn>) -> Option<ArrayView1<'_, f32>> {
+    a.view().into_dimensionality::<Ix1>().ok()
+}
+
+/// A flat contiguous `[rows * cols]` array as a row-major `[rows, cols]` view.
+fn matrix(
+    a: &ndarray::ArcArray<f32, ndarray::IxDyn>,
+    rows: usize,
+    cols: usize,
+) -> Option<ArrayView2<'_, f32>> {
+    ArrayView2::from_shape((rows, cols), a.as_slice()?).ok()
+}
+
+fn from_array<const D: usize>(
+    a: ndarray::ArcArray<f32, ndarray::IxDyn>,
+) -> Tensor<NdArray<f32>, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(a)))
+}
+
+/// Applies `kernel` in place to the f32 values of `x` (copied first when shared or not
+/// contiguous); tensors of another dtype take `composed`.
+fn map_f32(
+    x: Tensor<NdArray<f32>, 2>,
+    kernel: fn(&mut [f32]),
+    composed: fn(Tensor<NdArray<f32>, 2>) -> Tensor<NdArray<f32>, 2>,
+) -> Tensor<NdArray<f32>, 2> {
+    match x.into_primitive().tensor() {
+        NdArrayTensor::F32(storage) => {
+            let mut a = storage.into_owned();
+            if a.as_slice_memory_order_mut().is_none() {
+                a = a.as_standard_layout().into_owned().into_shared();
+            }
+            // `as_slice_memory_order_mut` makes the data unique (copy on write) and, after
+            // the line above, the array is contiguous.
+            if let Some(values) = a.as_slice_memory_order_mut() {
+                kernel(values);
+            }
+            Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(a)))
+        }
+        other => composed(Tensor::from_primitive(TensorPrimitive::Float(other))),
+    }
+}
+
+/// A 2-D f32 tensor on the ndarray backend.
+type Nd2 = Tensor<NdArray<f32>, 2>;
+
+/// Applies `kernel(grad, y)` with `grad` updated in place, when both are f32 tensors of the
+/// same shape and memory order; otherwise `composed`.
+fn zip_f32(
+    y: Tensor<NdArray<f32>, 2>,
+    grad: Tensor<NdArray<f32>, 2>,
+    kernel: fn(&mut [f32], &[f32]),
+    composed: fn(Nd2, Nd2) -> Nd2,
+) -> Tensor<NdArray<f32>, 2> {
+    let wrap =
+        |t: NdArrayTensor| Tensor::<NdArray<f32>, 2>::from_primitive(TensorPrimitive::Float(t));
+    match (y.into_primitive().tensor(), grad.into_primitive().tensor()) {
+        (NdArrayTensor::F32(ys), NdArrayTensor::F32(gs)) => {
+            let y = ys
+                .into_owned()
+                .as_standard_layout()
+                .into_owned()
+                .into_shared();
+            let mut g = gs.into_owned();
+            if g.shape() == y.shape() && g.is_standard_layout() {
+                if let (Some(gv), Some(yv)) = (g.as_slice_memory_order_mut(), y.as_slice()) {
+                    kernel(gv, yv);
+                    return wrap(NdArrayTensor::from(g));
+                }
+            }
+            composed(wrap(NdArrayTensor::from(y)), wrap(NdArrayTensor::from(g)))
+        }
+        (y, g) => composed(wrap(y), wrap(g)),
+    }
+}
+
+/// `e^x` in f32 without libm: Cephes `expf` (range reduction `x = n ln 2 + r` with `ln 2`
+/// split in two, a degree-7 polynomial on `|r| <= ln 2 / 2`, scaling by `2^n` through the
+/// exponent bits). Relative error below 3e-7 (a few ulp) for `x` in `[-87.3, 88.3]`; inputs
+/// are clamped to that range (so `e^x` never overflows to infinity or underflows below the
+/// smallest normal float); NaN stays NaN. Only IEEE additions and multiplications, no
+/// branches: loops over it vectorize, and every CPU gives the same bits.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
+    const SHIFT: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.3);
+    let k = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = k - SHIFT;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * (r * r) + r + 1.0;
+    // n in [-126, 127]: the biased exponent n + 127 is in [1, 254].
+    let n_bits = k.to_bits().wrapping_sub(SHIFT.to_bits());
+    e * f32::from_bits(n_bits.wrapping_add(127) << 23)
+}
+
+#[inline(always)]
+fn elu_one(x: f32) -> f32 {
+    if x > 0.0 {
+        x
+    } else {
+        exp_f32(x) - 1.0
+    }
+}
+
+#[inline(always)]
+fn sigmoid_one(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
+}
+
+macro_rules! dispatched {
+    ($(#[$doc:meta])* $name:ident, $avx:ident, ($($arg:ident: $ty:ty),*), $body:expr) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked at run time).
+                return unsafe { $avx($($arg),*) };
+            }
+            $body
+        }
+
+        /// The same loop compiled for AVX2 (same IEEE operations, so the same bits).
+        ///
+        /// # Safety
+        /// The CPU must support AVX2.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $avx($($arg: $ty),*) {
+            $body
+        }
+    };
+}
+
+dispatched!(
+    /// ELU in place.
+    elu_slice, elu_slice_avx2, (v: &mut [f32]),
+    v.iter_mut().for_each(|x| *x = elu_one(*x))
+);
+
+dispatched!(
+    /// sigmoid in place.
+    sigmoid_slice, sigmoid_slice_avx2, (v: &mut [f32]),
+    v.iter_mut().for_each(|x| *x = sigmoid_one(*x))
+);
+
+dispatched!(
+    /// `g *= (y > 0 ? 1 : y + 1)`.
+    elu_backward_slice, elu_backward_slice_avx2, (g: &mut [f32], y: &[f32]),
+    g.iter_mut()
+        .zip(y)
+        .for_each(|(g, &y)| *g *= if y > 0.0 { 1.0 } else { y + 1.0 })
+);
+
+dispatched!(
+    /// `g *= s (1 - s)`.
+    sigmoid_backward_slice, sigmoid_backward_slice_avx2, (g: &mut [f32], s: &[f32]),
+    g.iter_mut().zip(s).for_each(|(g, &s)| *g = *g * s * (1.0 - s))
+);
+
+/// The backward step of [`FusedOps::fused_elu`] on `Autodiff<B>`; its state is the output.
+#[derive(Debug)]
+struct EluBackward;
+
+impl<B: FusedOps> Backward<B, 1> for EluBackward {
+    type State = Tensor<B, 2>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [parent] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
+            let dx = B::fused_elu_backward(ops.state, g);
+            grads.register::<B>(parent.id, dx.into_primitive().tensor());
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::fused_sigmoid`] on `Autodiff<B>`; its state is the
+/// output.
+#[derive(Debug)]
+struct SigmoidBackward;
+
+impl<B: FusedOps> Backward<B, 1> for SigmoidBackward {
+    type State = Tensor<B, 2>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [parent] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
+            let dx = B::fused_sigmoid_backward(ops.state, g);
+            grads.register::<B>(parent.id, dx.into_primitive().tensor());
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::fused_linear`] on `Autodiff<B>`; its state is the
+/// input and the flat weight.
+#[derive(Debug)]
+struct LinearBackward;
+
+impl<B: FusedOps> Backward<B, 3> for LinearBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
+        let (x, w) = ops.state;
+        let need = [px.is_some(), pw.is_some(), pb.is_some()];
+        let (dx, dw, db) = B::fused_linear_backward(x, w, g, need);
+        if let (Some(p), Some(d)) = (px, dx) {
+            grads.register::<B>(p.id, d.into_primitive().tensor());
+        }
+        if let (Some(p), Some(d)) = (pw, dw) {
+            grads.register::<B>(p.id, d.into_primitive().tensor());
+        }
+        if let (Some(p), Some(d)) = (pb, db) {
+            grads.register::<B>(p.id, d.into_primitive().tensor());
+        }
+    }
+}
+
+/// Records `forward` (an inner-backend activation) as one autodiff node whose backward
+/// step `step` keeps the output.
+fn unary<B, C, S>(
+    x: Tensor<Autodiff<B, C>, 2>,
+    step: S,
+    forward: fn(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<Autodiff<B, C>, 2>
+where
+    B: FusedOps,
+    C: CheckpointStrategy,
+    S: Backward<B, 1, State = Tensor<B, 2>>,
+{
+    let x = x.into_primitive().tensor();
+    let y = forward(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(
+        x.primitive.clone(),
+    )));
+    let output = y.clone().into_primitive().tensor();
+    let tracked = match step
+        .prepare::<C>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(y, output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(tracked))
+}
+
+impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_linear(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let x = x.into_primitive().tensor();
+        let w = weight.into_primitive().tensor();
+        let b = bias.into_primitive().tensor();
+        let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
+        let wi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
+        let bi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.primitive.clone()));
+        let y = B::fused_linear(xi.clone(), wi.clone(), bi);
+        let output = y.into_primitive().tensor();
+        let tracked = match LinearBackward
+            .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(tracked))
+    }
+
+    fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        unary(x, EluBackward, B::fused_elu)
+    }
+
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        unary(x, SigmoidBackward, B::fused_sigmoid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+
+    type Ad = Autodiff<NdArray<f32>>;
+
+    #[test]
+    fn exp_f32_is_within_a_few_ulp_of_exp_over_the_range() {
+        let mut worst = 0.0f64;
+        let n = 2_000_000;
+        for i in 0..=n {
+            let x = -87.0 + 175.0 * i as f64 / n as f64;
+            let got = exp_f32(x as f32) as f64;
+            let want = (x as f32 as f64).exp();
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 3e-7, "worst relative error {worst:e}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert!(exp_f32(-1e4) > 0.0 && exp_f32(-1e4) < 2e-38);
+        assert!(exp_f32(1e4).is_finite() && exp_f32(1e4) > 1e38);
+    }
+
+    fn values(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.7371).sin() * 9.0 - (i % 7) as f32 * 0.01)
+            .collect()
+    }
+
+    fn tensor<B: Backend>(v: &[f32], device: &B::Device) -> Tensor<B, 2> {
+        Tensor::from_data(TensorData::new(v.to_vec(), [v.len() / 8, 8]), device)
+    }
+
+    fn vec<B: Backend>(t: Tensor<B, 2>) -> Vec<f64> {
+        t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
+    }
+
+    /// The fused f32 kernels against the formulas in f64, and the autodiff gradients against
+    /// the analytic derivatives.
+    #[test]
+    fn fused_activations_and_their_gradients_match_the_formulas() {
+        let device = Default::default();
+        let v = values(8 * 129);
+        let elu = |x: f64| if x > 0.0 { x } else { x.exp() - 1.0 };
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let delu = |x: f64| if x > 0.0 { 1.0 } else { x.exp() };
+        let dsig = |x: f64| {
+            let s = 1.0 / (1.0 + (-x).exp());
+            s * (1.0 - s)
+        };
+        type Fwd = fn(Tensor<Ad, 2>) -> Tensor<Ad, 2>;
+        type Scalar = fn(f64) -> f64;
+        let cases: [(Fwd, Scalar, Scalar); 2] = [
+            (<Ad as FusedOps>::fused_elu, elu, delu),
+            (<Ad as FusedOps>::fused_sigmoid, sig, dsig),
+        ];
+        for (f, value, slope) in cases {
+            let x = tensor::<Ad>(&v, &device).require_grad();
+            let w = tensor::<Ad>(
+                &values(8 * 129)[..]
+                    .iter()
+                    .map(|a| a * 0.1 + 1.0)
+                    .collect::<Vec<_>>(),
+                &device,
+            );
+            let y = f(x.clone());
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let dx = vec(x.grad(&grads).unwrap());
+            for (i, (&xi, (yi, dxi))) in v.iter().zip(vec(y).into_iter().zip(dx)).enumerate() {
+                let x = xi as f64;
+                let wi = v[i] as f64 * 0.1 + 1.0;
+                assert!(
+                    (yi - value(x)).abs() <= 1e-6 * value(x).abs().max(1.0),
+                    "value at {x}: {yi}"
+                );
+                let want = slope(x) * (wi as f32 as f64);
+                // The slope comes from the f32 output (`y + 1`, `s (1 - s)`): its error is
+                // about an ulp of 1, not of the slope.
+                assert!(
+                    (dxi - want).abs() <= 2e-6 * want.abs() + 2e-7 * wi.abs(),
+                    "slope at {x}: {dxi} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// The fused linear layer against burn's composed one, values and the gradients of all
+    /// three inputs; a constant weight gets no gradient; a transposed input gives the same.
+    #[test]
+    fn fused_linear_and_its_gradients_match_the_composed_layer() {
+        let device = Default::default();
+        let (m, k, n) = (37, 19, 11);
+        let xv: Vec<f32> = values(m * k);
+        let wv: Vec<f32> = values(n * k + 5)[5..].iter().map(|a| a * 0.3).collect();
+        let bv: Vec<f32> = values(n + 3)[3..].to_vec();
+        let gv: Vec<f32> = values(m * n + 7)[7..].iter().map(|a| a * 0.1).collect();
+        let make = |transposed: bool| {
+            let x = if transposed {
+                // The same [m, k] matrix, stored as its transpose.
+                let xt: Vec<f32> = (0..k * m).map(|i| xv[(i % m) * k + i / m]).collect();
+                Tensor::<Ad, 2>::from_data(TensorData::new(xt, [k, m]), &device).transpose()
+            } else {
+                Tensor::<Ad, 2>::from_data(TensorData::new(xv.clone(), [m, k]), &device)
+            };
+            let w = Tensor::<Ad, 1>::from_data(TensorData::new(wv.clone(), [n * k]), &device);
+            let b = Tensor::<Ad, 1>::from_data(TensorData::new(bv.clone(), [n]), &device);
+            (x.require_grad(), w.require_grad(), b.require_grad())
+        };
+        let g = Tensor::<Ad, 2>::from_data(TensorData::new(gv.clone(), [m, n]), &device);
+        let close = |a: Vec<f64>, b: Vec<f64>| {
+            assert_eq!(a.len(), b.len());
+            let scale = b.iter().fold(0.0f64, |s, v| s.max(v.abs()));
+            for (a, b) in a.iter().zip(&b) {
+                assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
+            }
+        };
+        let (x0, w0, b0) = make(false);
+        let y0 = linear_composed(x0.clone(), w0.clone(), b0.clone());
+        let grads0 = (y0.clone() * g.clone()).sum().backward();
+        for transposed in [false, true] {
+            let (x, w, b) = make(transposed);
+            let y = Ad::fused_linear(x.clone(), w.clone(), b.clone());
+            close(vec(y.clone()), vec(y0.clone()));
+            let grads = (y * g.clone()).sum().backward();
+            close(vec(x.grad(&grads).unwrap()), vec(x0.grad(&grads0).unwrap()));
+            let w_grad = |w: &Tensor<Ad, 1>, gr| vec(w.grad(gr).unwrap().unsqueeze::<2>());
+            close(w_grad(&w, &grads), w_grad(&w0, &grads0));
+            close(w_grad(&b, &grads), w_grad(&b0, &grads0));
+        }
+        // A constant (frozen) weight: gradients for x and b only.
+        let (x, _, b) = make(false);
+        let w = Tensor::<Ad, 1>::from_data(TensorData::new(wv.clone(), [n * k]), &device);
+        let grads = (Ad::fused_linear(x.clone(), w.clone(), b.clone()) * g)
+            .sum()
+            .backward();
+        assert!(w.grad(&grads).is_none());
+        close(vec(x.grad(&grads).unwrap()), vec(x0.grad(&grads0).unwrap()));
+    }
+
+    /// The fused kernels and the composed formulas (what CUDA and f64 run) agree.
+    #[test]
+    fn fused_kernels_match_the_composed_formulas() {
+        let device = Default::default();
+        let v = values(8 * 77);
+        let x = || tensor::<NdArray<f32>>(&v, &device);
+        let close = |a: Vec<f64>, b: Vec<f64>| {
+            a.iter()
+                .zip(&b)
+                .all(|(a, b)| (a - b).abs() <= 1e-6 * a.abs().max(1.0))
+        };
+        assert!(close(
+            vec(NdArray::<f32>::fused_elu(x())),
+            vec(elu_composed(x()))
+        ));
+        assert!(close(
+            vec(NdArray::<f32>::fused_sigmoid(x())),
+            vec(sigmoid_composed(x()))
+        ));
+        let y = NdArray::<f32>::fused_elu(x());
+        assert!(close(
+            vec(NdArray::<f32>::fused_elu_backward(y.clone(), x())),
+            vec(elu_backward_composed(y, x()))
+        ));
+        let s = NdArray::<f32>::fused_sigmoid(x());
+        assert!(close(
+            vec(NdArray::<f32>::fused_sigmoid_backward(s.clone(), x())),
+            vec(sigmoid_backward_composed(s, x()))
+        ));
+        // A transposed (non-contiguous) input takes the copy path and gives the same values.
+        let t = x().transpose();
+        assert!(close(
+            vec(NdArray::<f32>::fused_elu(t.clone())),
+            vec(elu_composed(t))
+        ));
+    }
+}
