@@ -403,35 +403,15 @@ dispatched!(
     g.iter_mut().zip(s).for_each(|(g, &s)| *g = *g * s * (1.0 - s))
 );
 
-/// The backward step of [`FusedOps::fused_elu`] on `Autodiff<B>`; its state is the output.
+/// The backward step of a fused activation on `Autodiff<B>`: `gradient(output, grad)`
+/// ([`FusedOps::fused_elu_backward`], [`FusedOps::fused_sigmoid_backward`]); its state is
+/// the output.
 #[derive(Debug)]
-struct EluBackward;
-
-impl<B: FusedOps> Backward<B, 1> for EluBackward {
-    type State = Tensor<B, 2>;
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [parent] = ops.parents;
-        let g = grads.consume::<B>(&ops.node);
-        if let Some(parent) = parent {
-            let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
-            let dx = B::fused_elu_backward(ops.state, g);
-            grads.register::<B>(parent.id, dx.into_primitive().tensor());
-        }
-    }
+struct ActivationBackward<B: Backend> {
+    gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
 }
 
-/// The backward step of [`FusedOps::fused_sigmoid`] on `Autodiff<B>`; its state is the
-/// output.
-#[derive(Debug)]
-struct SigmoidBackward;
-
-impl<B: FusedOps> Backward<B, 1> for SigmoidBackward {
+impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
     type State = Tensor<B, 2>;
 
     fn backward(
@@ -444,7 +424,7 @@ impl<B: FusedOps> Backward<B, 1> for SigmoidBackward {
         let g = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
             let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
-            let dx = B::fused_sigmoid_backward(ops.state, g);
+            let dx = (self.gradient)(ops.state, g);
             grads.register::<B>(parent.id, dx.into_primitive().tensor());
         }
     }
@@ -482,24 +462,19 @@ impl<B: FusedOps> Backward<B, 3> for LinearBackward {
     }
 }
 
-/// Records `forward` (an inner-backend activation) as one autodiff node whose backward
-/// step `step` keeps the output.
-fn unary<B, C, S>(
+/// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
+/// keeps the output and applies `gradient(output, grad)`.
+fn activation<B: FusedOps, C: CheckpointStrategy>(
     x: Tensor<Autodiff<B, C>, 2>,
-    step: S,
     forward: fn(Tensor<B, 2>) -> Tensor<B, 2>,
-) -> Tensor<Autodiff<B, C>, 2>
-where
-    B: FusedOps,
-    C: CheckpointStrategy,
-    S: Backward<B, 1, State = Tensor<B, 2>>,
-{
+    gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<Autodiff<B, C>, 2> {
     let x = x.into_primitive().tensor();
     let y = forward(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(
         x.primitive.clone(),
     )));
     let output = y.clone().into_primitive().tensor();
-    let tracked = match step
+    let tracked = match (ActivationBackward { gradient })
         .prepare::<C>([x.node.clone()])
         .compute_bound()
         .stateful()
@@ -536,11 +511,11 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        unary(x, EluBackward, B::fused_elu)
+        activation(x, B::fused_elu, B::fused_elu_backward)
     }
 
     fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        unary(x, SigmoidBackward, B::fused_sigmoid)
+        activation(x, B::fused_sigmoid, B::fused_sigmoid_backward)
     }
 }
 
