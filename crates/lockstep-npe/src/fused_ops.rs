@@ -98,7 +98,7 @@ fn linear_composed<B: Backend>(
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
 ) -> Tensor<B, 2> {
-    let [inputs] = [x.dims()[1]];
+    let [_, inputs] = x.dims();
     let [outputs] = bias.dims();
     x.matmul(weight.reshape([outputs, inputs]).transpose()) + bias.unsqueeze_dim(0)
 }
@@ -295,11 +295,8 @@ fn zip_f32(
         |t: NdArrayTensor| Tensor::<NdArray<f32>, 2>::from_primitive(TensorPrimitive::Float(t));
     match (y.into_primitive().tensor(), grad.into_primitive().tensor()) {
         (NdArrayTensor::F32(ys), NdArrayTensor::F32(gs)) => {
-            let y = ys
-                .into_owned()
-                .as_standard_layout()
-                .into_owned()
-                .into_shared();
+            // `y` is read in place (no copy) when contiguous; `g` is updated in place.
+            let y = ys.into_owned();
             let mut g = gs.into_owned();
             if g.shape() == y.shape() && g.is_standard_layout() {
                 if let (Some(gv), Some(yv)) = (g.as_slice_memory_order_mut(), y.as_slice()) {
