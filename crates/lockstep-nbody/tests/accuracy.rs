@@ -224,9 +224,10 @@ fn near_field_f32_matches_f64_on_plummer_and_clumps() {
         let (single, double) = (run(NearField::F32), run(NearField::F64));
         let diff = compare(&single, &double);
         println!("{name}: f32 near field against f64: {diff:?}");
-        // f32 rounding (about 6e-8 per operation) over thousands of pairs summed in f64.
+        // f32 rounding (about 6e-8 per operation) and the f32 `1 / sqrt` (within 5e-7 of
+        // either sign, so 1.5e-6 on `1 / r^3`) over thousands of pairs summed in f64.
         assert!(
-            diff.acc.p99 < 1e-6 && diff.acc.max < 3e-5,
+            diff.acc.p99 < 2e-6 && diff.acc.max < 3e-5,
             "{name}: {diff:?}"
         );
         assert!(

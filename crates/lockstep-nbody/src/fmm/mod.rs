@@ -216,6 +216,9 @@ impl PhaseSeconds {
 pub struct Fmm {
     params: FmmParams,
     tables: Tables,
+    /// Evaluate near-field pairs within a task once for both particles (always, except in
+    /// the test that compares it with the one-sided sums).
+    mutual_p2p: bool,
 }
 
 #[derive(Default)]
@@ -273,6 +276,7 @@ impl Fmm {
         Ok(Fmm {
             params,
             tables: Tables::new(params.order),
+            mutual_p2p: true,
         })
     }
 
@@ -495,8 +499,9 @@ impl Fmm {
         pot_s: &mut [f64],
     ) -> Traversal {
         let nodes = &tree.nodes;
-        let threads = rayon::current_num_threads().max(1);
-        let want = TASKS_PER_THREAD * threads;
+        // A fixed number of tasks, not one per thread: which pairs are evaluated mutually
+        // depends on the tasks, and results must not depend on the thread count.
+        let want = TASKS;
         let mut level = 0;
         while level + 1 < tree.level_start.len() - 1 {
             let count = tree.level_start[level + 1] - tree.level_start[level];
@@ -529,6 +534,11 @@ impl Fmm {
             m2p_max: usize::MAX,
         };
         let near_field = self.params.near_field;
+        // The near-field kernels' softening and mass scale (the largest source mass).
+        let near_scale = (eps2, tree.soa.m.iter().copied().fold(0.0, f64::max));
+        // Pairs are evaluated once for both particles when every particle is a target (no
+        // imported sources, whose partners would never be walked).
+        let mutual = self.mutual_p2p && nodes[0].ntargets == nodes[0].count();
         work.into_par_iter()
             .map_init(NearBuffers::default, |(buf32, buf64), (t, acc, pot)| {
                 let clock = std::time::Instant::now();
@@ -541,10 +551,14 @@ impl Fmm {
                 let walked = clock.elapsed().as_secs_f64();
                 let near = std::mem::take(&mut out.p2p);
                 let p2p_blocks = near.len();
-                let start = nodes[t].start;
+                let task = &nodes[t];
                 let p2p_pairs = match near_field {
-                    NearField::F32 => task_p2p(tree, near, start, eps2, acc, pot, buf32),
-                    NearField::F64 => task_p2p(tree, near, start, eps2, acc, pot, buf64),
+                    NearField::F32 => {
+                        task_p2p(tree, near, task, mutual, near_scale, acc, pot, buf32)
+                    }
+                    NearField::F64 => {
+                        task_p2p(tree, near, task, mutual, near_scale, acc, pot, buf64)
+                    }
                 };
                 Traversal {
                     lists: out,
@@ -599,53 +613,98 @@ impl Traversal {
 type NearBuffers = (p2p::GatheredSources32, p2p::GatheredSources);
 
 /// Adds the direct sums of one task's P2P pairs `(target leaf, source node)` into the
-/// task's outputs `acc`/`pot` (sorted particles from `task_start`): the sources of a leaf
-/// (its own particles first) are gathered into one padded buffer and each target sums over
-/// all of it, its own entry massless. Returns the number of particle pairs.
+/// task's outputs `acc`/`pot` (sorted particles `task.start..task.end`): the sources of a
+/// leaf are gathered into one padded buffer and each target sums over all of it, its own
+/// entry massless. `(eps2, mass_scale)`: the squared softening (kpc^2) and a bound on the
+/// source masses. Returns the number of particle pairs evaluated.
+///
+/// With `mutual`, a pair of the task's own particles is evaluated once for both
+/// (Newton's third law): a leaf takes the reaction of the source nodes of the task that
+/// come after it in the sorted order and skips those before it, which did the same for
+/// it. Valid because the near field is symmetric ([`Walker::walk`]) and a node either lies
+/// in the task or is disjoint from it; pairs with sources outside the task are evaluated
+/// from both sides, so the result does not depend on which thread runs a task.
+#[allow(clippy::too_many_arguments)]
 fn task_p2p<B: p2p::Gathered>(
     tree: &Tree,
     mut pairs: Vec<(usize, usize)>,
-    task_start: usize,
-    eps2: f64,
+    task: &Node,
+    mutual: bool,
+    (eps2, mass_scale): (f64, f64),
     acc: &mut [[f64; 3]],
     pot: &mut [f64],
     buf: &mut B,
 ) -> u64 {
     // Stable: the sources of a leaf keep the (deterministic) traversal order.
     pairs.sort_by_key(|&(a, _)| a);
+    let inside = |n: &Node| mutual && task.start <= n.start && n.end <= task.end;
+    let mut reacting: Vec<(usize, usize, usize)> = Vec::new();
     let mut count = 0u64;
     for group in pairs.chunk_by(|x, y| x.0 == y.0) {
         let lf = group[0].0;
         let nd: &Node = &tree.nodes[lf];
         let own = group.iter().any(|&(_, b)| b == lf);
-        buf.begin(nd.center);
+        // Bound on |x - centre| per coordinate over the sources, from the node geometry.
+        let extent = group.iter().fold(nd.radius, |e, &(_, b)| {
+            let src = &tree.nodes[b];
+            let d = (0..3).fold(0.0f64, |d, k| d.max((src.center[k] - nd.center[k]).abs()));
+            e.max(d + src.radius)
+        });
+        buf.begin(nd.center, extent, mass_scale);
+        let mut sources = 0usize;
         if own {
             buf.extend(&tree.soa, nd.start..nd.end);
+            sources += nd.count();
         }
-        let mut sources = 0usize;
+        // Segments: own particles, the sources that take the reaction, the others.
+        buf.pad();
+        let mutual_start = buf.len();
+        reacting.clear();
         for &(_, b) in group {
             let src = &tree.nodes[b];
-            sources += src.count();
-            if b != lf {
+            if b != lf && inside(src) && src.start > nd.start {
+                reacting.push((src.start, buf.len(), src.count()));
                 buf.extend(&tree.soa, src.start..src.end);
+                sources += src.count();
+            }
+        }
+        buf.pad();
+        let mutual_range = mutual_start..buf.len();
+        for &(_, b) in group {
+            let src = &tree.nodes[b];
+            if b != lf && !inside(src) {
+                buf.extend(&tree.soa, src.start..src.end);
+                sources += src.count();
             }
         }
         buf.finish();
         count += (sources * nd.count()) as u64;
-        let off = nd.start - task_start;
-        for (k, i) in (nd.start..nd.end).enumerate() {
-            let m = if own { buf.mass(k) } else { B::Mass::default() };
-            if own {
-                buf.set_mass(k, B::Mass::default());
+        let off = nd.start - task.start;
+        // Two targets per pass over the sources (independent work for the CPU to overlap).
+        for k in (0..nd.count()).step_by(2) {
+            let ks = k..(k + 2).min(nd.count());
+            let (i, last) = (nd.start + k, nd.start + ks.end - 1);
+            let t = [tree.soa.point(i), tree.soa.point(last)];
+            let mt = [tree.soa.m[i], tree.soa.m[last]];
+            let n = ks.len();
+            let own_entry = own.then_some(k);
+            let fields = buf.field_at(&t[..n], &mt[..n], own_entry, eps2, mutual_range.clone());
+            for (j, (a, phi)) in ks.zip(fields) {
+                for c in 0..3 {
+                    acc[off + j][c] += a[c];
+                }
+                pot[off + j] -= phi;
             }
-            let (a, phi) = buf.field_at(tree.soa.point(i), eps2);
-            if own {
-                buf.set_mass(k, m);
+        }
+        for &(first, entry, n) in &reacting {
+            for j in 0..n {
+                let (a, phi) = buf.reaction(entry + j);
+                let o = first + j - task.start;
+                for c in 0..3 {
+                    acc[o][c] += a[c];
+                }
+                pot[o] -= phi;
             }
-            for c in 0..3 {
-                acc[off + k][c] += a[c];
-            }
-            pot[off + k] -= phi;
         }
     }
     count
@@ -759,9 +818,10 @@ impl PhaseClock {
 /// particle-particle interactions per coefficient).
 const DIRECT_PER_TERM: usize = 8;
 
-/// Traversal tasks (target subtrees) per worker thread: enough for rayon to balance the
-/// near-field sums of a centrally concentrated system.
-const TASKS_PER_THREAD: usize = 64;
+/// Traversal tasks (target subtrees) aimed at: enough for rayon to balance the near-field
+/// sums of a centrally concentrated system on many threads, few enough that most
+/// near-field pairs lie within one task and are evaluated once for both particles.
+const TASKS: usize = 128;
 
 /// A source node of at most this many leaf sizes that fails the opening test against a
 /// target leaf is summed directly as one contiguous range.
@@ -854,6 +914,12 @@ impl Walker<'_> {
                 return;
             }
             (true, false) => false,
+            (false, true) if na.count() <= self.p2p_node_max => {
+                // The mirror of the rule above, so that the near field stays symmetric:
+                // every target leaf of the small subtree sums the source leaf directly.
+                self.p2p_leaves(a, b, out);
+                return;
+            }
             (false, true) => true,
             (false, false) => (na.radius, a) > (nb.radius, b),
         };
@@ -865,6 +931,23 @@ impl Walker<'_> {
             for cb in nb.children() {
                 self.walk(a, cb, out);
             }
+        }
+    }
+
+    /// Direct sums of every target leaf of subtree `a` (owned by this task) with node `b`.
+    fn p2p_leaves(&self, a: usize, b: usize, out: &mut Lists) {
+        let na = &self.nodes[a];
+        if na.ntargets == 0 || !self.overlaps(na) {
+            return;
+        }
+        if na.is_leaf() {
+            if self.owns(na) {
+                out.p2p.push((a, b));
+            }
+            return;
+        }
+        for ca in na.children() {
+            self.p2p_leaves(ca, b, out);
         }
     }
 
@@ -956,4 +1039,98 @@ pub fn fmm(
     Ok(Fmm::new(*params)?
         .forces(&SourceSet::local(pos, mass), g, softening)?
         .0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InitialConditions;
+
+    fn systems() -> Vec<(&'static str, crate::Particles)> {
+        let plummer = InitialConditions::Plummer {
+            n: 20_000,
+            total_mass: 1.0,
+            scale_radius: 1.0,
+            max_radius: 30.0,
+            seed: 5,
+        };
+        let clumps = InitialConditions::Clumps {
+            n: 20_000,
+            clumps: 10,
+            total_mass: 1.0,
+            box_size: 10.0,
+            clump_radius: 0.2,
+            velocity_dispersion: 0.0,
+            seed: 6,
+        };
+        vec![
+            ("plummer", plummer.generate(1.0, 0, 1, 1.0).unwrap()),
+            ("clumps", clumps.generate(1.0, 0, 1, 1.0).unwrap()),
+        ]
+    }
+
+    /// Evaluating a pair once for both particles gives the forces of the one-sided sums to
+    /// rounding: a pair missed or counted twice (an asymmetric near field) would show as an
+    /// error of the size of one pair's force, far above it.
+    #[test]
+    fn mutual_near_field_matches_the_one_sided_sums() {
+        for (name, p) in systems() {
+            for near_field in [NearField::F32, NearField::F64] {
+                let params = FmmParams {
+                    near_field,
+                    ..FmmParams::default()
+                };
+                let mutual = Fmm::new(params).unwrap();
+                let one_sided = Fmm {
+                    mutual_p2p: false,
+                    ..mutual.clone()
+                };
+                let src = SourceSet::local(p.valid_pos(), p.valid_mass());
+                let (fm, sm) = mutual.forces(&src, 1.0, 1e-3).unwrap();
+                let (fo, so) = one_sided.forces(&src, 1.0, 1e-3).unwrap();
+                assert_eq!(sm.p2p_blocks, so.p2p_blocks);
+                assert!(
+                    (sm.p2p_pairs as f64) < 0.95 * so.p2p_pairs as f64,
+                    "{name}: {} pairs evaluated mutually against {} one-sided",
+                    sm.p2p_pairs,
+                    so.p2p_pairs
+                );
+                let tol = match near_field {
+                    NearField::F32 => 2e-5,
+                    NearField::F64 => 1e-12,
+                };
+                for (i, (am, ao)) in fm.acc.iter().zip(&fo.acc).enumerate() {
+                    let norm = ao.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    let err = (0..3).map(|c| (am[c] - ao[c]).powi(2)).sum::<f64>().sqrt();
+                    assert!(
+                        err <= tol * norm,
+                        "{name} {near_field:?}: particle {i}: {am:?} vs {ao:?}"
+                    );
+                    let (pm, po) = (fm.pot[i], fo.pot[i]);
+                    assert!(
+                        (pm - po).abs() <= tol * po.abs(),
+                        "{name}: potential {pm} vs {po}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The tasks, hence which pairs are evaluated once for both particles, do not depend on
+    /// the number of threads: the forces are bitwise the same on 1 and 3 threads.
+    #[test]
+    fn forces_do_not_depend_on_the_thread_count() {
+        let (_, p) = systems().remove(0);
+        let fmm = Fmm::new(FmmParams::default()).unwrap();
+        let src = SourceSet::local(p.valid_pos(), p.valid_mass());
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| fmm.forces(&src, 1.0, 1e-3).unwrap().0)
+        };
+        let (one, three) = (run(1), run(3));
+        assert!(one.acc == three.acc && one.pot == three.pot);
+    }
 }
