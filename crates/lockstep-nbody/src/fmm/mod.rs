@@ -627,7 +627,7 @@ type NearBuffers = (p2p::GatheredSources32, p2p::GatheredSources);
 #[allow(clippy::too_many_arguments)]
 fn task_p2p<B: p2p::Gathered>(
     tree: &Tree,
-    mut pairs: Vec<(usize, usize)>,
+    pairs: Vec<(usize, usize)>,
     task: &Node,
     mutual: bool,
     (eps2, mass_scale): (f64, f64),
@@ -635,8 +635,7 @@ fn task_p2p<B: p2p::Gathered>(
     pot: &mut [f64],
     buf: &mut B,
 ) -> u64 {
-    // Stable: the sources of a leaf keep the (deterministic) traversal order.
-    pairs.sort_by_key(|&(a, _)| a);
+    let pairs = group_by_target(tree, task, pairs);
     let inside = |n: &Node| mutual && task.start <= n.start && n.end <= task.end;
     let mut reacting: Vec<(usize, usize, usize)> = Vec::new();
     let mut count = 0u64;
@@ -708,6 +707,27 @@ fn task_p2p<B: p2p::Gathered>(
         }
     }
     count
+}
+
+/// The pairs `(target leaf, source)` of a task grouped by target leaf in particle order,
+/// each leaf's sources in the (deterministic) traversal order: a counting sort on the
+/// leaves' first particles, which are distinct and lie in `task.start..task.end`.
+fn group_by_target(tree: &Tree, task: &Node, pairs: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    let key = |a: usize| tree.nodes[a].start - task.start;
+    let mut offsets = vec![0usize; task.count() + 1];
+    for &(a, _) in &pairs {
+        offsets[key(a) + 1] += 1;
+    }
+    for i in 0..task.count() {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut out = vec![(0, 0); pairs.len()];
+    for (a, b) in pairs {
+        let slot = &mut offsets[key(a)];
+        out[*slot] = (a, b);
+        *slot += 1;
+    }
+    out
 }
 
 /// The target leaves (leaves holding local particles) with their disjoint slices of the
