@@ -222,22 +222,34 @@ fn field_at_body(
     let src = |r: Range<usize>| [&s.x[r.clone()], &s.y[r.clone()], &s.z[r.clone()], &s.m[r]];
     sum64(t, eps2, src(0..mutual.start), &mut acc);
     sum64(t, eps2, src(mutual.end..n), &mut acc);
-    let [rx, ry, rz, rp] = &mut s.react;
-    let react = [
-        &mut rx[mutual.clone()],
-        &mut ry[mutual.clone()],
-        &mut rz[mutual.clone()],
-        &mut rp[mutual.clone()],
-    ];
-    let src = [
-        &s.x[mutual.clone()],
-        &s.y[mutual.clone()],
-        &s.z[mutual.clone()],
-        &s.m[mutual],
-    ];
+    let (src, react) = segment([&s.x, &s.y, &s.z, &s.m], &mut s.react, mutual);
     sum64_mutual(t, mt, eps2, src, react, &mut acc);
-    let sum = |a: [f64; LANES]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    ([sum(acc[0]), sum(acc[1]), sum(acc[2])], sum(acc[3]))
+    let [x, y, z, phi] = acc.map(lane_sum);
+    ([x, y, z], phi)
+}
+
+/// The sources `[x, y, z, m]` and the reaction sums of the entries `r` of a buffer.
+#[inline(always)]
+fn segment<'a, T>(
+    [x, y, z, m]: [&'a [T]; 4],
+    [rx, ry, rz, rp]: &'a mut [Vec<T>; 4],
+    r: Range<usize>,
+) -> ([&'a [T]; 4], [&'a mut [T]; 4]) {
+    (
+        [&x[r.clone()], &y[r.clone()], &z[r.clone()], &m[r.clone()]],
+        [
+            &mut rx[r.clone()],
+            &mut ry[r.clone()],
+            &mut rz[r.clone()],
+            &mut rp[r],
+        ],
+    )
+}
+
+/// The sum of the 8 lanes in a fixed order (pairwise).
+#[inline(always)]
+fn lane_sum(a: [f64; 8]) -> f64 {
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
 /// Adds the field at `t` of the sources `[x, y, z, m]` (a multiple of [`LANES`] entries)
@@ -571,22 +583,9 @@ fn fields32_body(
             }
         }
     }
-    let [rx, ry, rz, rp] = &mut s.react;
-    let react = [
-        &mut rx[mutual.clone()],
-        &mut ry[mutual.clone()],
-        &mut rz[mutual.clone()],
-        &mut rp[mutual.clone()],
-    ];
-    let src = [
-        &s.x[mutual.clone()],
-        &s.y[mutual.clone()],
-        &s.z[mutual.clone()],
-        &s.m[mutual],
-    ];
+    let (src, react) = segment([&s.x, &s.y, &s.z, &s.m], &mut s.react, mutual);
     sum32_mutual(t, mt, eps2, src, react, acc0, acc1);
-    let sum = |a: [f64; LANES32]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    let total = |a: &[[f64; LANES32]; 4]| [sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3])];
+    let total = |a: &[[f64; LANES32]; 4]| a.map(lane_sum);
     [total(acc0), total(acc1)]
 }
 
