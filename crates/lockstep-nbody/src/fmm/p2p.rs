@@ -219,11 +219,13 @@ fn field_at_body(
 ) -> ([f64; 3], f64) {
     let mut acc = [[0.0f64; LANES]; 4];
     let n = s.x.len();
-    let src = |r: Range<usize>| [&s.x[r.clone()], &s.y[r.clone()], &s.z[r.clone()], &s.m[r]];
-    sum64(t, eps2, src(0..mutual.start), &mut acc);
-    sum64(t, eps2, src(mutual.end..n), &mut acc);
-    let (src, react) = segment([&s.x, &s.y, &s.z, &s.m], &mut s.react, mutual);
-    sum64_mutual(t, mt, eps2, src, react, &mut acc);
+    let sources = [&s.x[..], &s.y, &s.z, &s.m];
+    let (src, react) = segment(sources, &mut s.react, 0..mutual.start);
+    sum64::<false>(t, mt, eps2, src, react, &mut acc);
+    let (src, react) = segment(sources, &mut s.react, mutual.end..n);
+    sum64::<false>(t, mt, eps2, src, react, &mut acc);
+    let (src, react) = segment(sources, &mut s.react, mutual);
+    sum64::<true>(t, mt, eps2, src, react, &mut acc);
     let [x, y, z, phi] = acc.map(lane_sum);
     ([x, y, z], phi)
 }
@@ -253,35 +255,11 @@ fn lane_sum(a: [f64; 8]) -> f64 {
 }
 
 /// Adds the field at `t` of the sources `[x, y, z, m]` (a multiple of [`LANES`] entries)
-/// into the lane sums `acc` (`[x, y, z, potential]`).
+/// into the lane sums `acc` (`[x, y, z, potential]`); with `REACT`, also the field of the
+/// target (mass `mt`) at each source to the source's reaction sums `react` (`[x, y, z,
+/// potential]`, the acceleration with the opposite sign; untouched without `REACT`).
 #[inline(always)]
-fn sum64(t: [f64; 3], eps2: f64, [xs, ys, zs, ms]: [&[f64]; 4], acc: &mut [[f64; LANES]; 4]) {
-    let blocks = xs
-        .chunks_exact(LANES)
-        .zip(ys.chunks_exact(LANES))
-        .zip(zs.chunks_exact(LANES).zip(ms.chunks_exact(LANES)));
-    for ((x, y), (z, m)) in blocks {
-        for l in 0..LANES {
-            let dx = x[l] - t[0];
-            let dy = y[l] - t[1];
-            let dz = z[l] - t[2];
-            let r2 = dx.mul_add(dx, dy.mul_add(dy, dz.mul_add(dz, eps2)));
-            let inv = rsqrt(r2);
-            let mi = m[l] * inv;
-            let mi3 = mi * inv * inv;
-            acc[0][l] = dx.mul_add(mi3, acc[0][l]);
-            acc[1][l] = dy.mul_add(mi3, acc[1][l]);
-            acc[2][l] = dz.mul_add(mi3, acc[2][l]);
-            acc[3][l] += mi;
-        }
-    }
-}
-
-/// [`sum64`], and the field of the target (mass `mt`) at each source added to the
-/// source's reaction sums `react` (`[x, y, z, potential]`, the acceleration with the
-/// opposite sign).
-#[inline(always)]
-fn sum64_mutual(
+fn sum64<const REACT: bool>(
     t: [f64; 3],
     mt: f64,
     eps2: f64,
@@ -300,8 +278,10 @@ fn sum64_mutual(
     for (((x, y), (z, m)), ((qx, qy), (qz, qp))) in blocks.zip(react) {
         // Local copies of the reaction sums (the vectorizer leaves slices scalar).
         let mut q = [[0.0f64; LANES]; 4];
-        for (dst, src) in q.iter_mut().zip([&*qx, &*qy, &*qz, &*qp]) {
-            dst.copy_from_slice(src);
+        if REACT {
+            for (dst, src) in q.iter_mut().zip([&*qx, &*qy, &*qz, &*qp]) {
+                dst.copy_from_slice(src);
+            }
         }
         for l in 0..LANES {
             let dx = x[l] - t[0];
@@ -316,15 +296,19 @@ fn sum64_mutual(
             acc[1][l] = dy.mul_add(mi3, acc[1][l]);
             acc[2][l] = dz.mul_add(mi3, acc[2][l]);
             acc[3][l] += mi;
-            let ti = mt * inv;
-            let ti3 = ti * inv2;
-            q[0][l] = dx.mul_add(ti3, q[0][l]);
-            q[1][l] = dy.mul_add(ti3, q[1][l]);
-            q[2][l] = dz.mul_add(ti3, q[2][l]);
-            q[3][l] += ti;
+            if REACT {
+                let ti = mt * inv;
+                let ti3 = ti * inv2;
+                q[0][l] = dx.mul_add(ti3, q[0][l]);
+                q[1][l] = dy.mul_add(ti3, q[1][l]);
+                q[2][l] = dz.mul_add(ti3, q[2][l]);
+                q[3][l] += ti;
+            }
         }
-        for (dst, src) in [qx, qy, qz, qp].into_iter().zip(&q) {
-            dst.copy_from_slice(src);
+        if REACT {
+            for (dst, src) in [qx, qy, qz, qp].into_iter().zip(&q) {
+                dst.copy_from_slice(src);
+            }
         }
     }
 }
@@ -539,8 +523,9 @@ fn pair32(t: [f32; 3], x: [f32; 3], m: f32, eps2: f32) -> [f32; 4] {
     let dz = x[2] - t[2];
     let r2 = dx.mul_add(dx, dy.mul_add(dy, dz.mul_add(dz, eps2)));
     let inv = rsqrt32(r2);
+    let inv2 = inv * inv;
     let mi = m * inv;
-    let mi3 = mi * inv * inv;
+    let mi3 = mi * inv2;
     [dx * mi3, dy * mi3, dz * mi3, mi]
 }
 
@@ -565,11 +550,11 @@ fn fields32_body(
         (e, m, two)
     });
     let [acc0, acc1] = &mut acc;
-    {
-        let src = |r: Range<usize>| [&s.x[r.clone()], &s.y[r.clone()], &s.z[r.clone()], &s.m[r]];
-        sum32(t, eps2, src(0..mutual.start), acc0, acc1);
-        sum32(t, eps2, src(mutual.end..n), acc0, acc1);
-    }
+    let sources = [&s.x[..], &s.y, &s.z, &s.m];
+    let (src, react) = segment(sources, &mut s.react, 0..mutual.start);
+    sum32::<false>(t, mt, eps2, src, react, acc0, acc1);
+    let (src, react) = segment(sources, &mut s.react, mutual.end..n);
+    sum32::<false>(t, mt, eps2, src, react, acc0, acc1);
     if let Some((e, m, two)) = own_entries {
         s.m[e[0]] = m[0];
         s.m[e[1]] = m[1];
@@ -584,7 +569,7 @@ fn fields32_body(
         }
     }
     let (src, react) = segment([&s.x, &s.y, &s.z, &s.m], &mut s.react, mutual);
-    sum32_mutual(t, mt, eps2, src, react, acc0, acc1);
+    sum32::<true>(t, mt, eps2, src, react, acc0, acc1);
     let total = |a: &[[f64; LANES32]; 4]| a.map(lane_sum);
     [total(acc0), total(acc1)]
 }
@@ -592,68 +577,12 @@ fn fields32_body(
 /// Adds the fields at the two targets `t` of the scaled f32 sources `[x, y, z, m]` (a
 /// multiple of [`LANES32`] entries) into their f64 lane sums `acc0`, `acc1` (`[x, y, z,
 /// potential]`), through f32 partial sums flushed every [`FLUSH_BLOCKS`] blocks. The two
-/// targets' independent dependency chains interleave in one pass over the sources.
+/// targets' independent dependency chains interleave in one pass over the sources. With
+/// `REACT`, also the fields of the two targets (scaled masses `mt`) at each source to the
+/// source's f32 reaction sums `react` (`[x, y, z, potential]`, the acceleration with the
+/// opposite sign; untouched without `REACT`).
 #[inline(always)]
-fn sum32(
-    t: [[f32; 3]; 2],
-    eps2: f32,
-    [xs, ys, zs, ms]: [&[f32]; 4],
-    acc0: &mut [[f64; LANES32]; 4],
-    acc1: &mut [[f64; LANES32]; 4],
-) {
-    let span = LANES32 * FLUSH_BLOCKS;
-    let [t0, t1] = t;
-    let chunks = xs
-        .chunks(span)
-        .zip(ys.chunks(span))
-        .zip(zs.chunks(span).zip(ms.chunks(span)));
-    for ((cx, cy), (cz, cm)) in chunks {
-        let mut p0 = [[0.0f32; LANES32]; 4];
-        let mut p1 = [[0.0f32; LANES32]; 4];
-        let blocks = cx
-            .chunks_exact(LANES32)
-            .zip(cy.chunks_exact(LANES32))
-            .zip(cz.chunks_exact(LANES32).zip(cm.chunks_exact(LANES32)));
-        for ((x, y), (z, m)) in blocks {
-            for l in 0..LANES32 {
-                let dx = x[l] - t0[0];
-                let dy = y[l] - t0[1];
-                let dz = z[l] - t0[2];
-                let ex = x[l] - t1[0];
-                let ey = y[l] - t1[1];
-                let ez = z[l] - t1[2];
-                let r2 = dx.mul_add(dx, dy.mul_add(dy, dz.mul_add(dz, eps2)));
-                let s2 = ex.mul_add(ex, ey.mul_add(ey, ez.mul_add(ez, eps2)));
-                let inv = rsqrt32(r2);
-                let jnv = rsqrt32(s2);
-                let mi = m[l] * inv;
-                let mj = m[l] * jnv;
-                let mi3 = mi * inv * inv;
-                let mj3 = mj * jnv * jnv;
-                p0[0][l] = dx.mul_add(mi3, p0[0][l]);
-                p0[1][l] = dy.mul_add(mi3, p0[1][l]);
-                p0[2][l] = dz.mul_add(mi3, p0[2][l]);
-                p0[3][l] += mi;
-                p1[0][l] = ex.mul_add(mj3, p1[0][l]);
-                p1[1][l] = ey.mul_add(mj3, p1[1][l]);
-                p1[2][l] = ez.mul_add(mj3, p1[2][l]);
-                p1[3][l] += mj;
-            }
-        }
-        for c in 0..4 {
-            for l in 0..LANES32 {
-                acc0[c][l] += p0[c][l] as f64;
-                acc1[c][l] += p1[c][l] as f64;
-            }
-        }
-    }
-}
-
-/// [`sum32`], and the fields of the two targets (scaled masses `mt`) at each source added
-/// to the source's f32 reaction sums `react` (`[x, y, z, potential]`, the acceleration
-/// with the opposite sign).
-#[inline(always)]
-fn sum32_mutual(
+fn sum32<const REACT: bool>(
     t: [[f32; 3]; 2],
     mt: [f32; 2],
     eps2: f32,
@@ -689,8 +618,10 @@ fn sum32_mutual(
         for (((x, y), (z, m)), ((qx, qy), (qz, qp))) in blocks.zip(react) {
             // Local copies of the reaction sums (the vectorizer leaves slices scalar).
             let mut q = [[0.0f32; LANES32]; 4];
-            for (dst, src) in q.iter_mut().zip([&*qx, &*qy, &*qz, &*qp]) {
-                dst.copy_from_slice(src);
+            if REACT {
+                for (dst, src) in q.iter_mut().zip([&*qx, &*qy, &*qz, &*qp]) {
+                    dst.copy_from_slice(src);
+                }
             }
             for l in 0..LANES32 {
                 let dx = x[l] - t0[0];
@@ -717,17 +648,21 @@ fn sum32_mutual(
                 p1[1][l] = ey.mul_add(mj3, p1[1][l]);
                 p1[2][l] = ez.mul_add(mj3, p1[2][l]);
                 p1[3][l] += mj;
-                let ti = mt[0] * inv;
-                let tj = mt[1] * jnv;
-                let ti3 = ti * inv2;
-                let tj3 = tj * jnv2;
-                q[0][l] = ex.mul_add(tj3, dx.mul_add(ti3, q[0][l]));
-                q[1][l] = ey.mul_add(tj3, dy.mul_add(ti3, q[1][l]));
-                q[2][l] = ez.mul_add(tj3, dz.mul_add(ti3, q[2][l]));
-                q[3][l] += ti + tj;
+                if REACT {
+                    let ti = mt[0] * inv;
+                    let tj = mt[1] * jnv;
+                    let ti3 = ti * inv2;
+                    let tj3 = tj * jnv2;
+                    q[0][l] = ex.mul_add(tj3, dx.mul_add(ti3, q[0][l]));
+                    q[1][l] = ey.mul_add(tj3, dy.mul_add(ti3, q[1][l]));
+                    q[2][l] = ez.mul_add(tj3, dz.mul_add(ti3, q[2][l]));
+                    q[3][l] += ti + tj;
+                }
             }
-            for (dst, src) in [qx, qy, qz, qp].into_iter().zip(&q) {
-                dst.copy_from_slice(src);
+            if REACT {
+                for (dst, src) in [qx, qy, qz, qp].into_iter().zip(&q) {
+                    dst.copy_from_slice(src);
+                }
             }
         }
         for c in 0..4 {
@@ -767,7 +702,7 @@ mod tests {
         );
         let mut g = GatheredSources::default();
         g.extend(&soa, 0..3);
-        g.pad();
+        Gathered::finish(&mut g);
         assert_eq!(g.x.len(), LANES);
         // Target = source 0, excluded through its mass.
         g.m[0] = 0.0;
