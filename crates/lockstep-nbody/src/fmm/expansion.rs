@@ -59,6 +59,8 @@ pub struct BatchWork {
     mono: Vec<[f64; LANES]>,
     d: Vec<[f64; LANES]>,
     ms: Vec<[f64; LANES]>,
+    /// Per-lane partial sums of the local coefficients over the batches of one M2L call.
+    lacc: Vec<[f64; LANES]>,
 }
 
 impl BatchWork {
@@ -67,7 +69,162 @@ impl BatchWork {
             self.mono.resize(n, [0.0; LANES]);
             self.d.resize(n, [0.0; LANES]);
             self.ms.resize(n, [0.0; LANES]);
+            self.lacc.resize(n, [0.0; LANES]);
         }
+    }
+}
+
+/// How M2L and M2P contract the derivative tensor `D` with a source's multipole, as index
+/// tables over the coefficients of order `p`.
+///
+/// - `full` (any softening): every coefficient, `L_n = sum_{|n|+|m|<=p} D_{n+m} (-1)^{|m|}
+///   M_m`.
+/// - `harmonic` (the unsoftened kernel `1/r` only, whose derivatives are harmonic:
+///   `D_{j+2e_x} + D_{j+2e_y} + D_{j+2e_z} = 0`): every `D_{n+m}` with `m_z >= 2` is
+///   replaced by `-D_{n+m-2e_z+2e_x} - D_{n+m-2e_z+2e_y}` (the same degree, so the
+///   identity holds for every truncation). Each multipole is folded once into its `(p+1)^2`
+///   coefficients with `m_z <= 1` (the "source coefficients"); only the local coefficients
+///   with `n_z <= 1` are summed, and the others follow from the same identity, which the
+///   local expansion of a harmonic field obeys term by term: `L_n = -L_{n-2e_z+2e_x} -
+///   L_{n-2e_z+2e_y}` ([`Tables::complete_local`]). At `p = 6` that is 532 products per
+///   M2L instead of 924, and 64 derivative entries instead of 84; the result is the same
+///   up to rounding. This is the Cartesian form of the `(p+1)^2` degrees of freedom of
+///   spherical harmonics (Applequist 1989, J. Phys. A 22:4303; Dehnen 2014, section 2.3).
+#[derive(Debug, Clone)]
+pub struct Contraction {
+    /// Folding into `(p+1)^2` source coefficients (the unsoftened kernel only).
+    harmonic: bool,
+    /// Full index of each source coefficient, in degree order.
+    src: Vec<u16>,
+    /// `(m, m - 2e_z + 2e_x, m - 2e_z + 2e_y)` for `m_z >= 2` by decreasing `m_z`: the
+    /// multipole at `m` is subtracted from the two others (applied in order).
+    fold: Vec<(u16, u16, u16)>,
+    /// Full index of each local coefficient summed by M2L.
+    rows_n: Vec<u16>,
+    /// Full index of `n + m` for each source coefficient `m` with `|n|+|m| <= p` (a prefix
+    /// of the source coefficients, in degree order), grouped by row.
+    rows: Vec<u16>,
+    /// `rows[row_start[k]..row_start[k+1]]` are the entries of row `k`.
+    row_start: Vec<usize>,
+    /// `(n, n - 2e_z + 2e_x, n - 2e_z + 2e_y)` for `n_z >= 2` by increasing `n_z`:
+    /// `L_n = -L_a - L_b` (applied in order).
+    unfold: Vec<(u16, u16, u16)>,
+    /// For the source coefficients of degree `<= p-1` (a prefix): full index of `m + e_x`,
+    /// `m + e_y`, `m + e_z` (M2P gradient).
+    grad: Vec<[u16; 3]>,
+    /// Monomials needed by the derivative entries below (ascending, parents first, 0 left
+    /// out: it is 1).
+    mono_needed: Vec<u16>,
+    /// Derivative entries `D_j` read by M2L and M2P (ascending).
+    d_needed: Vec<u16>,
+}
+
+impl Contraction {
+    fn new(
+        p: usize,
+        multi: &[[usize; 3]],
+        parent: &[(usize, usize)],
+        deriv_rows: (&[(f64, u16, u16)], &[usize]),
+        idx: &dyn Fn([usize; 3]) -> Option<usize>,
+        harmonic: bool,
+    ) -> Self {
+        let nt = multi.len();
+        let deg = |n: [usize; 3]| n[0] + n[1] + n[2];
+        let at = |n: [usize; 3]| idx(n).expect("multi-index within the order") as u16;
+        let kept = |n: [usize; 3]| !harmonic || n[2] <= 1;
+        let src: Vec<u16> = (0..nt)
+            .filter(|&i| kept(multi[i]))
+            .map(|i| i as u16)
+            .collect();
+        // Coefficients with n_z >= 2 in the order of the (un)folding: the folds move
+        // weight two steps down in z, so they go from the top; the unfolds read from below.
+        let mut high: Vec<usize> = if harmonic {
+            (0..nt).filter(|&i| multi[i][2] >= 2).collect()
+        } else {
+            Vec::new()
+        };
+        high.sort_by_key(|&i| multi[i][2]);
+        let step = |i: usize| {
+            let m = multi[i];
+            (
+                i as u16,
+                at([m[0] + 2, m[1], m[2] - 2]),
+                at([m[0], m[1] + 2, m[2] - 2]),
+            )
+        };
+        let unfold: Vec<(u16, u16, u16)> = high.iter().map(|&i| step(i)).collect();
+        let fold: Vec<(u16, u16, u16)> = high.iter().rev().map(|&i| step(i)).collect();
+        let (mut rows_n, mut rows, mut row_start) = (Vec::new(), Vec::new(), vec![0]);
+        for (i, &n) in multi.iter().enumerate().filter(|(_, &n)| kept(n)) {
+            rows_n.push(i as u16);
+            for &j in &src {
+                let m = multi[j as usize];
+                if deg(n) + deg(m) <= p {
+                    rows.push(at([n[0] + m[0], n[1] + m[1], n[2] + m[2]]));
+                }
+            }
+            row_start.push(rows.len());
+        }
+        let grad: Vec<[u16; 3]> = src
+            .iter()
+            .map(|&j| multi[j as usize])
+            .take_while(|&m| deg(m) < p)
+            .map(|m| {
+                [
+                    at([m[0] + 1, m[1], m[2]]),
+                    at([m[0], m[1] + 1, m[2]]),
+                    at([m[0], m[1], m[2] + 1]),
+                ]
+            })
+            .collect();
+        let mut need_d = vec![false; nt];
+        for &j in rows.iter().chain(&src).chain(grad.iter().flatten()) {
+            need_d[j as usize] = true;
+        }
+        let (deriv, deriv_rows) = deriv_rows;
+        let mut need_m = vec![false; nt];
+        for n in (0..nt).filter(|&n| need_d[n]) {
+            for &(_, rest, _) in &deriv[deriv_rows[n]..deriv_rows[n + 1]] {
+                need_m[rest as usize] = true;
+            }
+        }
+        // Parents have smaller indices (one degree lower): one descending pass closes the set.
+        for i in (1..nt).rev() {
+            if need_m[i] {
+                need_m[parent[i].0] = true;
+            }
+        }
+        let list = |need: &[bool], from: usize| -> Vec<u16> {
+            (from..nt).filter(|&i| need[i]).map(|i| i as u16).collect()
+        };
+        Contraction {
+            harmonic,
+            mono_needed: list(&need_m, 1),
+            d_needed: list(&need_d, 0),
+            src,
+            fold,
+            rows_n,
+            rows,
+            row_start,
+            unfold,
+            grad,
+        }
+    }
+
+    /// Source coefficients per multipole: `(p+1)(p+2)(p+3)/6` (full) or `(p+1)^2`
+    /// (harmonic).
+    pub fn ncoeffs(&self) -> usize {
+        self.src.len()
+    }
+
+    /// Whether this is the harmonic contraction (valid only without softening).
+    pub fn is_harmonic(&self) -> bool {
+        self.harmonic
+    }
+
+    /// Multiply-adds per M2L translation (one source, one target).
+    pub fn m2l_products(&self) -> usize {
+        self.rows.len()
     }
 }
 
@@ -84,11 +241,10 @@ pub struct Tables {
     pub degree: Vec<usize>,
     /// For `n != 0`: `(index of n - e_axis, axis)` with `axis` the first non-zero axis.
     parent: Vec<(usize, usize)>,
-    /// Index of `n+m` for `|n|+|m| <= p`, grouped by `n`: `m` runs over the prefix
-    /// `0..nterms(p-|n|)` of the coefficients (see `m2l_rows`).
-    m2l: Vec<u16>,
-    /// `m2l[m2l_rows[n]..m2l_rows[n+1]]` are the entries of `L_n`.
-    m2l_rows: Vec<usize>,
+    /// M2L and M2P over all coefficients (any softening).
+    pub full: Contraction,
+    /// M2L and M2P over the coefficients with `n_z <= 1` (unsoftened kernel only).
+    pub harmonic: Contraction,
     /// `1 / n_axis` for the monomial recursion (`axis` from `parent`).
     inv_step: Vec<f64>,
     /// `(n, k, n-k)` for `k <= n` componentwise (M2M and L2L).
@@ -147,17 +303,6 @@ impl Tables {
             q[axis] -= 1;
             parent[i] = (idx(q).unwrap_or(0), axis);
         }
-        let mut m2l = Vec::new();
-        let mut m2l_rows = vec![0];
-        for (i, n) in multi.iter().enumerate() {
-            for (j, m) in multi.iter().enumerate() {
-                if degree[i] + degree[j] <= p {
-                    let nm = idx([n[0] + m[0], n[1] + m[1], n[2] + m[2]]).unwrap_or(0);
-                    m2l.push(nm as u16);
-                }
-            }
-            m2l_rows.push(m2l.len());
-        }
         let mut shift = Vec::new();
         for (i, n) in multi.iter().enumerate() {
             for (j, k) in multi.iter().enumerate() {
@@ -210,6 +355,9 @@ impl Tables {
                 }
             })
             .collect();
+        let tables = (&deriv[..], &deriv_rows[..]);
+        let full = Contraction::new(p, &multi, &parent, tables, &idx, false);
+        let harmonic = Contraction::new(p, &multi, &parent, tables, &idx, true);
         Tables {
             inv_step,
             sign,
@@ -218,8 +366,8 @@ impl Tables {
             multi,
             degree,
             parent,
-            m2l,
-            m2l_rows,
+            full,
+            harmonic,
             shift,
             deriv,
             deriv_rows,
@@ -350,24 +498,75 @@ impl Tables {
             scratch[i] = self.sign[i] * mp[i];
         }
         let deriv: &[f64] = deriv;
-        for (n, l) in local[..self.nterms].iter_mut().enumerate() {
-            let row = &self.m2l[self.m2l_rows[n]..self.m2l_rows[n + 1]];
+        let c = &self.full;
+        for (k, &n) in c.rows_n.iter().enumerate() {
+            let row = &c.rows[c.row_start[k]..c.row_start[k + 1]];
             let acc: f64 = scratch[..row.len()]
                 .iter()
                 .zip(row)
                 .map(|(s, &nm)| s * deriv[nm as usize])
                 .sum();
-            *l += acc;
+            local[n as usize] += acc;
         }
     }
 
-    /// Adds to `local` (about `za`) the M2L translations of up to [`LANES`] source
-    /// multipoles `mps[k]` about `zbs[k]` at once: the same arithmetic as [`Tables::m2l`]
-    /// with the sources in SIMD lanes (results equal up to the order of the final sums).
+    /// The contraction for squared softening `eps2` (kpc^2): [`Tables::harmonic`] when it
+    /// is exactly 0 (the `1/r` kernel), else [`Tables::full`].
+    pub fn contraction(&self, eps2: f64) -> &Contraction {
+        if eps2 == 0.0 {
+            &self.harmonic
+        } else {
+            &self.full
+        }
+    }
+
+    /// The source coefficients of the multipole `mp` (`nterms` values) for the contraction
+    /// `c`: `out[k] = (-1)^{|m|} M'_m` for its `k`-th coefficient `m`, where `M'` is `M`
+    /// folded (harmonic) or `M` itself (full). `out` holds [`Contraction::ncoeffs`] values
+    /// and `scratch` at least `nterms`.
+    pub fn source_coefficients(
+        &self,
+        c: &Contraction,
+        mp: &[f64],
+        out: &mut [f64],
+        scratch: &mut [f64],
+    ) {
+        let folded = if c.fold.is_empty() {
+            mp
+        } else {
+            let t = &mut scratch[..self.nterms];
+            t.copy_from_slice(&mp[..self.nterms]);
+            for &(from, x, y) in &c.fold {
+                let v = t[from as usize];
+                t[x as usize] -= v;
+                t[y as usize] -= v;
+            }
+            t
+        };
+        for (o, &i) in out.iter_mut().zip(&c.src) {
+            *o = self.sign[i as usize] * folded[i as usize];
+        }
+    }
+
+    /// Completes a local expansion summed with the contraction `c`: the harmonic one sums
+    /// only the coefficients with `n_z <= 1` and the others follow from `L_n =
+    /// -L_{n-2e_z+2e_x} - L_{n-2e_z+2e_y}` (overwritten); nothing for the full one.
+    fn complete_local(&self, c: &Contraction, local: &mut [f64]) {
+        for &(n, a, b) in &c.unfold {
+            local[n as usize] = -local[a as usize] - local[b as usize];
+        }
+    }
+
+    /// The local expansion about `za` of the given sources, each given by its centre and
+    /// its [`Tables::source_coefficients`] for the contraction `c` (the harmonic one only
+    /// with `eps2 = 0`), written into `local` (`nterms` values, overwritten; zero without
+    /// sources). The arithmetic of [`Tables::m2l`], [`LANES`] sources at a time in SIMD
+    /// lanes, with per-lane partial sums added up once at the end (the full contraction
+    /// gives the same results as repeated [`Tables::m2l`] up to the order of the sums).
     pub fn m2l_batch(
         &self,
-        mps: &[&[f64]],
-        zbs: &[[f64; 3]],
+        c: &Contraction,
+        sources: &[([f64; 3], &[f64])],
         za: [f64; 3],
         eps2: f64,
         local: &mut [f64],
@@ -377,90 +576,118 @@ impl Tables {
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU supports AVX-512F, checked just above.
-                return unsafe { self.m2l_batch_avx512(mps, zbs, za, eps2, local, work) };
+                return unsafe { self.m2l_batch_avx512(c, sources, za, eps2, local, work) };
             }
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-                return unsafe { self.m2l_batch_avx2(mps, zbs, za, eps2, local, work) };
+                return unsafe { self.m2l_batch_avx2(c, sources, za, eps2, local, work) };
             }
         }
-        self.m2l_batch_body::<false>(mps, zbs, za, eps2, local, work)
+        self.m2l_batch_body::<false>(c, sources, za, eps2, local, work)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn m2l_batch_avx512(
         &self,
-        mps: &[&[f64]],
-        zbs: &[[f64; 3]],
+        c: &Contraction,
+        sources: &[([f64; 3], &[f64])],
         za: [f64; 3],
         eps2: f64,
         local: &mut [f64],
         work: &mut BatchWork,
     ) {
-        self.m2l_batch_body::<false>(mps, zbs, za, eps2, local, work)
+        self.m2l_batch_body::<false>(c, sources, za, eps2, local, work)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn m2l_batch_avx2(
         &self,
-        mps: &[&[f64]],
-        zbs: &[[f64; 3]],
+        c: &Contraction,
+        sources: &[([f64; 3], &[f64])],
         za: [f64; 3],
         eps2: f64,
         local: &mut [f64],
         work: &mut BatchWork,
     ) {
-        self.m2l_batch_body::<true>(mps, zbs, za, eps2, local, work)
+        self.m2l_batch_body::<true>(c, sources, za, eps2, local, work)
     }
 
     #[inline(always)]
     fn m2l_batch_body<const AVX2: bool>(
         &self,
-        mps: &[&[f64]],
-        zbs: &[[f64; 3]],
+        c: &Contraction,
+        sources: &[([f64; 3], &[f64])],
         za: [f64; 3],
         eps2: f64,
         local: &mut [f64],
         work: &mut BatchWork,
     ) {
-        let nt = self.nterms;
-        let k = mps.len().min(LANES).min(zbs.len());
-        work.resize(nt);
-        // Lane geometry; unused lanes get a unit separation and zero multipoles.
-        let mut r = [[1.0f64; LANES], [0.0; LANES], [0.0; LANES]];
-        for l in 0..k {
-            for c in 0..3 {
-                r[c][l] = za[c] - zbs[l][c];
+        debug_assert!(
+            !c.harmonic || eps2 == 0.0,
+            "harmonic contraction with softening"
+        );
+        let nc = c.ncoeffs();
+        work.resize(self.nterms);
+        let mut lacc = std::mem::take(&mut work.lacc);
+        let lacc_rows = &mut lacc[..c.rows_n.len()];
+        lacc_rows.fill([0.0; LANES]);
+        for chunk in sources.chunks(LANES) {
+            // Lane geometry; unused lanes get a unit separation and zero multipoles.
+            let mut r = [[1.0f64; LANES], [0.0; LANES], [0.0; LANES]];
+            for (l, (zb, _)) in chunk.iter().enumerate() {
+                for a in 0..3 {
+                    r[a][l] = za[a] - zb[a];
+                }
+            }
+            self.lane_derivatives::<AVX2>(c, &r, eps2, work);
+            let ms = &mut work.ms[..nc];
+            for (l, (_, cs)) in chunk.iter().enumerate() {
+                for (v, &x) in ms.iter_mut().zip(&cs[..nc]) {
+                    v[l] = x;
+                }
+            }
+            for v in ms.iter_mut() {
+                v[chunk.len()..].fill(0.0);
+            }
+            let d = &work.d;
+            for (row_k, sum) in lacc_rows.iter_mut().enumerate() {
+                let row = &c.rows[c.row_start[row_k]..c.row_start[row_k + 1]];
+                // Two dependency chains (even and odd entries) in registers: the row is
+                // bound by the latency of the multiply-adds, not by their throughput.
+                let (mut even, mut odd) = (*sum, [0.0f64; LANES]);
+                let mut pairs = ms.chunks_exact(2).zip(row.chunks_exact(2));
+                for (a, nm) in &mut pairs {
+                    lanes_fma::<AVX2>(&a[0], &d[nm[0] as usize], &mut even);
+                    lanes_fma::<AVX2>(&a[1], &d[nm[1] as usize], &mut odd);
+                }
+                if row.len() % 2 == 1 {
+                    let last = row.len() - 1;
+                    lanes_fma::<AVX2>(&ms[last], &d[row[last] as usize], &mut even);
+                }
+                *sum = std::array::from_fn(|l| even[l] + odd[l]);
             }
         }
-        self.lane_derivatives::<AVX2>(&r, eps2, work);
-        let d = &work.d;
-        let ms = &mut work.ms;
-        for i in 0..nt {
-            let mut v = [0.0f64; LANES];
-            for l in 0..k {
-                v[l] = self.sign[i] * mps[l][i];
-            }
-            ms[i] = v;
-        }
-        for n in 0..nt {
-            let row = &self.m2l[self.m2l_rows[n]..self.m2l_rows[n + 1]];
-            let mut acc = [0.0f64; LANES];
-            for (a, &nm) in ms.iter().zip(row) {
-                lanes_fma::<AVX2>(a, &d[nm as usize], &mut acc);
-            }
-            local[n] +=
+        local[..self.nterms].fill(0.0);
+        for (acc, &n) in lacc_rows.iter().zip(&c.rows_n) {
+            local[n as usize] =
                 ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        }
+        work.lacc = lacc;
+        if !sources.is_empty() {
+            self.complete_local(c, local);
         }
     }
 
-    /// [`Tables::m2p`] at up to [`LANES`] points `xs` at once (points in SIMD lanes):
-    /// returns `(Phi, grad Phi)` per point.
+    /// [`Tables::m2p`] at up to [`LANES`] points `xs` at once (points in SIMD lanes), of
+    /// the source given by its [`Tables::source_coefficients`] `coeffs` for the
+    /// contraction `c` (the harmonic one only with `eps2 = 0`): returns `(Phi, grad Phi)`
+    /// per point.
     pub fn m2p_batch(
         &self,
-        mp: &[f64],
+        c: &Contraction,
+        coeffs: &[f64],
         zb: [f64; 3],
         xs: &[[f64; 3]],
         eps2: f64,
@@ -470,90 +697,95 @@ impl Tables {
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU supports AVX-512F, checked just above.
-                return unsafe { self.m2p_batch_avx512(mp, zb, xs, eps2, work) };
+                return unsafe { self.m2p_batch_avx512(c, coeffs, zb, xs, eps2, work) };
             }
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-                return unsafe { self.m2p_batch_avx2(mp, zb, xs, eps2, work) };
+                return unsafe { self.m2p_batch_avx2(c, coeffs, zb, xs, eps2, work) };
             }
         }
-        self.m2p_batch_body::<false>(mp, zb, xs, eps2, work)
+        self.m2p_batch_body::<false>(c, coeffs, zb, xs, eps2, work)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn m2p_batch_avx512(
         &self,
-        mp: &[f64],
+        c: &Contraction,
+        coeffs: &[f64],
         zb: [f64; 3],
         xs: &[[f64; 3]],
         eps2: f64,
         work: &mut BatchWork,
     ) -> ([f64; LANES], [[f64; LANES]; 3]) {
-        self.m2p_batch_body::<false>(mp, zb, xs, eps2, work)
+        self.m2p_batch_body::<false>(c, coeffs, zb, xs, eps2, work)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn m2p_batch_avx2(
         &self,
-        mp: &[f64],
+        c: &Contraction,
+        coeffs: &[f64],
         zb: [f64; 3],
         xs: &[[f64; 3]],
         eps2: f64,
         work: &mut BatchWork,
     ) -> ([f64; LANES], [[f64; LANES]; 3]) {
-        self.m2p_batch_body::<true>(mp, zb, xs, eps2, work)
+        self.m2p_batch_body::<true>(c, coeffs, zb, xs, eps2, work)
     }
 
     #[inline(always)]
     fn m2p_batch_body<const AVX2: bool>(
         &self,
-        mp: &[f64],
+        c: &Contraction,
+        coeffs: &[f64],
         zb: [f64; 3],
         xs: &[[f64; 3]],
         eps2: f64,
         work: &mut BatchWork,
     ) -> ([f64; LANES], [[f64; LANES]; 3]) {
-        let nt = self.nterms;
+        debug_assert!(
+            !c.harmonic || eps2 == 0.0,
+            "harmonic contraction with softening"
+        );
         let k = xs.len().min(LANES);
-        work.resize(nt);
+        work.resize(self.nterms);
         let mut r = [[1.0f64; LANES], [0.0; LANES], [0.0; LANES]];
         for l in 0..k {
-            for c in 0..3 {
-                r[c][l] = xs[l][c] - zb[c];
+            for a in 0..3 {
+                r[a][l] = xs[l][a] - zb[a];
             }
         }
-        self.lane_derivatives::<AVX2>(&r, eps2, work);
+        self.lane_derivatives::<AVX2>(c, &r, eps2, work);
         let d = &work.d;
         let mut phi = [0.0f64; LANES];
-        for i in 0..nt {
-            let sm = [self.sign[i] * mp[i]; LANES];
-            lanes_fma::<AVX2>(&sm, &d[i], &mut phi);
+        for (&v, &i) in coeffs.iter().zip(&c.src) {
+            lanes_fma::<AVX2>(&[v; LANES], &d[i as usize], &mut phi);
         }
         let mut g = [[0.0f64; LANES]; 3];
-        for i in 0..self.nterms_lower {
-            let sm = [self.sign[i] * mp[i]; LANES];
-            let gi = self.grad[i];
-            for c in 0..3 {
-                lanes_fma::<AVX2>(&sm, &d[gi[c]], &mut g[c]);
+        for (&v, gi) in coeffs.iter().zip(&c.grad) {
+            for a in 0..3 {
+                lanes_fma::<AVX2>(&[v; LANES], &d[gi[a] as usize], &mut g[a]);
             }
         }
         (phi, g)
     }
 
-    /// Derivative tensors `work.d[n][lane] = D_n(r[.][lane])` for all lanes.
+    /// Derivative tensors `work.d[n][lane] = D_n(r[.][lane])` for all lanes, at the entries
+    /// the contraction `c` reads (the others are left as they were).
     #[inline(always)]
     fn lane_derivatives<const AVX2: bool>(
         &self,
+        c: &Contraction,
         r: &[[f64; LANES]; 3],
         eps2: f64,
         work: &mut BatchWork,
     ) {
-        let nt = self.nterms;
         let mono = &mut work.mono;
         mono[0] = [1.0; LANES];
-        for i in 1..nt {
+        for &i in &c.mono_needed {
+            let i = i as usize;
             let (q, axis) = self.parent[i];
             let f = self.inv_step[i];
             let prev = mono[q];
@@ -563,16 +795,19 @@ impl Tables {
             }
             mono[i] = v;
         }
+        // h_j = (-1)^j (2j-1)!! q^{j+1/2}, q = 1 / (r^2 + eps^2), lanes innermost (SIMD).
+        let q: [f64; LANES] = std::array::from_fn(|l| {
+            1.0 / (r[0][l] * r[0][l] + r[1][l] * r[1][l] + r[2][l] * r[2][l] + eps2)
+        });
         let mut h = [[0.0f64; LANES]; 16];
-        for l in 0..LANES {
-            let q = 1.0 / (r[0][l] * r[0][l] + r[1][l] * r[1][l] + r[2][l] * r[2][l] + eps2);
-            h[0][l] = q.sqrt();
-            for j in 1..=self.p {
-                h[j][l] = -((2 * j - 1) as f64) * q * h[j - 1][l];
-            }
+        h[0] = q.map(f64::sqrt);
+        for j in 1..=self.p {
+            let f = -((2 * j - 1) as f64);
+            h[j] = std::array::from_fn(|l| f * q[l] * h[j - 1][l]);
         }
         let d = &mut work.d;
-        for n in 0..nt {
+        for &n in &c.d_needed {
+            let n = n as usize;
             let mut acc = [0.0f64; LANES];
             for &(c, rest, j) in &self.deriv[self.deriv_rows[n]..self.deriv_rows[n + 1]] {
                 let m = &mono[rest as usize];
@@ -652,38 +887,82 @@ mod tests {
         1.0 / (r[0] * r[0] + r[1] * r[1] + r[2] * r[2] + eps2).sqrt()
     }
 
-    #[test]
-    fn batched_m2l_equals_single_m2l() {
-        let t = Tables::new(6);
-        let nt = t.nterms;
-        let mut w = BatchWork::default();
-        let (mut d, mut s) = (vec![0.0; nt], vec![0.0; nt]);
-        let mps: Vec<Vec<f64>> = (0..5)
+    /// Arbitrary multipoles `[k][nterms]` and centres around the origin.
+    fn sources(t: &Tables, k: usize) -> (Vec<Vec<f64>>, Vec<[f64; 3]>) {
+        let mps = (0..k)
             .map(|k| {
-                (0..nt)
+                (0..t.nterms)
                     .map(|i| ((i * 7 + k * 3) % 11) as f64 / 11.0 - 0.4)
                     .collect()
             })
             .collect();
-        let zbs: Vec<[f64; 3]> = (0..5)
+        let zbs = (0..k)
             .map(|k| [k as f64 * 0.3, -1.0, 0.5 * k as f64])
             .collect();
-        let za = [4.0, 2.0, -3.0];
-        let mut single = vec![0.0; nt];
-        for k in 0..5 {
-            t.m2l(&mps[k], zbs[k], za, 0.01, &mut single, &mut d, &mut s);
+        (mps, zbs)
+    }
+
+    /// The contraction's source coefficients of each multipole.
+    fn coefficients(t: &Tables, c: &Contraction, mps: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let mut s = vec![0.0; t.nterms];
+        mps.iter()
+            .map(|mp| {
+                let mut out = vec![0.0; c.ncoeffs()];
+                t.source_coefficients(c, mp, &mut out, &mut s);
+                out
+            })
+            .collect()
+    }
+
+    fn assert_close(what: &str, got: &[f64], want: &[f64], rel: f64) {
+        let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= rel * scale, "{what} {i}: {g} vs {w}");
         }
-        let mut batch = vec![0.0; nt];
-        let refs: Vec<&[f64]> = mps.iter().map(|v| &v[..]).collect();
-        t.m2l_batch(&refs, &zbs, za, 0.01, &mut batch, &mut w);
-        for i in 0..nt {
-            assert!(
-                (single[i] - batch[i]).abs() <= 1e-12 * single[i].abs().max(1e-300),
-                "{i}: {} {}",
-                single[i],
-                batch[i]
-            );
+    }
+
+    #[test]
+    fn batched_m2l_equals_single_m2l() {
+        // Both contractions without softening (the harmonic one exists only there), the
+        // full one also with softening; orders 1..=6. Eleven sources: a full batch and a
+        // partial one.
+        for p in 1..=6 {
+            let t = Tables::new(p);
+            let nt = t.nterms;
+            let mut w = BatchWork::default();
+            let (mut d, mut s) = (vec![0.0; nt], vec![0.0; nt]);
+            let (mps, zbs) = sources(&t, 11);
+            let za = [4.0, 2.0, -3.0];
+            for (c, eps2) in [(&t.full, 0.01), (&t.full, 0.0), (&t.harmonic, 0.0)] {
+                let mut single = vec![0.0; nt];
+                for k in 0..11 {
+                    t.m2l(&mps[k], zbs[k], za, eps2, &mut single, &mut d, &mut s);
+                }
+                let cs = coefficients(&t, c, &mps);
+                let srcs: Vec<([f64; 3], &[f64])> =
+                    zbs.iter().zip(&cs).map(|(&z, v)| (z, &v[..])).collect();
+                let mut batch = vec![1.0; nt];
+                t.m2l_batch(c, &srcs, za, eps2, &mut batch, &mut w);
+                let what = format!("p {p} harmonic {} eps2 {eps2}", c.is_harmonic());
+                assert_close(&what, &batch, &single, 1e-12);
+            }
         }
+    }
+
+    #[test]
+    fn harmonic_contraction_is_smaller() {
+        // (p+1)^2 source coefficients instead of (p+1)(p+2)(p+3)/6; 532 instead of 924
+        // products per M2L at p = 6.
+        for p in 1..=6 {
+            let t = Tables::new(p);
+            assert_eq!(t.harmonic.ncoeffs(), (p + 1) * (p + 1));
+            assert_eq!(t.full.ncoeffs(), t.nterms);
+        }
+        let t = Tables::new(6);
+        assert_eq!(
+            (t.full.m2l_products(), t.harmonic.m2l_products()),
+            (924, 532)
+        );
     }
 
     #[test]
@@ -696,12 +975,21 @@ mod tests {
         let xs: Vec<[f64; 3]> = (0..6)
             .map(|k| [3.0 + 0.1 * k as f64, -2.0, 1.0 - 0.2 * k as f64])
             .collect();
-        let (phi, g) = t.m2p_batch(&mp, [0.1, 0.2, -0.1], &xs, 0.0, &mut w);
-        for (l, &x) in xs.iter().enumerate() {
-            let (p1, g1) = t.m2p(&mp, [0.1, 0.2, -0.1], x, 0.0, &mut d, &mut s);
-            assert!((phi[l] - p1).abs() <= 1e-13 * p1.abs());
-            for c in 0..3 {
-                assert!((g[c][l] - g1[c]).abs() <= 1e-13 * g1[c].abs().max(1e-12));
+        let zb = [0.1, 0.2, -0.1];
+        for (c, eps2) in [(&t.full, 0.0), (&t.full, 0.04), (&t.harmonic, 0.0)] {
+            let cs = coefficients(&t, c, std::slice::from_ref(&mp));
+            let (phi, g) = t.m2p_batch(c, &cs[0], zb, &xs, eps2, &mut w);
+            for (l, &x) in xs.iter().enumerate() {
+                let (p1, g1) = t.m2p(&mp, zb, x, eps2, &mut d, &mut s);
+                let what = format!("harmonic {} eps2 {eps2} point {l}", c.is_harmonic());
+                assert!((phi[l] - p1).abs() <= 1e-13 * p1.abs(), "{what}");
+                let gmax = g1.iter().map(|v| v.abs()).fold(0.0, f64::max);
+                for a in 0..3 {
+                    assert!(
+                        (g[a][l] - g1[a]).abs() <= 1e-13 * gmax,
+                        "{what}: {g:?} {g1:?}"
+                    );
+                }
             }
         }
     }

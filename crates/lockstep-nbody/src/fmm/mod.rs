@@ -4,7 +4,9 @@
 //! centre of mass. A dual tree traversal with the opening criterion
 //! `r_A + r_B < theta |z_A - z_B|` (Dehnen 2002) assigns far node pairs to multipole-to-local
 //! (M2L) translations and near leaf pairs to direct particle-particle sums (P2P); local
-//! expansions are pushed down (L2L) and evaluated at the particles (L2P). The traversal is
+//! expansions are pushed down (L2L) and evaluated at the particles (L2P). Without softening
+//! the derivatives of `1/r` are harmonic, and M2L/M2P contract only the `(p+1)^2` folded
+//! coefficients of each multipole ([`expansion::Contraction`]). The traversal is
 //! one-directional (target, source) but the set of visited pairs is symmetric, so the near
 //! field is pairwise symmetric and momentum is conserved to the far-field truncation error.
 //!
@@ -219,6 +221,9 @@ pub struct Fmm {
     /// Evaluate near-field pairs within a task once for both particles (always, except in
     /// the test that compares it with the one-sided sums).
     mutual_p2p: bool,
+    /// The harmonic M2L/M2P contraction without softening ([`Tables::contraction`]); the
+    /// full one always when false (tests compare the two).
+    harmonic_far_field: bool,
 }
 
 #[derive(Default)]
@@ -277,6 +282,7 @@ impl Fmm {
             params,
             tables: Tables::new(params.order),
             mutual_p2p: true,
+            harmonic_far_field: true,
         })
     }
 
@@ -322,6 +328,12 @@ impl Fmm {
         let mut tree = self.build_tree_nodes(sources);
         clock.lap(&mut |s| &mut s.tree);
         tree.upward_pass(&self.tables);
+        let scheme = if self.harmonic_far_field {
+            self.tables.contraction(eps2)
+        } else {
+            &self.tables.full
+        };
+        let coeffs = self.source_coefficients(&tree, sources.remote_cells, scheme);
         clock.lap(&mut |s| &mut s.upward);
         let n_all = tree.perm.len();
         let mut acc_s = vec![[0.0f64; 3]; n_all];
@@ -331,20 +343,19 @@ impl Fmm {
             &mut s.p2p
         });
         let lists = interaction_lists(walked.lists, tree.nodes.len());
-        let mut locals = self.m2l_pass(&tree, sources.remote_cells, &lists.m2l, eps2);
+        let sources_far = FarSources {
+            tree: &tree,
+            remote: sources.remote_cells,
+            scheme,
+            coeffs: &coeffs,
+        };
+        let mut locals = self.m2l_pass(&sources_far, &lists.m2l, eps2);
         clock.lap(&mut |s| &mut s.m2l);
         self.l2l_pass(&tree, &mut locals);
         clock.lap(&mut |s| &mut s.l2l);
         self.l2p_pass(&tree, &locals, &mut acc_s, &mut pot_s);
         clock.lap(&mut |s| &mut s.l2p);
-        self.m2p_pass(
-            &tree,
-            sources.remote_cells,
-            &lists.m2p,
-            eps2,
-            &mut acc_s,
-            &mut pot_s,
-        );
+        self.m2p_pass(&sources_far, &lists.m2p, eps2, &mut acc_s, &mut pot_s);
         clock.lap(&mut |s| &mut s.m2p);
         let out = unsort_scaled(&tree, n_local, g, &acc_s, &pot_s);
         let stats = FmmStats {
@@ -374,25 +385,49 @@ impl Fmm {
         }
     }
 
+    /// The [`Tables::source_coefficients`] of every source (tree nodes, then imported
+    /// cells) for the contraction `scheme`: `[source][scheme.ncoeffs()]`.
+    fn source_coefficients(
+        &self,
+        tree: &Tree,
+        remote: &[RemoteCell],
+        scheme: &expansion::Contraction,
+    ) -> Vec<f64> {
+        let tables = &self.tables;
+        let (nt, nc, nn) = (tables.nterms, scheme.ncoeffs(), tree.nodes.len());
+        let mut coeffs = vec![0.0; (nn + remote.len()) * nc];
+        coeffs.par_chunks_mut(nc).enumerate().for_each_init(
+            || vec![0.0; nt],
+            |s, (b, out)| {
+                let mp = if b < nn {
+                    tree.multipole(b, nt)
+                } else {
+                    &remote[b - nn].multipole[..]
+                };
+                tables.source_coefficients(scheme, mp, out, s);
+            },
+        );
+        coeffs
+    }
+
     /// Local expansions `[node][nterms]` from the M2L list, parallel over target nodes,
     /// [`expansion::LANES`] sources at a time.
-    fn m2l_pass(&self, tree: &Tree, remote: &[RemoteCell], m2l: &Csr, eps2: f64) -> Vec<f64> {
+    fn m2l_pass(&self, far: &FarSources, m2l: &Csr, eps2: f64) -> Vec<f64> {
         let tables = &self.tables;
         let nt = tables.nterms;
-        let nn = tree.nodes.len();
+        let nn = far.tree.nodes.len();
         let mut locals = vec![0.0; nn * nt];
         locals.par_chunks_mut(nt).enumerate().for_each_init(
-            expansion::BatchWork::default,
-            |w, (a, loc)| {
-                let za = tree.nodes[a].center;
-                for chunk in m2l.row(a).chunks(expansion::LANES) {
-                    let mut mps: [&[f64]; expansion::LANES] = [&[]; expansion::LANES];
-                    let mut zbs = [[0.0f64; 3]; expansion::LANES];
-                    for (k, &b) in chunk.iter().enumerate() {
-                        (zbs[k], mps[k]) = source_multipole(tree, remote, b, nt);
-                    }
-                    tables.m2l_batch(&mps[..chunk.len()], &zbs[..chunk.len()], za, eps2, loc, w);
+            || (expansion::BatchWork::default(), Vec::new()),
+            |(w, srcs), (a, loc)| {
+                let row = m2l.row(a);
+                if row.is_empty() {
+                    return;
                 }
+                srcs.clear();
+                srcs.extend(row.iter().map(|&b| far.source(b)));
+                let za = far.tree.nodes[a].center;
+                tables.m2l_batch(far.scheme, srcs, za, eps2, loc, w);
             },
         );
         locals
@@ -453,15 +488,14 @@ impl Fmm {
     /// [`expansion::LANES`] particles at a time.
     fn m2p_pass(
         &self,
-        tree: &Tree,
-        remote: &[RemoteCell],
+        far: &FarSources,
         m2p: &Csr,
         eps2: f64,
         acc_s: &mut [[f64; 3]],
         pot_s: &mut [f64],
     ) {
         let tables = &self.tables;
-        let nt = tables.nterms;
+        let tree = far.tree;
         leaf_slices(tree, acc_s, pot_s)
             .into_par_iter()
             .filter(|(lf, _, _)| !m2p.row(*lf).is_empty())
@@ -469,9 +503,9 @@ impl Fmm {
                 let nd: &Node = &tree.nodes[lf];
                 let xs: Vec<[f64; 3]> = (nd.start..nd.end).map(|i| tree.soa.point(i)).collect();
                 for &b in m2p.row(lf) {
-                    let (zb, mp) = source_multipole(tree, remote, b, nt);
+                    let (zb, cs) = far.source(b);
                     for (c0, chunk) in xs.chunks(expansion::LANES).enumerate() {
-                        let (phi, gr) = tables.m2p_batch(mp, zb, chunk, eps2, w);
+                        let (phi, gr) = tables.m2p_batch(far.scheme, cs, zb, chunk, eps2, w);
                         for l in 0..chunk.len() {
                             let k = c0 * expansion::LANES + l;
                             for c in 0..3 {
@@ -758,20 +792,28 @@ fn leaf_slices<'o>(
     work
 }
 
-/// Centre and multipole of source `b`: a tree node when `b < nodes.len()`, else the
-/// imported cell `b - nodes.len()`.
-fn source_multipole<'t>(
+/// The far-field sources of one evaluation: the tree's nodes, then the imported cells,
+/// with their source coefficients for the M2L/M2P contraction.
+struct FarSources<'t> {
     tree: &'t Tree,
     remote: &'t [RemoteCell],
-    b: usize,
-    nt: usize,
-) -> ([f64; 3], &'t [f64]) {
-    let nn = tree.nodes.len();
-    if b < nn {
-        (tree.nodes[b].center, tree.multipole(b, nt))
-    } else {
-        let c = &remote[b - nn];
-        (c.center, &c.multipole[..])
+    scheme: &'t expansion::Contraction,
+    /// `[source][scheme.ncoeffs()]`, from [`Fmm::source_coefficients`].
+    coeffs: &'t [f64],
+}
+
+impl<'t> FarSources<'t> {
+    /// Centre and source coefficients of source `b`: a tree node when `b < nodes.len()`,
+    /// else the imported cell `b - nodes.len()`.
+    fn source(&self, b: usize) -> ([f64; 3], &'t [f64]) {
+        let nn = self.tree.nodes.len();
+        let nc = self.scheme.ncoeffs();
+        let center = if b < nn {
+            self.tree.nodes[b].center
+        } else {
+            self.remote[b - nn].center
+        };
+        (center, &self.coeffs[b * nc..(b + 1) * nc])
     }
 }
 
@@ -1092,6 +1134,41 @@ mod tests {
     /// Evaluating a pair once for both particles gives the forces of the one-sided sums to
     /// rounding: a pair missed or counted twice (an asymmetric near field) would show as an
     /// error of the size of one pair's force, far above it.
+    #[test]
+    fn harmonic_far_field_matches_the_full_contraction() {
+        // Without softening M2L and M2P fold the multipoles into (p+1)^2 coefficients: the
+        // same forces as the full contraction up to rounding, for every order.
+        for (name, p) in systems() {
+            for order in [2, 4, 6] {
+                let params = FmmParams {
+                    order,
+                    near_field: NearField::F64,
+                    ..FmmParams::default()
+                };
+                let harmonic = Fmm::new(params).unwrap();
+                let full = Fmm {
+                    harmonic_far_field: false,
+                    ..harmonic.clone()
+                };
+                let src = SourceSet::local(p.valid_pos(), p.valid_mass());
+                let (fh, sh) = harmonic.forces(&src, 1.0, 0.0).unwrap();
+                let (ff, sf) = full.forces(&src, 1.0, 0.0).unwrap();
+                assert!(sh.m2l > 1000 && sh.m2p > 0, "{name}: {sh:?}");
+                assert_eq!((sh.m2l, sh.m2p), (sf.m2l, sf.m2p));
+                for (i, (ah, af)) in fh.acc.iter().zip(&ff.acc).enumerate() {
+                    let norm = af.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    let err = (0..3).map(|c| (ah[c] - af[c]).powi(2)).sum::<f64>().sqrt();
+                    assert!(
+                        err <= 1e-11 * norm,
+                        "{name} p {order}: particle {i}: {ah:?} vs {af:?}"
+                    );
+                    let (ph, pf) = (fh.pot[i], ff.pot[i]);
+                    assert!((ph - pf).abs() <= 1e-11 * pf.abs(), "{name}: {ph} vs {pf}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn mutual_near_field_matches_the_one_sided_sums() {
         for (name, p) in systems() {

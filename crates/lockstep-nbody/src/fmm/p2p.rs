@@ -377,17 +377,9 @@ impl Gathered for GatheredSources32 {
             (&mut self.y, &soa.y[range.clone()], c[1]),
             (&mut self.z, &soa.z[range.clone()], c[2]),
         ] {
-            let old = dst.len();
-            dst.resize(old + src.len(), 0.0);
-            for (d, &v) in dst[old..].iter_mut().zip(src) {
-                *d = ((v - ci) * il) as f32;
-            }
+            dst.extend(src.iter().map(|&v| ((v - ci) * il) as f32));
         }
-        let old = self.m.len();
-        self.m.resize(old + range.len(), 0.0);
-        for (d, &v) in self.m[old..].iter_mut().zip(&soa.m[range]) {
-            *d = (v * im) as f32;
-        }
+        self.m.extend(soa.m[range].iter().map(|&v| (v * im) as f32));
     }
 
     /// Pads to a multiple of [`LANES32`] with massless sources at the centre.
