@@ -1134,6 +1134,21 @@ mod tests {
     /// Evaluating a pair once for both particles gives the forces of the one-sided sums to
     /// rounding: a pair missed or counted twice (an asymmetric near field) would show as an
     /// error of the size of one pair's force, far above it.
+    /// Every particle's acceleration within `tol` of `want`'s (relative to its norm), and
+    /// its potential within `tol` relative.
+    fn assert_forces_close(what: &str, got: &Forces, want: &Forces, tol: f64) {
+        for (i, (a, b)) in got.acc.iter().zip(&want.acc).enumerate() {
+            let norm = b.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let err = (0..3).map(|c| (a[c] - b[c]).powi(2)).sum::<f64>().sqrt();
+            assert!(err <= tol * norm, "{what}: particle {i}: {a:?} vs {b:?}");
+            let (pa, pb) = (got.pot[i], want.pot[i]);
+            assert!(
+                (pa - pb).abs() <= tol * pb.abs(),
+                "{what}: potential {pa} vs {pb}"
+            );
+        }
+    }
+
     #[test]
     fn harmonic_far_field_matches_the_full_contraction() {
         // Without softening M2L and M2P fold the multipoles into (p+1)^2 coefficients: the
@@ -1155,16 +1170,7 @@ mod tests {
                 let (ff, sf) = full.forces(&src, 1.0, 0.0).unwrap();
                 assert!(sh.m2l > 1000 && sh.m2p > 0, "{name}: {sh:?}");
                 assert_eq!((sh.m2l, sh.m2p), (sf.m2l, sf.m2p));
-                for (i, (ah, af)) in fh.acc.iter().zip(&ff.acc).enumerate() {
-                    let norm = af.iter().map(|v| v * v).sum::<f64>().sqrt();
-                    let err = (0..3).map(|c| (ah[c] - af[c]).powi(2)).sum::<f64>().sqrt();
-                    assert!(
-                        err <= 1e-11 * norm,
-                        "{name} p {order}: particle {i}: {ah:?} vs {af:?}"
-                    );
-                    let (ph, pf) = (fh.pot[i], ff.pot[i]);
-                    assert!((ph - pf).abs() <= 1e-11 * pf.abs(), "{name}: {ph} vs {pf}");
-                }
+                assert_forces_close(&format!("{name} p {order}"), &fh, &ff, 1e-11);
             }
         }
     }
@@ -1196,19 +1202,7 @@ mod tests {
                     NearField::F32 => 2e-5,
                     NearField::F64 => 1e-12,
                 };
-                for (i, (am, ao)) in fm.acc.iter().zip(&fo.acc).enumerate() {
-                    let norm = ao.iter().map(|v| v * v).sum::<f64>().sqrt();
-                    let err = (0..3).map(|c| (am[c] - ao[c]).powi(2)).sum::<f64>().sqrt();
-                    assert!(
-                        err <= tol * norm,
-                        "{name} {near_field:?}: particle {i}: {am:?} vs {ao:?}"
-                    );
-                    let (pm, po) = (fm.pot[i], fo.pot[i]);
-                    assert!(
-                        (pm - po).abs() <= tol * po.abs(),
-                        "{name}: potential {pm} vs {po}"
-                    );
-                }
+                assert_forces_close(&format!("{name} {near_field:?}"), &fm, &fo, tol);
             }
         }
     }
