@@ -70,6 +70,12 @@ pub struct BenchNpeArgs {
     /// Internal: `local.num_workers` of the MPI measurement (its loader thread).
     #[arg(long, hide = true, default_value_t = 0)]
     pub workers: usize,
+    /// Internal: one of the independent 1-replica processes (the machine's bound).
+    #[arg(long, hide = true)]
+    pub independent_worker: bool,
+    /// Skip the machine-bound run (N independent 1-replica processes at once).
+    #[arg(long)]
+    pub no_independent: bool,
     /// Skip the normalization table.
     #[arg(long)]
     pub no_norms: bool,
@@ -150,6 +156,11 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
         if world.comm().is_chief() {
             println!("{}", serde_json::to_string(&times)?);
         }
+        return Ok(());
+    }
+    if args.independent_worker {
+        let times = engine(world, args.batch, updates, &EngineRun::serial(0))?;
+        println!("{}", serde_json::to_string(&times)?);
         return Ok(());
     }
     if world.comm().size() > 1 {
@@ -305,19 +316,19 @@ fn replica_table(
 ) -> Result<()> {
     let n = args.batch;
     let r = args.replicas;
-    let single = Launch::SingleProcess;
     let run = |replicas, workers| EngineRun {
         replicas,
-        workers,
-        launch: single,
-        norm: None,
-        local_statistics: false,
+        ..EngineRun::serial(workers)
     };
     let mut rows = vec![(
         "1 replica".to_string(),
         1,
         engine(world, n, updates, &run(1, 0))?,
     )];
+    let bound = r > 1 && !args.no_independent && n % r == 0;
+    if bound {
+        rows.push(("independent".to_string(), r, independent(args, r, updates)?));
+    }
     if r > 1 {
         // Each parallel run without and with a loader thread (local.num_workers: 1).
         for workers in [0, 1] {
@@ -361,6 +372,29 @@ fn replica_table(
         );
     }
     println!("speed-up = s/update of 1 replica / s/update of the run (the same global batch); each replica simulates its own slice of the global batch (data s); + loader: local.num_workers 1, a loader thread of each replica simulates its next slice during the step (data s is the wait left)");
+    if bound {
+        let of = |name: &str| {
+            rows.iter()
+                .find(|row| row.0 == name)
+                .map(|row| col(&row.2, 3))
+        };
+        let independent = of("independent").unwrap_or(f64::NAN);
+        println!(
+            "independent = {r} 1-replica processes at once that never communicate, each with batch {} (a replica's slice), each update the slowest of the {r}: the machine's bound for {r} replicas ({:.2}x)",
+            n / r,
+            base / independent
+        );
+        for name in [format!("{r} threads"), format!("{r} MPI ranks")] {
+            if let Some(t) = of(&name) {
+                println!(
+                    "{name}: {:.1}% of the bound ({:.2}x of {:.2}x)",
+                    100.0 * independent / t,
+                    base / t,
+                    base / independent
+                );
+            }
+        }
+    }
     if let Some((p, s)) = ddp {
         let mpi = rows
             .iter()
@@ -527,6 +561,54 @@ struct EngineRun<'a> {
     launch: Launch,
     norm: Option<&'a str>,
     local_statistics: bool,
+}
+
+impl EngineRun<'_> {
+    /// One replica in this process, the main network's norms.
+    fn serial(workers: usize) -> Self {
+        EngineRun {
+            replicas: 1,
+            workers,
+            launch: Launch::SingleProcess,
+            norm: None,
+            local_statistics: false,
+        }
+    }
+}
+
+/// The machine's bound for `r` replicas: `r` 1-replica runs of a replica's slice (`batch /
+/// r` samples) at once, as processes that never communicate (one core each, like a
+/// replica); per update the slowest of them in every column.
+///
+/// Errors: a process fails, times out or prints no result.
+fn independent(args: &BenchNpeArgs, r: usize, updates: usize) -> Result<Vec<[f64; 4]>> {
+    let (batch, steps, warmup) = (
+        (args.batch / r).to_string(),
+        args.steps.to_string(),
+        args.warmup.to_string(),
+    );
+    let worker_args = [
+        "bench",
+        "npe",
+        "--independent-worker",
+        "--batch",
+        &batch,
+        "--steps",
+        &steps,
+        "--warmup",
+        &warmup,
+    ];
+    let runs: Vec<Vec<[f64; 4]>> =
+        crate::mpi_worker::run_concurrent_workers(r, &worker_args, Duration::from_secs(1800))?;
+    Ok((0..updates)
+        .map(|u| {
+            std::array::from_fn(|k| {
+                runs.iter()
+                    .filter_map(|t| t.get(u).map(|v| v[k]))
+                    .fold(0.0, f64::max)
+            })
+        })
+        .collect())
 }
 
 /// Per update: seconds of data, compute, communication, whole update (slowest rank), of

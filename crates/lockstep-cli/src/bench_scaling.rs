@@ -12,7 +12,7 @@
 //! the same network: training would change the firing, and with it the cost of a sample.
 
 use crate::train::{prepare, Overrides};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_snn::{PoissonTrials, SnnReplica};
 use lockstep_train::job::run_job;
@@ -188,40 +188,20 @@ fn combine_concurrent(runs: &[Measured]) -> Measured {
 /// The machine's bound for N replicas: N 1-replica runs of the config at once, as separate
 /// processes that never communicate (each on one core, like a replica).
 fn measure_independent(args: &ScalingArgs, n: usize) -> Result<Measured> {
-    let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
     let (updates, warmup) = (args.updates.to_string(), args.warmup.to_string());
-    let results: Vec<Result<Measured>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..n)
-            .map(|_| {
-                let mut cmd = std::process::Command::new(&exe);
-                cmd.args(["bench", "scaling"])
-                    .arg(&args.config)
-                    .args(["--updates", &updates, "--warmup", &warmup])
-                    .arg("--independent-worker");
-                scope.spawn(move || -> Result<Measured> {
-                    let out = lockstep_comm::launch::run_with_limit(cmd, Duration::from_secs(3600))
-                        .context("cannot start an independent 1-replica run")?;
-                    if !out.success() {
-                        bail!("an independent 1-replica run failed:\n{}", out.all_output());
-                    }
-                    let line = out
-                        .stdout
-                        .lines()
-                        .rfind(|l| l.starts_with('{'))
-                        .context("an independent 1-replica run printed no result")?;
-                    serde_json::from_str(line).context("unexpected result line")
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a worker thread panicked")))
-            })
-            .collect()
-    });
-    let runs = results.into_iter().collect::<Result<Vec<_>>>()?;
+    let config = args.config.as_os_str();
+    let worker_args: [&std::ffi::OsStr; 8] = [
+        "bench".as_ref(),
+        "scaling".as_ref(),
+        config,
+        "--updates".as_ref(),
+        updates.as_ref(),
+        "--warmup".as_ref(),
+        warmup.as_ref(),
+        "--independent-worker".as_ref(),
+    ];
+    let runs: Vec<Measured> =
+        crate::mpi_worker::run_concurrent_workers(n, &worker_args, Duration::from_secs(3600))?;
     Ok(combine_concurrent(&runs))
 }
 
