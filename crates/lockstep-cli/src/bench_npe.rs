@@ -13,7 +13,9 @@
 //!    batch with 1 replica, N thread replicas and N MPI ranks (each also with a loader
 //!    thread, `local.num_workers: 1`): updates/s and the speed-up,
 //!    next to PyTorch DistributedDataParallel (gloo, N processes of 1 thread, each with
-//!    batch / N samples of the same batch) when torch is importable;
+//!    batch / N samples of the same batch) when torch is importable, and the machine's
+//!    bound for N replicas (`independent`: N 1-replica processes of batch / N samples at
+//!    once that never communicate, each update the slowest of them);
 //! 4. normalization (embedding and flow): LayerNorm, BatchNorm and, under N replicas,
 //!    SyncBatchNorm (threads and MPI) and BatchNorm with each replica's local statistics
 //!    (what DDP without `convert_sync_batchnorm` trains; the bench wraps the model so that
