@@ -327,7 +327,7 @@ fn replica_table(
         1,
         engine(world, n, updates, &run(1, 0))?,
     )];
-    let bound = r > 1 && !args.no_independent && n % r == 0;
+    let bound = r > 1 && !args.no_independent && n.is_multiple_of(r);
     if bound {
         rows.push(("independent".to_string(), r, independent(args, r, updates)?));
     }
