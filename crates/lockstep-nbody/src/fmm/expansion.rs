@@ -86,10 +86,11 @@ impl BatchWork {
 ///   coefficients with `m_z <= 1` (the "source coefficients"); only the local coefficients
 ///   with `n_z <= 1` are summed, and the others follow from the same identity, which the
 ///   local expansion of a harmonic field obeys term by term: `L_n = -L_{n-2e_z+2e_x} -
-///   L_{n-2e_z+2e_y}` ([`Tables::complete_local`]). At `p = 6` that is 532 products per
-///   M2L instead of 924, and 64 derivative entries instead of 84; the result is the same
-///   up to rounding. This is the Cartesian form of the `(p+1)^2` degrees of freedom of
-///   spherical harmonics (Applequist 1989, J. Phys. A 22:4303; Dehnen 2014, section 2.3).
+///   L_{n-2e_z+2e_y}` (done inside [`Tables::m2l_batch`]). At `p = 6` that is 532
+///   products per M2L instead of 924, and 64 derivative entries instead of 84; the result
+///   is the same up to rounding. This is the Cartesian form of the `(p+1)^2` degrees of
+///   freedom of spherical harmonics (traceless Cartesian tensors: Applequist 1989, J. Phys.
+///   A 22:4303).
 #[derive(Debug, Clone)]
 pub struct Contraction {
     /// Folding into `(p+1)^2` source coefficients (the unsoftened kernel only).
