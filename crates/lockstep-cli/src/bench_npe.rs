@@ -584,22 +584,7 @@ impl EngineRun<'_> {
 ///
 /// Errors: a process fails, times out or prints no result.
 fn independent(args: &BenchNpeArgs, r: usize, updates: usize) -> Result<Vec<[f64; 4]>> {
-    let (batch, steps, warmup) = (
-        (args.batch / r).to_string(),
-        args.steps.to_string(),
-        args.warmup.to_string(),
-    );
-    let worker_args = [
-        "bench",
-        "npe",
-        "--independent-worker",
-        "--batch",
-        &batch,
-        "--steps",
-        &steps,
-        "--warmup",
-        &warmup,
-    ];
+    let worker_args = worker_args(args, "--independent-worker", args.batch / r);
     let runs: Vec<Vec<[f64; 4]>> =
         crate::mpi_worker::run_concurrent_workers(r, &worker_args, Duration::from_secs(1800))?;
     Ok((0..updates)
@@ -729,33 +714,30 @@ fn train_quietly_as<T, M: Model>(
     inspect(&summary, &task, &network)
 }
 
+/// `bench npe <role> --batch <batch>` with this run's steps and warm-up: the command line of
+/// a worker process.
+fn worker_args(args: &BenchNpeArgs, role: &str, batch: usize) -> Vec<String> {
+    let mut out: Vec<String> = ["bench", "npe", role].map(String::from).to_vec();
+    for (flag, value) in [
+        ("--batch", batch),
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+    ] {
+        out.extend([flag.to_string(), value.to_string()]);
+    }
+    out
+}
+
 fn mpi_run(
     args: &BenchNpeArgs,
     ranks: usize,
     workers: usize,
     norm: Option<&str>,
 ) -> Result<Vec<[f64; 4]>> {
-    let (batch, steps, warmup, workers) = (
-        args.batch.to_string(),
-        args.steps.to_string(),
-        args.warmup.to_string(),
-        workers.to_string(),
-    );
-    let mut worker_args = vec![
-        "bench",
-        "npe",
-        "--mpi-worker",
-        "--batch",
-        &batch,
-        "--steps",
-        &steps,
-        "--warmup",
-        &warmup,
-        "--workers",
-        &workers,
-    ];
+    let mut worker_args = worker_args(args, "--mpi-worker", args.batch);
+    worker_args.extend(["--workers".to_string(), workers.to_string()]);
     if let Some(norm) = norm {
-        worker_args.extend(["--norm", norm]);
+        worker_args.extend(["--norm".to_string(), norm.to_string()]);
     }
     crate::mpi_worker::run_mpi_worker(ranks, worker_args, Duration::from_secs(1800))
 }

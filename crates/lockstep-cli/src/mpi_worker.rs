@@ -3,7 +3,7 @@
 //! machine's bound for N replicas), each printing its own.
 
 use anyhow::{anyhow, bail, Context, Result};
-use lockstep_comm::launch::{mpirun_command, run_with_limit};
+use lockstep_comm::launch::{mpirun_command, run_with_limit, JobOutput};
 use std::ffi::OsStr;
 use std::time::Duration;
 
@@ -21,16 +21,25 @@ where
     let exe = std::env::current_exe().context("cannot locate the lockstep executable")?;
     let mut cmd = mpirun_command(ranks);
     cmd.arg(exe).args(args);
-    let out = run_with_limit(cmd, limit)?;
+    result_line(&run_with_limit(cmd, limit)?, "the MPI measurement")
+}
+
+/// The last line of a finished worker's standard output that is a JSON object or array,
+/// parsed as `T`.
+///
+/// Errors: the worker (`what`) failed (with its output), printed no such line, or the line
+/// is not a `T`.
+fn result_line<T: serde::de::DeserializeOwned>(out: &JobOutput, what: &str) -> Result<T> {
     if !out.success() {
-        bail!("the MPI measurement failed:\n{}", out.all_output());
+        bail!("{what} failed:\n{}", out.all_output());
     }
     let line = out
         .stdout
         .lines()
         .rfind(|l| l.starts_with('{') || l.starts_with('['))
-        .context("the MPI measurement printed no result")?;
-    serde_json::from_str(line).context("the MPI measurement's result line is not what was expected")
+        .with_context(|| format!("{what} printed no result"))?;
+    serde_json::from_str(line)
+        .with_context(|| format!("the result line of {what} is not what was expected"))
 }
 
 /// Runs `n` copies of this executable with `args` at once (processes that never
@@ -53,18 +62,7 @@ where
                 scope.spawn(move || -> Result<T> {
                     let out = run_with_limit(cmd, limit)
                         .context("cannot start an independent worker process")?;
-                    if !out.success() {
-                        bail!(
-                            "an independent worker process failed:\n{}",
-                            out.all_output()
-                        );
-                    }
-                    let line = out
-                        .stdout
-                        .lines()
-                        .rfind(|l| l.starts_with('{') || l.starts_with('['))
-                        .context("an independent worker process printed no result")?;
-                    serde_json::from_str(line).context("unexpected result line")
+                    result_line(&out, "an independent worker process")
                 })
             })
             .collect();
