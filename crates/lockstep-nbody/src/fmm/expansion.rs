@@ -254,10 +254,6 @@ pub struct Tables {
     deriv: Vec<(f64, u16, u16)>,
     /// `deriv[deriv_rows[n]..deriv_rows[n+1]]` are the terms of `D_n`.
     deriv_rows: Vec<usize>,
-    /// For `|n| <= p-1`: index of `n + e_x`, `n + e_y`, `n + e_z`.
-    grad: Vec<[usize; 3]>,
-    /// Number of coefficients of degree `<= p-1`.
-    pub nterms_lower: usize,
     /// `(-1)^{|n|}`.
     sign: Vec<f64>,
 }
@@ -334,15 +330,6 @@ impl Tables {
             }
             deriv_rows.push(deriv.len());
         }
-        let nterms_lower = if p == 0 { 0 } else { nterms(p - 1) };
-        let mut grad = Vec::with_capacity(nterms_lower);
-        for n in multi.iter().take(nterms_lower) {
-            grad.push([
-                idx([n[0] + 1, n[1], n[2]]).unwrap_or(0),
-                idx([n[0], n[1] + 1, n[2]]).unwrap_or(0),
-                idx([n[0], n[1], n[2] + 1]).unwrap_or(0),
-            ]);
-        }
         let sign = degree
             .iter()
             .map(|&d| if d % 2 == 0 { 1.0 } else { -1.0 })
@@ -372,8 +359,6 @@ impl Tables {
             shift,
             deriv,
             deriv_rows,
-            grad,
-            nterms_lower,
         }
     }
 
@@ -843,12 +828,12 @@ impl Tables {
             phi += self.sign[i] * deriv[i] * mp[i];
         }
         let mut g = [0.0; 3];
-        for i in 0..self.nterms_lower {
+        // The full contraction's gradient table: `n + e_x, n + e_y, n + e_z` for `|n| <= p-1`.
+        for (i, gi) in self.full.grad.iter().enumerate() {
             let sm = self.sign[i] * mp[i];
-            let gi = self.grad[i];
-            g[0] += deriv[gi[0]] * sm;
-            g[1] += deriv[gi[1]] * sm;
-            g[2] += deriv[gi[2]] * sm;
+            g[0] += deriv[gi[0] as usize] * sm;
+            g[1] += deriv[gi[1] as usize] * sm;
+            g[2] += deriv[gi[2] as usize] * sm;
         }
         (phi, g)
     }
@@ -869,12 +854,10 @@ impl Tables {
             phi += local[i] * scratch[i];
         }
         let mut g = [0.0; 3];
-        for i in 0..self.nterms_lower {
-            let s = scratch[i];
-            let gi = self.grad[i];
-            g[0] += local[gi[0]] * s;
-            g[1] += local[gi[1]] * s;
-            g[2] += local[gi[2]] * s;
+        for (gi, &s) in self.full.grad.iter().zip(scratch.iter()) {
+            g[0] += local[gi[0] as usize] * s;
+            g[1] += local[gi[1] as usize] * s;
+            g[2] += local[gi[2] as usize] * s;
         }
         (phi, g)
     }

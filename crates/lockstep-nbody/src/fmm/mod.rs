@@ -1131,9 +1131,6 @@ mod tests {
         ]
     }
 
-    /// Evaluating a pair once for both particles gives the forces of the one-sided sums to
-    /// rounding: a pair missed or counted twice (an asymmetric near field) would show as an
-    /// error of the size of one pair's force, far above it.
     /// Every particle's acceleration within `tol` of `want`'s (relative to its norm), and
     /// its potential within `tol` relative.
     fn assert_forces_close(what: &str, got: &Forces, want: &Forces, tol: f64) {
@@ -1175,6 +1172,9 @@ mod tests {
         }
     }
 
+    /// Evaluating a pair once for both particles gives the forces of the one-sided sums to
+    /// rounding: a pair missed or counted twice (an asymmetric near field) would show as an
+    /// error of the size of one pair's force, far above it.
     #[test]
     fn mutual_near_field_matches_the_one_sided_sums() {
         for (name, p) in systems() {
