@@ -28,10 +28,10 @@
 //!   count and every sum has a fixed order, so the results are bitwise the same for any
 //!   thread count;
 //! * cache locality at V1 scale: the ring and its adjoint start on a cache line (a 16-sample
-//!   row is one line); spike delivery works on blocks of targets whose rows fit in a
-//!   core's cache; the adjoint SpMV gathers from at most 32,768 targets per pass (their rows
-//!   then stay in cache) and, on networks too large for the core's cache, asks for the rows
-//!   of the edges ahead (prefetch).
+//!   row is one line); spike delivery works on blocks of targets whose rows fit in the
+//!   last-level cache; the adjoint SpMV gathers from at most 32,768 targets per pass (their
+//!   rows then stay in cache) and, on networks too large for the core's cache, both ask for
+//!   the rows of the edges ahead and for the edges of the sources ahead (prefetch).
 //!
 //! Against the per-sample float32 implementation
 //! ([`SnnModel::loss_and_grad_reference`] with [`crate::Dtype::Float32`]) the forward pass is
