@@ -299,8 +299,11 @@ pub struct ConfigBenchReport {
     /// The model's memory estimate for the local batch (bytes).
     pub estimate_bytes: u64,
     /// Achieved bandwidth of the adjoint SpMV over the edge arrays (target offset + weight,
-    /// 8 bytes per edge visit), bytes/s.
+    /// 8 bytes per edge visit, in the gather form; source + weight, 6 bytes, in the scatter
+    /// form), bytes/s.
     pub spmv_bytes_per_s: f64,
+    /// Whether the adjoint SpMV took the scatter form (`lockstep_snn::SpmvForm`).
+    pub spmv_scatter: bool,
     /// `memcpy` of the same edge arrays (bytes copied / s, best of 5).
     pub memcpy_bytes_per_s: f64,
     /// Loss of the last step.
@@ -329,7 +332,7 @@ pub fn bench_config(
     let estimate_bytes = model.memory_estimate(batch).total();
     let mut steps = Vec::new();
     let mut split: [Vec<f64>; 5] = Default::default();
-    let (mut edges, mut spmv_s) = (0u64, 0.0f64);
+    let (mut edge_bytes, mut spmv_s, mut scatter) = (0u64, 0.0f64, false);
     let mut last = None;
     for r in 0..warmup + repeats.max(1) {
         let clock = std::time::Instant::now();
@@ -349,8 +352,9 @@ pub fn bench_config(
             ]) {
                 v.push(x);
             }
-            edges += t.adjoint_edges;
+            edge_bytes += t.adjoint_edge_bytes;
             spmv_s += t.adjoint_spmv_s;
+            scatter = t.adjoint_scatter;
         }
         last = Some(lg);
     }
@@ -386,11 +390,12 @@ pub fn bench_config(
         peak_rss_bytes: peak,
         estimate_bytes,
         spmv_bytes_per_s: if spmv_s > 0.0 {
-            8.0 * edges as f64 / spmv_s
+            edge_bytes as f64 / spmv_s
         } else {
             f64::NAN
         },
         memcpy_bytes_per_s: bytes / best,
+        spmv_scatter: scatter,
         loss: last.loss,
         mean_rate_hz: last.mean_rate_hz,
     })
@@ -432,7 +437,8 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             ),
         }
         println!(
-            "  adjoint SpMV streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s (ratio {:.2})",
+            "  adjoint SpMV ({} form) streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s (ratio {:.2})",
+            if r.spmv_scatter { "scatter" } else { "gather" },
             r.spmv_bytes_per_s / 1e9,
             r.memcpy_bytes_per_s / 1e9,
             r.spmv_bytes_per_s / r.memcpy_bytes_per_s

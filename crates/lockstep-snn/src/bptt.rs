@@ -89,6 +89,26 @@ pub struct BpttOptions {
     /// in cache; a source's sum is the sum of its passes' partial sums, so the pass size
     /// changes results by float rounding only. A tuning and testing knob, not a config key.
     pub spmv_pass_targets: Option<usize>,
+    /// Float32 kernels: the form of the adjoint's transposed SpMV ([`SpmvForm`]). A tuning
+    /// and testing knob, not a config key.
+    pub adjoint_spmv: SpmvForm,
+}
+
+/// The form of the float32 kernels' adjoint SpMV, `gz[s] = sum_e w_e mu[target_e]`: both
+/// give the same weight gradients and the same spike adjoints up to float32 rounding (the
+/// order of each source's sum differs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpmvForm {
+    /// Scatter on networks too large for the gather form's rows to stay in cache (above
+    /// 32,768 neurons), gather otherwise.
+    #[default]
+    Auto,
+    /// Per source, gathering one adjoint row per edge (in passes of
+    /// [`BpttOptions::spmv_pass_targets`] targets); with one pass its sums are bitwise those
+    /// of the per-sample reference.
+    Gather,
+    /// Per target row, scattering into the adjoints of blocks of sources that stay in L2.
+    Scatter,
 }
 
 /// Precision of the BPTT computation (`run.dtype`).
@@ -119,6 +139,7 @@ impl Default for BpttOptions {
             dtype: Dtype::Float64,
             record_first_sample: false,
             spmv_pass_targets: None,
+            adjoint_spmv: SpmvForm::Auto,
         }
     }
 }
@@ -520,10 +541,25 @@ impl SnnModel {
         .add(
             "compiled network (per edge: target offset, edge id, sign)",
             self.network_bytes(),
-        )
-        .driven_by("run.seq_len")
-        .driven_by("run.batch_size")
-        .driven_by("training.gradient_checkpointing");
+        );
+        if crate::bptt_batch::uses_scatter(self) {
+            let threads = if self.opts.parallel {
+                rayon::current_num_threads()
+            } else {
+                1
+            };
+            e.add(
+                "adjoint SpMV in scatter order (per edge: source, weight)",
+                crate::bptt_scatter::ScatterSpmv::bytes(
+                    &self.net.recurrent,
+                    self.net.n_neurons(),
+                    threads,
+                ),
+            );
+        }
+        e.driven_by("run.seq_len")
+            .driven_by("run.batch_size")
+            .driven_by("training.gradient_checkpointing");
         e
     }
 
@@ -658,7 +694,12 @@ impl SnnModel {
             }
             start = end;
         }
-        let mut r = self.finish(terms, &grad, n_spikes, batch);
+        let mut r = self.finish(
+            terms,
+            grad.iter().map(|&g| g as f32).collect(),
+            n_spikes,
+            batch,
+        );
         r.first_spikes = first_spikes;
         Ok(r)
     }
@@ -667,7 +708,7 @@ impl SnnModel {
     pub(crate) fn finish(
         &self,
         terms: Vec<f64>,
-        grad: &[f64],
+        grad: Vec<f32>,
         n_spikes: f64,
         batch: usize,
     ) -> LossAndGrad {
@@ -676,7 +717,7 @@ impl SnnModel {
         LossAndGrad {
             loss,
             terms: self.opts.losses.iter().map(Loss::name).zip(terms).collect(),
-            grad: grad.iter().map(|&g| g as f32).collect(),
+            grad,
             n_spikes: n_spikes as u64,
             mean_rate_hz: n_spikes / (batch as f64 * self.net.n_neurons() as f64 * duration_s),
             first_spikes: None,

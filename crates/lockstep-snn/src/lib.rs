@@ -30,6 +30,7 @@
 mod all_to_all;
 mod bptt;
 mod bptt_batch;
+mod bptt_scatter;
 mod config;
 mod error;
 mod forward;
@@ -47,7 +48,7 @@ mod step;
 mod trained_simulation;
 
 pub use all_to_all::all_to_all_glif3;
-pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel};
+pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel, SpmvForm};
 pub use bptt_batch::StepTiming;
 pub use config::{
     loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
