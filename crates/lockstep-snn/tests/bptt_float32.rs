@@ -255,6 +255,36 @@ fn batched_f32_scatter_spmv_matches_the_reference() {
     }
 }
 
+/// The scatter form on a run whose length is no multiple of the segment length and with
+/// 67 samples (lanes in blocks of 16 and single lanes, not only whole 16-lane rows): matches the
+/// reference, and segmented equals unsegmented bitwise on 2 threads.
+#[test]
+fn batched_f32_scatter_spmv_with_odd_lengths_and_67_samples_matches_the_reference() {
+    let spec = small_network(5);
+    let with_len = |chunk, parallel| {
+        let mut m = model_in_form(&spec, chunk, parallel, SpmvForm::Scatter);
+        m.opts.seq_len = 101;
+        m
+    };
+    let batch = 67;
+    let serial = with_len(None, false);
+    let p = serial.initial_params();
+    let a = serial.loss_and_grad(&p, 11, batch).unwrap();
+    let reference = serial
+        .loss_and_grad_reference(&p, 11, batch, Dtype::Float32)
+        .unwrap();
+    assert!(a.n_spikes > 0, "the run spikes");
+    assert_matches(&a, &reference, "scatter form, 101 steps, 67 samples");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for chunk in [Some(5), Some(12)] {
+        let b = pool.install(|| with_len(chunk, true).loss_and_grad(&p, 11, batch).unwrap());
+        assert_eq!(bits(&a.grad), bits(&b.grad), "chunk {chunk:?}: gradient");
+    }
+}
+
 /// The bundled 300-cell all-to-all example with its training config, in `dtype`.
 fn example_replica(dtype: &str, dir: &std::path::Path) -> SnnReplica {
     let example = std::fs::canonicalize(concat!(
