@@ -371,7 +371,7 @@ pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
 
 /// True when the CPU runs AVX2 (the SpMV then uses 256-bit vectors; same results, IEEE
 /// operations in the same order).
-fn has_avx2() -> bool {
+pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx2")
@@ -437,7 +437,7 @@ fn segment_dot(ws: &[f32], offs: &[u32], g: Gather, acc: &mut [f32]) {
 /// Asks the cache for the line holding `v[i]` (no effect on results; nothing when `i` is
 /// out of range).
 #[inline(always)]
-fn prefetch<T>(v: &[T], i: usize) {
+pub(crate) fn prefetch<T>(v: &[T], i: usize) {
     if let Some(x) = v.get(i) {
         prefetch_ptr(x);
     }

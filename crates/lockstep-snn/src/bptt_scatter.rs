@@ -23,6 +23,7 @@
 //! Memory: per recurrent edge a 2-byte source (within its block) and a copy of its float32
 //! weight (refreshed at every call), and 4 bytes per (block, class, target) of row pointers.
 
+use crate::bptt_batch::{has_avx2, prefetch};
 use crate::network::Csr;
 
 /// Sources per block at most: their `gz` rows (64 bytes each at batch 16, 256 KB per block)
@@ -257,36 +258,6 @@ impl ScatterSpmv {
 
 /// Edges ahead whose adjoint rows the weight gradient asks the cache for (random reads).
 const ROW_PREFETCH: usize = 16;
-
-/// Asks the cache for the line holding `v[i]` (a hint: no effect on results; nothing when `i`
-/// is out of range).
-#[inline(always)]
-fn prefetch(v: &[f32], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(x) = v.get(i) {
-        // SAFETY: `_mm_prefetch` only hints the cache (SSE, in every x86_64 CPU); it never
-        // faults and reads nothing.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (x as *const f32).cast::<i8>(),
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (v, i);
-}
-
-/// True when the CPU runs AVX2 (same results, IEEE operations in the same order).
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// What [`scatter_rows`] reads: the row pointers of one block and class (`[n + 1]`), the
 /// edges' sources and weights, the adjoint ring `mu` and where the class's rows start in it
