@@ -296,7 +296,9 @@ pub struct ConfigBenchReport {
     /// Peak resident memory of the process while building and stepping this config (bytes),
     /// when the kernel allows resetting the peak.
     pub peak_rss_bytes: Option<u64>,
-    /// The model's memory estimate for the local batch (bytes).
+    /// The memory `lockstep train` expects one replica to need for the local batch (bytes):
+    /// the replica's estimate with the gradient and optimizer buffers
+    /// ([`lockstep_train::job::replica_memory_estimate`]).
     pub estimate_bytes: u64,
     /// Achieved bandwidth of the adjoint SpMV over the edge arrays (target offset + weight,
     /// 8 bytes per edge visit, in the gather form; source + weight, 6 bytes, in the scatter
@@ -325,11 +327,12 @@ pub fn bench_config(
     let engine =
         lockstep_train::EngineConfig::from_json(&json, &lockstep_core::config::config_dir(config))
             .with_context(|| format!("{}", config.display()))?;
+    let estimate_bytes =
+        lockstep_train::job::replica_memory_estimate(&replica, engine.batch_size, &engine).total();
     let (batch, opt_cfg) = (engine.batch_size, engine.optimizer);
     let model = replica.model();
     let mut params = model.initial_params();
     let mut opt = lockstep_train::Optimizer::new(opt_cfg, params.len());
-    let estimate_bytes = model.memory_estimate(batch).total();
     let mut steps = Vec::new();
     let mut split: [Vec<f64>; 5] = Default::default();
     let (mut edge_bytes, mut spmv_s, mut scatter) = (0u64, 0.0f64, false);

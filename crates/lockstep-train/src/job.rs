@@ -10,6 +10,7 @@ use crate::config::{plan, EngineConfig, Plan, Strategy};
 use crate::engine::{no_trainable_parameters, train, EngineOptions, TrainSummary};
 use crate::{BatchSource, Model, TrainError};
 use lockstep_comm::{run_replicas, CommExt, Communicator, ReduceOp, World};
+use lockstep_core::memory::MemoryEstimate;
 
 /// Builds the model replica of a rank and its batch source; called once for planning and
 /// once per replica (on the replica's own thread for the threads strategy) with the replica's
@@ -53,14 +54,16 @@ pub fn agree_on_validation<T>(
     }
 }
 
-/// Refuses a run that does not fit in this machine's memory: the model's estimate for its
-/// local batch, plus the engine's gradient and optimizer buffers, times the replicas that
-/// share this machine ([`Plan::replicas_on_this_machine`]).
-///
-/// Errors: [`TrainError::Memory`] naming the need, the parts, the available memory and the
-/// keys that drive it.
-pub fn check_memory(model: &dyn Model, plan: &Plan, cfg: &EngineConfig) -> Result<(), TrainError> {
-    let mut estimate = model.memory_estimate(plan.local_batch);
+/// The memory of one training replica: the model's estimate for `local_batch` samples
+/// ([`Model::memory_estimate`]) plus the engine's f32 buffers per trainable parameter (the
+/// gradient, the accumulated gradient when `training.gradient_updates_per_optimizer_step`
+/// is above 1, and the optimizer's state: two for Adam, one for SGD with momentum).
+pub fn replica_memory_estimate(
+    model: &dyn Model,
+    local_batch: usize,
+    cfg: &EngineConfig,
+) -> MemoryEstimate {
+    let mut estimate = model.memory_estimate(local_batch);
     let n = model.trainable().len() as u64;
     let slots = match cfg.optimizer.kind {
         crate::optim::OptimizerKind::Adam { .. } => 2,
@@ -71,6 +74,17 @@ pub fn check_memory(model: &dyn Model, plan: &Plan, cfg: &EngineConfig) -> Resul
         "gradients and optimizer state",
         n.saturating_mul(4 * buffers),
     );
+    estimate
+}
+
+/// Refuses a run that does not fit in this machine's memory: the model's estimate for its
+/// local batch, plus the engine's gradient and optimizer buffers, times the replicas that
+/// share this machine ([`Plan::replicas_on_this_machine`]).
+///
+/// Errors: [`TrainError::Memory`] naming the need, the parts, the available memory and the
+/// keys that drive it.
+pub fn check_memory(model: &dyn Model, plan: &Plan, cfg: &EngineConfig) -> Result<(), TrainError> {
+    let estimate = replica_memory_estimate(model, plan.local_batch, cfg);
     let why = match plan.strategy {
         Some(Strategy::Threads) => "thread replicas in this process",
         Some(Strategy::Mpi) => "MPI ranks on this node",
