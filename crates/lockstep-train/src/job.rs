@@ -57,7 +57,7 @@ pub fn agree_on_validation<T>(
 /// The memory of one training replica: the model's estimate for `local_batch` samples
 /// ([`Model::memory_estimate`]) plus the engine's f32 buffers per trainable parameter (the
 /// gradient, the accumulated gradient when `training.gradient_updates_per_optimizer_step`
-/// is above 1, and the optimizer's state: two for Adam, one for SGD with momentum).
+/// is above 1, and the optimizer's state: two for Adam, one for SGD).
 pub fn replica_memory_estimate(
     model: &dyn Model,
     local_batch: usize,
