@@ -5,9 +5,14 @@
 //! advances together, with the sample index innermost in every array:
 //!
 //! * state `u [neuron, B]`, `asc [neuron, n_asc, B]`, `y1`/`y2 [neuron, port, B]`,
-//!   `refr [neuron, B]`, the arrival ring `[ring_len, neuron, port, B]`, and the adjoints
-//!   alike; one read of an edge's target index and weight serves all `B` samples, and the
-//!   innermost loops run over samples (SIMD over samples);
+//!   `refr [neuron, B]`, and the adjoints alike (the adjoint arrival ring
+//!   `[ring_len, neuron, port, B]`); one read of an edge's target index and weight serves
+//!   all `B` samples, and the innermost loops run over samples (SIMD over samples). The one
+//!   exception is the forward arrival ring, `[ring_len, B, neuron, port]`: spikes are sparse
+//!   per sample (about 1.4% of neurons per sample and step in V1), so the delivery adds
+//!   each sample's spikes on their own, and a sample-major ring keeps one sample's entries
+//!   of a block of targets in the core's cache; the neuron update transposes its chunk's
+//!   entries as it reads them;
 //! * per recurrent edge nothing is stored but the CSR target offset (`u32`) and the
 //!   trainable `f32` weight itself (the parameter buffer, read in place); delay and port are
 //!   per CSR segment; the gradient is accumulated per edge in `f64`;
@@ -23,14 +28,14 @@
 //!   kernel;
 //! * parallelism (rayon) over fixed chunks of neurons (neuron updates, local adjoints), of
 //!   sources (the adjoint SpMV and the weight gradient: each source owns its edges) and of
-//!   target blocks (spike delivery: each task adds the step's spikes into its own targets'
-//!   ring rows, every entry in the serial order). The chunks do not depend on the thread
+//!   (sample, target block) pairs (spike delivery: each task adds one sample's spikes into
+//!   its own targets' ring entries, every entry in the serial order). The chunks do not depend on the thread
 //!   count and every sum has a fixed order, so the results are bitwise the same for any
 //!   thread count;
-//! * cache locality at V1 scale: the ring and its adjoint start on a cache line (a 16-sample
-//!   row is one line); spike delivery works on blocks of targets whose rows fit in the
-//!   last-level cache; the adjoint SpMV gathers from at most 32,768 targets per pass (their
-//!   rows then stay in cache) and, on networks too large for the core's cache, both ask for
+//! * cache locality at V1 scale: the rings start on a cache line (a 16-sample row of the
+//!   adjoint ring is one line); spike delivery works on blocks of targets whose entries of
+//!   one sample fit in the core's cache, and asks for the edges of the sources ahead; the adjoint SpMV gathers from at most 32,768 targets per pass (their
+//!   rows then stay in cache) and, on networks too large for the core's cache, asks for
 //!   the rows of the edges ahead and for the edges of the sources ahead (prefetch). Above
 //!   32,768 neurons the SpMV takes the scatter form instead ([`crate::bptt_scatter`]: per
 //!   row of adjoints into blocks of sources whose adjoints stay in L2; full V1 at
@@ -66,16 +71,13 @@ use crate::scalar::{PseudoDerivative, Surrogate};
 const NEURON_CHUNK: usize = 64;
 /// Sources per task of the adjoint SpMV.
 const SOURCE_CHUNK: usize = 128;
-/// Target neurons per block of the spike delivery, about: one task per block of targets (no
-/// two tasks write the same cache line of the ring, and a task's rows, about 128 bytes per
-/// target and arrival slot at batch 16, stay in the last-level cache). The block count is
-/// the multiple of the thread count nearest to `neurons / DELIVERY_BLOCK`, at least one
-/// block per thread: the tasks are whole blocks, so equal shares matter. Full V1 on 2
-/// threads, forward plus recompute of 40 steps in six interleaved rounds in one process: 4
-/// blocks (16,665 targets) 2.08-2.41 s, 2 blocks 2.24-2.42 s, 5 blocks (the old rule,
-/// 16,384 at most: one thread idle a fifth of the time) 2.45-2.71 s; in another six rounds
-/// 4 blocks 2.11-2.27 s, 6 blocks 2.28-2.96 s, 10 blocks 2.55-2.97 s. The blocks split the
-/// work, never the order of a sum.
+/// Target neurons per block of the spike delivery at most: one task per (sample, block of
+/// targets), so no two tasks write the same ring entry, and a task's entries (one sample's
+/// targets and ports of the block, 256 KiB per arrival slot at 4 ports) stay in the core's
+/// cache. Full V1 (66,658 cells) on 2 threads, 50 steps, in two alternating rounds: 3, 4, 5
+/// and 6 blocks within the run-to-run spread of each other (forward plus recompute
+/// 2.63-2.87 s, 2.64-2.91 s, 2.60-3.17 s, 2.75-2.78 s). The blocks split the work, never
+/// the order of a sum.
 const DELIVERY_BLOCK: usize = 16_384;
 /// Target neurons per pass of the adjoint SpMV at most: the SpMV gathers only from the
 /// targets of one pass at a time, so that the adjoint rows it reads stay in cache on
@@ -101,7 +103,8 @@ const SCATTER_MIN_NEURONS: usize = SPMV_PASS;
 /// core's cache their latency is hidden only by requesting them early.
 const PREFETCH_EDGES: usize = 16;
 
-/// Spiking sources ahead whose edges the delivery asks the cache for.
+/// Spiking sources ahead whose edges the delivery asks the cache for (and twice as far
+/// ahead, their segments and slot rows, which locating those edges reads).
 const PREFETCH_SOURCES: usize = 4;
 
 /// Targets (per SpMV pass, or in the network for the delivery) above which the kernels
@@ -213,16 +216,6 @@ impl<T> Shared<T> {
         unsafe { *self.0.add(i) += v }
     }
 
-    /// Asks the cache for the line holding element `i` (a hint: no access, no effect on
-    /// results).
-    #[inline]
-    fn prefetch(&self, i: usize) {
-        if i < self.1 {
-            // SAFETY: in bounds; the pointer is only passed to a cache hint.
-            prefetch_ptr(unsafe { self.0.add(i) }.cast_const());
-        }
-    }
-
     /// The elements `a..b`.
     ///
     /// # Safety
@@ -291,7 +284,8 @@ struct State {
     y1: Vec<f32>,
     y2: Vec<f32>,
     refr: Vec<u32>,
-    /// `[ring_len, neuron, port, B]` synaptic input arriving per step (pA).
+    /// `[ring_len, B, neuron, port]` synaptic input arriving per step (pA); sample-major, so
+    /// that the delivery of one sample's spikes into a block of targets stays in cache.
     ring: LineAligned,
 }
 
@@ -530,13 +524,12 @@ fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
 struct TargetBlocks {
     /// `[n_blocks + 1]` first target neuron of each block (last: the neuron count).
     starts: Vec<usize>,
-    /// `[n_blocks + 1, segment]`: row `k` holds, for each CSR segment, its first slot whose
-    /// target lies in block `k` or later (row `n_blocks`: the segment's end). Targets ascend
-    /// within a segment, so block `k`'s edges of segment `g` are the slots
-    /// `slots[k][g] .. slots[k + 1][g]`.
+    /// `[segment, n_blocks + 1]`: row `g` holds, for each block `k`, the first slot of CSR
+    /// segment `g` whose target lies in block `k` or later (last: the segment's end).
+    /// Targets ascend within a segment, so block `k`'s edges of segment `g` are the slots
+    /// `slots[g][k] .. slots[g][k + 1]`. Segment-major: a source's segments are adjacent,
+    /// so the rows of one source share a cache line or two.
     slots: Vec<u32>,
-    /// Segments of the CSR.
-    n_segs: usize,
 }
 
 impl TargetBlocks {
@@ -544,24 +537,19 @@ impl TargetBlocks {
     fn new(csr: &crate::network::Csr, np: usize, n: usize, n_blocks: usize) -> Self {
         let n_blocks = n_blocks.clamp(1, n.max(1));
         let starts: Vec<usize> = (0..=n_blocks).map(|k| n * k / n_blocks).collect();
-        let n_segs = csr.segments.len();
-        let mut slots = vec![0u32; n_segs * (n_blocks + 1)];
-        for (g, seg) in csr.segments.iter().enumerate() {
+        let mut slots = Vec::with_capacity(csr.segments.len() * (n_blocks + 1));
+        for seg in &csr.segments {
             let mut e = seg.start as usize;
             for k in 0..n_blocks {
                 let first = (starts[k] * np) as u64;
                 while e < seg.end as usize && (csr.target_off[e] as u64) < first {
                     e += 1;
                 }
-                slots[k * n_segs + g] = e as u32;
+                slots.push(e as u32);
             }
-            slots[n_blocks * n_segs + g] = seg.end;
+            slots.push(seg.end);
         }
-        TargetBlocks {
-            starts,
-            slots,
-            n_segs,
-        }
+        TargetBlocks { starts, slots }
     }
 
     fn len(&self) -> usize {
@@ -571,10 +559,20 @@ impl TargetBlocks {
     /// The CSR slots of segment `g` whose targets lie in blocks `k0..k1`.
     #[inline]
     fn range(&self, g: usize, k0: usize, k1: usize) -> (usize, usize) {
-        (
-            self.slots[k0 * self.n_segs + g] as usize,
-            self.slots[k1 * self.n_segs + g] as usize,
-        )
+        let row = g * self.starts.len();
+        (self.slots[row + k0] as usize, self.slots[row + k1] as usize)
+    }
+
+    /// Asks the cache for the rows of segments `g0..g1` (a source's, read soon).
+    #[inline(always)]
+    fn prefetch_rows(&self, g0: usize, g1: usize) {
+        let w = self.starts.len();
+        for i in (g0 * w..g1 * w)
+            .step_by(16)
+            .chain((g1 > g0).then(|| g1 * w - 1))
+        {
+            prefetch(&self.slots, i);
+        }
     }
 }
 
@@ -595,7 +593,7 @@ struct Kernel<'a> {
     sg: Surrogate,
     /// `[max_delay + 1]` recurrent edges per delay (steps).
     edges_by_delay: Vec<u64>,
-    /// Whether the delivery prefetches (networks whose ring rows do not fit in cache).
+    /// Whether the delivery prefetches (networks whose edges do not fit in cache).
     prefetch_delivery: bool,
     /// Target blocks of the delivery over the recurrent CSR ([`DELIVERY_BLOCK`]).
     rec_delivery: TargetBlocks,
@@ -708,6 +706,18 @@ impl<'a> Kernel<'a> {
                 let mut un = vec![0.0f32; nb];
                 let mut sum = vec![0.0f32; nb];
                 let mut adec = vec![0.0f32; na.max(1) * nb];
+                // This step's arrivals at neurons i0..i1 as `[neuron, port, B]`, taken from
+                // the sample-major ring slot, which is cleared for the arrivals of
+                // t + ring_len.
+                let mut arrivals = vec![0.0f32; (i1 - i0) * np * nb];
+                for b in 0..nb {
+                    // SAFETY: lane b's entries of neurons i0..i1, owned by this task alone.
+                    let src = unsafe { ring.slice((b * n + i0) * np, (b * n + i1) * np) };
+                    for (j, x) in src.iter_mut().enumerate() {
+                        arrivals[j * nb + b] = *x;
+                        *x = 0.0;
+                    }
+                }
                 // SAFETY: the ranges are those of neurons i0..i1 (or chunk c), owned by this
                 // task alone (the same holds for every `slice` call of this task).
                 let (u, asc, y1, y2, refr, arr, fl, anyv) = unsafe {
@@ -717,7 +727,7 @@ impl<'a> Kernel<'a> {
                         y1.slice(i0 * np * nb, i1 * np * nb),
                         y2.slice(i0 * np * nb, i1 * np * nb),
                         refr.slice(i0 * nb, i1 * nb),
-                        ring.slice(i0 * np * nb, i1 * np * nb),
+                        &mut arrivals[..],
                         fl.slice(i0 * nb, i1 * nb),
                         anyp.slice(i0, i1),
                     )
@@ -753,7 +763,7 @@ impl<'a> Kernel<'a> {
                         let asc = &mut asc[l * na * nb..(l + 1) * na * nb];
                         let y1 = &mut y1[l * np * nb..(l + 1) * np * nb];
                         let y2 = &mut y2[l * np * nb..(l + 1) * np * nb];
-                        let x = &mut arr[l * np * nb..(l + 1) * np * nb];
+                        let x = &arr[l * np * nb..(l + 1) * np * nb];
                         let fl = &mut fl[l * nb..(l + 1) * nb];
                         // Membrane (NEST's operation order, as step::membrane_update).
                         if g.glif {
@@ -851,8 +861,6 @@ impl<'a> Kernel<'a> {
                                 a[b] = y1v * pc.p11 + xv[b] * pc.psc_init;
                             }
                         }
-                        // This slot has been read: clear it for the arrivals of t + ring_len.
-                        x.fill(0.0);
                         if let Some(cnt) = cnt.as_deref_mut() {
                             for b in 0..nb {
                                 cnt[l * nb + b] += (fl[b] >> 1) as u32;
@@ -907,23 +915,26 @@ impl<'a> Kernel<'a> {
     /// Only arrivals at steps `>= min_arrival` are delivered (0: all; the ring rebuild at a
     /// chunk boundary replays the last `max_delay` steps with `min_arrival` = the boundary).
     ///
-    /// One task per target block ([`DELIVERY_BLOCK`]): each walks the step's spiking sources
-    /// and input events and adds, for every edge into its block, the weight to the lanes that
-    /// fired. The blocks split the work, never the order of a sum.
+    /// One task per (sample, target block) ([`DELIVERY_BLOCK`]): each walks the sources that
+    /// fired in its sample and that sample's input events, and adds, for every edge into its
+    /// block, the weight to the sample's ring entry. The ring is sample-major, so a task's
+    /// entries (a block's targets and ports of one sample) stay in the core's cache. The
+    /// tasks split the work, never the order of a sum.
     fn deliver(&self, st: &mut State, t: usize, flags: &[u8], any: &[u8], min_arrival: usize) {
         let (n, nb, np, rl) = (self.n, self.nb, self.np, self.rl);
         let net = &self.m.net;
-        // The sources that fired in some lane (ascending) and their fired lanes.
-        let mut fired: Vec<(u32, u32, u32)> = Vec::new();
-        let mut lanes: Vec<u32> = Vec::new();
+        // Each lane's sources that fired (ascending).
+        let mut fired: Vec<Vec<u32>> = vec![Vec::new(); nb];
         for i in 0..n {
             if any[i] == 0 {
                 continue;
             }
-            let l0 = lanes.len() as u32;
             let fl = &flags[i * nb..(i + 1) * nb];
-            lanes.extend((0..nb as u32).filter(|&l| fl[l as usize] & FIRED != 0));
-            fired.push((i as u32, l0, lanes.len() as u32));
+            for (l, &f) in fl.iter().enumerate() {
+                if f & FIRED != 0 {
+                    fired[l].push(i as u32);
+                }
+            }
         }
         // Each lane's input events of step t (node, count), in the order of `for_each`.
         let mut events: Vec<Vec<(u32, u32)>> = vec![Vec::new(); nb];
@@ -947,59 +958,59 @@ impl<'a> Kernel<'a> {
         let ring = Shared::new(&mut st.ring);
         let w_rec = self.w_rec;
         let w_in = &self.w_in;
-        self.tasks(self.rec_delivery.len(), |k| {
+        let n_blocks = self.rec_delivery.len();
+        // Entry of (arrival step, lane, target offset incl. port).
+        let lane_stride = n * np;
+        self.tasks(nb * n_blocks, |task| {
+            let (l, k) = (task / n_blocks, task % n_blocks);
             let rec = &net.recurrent;
-            for (f, &(i, l0, l1)) in fired.iter().enumerate() {
+            let src = &fired[l];
+            for (f, &i) in src.iter().enumerate() {
                 // Ask for the edges of a source a few ahead (random sources: the lines of
                 // their pieces would otherwise miss).
                 if self.prefetch_delivery {
-                    if let Some(&(ia, _, _)) = fired.get(f + PREFETCH_SOURCES) {
+                    // Two stages: the segments and slot rows of a source further ahead, so
+                    // that reading them for the edges' prefetch below does not miss.
+                    if let Some(&ib) = src.get(f + 2 * PREFETCH_SOURCES) {
+                        let (g0, g1) = (rec.seg_ptr[ib as usize], rec.seg_ptr[ib as usize + 1]);
+                        prefetch(&rec.segments, g0 as usize);
+                        self.rec_delivery.prefetch_rows(g0 as usize, g1 as usize);
+                    }
+                    if let Some(&ia) = src.get(f + PREFETCH_SOURCES) {
                         for g in rec.seg_ptr[ia as usize]..rec.seg_ptr[ia as usize + 1] {
                             let (a, b) = self.rec_delivery.range(g as usize, k, k + 1);
                             prefetch_edges(&rec.target_off, w_rec, a, b);
                         }
                     }
                 }
-                let ls = &lanes[l0 as usize..l1 as usize];
                 let g0 = rec.seg_ptr[i as usize] as usize;
                 for (j, seg) in rec.segments_of(i as usize).iter().enumerate() {
                     let d = seg.delay as usize;
                     if t + d < min_arrival {
                         continue;
                     }
-                    let base = ((t + d) % rl) * n * np + seg.port as usize;
+                    let base = (((t + d) % rl) * nb + l) * lane_stride + seg.port as usize;
                     let (a, b) = self.rec_delivery.range(g0 + j, k, k + 1);
-                    let offs = &rec.target_off[a..b];
-                    for (e, (&off, &w)) in offs.iter().zip(&w_rec[a..b]).enumerate() {
-                        if self.prefetch_delivery {
-                            if let Some(&ahead) = offs.get(e + PREFETCH_EDGES) {
-                                ring.prefetch((base + ahead as usize) * nb);
-                            }
-                        }
-                        let row = (base + off as usize) * nb;
-                        for &l in ls {
-                            // SAFETY: the row's target lies in this task's block k.
-                            unsafe { ring.add(row + l as usize, w) };
-                        }
+                    for (&off, &w) in rec.target_off[a..b].iter().zip(&w_rec[a..b]) {
+                        // SAFETY: the entry's target lies in this task's block k, its lane is l.
+                        unsafe { ring.add(base + off as usize, w) };
                     }
                 }
             }
             let inp = &net.input;
-            for (l, ev) in events.iter().enumerate() {
-                for &(v, count) in ev {
-                    let cnt = count as f32;
-                    let g0 = inp.seg_ptr[v as usize] as usize;
-                    for (j, seg) in inp.segments_of(v as usize).iter().enumerate() {
-                        let d = seg.delay as usize;
-                        if t + d < min_arrival {
-                            continue;
-                        }
-                        let base = ((t + d) % rl) * n * np + seg.port as usize;
-                        let (a, b) = self.in_delivery.range(g0 + j, k, k + 1);
-                        for (&off, &w) in inp.target_off[a..b].iter().zip(&w_in[a..b]) {
-                            // SAFETY: the row's target lies in this task's block k.
-                            unsafe { ring.add((base + off as usize) * nb + l, w * cnt) };
-                        }
+            for &(v, count) in &events[l] {
+                let cnt = count as f32;
+                let g0 = inp.seg_ptr[v as usize] as usize;
+                for (j, seg) in inp.segments_of(v as usize).iter().enumerate() {
+                    let d = seg.delay as usize;
+                    if t + d < min_arrival {
+                        continue;
+                    }
+                    let base = (((t + d) % rl) * nb + l) * lane_stride + seg.port as usize;
+                    let (a, b) = self.in_delivery.range(g0 + j, k, k + 1);
+                    for (&off, &w) in inp.target_off[a..b].iter().zip(&w_in[a..b]) {
+                        // SAFETY: the entry's target lies in this task's block k, its lane is l.
+                        unsafe { ring.add(base + off as usize, w * cnt) };
                     }
                 }
             }
@@ -1626,10 +1637,7 @@ impl<'a> Kernel<'a> {
         } else {
             1
         };
-        // A multiple of the thread count: the tasks are whole blocks, so 5 blocks on 2 threads
-        // would leave one thread idle for a fifth of each delivery.
-        let per_thread = (n as f64 / (DELIVERY_BLOCK * threads) as f64).round() as usize;
-        let n_delivery = per_thread.max(1) * threads;
+        let n_delivery = n.div_ceil(DELIVERY_BLOCK);
         let scatter = uses_scatter(m)
             .then(|| ScatterSpmv::new(&net.recurrent, n, net.n_ports, threads, &params[..n_rec]));
         Kernel {
