@@ -17,8 +17,7 @@
 //! four partial sums, as the per-sample reference does; the two differ by rounding). The
 //! order does not depend on the blocks, so the results are bitwise the same for any thread
 //! count. The weight gradient of an edge is the same f64 sum over the fired samples as in
-//! the gather form, accumulated in this module's edge order (the caller maps it back to the
-//! parameters' CSR order with [`ScatterSpmv::to_csr_order`]).
+//! the gather form, gathered per fired source in CSR order (the parameters' order).
 //!
 //! Memory: per recurrent edge a 2-byte source (within its block) and a copy of its float32
 //! weight (refreshed at every call), and 4 bytes per (block, class, target) of row pointers.
