@@ -238,8 +238,8 @@ impl<T> Shared<T> {
 struct Line([f32; 16]);
 
 /// A zeroed `f32` buffer that starts on a cache-line boundary, so that the 16-sample rows of
-/// the arrival ring and its adjoint (64 bytes at batch 16) each fill exactly one line
-/// instead of straddling two.
+/// the arrival ring, its adjoint and the spikes' adjoint (64 bytes at batch 16) each fill
+/// exactly one line instead of straddling two.
 struct LineAligned {
     lines: Vec<Line>,
     len: usize,
@@ -329,8 +329,9 @@ struct Adjoint {
     y2: Vec<f32>,
     /// `[ring_len, neuron, port, B]` adjoints of the arrivals.
     mu: LineAligned,
-    /// `[neuron, B]` adjoint of this step's spikes.
-    gz: Vec<f32>,
+    /// `[neuron, B]` adjoint of this step's spikes (line-aligned: the scatter form adds into
+    /// random rows of it).
+    gz: LineAligned,
 }
 
 /// Bytes of the float32 kernels' memory for a model and a local batch.
@@ -1769,7 +1770,7 @@ impl<'a> Kernel<'a> {
             y1: vec![0.0; n * np * nb],
             y2: vec![0.0; n * np * nb],
             mu: LineAligned::zeros(self.rl * n * np * nb),
-            gz: vec![0.0; n * nb],
+            gz: LineAligned::zeros(n * nb),
         };
         if let Some(tape) = fwd.full_tape.take() {
             let clock = std::time::Instant::now();
