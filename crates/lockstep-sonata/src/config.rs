@@ -89,6 +89,28 @@ pub struct SonataConfig {
     pub json: Value,
 }
 
+/// The `network_recipe*.json` files (recipes of `lockstep build-network`) in the folder of
+/// `config`, sorted; empty when there are none or the folder cannot be listed.
+fn recipes_beside(config: &Path) -> Vec<PathBuf> {
+    let dir = match config.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("network_recipe") && n.ends_with(".json"))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 impl SonataConfig {
     /// Reads and resolves a config file (see the module docs).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
@@ -97,6 +119,16 @@ impl SonataConfig {
 
     fn from_file_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| {
+            if let (Some(config), std::io::ErrorKind::NotFound) = (stack.last(), source.kind()) {
+                let recipes = recipes_beside(config);
+                if !recipes.is_empty() {
+                    return SonataError::from(SonataErrorKind::NetworkNotBuilt {
+                        path: path.to_path_buf(),
+                        config: config.clone(),
+                        recipes,
+                    });
+                }
+            }
             SonataError::from(SonataErrorKind::Io {
                 what: "config file".into(),
                 path: path.to_path_buf(),

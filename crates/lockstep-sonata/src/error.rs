@@ -45,6 +45,24 @@ pub enum SonataErrorKind {
         cause: std::io::Error,
     },
 
+    /// The circuit config named by a config's `network` key does not exist, and recipes of
+    /// `lockstep build-network` lie beside the config: the network has not been built yet.
+    #[error(
+        "network '{path}' (from key 'network' of '{config}') does not exist: build it first with \
+         `lockstep build-network RECIPE --output {dir}`, RECIPE being the recipe of this \
+         network among those beside the config ({recipes})",
+        dir = path.parent().map_or(std::path::Path::new("."), |d| d).display(),
+        recipes = recipes.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    NetworkNotBuilt {
+        /// The missing circuit config.
+        path: PathBuf,
+        /// The config whose `network` key names it.
+        config: PathBuf,
+        /// The `network_recipe*.json` files in the config's folder, sorted.
+        recipes: Vec<PathBuf>,
+    },
+
     /// A JSON file (config or component) is not valid JSON.
     #[error("'{path}' is not valid JSON: {cause}")]
     Json {

@@ -109,6 +109,27 @@ fn missing_file() {
         ],
     );
 
+    // the same, with a recipe of `lockstep build-network` beside the config: the network
+    // has not been built yet, and the message says how to build it
+    let (_tmp, net) = copy_network();
+    std::fs::remove_file(net.join("config.circuit.json")).unwrap();
+    std::fs::write(net.join("network_recipe.json"), "{}").unwrap();
+    let (kind, msg) = read_err(&net);
+    assert!(
+        matches!(kind, SonataErrorKind::NetworkNotBuilt { .. }),
+        "{kind:?}"
+    );
+    assert_names(
+        &msg,
+        &[
+            "config.circuit.json",
+            "key 'network'",
+            "config.simulation.json",
+            "lockstep build-network RECIPE --output",
+            "network_recipe.json",
+        ],
+    );
+
     // a component JSON file
     let (_tmp, net) = copy_network();
     std::fs::remove_file(net.join("../point_components/synaptic_models/i2e.json")).unwrap();
