@@ -220,6 +220,7 @@ fn input_population_without_nodes_is_refused_by_name() {
     assert!(!out.status.success());
     assert!(err.contains("inputs.lgn.node_set"), "{err}");
     assert!(err.contains("'lgn' has no virtual nodes"), "{err}");
+    assert!(err.contains("the network has none"), "{err}");
     let (ok, all) = train(&cfg);
     assert!(!ok && all.contains("'lgn' has no virtual nodes"), "{all}");
 }

@@ -327,10 +327,22 @@ pub(crate) fn inputs_from_config(
                     )
                 })?;
                 if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
+                    let mut pops: Vec<&str> = spec
+                        .virtual_nodes
+                        .iter()
+                        .map(|vn| vn.population.as_str())
+                        .collect();
+                    pops.sort_unstable();
+                    pops.dedup();
+                    let have = if pops.is_empty() {
+                        "the network has none".to_string()
+                    } else {
+                        format!("the network's: '{}'", pops.join("', '"))
+                    };
                     return Err(cfg_err(
                         &cfg.path,
                         &key("node_set"),
-                        format!("'{ns}' has no virtual nodes in the network (a virtual population with at least one node is needed)"),
+                        format!("'{ns}' has no virtual nodes in the network (a virtual population with at least one node is needed; {have})"),
                     ));
                 }
                 let p = input.poisson.get_or_insert_with(|| PoissonSpec {
