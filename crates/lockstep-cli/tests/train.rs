@@ -184,6 +184,43 @@ fn bad_training_configs_fail_before_any_output() {
     );
     assert!(!d.join("input_typo").exists());
 
+    // A misspelled input population: the message lists the network's virtual populations.
+    let c = config(d, "population_typo", 2, Value::Null);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v["inputs"]["lgn"]["node_set"] = json!("LGN");
+    std::fs::write(&c, v.to_string()).unwrap();
+    let out = lockstep(&["train", c.to_str().unwrap()]);
+    assert!(
+        !out.success()
+            && out.stderr.contains("inputs.lgn.node_set")
+            && out.stderr.contains("'LGN' has no virtual nodes")
+            && out.stderr.contains("the network's: 'lgn'"),
+        "{}",
+        out.stderr
+    );
+    assert!(!d.join("population_typo").exists());
+
+    // A network that a recipe beside the config builds, not built yet: the message gives the
+    // `lockstep build-network` command.
+    let c = config(d, "not_built", 2, Value::Null);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v["network"] = json!(d.join("full/config.circuit.json"));
+    std::fs::write(&c, v.to_string()).unwrap();
+    std::fs::write(d.join("network_recipe.json"), "{}").unwrap();
+    let out = lockstep(&["train", c.to_str().unwrap()]);
+    assert!(
+        !out.success()
+            && out.stderr.contains("does not exist: build it first")
+            && out
+                .stderr
+                .contains("lockstep build-network RECIPE --output")
+            && out.stderr.contains("network_recipe.json"),
+        "{}",
+        out.stderr
+    );
+    assert!(!d.join("not_built").exists());
+    std::fs::remove_file(d.join("network_recipe.json")).unwrap();
+
     let c = config(d, "mpi_alone", 2, json!({"strategy": "mpi"}));
     let out = lockstep(&["train", c.to_str().unwrap()]);
     assert!(
@@ -212,6 +249,24 @@ fn bad_training_configs_fail_before_any_output() {
         "{text}"
     );
     assert!(!d.join("serial_under_mpirun").exists());
+}
+
+/// With `output.overwrite_output_dir`, a second run into the same folder replaces the first
+/// and says so on stdout and in its log; the first run says nothing of the kind.
+#[test]
+fn replacing_an_earlier_run_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), "again", 2, Value::Null);
+    let said = "Replaced the earlier lockstep run in";
+    let first = ok(lockstep(&["train", c.to_str().unwrap(), "--updates", "1"]));
+    assert!(!first.stdout.contains(said), "{}", first.stdout);
+    let second = ok(lockstep(&["train", c.to_str().unwrap(), "--updates", "1"]));
+    assert!(second.stdout.contains(said), "{}", second.stdout);
+    let log = std::fs::read_to_string(dir.path().join("again/run.log")).unwrap();
+    assert!(
+        log.contains(said) && log.contains("overwrite_output_dir"),
+        "{log}"
+    );
 }
 
 /// `--resume` takes a run directory or its `checkpoints/latest` pointer; a run that already

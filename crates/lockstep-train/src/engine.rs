@@ -467,6 +467,12 @@ impl<'a> Trainer<'a> {
             )?
         };
         dir.set_quiet(opts.quiet);
+        if dir.replaced_earlier_run() {
+            dir.log(&format!(
+                "Replaced the earlier lockstep run in {} (output.overwrite_output_dir is true)",
+                cfg.output_dir.display()
+            ))?;
+        }
         Ok(dir)
     }
 

@@ -20,11 +20,14 @@ pub struct RunDir {
     performance: File,
     progress: Option<indicatif::ProgressBar>,
     quiet: bool,
+    /// Whether [`RunDir::create`] replaced an earlier lockstep run in `root`.
+    replaced_earlier_run: bool,
 }
 
 impl RunDir {
     /// Creates `root` (refusing an existing one unless `overwrite`), writes the resolved config
-    /// atomically, opens the log and the CSV callbacks with their headers.
+    /// atomically, opens the log and the CSV callbacks with their headers. Whether it replaced an
+    /// earlier run: [`RunDir::replaced_earlier_run`].
     ///
     /// Errors: [`TrainError::OutputDir`] when the directory exists and may not be replaced,
     /// [`TrainError::Io`] naming the file that cannot be written. An existing directory is
@@ -37,11 +40,13 @@ impl RunDir {
         resolved_config: &serde_json::Value,
         loss_names: &[String],
     ) -> Result<RunDir, TrainError> {
+        let mut replaced = false;
         if root.exists() || root.is_symlink() {
             if !overwrite {
                 return Err(OutputDirError::Exists(root.to_path_buf()).into());
             }
             check_replaceable(root, &[])?;
+            replaced = root.join(MARKER).is_file();
             if root.is_symlink() || root.is_file() {
                 std::fs::remove_file(root)
                     .map_err(|e| TrainError::io(root, "cannot remove the old output", e))?;
@@ -51,7 +56,15 @@ impl RunDir {
                 })?;
             }
         }
-        Self::open(root, log_file, resolved_config, loss_names, None)
+        let mut dir = Self::open(root, log_file, resolved_config, loss_names, None)?;
+        dir.replaced_earlier_run = replaced;
+        Ok(dir)
+    }
+
+    /// Whether [`RunDir::create`] replaced an earlier lockstep run (a folder with the
+    /// output marker) in the root; the engine says so in the new log.
+    pub fn replaced_earlier_run(&self) -> bool {
+        self.replaced_earlier_run
     }
 
     /// Reopens the run directory `root` of an interrupted run to continue it after update
@@ -123,6 +136,7 @@ impl RunDir {
             performance: open(perf_path)?,
             progress: None,
             quiet: false,
+            replaced_earlier_run: false,
         })
     }
 
