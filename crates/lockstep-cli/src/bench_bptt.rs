@@ -415,7 +415,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
         let r = bench_config(c, args.repeats, args.warmup)?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
-            "{}: {} cells, {} recurrent edges, batch {}, seq_len {}, {:?}",
+            "{}: {} cells, {} recurrent edges, batch {}, seq_len {}, dtype {}",
             r.config.display(),
             r.n_cells,
             r.n_recurrent_edges,

@@ -126,6 +126,16 @@ pub enum Dtype {
     Float32,
 }
 
+impl std::fmt::Display for Dtype {
+    /// The config's spelling (`run.dtype`): `float64` or `float32`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::Float64 => "float64",
+            Dtype::Float32 => "float32",
+        })
+    }
+}
+
 impl Default for BpttOptions {
     fn default() -> Self {
         BpttOptions {
