@@ -123,7 +123,7 @@ impl RateTarget {
 
 fn read_target_csv(path: &Path, spec: &NetworkSpec) -> Result<Vec<f64>> {
     let text = std::fs::read_to_string(path).map_err(|source| SnnError::Io {
-        what: "cannot read the firing-rate CSV".into(),
+        what: "cannot read the firing-rate CSV named by TargetFiringRate.firing_rate in training.losses (a relative path is taken from the config's folder)".into(),
         path: path.to_path_buf(),
         cause: source,
     })?;
@@ -490,6 +490,16 @@ mod tests {
             .to_string();
         assert!(
             e.contains("bad.csv") && e.contains("no row for node 1"),
+            "{e}"
+        );
+        // A CSV that is not there: the message names the file and the key that names it.
+        let e = RateTarget::from_json(&json!("missing.csv"), dir.path())
+            .unwrap()
+            .resolve(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing.csv") && e.contains("TargetFiringRate.firing_rate"),
             "{e}"
         );
     }
