@@ -177,8 +177,10 @@ fn main() -> ExitCode {
             // non-zero status, and the launcher prints no abort report over the message.
             Some(t) if t.is_agreed() => {
                 if !matches!(t, lockstep_train::TrainError::RefusedByPeer { .. }) {
-                    let rank = world.comm().rank();
-                    lockstep_comm::eprint_flush(&format!("lockstep: error on rank {rank}: {e:#}"));
+                    lockstep_comm::eprint_flush(&format!(
+                        "lockstep: {}: {e:#}",
+                        world.error_origin()
+                    ));
                 }
                 drop(world);
                 ExitCode::FAILURE

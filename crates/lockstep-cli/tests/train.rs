@@ -169,6 +169,12 @@ fn bad_training_configs_fail_before_any_output() {
         "{}",
         out.stderr
     );
+    // A serial run has no ranks to name.
+    assert!(
+        out.stderr.contains("lockstep: error: ") && !out.stderr.contains("rank"),
+        "{}",
+        out.stderr
+    );
     assert!(!d.join("typo").exists());
 
     let c = config(d, "input_typo", 2, Value::Null);

@@ -96,11 +96,20 @@ impl World {
         &*self.comm
     }
 
+    /// Where an error message says it comes from: `error on rank R` in a job of several
+    /// ranks, plain `error` in a serial run.
+    pub fn error_origin(&self) -> String {
+        if self.comm.size() > 1 {
+            format!("error on rank {}", self.comm.rank())
+        } else {
+            "error".to_string()
+        }
+    }
+
     /// Reports a fatal error with this rank and ends the job: `MPI_Abort` when there are
     /// other ranks (so none of them waits for this one), else an ordinary exit with status 1.
     pub fn fail(&self, err: &dyn std::fmt::Display) -> ! {
-        let rank = self.comm.rank();
-        crate::eprint_flush(&format!("lockstep: error on rank {rank}: {err:#}"));
+        crate::eprint_flush(&format!("lockstep: {}: {err:#}", self.error_origin()));
         if self.comm.size() > 1 {
             self.comm.abort(1)
         }
