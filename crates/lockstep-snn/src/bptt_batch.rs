@@ -29,13 +29,14 @@
 //! * parallelism (rayon) over fixed chunks of neurons (neuron updates, local adjoints), of
 //!   sources (the adjoint SpMV and the weight gradient: each source owns its edges) and of
 //!   (sample, target block) pairs (spike delivery: each task adds one sample's spikes into
-//!   its own targets' ring entries, every entry in the serial order). The chunks do not depend on the thread
-//!   count and every sum has a fixed order, so the results are bitwise the same for any
-//!   thread count;
+//!   its own targets' ring entries, every entry in the serial order). The chunks do not
+//!   depend on the thread count and every sum has a fixed order, so the results are bitwise
+//!   the same for any thread count;
 //! * cache locality at V1 scale: the rings start on a cache line (a 16-sample row of the
 //!   adjoint ring is one line); spike delivery works on blocks of targets whose entries of
-//!   one sample fit in the core's cache, and asks for the edges of the sources ahead; the adjoint SpMV gathers from at most 32,768 targets per pass (their
-//!   rows then stay in cache) and, on networks too large for the core's cache, asks for
+//!   one sample fit in the core's cache, and asks for the edges of the sources ahead; the
+//!   adjoint SpMV gathers from at most 32,768 targets per pass (their rows then stay in
+//!   cache) and, on networks too large for the core's cache, asks for
 //!   the rows of the edges ahead and for the edges of the sources ahead (prefetch). Above
 //!   32,768 neurons the SpMV takes the scatter form instead ([`crate::bptt_scatter`]: per
 //!   row of adjoints into blocks of sources whose adjoints stay in L2; full V1 at

@@ -327,13 +327,7 @@ pub(crate) fn inputs_from_config(
                     )
                 })?;
                 if !spec.virtual_nodes.iter().any(|vn| vn.population == ns) {
-                    let mut pops: Vec<&str> = spec
-                        .virtual_nodes
-                        .iter()
-                        .map(|vn| vn.population.as_str())
-                        .collect();
-                    pops.sort_unstable();
-                    pops.dedup();
+                    let pops = spec.virtual_populations();
                     let have = if pops.is_empty() {
                         "the network has none".to_string()
                     } else {

@@ -167,6 +167,17 @@ pub struct Network {
 }
 
 impl NetworkSpec {
+    /// The populations of the virtual nodes, each once, in the order of their first node.
+    pub fn virtual_populations(&self) -> Vec<&str> {
+        let mut pops: Vec<&str> = Vec::new();
+        for vn in &self.virtual_nodes {
+            if !pops.contains(&vn.population.as_str()) {
+                pops.push(&vn.population);
+            }
+        }
+        pops
+    }
+
     /// Validate and compile for time step `dt` (ms).
     ///
     /// Errors: unknown indices, receptor types the target model lacks, delays shorter than

@@ -324,15 +324,7 @@ pub fn spike_trains_for_virtual_nodes(
     for (v, vn) in spec.virtual_nodes.iter().enumerate() {
         index.insert((vn.population.as_str(), vn.node_id), v);
     }
-    let virtual_pops: Vec<&str> = {
-        let mut p: Vec<&str> = spec
-            .virtual_nodes
-            .iter()
-            .map(|v| v.population.as_str())
-            .collect();
-        p.dedup();
-        p
-    };
+    let virtual_pops = spec.virtual_populations();
     let mut trains = vec![Vec::new(); spec.virtual_nodes.len()];
     let mut used_node_set = false;
     for pop in &spikes.populations {
