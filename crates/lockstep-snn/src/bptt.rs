@@ -195,6 +195,8 @@ pub struct SnnModel {
     pub(crate) vreg_cost: f64,
     /// `[n_params]` sign constraint: +1, -1, or 0 (free).
     sign: Vec<i8>,
+    /// The float32 kernels' tapes and chunk boundaries, kept from one call to the next.
+    pub(crate) workspace: crate::bptt_batch::WorkspaceCache,
 }
 
 /// Stored forward states of `len` consecutive steps (pre-step states and spikes).
@@ -335,6 +337,7 @@ impl SnnModel {
             rate_losses,
             vreg_cost,
             sign,
+            workspace: Default::default(),
         })
     }
 
@@ -432,9 +435,11 @@ impl SnnModel {
         let t = self.opts.seq_len;
         if self.opts.dtype == Dtype::Float32 {
             let bb = crate::bptt_batch::batch_bytes(self, 1);
-            let full = bb.tape_step as usize * t;
+            let full = bb.tape(t as u64, true) as usize;
             let seg = match self.opts.gradient_checkpointing {
-                Some(k) => bb.tape_step as usize * k.min(t) + t.div_ceil(k) * bb.boundary as usize,
+                Some(k) => {
+                    bb.tape(k.min(t) as u64, false) as usize + t.div_ceil(k) * bb.boundary as usize
+                }
                 None => full,
             };
             return (full, seg);
@@ -523,10 +528,10 @@ impl SnnModel {
         let t = self.opts.seq_len as u64;
         let (tape, boundaries) = match self.opts.gradient_checkpointing {
             Some(k) => (
-                bb.tape_step.saturating_mul((k as u64).min(t)),
+                bb.tape((k as u64).min(t), false),
                 bb.boundary.saturating_mul(t.div_ceil(k as u64)),
             ),
-            None => (bb.tape_step.saturating_mul(t), 0),
+            None => (bb.tape(t, true), 0),
         };
         let params = self.n_params() as u64;
         let weights = 8 * (self.net.weights_rec.len() + self.net.weights_in.len()) as u64;

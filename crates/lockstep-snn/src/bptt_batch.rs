@@ -17,9 +17,12 @@
 //!   trainable `f32` weight itself (the parameter buffer, read in place); delay and port are
 //!   per CSR segment; the gradient is accumulated per edge in `f64`;
 //! * the stored forward state (the tape) per step and sample-neuron is the pre-reset
-//!   potential (or the held potential when refractory), the decayed after-spike currents and
-//!   one flag byte (not refractory, spiked): `4 + 4 n_asc + 1` bytes; the PSC states are not
-//!   needed by the adjoint, which is linear in them;
+//!   potential (or the held potential when refractory), one flag byte (not refractory,
+//!   spiked) and the decayed after-spike currents: `4 + 1 + 4 n_asc` bytes; the PSC states
+//!   are not needed by the adjoint, which is linear in them. The tape of a whole unsegmented
+//!   pass keeps the after-spike currents only every 25 steps and the backward pass rebuilds
+//!   them from the flags (`5` bytes per step, see [`Tape`]); the tapes and chunk boundaries
+//!   are kept from one call to the next ([`Workspace`]);
 //! * event sparsity where it is exact: spikes are delivered, and an edge's weight gradient
 //!   accumulated, only at steps where its source spiked in some sample of the batch; the
 //!   adjoint of each source's spike, `gz[i] = sum_e w_e mu[target_e](t + d_e)`, is a
@@ -301,14 +304,111 @@ struct Boundary {
     flags: Vec<u8>,
 }
 
+impl Boundary {
+    /// The boundary of state `st` whose last steps' flags are `hist` (oldest first), in
+    /// `reuse`'s buffers when given.
+    fn of(st: &State, hist: &[&[u8]], reuse: Option<Boundary>) -> Boundary {
+        fn copy<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
+            dst.clear();
+            dst.extend_from_slice(src);
+        }
+        let mut b = reuse.unwrap_or(Boundary {
+            u: Vec::new(),
+            asc: Vec::new(),
+            y1: Vec::new(),
+            y2: Vec::new(),
+            refr: Vec::new(),
+            flags: Vec::new(),
+        });
+        copy(&mut b.u, &st.u);
+        copy(&mut b.asc, &st.asc);
+        copy(&mut b.y1, &st.y1);
+        copy(&mut b.y2, &st.y2);
+        copy(&mut b.refr, &st.refr);
+        b.flags.clear();
+        for h in hist {
+            b.flags.extend_from_slice(h);
+        }
+        b
+    }
+}
+
 /// Stored forward values of `len` consecutive steps.
+///
+/// The after-spike currents are kept either for every step (`asc_len == len`: the tape of
+/// one chunk of segmented BPTT) or, on the tape of a whole unsegmented pass, only at the
+/// start of every stretch of [`ASC_STRETCH`] steps (`asc_marks`): the backward pass rebuilds
+/// one stretch's currents at a time from its mark and the stored flags
+/// ([`Kernel::rebuild_asc`]; the currents evolve with the spikes alone, so the rebuilt
+/// values have the forward pass's bits). That stores 5 instead of `5 + 4 n_asc` bytes per
+/// sample-neuron and step (full V1, 500 steps, batch 16: 2.7 instead of 6.9 GB).
 struct Tape {
     /// `[len, neuron, B]` pre-reset potential (not refractory) or held potential.
     x: Vec<f32>,
-    /// `[len, neuron, n_asc, B]` after-spike currents after the step's decay.
-    asc: Vec<f32>,
     /// `[len, neuron, B]` flags ([`ACTIVE`], [`FIRED`]).
     flags: Vec<u8>,
+    /// `[asc_len, neuron, n_asc, B]` after-spike currents after each step's decay: of every
+    /// step, or of the stretch last rebuilt.
+    asc: Vec<f32>,
+    /// `[len.div_ceil(asc_len), neuron, n_asc, B]` after-spike currents at the start of
+    /// every stretch (empty when `asc_len == len`).
+    asc_marks: Vec<f32>,
+    /// Steps whose after-spike currents `asc` holds.
+    asc_len: usize,
+}
+
+impl Tape {
+    /// Whether the after-spike currents are kept only at the stretch starts.
+    fn marked(&self) -> bool {
+        !self.asc_marks.is_empty()
+    }
+}
+
+/// Steps per stretch of after-spike currents that the backward pass of an unsegmented tape
+/// rebuilds at a time ([`Tape`]): the marks and one stretch together take
+/// `(len / ASC_STRETCH + ASC_STRETCH)` steps' currents, near the least at 500 steps.
+const ASC_STRETCH: usize = 25;
+
+/// The tapes and chunk boundaries of the last call, kept for the next one: their pages
+/// are then already mapped (a fresh 2.7 GB tape costs its first writes about 700,000 page
+/// faults, seconds on a VM), and the memory a training step needs stays the same.
+#[derive(Default)]
+pub(crate) struct Workspace {
+    tape: Option<Tape>,
+    boundaries: Vec<Boundary>,
+}
+
+/// A [`Workspace`] shared by the calls on one model (cloning a model starts an empty one).
+#[derive(Default)]
+pub(crate) struct WorkspaceCache(std::sync::Mutex<Workspace>);
+
+impl WorkspaceCache {
+    /// Takes the cached buffers (empty ones if another call holds them).
+    fn take(&self) -> Workspace {
+        match self.0.try_lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => Workspace::default(),
+        }
+    }
+
+    /// Keeps `w` for the next call.
+    fn put(&self, w: Workspace) {
+        if let Ok(mut slot) = self.0.try_lock() {
+            *slot = w;
+        }
+    }
+}
+
+impl Clone for WorkspaceCache {
+    fn clone(&self) -> Self {
+        WorkspaceCache::default()
+    }
+}
+
+impl std::fmt::Debug for WorkspaceCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkspaceCache")
+    }
 }
 
 /// Forward sums for the loss.
@@ -343,8 +443,10 @@ pub(crate) struct BatchBytes {
     /// One chunk boundary: the state without the ring, and the spike flags of the last
     /// `max_delay` steps from which the ring is rebuilt.
     pub boundary: u64,
-    /// The tape of one step.
+    /// The tape of one step without the after-spike currents (potential and flags).
     pub tape_step: u64,
+    /// The after-spike currents of one step on the tape (or of one stretch mark).
+    pub asc_step: u64,
     /// The adjoint state (with its arrival ring) and the direct loss derivatives.
     pub adjoint: u64,
 }
@@ -360,8 +462,30 @@ pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
     BatchBytes {
         state: core + 4 * n * b * rl * np,
         boundary: core + n * b * m.net.max_delay as u64,
-        tape_step: n * b * (4 + 4 * na + 1),
+        tape_step: n * b * (4 + 1),
+        asc_step: 4 * n * na * b,
         adjoint: 4 * n * b * (1 + na + 2 * np + rl * np + 1) + 4 * n * b,
+    }
+}
+
+impl BatchBytes {
+    /// Bytes of a tape of `len` steps ([`Tape`]): with the after-spike currents of every
+    /// step (`marked` false: one chunk of segmented BPTT), or of one stretch plus the marks
+    /// (the whole unsegmented pass).
+    pub fn tape(&self, len: u64, marked: bool) -> u64 {
+        let asc_len = if marked {
+            (ASC_STRETCH as u64).min(len)
+        } else {
+            len
+        };
+        let marks = if asc_len < len {
+            len.div_ceil(asc_len.max(1))
+        } else {
+            0
+        };
+        self.tape_step
+            .saturating_mul(len)
+            .saturating_add(self.asc_step.saturating_mul(asc_len + marks))
     }
 }
 
@@ -613,7 +737,8 @@ struct Kernel<'a> {
 pub struct StepTiming {
     /// The forward pass over all steps (with the loss sums).
     pub forward_s: f64,
-    /// Segmented BPTT: recomputing the chunks' forward passes during the backward pass.
+    /// Recomputation during the backward pass: segmented BPTT, the chunks' forward passes;
+    /// unsegmented, rebuilding the after-spike currents of the tape's stretches.
     pub recompute_s: f64,
     /// The backward pass (adjoints and gradients), the SpMV included.
     pub backward_s: f64,
@@ -664,7 +789,8 @@ impl<'a> Kernel<'a> {
 
     /// One forward step `t`: neuron updates, then delivery of this step's recurrent and
     /// input spikes. `flags` (`[neuron, B]`) and `any` (`[neuron]`) receive the step's
-    /// flags; `tape` (x, asc) receives the stored values when given.
+    /// flags; `tape` (x, and asc where the tape keeps every step's) receives the stored
+    /// values when given.
     ///
     /// Kept as one function (a kernel over 120 lines): its phases share a dozen per-step
     /// buffers and loop indices, and splitting it would only pass them between helpers.
@@ -674,7 +800,7 @@ impl<'a> Kernel<'a> {
         t: usize,
         flags: &mut [u8],
         any: &mut [u8],
-        tape: Option<(&mut [f32], &mut [f32])>,
+        tape: Option<(&mut [f32], Option<&mut [f32]>)>,
         acc: Option<&mut Acc>,
     ) {
         let (n, nb, np, na) = (self.n, self.nb, self.np, self.na);
@@ -693,10 +819,11 @@ impl<'a> Kernel<'a> {
             let anyp = Shared::new(any);
             let (mut tx_v, mut ta_v) = (Vec::new(), Vec::new());
             let (tx, ta) = match tape {
-                Some((x, a)) => (Shared::new(x), Shared::new(a)),
+                Some((x, Some(a))) => (Shared::new(x), Shared::new(a)),
+                Some((x, None)) => (Shared::new(x), Shared::new(&mut ta_v)),
                 None => (Shared::new(&mut tx_v), Shared::new(&mut ta_v)),
             };
-            let has_tape = tx.1 > 0;
+            let (has_tape, has_asc_tape) = (tx.1 > 0, ta.1 > 0);
             let (mut c_v, mut v_v) = (Vec::new(), Vec::new());
             let (counts, vreg) = match acc {
                 Some(a) => (Shared::new(&mut a.counts), Shared::new(&mut a.vreg)),
@@ -734,17 +861,10 @@ impl<'a> Kernel<'a> {
                         anyp.slice(i0, i1),
                     )
                 };
-                let (mut tx, mut ta) = if has_tape {
-                    // SAFETY: as above.
-                    unsafe {
-                        (
-                            Some(tx.slice(i0 * nb, i1 * nb)),
-                            Some(ta.slice(i0 * na * nb, i1 * na * nb)),
-                        )
-                    }
-                } else {
-                    (None, None)
-                };
+                // SAFETY: as above.
+                let mut tx = has_tape.then(|| unsafe { tx.slice(i0 * nb, i1 * nb) });
+                // SAFETY: as above.
+                let mut ta = has_asc_tape.then(|| unsafe { ta.slice(i0 * na * nb, i1 * na * nb) });
                 let (mut cnt, mut vr) = if has_acc {
                     // SAFETY: as above.
                     unsafe {
@@ -887,16 +1007,17 @@ impl<'a> Kernel<'a> {
     /// by replaying the deliveries of the steps before `t0` (their spike flags are in
     /// `b.flags`, the input draws are keyed by step) that arrive at `t0` or later, in the
     /// order of the forward pass, so every ring entry has the same bits as in the forward.
-    fn restore(&self, b: &Boundary, t0: usize) -> State {
-        let (n, nb, np) = (self.n, self.nb, self.np);
-        let mut st = State {
-            u: b.u.clone(),
-            asc: b.asc.clone(),
-            y1: b.y1.clone(),
-            y2: b.y2.clone(),
-            refr: b.refr.clone(),
-            ring: LineAligned::zeros(self.rl * n * np * nb),
-        };
+    ///
+    /// The state is written into `st` (a state of this kernel's shape, whose buffers are
+    /// reused).
+    fn restore(&self, b: &Boundary, t0: usize, st: &mut State) {
+        let (n, nb) = (self.n, self.nb);
+        st.u.copy_from_slice(&b.u);
+        st.asc.copy_from_slice(&b.asc);
+        st.y1.copy_from_slice(&b.y1);
+        st.y2.copy_from_slice(&b.y2);
+        st.refr.copy_from_slice(&b.refr);
+        st.ring.fill(0.0);
         let m = b.flags.len() / (n * nb).max(1);
         let mut any = vec![0u8; n];
         for j in 0..m {
@@ -905,9 +1026,8 @@ impl<'a> Kernel<'a> {
             for (a, f) in any.iter_mut().zip(fl.chunks_exact(nb)) {
                 *a = f.iter().fold(0, |x, &y| x | y) & FIRED;
             }
-            self.deliver(&mut st, s, fl, &any, t0);
+            self.deliver(st, s, fl, &any, t0);
         }
-        st
     }
 
     /// Delivers the spikes of step `t` (recurrent, then inputs) into the ring, every ring
@@ -1041,8 +1161,17 @@ impl<'a> Kernel<'a> {
             let l = t - t0;
             let fl: &[u8] = match tape.as_deref_mut() {
                 Some(tp) => {
+                    let asc_step = n * na * nb;
+                    let a = if tp.marked() {
+                        if l.is_multiple_of(tp.asc_len) {
+                            let k = l / tp.asc_len;
+                            tp.asc_marks[k * asc_step..(k + 1) * asc_step].copy_from_slice(&st.asc);
+                        }
+                        None
+                    } else {
+                        Some(&mut tp.asc[l * asc_step..(l + 1) * asc_step])
+                    };
                     let x = &mut tp.x[l * n * nb..(l + 1) * n * nb];
-                    let a = &mut tp.asc[l * n * na * nb..(l + 1) * n * na * nb];
                     let f = &mut tp.flags[l * n * nb..(l + 1) * n * nb];
                     self.forward_step(st, t, f, any, Some((x, a)), acc.as_deref_mut());
                     f
@@ -1069,16 +1198,78 @@ impl<'a> Kernel<'a> {
         }
     }
 
-    fn new_tape(&self, len: usize) -> Tape {
+    /// A tape of `len` steps that keeps the after-spike currents of every step
+    /// (`marked` false) or only at the start of every [`ASC_STRETCH`] steps; `reuse`'s
+    /// buffers when it has the same shape.
+    fn new_tape(&self, len: usize, marked: bool, reuse: Option<Tape>) -> Tape {
         let (n, nb, na) = (self.n, self.nb, self.na);
+        let asc_len = if marked { ASC_STRETCH.min(len) } else { len };
+        let n_marks = if asc_len < len {
+            len.div_ceil(asc_len)
+        } else {
+            0
+        };
+        if let Some(t) = reuse {
+            if t.x.len() == len * n * nb
+                && t.asc_len == asc_len
+                && t.asc.len() == asc_len * n * na * nb
+                && t.asc_marks.len() == n_marks * n * na * nb
+            {
+                return t;
+            }
+        }
         Tape {
             x: vec![0.0; len * n * nb],
-            asc: vec![0.0; len * n * na * nb],
             flags: vec![0; len * n * nb],
+            asc: vec![0.0; asc_len * n * na * nb],
+            asc_marks: vec![0.0; n_marks * n * na * nb],
+            asc_len,
         }
     }
 
-    /// Reverse pass over the steps of `tape` (steps `t0 .. t0 + len`). Per step: the adjoint
+    /// Fills `tape.asc` with the after-spike currents after the decay of the `len` steps of
+    /// stretch `k` of a marked tape ([`Tape`]), from the stretch's mark and flags: the
+    /// forward pass's operations on the same values, so the same bits.
+    fn rebuild_asc(&self, tape: &mut Tape, k: usize, len: usize) {
+        let (n, nb, na) = (self.n, self.nb, self.na);
+        let asc_step = n * na * nb;
+        let l0 = k * tape.asc_len;
+        let mark = &tape.asc_marks[k * asc_step..(k + 1) * asc_step];
+        let flags = &tape.flags[l0 * n * nb..(l0 + len) * n * nb];
+        let out = Shared::new(&mut tape.asc[..len * asc_step]);
+        self.tasks(n.div_ceil(NEURON_CHUNK), |c| {
+            let (i0, i1) = (c * NEURON_CHUNK, ((c + 1) * NEURON_CHUNK).min(n));
+            let mut cur = mark[i0 * na * nb..i1 * na * nb].to_vec();
+            for l in 0..len {
+                // SAFETY: step l's entries of neurons i0..i1 belong to this task alone.
+                let o =
+                    unsafe { out.slice(l * asc_step + i0 * na * nb, l * asc_step + i1 * na * nb) };
+                let fl = &flags[l * n * nb..(l + 1) * n * nb];
+                for g in &self.groups {
+                    for i in g.start.max(i0)..g.end.min(i1) {
+                        let li = i - i0;
+                        for (a, ac) in g.asc.iter().enumerate() {
+                            let r = (li * na + a) * nb..(li * na + a + 1) * nb;
+                            let (av, od) = (&mut cur[r.clone()], &mut o[r]);
+                            for b in 0..nb {
+                                let ad = av[b] * ac.decay;
+                                od[b] = ad;
+                                let f = fl[i * nb + b];
+                                if f & FIRED != 0 {
+                                    av[b] = (ac.amp64 + ad as f64 * ac.rd64) as f32;
+                                } else if f & ACTIVE != 0 {
+                                    av[b] = ad;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Reverse pass over steps `t0 .. t0 + len`, whose stored values `tape` holds (`len`
+    /// steps of each array, from step `t0`). Per step: the adjoint
     /// of the step's arrivals ([`Kernel::arrivals_adjoint`]), the transposed SpMV with the
     /// recurrent weight gradient, the input weight gradient, and the local backward of every
     /// neuron ([`Kernel::local_backward`]). The last and the first phase touch only each
@@ -1088,7 +1279,7 @@ impl<'a> Kernel<'a> {
     #[allow(clippy::too_many_arguments)]
     fn backward_steps(
         &self,
-        tape: &Tape,
+        tape: StepTape,
         t0: usize,
         len: usize,
         gz_rate: &[f32],
@@ -1108,6 +1299,7 @@ impl<'a> Kernel<'a> {
             asc: &tape.asc[l * n * na * nb..(l + 1) * n * na * nb],
             flags: &tape.flags[l * n * nb..(l + 1) * n * nb],
         };
+        debug_assert!(tape.x.len() >= len * n * nb && tape.asc.len() >= len * n * na * nb);
         if len == 0 {
             return;
         }
@@ -1465,8 +1657,10 @@ impl<'a> Kernel<'a> {
     }
 }
 
-/// The stored forward values of one step (global neuron index): `x` `[neuron, B]`, `asc`
-/// `[neuron, n_asc, B]`, `flags` `[neuron, B]` (see [`Tape`]).
+/// The stored forward values of one or more consecutive steps (global neuron index): `x`
+/// `[step, neuron, B]`, `asc` `[step, neuron, n_asc, B]`, `flags` `[step, neuron, B]` (see
+/// [`Tape`]).
+#[derive(Clone, Copy)]
 struct StepTape<'a> {
     x: &'a [f32],
     asc: &'a [f32],
@@ -1496,13 +1690,15 @@ impl SnnModel {
         }
         let run = || {
             let k = Kernel::new(self, params, first_sample, batch);
+            let mut ws = self.workspace.take();
             let mut timing = StepTiming::default();
             let clock = std::time::Instant::now();
-            let mut fwd = k.forward_pass();
+            let mut fwd = k.forward_pass(&mut ws);
             timing.forward_s = clock.elapsed().as_secs_f64();
             let (terms, n_spikes, gz_rate) = self.batch_loss_terms(&fwd.acc, k.n, batch);
             let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
-            let grad = k.backward_pass(&mut fwd, &gz_rate, vreg_coef, &mut timing);
+            let grad = k.backward_pass(&mut fwd, &mut ws, &gz_rate, vreg_coef, &mut timing);
+            self.workspace.put(ws);
             let mut r = self.finish(
                 terms,
                 grad.iter().map(|&x| x as f32).collect(),
@@ -1619,6 +1815,8 @@ struct ForwardPass {
     boundaries: Vec<Boundary>,
     /// Steps per chunk (`t_len` when unsegmented).
     chunk: usize,
+    /// The forward state after the last step (its buffers serve the recomputation).
+    state: Option<State>,
 }
 
 impl<'a> Kernel<'a> {
@@ -1678,7 +1876,7 @@ impl<'a> Kernel<'a> {
 
     /// The forward pass over all steps with the loss sums: with the whole tape, or (gradient
     /// checkpointing) keeping only the state at each chunk boundary.
-    fn forward_pass(&self) -> ForwardPass {
+    fn forward_pass(&self, ws: &mut Workspace) -> ForwardPass {
         let (n, nb, t_len) = (self.n, self.nb, self.t_len);
         let m = self.m;
         let mut acc = Acc {
@@ -1697,24 +1895,17 @@ impl<'a> Kernel<'a> {
             .max(1);
         let mut full_tape = None;
         let mut boundaries: Vec<Boundary> = Vec::new();
+        let mut spare = std::mem::take(&mut ws.boundaries).into_iter();
         if m.opts.gradient_checkpointing.is_some() {
             let md = m.net.max_delay;
             let mut history = vec![0u8; md * n * nb];
             let mut t0 = 0;
             while t0 < t_len {
                 let mh = md.min(t0);
-                let mut hist = Vec::with_capacity(mh * n * nb);
-                for s in t0 - mh..t0 {
-                    hist.extend_from_slice(&history[(s % md) * n * nb..(s % md + 1) * n * nb]);
-                }
-                boundaries.push(Boundary {
-                    u: st.u.clone(),
-                    asc: st.asc.clone(),
-                    y1: st.y1.clone(),
-                    y2: st.y2.clone(),
-                    refr: st.refr.clone(),
-                    flags: hist,
-                });
+                let hist: Vec<&[u8]> = (t0 - mh..t0)
+                    .map(|s| &history[(s % md) * n * nb..(s % md + 1) * n * nb])
+                    .collect();
+                boundaries.push(Boundary::of(&st, &hist, spare.next()));
                 let t1 = (t0 + chunk).min(t_len);
                 self.forward_steps(
                     &mut st,
@@ -1729,7 +1920,7 @@ impl<'a> Kernel<'a> {
                 t0 = t1;
             }
         } else {
-            let mut tape = self.new_tape(t_len);
+            let mut tape = self.new_tape(t_len, true, ws.tape.take());
             self.forward_steps(
                 &mut st,
                 0,
@@ -1749,6 +1940,7 @@ impl<'a> Kernel<'a> {
             full_tape,
             boundaries,
             chunk,
+            state: Some(st),
         }
     }
 
@@ -1759,6 +1951,7 @@ impl<'a> Kernel<'a> {
     fn backward_pass(
         &self,
         fwd: &mut ForwardPass,
+        ws: &mut Workspace,
         gz_rate: &[f32],
         vreg_coef: f64,
         timing: &mut StepTiming,
@@ -1773,21 +1966,47 @@ impl<'a> Kernel<'a> {
             mu: LineAligned::zeros(self.rl * n * np * nb),
             gz: LineAligned::zeros(n * nb),
         };
-        if let Some(tape) = fwd.full_tape.take() {
-            let clock = std::time::Instant::now();
-            self.backward_steps(
-                &tape, 0, t_len, gz_rate, vreg_coef, &mut adj, &mut grad, timing,
-            );
-            timing.backward_s += clock.elapsed().as_secs_f64();
+        if let Some(mut tape) = fwd.full_tape.take() {
+            // A marked tape: the after-spike currents of one stretch at a time, from the
+            // last (the rebuild counts as recomputation).
+            let (n_x, n_a) = (n * nb, n * na * nb);
+            let stretch = tape.asc_len;
+            for k in (0..t_len.div_ceil(stretch)).rev() {
+                let (t0, t1) = (k * stretch, ((k + 1) * stretch).min(t_len));
+                if tape.marked() {
+                    let clock = std::time::Instant::now();
+                    self.rebuild_asc(&mut tape, k, t1 - t0);
+                    timing.recompute_s += clock.elapsed().as_secs_f64();
+                }
+                let view = StepTape {
+                    x: &tape.x[t0 * n_x..t1 * n_x],
+                    asc: &tape.asc[..(t1 - t0) * n_a],
+                    flags: &tape.flags[t0 * n_x..t1 * n_x],
+                };
+                let clock = std::time::Instant::now();
+                self.backward_steps(
+                    view,
+                    t0,
+                    t1 - t0,
+                    gz_rate,
+                    vreg_coef,
+                    &mut adj,
+                    &mut grad,
+                    timing,
+                );
+                timing.backward_s += clock.elapsed().as_secs_f64();
+            }
+            ws.tape = Some(tape);
             return grad;
         }
         let chunk = fwd.chunk;
-        let mut tape = self.new_tape(chunk);
+        let mut tape = self.new_tape(chunk, false, ws.tape.take());
+        let mut s = fwd.state.take().unwrap_or_else(|| self.new_state());
         for (c, b) in fwd.boundaries.iter().enumerate().rev() {
             let t0 = c * chunk;
             let t1 = (t0 + chunk).min(t_len);
             let clock = std::time::Instant::now();
-            let mut s = self.restore(b, t0);
+            self.restore(b, t0, &mut s);
             self.forward_steps(
                 &mut s,
                 t0,
@@ -1800,8 +2019,13 @@ impl<'a> Kernel<'a> {
             );
             timing.recompute_s += clock.elapsed().as_secs_f64();
             let clock = std::time::Instant::now();
+            let view = StepTape {
+                x: &tape.x,
+                asc: &tape.asc,
+                flags: &tape.flags,
+            };
             self.backward_steps(
-                &tape,
+                view,
                 t0,
                 t1 - t0,
                 gz_rate,
@@ -1812,6 +2036,8 @@ impl<'a> Kernel<'a> {
             );
             timing.backward_s += clock.elapsed().as_secs_f64();
         }
+        ws.tape = Some(tape);
+        ws.boundaries = std::mem::take(&mut fwd.boundaries);
         grad
     }
 }
