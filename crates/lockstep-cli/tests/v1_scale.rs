@@ -187,3 +187,31 @@ fn tenth_scale_float32_kernels_match_the_reference() {
         );
     }
 }
+
+/// `config.train.unsegmented.json` is the full-scale training config without segments: the
+/// same run but for `training.gradient_checkpointing` and the output folder (so a change to
+/// one config that misses the other is caught).
+#[test]
+fn unsegmented_full_config_differs_only_in_segments_and_output() {
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(example().join(name)).unwrap()).unwrap()
+    };
+    let (mut seg, mut unseg) = (
+        read("config.train.json"),
+        read("config.train.unsegmented.json"),
+    );
+    assert_eq!(seg["training"]["gradient_checkpointing"], 25);
+    assert_eq!(unseg["training"]["gradient_checkpointing"], false);
+    assert_ne!(
+        seg["manifest"]["$OUTPUT_DIR"], unseg["manifest"]["$OUTPUT_DIR"],
+        "the two configs must not replace each other's runs"
+    );
+    for c in [&mut seg, &mut unseg] {
+        c["training"]
+            .as_object_mut()
+            .unwrap()
+            .remove("gradient_checkpointing");
+        c["manifest"].as_object_mut().unwrap().remove("$OUTPUT_DIR");
+    }
+    assert_eq!(seg, unseg);
+}
