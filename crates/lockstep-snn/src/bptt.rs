@@ -341,6 +341,14 @@ impl SnnModel {
         })
     }
 
+    /// Frees the buffers the float32 kernels keep from one call to the next (the tape and
+    /// the chunk boundaries: full V1 unsegmented, about 3 GB). Call it when the model will
+    /// not compute gradients for a while, e.g. before exporting the trained weights; the next
+    /// call allocates them again.
+    pub fn release_workspace(&self) {
+        self.workspace.release();
+    }
+
     /// The options the model was built with.
     pub fn options(&self) -> &BpttOptions {
         &self.opts

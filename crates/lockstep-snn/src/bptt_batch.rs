@@ -391,6 +391,11 @@ impl WorkspaceCache {
         }
     }
 
+    /// Frees the cached buffers (the next call allocates them again).
+    pub(crate) fn release(&self) {
+        drop(self.take());
+    }
+
     /// Keeps `w` for the next call.
     fn put(&self, w: Workspace) {
         if let Ok(mut slot) = self.0.try_lock() {

@@ -127,6 +127,8 @@ impl Model for SnnReplica {
     /// unchanged) into `dir/network/`, and `dir/config.simulate.json` that simulates them
     /// (see [`write_trained_simulation_config`]).
     fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        // Training is over: the kernels' tape would only add to the peak of the export.
+        self.model.release_workspace();
         let (rec, input) = self.model.weights_in_spec_order(&self.params)?;
         let out = dir.join("network");
         std::fs::create_dir_all(&out)?;
