@@ -1971,63 +1971,47 @@ impl<'a> Kernel<'a> {
             mu: LineAligned::zeros(self.rl * n * np * nb),
             gz: LineAligned::zeros(n * nb),
         };
-        if let Some(mut tape) = fwd.full_tape.take() {
-            // A marked tape: the after-spike currents of one stretch at a time, from the
-            // last (the rebuild counts as recomputation).
-            let (n_x, n_a) = (n * nb, n * na * nb);
-            let stretch = tape.asc_len;
-            for k in (0..t_len.div_ceil(stretch)).rev() {
-                let (t0, t1) = (k * stretch, ((k + 1) * stretch).min(t_len));
-                if tape.marked() {
-                    let clock = std::time::Instant::now();
-                    self.rebuild_asc(&mut tape, k, t1 - t0);
-                    timing.recompute_s += clock.elapsed().as_secs_f64();
-                }
-                let view = StepTape {
-                    x: &tape.x[t0 * n_x..t1 * n_x],
-                    asc: &tape.asc[..(t1 - t0) * n_a],
-                    flags: &tape.flags[t0 * n_x..t1 * n_x],
-                };
-                let clock = std::time::Instant::now();
-                self.backward_steps(
-                    view,
-                    t0,
-                    t1 - t0,
-                    gz_rate,
-                    vreg_coef,
-                    &mut adj,
-                    &mut grad,
-                    timing,
-                );
-                timing.backward_s += clock.elapsed().as_secs_f64();
-            }
-            ws.tape = Some(tape);
-            return grad;
-        }
-        let chunk = fwd.chunk;
-        let mut tape = self.new_tape(chunk, false, ws.tape.take());
+        // Unsegmented: the tape of every step, taken in stretches of its after-spike
+        // currents (rebuilt one stretch at a time when the tape is marked). Segmented: one
+        // chunk's tape at a time, recomputed from its boundary. Either way from the last.
+        let unsegmented = fwd.full_tape.is_some();
+        let mut tape = match fwd.full_tape.take() {
+            Some(t) => t,
+            None => self.new_tape(fwd.chunk, false, ws.tape.take()),
+        };
+        let span = if unsegmented { tape.asc_len } else { fwd.chunk };
         let mut s = fwd.state.take().unwrap_or_else(|| self.new_state());
-        for (c, b) in fwd.boundaries.iter().enumerate().rev() {
-            let t0 = c * chunk;
-            let t1 = (t0 + chunk).min(t_len);
+        let (n_x, n_a) = (n * nb, n * na * nb);
+        for k in (0..t_len.div_ceil(span)).rev() {
+            let (t0, t1) = (k * span, ((k + 1) * span).min(t_len));
             let clock = std::time::Instant::now();
-            self.restore(b, t0, &mut s);
-            self.forward_steps(
-                &mut s,
-                t0,
-                t1,
-                Some(&mut tape),
-                None,
-                &mut fwd.flags,
-                &mut fwd.any,
-                None,
-            );
+            // The tape's index of step t0.
+            let l0 = if unsegmented {
+                if tape.marked() {
+                    self.rebuild_asc(&mut tape, k, t1 - t0);
+                }
+                t0
+            } else {
+                self.restore(&fwd.boundaries[k], t0, &mut s);
+                self.forward_steps(
+                    &mut s,
+                    t0,
+                    t1,
+                    Some(&mut tape),
+                    None,
+                    &mut fwd.flags,
+                    &mut fwd.any,
+                    None,
+                );
+                0
+            };
             timing.recompute_s += clock.elapsed().as_secs_f64();
             let clock = std::time::Instant::now();
+            let l1 = l0 + (t1 - t0);
             let view = StepTape {
-                x: &tape.x,
-                asc: &tape.asc,
-                flags: &tape.flags,
+                x: &tape.x[l0 * n_x..l1 * n_x],
+                asc: &tape.asc[..(t1 - t0) * n_a],
+                flags: &tape.flags[l0 * n_x..l1 * n_x],
             };
             self.backward_steps(
                 view,
