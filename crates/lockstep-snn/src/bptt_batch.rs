@@ -351,7 +351,8 @@ struct Tape {
     /// step, or of the stretch last rebuilt.
     asc: Vec<f32>,
     /// `[len.div_ceil(asc_len), neuron, n_asc, B]` after-spike currents at the start of
-    /// every stretch (empty when `asc_len == len`).
+    /// every stretch (empty when `asc_len == len`, or when the network has no after-spike
+    /// currents).
     asc_marks: Vec<f32>,
     /// Steps whose after-spike currents `asc` holds.
     asc_len: usize,
@@ -1900,6 +1901,16 @@ impl<'a> Kernel<'a> {
             .max(1);
         let mut full_tape = None;
         let mut boundaries: Vec<Boundary> = Vec::new();
+        // Kept buffers of the other mode (the options may change between calls) are freed
+        // before this pass allocates its own.
+        if m.opts.gradient_checkpointing.is_some() {
+            let fits = |t: &Tape| t.x.len() == chunk * n * nb && t.asc_len == chunk;
+            if !ws.tape.as_ref().is_some_and(fits) {
+                ws.tape = None;
+            }
+        } else {
+            ws.boundaries = Vec::new();
+        }
         let mut spare = std::mem::take(&mut ws.boundaries).into_iter();
         if m.opts.gradient_checkpointing.is_some() {
             let md = m.net.max_delay;
@@ -1945,7 +1956,8 @@ impl<'a> Kernel<'a> {
             full_tape,
             boundaries,
             chunk,
-            state: Some(st),
+            // Only the recomputation of segmented BPTT needs a state.
+            state: m.opts.gradient_checkpointing.is_some().then_some(st),
         }
     }
 
@@ -1979,8 +1991,8 @@ impl<'a> Kernel<'a> {
             Some(t) => t,
             None => self.new_tape(fwd.chunk, false, ws.tape.take()),
         };
-        let span = if unsegmented { tape.asc_len } else { fwd.chunk };
-        let mut s = fwd.state.take().unwrap_or_else(|| self.new_state());
+        let span = if unsegmented { tape.asc_len } else { fwd.chunk }.max(1);
+        let mut s = (!unsegmented).then(|| fwd.state.take().unwrap_or_else(|| self.new_state()));
         let (n_x, n_a) = (n * nb, n * na * nb);
         for k in (0..t_len.div_ceil(span)).rev() {
             let (t0, t1) = (k * span, ((k + 1) * span).min(t_len));
@@ -1992,9 +2004,10 @@ impl<'a> Kernel<'a> {
                 }
                 t0
             } else {
-                self.restore(&fwd.boundaries[k], t0, &mut s);
+                let s = s.as_mut().expect("a state for the recomputation");
+                self.restore(&fwd.boundaries[k], t0, s);
                 self.forward_steps(
-                    &mut s,
+                    s,
                     t0,
                     t1,
                     Some(&mut tape),
