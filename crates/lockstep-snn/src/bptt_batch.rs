@@ -1901,18 +1901,13 @@ impl<'a> Kernel<'a> {
             .max(1);
         let mut full_tape = None;
         let mut boundaries: Vec<Boundary> = Vec::new();
-        // Kept buffers of the other mode (the options may change between calls) are freed
-        // before this pass allocates its own.
+        // Each mode frees the kept buffers of the other (the options may change between
+        // calls) before it allocates its own.
         if m.opts.gradient_checkpointing.is_some() {
-            let fits = |t: &Tape| t.x.len() == chunk * n * nb && t.asc_len == chunk;
-            if !ws.tape.as_ref().is_some_and(fits) {
-                ws.tape = None;
-            }
-        } else {
-            ws.boundaries = Vec::new();
-        }
-        let mut spare = std::mem::take(&mut ws.boundaries).into_iter();
-        if m.opts.gradient_checkpointing.is_some() {
+            // The chunks' tape (the backward pass's), so that a kept unsegmented tape goes
+            // before the boundaries are taken.
+            ws.tape = Some(self.new_tape(chunk, false, ws.tape.take()));
+            let mut spare = std::mem::take(&mut ws.boundaries).into_iter();
             let md = m.net.max_delay;
             let mut history = vec![0u8; md * n * nb];
             let mut t0 = 0;
@@ -1936,6 +1931,7 @@ impl<'a> Kernel<'a> {
                 t0 = t1;
             }
         } else {
+            ws.boundaries = Vec::new();
             let mut tape = self.new_tape(t_len, true, ws.tape.take());
             self.forward_steps(
                 &mut st,
