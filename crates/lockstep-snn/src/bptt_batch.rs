@@ -43,8 +43,10 @@
 //!   the rows of the edges ahead and for the edges of the sources ahead (prefetch). Above
 //!   32,768 neurons the SpMV takes the scatter form instead ([`crate::bptt_scatter`]: per
 //!   row of adjoints into blocks of sources whose adjoints stay in L2; full V1 at
-//!   `seq_len` 50: 3.2-3.9 s against about 6 s), with the weight gradient still gathered
-//!   per fired source ([`crate::SpmvForm`]).
+//!   `seq_len` 50: 3.2-3.9 s against about 6 s), with the weight gradient taken per window
+//!   of 16 steps and per target ([`crate::bptt_scatter::ScatterSpmv::window_gradient`]; the
+//!   adjoint ring then keeps `16 + max_delay` steps) instead of per fired source at every
+//!   step ([`crate::SpmvForm`]).
 //!
 //! Against the per-sample float32 implementation
 //! ([`SnnModel::loss_and_grad_reference`] with [`crate::Dtype::Float32`]) the forward pass is
@@ -65,7 +67,7 @@
 use rayon::prelude::*;
 
 use crate::bptt::{LossAndGrad, SnnModel, SpmvForm};
-use crate::bptt_scatter::ScatterSpmv;
+use crate::bptt_scatter::{ScatterSpmv, SpikeWindow, GRAD_WINDOW};
 use crate::error::{Result, SnnError};
 use crate::loss::vreg_r;
 use crate::model::ModelKind;
@@ -97,6 +99,21 @@ pub(crate) fn uses_scatter(m: &SnnModel) -> bool {
         SpmvForm::Auto => m.net.n_neurons() > SCATTER_MIN_NEURONS,
     }
 }
+
+/// Steps the adjoint ring of model `m`'s float32 kernels keeps: `max_delay + 1`, or in the
+/// scatter form, whose weight gradient reads a whole window of steps, `GRAD_WINDOW +
+/// max_delay` (the steps of the window after its first and up to `max_delay` later).
+pub(crate) fn mu_ring_len(m: &SnnModel) -> usize {
+    if uses_scatter(m) {
+        GRAD_WINDOW + m.net.max_delay
+    } else {
+        m.net.ring_len()
+    }
+}
+
+/// Targets per task of the scatter form's windowed weight gradient (each task owns the
+/// edges into its targets; results do not depend on it).
+const WINDOW_TARGETS: usize = 2048;
 
 /// Networks above this many neurons take the scatter form of the adjoint SpMV
 /// ([`SpmvForm::Auto`]); smaller ones, whose adjoint rows stay in cache, the gather form.
@@ -194,7 +211,7 @@ struct Group32 {
 
 /// Raw shared access to a buffer whose disjoint ranges are written by different tasks.
 #[derive(Clone, Copy)]
-struct Shared<T>(*mut T, usize);
+pub(crate) struct Shared<T>(*mut T, usize);
 
 // SAFETY: the pointer is only dereferenced through `slice`, whose callers guarantee that
 // ranges used at the same time by different tasks are disjoint; T is plain data.
@@ -211,7 +228,7 @@ impl<T> Shared<T> {
     /// # Safety
     /// No other task may access element `i` at the same time.
     #[inline]
-    unsafe fn add(&self, i: usize, v: T)
+    pub(crate) unsafe fn add(&self, i: usize, v: T)
     where
         T: std::ops::AddAssign,
     {
@@ -370,13 +387,16 @@ impl Tape {
 /// `(len / ASC_STRETCH + ASC_STRETCH)` steps' currents, near the least at 500 steps.
 const ASC_STRETCH: usize = 25;
 
-/// The tapes and chunk boundaries of the last call, kept for the next one: their pages
-/// are then already mapped (a fresh 2.7 GB tape costs its first writes about 700,000 page
-/// faults, seconds on a VM), and the memory a training step needs stays the same.
+/// The tapes, chunk boundaries and adjoint state of the last call, kept for the next one:
+/// their pages are then already mapped (a fresh 2.7 GB tape costs its first writes about
+/// 700,000 page faults, seconds on a VM), and the memory a training step needs stays the
+/// same.
 #[derive(Default)]
 pub(crate) struct Workspace {
     tape: Option<Tape>,
     boundaries: Vec<Boundary>,
+    /// The adjoint state (its ring is 0.3 GB on full V1 in the scatter form).
+    adjoint: Option<Adjoint>,
 }
 
 /// A [`Workspace`] shared by the calls on one model (cloning a model starts an empty one).
@@ -434,8 +454,10 @@ struct Adjoint {
     asc: Vec<f32>,
     y1: Vec<f32>,
     y2: Vec<f32>,
-    /// `[ring_len, neuron, port, B]` adjoints of the arrivals.
+    /// `[mu_ring_len, neuron, port, B]` adjoints of the arrivals ([`Kernel::rl_mu`] steps).
     mu: LineAligned,
+    /// The spikes of the current window of the scatter form's weight gradient.
+    window: Option<SpikeWindow>,
     /// `[neuron, B]` adjoint of this step's spikes (line-aligned: the scatter form adds into
     /// random rows of it).
     gz: LineAligned,
@@ -453,7 +475,8 @@ pub(crate) struct BatchBytes {
     pub tape_step: u64,
     /// The after-spike currents of one step on the tape (or of one stretch mark).
     pub asc_step: u64,
-    /// The adjoint state (with its arrival ring) and the direct loss derivatives.
+    /// The adjoint state (with its arrival ring), the direct loss derivatives and, in the
+    /// scatter form, the spikes of one window of the weight gradient.
     pub adjoint: u64,
 }
 
@@ -464,13 +487,19 @@ pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
     let np = m.net.n_ports as u64;
     let na = m.net.n_asc as u64;
     let rl = m.net.ring_len() as u64;
+    let rl_mu = mu_ring_len(m) as u64;
     let core = 4 * n * b * (1 + na + 2 * np + 1);
+    let window = if uses_scatter(m) {
+        SpikeWindow::bytes(n as usize, batch)
+    } else {
+        0
+    };
     BatchBytes {
         state: core + 4 * n * b * rl * np,
         boundary: core + n * b * m.net.max_delay as u64,
         tape_step: n * b * (4 + 1),
         asc_step: 4 * n * na * b,
-        adjoint: 4 * n * b * (1 + na + 2 * np + rl * np + 1) + 4 * n * b,
+        adjoint: 4 * n * b * (1 + na + 2 * np + rl_mu * np + 1) + 4 * n * b + window,
     }
 }
 
@@ -717,6 +746,9 @@ struct Kernel<'a> {
     np: usize,
     na: usize,
     rl: usize,
+    /// Steps the adjoint ring keeps: `rl`, or in the scatter form `GRAD_WINDOW + max_delay`
+    /// (the windowed weight gradient reads the steps of a whole window).
+    rl_mu: usize,
     t_len: usize,
     w_rec: &'a [f32],
     w_in: Vec<f32>,
@@ -1294,7 +1326,8 @@ impl<'a> Kernel<'a> {
         grad: &mut [f64],
         timing: &mut StepTiming,
     ) {
-        let (n, nb, np, na, rl) = (self.n, self.nb, self.np, self.na, self.rl);
+        // Indices into the adjoint ring, whose length is rl_mu.
+        let (n, nb, np, na, rl) = (self.n, self.nb, self.np, self.na, self.rl_mu);
         let net = &self.m.net;
         let stride = n * np * nb;
         let n_rec = net.weights_rec.len();
@@ -1343,32 +1376,32 @@ impl<'a> Kernel<'a> {
             };
             if let Some(sc) = &self.scatter {
                 let gz = Shared::new(&mut adj.gz);
-                let gr = Shared::new(&mut grad[..n_rec]);
                 let mu = &adj.mu;
                 self.tasks(sc.n_blocks(), |b| {
                     let (s0, s1) = (sc.src_starts[b], sc.src_starts[b + 1]);
-                    let (e0, e1) = (
-                        edge_start(&net.recurrent, s0),
-                        edge_start(&net.recurrent, s1),
-                    );
-                    // SAFETY: the sources of block b and their CSR edges belong to this task
-                    // alone.
-                    let (gz, gr) = unsafe { (gz.slice(s0 * nb, s1 * nb), gr.slice(e0, e1)) };
-                    sc.block_step(
-                        &net.recurrent,
-                        b,
-                        t,
-                        self.t_len,
-                        rl,
-                        nb,
-                        mu,
-                        flags,
-                        FIRED,
-                        gz,
-                        &gz_rate[s0 * nb..s1 * nb],
-                        gr,
-                    );
+                    // SAFETY: the sources of block b belong to this task alone.
+                    let gz = unsafe { gz.slice(s0 * nb, s1 * nb) };
+                    sc.block_step(b, t, self.t_len, rl, nb, mu, gz, &gz_rate[s0 * nb..s1 * nb]);
                 });
+                // The weight gradient, per window of steps: the window's adjoint rows are
+                // all in the ring when the backward pass reaches its first step.
+                let win = adj
+                    .window
+                    .as_mut()
+                    .expect("a spike window in the scatter form");
+                win.record(t, flags, FIRED);
+                if t.is_multiple_of(GRAD_WINDOW) {
+                    win.group();
+                    let win = &*win;
+                    let gs = Shared::new(&mut grad[..n_rec]);
+                    let n_ranges = n.div_ceil(WINDOW_TARGETS);
+                    self.tasks(n_ranges, |r| {
+                        let (j0, j1) = (r * WINDOW_TARGETS, ((r + 1) * WINDOW_TARGETS).min(n));
+                        // SAFETY: the edges into targets j0..j1 belong to this task alone.
+                        unsafe { sc.window_gradient(j0, j1, win, self.t_len, rl, nb, mu, gs) };
+                    });
+                    adj.window.as_mut().expect("the window").clear();
+                }
             }
             for pass in 0..n_passes {
                 let last = pass + 1 == n_passes;
@@ -1705,12 +1738,7 @@ impl SnnModel {
             let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
             let grad = k.backward_pass(&mut fwd, &mut ws, &gz_rate, vreg_coef, &mut timing);
             self.workspace.put(ws);
-            let mut r = self.finish(
-                terms,
-                grad.iter().map(|&x| x as f32).collect(),
-                n_spikes,
-                batch,
-            );
+            let mut r = self.finish(terms, k.gradient_f32(&grad), n_spikes, batch);
             r.first_spikes = fwd.acc.first.take();
             (r, timing)
         };
@@ -1854,6 +1882,7 @@ impl<'a> Kernel<'a> {
             np: net.n_ports,
             na: net.n_asc,
             rl: net.ring_len(),
+            rl_mu: mu_ring_len(m),
             t_len: m.opts.seq_len,
             w_rec: &params[..n_rec],
             w_in,
@@ -1878,6 +1907,17 @@ impl<'a> Kernel<'a> {
             ),
             scatter,
         }
+    }
+
+    /// The gradient of [`Kernel::backward_pass`] in float32 and parameter order (the
+    /// scatter form accumulates the recurrent weights' gradient in its own edge order).
+    fn gradient_f32(&self, grad: &[f64]) -> Vec<f32> {
+        let mut out: Vec<f32> = grad.iter().map(|&x| x as f32).collect();
+        if let Some(sc) = &self.scatter {
+            let n_rec = self.w_rec.len();
+            sc.to_csr_order(&self.m.net.recurrent, &grad[..n_rec], &mut out[..n_rec]);
+        }
+        out
     }
 
     /// The forward pass over all steps with the loss sums: with the whole tape, or (gradient
@@ -1960,7 +2000,8 @@ impl<'a> Kernel<'a> {
     /// The backward pass from the direct spike derivatives `gz_rate` (`[neuron, B]`) and the
     /// voltage-regularization coefficient: over the whole tape, or chunk by chunk from the
     /// last, recomputing each chunk's tape from its boundary. Returns the gradient (f64,
-    /// `[n_params]`); adds its times to `timing`.
+    /// `[n_params]`; in the scatter form the recurrent weights' part in the scatter order,
+    /// see [`Kernel::gradient_f32`]); adds its times to `timing`.
     fn backward_pass(
         &self,
         fwd: &mut ForwardPass,
@@ -1971,13 +2012,37 @@ impl<'a> Kernel<'a> {
     ) -> Vec<f64> {
         let (n, nb, np, na, t_len) = (self.n, self.nb, self.np, self.na, self.t_len);
         let mut grad = vec![0.0f64; self.m.n_params()];
-        let mut adj = Adjoint {
-            u: vec![0.0; n * nb],
-            asc: vec![0.0; n * na * nb],
-            y1: vec![0.0; n * np * nb],
-            y2: vec![0.0; n * np * nb],
-            mu: LineAligned::zeros(self.rl * n * np * nb),
-            gz: LineAligned::zeros(n * nb),
+        let mu_len = self.rl_mu * n * np * nb;
+        let mut adj = match ws.adjoint.take() {
+            // The last call's buffers when the shapes agree, zeroed.
+            Some(mut a)
+                if a.u.len() == n * nb
+                    && a.asc.len() == n * na * nb
+                    && a.y1.len() == n * np * nb
+                    && a.mu.len() == mu_len
+                    && a.window.as_ref().map(|w| w.shape())
+                        == self.scatter.as_ref().map(|_| (n, nb)) =>
+            {
+                a.u.fill(0.0);
+                a.asc.fill(0.0);
+                a.y1.fill(0.0);
+                a.y2.fill(0.0);
+                a.mu.fill(0.0);
+                a.gz.fill(0.0);
+                if let Some(w) = a.window.as_mut() {
+                    w.clear();
+                }
+                a
+            }
+            _ => Adjoint {
+                u: vec![0.0; n * nb],
+                asc: vec![0.0; n * na * nb],
+                y1: vec![0.0; n * np * nb],
+                y2: vec![0.0; n * np * nb],
+                mu: LineAligned::zeros(mu_len),
+                gz: LineAligned::zeros(n * nb),
+                window: self.scatter.as_ref().map(|_| SpikeWindow::new(n, nb)),
+            },
         };
         // Unsegmented: the tape of every step, taken in stretches of its after-spike
         // currents (rebuilt one stretch at a time when the tape is marked). Segmented: one
@@ -2036,6 +2101,7 @@ impl<'a> Kernel<'a> {
         }
         ws.tape = Some(tape);
         ws.boundaries = std::mem::take(&mut fwd.boundaries);
+        ws.adjoint = Some(adj);
         grad
     }
 }

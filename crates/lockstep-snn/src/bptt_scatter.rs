@@ -16,13 +16,29 @@
 //! then by CSR slot, one term at a time in float32 (the gather form sums in CSR order with
 //! four partial sums, as the per-sample reference does; the two differ by rounding). The
 //! order does not depend on the blocks, so the results are bitwise the same for any thread
-//! count. The weight gradient of an edge is the same f64 sum over the fired samples as in
-//! the gather form, gathered per fired source in CSR order (the parameters' order).
+//! count.
+//!
+//! The recurrent weight gradient, `dL/dw_e = sum_t sum_{samples l where source_e fired at t}
+//! mu[target_e](t + d_e)[l]`, is taken per window of [`GRAD_WINDOW`] steps
+//! ([`ScatterSpmv::window_gradient`]): the backward pass records the window's spikes per
+//! source ([`SpikeWindow`]) and, when it reaches the window's first step, walks the edges
+//! per target: a target's adjoint rows of the window's steps are read once and stay in L1,
+//! and every edge into it adds the values at its source's spikes. The adjoint ring keeps
+//! `GRAD_WINDOW + max_delay` steps for that. Per edge and window the sum is in float32, in
+//! the order of the source's spikes (steps, then samples), and is added to an f64
+//! accumulator in this module's edge order ([`ScatterSpmv::to_csr_order`] puts it in the
+//! parameters' order at the end); the windows start at multiples of `GRAD_WINDOW`, so the
+//! sums do not depend on the thread count or on the segments of segmented BPTT. Gathering
+//! per fired source at every step (the gather form's way) reads one random adjoint row per
+//! edge and spike instead: on full V1 about 5 million per step, where the windows read one
+//! random 32-byte spike record per edge and window (1.5 million per step).
 //!
 //! Memory: per recurrent edge a 2-byte source (within its block) and a copy of its float32
-//! weight (refreshed at every call), and 4 bytes per (block, class, target) of row pointers.
+//! weight (refreshed at every call), and 4 bytes per (block, class, target) of row pointers;
+//! the longer adjoint ring (full V1 at batch 16: 18 steps of 17 MB instead of 3) and the
+//! window's spikes ([`SpikeWindow::bytes`]).
 
-use crate::bptt_batch::{has_avx2, prefetch};
+use crate::bptt_batch::{has_avx2, prefetch, Shared};
 use crate::network::Csr;
 
 /// Sources per block at most: their `gz` rows (64 bytes each at batch 16, 256 KB per block)
@@ -62,6 +78,8 @@ pub(crate) struct ScatterSpmv {
     n_ports: usize,
     /// `[max_delay + 1, n_ports]` class of each (delay, port), `u8::MAX` where none.
     class_of: Vec<u8>,
+    /// `[n_classes, n]` whether the target has edges of the class (from any block).
+    live: Vec<bool>,
 }
 
 impl ScatterSpmv {
@@ -102,6 +120,7 @@ impl ScatterSpmv {
             n,
             n_ports,
             class_of,
+            live: Vec::new(),
         };
         let mut counts = vec![0u32; s.row_ptr.len()];
         s.for_each_key(csr, |key, _, _| counts[key + 1] += 1);
@@ -121,6 +140,17 @@ impl ScatterSpmv {
         });
         s.src = src;
         s.w = w;
+        let nc = s.classes.len();
+        let mut live = vec![false; nc * n];
+        for b in 0..s.n_blocks() {
+            for (c, lc) in live.chunks_exact_mut(n.max(1)).enumerate().take(nc) {
+                let rows = s.rows(b, c);
+                for (j, l) in lc.iter_mut().enumerate() {
+                    *l |= rows[j + 1] > rows[j];
+                }
+            }
+        }
+        s.live = live;
         s
     }
 
@@ -155,36 +185,26 @@ impl ScatterSpmv {
         &self.row_ptr[r..r + self.n + 1]
     }
 
-    /// The adjoint SpMV of one backward step `t` for the sources of block `b`, with their
-    /// weight gradients:
+    /// The adjoint SpMV of one backward step `t` for the sources of block `b`:
     /// `gz[s] = sum_e w_e mu[row_e] + gz_rate[s]` over the edges whose arrival `t + d_e` lies
-    /// before `t_len` (scattered per row of `mu`), and, for each source that fired in some
-    /// sample, `gr[e] += sum_{l fired} mu[row_e][l]` (f64, samples in order) over its edges in
-    /// CSR order (the gather form's sum, on the gather form's random row reads, but for the
-    /// fired sources only: walking all edges in this module's order would touch nearly every
-    /// line of the gradient at every step).
+    /// before `t_len` (scattered per row of `mu`). The weight gradient is not computed here
+    /// but per window of steps ([`ScatterSpmv::window_gradient`]).
     ///
-    /// `mu` is the adjoint ring `[rl, neuron, port, nb]`; `flags` the step's `[neuron, nb]`
-    /// flags (bit `fired`); `gz` and `gz_rate` the block's `[source, nb]` rows; `gr` the
-    /// gradient of the block's CSR edges (from the block's first source's first edge).
+    /// `mu` is the adjoint ring `[rl, neuron, port, nb]`; `gz` and `gz_rate` the block's
+    /// `[source, nb]` rows.
     #[allow(clippy::too_many_arguments)]
     pub fn block_step(
         &self,
-        csr: &Csr,
         b: usize,
         t: usize,
         t_len: usize,
         rl: usize,
         nb: usize,
         mu: &[f32],
-        flags: &[u8],
-        fired: u8,
         gz: &mut [f32],
         gz_rate: &[f32],
-        gr: &mut [f64],
     ) {
         let (n, np) = (self.n, self.n_ports);
-        let (s0, s1) = (self.src_starts[b], self.src_starts[b + 1]);
         gz.fill(0.0);
         let avx2 = has_avx2();
         for (c, &(d, p)) in self.classes.iter().enumerate() {
@@ -210,53 +230,279 @@ impl ScatterSpmv {
         for (g, r) in gz.iter_mut().zip(gz_rate) {
             *g += r;
         }
-        let e0 = csr
-            .segments
-            .get(csr.seg_ptr[s0] as usize)
-            .map_or(csr.len(), |seg| seg.start as usize);
-        let mut lanes: Vec<usize> = Vec::with_capacity(nb);
-        for s in s0..s1 {
-            let f = &flags[s * nb..(s + 1) * nb];
-            lanes.clear();
-            lanes.extend((0..nb).filter(|&l| f[l] & fired != 0));
-            if lanes.is_empty() {
-                continue;
-            }
-            for seg in csr.segments_of(s) {
-                let d = seg.delay as usize;
-                if t + d >= t_len {
+    }
+
+    /// The recurrent weight gradient of one window of steps for the edges into targets
+    /// `j0..j1`: `gs[k] += sum_{(step, lane) in spikes of source_k} mu[row_k](step + d_k)[lane]`
+    /// for every edge `k` (scatter order), the terms whose arrival lies at or after `t_len`
+    /// taken as zero: the window's sum in float32 (the source's spikes in
+    /// [`SpikeWindow`]'s order, the inline ones in two alternating partial sums, then the
+    /// further ones), added to the f64 gradient.
+    ///
+    /// Per class and chunk of [`WINDOW_TARGET_CHUNK`] targets, the targets' adjoint rows of
+    /// the window's steps are copied once into a buffer that stays in L1; then every block
+    /// of sources walks its edges into those targets, a contiguous run of the scatter
+    /// order, reading each edge's source's spikes of the window from a fixed-size record
+    /// (one random read per edge). Gathering per fired source at every step instead reads
+    /// one random row per edge and step of a spike (full V1: about 5 million per step).
+    ///
+    /// `mu` is the adjoint ring `[rl, neuron, port, nb]`, holding the steps after every step
+    /// of the window up to `max_delay` later (the caller sizes the ring so); `gs` the
+    /// gradient in scatter order, of which this call adds to the edges into `j0..j1` alone.
+    ///
+    /// # Safety
+    /// No other task may access the entries of `gs` of the edges into `j0..j1` at the same
+    /// time.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn window_gradient(
+        &self,
+        j0: usize,
+        j1: usize,
+        win: &SpikeWindow,
+        t_len: usize,
+        rl: usize,
+        nb: usize,
+        mu: &[f32],
+        gs: Shared<f64>,
+    ) {
+        let (n, np) = (self.n, self.n_ports);
+        let Some(w0) = win.start else { return };
+        // Per target of the chunk, its row's adjoints of the window's steps `[step, lane]`
+        // and a zero (the unused inline spikes point to it).
+        let per_target = GRAD_WINDOW * nb + 1;
+        let mut loc = vec![0.0f32; WINDOW_TARGET_CHUNK * per_target];
+        for (c, &(d, p)) in self.classes.iter().enumerate() {
+            // The first ring row of each step of the window at delay d (None where the
+            // arrival lies at or after t_len).
+            let slot_rows: Vec<Option<usize>> = (0..GRAD_WINDOW)
+                .map(|rel| (w0 + rel + d < t_len).then(|| ((w0 + rel + d) % rl) * n * np))
+                .collect();
+            let live = &self.live[c * n..(c + 1) * n];
+            for ja in (j0..j1).step_by(WINDOW_TARGET_CHUNK) {
+                let je = (ja + WINDOW_TARGET_CHUNK).min(j1);
+                if !live[ja..je].iter().any(|&x| x) {
                     continue;
                 }
-                let base = ((t + d) % rl) * n * np + seg.port as usize;
-                let (a, e) = (seg.start as usize, seg.end as usize);
-                let offs = &csr.target_off[a..e];
-                for (k, &off) in offs.iter().enumerate() {
-                    if let Some(&ahead) = offs.get(k + ROW_PREFETCH) {
-                        prefetch(mu, (base + ahead as usize) * nb);
+                for j in ja..je {
+                    if !live[j] {
+                        continue;
                     }
-                    let row = &mu[(base + off as usize) * nb..][..nb];
-                    let mut acc = 0.0f64;
-                    for &l in &lanes {
-                        acc += row[l] as f64;
+                    let lt = &mut loc[(j - ja) * per_target..][..per_target];
+                    for (rel, r) in slot_rows.iter().enumerate() {
+                        let dst = &mut lt[rel * nb..(rel + 1) * nb];
+                        match r {
+                            Some(r) => dst.copy_from_slice(&mu[(r + j * np + p) * nb..][..nb]),
+                            None => dst.fill(0.0),
+                        }
                     }
-                    gr[a + k - e0] += acc;
+                }
+                for b in 0..self.n_blocks() {
+                    let rows = self.rows(b, c);
+                    let s0 = self.src_starts[b];
+                    let k_end = rows[je] as usize;
+                    for j in ja..je {
+                        let lt = &loc[(j - ja) * per_target..][..per_target];
+                        for k in rows[j] as usize..rows[j + 1] as usize {
+                            // Ask for the spikes of the source of an edge ahead (a random
+                            // read of a table that does not fit in L2).
+                            if k + SPIKES_PREFETCH < k_end {
+                                let ahead = s0 + self.src[k + SPIKES_PREFETCH] as usize;
+                                prefetch(&win.inline, ahead * SPIKE_RECORD);
+                            }
+                            let s = s0 + self.src[k] as usize;
+                            let rec = &win.inline[s * SPIKE_RECORD..(s + 1) * SPIKE_RECORD];
+                            let (mut a0, mut a1) = (0.0f32, 0.0f32);
+                            for q in (0..INLINE_SPIKES - 1).step_by(2) {
+                                a0 += lt[rec[q] as usize];
+                                a1 += lt[rec[q + 1] as usize];
+                            }
+                            a0 += lt[rec[INLINE_SPIKES - 1] as usize];
+                            let mut acc = a0 + a1;
+                            if rec[INLINE_SPIKES] != 0 {
+                                for &e in win.spilled(s) {
+                                    acc += lt[e as usize];
+                                }
+                            }
+                            // SAFETY: edge k goes into target j, which this task alone
+                            // handles (the caller's contract).
+                            unsafe { gs.add(k, acc as f64) };
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Bytes of the scatter order of `csr` (`n` neurons) for `threads` threads: 2 (source) + 4 (weight) per edge and 4 per row pointer.
+    /// The gradient `gs` (scatter order, f64) in CSR order and float32 (`out`, `[edge]`).
+    pub fn to_csr_order(&self, csr: &Csr, gs: &[f64], out: &mut [f32]) {
+        let mut pos = self.row_ptr.clone();
+        self.for_each_key(csr, |key, e, _| {
+            let k = pos[key] as usize;
+            pos[key] += 1;
+            out[e] = gs[k] as f32;
+        });
+    }
+
+    /// Bytes of the scatter order of `csr` (`n` neurons) for `threads` threads: 2 (source) +
+    /// 4 (weight) per edge, 4 per row pointer and 1 per (class, target).
     pub fn bytes(csr: &Csr, n: usize, threads: usize) -> u64 {
         let mut seen = std::collections::BTreeSet::new();
         for seg in &csr.segments {
             seen.insert((seg.delay, seg.port));
         }
-        6 * csr.len() as u64 + 4 * (n_blocks(n, threads) * seen.len() * (n + 1)) as u64
+        6 * csr.len() as u64
+            + 4 * (n_blocks(n, threads) * seen.len() * (n + 1)) as u64
+            + (seen.len() * n) as u64
     }
 }
 
-/// Edges ahead whose adjoint rows the weight gradient asks the cache for (random reads).
-const ROW_PREFETCH: usize = 16;
+/// Steps per window of the recurrent weight gradient ([`ScatterSpmv::window_gradient`]):
+/// the adjoint ring then keeps `GRAD_WINDOW + max_delay` steps (full V1: 18 of 17 MB each
+/// instead of 3).
+pub(crate) const GRAD_WINDOW: usize = 16;
+
+/// Spikes of one source in one window kept in its record ([`SpikeWindow`]): the gradient
+/// reads this many per edge, unused ones pointing to a zero (branch-free: the per-edge
+/// count of a Poisson-like spike train would mispredict at every edge). Full V1 at batch
+/// 16: about 3.7 spikes per source and window on average.
+const INLINE_SPIKES: usize = 7;
+
+/// `u32`s per source record: the inline spikes and a flag "more spikes in the spill list"
+/// (32 bytes: two records per cache line).
+const SPIKE_RECORD: usize = INLINE_SPIKES + 1;
+
+/// Edges ahead (in scatter order) whose source's spikes the windowed gradient asks for.
+const SPIKES_PREFETCH: usize = 8;
+
+/// Targets whose adjoint rows of a window [`ScatterSpmv::window_gradient`] keeps at once
+/// (1 KB each at batch 16, so 16 KB, in L1).
+const WINDOW_TARGET_CHUNK: usize = 16;
+
+/// The spikes of the steps of one window (`GRAD_WINDOW` steps from a multiple of it), as
+/// the backward pass meets them (from the last step down), grouped per source for
+/// [`ScatterSpmv::window_gradient`]. A spike is stored as its offset `rel * nb + lane` into
+/// the window's `[step, lane]` adjoint values of one target row.
+#[derive(Debug, Default)]
+pub(crate) struct SpikeWindow {
+    /// First step of the window (`None` while nothing is recorded).
+    start: Option<usize>,
+    /// Neurons.
+    n: usize,
+    /// Lanes (samples).
+    nb: usize,
+    /// 64-bit words per (neuron, step) of lane bits.
+    words: usize,
+    /// `[neuron, GRAD_WINDOW, words]` lanes that fired, per step of the window.
+    bits: Vec<u64>,
+    /// `[neuron, SPIKE_RECORD]` per source its first `INLINE_SPIKES` spikes (steps
+    /// ascending, then lanes ascending; `GRAD_WINDOW * nb`, a zero, where there are fewer),
+    /// then 1 if it has more (in `spill`), else 0.
+    inline: Vec<u32>,
+    /// `[neuron + 1]` first of each source's further spikes in `spill`.
+    spill_ptr: Vec<u32>,
+    /// The spikes after the first `INLINE_SPIKES` of each source.
+    spill: Vec<u32>,
+}
+
+impl SpikeWindow {
+    /// An empty window for `n` neurons and `nb` lanes.
+    ///
+    /// # Panics
+    /// If `GRAD_WINDOW * nb` does not fit in a `u32`.
+    pub fn new(n: usize, nb: usize) -> Self {
+        assert!(
+            GRAD_WINDOW * nb < u32::MAX as usize,
+            "batch {nb} too large for the windowed gradient"
+        );
+        let words = nb.div_ceil(64);
+        SpikeWindow {
+            start: None,
+            n,
+            nb,
+            words,
+            bits: vec![0; n * GRAD_WINDOW * words],
+            inline: vec![0; n * SPIKE_RECORD],
+            spill_ptr: vec![0; n + 1],
+            spill: Vec::new(),
+        }
+    }
+
+    /// Bytes of a window for `n` neurons and `nb` lanes: the bits, the inline spikes and
+    /// the further spikes if every lane of every neuron fired at every step of the window.
+    pub fn bytes(n: usize, nb: usize) -> u64 {
+        let (n, nb, w) = (n as u64, nb as u64, GRAD_WINDOW as u64);
+        8 * n * w * nb.div_ceil(64) + 4 * n * SPIKE_RECORD as u64 + 4 * (n + 1) + 4 * n * nb * w
+    }
+
+    /// Records the lanes whose `flags` (`[neuron, nb]`) have bit `fired` at step `t`, which
+    /// lies in the window being recorded (if any).
+    pub fn record(&mut self, t: usize, flags: &[u8], fired: u8) {
+        let w0 = t - t % GRAD_WINDOW;
+        debug_assert!(
+            self.start.is_none_or(|s| s == w0),
+            "step {t} outside the window"
+        );
+        self.start = Some(w0);
+        let rel = t - w0;
+        for (i, f) in flags.chunks_exact(self.nb).enumerate().take(self.n) {
+            let row = &mut self.bits[(i * GRAD_WINDOW + rel) * self.words..][..self.words];
+            for (l, &x) in f.iter().enumerate() {
+                if x & fired != 0 {
+                    row[l / 64] |= 1 << (l % 64);
+                }
+            }
+        }
+    }
+
+    /// Groups the recorded spikes per source, ready for the gradient.
+    pub fn group(&mut self) {
+        let zero = (GRAD_WINDOW * self.nb) as u32;
+        self.spill.clear();
+        for i in 0..self.n {
+            self.spill_ptr[i] = self.spill.len() as u32;
+            let rec = &mut self.inline[i * SPIKE_RECORD..(i + 1) * SPIKE_RECORD];
+            rec.fill(zero);
+            rec[INLINE_SPIKES] = 0;
+            let mut k = 0;
+            for rel in 0..GRAD_WINDOW {
+                let row = &self.bits[(i * GRAD_WINDOW + rel) * self.words..][..self.words];
+                for (w, &word) in row.iter().enumerate() {
+                    let mut m = word;
+                    while m != 0 {
+                        let l = w * 64 + m.trailing_zeros() as usize;
+                        let off = (rel * self.nb + l) as u32;
+                        if k < INLINE_SPIKES {
+                            rec[k] = off;
+                        } else {
+                            rec[INLINE_SPIKES] = 1;
+                            self.spill.push(off);
+                        }
+                        k += 1;
+                        m &= m - 1;
+                    }
+                }
+            }
+        }
+        self.spill_ptr[self.n] = self.spill.len() as u32;
+    }
+
+    /// The spikes of source `s` after its first `INLINE_SPIKES`.
+    #[inline]
+    fn spilled(&self, s: usize) -> &[u32] {
+        &self.spill[self.spill_ptr[s] as usize..self.spill_ptr[s + 1] as usize]
+    }
+
+    /// `(neurons, lanes)` of the window.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.nb)
+    }
+
+    /// Starts the next window (clears the recorded spikes).
+    pub fn clear(&mut self) {
+        self.start = None;
+        self.bits.fill(0);
+    }
+}
 
 /// What [`scatter_rows`] reads: the row pointers of one block and class (`[n + 1]`), the
 /// edges' sources and weights, the adjoint ring `mu` and where the class's rows start in it
