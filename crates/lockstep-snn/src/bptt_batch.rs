@@ -395,7 +395,8 @@ const ASC_STRETCH: usize = 25;
 pub(crate) struct Workspace {
     tape: Option<Tape>,
     boundaries: Vec<Boundary>,
-    /// The adjoint state (its ring is 0.3 GB on full V1 in the scatter form).
+    /// The adjoint state of an unsegmented call (its ring is 0.3 GB on full V1 in the
+    /// scatter form); segmented calls free theirs.
     adjoint: Option<Adjoint>,
 }
 
@@ -2101,7 +2102,10 @@ impl<'a> Kernel<'a> {
         }
         ws.tape = Some(tape);
         ws.boundaries = std::mem::take(&mut fwd.boundaries);
-        ws.adjoint = Some(adj);
+        // Segmented BPTT is the mode that saves memory: there the adjoint state (0.35 GB on
+        // full V1) goes now rather than between calls (it raised the peak of a full-V1
+        // training job from 3.69 to 3.97 GiB).
+        ws.adjoint = unsegmented.then_some(adj);
         grad
     }
 }
