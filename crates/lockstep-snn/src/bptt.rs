@@ -197,6 +197,9 @@ pub struct SnnModel {
     sign: Vec<i8>,
     /// The float32 kernels' tapes and chunk boundaries, kept from one call to the next.
     pub(crate) workspace: crate::bptt_batch::WorkspaceCache,
+    /// `[group][live port]` the receptor ports some edge reaches per group
+    /// ([`Network::live_ports`]); the float32 kernels update and differentiate those alone.
+    pub(crate) live_ports: Vec<Vec<usize>>,
 }
 
 /// Stored forward states of `len` consecutive steps (pre-step states and spikes).
@@ -329,6 +332,7 @@ impl SnnModel {
                 }
             }
         }
+        let live_ports = net.live_ports();
         Ok(SnnModel {
             net,
             inputs,
@@ -338,6 +342,7 @@ impl SnnModel {
             vreg_cost,
             sign,
             workspace: Default::default(),
+            live_ports,
         })
     }
 

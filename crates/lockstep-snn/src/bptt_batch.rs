@@ -19,10 +19,13 @@
 //! * the stored forward state (the tape) per step and sample-neuron is the pre-reset
 //!   potential (or the held potential when refractory), one flag byte (not refractory,
 //!   spiked) and the decayed after-spike currents: `4 + 1 + 4 n_asc` bytes; the PSC states
-//!   are not needed by the adjoint, which is linear in them. The tape of a whole unsegmented
-//!   pass keeps the after-spike currents only every 25 steps and the backward pass rebuilds
-//!   them from the flags (`5` bytes per step, see [`Tape`]); the tapes and chunk boundaries
-//!   are kept from one call to the next ([`Workspace`]);
+//!   are not needed by the adjoint, which is linear in them. Receptor ports that no edge
+//!   reaches ([`crate::network::Network::live_ports`]; excitatory V1 cells receive on 2 of
+//!   their 4) are neither updated nor differentiated: their PSCs stay zero and no edge reads
+//!   their adjoints. The tape of a whole unsegmented pass keeps the after-spike currents
+//!   only every 25 steps and the backward pass rebuilds them from the flags (`5` bytes per
+//!   step, see [`Tape`]); the tapes and chunk boundaries are kept from one call to the next
+//!   ([`Workspace`]);
 //! * event sparsity where it is exact: spikes are delivered, and an edge's weight gradient
 //!   accumulated, only at steps where its source spiked in some sample of the batch; the
 //!   adjoint of each source's spike, `gz[i] = sum_e w_e mu[target_e](t + d_e)`, is a
@@ -205,7 +208,10 @@ struct Group32 {
     lower_bound: f64,
     lb32: f32,
     refractory_steps: u32,
-    ports: Vec<Port32>,
+    /// The live ports ([`crate::network::Network::live_ports`]) with their constants: the
+    /// kernels update, differentiate and write the adjoint rows of these alone (the others
+    /// keep `y1 = y2 = 0` and no edge reads their adjoints).
+    ports: Vec<(usize, Port32)>,
     asc: Vec<Asc32>,
 }
 
@@ -940,7 +946,7 @@ impl<'a> Kernel<'a> {
                             for b in 0..nb {
                                 un[b] = u[b] * g.p33 + (g.i_e + sum[b]) * g.p30;
                             }
-                            for (k, pc) in g.ports.iter().enumerate() {
+                            for &(k, ref pc) in &g.ports {
                                 let (a, bb) =
                                     (&y1[k * nb..(k + 1) * nb], &y2[k * nb..(k + 1) * nb]);
                                 for b in 0..nb {
@@ -949,7 +955,7 @@ impl<'a> Kernel<'a> {
                             }
                         } else {
                             un.fill(g.ie_p30);
-                            for (k, pc) in g.ports.iter().enumerate() {
+                            for &(k, ref pc) in &g.ports {
                                 let (a, bb) =
                                     (&y1[k * nb..(k + 1) * nb], &y2[k * nb..(k + 1) * nb]);
                                 for b in 0..nb {
@@ -1013,7 +1019,7 @@ impl<'a> Kernel<'a> {
                             }
                         }
                         // Alpha PSCs, then this step's arrivals.
-                        for (k, pc) in g.ports.iter().enumerate() {
+                        for &(k, ref pc) in &g.ports {
                             let r = k * nb..(k + 1) * nb;
                             let (a, bb, xv) = (&mut y1[r.clone()], &mut y2[r.clone()], &x[r]);
                             for b in 0..nb {
@@ -1567,7 +1573,7 @@ impl<'a> Kernel<'a> {
         y1: &[f32],
     ) {
         let (nb, np) = (self.nb, self.np);
-        mu.fill(0.0);
+        // The rows of the live ports alone: no edge reads the others' (they keep their zeros).
         for g in &self.groups {
             for i in g.start.max(i0)..g.end.min(i1) {
                 let li = i - i0;
@@ -1585,7 +1591,7 @@ impl<'a> Kernel<'a> {
                         }
                     }
                 }
-                for (k, pc) in g.ports.iter().enumerate() {
+                for &(k, ref pc) in &g.ports {
                     let src = &y1[(li * np + k) * nb..(li * np + k + 1) * nb];
                     let dst = &mut mu[(li * np + k) * nb..(li * np + k + 1) * nb];
                     for b in 0..nb {
@@ -1619,7 +1625,6 @@ impl<'a> Kernel<'a> {
         let mut lz = vec![0.0f32; nb];
         let mut lun = vec![0.0f32; nb];
         for g in &self.groups {
-            let gp = g.ports.len();
             for i in g.start.max(i0)..g.end.min(i1) {
                 let li = i - i0;
                 let u = &mut au[li * nb..(li + 1) * nb];
@@ -1628,7 +1633,7 @@ impl<'a> Kernel<'a> {
                 let ly2 = &mut a2[li * np * nb..(li + 1) * np * nb];
                 let fl = &st.flags[i * nb..(i + 1) * nb];
                 let xv = &st.x[i * nb..(i + 1) * nb];
-                for (k, pc) in g.ports.iter().enumerate() {
+                for &(k, ref pc) in &g.ports {
                     for b in 0..nb {
                         let j = k * nb + b;
                         p1[j] = ly2[j] * pc.p21 + ly1[j] * pc.p11;
@@ -1681,7 +1686,7 @@ impl<'a> Kernel<'a> {
                         };
                     }
                 }
-                for (k, pc) in g.ports.iter().enumerate() {
+                for &(k, ref pc) in &g.ports {
                     for b in 0..nb {
                         let j = k * nb + b;
                         if fl[b] & ACTIVE != 0 {
@@ -1690,8 +1695,11 @@ impl<'a> Kernel<'a> {
                         }
                     }
                 }
-                ly1[..gp * nb].copy_from_slice(&p1[..gp * nb]);
-                ly2[..gp * nb].copy_from_slice(&p2[..gp * nb]);
+                for &(k, _) in &g.ports {
+                    let r = k * nb..(k + 1) * nb;
+                    ly1[r.clone()].copy_from_slice(&p1[r.clone()]);
+                    ly2[r.clone()].copy_from_slice(&p2[r]);
+                }
             }
         }
     }
@@ -1789,8 +1797,8 @@ impl SnnModel {
     }
 }
 
-/// The float32 constants of one group of neurons.
-fn group32(g: &crate::network::Group) -> Group32 {
+/// The float32 constants of one group of neurons whose live ports are `live`.
+fn group32(g: &crate::network::Group, live: &[usize]) -> Group32 {
     let c = &g.consts;
     Group32 {
         start: g.start,
@@ -1808,16 +1816,19 @@ fn group32(g: &crate::network::Group) -> Group32 {
         lower_bound: c.lower_bound,
         lb32: c.lower_bound as f32,
         refractory_steps: c.refractory_steps,
-        ports: c
-            .ports
+        ports: live
             .iter()
-            .map(|p| Port32 {
-                p11: p.p11 as f32,
-                p21: p.p21 as f32,
-                p22: p.p22 as f32,
-                p31: p.p31 as f32,
-                p32: p.p32 as f32,
-                psc_init: p.psc_init as f32,
+            .map(|&k| {
+                let p = &c.ports[k];
+                let p32 = Port32 {
+                    p11: p.p11 as f32,
+                    p21: p.p21 as f32,
+                    p22: p.p22 as f32,
+                    p31: p.p31 as f32,
+                    p32: p.p32 as f32,
+                    psc_init: p.psc_init as f32,
+                };
+                (k, p32)
             })
             .collect(),
         asc: c
@@ -1877,7 +1888,12 @@ impl<'a> Kernel<'a> {
             .then(|| ScatterSpmv::new(&net.recurrent, n, net.n_ports, threads, &params[..n_rec]));
         Kernel {
             m,
-            groups: net.groups.iter().map(group32).collect(),
+            groups: net
+                .groups
+                .iter()
+                .zip(&m.live_ports)
+                .map(|(g, live)| group32(g, live))
+                .collect(),
             nb,
             n,
             np: net.n_ports,

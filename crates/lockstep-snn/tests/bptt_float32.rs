@@ -311,6 +311,47 @@ fn batched_f32_scatter_spmv_with_odd_lengths_and_67_samples_matches_the_referenc
     }
 }
 
+/// A receptor port that no edge reaches (here port 3 of the 4-port cells: its edges moved
+/// to port 4) is skipped by the kernels' updates and adjoints: both forms of the SpMV still
+/// match the per-sample reference, which updates every port, and segmented BPTT stays
+/// bitwise equal to unsegmented.
+#[test]
+fn batched_f32_kernels_skip_ports_no_edge_reaches_and_match_the_reference() {
+    let mut spec = small_network(5);
+    let four_ports = |spec: &NetworkSpec, t: usize| spec.neurons[t].cell_type == 0;
+    for k in 0..spec.recurrent_edges.len() {
+        let e = spec.recurrent_edges[k];
+        if four_ports(&spec, e.target) && e.receptor == 3 {
+            spec.recurrent_edges[k].receptor = 4;
+        }
+    }
+    for k in 0..spec.input_edges.len() {
+        let e = spec.input_edges[k];
+        if four_ports(&spec, e.target) && e.receptor == 3 {
+            spec.input_edges[k].receptor = 4;
+        }
+    }
+    let net = spec.compile(1.0).unwrap();
+    let live = net.live_ports();
+    let g = net.groups.iter().position(|g| g.cell_type == 0).unwrap();
+    assert_eq!(
+        live[g],
+        vec![0, 1, 3],
+        "port 3 (index 2) is reached by no edge"
+    );
+    for form in [SpmvForm::Gather, SpmvForm::Scatter] {
+        let m = model_in_form(&spec, None, false, form);
+        let p = m.initial_params();
+        let reference = m.loss_and_grad_reference(&p, 3, 5, Dtype::Float32).unwrap();
+        assert!(reference.n_spikes > 50, "the test network must spike");
+        let a = m.loss_and_grad(&p, 3, 5).unwrap();
+        assert_matches(&a, &reference, &format!("{form:?} form, a dead port"));
+        let seg = model_in_form(&spec, Some(7), true, form);
+        let b = seg.loss_and_grad(&p, 3, 5).unwrap();
+        assert_eq!(bits(&a.grad), bits(&b.grad), "{form:?}: segmented gradient");
+    }
+}
+
 /// The bundled 300-cell all-to-all example with its training config, in `dtype`.
 fn example_replica(dtype: &str, dir: &std::path::Path) -> SnnReplica {
     let example = std::fs::canonicalize(concat!(
