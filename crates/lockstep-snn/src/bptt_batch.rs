@@ -681,7 +681,7 @@ fn segment_dot_lanes<const L: usize>(
 }
 
 /// First CSR slot of source `s` (the number of edges for `s == n_sources`).
-fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
+pub(crate) fn edge_start(csr: &crate::network::Csr, s: usize) -> usize {
     csr.segments
         .get(csr.seg_ptr[s] as usize)
         .map_or(csr.len(), |seg| seg.start as usize)
@@ -1916,11 +1916,15 @@ impl<'a> Kernel<'a> {
             prefetch_delivery: n > PREFETCH_MIN_TARGETS,
             rec_delivery: TargetBlocks::new(&net.recurrent, net.n_ports, n, n_delivery),
             in_delivery: TargetBlocks::new(&net.input, net.n_ports, n, n_delivery),
+            // Unused by the scatter form: one pass then (its table costs no walk of the edges).
             spmv_passes: TargetBlocks::new(
                 &net.recurrent,
                 net.n_ports,
                 n,
-                n.div_ceil(m.opts.spmv_pass_targets.unwrap_or(SPMV_PASS).max(1)),
+                match scatter {
+                    Some(_) => 1,
+                    None => n.div_ceil(m.opts.spmv_pass_targets.unwrap_or(SPMV_PASS).max(1)),
+                },
             ),
             scatter,
         }
@@ -1929,12 +1933,18 @@ impl<'a> Kernel<'a> {
     /// The gradient of [`Kernel::backward_pass`] in float32 and parameter order (the
     /// scatter form accumulates the recurrent weights' gradient in its own edge order).
     fn gradient_f32(&self, grad: &[f64]) -> Vec<f32> {
-        let mut out: Vec<f32> = grad.iter().map(|&x| x as f32).collect();
-        if let Some(sc) = &self.scatter {
-            let n_rec = self.w_rec.len();
-            sc.to_csr_order(&self.m.net.recurrent, &grad[..n_rec], &mut out[..n_rec]);
+        match &self.scatter {
+            Some(sc) => {
+                let n_rec = self.w_rec.len();
+                let mut out = vec![0.0f32; grad.len()];
+                sc.to_csr_order(&self.m.net.recurrent, &grad[..n_rec], &mut out[..n_rec]);
+                for (o, &g) in out[n_rec..].iter_mut().zip(&grad[n_rec..]) {
+                    *o = g as f32;
+                }
+                out
+            }
+            None => grad.iter().map(|&x| x as f32).collect(),
         }
-        out
     }
 
     /// The forward pass over all steps with the loss sums: with the whole tape, or (gradient

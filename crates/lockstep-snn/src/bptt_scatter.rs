@@ -38,8 +38,9 @@
 //! the longer adjoint ring (full V1 at batch 16: 18 steps of 17 MB instead of 3) and the
 //! window's spikes ([`SpikeWindow::bytes`]).
 
-use crate::bptt_batch::{has_avx2, prefetch, Shared};
+use crate::bptt_batch::{edge_start, has_avx2, prefetch, Shared};
 use crate::network::Csr;
+use rayon::prelude::*;
 
 /// Sources per block at most: their `gz` rows (64 bytes each at batch 16, 256 KB per block)
 /// stay in the 512 KB L2 cache of a Zen 3 core beside the streamed edges and rows. On full
@@ -80,6 +81,8 @@ pub(crate) struct ScatterSpmv {
     class_of: Vec<u8>,
     /// `[n_classes, n]` whether the target has edges of the class (from any block).
     live: Vec<bool>,
+    /// Whether the per-block passes of construction and reordering run on rayon.
+    parallel: bool,
 }
 
 impl ScatterSpmv {
@@ -121,23 +124,33 @@ impl ScatterSpmv {
             n_ports,
             class_of,
             live: Vec::new(),
+            parallel: threads > 1,
         };
-        let mut counts = vec![0u32; s.row_ptr.len()];
-        s.for_each_key(csr, |key, _, _| counts[key + 1] += 1);
-        let mut sum = 0u32;
-        for (p, c) in s.row_ptr.iter_mut().zip(&counts) {
-            sum += c;
-            *p = sum;
-        }
-        drop(counts);
-        let mut pos = s.row_ptr.clone();
-        let (mut src, mut w) = (std::mem::take(&mut s.src), std::mem::take(&mut s.w));
-        s.for_each_key(csr, |key, e, local| {
-            let k = pos[key] as usize;
-            pos[key] += 1;
-            src[k] = local;
-            w[k] = w_rec[e];
+        // A block's sources are contiguous, so its edges are the CSR slots of its sources,
+        // in another order: each block fills its own row pointers and slots.
+        let (mut row_ptr, mut src, mut w) = (
+            std::mem::take(&mut s.row_ptr),
+            std::mem::take(&mut s.src),
+            std::mem::take(&mut s.w),
+        );
+        let parts = s.block_parts(csr, &mut row_ptr, (&mut src, &mut w));
+        s.for_blocks(parts, |b, (rows, (src, w))| {
+            let (r0, base) = (s.block_rows(b).start, edge_start(csr, s.src_starts[b]));
+            for_each_key_in_block(&s, csr, b, |key, _, _| rows[key - r0 + 1] += 1);
+            let mut sum = base as u32;
+            for p in rows.iter_mut() {
+                sum += *p;
+                *p = sum;
+            }
+            let mut pos = rows.to_vec();
+            for_each_key_in_block(&s, csr, b, |key, e, local| {
+                let k = pos[key - r0] as usize - base;
+                pos[key - r0] += 1;
+                src[k] = local;
+                w[k] = w_rec[e];
+            });
         });
+        s.row_ptr = row_ptr;
         s.src = src;
         s.w = w;
         let nc = s.classes.len();
@@ -154,22 +167,41 @@ impl ScatterSpmv {
         s
     }
 
-    /// Calls `f(key, csr_slot, source_in_block)` for every edge in CSR order, with `key` the
-    /// edge's row-pointer entry (`row_ptr[key]` is the first slot of its row).
-    fn for_each_key(&self, csr: &Csr, mut f: impl FnMut(usize, usize, u16)) {
-        let (n, np, nc) = (self.n, self.n_ports, self.classes.len());
-        for b in 0..self.src_starts.len() - 1 {
-            for s in self.src_starts[b]..self.src_starts[b + 1] {
-                let local = (s - self.src_starts[b]) as u16;
-                for seg in csr.segments_of(s) {
-                    let c = self.class_of[seg.delay as usize * np + seg.port as usize] as usize;
-                    let r = (b * nc + c) * (n + 1);
-                    for e in seg.start as usize..seg.end as usize {
-                        let j = csr.target_off[e] as usize / np;
-                        f(r + j, e, local);
-                    }
-                }
-            }
+    /// Row-pointer entries of block `b` (`[n_classes, n + 1]` of them).
+    fn block_rows(&self, b: usize) -> std::ops::Range<usize> {
+        let len = self.classes.len() * (self.n + 1);
+        b * len..(b + 1) * len
+    }
+
+    /// Per block its row pointers (of `row_ptr`) and its edges' slots of `slots` (two arrays
+    /// in scatter order, or any one edge array in CSR order): disjoint parts, one per block.
+    fn block_parts<'x, A, B>(
+        &self,
+        csr: &Csr,
+        row_ptr: &'x mut [u32],
+        slots: (&'x mut [A], &'x mut [B]),
+    ) -> Vec<BlockPart<'x, A, B>> {
+        let (mut a, mut b) = slots;
+        let mut out = Vec::with_capacity(self.n_blocks());
+        let mut rows = row_ptr.chunks_mut((self.classes.len() * (self.n + 1)).max(1));
+        for k in 0..self.n_blocks() {
+            let len = edge_start(csr, self.src_starts[k + 1]) - edge_start(csr, self.src_starts[k]);
+            let (la, lb) = (len.min(a.len()), len.min(b.len()));
+            let (a0, a1) = std::mem::take(&mut a).split_at_mut(la);
+            let (b0, b1) = std::mem::take(&mut b).split_at_mut(lb);
+            (a, b) = (a1, b1);
+            out.push((rows.next().unwrap_or_default(), (a0, b0)));
+        }
+        out
+    }
+
+    /// Runs `f(block, part)` for every block's part, on rayon when the structure was built
+    /// for several threads (the parts are disjoint, so the results do not depend on it).
+    fn for_blocks<P: Send>(&self, parts: Vec<P>, f: impl Fn(usize, P) + Sync + Send) {
+        if self.parallel {
+            parts.into_par_iter().enumerate().for_each(|(b, p)| f(b, p));
+        } else {
+            parts.into_iter().enumerate().for_each(|(b, p)| f(b, p));
         }
     }
 
@@ -333,13 +365,22 @@ impl ScatterSpmv {
         }
     }
 
-    /// The gradient `gs` (scatter order, f64) in CSR order and float32 (`out`, `[edge]`).
+    /// The gradient `gs` (scatter order, f64) in CSR order and float32 (`out`, `[edge]`),
+    /// per block of sources (on rayon when built for several threads).
     pub fn to_csr_order(&self, csr: &Csr, gs: &[f64], out: &mut [f32]) {
-        let mut pos = self.row_ptr.clone();
-        self.for_each_key(csr, |key, e, _| {
-            let k = pos[key] as usize;
-            pos[key] += 1;
-            out[e] = gs[k] as f32;
+        let mut none: Vec<()> = vec![(); out.len()];
+        let mut row_ptr = self.row_ptr.clone();
+        let parts = self.block_parts(csr, &mut row_ptr, (out, &mut none));
+        self.for_blocks(parts, |b, (pos, (out, _))| {
+            let (r0, base) = (
+                self.block_rows(b).start,
+                edge_start(csr, self.src_starts[b]),
+            );
+            for_each_key_in_block(self, csr, b, |key, e, _| {
+                let k = pos[key - r0] as usize;
+                pos[key - r0] += 1;
+                out[e - base] = gs[k] as f32;
+            });
         });
     }
 
@@ -353,6 +394,32 @@ impl ScatterSpmv {
         6 * csr.len() as u64
             + 4 * (n_blocks(n, threads) * seen.len() * (n + 1)) as u64
             + (seen.len() * n) as u64
+    }
+}
+
+/// One block's row pointers and its edges' slots of two arrays ([`ScatterSpmv::block_parts`]).
+type BlockPart<'x, A, B> = (&'x mut [u32], (&'x mut [A], &'x mut [B]));
+
+/// Calls `f(key, csr_slot, source_in_block)` for every edge of the sources of block `b` of
+/// `sc`, in CSR order, with `key` the edge's row-pointer entry (`row_ptr[key]` is the first
+/// slot of its row).
+fn for_each_key_in_block(
+    sc: &ScatterSpmv,
+    csr: &Csr,
+    b: usize,
+    mut f: impl FnMut(usize, usize, u16),
+) {
+    let (n, np, nc) = (sc.n, sc.n_ports, sc.classes.len());
+    for s in sc.src_starts[b]..sc.src_starts[b + 1] {
+        let local = (s - sc.src_starts[b]) as u16;
+        for seg in csr.segments_of(s) {
+            let c = sc.class_of[seg.delay as usize * np + seg.port as usize] as usize;
+            let r = (b * nc + c) * (n + 1);
+            for e in seg.start as usize..seg.end as usize {
+                let j = csr.target_off[e] as usize / np;
+                f(r + j, e, local);
+            }
+        }
     }
 }
 
