@@ -412,6 +412,9 @@ pub(crate) struct Workspace {
     /// The adjoint state of an unsegmented call (its ring is 0.3 GB on full V1 in the
     /// scatter form); segmented calls free theirs.
     adjoint: Option<Adjoint>,
+    /// The scatter order of an unsegmented call (0.17 GB on full V1; the next call only
+    /// copies its weights in, [`ScatterSpmv::set_weights`]); segmented calls free theirs.
+    scatter: Option<ScatterSpmv>,
 }
 
 /// A [`Workspace`] shared by the calls on one model (cloning a model starts an empty one).
@@ -1757,17 +1760,22 @@ impl SnnModel {
             )));
         }
         let run = || {
-            let k = Kernel::new(self, params, first_sample, batch);
             let mut ws = self.workspace.take();
+            let k = Kernel::new(self, params, first_sample, batch, ws.scatter.take());
             let mut timing = StepTiming::default();
             let clock = std::time::Instant::now();
             let mut fwd = k.forward_pass(&mut ws);
             timing.forward_s = clock.elapsed().as_secs_f64();
+            let unsegmented = fwd.full_tape.is_some();
             let (terms, n_spikes, gz_rate) = self.batch_loss_terms(&fwd.acc, k.n, batch);
             let vreg_coef = self.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
             let grad = k.backward_pass(&mut fwd, &mut ws, &gz_rate, vreg_coef, &mut timing);
+            let grad = k.gradient_f32(&grad);
+            // The scatter order stays for the next call as the adjoint state does: in
+            // unsegmented calls only (segmented BPTT is the mode that saves memory).
+            ws.scatter = k.scatter.filter(|_| unsegmented);
             self.workspace.put(ws);
-            let mut r = self.finish(terms, k.gradient_f32(&grad), n_spikes, batch);
+            let mut r = self.finish(terms, grad, n_spikes, batch);
             r.first_spikes = fwd.acc.first.take();
             (r, timing)
         };
@@ -1887,8 +1895,15 @@ struct ForwardPass {
 
 impl<'a> Kernel<'a> {
     /// The kernel of `batch` samples from `first_sample` with parameters `params` (checked
-    /// by the caller: `m.n_params()` of them).
-    fn new(m: &'a SnnModel, params: &'a [f32], first_sample: u64, batch: usize) -> Self {
+    /// by the caller: `m.n_params()` of them), in `reuse`'s scatter order when given (the
+    /// one a previous call on `m` with the same thread count built).
+    fn new(
+        m: &'a SnnModel,
+        params: &'a [f32],
+        first_sample: u64,
+        batch: usize,
+        reuse: Option<ScatterSpmv>,
+    ) -> Self {
         let net = &m.net;
         let n_rec = net.weights_rec.len();
         let nb = batch;
@@ -1904,8 +1919,14 @@ impl<'a> Kernel<'a> {
             1
         };
         let n_delivery = n.div_ceil(DELIVERY_BLOCK);
-        let scatter = uses_scatter(m)
-            .then(|| ScatterSpmv::new(&net.recurrent, n, net.n_ports, threads, &params[..n_rec]));
+        let (rec, w_rec) = (&net.recurrent, &params[..n_rec]);
+        let scatter = uses_scatter(m).then(|| match reuse {
+            Some(mut sc) if sc.fits(rec, n, net.n_ports, threads) => {
+                sc.set_weights(rec, w_rec);
+                sc
+            }
+            _ => ScatterSpmv::new(rec, n, net.n_ports, threads, w_rec),
+        });
         Kernel {
             m,
             groups: net

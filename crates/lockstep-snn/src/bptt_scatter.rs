@@ -167,6 +167,37 @@ impl ScatterSpmv {
         s
     }
 
+    /// Whether this is the scatter order [`ScatterSpmv::new`] builds for `csr` (`n` neurons,
+    /// `n_ports` ports) and `threads` threads (the same network: same shape and edge count).
+    pub fn fits(&self, csr: &Csr, n: usize, n_ports: usize, threads: usize) -> bool {
+        self.n == n
+            && self.n_ports == n_ports
+            && self.src.len() == csr.len()
+            && self.n_blocks() == n_blocks(n, threads)
+            && self.parallel == (threads > 1)
+    }
+
+    /// Copies the weights `w_rec` (`[edge]`, CSR order) into the scatter order, per block
+    /// of sources (on rayon when built for several threads).
+    pub fn set_weights(&mut self, csr: &Csr, w_rec: &[f32]) {
+        let mut w = std::mem::take(&mut self.w);
+        let mut none: Vec<()> = vec![(); w.len()];
+        let mut row_ptr = self.row_ptr.clone();
+        let parts = self.block_parts(csr, &mut row_ptr, (&mut w, &mut none));
+        self.for_blocks(parts, |b, (pos, (w, _))| {
+            let (r0, base) = (
+                self.block_rows(b).start,
+                edge_start(csr, self.src_starts[b]),
+            );
+            for_each_key_in_block(self, csr, b, |key, e, _| {
+                let k = pos[key - r0] as usize;
+                pos[key - r0] += 1;
+                w[k - base] = w_rec[e];
+            });
+        });
+        self.w = w;
+    }
+
     /// Row-pointer entries of block `b` (`[n_classes, n + 1]` of them).
     fn block_rows(&self, b: usize) -> std::ops::Range<usize> {
         let len = self.classes.len() * (self.n + 1);

@@ -167,29 +167,29 @@ fn batched_f32_segmented_equals_unsegmented_bitwise() {
     }
 }
 
-/// A model keeps its tapes and chunk boundaries from one call to the next: a call after
-/// calls with other parameters, samples and batch sizes gives the bits of a fresh model's,
-/// unsegmented (the tape keeps the after-spike currents every 25 steps only) and segmented.
+/// A model keeps its tapes, chunk boundaries and (unsegmented, scatter form) scatter order
+/// from one call to the next: a call after calls with other parameters, samples and batch
+/// sizes gives the bits of a fresh model's, unsegmented (the tape keeps the after-spike
+/// currents every 25 steps only) and segmented, in both forms of the SpMV.
 #[test]
 fn batched_f32_reused_buffers_give_a_fresh_models_bits() {
     let spec = small_network(6);
-    for chunk in [None, Some(7)] {
-        let used = model(&spec, Surrogate::default(), chunk, true);
-        let p = used.initial_params();
-        let other: Vec<f32> = p.iter().map(|w| w * 1.5).collect();
-        used.loss_and_grad(&other, 40, 5).unwrap();
-        used.loss_and_grad(&other, 7, 3).unwrap();
-        let again = used.loss_and_grad(&p, 0, 3).unwrap();
-        let fresh = model(&spec, Surrogate::default(), chunk, true)
-            .loss_and_grad(&p, 0, 3)
-            .unwrap();
-        assert!(fresh.n_spikes > 0, "the run spikes");
-        assert_eq!(
-            again.loss.to_bits(),
-            fresh.loss.to_bits(),
-            "{chunk:?}: loss"
-        );
-        assert_eq!(bits(&again.grad), bits(&fresh.grad), "{chunk:?}: gradient");
+    for form in [SpmvForm::Gather, SpmvForm::Scatter] {
+        for chunk in [None, Some(7)] {
+            let used = model_in_form(&spec, chunk, true, form);
+            let p = used.initial_params();
+            let other: Vec<f32> = p.iter().map(|w| w * 1.5).collect();
+            used.loss_and_grad(&other, 40, 5).unwrap();
+            used.loss_and_grad(&other, 7, 3).unwrap();
+            let again = used.loss_and_grad(&p, 0, 3).unwrap();
+            let fresh = model_in_form(&spec, chunk, true, form)
+                .loss_and_grad(&p, 0, 3)
+                .unwrap();
+            assert!(fresh.n_spikes > 0, "the run spikes");
+            let what = format!("{form:?}, chunk {chunk:?}");
+            assert_eq!(again.loss.to_bits(), fresh.loss.to_bits(), "{what}: loss");
+            assert_eq!(bits(&again.grad), bits(&fresh.grad), "{what}: gradient");
+        }
     }
 }
 
