@@ -181,10 +181,24 @@ impl ScatterSpmv {
     /// of sources (on rayon when built for several threads).
     pub fn set_weights(&mut self, csr: &Csr, w_rec: &[f32]) {
         let mut w = std::mem::take(&mut self.w);
-        let mut none: Vec<()> = vec![(); w.len()];
+        self.for_each_slot(csr, &mut w, |w, base, k, e| w[k - base] = w_rec[e]);
+        self.w = w;
+    }
+
+    /// Calls `f(part, base, k, e)` for every edge, with `k` its slot in the scatter order,
+    /// `e` its CSR slot, and `part` its block's slots `base..` of `v` (an edge array in
+    /// either order: a block's edges take the same slots in both), per block of sources
+    /// (on rayon when built for several threads).
+    fn for_each_slot<T: Send>(
+        &self,
+        csr: &Csr,
+        v: &mut [T],
+        f: impl Fn(&mut [T], usize, usize, usize) + Sync + Send,
+    ) {
+        let mut none: Vec<()> = vec![(); v.len()];
         let mut row_ptr = self.row_ptr.clone();
-        let parts = self.block_parts(csr, &mut row_ptr, (&mut w, &mut none));
-        self.for_blocks(parts, |b, (pos, (w, _))| {
+        let parts = self.block_parts(csr, &mut row_ptr, (v, &mut none));
+        self.for_blocks(parts, |b, (pos, (v, _))| {
             let (r0, base) = (
                 self.block_rows(b).start,
                 edge_start(csr, self.src_starts[b]),
@@ -192,10 +206,9 @@ impl ScatterSpmv {
             for_each_key_in_block(self, csr, b, |key, e, _| {
                 let k = pos[key - r0] as usize;
                 pos[key - r0] += 1;
-                w[k - base] = w_rec[e];
+                f(v, base, k, e);
             });
         });
-        self.w = w;
     }
 
     /// Row-pointer entries of block `b` (`[n_classes, n + 1]` of them).
@@ -399,20 +412,7 @@ impl ScatterSpmv {
     /// The gradient `gs` (scatter order, f64) in CSR order and float32 (`out`, `[edge]`),
     /// per block of sources (on rayon when built for several threads).
     pub fn to_csr_order(&self, csr: &Csr, gs: &[f64], out: &mut [f32]) {
-        let mut none: Vec<()> = vec![(); out.len()];
-        let mut row_ptr = self.row_ptr.clone();
-        let parts = self.block_parts(csr, &mut row_ptr, (out, &mut none));
-        self.for_blocks(parts, |b, (pos, (out, _))| {
-            let (r0, base) = (
-                self.block_rows(b).start,
-                edge_start(csr, self.src_starts[b]),
-            );
-            for_each_key_in_block(self, csr, b, |key, e, _| {
-                let k = pos[key - r0] as usize;
-                pos[key - r0] += 1;
-                out[e - base] = gs[k] as f32;
-            });
-        });
+        self.for_each_slot(csr, out, |out, base, k, e| out[e - base] = gs[k] as f32);
     }
 
     /// Bytes of the scatter order of `csr` (`n` neurons) for `threads` threads: 2 (source) +
