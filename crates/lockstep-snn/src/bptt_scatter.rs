@@ -133,8 +133,11 @@ impl ScatterSpmv {
             std::mem::take(&mut s.src),
             std::mem::take(&mut s.w),
         );
-        let parts = s.block_parts(csr, &mut row_ptr, (&mut src, &mut w));
-        s.for_blocks(parts, |b, (rows, (src, w))| {
+        let parts: Vec<_> = (s.block_rows_of(&mut row_ptr).into_iter())
+            .zip(s.block_slots(csr, &mut src))
+            .zip(s.block_slots(csr, &mut w))
+            .collect();
+        s.for_blocks(parts, |b, ((rows, src), w)| {
             let (r0, base) = (s.block_rows(b).start, edge_start(csr, s.src_starts[b]));
             for_each_key_in_block(&s, csr, b, |key, _, _| rows[key - r0 + 1] += 1);
             let mut sum = base as u32;
@@ -195,10 +198,11 @@ impl ScatterSpmv {
         v: &mut [T],
         f: impl Fn(&mut [T], usize, usize, usize) + Sync + Send,
     ) {
-        let mut none: Vec<()> = vec![(); v.len()];
         let mut row_ptr = self.row_ptr.clone();
-        let parts = self.block_parts(csr, &mut row_ptr, (v, &mut none));
-        self.for_blocks(parts, |b, (pos, (v, _))| {
+        let parts: Vec<_> = (self.block_rows_of(&mut row_ptr).into_iter())
+            .zip(self.block_slots(csr, v))
+            .collect();
+        self.for_blocks(parts, |b, (pos, v)| {
             let (r0, base) = (
                 self.block_rows(b).start,
                 edge_start(csr, self.src_starts[b]),
@@ -217,24 +221,25 @@ impl ScatterSpmv {
         b * len..(b + 1) * len
     }
 
-    /// Per block its row pointers (of `row_ptr`) and its edges' slots of `slots` (two arrays
-    /// in scatter order, or any one edge array in CSR order): disjoint parts, one per block.
-    fn block_parts<'x, A, B>(
-        &self,
-        csr: &Csr,
-        row_ptr: &'x mut [u32],
-        slots: (&'x mut [A], &'x mut [B]),
-    ) -> Vec<BlockPart<'x, A, B>> {
-        let (mut a, mut b) = slots;
+    /// Per block its row pointers (`row_ptr`, `[n_blocks, n_classes, n + 1]`): disjoint
+    /// parts, one per block.
+    fn block_rows_of<'x>(&self, row_ptr: &'x mut [u32]) -> Vec<&'x mut [u32]> {
+        row_ptr
+            .chunks_mut((self.classes.len() * (self.n + 1)).max(1))
+            .chain(std::iter::repeat_with(Default::default))
+            .take(self.n_blocks())
+            .collect()
+    }
+
+    /// Per block its edges' slots of `v` (an edge array in scatter or CSR order: a block's
+    /// edges take the same slots in both): disjoint parts, one per block.
+    fn block_slots<'x, A>(&self, csr: &Csr, mut v: &'x mut [A]) -> Vec<&'x mut [A]> {
         let mut out = Vec::with_capacity(self.n_blocks());
-        let mut rows = row_ptr.chunks_mut((self.classes.len() * (self.n + 1)).max(1));
         for k in 0..self.n_blocks() {
             let len = edge_start(csr, self.src_starts[k + 1]) - edge_start(csr, self.src_starts[k]);
-            let (la, lb) = (len.min(a.len()), len.min(b.len()));
-            let (a0, a1) = std::mem::take(&mut a).split_at_mut(la);
-            let (b0, b1) = std::mem::take(&mut b).split_at_mut(lb);
-            (a, b) = (a1, b1);
-            out.push((rows.next().unwrap_or_default(), (a0, b0)));
+            let (v0, v1) = std::mem::take(&mut v).split_at_mut(len);
+            v = v1;
+            out.push(v0);
         }
         out
     }
@@ -427,9 +432,6 @@ impl ScatterSpmv {
             + (seen.len() * n) as u64
     }
 }
-
-/// One block's row pointers and its edges' slots of two arrays ([`ScatterSpmv::block_parts`]).
-type BlockPart<'x, A, B> = (&'x mut [u32], (&'x mut [A], &'x mut [B]));
 
 /// Calls `f(key, csr_slot, source_in_block)` for every edge of the sources of block `b` of
 /// `sc`, in CSR order, with `key` the edge's row-pointer entry (`row_ptr[key]` is the first
