@@ -70,7 +70,7 @@
 use rayon::prelude::*;
 
 use crate::bptt::{LossAndGrad, SnnModel, SpmvForm};
-use crate::bptt_scatter::{ScatterSpmv, SpikeWindow, GRAD_WINDOW, PAIRED_MIN_DELAY};
+use crate::bptt_scatter::{ScatterSpmv, SpikeWindow, GRAD_WINDOW};
 use crate::error::{Result, SnnError};
 use crate::loss::vreg_r;
 use crate::model::ModelKind;
@@ -479,10 +479,6 @@ struct Adjoint {
     /// `[neuron, B]` adjoint of this step's spikes (line-aligned: the scatter form adds into
     /// random rows of it).
     gz: LineAligned,
-    /// Scatter form: `[neuron, B]` the part of the next (even) step's `gz` that the odd step
-    /// of a pair took from the edges of delays of two steps or more
-    /// ([`ScatterSpmv::block_step`]); empty in the gather form.
-    gz_pair: LineAligned,
 }
 
 /// Bytes of the float32 kernels' memory for a model and a local batch.
@@ -498,8 +494,7 @@ pub(crate) struct BatchBytes {
     /// The after-spike currents of one step on the tape (or of one stretch mark).
     pub asc_step: u64,
     /// The adjoint state (with its arrival ring), the direct loss derivatives and, in the
-    /// scatter form, the spikes of one window of the weight gradient and the pending spike
-    /// adjoints of a pair of steps.
+    /// scatter form, the spikes of one window of the weight gradient.
     pub adjoint: u64,
 }
 
@@ -512,9 +507,8 @@ pub(crate) fn batch_bytes(m: &SnnModel, batch: usize) -> BatchBytes {
     let rl = m.net.ring_len() as u64;
     let rl_mu = mu_ring_len(m) as u64;
     let core = 4 * n * b * (1 + na + 2 * np + 1);
-    // The scatter form's window of spikes and the pair's pending spike adjoints.
     let window = if uses_scatter(m) {
-        SpikeWindow::bytes(n as usize, batch) + 4 * n * b
+        SpikeWindow::bytes(n as usize, batch)
     } else {
         0
     };
@@ -810,8 +804,7 @@ pub struct StepTiming {
     pub adjoint_edges: u64,
     /// Bytes of edge arrays the SpMV streamed for those visits: per edge, the 4-byte target
     /// offset and 4-byte weight in the gather form, the 2-byte source and 4-byte weight in
-    /// the scatter form, which reads the edges of delays of 2 steps or more once per pair of
-    /// steps.
+    /// the scatter form.
     pub adjoint_edge_bytes: u64,
     /// Whether the SpMV took the scatter form ([`crate::SpmvForm`]).
     pub adjoint_scatter: bool,
@@ -1413,15 +1406,12 @@ impl<'a> Kernel<'a> {
             };
             if let Some(sc) = &self.scatter {
                 let gz = Shared::new(&mut adj.gz);
-                let pend = Shared::new(&mut adj.gz_pair);
                 let mu = &adj.mu;
                 self.tasks(sc.n_blocks(), |b| {
                     let (s0, s1) = (sc.src_starts[b], sc.src_starts[b + 1]);
                     // SAFETY: the sources of block b belong to this task alone.
-                    let (gz, pend) =
-                        unsafe { (gz.slice(s0 * nb, s1 * nb), pend.slice(s0 * nb, s1 * nb)) };
-                    let rate = &gz_rate[s0 * nb..s1 * nb];
-                    sc.block_step(b, t, self.t_len, rl, nb, mu, gz, pend, rate);
+                    let gz = unsafe { gz.slice(s0 * nb, s1 * nb) };
+                    sc.block_step(b, t, self.t_len, rl, nb, mu, gz, &gz_rate[s0 * nb..s1 * nb]);
                 });
                 // The weight gradient, per window of steps: the window's adjoint rows are
                 // all in the ring when the backward pass reaches its first step.
@@ -1533,22 +1523,7 @@ impl<'a> Kernel<'a> {
                 .map(|(_, &c)| c)
                 .sum::<u64>();
             timing.adjoint_edges += visits;
-            timing.adjoint_edge_bytes += if self.scatter.is_some() {
-                // The classes of delay 2 or more are walked at the odd step of each pair.
-                let walked = (self.edges_by_delay.iter().enumerate())
-                    .filter(|&(d, _)| {
-                        if d >= PAIRED_MIN_DELAY {
-                            t % 2 == 1 && t - 1 + d < self.t_len
-                        } else {
-                            t + d < self.t_len
-                        }
-                    })
-                    .map(|(_, &c)| c)
-                    .sum::<u64>();
-                6 * walked
-            } else {
-                8 * visits
-            };
+            timing.adjoint_edge_bytes += visits * if self.scatter.is_some() { 6 } else { 8 };
             timing.adjoint_scatter = self.scatter.is_some();
             // 4. Input weight gradients.
             if self.m.opts.train_input_weights {
@@ -2122,7 +2097,6 @@ impl<'a> Kernel<'a> {
                 a.y2.fill(0.0);
                 a.mu.fill(0.0);
                 a.gz.fill(0.0);
-                a.gz_pair.fill(0.0);
                 if let Some(w) = a.window.as_mut() {
                     w.clear();
                 }
@@ -2135,7 +2109,6 @@ impl<'a> Kernel<'a> {
                 y2: vec![0.0; n * np * nb],
                 mu: LineAligned::zeros(mu_len),
                 gz: LineAligned::zeros(n * nb),
-                gz_pair: LineAligned::zeros(if self.scatter.is_some() { n * nb } else { 0 }),
                 window: self.scatter.as_ref().map(|_| SpikeWindow::new(n, nb)),
             },
         };

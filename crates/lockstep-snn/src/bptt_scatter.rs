@@ -12,15 +12,11 @@
 //! `w_e mu[row]` into the `gz` rows of the row's edges from the block's sources. The random
 //! accesses then hit L2 instead of the last-level cache or memory.
 //!
-//! Steps go in pairs: the edges of delays of two steps or more are walked once per pair of
-//! backward steps, each edge adding into both steps' `gz` rows ([`ScatterSpmv::block_step`]).
-//!
-//! Order of the sums: a source's `gz` sums its edges by (delay, port) class (those of
-//! [`PAIRED_MIN_DELAY`] steps or more first), then by target, then by CSR slot, one term at
-//! a time in float32 (the gather form sums in CSR order with four partial sums, as the
-//! per-sample reference does; the two differ by rounding). The order does not depend on the
-//! blocks or on the chunks of segmented BPTT (the pairs are fixed steps), so the results
-//! are bitwise the same for any thread count and segmented or not.
+//! Order of the sums: a source's `gz` sums its edges by (delay, port) class, then by target,
+//! then by CSR slot, one term at a time in float32 (the gather form sums in CSR order with
+//! four partial sums, as the per-sample reference does; the two differ by rounding). The
+//! order does not depend on the blocks, so the results are bitwise the same for any thread
+//! count.
 //!
 //! The recurrent weight gradient, `dL/dw_e = sum_t sum_{samples l where source_e fired at t}
 //! mu[target_e](t + d_e)[l]`, is taken per window of [`GRAD_WINDOW`] steps
@@ -39,25 +35,19 @@
 //!
 //! Memory: per recurrent edge a 2-byte source (within its block) and a copy of its float32
 //! weight (refreshed at every call), and 4 bytes per (block, class, target) of row pointers;
-//! the longer adjoint ring (full V1 at batch 16: 18 steps of 17 MB instead of 3), the
-//! window's spikes ([`SpikeWindow::bytes`]) and one `[neuron, B]` array of the pair's
-//! pending spike adjoints.
+//! the longer adjoint ring (full V1 at batch 16: 18 steps of 17 MB instead of 3) and the
+//! window's spikes ([`SpikeWindow::bytes`]).
 
 use crate::bptt_batch::{edge_start, has_avx2, prefetch, Shared};
 use crate::network::Csr;
 use rayon::prelude::*;
 
-/// Sources per block at most: their `gz` rows and the pair's pending rows (64 bytes each at
-/// batch 16, 128 KB each per block) stay in the 512 KB L2 cache of a Zen 3 core beside the
-/// streamed edges and rows. Each block re-reads every row of `mu`, so fewer sources per
-/// block cost that. Full V1 at `seq_len` 50, walking every class at every step: the SpMV
-/// took 3.2-3.9 s with 4,096 sources, 4.2 s with 3,072, 4.4-4.8 s with 2,048, 4.5-4.9 s with
-/// 8,192 and 4.6-4.7 s with 16,384, against about 6 s for the gather form. Walking the
-/// classes of delay 2 once per pair of steps (alternating with the former at 4,096 in one
-/// process, call by call, three pairs each), the scatter took 10-24% less time with 2,048
-/// sources; with 4,096 and 3,072 the pairs went either way (-11% to +7%, -19% to +12%).
-/// Results do not depend on it.
-const SCATTER_BLOCK: usize = 2048;
+/// Sources per block at most: their `gz` rows (64 bytes each at batch 16, 256 KB per block)
+/// stay in the 512 KB L2 cache of a Zen 3 core beside the streamed edges and rows. On full
+/// V1 at `seq_len` 50, the SpMV took 3.2-3.9 s with 4,096, 4.2 s with 3,072, 4.4-4.8 s with
+/// 2,048 (each block re-reads every row of `mu`), 4.5-4.9 s with 8,192 and 4.6-4.7 s with
+/// 16,384, against about 6 s for the gather form. Results do not depend on it.
+const SCATTER_BLOCK: usize = 4096;
 
 /// Blocks of sources for `n` neurons and `threads` threads: at most [`SCATTER_BLOCK`]
 /// sources each, a multiple of the thread count (so that the threads get equal shares).
@@ -281,18 +271,8 @@ impl ScatterSpmv {
     /// before `t_len` (scattered per row of `mu`). The weight gradient is not computed here
     /// but per window of steps ([`ScatterSpmv::window_gradient`]).
     ///
-    /// Steps go in pairs `(2k, 2k + 1)`. The edges of the classes with a delay of two steps
-    /// or more ([`PAIRED_MIN_DELAY`]) are walked once per pair, at its odd step: each edge
-    /// adds into `gz` (step `t`, from `mu(t + d)`) and into `pend` (step `t - 1`, from
-    /// `mu(t - 1 + d)`, which the backward pass has reached: `d >= 2`); the even step starts
-    /// from `pend`. The delay-1 classes are walked at every step. So a source's sum is the
-    /// same at either step of a pair: the paired classes, then the others, each in class,
-    /// target and slot order. `pend` must persist from step `2k + 1` to step `2k` (across
-    /// the chunks of segmented BPTT too); the first step of the backward pass must be the
-    /// last step `t_len - 1`.
-    ///
-    /// `mu` is the adjoint ring `[rl, neuron, port, nb]`; `gz`, `pend` and `gz_rate` the
-    /// block's `[source, nb]` rows.
+    /// `mu` is the adjoint ring `[rl, neuron, port, nb]`; `gz` and `gz_rate` the block's
+    /// `[source, nb]` rows.
     #[allow(clippy::too_many_arguments)]
     pub fn block_step(
         &self,
@@ -303,58 +283,29 @@ impl ScatterSpmv {
         nb: usize,
         mu: &[f32],
         gz: &mut [f32],
-        pend: &mut [f32],
         gz_rate: &[f32],
     ) {
         let (n, np) = (self.n, self.n_ports);
+        gz.fill(0.0);
         let avx2 = has_avx2();
-        let rows_at = |c: usize, arrival: usize| {
-            let p = self.classes[c].1;
-            ScatterRows {
+        for (c, &(d, p)) in self.classes.iter().enumerate() {
+            if t + d >= t_len {
+                continue;
+            }
+            let args = ScatterRows {
                 rows: self.rows(b, c),
                 src: &self.src,
                 w: &self.w,
                 mu,
-                base: (arrival % rl) * n * np + p,
+                base: ((t + d) % rl) * n * np + p,
                 np,
                 nb,
-            }
-        };
-        let single = |a: ScatterRows, out: &mut [f32]| {
+            };
             if avx2 {
                 // SAFETY: the CPU has AVX2 (checked at run time).
-                unsafe { scatter_rows_avx2(a, out) }
+                unsafe { scatter_rows_avx2(args, gz) }
             } else {
-                scatter_rows(a, out);
-            }
-        };
-        if t % 2 == 1 {
-            gz.fill(0.0);
-            pend.fill(0.0);
-            for (c, &(d, _)) in self.classes.iter().enumerate() {
-                if d < PAIRED_MIN_DELAY || t - 1 + d >= t_len {
-                    continue;
-                }
-                if t + d < t_len {
-                    let (now, before) = (rows_at(c, t + d), rows_at(c, t - 1 + d).base);
-                    if avx2 {
-                        // SAFETY: the CPU has AVX2 (checked at run time).
-                        unsafe { scatter_pair_avx2(now, before, gz, pend) }
-                    } else {
-                        scatter_pair(now, before, gz, pend);
-                    }
-                } else {
-                    single(rows_at(c, t - 1 + d), pend);
-                }
-            }
-        } else if t + 1 < t_len {
-            gz.copy_from_slice(pend);
-        } else {
-            gz.fill(0.0);
-        }
-        for (c, &(d, _)) in self.classes.iter().enumerate() {
-            if d < PAIRED_MIN_DELAY && t + d < t_len {
-                single(rows_at(c, t + d), gz);
+                scatter_rows(args, gz);
             }
         }
         for (g, r) in gz.iter_mut().zip(gz_rate) {
@@ -504,11 +455,6 @@ fn for_each_key_in_block(
         }
     }
 }
-
-/// Classes whose delay is at least this many steps are walked once per pair of backward
-/// steps ([`ScatterSpmv::block_step`]): on full V1 the excitatory sources' edges (85%), so
-/// the pass streams the edges about 0.58 times per step instead of once.
-pub(crate) const PAIRED_MIN_DELAY: usize = 2;
 
 /// Steps per window of the recurrent weight gradient ([`ScatterSpmv::window_gradient`]):
 /// the adjoint ring then keeps `GRAD_WINDOW + max_delay` steps (full V1: 18 of 17 MB each
@@ -689,78 +635,6 @@ unsafe fn scatter_rows_avx2(a: ScatterRows, gz: &mut [f32]) {
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn scatter_rows_avx2(a: ScatterRows, gz: &mut [f32]) {
     scatter_rows(a, gz)
-}
-
-/// [`scatter_pair`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn scatter_pair_avx2(a: ScatterRows, base_b: usize, gz: &mut [f32], pend: &mut [f32]) {
-    scatter_pair(a, base_b, gz, pend)
-}
-
-/// Stand-in where AVX2 does not exist (never called: [`has_avx2`] is false).
-///
-/// # Safety
-/// None.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn scatter_pair_avx2(a: ScatterRows, base_b: usize, gz: &mut [f32], pend: &mut [f32]) {
-    scatter_pair(a, base_b, gz, pend)
-}
-
-/// [`scatter_rows`] for two steps at once, one read of each edge serving both:
-/// `gz[src_e] += w_e * mu[row]` with the rows from `a.base` and `pend[src_e] += w_e *
-/// mu[row']` with the rows `row'` from `base_b` (the same class one step earlier).
-#[inline(always)]
-fn scatter_pair(a: ScatterRows, base_b: usize, gz: &mut [f32], pend: &mut [f32]) {
-    let mut l0 = 0;
-    while l0 < a.nb {
-        let rem = a.nb - l0;
-        l0 += if rem >= 16 {
-            scatter_pair_lanes::<16>(a, base_b, l0, gz, pend)
-        } else if rem >= 8 {
-            scatter_pair_lanes::<8>(a, base_b, l0, gz, pend)
-        } else if rem >= 4 {
-            scatter_pair_lanes::<4>(a, base_b, l0, gz, pend)
-        } else {
-            scatter_pair_lanes::<1>(a, base_b, l0, gz, pend)
-        };
-    }
-}
-
-/// [`scatter_pair`] for lanes `l0 .. l0 + L`; returns `L`.
-#[inline(always)]
-fn scatter_pair_lanes<const L: usize>(
-    a: ScatterRows,
-    base_b: usize,
-    l0: usize,
-    gz: &mut [f32],
-    pend: &mut [f32],
-) -> usize {
-    let nb = a.nb;
-    for j in 0..a.rows.len() - 1 {
-        let (e0, e1) = (a.rows[j] as usize, a.rows[j + 1] as usize);
-        if e0 == e1 {
-            continue;
-        }
-        let (ra, rb) = ((a.base + j * a.np) * nb + l0, (base_b + j * a.np) * nb + l0);
-        let row_a: [f32; L] = a.mu[ra..ra + L].try_into().expect("L lanes");
-        let row_b: [f32; L] = a.mu[rb..rb + L].try_into().expect("L lanes");
-        for (&s, &w) in a.src[e0..e1].iter().zip(&a.w[e0..e1]) {
-            let i = s as usize * nb + l0;
-            let g: &mut [f32; L] = (&mut gz[i..][..L]).try_into().expect("L lanes");
-            for l in 0..L {
-                g[l] += w * row_a[l];
-            }
-            let q: &mut [f32; L] = (&mut pend[i..][..L]).try_into().expect("L lanes");
-            for l in 0..L {
-                q[l] += w * row_b[l];
-            }
-        }
-    }
-    L
 }
 
 /// `gz[src_e] += w_e * mu[row]` for every row of one block and class and each of its edges,
