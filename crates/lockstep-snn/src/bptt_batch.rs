@@ -8,11 +8,13 @@
 //!   `refr [neuron, B]`, and the adjoints alike (the adjoint arrival ring
 //!   `[ring_len, neuron, port, B]`); one read of an edge's target index and weight serves
 //!   all `B` samples, and the innermost loops run over samples (SIMD over samples). The one
-//!   exception is the forward arrival ring, `[ring_len, B, neuron, port]`: spikes are sparse
+//!   exception is the forward arrival ring, `[ring_len, B, port, neuron]`: spikes are sparse
 //!   per sample (about 1.4% of neurons per sample and step in V1), so the delivery adds
 //!   each sample's spikes on their own, and a sample-major ring keeps one sample's entries
-//!   of a block of targets in the core's cache; the neuron update transposes its chunk's
-//!   entries as it reads them;
+//!   of a block of targets in the core's cache; port-major within a sample, an edge class
+//!   (a delay and a port) writes a dense run of entries rather than one in `n_ports` (V1's
+//!   cells receive on 2 of their 4 ports); the neuron update transposes its chunk's entries
+//!   of the live ports as it reads them;
 //! * per recurrent edge nothing is stored but the CSR target offset (`u32`) and the
 //!   trainable `f32` weight itself (the parameter buffer, read in place); delay and port are
 //!   per CSR segment; the gradient is accumulated per edge in `f64`;
@@ -319,8 +321,9 @@ struct State {
     y1: Vec<f32>,
     y2: Vec<f32>,
     refr: Vec<u32>,
-    /// `[ring_len, B, neuron, port]` synaptic input arriving per step (pA); sample-major, so
-    /// that the delivery of one sample's spikes into a block of targets stays in cache.
+    /// `[ring_len, B, port, neuron]` synaptic input arriving per step (pA); sample-major, so
+    /// that the delivery of one sample's spikes into a block of targets stays in cache, and
+    /// port-major, so that the edges of one (delay, port) class add into a dense run.
     ring: LineAligned,
 }
 
@@ -777,6 +780,9 @@ struct Kernel<'a> {
     edges_by_delay: Vec<u64>,
     /// Whether the delivery prefetches (networks whose edges do not fit in cache).
     prefetch_delivery: bool,
+    /// `target_off / n_ports` as `(target_off >> shift) * inv` (exact: `target_off` is a
+    /// multiple of `n_ports`; `inv` is the inverse of its odd part modulo 2^32).
+    port_div: (u32, u32),
     /// Target blocks of the delivery over the recurrent CSR ([`DELIVERY_BLOCK`]).
     rec_delivery: TargetBlocks,
     /// The same blocks over the input CSR.
@@ -892,15 +898,27 @@ impl<'a> Kernel<'a> {
                 let mut sum = vec![0.0f32; nb];
                 let mut adec = vec![0.0f32; na.max(1) * nb];
                 // This step's arrivals at neurons i0..i1 as `[neuron, port, B]`, taken from
-                // the sample-major ring slot, which is cleared for the arrivals of
+                // the sample- and port-major ring slot, which is cleared for the arrivals of
                 // t + ring_len.
                 let mut arrivals = vec![0.0f32; (i1 - i0) * np * nb];
+                // The ports some group of the chunk receives on: no edge writes the others.
+                let mut live = vec![false; np];
+                for g in &self.groups {
+                    if g.start < i1 && g.end > i0 {
+                        for &(k, _) in &g.ports {
+                            live[k] = true;
+                        }
+                    }
+                }
                 for b in 0..nb {
-                    // SAFETY: lane b's entries of neurons i0..i1, owned by this task alone.
-                    let src = unsafe { ring.slice((b * n + i0) * np, (b * n + i1) * np) };
-                    for (j, x) in src.iter_mut().enumerate() {
-                        arrivals[j * nb + b] = *x;
-                        *x = 0.0;
+                    for k in (0..np).filter(|&k| live[k]) {
+                        let r = (b * np + k) * n;
+                        // SAFETY: lane b's entries of neurons i0..i1, owned by this task alone.
+                        let src = unsafe { ring.slice(r + i0, r + i1) };
+                        for (j, x) in src.iter_mut().enumerate() {
+                            arrivals[(j * np + k) * nb + b] = *x;
+                            *x = 0.0;
+                        }
                     }
                 }
                 // SAFETY: the ranges are those of neurons i0..i1 (or chunk c), owned by this
@@ -1095,9 +1113,11 @@ impl<'a> Kernel<'a> {
     ///
     /// One task per (sample, target block) ([`DELIVERY_BLOCK`]): each walks the sources that
     /// fired in its sample and that sample's input events, and adds, for every edge into its
-    /// block, the weight to the sample's ring entry. The ring is sample-major, so a task's
-    /// entries (a block's targets and ports of one sample) stay in the core's cache. The
-    /// tasks split the work, never the order of a sum.
+    /// block, the weight to the sample's ring entry. The ring is sample- and port-major, so a
+    /// task's entries (a block's targets and ports of one sample) stay in the core's cache,
+    /// an edge class's entries densely (full V1: 64 KB per class and block of 16,384
+    /// targets, where one port of `[neuron, port]` entries spread over 256 KB). The tasks
+    /// split the work, never the order of a sum.
     fn deliver(&self, st: &mut State, t: usize, flags: &[u8], any: &[u8], min_arrival: usize) {
         let (n, nb, np, rl) = (self.n, self.nb, self.np, self.rl);
         let net = &self.m.net;
@@ -1137,8 +1157,11 @@ impl<'a> Kernel<'a> {
         let w_rec = self.w_rec;
         let w_in = &self.w_in;
         let n_blocks = self.rec_delivery.len();
-        // Entry of (arrival step, lane, target offset incl. port).
-        let lane_stride = n * np;
+        // First entry of the (arrival step, lane, port) plane; an edge's target is its
+        // `target_off / np`, divided exactly as `(off >> sh) * inv`.
+        let plane =
+            |arrival: usize, l: usize, port: usize| ((arrival % rl * nb + l) * np + port) * n;
+        let (sh, inv) = self.port_div;
         self.tasks(nb * n_blocks, |task| {
             let (l, k) = (task / n_blocks, task % n_blocks);
             let rec = &net.recurrent;
@@ -1167,23 +1190,24 @@ impl<'a> Kernel<'a> {
                     if t + d < min_arrival {
                         continue;
                     }
-                    let base = (((t + d) % rl) * nb + l) * lane_stride + seg.port as usize;
+                    let base = plane(t + d, l, seg.port as usize);
+                    let at = |off: u32| base + (off >> sh).wrapping_mul(inv) as usize;
                     let (a, b) = self.rec_delivery.range(g0 + j, k, k + 1);
                     let offs = &rec.target_off[a..b];
                     if self.prefetch_delivery {
                         for &off in offs.iter().take(RING_PREFETCH) {
-                            prefetch_ptr(ring.0.wrapping_add(base + off as usize));
+                            prefetch_ptr(ring.0.wrapping_add(at(off)));
                         }
                     }
                     for (i, (&off, &w)) in offs.iter().zip(&w_rec[a..b]).enumerate() {
                         // Ask for the ring entry of an edge ahead (random within the block).
                         if self.prefetch_delivery {
                             if let Some(&o) = offs.get(i + RING_PREFETCH) {
-                                prefetch_ptr(ring.0.wrapping_add(base + o as usize));
+                                prefetch_ptr(ring.0.wrapping_add(at(o)));
                             }
                         }
                         // SAFETY: the entry's target lies in this task's block k, its lane is l.
-                        unsafe { ring.add(base + off as usize, w) };
+                        unsafe { ring.add(at(off), w) };
                     }
                 }
             }
@@ -1196,11 +1220,12 @@ impl<'a> Kernel<'a> {
                     if t + d < min_arrival {
                         continue;
                     }
-                    let base = (((t + d) % rl) * nb + l) * lane_stride + seg.port as usize;
+                    let base = plane(t + d, l, seg.port as usize);
                     let (a, b) = self.in_delivery.range(g0 + j, k, k + 1);
                     for (&off, &w) in inp.target_off[a..b].iter().zip(&w_in[a..b]) {
+                        let at = base + (off >> sh).wrapping_mul(inv) as usize;
                         // SAFETY: the entry's target lies in this task's block k, its lane is l.
-                        unsafe { ring.add(base + off as usize, w * cnt) };
+                        unsafe { ring.add(at, w * cnt) };
                     }
                 }
             }
@@ -1955,6 +1980,7 @@ impl<'a> Kernel<'a> {
                 c
             },
             prefetch_delivery: n > PREFETCH_MIN_TARGETS,
+            port_div: exact_div(net.n_ports),
             rec_delivery: TargetBlocks::new(&net.recurrent, net.n_ports, n, n_delivery),
             in_delivery: TargetBlocks::new(&net.input, net.n_ports, n, n_delivery),
             // Unused by the scatter form: one pass then (its table costs no walk of the edges).
@@ -2174,5 +2200,40 @@ impl<'a> Kernel<'a> {
         // training job from 3.69 to 3.97 GiB).
         ws.adjoint = unsegmented.then_some(adj);
         grad
+    }
+}
+
+/// `(shift, inv)` with `x / d == (x >> shift).wrapping_mul(inv)` for every `u32` multiple `x`
+/// of `d` (`d = 2^shift * odd`, `inv * odd == 1` modulo 2^32).
+fn exact_div(d: usize) -> (u32, u32) {
+    let d = d.max(1) as u32;
+    let shift = d.trailing_zeros();
+    let odd = d >> shift;
+    // Newton's iteration for the inverse modulo 2^32 (each doubles the correct bits).
+    let mut inv = odd;
+    for _ in 0..5 {
+        inv = inv.wrapping_mul(2u32.wrapping_sub(odd.wrapping_mul(inv)));
+    }
+    (shift, inv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exact_div;
+
+    /// The exact division of the delivery gives `x / d` for multiples `x` of `d`, odd and
+    /// even port counts alike, up to the largest multiple below 2^32.
+    #[test]
+    fn exact_div_divides_multiples() {
+        for d in 1..=12u32 {
+            let (sh, inv) = exact_div(d as usize);
+            let top = u32::MAX / d;
+            for q in (0..1000)
+                .chain(top - 1000..=top)
+                .chain((0..top).step_by(9_973))
+            {
+                assert_eq!(((q * d) >> sh).wrapping_mul(inv), q, "{q} * {d}");
+            }
+        }
     }
 }
