@@ -84,11 +84,12 @@ const NEURON_CHUNK: usize = 64;
 const SOURCE_CHUNK: usize = 128;
 /// Target neurons per block of the spike delivery at most: one task per (sample, block of
 /// targets), so no two tasks write the same ring entry, and a task's entries (one sample's
-/// targets and ports of the block, 256 KiB per arrival slot at 4 ports) stay in the core's
-/// cache. Full V1 (66,658 cells) on 2 threads, 50 steps, in two alternating rounds: 3, 4, 5
-/// and 6 blocks within the run-to-run spread of each other (forward plus recompute
-/// 2.63-2.87 s, 2.64-2.91 s, 2.60-3.17 s, 2.75-2.78 s). The blocks split the work, never
-/// the order of a sum.
+/// targets of the block, 64 KiB per arrival slot and port) stay in the core's cache. Full
+/// V1 (66,658 cells) on 2 threads, 50 steps, in two alternating rounds: 3, 4, 5 and 6
+/// blocks within the run-to-run spread of each other (forward plus recompute 2.63-2.87 s,
+/// 2.64-2.91 s, 2.60-3.17 s, 2.75-2.78 s); with the port-major ring, 2 blocks against 5
+/// alternating call by call (five pairs), forward 1.81 against 1.86 s. The blocks split
+/// the work, never the order of a sum.
 const DELIVERY_BLOCK: usize = 16_384;
 /// Target neurons per pass of the adjoint SpMV at most: the SpMV gathers only from the
 /// targets of one pass at a time, so that the adjoint rows it reads stay in cache on
