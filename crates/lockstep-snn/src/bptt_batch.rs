@@ -1162,8 +1162,10 @@ impl<'a> Kernel<'a> {
         // `target_off / np`, divided exactly as `(off >> sh) * inv`.
         let plane =
             |arrival: usize, l: usize, port: usize| ((arrival % rl * nb + l) * np + port) * n;
-        let (sh, inv) = self.port_div;
         self.tasks(nb * n_blocks, |task| {
+            // Copies of the ring's pointer and length and of the divisor in this task: the
+            // compiler keeps them in registers instead of reloading them after every add.
+            let (ring, (sh, inv)) = (ring, self.port_div);
             let (l, k) = (task / n_blocks, task % n_blocks);
             let rec = &net.recurrent;
             let src = &fired[l];
