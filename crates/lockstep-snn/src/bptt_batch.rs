@@ -131,11 +131,15 @@ const SCATTER_MIN_NEURONS: usize = SPMV_PASS;
 const PREFETCH_EDGES: usize = 16;
 
 /// Edges ahead (within a source's segment) whose ring entry the delivery asks the cache
-/// for: a block's entries of one sample and two arrival slots (512 KiB at 4 ports) do not
-/// stay in L2 beside the streamed edges, so the adds wait on misses otherwise. Full V1,
+/// for: a block's entries of one sample and two arrival slots (512 KiB at 4 ports when this
+/// was measured; in the port-major ring 256 KiB for V1's four classes) do not stay in L2
+/// beside the streamed edges, so the adds wait on misses otherwise. Full V1,
 /// 50 steps alternating with and without it step by step in one process: the delivery took
 /// 0.71-0.82 s against 0.78-0.90 s with 8 edges ahead, 0.64-0.75 s against 0.70-0.83 s
-/// with 16; tenth-scale V1 (one block), 500 steps: 1.30-1.42 s against 1.44-1.65 s.
+/// with 16; tenth-scale V1 (one block), 500 steps: 1.30-1.42 s against 1.44-1.65 s. With
+/// the port-major ring (a block's entries of a class dense, 64 KiB), alternating call by
+/// call (four pairs each): forward 1.50 s against 1.65 s without the prefetch, and 32
+/// edges ahead even with 16.
 const RING_PREFETCH: usize = 16;
 
 /// Spiking sources ahead whose edges the delivery asks the cache for (and twice as far
