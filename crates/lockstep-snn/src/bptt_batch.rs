@@ -788,6 +788,9 @@ struct Kernel<'a> {
     /// `target_off / n_ports` as `(target_off >> shift) * inv` (exact: `target_off` is a
     /// multiple of `n_ports`; `inv` is the inverse of its odd part modulo 2^32).
     port_div: (u32, u32),
+    /// `[n_chunks, n_ports]` whether some group of the neuron chunk receives on the port
+    /// (no edge writes the other ports' ring entries, so the neuron update skips them).
+    chunk_ports: Vec<bool>,
     /// Target blocks of the delivery over the recurrent CSR ([`DELIVERY_BLOCK`]).
     rec_delivery: TargetBlocks,
     /// The same blocks over the input CSR.
@@ -906,15 +909,7 @@ impl<'a> Kernel<'a> {
                 // the sample- and port-major ring slot, which is cleared for the arrivals of
                 // t + ring_len.
                 let mut arrivals = vec![0.0f32; (i1 - i0) * np * nb];
-                // The ports some group of the chunk receives on: no edge writes the others.
-                let mut live = vec![false; np];
-                for g in &self.groups {
-                    if g.start < i1 && g.end > i0 {
-                        for &(k, _) in &g.ports {
-                            live[k] = true;
-                        }
-                    }
-                }
+                let live = &self.chunk_ports[c * np..(c + 1) * np];
                 for b in 0..nb {
                     for k in (0..np).filter(|&k| live[k]) {
                         let r = (b * np + k) * n;
@@ -1163,13 +1158,15 @@ impl<'a> Kernel<'a> {
         let w_in = &self.w_in;
         let n_blocks = self.rec_delivery.len();
         // First entry of the (arrival step, lane, port) plane; an edge's target is its
-        // `target_off / np`, divided exactly as `(off >> sh) * inv`.
+        // `target_off / np`, divided exactly as `(off >> sh) * inv` ([`exact_div`]).
         let plane =
             |arrival: usize, l: usize, port: usize| ((arrival % rl * nb + l) * np + port) * n;
         self.tasks(nb * n_blocks, |task| {
             // Copies of the ring's pointer and length and of the divisor in this task: the
             // compiler keeps them in registers instead of reloading them after every add.
             let (ring, (sh, inv)) = (ring, self.port_div);
+            // The ring entry of a plane's target offset `off` (its target: `off / np`).
+            let entry = |base: usize, off: u32| base + (off >> sh).wrapping_mul(inv) as usize;
             let (l, k) = (task / n_blocks, task % n_blocks);
             let rec = &net.recurrent;
             let src = &fired[l];
@@ -1198,7 +1195,7 @@ impl<'a> Kernel<'a> {
                         continue;
                     }
                     let base = plane(t + d, l, seg.port as usize);
-                    let at = |off: u32| base + (off >> sh).wrapping_mul(inv) as usize;
+                    let at = |off: u32| entry(base, off);
                     let (a, b) = self.rec_delivery.range(g0 + j, k, k + 1);
                     let offs = &rec.target_off[a..b];
                     if self.prefetch_delivery {
@@ -1230,9 +1227,8 @@ impl<'a> Kernel<'a> {
                     let base = plane(t + d, l, seg.port as usize);
                     let (a, b) = self.in_delivery.range(g0 + j, k, k + 1);
                     for (&off, &w) in inp.target_off[a..b].iter().zip(&w_in[a..b]) {
-                        let at = base + (off >> sh).wrapping_mul(inv) as usize;
                         // SAFETY: the entry's target lies in this task's block k, its lane is l.
-                        unsafe { ring.add(at, w * cnt) };
+                        unsafe { ring.add(entry(base, off), w * cnt) };
                     }
                 }
             }
@@ -1988,6 +1984,19 @@ impl<'a> Kernel<'a> {
             },
             prefetch_delivery: n > PREFETCH_MIN_TARGETS,
             port_div: exact_div(net.n_ports),
+            chunk_ports: {
+                let np = net.n_ports;
+                let mut live = vec![false; n.div_ceil(NEURON_CHUNK) * np];
+                for (g, ports) in net.groups.iter().zip(&m.live_ports) {
+                    let chunks = g.start / NEURON_CHUNK..g.end.div_ceil(NEURON_CHUNK);
+                    for c in chunks.filter(|_| g.start < g.end) {
+                        for &k in ports {
+                            live[c * np + k] = true;
+                        }
+                    }
+                }
+                live
+            },
             rec_delivery: TargetBlocks::new(&net.recurrent, net.n_ports, n, n_delivery),
             in_delivery: TargetBlocks::new(&net.input, net.n_ports, n, n_delivery),
             // Unused by the scatter form: one pass then (its table costs no walk of the edges).
