@@ -6,7 +6,11 @@
 //! step after warm-up with its split (forward, recompute, backward, optimizer), the peak
 //! resident memory and bytes per recurrent edge, and the achieved bandwidth of the adjoint's
 //! transposed SpMV against a `memcpy` of the same edge arrays in the same run, on the SpMV's
-//! threads (and, for reference, on one).
+//! threads (and, for reference, on one). In the scatter form (full V1) also the split of the
+//! SpMV into the scatter and the windowed weight gradient, and the scatter's floor on this
+//! machine: its per-edge work alone (a random read-modify-write of a cache-resident
+//! `[batch]` row, the edges streamed; [`row_update_s_per_edge`]) times the step's edge
+//! visits, measured in the same run.
 //!
 //! The measurement runs here, not in the library: peak memory comes from
 //! [`lockstep_core::memory`].
@@ -312,6 +316,22 @@ pub struct ConfigBenchReport {
     /// `memcpy` of the same edge arrays split over all the rayon pool's threads, as the
     /// SpMV is (bytes copied / s, best of 5): the yardstick of the SpMV's bandwidth.
     pub memcpy_bytes_per_s: f64,
+    /// Median seconds per step of the scatter form's windowed recurrent weight gradient,
+    /// part of the adjoint SpMV's (`split_s[3]`); 0 in the gather form.
+    pub weight_grad_s: f64,
+    /// Median seconds per step of the adjoint SpMV without the windowed weight gradient
+    /// (the scatter alone; in the gather form, which adds the gradient edge by edge,
+    /// `split_s[3]`).
+    pub spmv_alone_s: f64,
+    /// Recurrent edge visits of the adjoint SpMV per optimizer step (every edge at every
+    /// backward step whose arrival lies within the sequence).
+    pub adjoint_edges_per_step: f64,
+    /// In the scatter form, its work per edge visit alone on this machine, on the pool's
+    /// threads (seconds per edge, best of 5; [`row_update_s_per_edge`]), with rows drawn
+    /// from blocks of the kernel's size (`[SCATTER_BLOCK, batch]`, in L2) and from blocks
+    /// of [`L1_BLOCK_BYTES`]: the scatter's floor per step is `adjoint_edges_per_step`
+    /// times the smaller. `None` in the gather form.
+    pub row_update_s_per_edge: Option<[f64; 2]>,
     /// Loss of the last step.
     pub loss: f64,
     /// Mean firing rate of the last step (Hz).
@@ -336,6 +356,117 @@ fn par_copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T], parts: usize) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
+/// `gz[src_e] += w_e * row` for every edge `e` (`src`, `w`: `[edge]`; `row`: `[nb]`; `gz`:
+/// `[block, nb]` float32 rows): the scatter form's adjoint SpMV reduced to its per-edge work,
+/// without its row pointers, classes and adjoint-ring reads. The lanes go in register-sized
+/// blocks of 16, 8 and 1, outermost, as in the kernel.
+///
+/// # Panics
+/// If `src` and `w` differ in length or a source's row lies outside `gz`.
+#[inline(always)]
+fn row_updates(src: &[u16], w: &[f32], row: &[f32], gz: &mut [f32]) {
+    assert_eq!(src.len(), w.len(), "sources and weights of unequal length");
+    let nb = row.len();
+    let mut l0 = 0;
+    while l0 < nb {
+        l0 += match nb - l0 {
+            16.. => row_update_lanes::<16>(src, w, row, gz, l0),
+            8.. => row_update_lanes::<8>(src, w, row, gz, l0),
+            _ => row_update_lanes::<1>(src, w, row, gz, l0),
+        };
+    }
+}
+
+/// [`row_updates`] for lanes `l0 .. l0 + L`; returns `L`.
+#[inline(always)]
+fn row_update_lanes<const L: usize>(
+    src: &[u16],
+    w: &[f32],
+    row: &[f32],
+    gz: &mut [f32],
+    l0: usize,
+) -> usize {
+    let nb = row.len();
+    let r: [f32; L] = row[l0..l0 + L].try_into().expect("L lanes");
+    for (&s, &w) in src.iter().zip(w) {
+        let g: &mut [f32; L] = (&mut gz[s as usize * nb + l0..][..L])
+            .try_into()
+            .expect("L lanes");
+        for l in 0..L {
+            g[l] += w * r[l];
+        }
+    }
+    L
+}
+
+/// [`row_updates`] compiled for AVX2, as the library's scatter kernel is.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn row_updates_avx2(src: &[u16], w: &[f32], row: &[f32], gz: &mut [f32]) {
+    row_updates(src, w, row, gz)
+}
+
+/// The adjoint SpMV's work per edge visit alone, measured on this machine (seconds per
+/// edge, best of `rounds`): `n_edges` read-modify-writes `gz[s] += w * row` of an `nb`-lane
+/// float32 row `s` drawn at random from a block of `block` rows (the scatter form's block
+/// of sources, [`lockstep_snn::SCATTER_BLOCK`]: 256 KB at batch 16, resident in a core's
+/// L2 cache), with the sources (`u16`) and weights (`f32`) streamed from memory, split over
+/// `parts` rayon tasks with a block each. This is what the scatter form must do per edge
+/// and step at the least; the kernel's time over `edges × this` is its overhead (row
+/// pointers, classes, the adjoint ring's reads, scheduling).
+///
+/// # Panics
+/// If `block` exceeds 65,536 (sources are `u16`) or is 0.
+fn row_update_s_per_edge(
+    n_edges: usize,
+    nb: usize,
+    block: usize,
+    parts: usize,
+    rounds: usize,
+) -> f64 {
+    use rayon::prelude::*;
+    assert!((1..=1 << 16).contains(&block), "block of {block} rows");
+    let parts = parts.max(1);
+    let mut rng = lockstep_core::rng::SplitMix64::new(0x5ca7_7e12);
+    let src: Vec<u16> = (0..n_edges)
+        .map(|_| (rng.next_u64() % block as u64) as u16)
+        .collect();
+    let w: Vec<f32> = (0..n_edges).map(|e| 0.5 + (e % 13) as f32 * 0.01).collect();
+    let row: Vec<f32> = (0..nb).map(|l| 0.01 * l as f32).collect();
+    let mut gz = vec![0.0f32; parts * block * nb];
+    let piece = n_edges.div_ceil(parts).max(1);
+    let avx2 = cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2");
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds.max(1) {
+        let clock = std::time::Instant::now();
+        gz.par_chunks_mut(block * nb)
+            .zip(src.par_chunks(piece).zip(w.par_chunks(piece)))
+            .for_each(|(g, (s, w))| {
+                if avx2 {
+                    // SAFETY: the CPU has AVX2 (checked at run time).
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        row_updates_avx2(s, w, &row, g)
+                    }
+                } else {
+                    row_updates(s, w, &row, g);
+                }
+            });
+        best = best.min(clock.elapsed().as_secs_f64());
+        std::hint::black_box(&gz);
+    }
+    best / n_edges.max(1) as f64
+}
+
+/// Bytes of the blocks of rows of the second yardstick of the scatter
+/// ([`ConfigBenchReport::row_update_s_per_edge`]): a quarter of a Zen 3 core's 32 KB L1 data
+/// cache, so that the rows stay there beside the streamed edges (a block size the kernel
+/// cannot use: each block re-reads the adjoint rows of every target).
+const L1_BLOCK_BYTES: usize = 8 * 1024;
+
 /// Measures one training config: `warmup` untimed steps, then `repeats` timed steps.
 pub fn bench_config(
     config: &std::path::Path,
@@ -358,6 +489,7 @@ pub fn bench_config(
     let mut steps = Vec::new();
     let mut split: [Vec<f64>; 5] = Default::default();
     let (mut edge_bytes, mut spmv_s, mut scatter) = (0u64, 0.0f64, false);
+    let (mut edge_visits, mut weight_grad, mut spmv_alone) = (0u64, Vec::new(), Vec::new());
     let mut last = None;
     for r in 0..warmup + repeats.max(1) {
         let clock = std::time::Instant::now();
@@ -378,6 +510,9 @@ pub fn bench_config(
                 v.push(x);
             }
             edge_bytes += t.adjoint_edge_bytes;
+            edge_visits += t.adjoint_edges;
+            weight_grad.push(t.weight_grad_s);
+            spmv_alone.push(t.adjoint_spmv_s - t.weight_grad_s);
             spmv_s += t.adjoint_spmv_s;
             scatter = t.adjoint_scatter;
         }
@@ -406,6 +541,13 @@ pub fn bench_config(
         }
     }
     let bytes = 4.0 * (off.len() + w.len()) as f64;
+    drop((off_dst, w_dst));
+    let row_update = scatter.then(|| {
+        let l1_rows = (L1_BLOCK_BYTES / (4 * batch.max(1))).max(1);
+        [lockstep_snn::SCATTER_BLOCK, l1_rows]
+            .map(|rows| row_update_s_per_edge(off.len(), batch, rows, threads, 5))
+    });
+    let timed = steps.len();
     let last = last.expect("at least one step");
     Ok(ConfigBenchReport {
         config: config.to_path_buf(),
@@ -425,6 +567,10 @@ pub fn bench_config(
         },
         memcpy_1_bytes_per_s: bytes / best[0],
         memcpy_bytes_per_s: bytes / best[1],
+        weight_grad_s: median(weight_grad),
+        spmv_alone_s: median(spmv_alone),
+        adjoint_edges_per_step: edge_visits as f64 / timed.max(1) as f64,
+        row_update_s_per_edge: row_update,
         spmv_scatter: scatter,
         loss: last.loss,
         mean_rate_hz: last.mean_rate_hz,
@@ -476,6 +622,25 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             rayon::current_num_threads(),
             r.spmv_bytes_per_s / r.memcpy_bytes_per_s
         );
+        if let Some([l2, l1]) = r.row_update_s_per_edge {
+            let floor = r.adjoint_edges_per_step * l2.min(l1);
+            println!(
+                "  adjoint SpMV {:.3} s = scatter {:.3} s + windowed weight gradient {:.3} s; the scatter's work per edge alone (a random read-modify-write of a {}-byte row, the edges streamed) {:.3} ns/edge in {} KB blocks (the kernel's), {:.3} ns/edge in {} KB blocks, on {} threads: at least {:.3} s for the step's {:.4e} edge visits (scatter / that {:.2}; / the kernel's blocks' {:.2})",
+                r.split_s[3],
+                r.spmv_alone_s,
+                r.weight_grad_s,
+                4 * r.batch,
+                l2 * 1e9,
+                lockstep_snn::SCATTER_BLOCK * 4 * r.batch / 1024,
+                l1 * 1e9,
+                L1_BLOCK_BYTES / 1024,
+                rayon::current_num_threads(),
+                floor,
+                r.adjoint_edges_per_step,
+                r.spmv_alone_s / floor,
+                r.spmv_alone_s / (r.adjoint_edges_per_step * l2)
+            );
+        }
         println!(
             "  last step: loss {:.6}, mean rate {:.2} Hz",
             r.loss, r.mean_rate_hz
@@ -486,7 +651,32 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::par_copy;
+    use super::{par_copy, row_update_s_per_edge, row_updates};
+
+    #[test]
+    fn row_updates_add_each_edge_into_its_source_row_for_any_lane_count() {
+        for nb in [1, 5, 8, 16, 21] {
+            let src: Vec<u16> = vec![2, 0, 2, 1, 3, 2];
+            let w: Vec<f32> = vec![1.0, -2.0, 0.5, 3.0, 0.25, 4.0];
+            let row: Vec<f32> = (0..nb).map(|l| 1.0 + l as f32).collect();
+            let mut gz = vec![0.0f32; 4 * nb];
+            row_updates(&src, &w, &row, &mut gz);
+            let mut want = vec![0.0f32; 4 * nb];
+            for (&s, &w) in src.iter().zip(&w) {
+                for l in 0..nb {
+                    want[s as usize * nb + l] += w * row[l];
+                }
+            }
+            assert_eq!(gz, want, "{nb} lanes");
+            assert_ne!(gz, vec![0.0; 4 * nb]);
+        }
+    }
+
+    #[test]
+    fn row_update_yardstick_gives_a_positive_time_per_edge() {
+        let s = row_update_s_per_edge(10_000, 16, 64, 2, 2);
+        assert!(s.is_finite() && s > 0.0 && s < 1e-3, "{s} s per edge");
+    }
 
     #[test]
     fn par_copy_copies_every_element_for_any_split() {

@@ -814,6 +814,10 @@ pub struct StepTiming {
     pub backward_s: f64,
     /// Of which the transposed SpMV over all recurrent edges with its weight gradient.
     pub adjoint_spmv_s: f64,
+    /// Of `adjoint_spmv_s`, the scatter form's recurrent weight gradient, taken per window
+    /// of 16 steps and per target; 0 in the gather form, whose SpMV adds the weight gradient
+    /// edge by edge.
+    pub weight_grad_s: f64,
     /// Recurrent edges the SpMV visited (summed over steps).
     pub adjoint_edges: u64,
     /// Bytes of edge arrays the SpMV streamed for those visits: per edge, the 4-byte target
@@ -1449,6 +1453,7 @@ impl<'a> Kernel<'a> {
                     .expect("a spike window in the scatter form");
                 win.record(t, flags, FIRED);
                 if t.is_multiple_of(GRAD_WINDOW) {
+                    let grad_start = std::time::Instant::now();
                     win.group();
                     let win = &*win;
                     let gs = Shared::new(&mut grad[..n_rec]);
@@ -1459,6 +1464,7 @@ impl<'a> Kernel<'a> {
                         unsafe { sc.window_gradient(j0, j1, win, self.t_len, rl, nb, mu, gs) };
                     });
                     adj.window.as_mut().expect("the window").clear();
+                    timing.weight_grad_s += grad_start.elapsed().as_secs_f64();
                 }
             }
             for pass in 0..n_passes {

@@ -47,7 +47,7 @@ use rayon::prelude::*;
 /// V1 at `seq_len` 50, the SpMV took 3.2-3.9 s with 4,096, 4.2 s with 3,072, 4.4-4.8 s with
 /// 2,048 (each block re-reads every row of `mu`), 4.5-4.9 s with 8,192 and 4.6-4.7 s with
 /// 16,384, against about 6 s for the gather form. Results do not depend on it.
-const SCATTER_BLOCK: usize = 4096;
+pub const SCATTER_BLOCK: usize = 4096;
 
 /// Blocks of sources for `n` neurons and `threads` threads: at most [`SCATTER_BLOCK`]
 /// sources each, a multiple of the thread count (so that the threads get equal shares).

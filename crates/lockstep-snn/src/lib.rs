@@ -50,6 +50,7 @@ mod trained_simulation;
 pub use all_to_all::all_to_all_glif3;
 pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel, SpmvForm};
 pub use bptt_batch::StepTiming;
+pub use bptt_scatter::SCATTER_BLOCK;
 pub use config::{
     loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
     SnnTrainConfig, SnnTraining, TrainingSpikes, TRAINING_SPIKES_DIR,

@@ -254,6 +254,21 @@ fn batched_f32_scatter_spmv_matches_the_reference() {
     let serial = model_in_form(&spec, None, false, SpmvForm::Scatter);
     let a = serial.loss_and_grad(&p, 3, 5).unwrap();
     assert_matches(&a, &reference, "scatter form");
+    // The timing says which form ran and what part of the SpMV the windowed gradient took.
+    let (_, ts) = serial.loss_and_grad_timed(&p, 3, 5).unwrap();
+    let (_, tg) = gather.loss_and_grad_timed(&p, 3, 5).unwrap();
+    assert!(ts.adjoint_scatter && !tg.adjoint_scatter);
+    assert!(
+        ts.weight_grad_s > 0.0 && ts.weight_grad_s <= ts.adjoint_spmv_s,
+        "windowed gradient {} s of an SpMV of {} s",
+        ts.weight_grad_s,
+        ts.adjoint_spmv_s
+    );
+    assert_eq!(
+        tg.weight_grad_s, 0.0,
+        "the gather form has no windowed gradient"
+    );
+    assert_eq!(ts.adjoint_edges, tg.adjoint_edges, "the same edge visits");
     assert_eq!(
         a.loss.to_bits(),
         g.loss.to_bits(),
