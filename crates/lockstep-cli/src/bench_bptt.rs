@@ -438,7 +438,10 @@ fn row_update_s_per_edge(
     let row: Vec<f32> = (0..nb).map(|l| 0.01 * l as f32).collect();
     let mut gz = vec![0.0f32; parts * block * nb];
     let piece = n_edges.div_ceil(parts).max(1);
-    let avx2 = cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
     let mut best = f64::INFINITY;
     for _ in 0..rounds.max(1) {
         let clock = std::time::Instant::now();
