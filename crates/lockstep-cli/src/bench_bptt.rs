@@ -413,7 +413,7 @@ unsafe fn row_updates_avx2(src: &[u16], w: &[f32], row: &[f32], gz: &mut [f32]) 
 /// edge, best of `rounds`): `n_edges` read-modify-writes `gz[s] += w * row` of an `nb`-lane
 /// float32 row `s` drawn at random from a block of `block` rows (the scatter form's block
 /// of sources, [`lockstep_snn::SCATTER_BLOCK`]: 256 KB at batch 16, resident in a core's
-/// L2 cache), with the sources (`u16`) and weights (`f32`) streamed from memory, split over
+/// L2 cache; or [`L1_BLOCK_BYTES`] of rows, resident in L1), with the sources (`u16`) and weights (`f32`) streamed from memory, split over
 /// `parts` rayon tasks with a block each. This is what the scatter form must do per edge
 /// and step at the least; the kernel's time over `edges × this` is its overhead (row
 /// pointers, classes, the adjoint ring's reads, scheduling).
@@ -581,9 +581,10 @@ pub fn bench_config(
 }
 
 fn run_configs(args: &BpttArgs) -> Result<()> {
+    let threads = rayon::current_num_threads();
     println!(
         "BPTT per optimizer step, {} rayon threads, median of {} steps after {} warm-up",
-        rayon::current_num_threads(),
+        threads,
         args.repeats.max(1),
         args.warmup
     );
@@ -620,9 +621,9 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             if r.spmv_scatter { "scatter" } else { "gather" },
             r.spmv_bytes_per_s / 1e9,
             r.memcpy_bytes_per_s / 1e9,
-            rayon::current_num_threads(),
+            threads,
             r.memcpy_1_bytes_per_s / 1e9,
-            rayon::current_num_threads(),
+            threads,
             r.spmv_bytes_per_s / r.memcpy_bytes_per_s
         );
         if let Some([l2, l1]) = r.row_update_s_per_edge {
@@ -637,7 +638,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
                 lockstep_snn::SCATTER_BLOCK * 4 * r.batch / 1024,
                 l1 * 1e9,
                 L1_BLOCK_BYTES / 1024,
-                rayon::current_num_threads(),
+                threads,
                 floor,
                 r.adjoint_edges_per_step,
                 r.spmv_alone_s / floor,
