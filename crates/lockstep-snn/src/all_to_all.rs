@@ -1,7 +1,7 @@
 //! Generated benchmark/test networks.
 
-use crate::model::CellModel;
 use crate::network::{CellType, EdgeSpec, NetworkSpec, NeuronSpec, VirtualNodeSpec};
+use crate::simulation::model::CellModel;
 
 /// Deterministic 64-bit LCG (Knuth MMIX constants) for network generation.
 struct Lcg(u64);

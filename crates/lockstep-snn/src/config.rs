@@ -17,13 +17,13 @@ use lockstep_sonata::SonataConfig;
 use serde::de::{self, IgnoredAny};
 use serde::{Deserialize, Deserializer};
 
-use crate::bptt::{BpttOptions, Dtype, SnnModel};
 use crate::error::{Result, SnnError};
 use crate::input::{InputSpec, PoissonSpec};
 use crate::loss::LossesSection;
 use crate::network::NetworkSpec;
 use crate::scalar::{Surrogate, SurrogateSpec};
 use crate::sonata::spike_trains_for_virtual_nodes;
+use crate::training::{BpttOptions, Dtype, SnnModel};
 
 /// The model's keys of a training config's `run` (the engine owns the others, e.g.
 /// `batch_size`).

@@ -10,7 +10,7 @@
 use lockstep_core::rng::{splitmix64, unit_f64};
 
 use crate::error::{Result, SnnError};
-use crate::nest::TimeGrid;
+use crate::simulation::nest::TimeGrid;
 
 /// Input description: any combination of spike trains and Poisson background.
 #[derive(Debug, Clone, Default, PartialEq)]

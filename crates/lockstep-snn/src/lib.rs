@@ -18,65 +18,60 @@
 //! * **Bad input is refused, not guessed:** unsupported models, parameters, receptors, delays
 //!   and config keys are errors ([`SnnError`]) naming the node type, edge, file or key.
 //!
-//! Layout: cell models and NEST's propagators (`model`, `nest`, `step`), networks in CSR form
-//! per presynaptic source grouped by delay and receptor port (`network`), inputs (`input`),
-//! the batched forward simulation (`forward`, with its f64 structure-of-arrays kernel in
-//! `simulation_kernel`), BPTT and losses (`bptt`: per-sample f64 and the
-//! f32 reference; `bptt_batch`: the batch-innermost float32 kernels; `loss`), the SONATA
-//! adapter (`sonata`), config reading (`config`), the `lockstep simulate` run
-//! (`simulate_config`) and the trainer's replica (`replica`). Every public item is
-//! re-exported here, at one path.
+//! Layout: two compute paths as folders, shared pieces beside them.
+//! * `simulation/`: the NEST-exact float64 simulation (cell models, NEST's propagators and
+//!   time grid, one neuron's step, the forward recursion and its kernel, `lockstep simulate`).
+//! * `training/`: BPTT ([`SnnModel`], its options, the per-sample float64 reference and
+//!   gradient oracle, and the float32 CPU engine in `training/cpu_f32/`). The engine is chosen
+//!   once, in [`SnnModel::new`].
+//! * Shared: networks in CSR form per presynaptic source grouped by delay and receptor port
+//!   (`network`), inputs (`input`), losses (`loss`), the numbers the step runs on and the
+//!   surrogate (`scalar`), errors, config reading (`config`), the SONATA adapter (`sonata`)
+//!   and the trainer's replica (`replica`). Every public item is re-exported here, at one path.
 
 mod all_to_all;
-mod bptt;
-mod bptt_batch;
-mod bptt_scatter;
 mod config;
 mod error;
-mod forward;
 mod input;
 mod loss;
-mod model;
-mod nest;
 mod network;
 mod replica;
 mod scalar;
-mod simulate_config;
-mod simulation_kernel;
+mod simulation;
 mod sonata;
-mod step;
 mod trained_simulation;
+mod training;
 
 pub use all_to_all::all_to_all_glif3;
-pub use bptt::{BpttOptions, Dtype, LossAndGrad, SnnModel, SpmvForm};
-pub use bptt_batch::StepTiming;
-pub use bptt_scatter::SCATTER_BLOCK;
 pub use config::{
     loss_names, model_from_config, GradientCheckpointing, InputSection, SnnOutput, SnnRun,
     SnnTrainConfig, SnnTraining, TrainingSpikes, TRAINING_SPIKES_DIR,
 };
 pub use error::{Result, SnnError};
-pub use forward::{
-    simulate, simulate_with, InitialState, SimExtras, SimOptions, SimOutput, TrialSpikes,
-    TrialState, VmRecorder, PROGRESS_CHUNK,
-};
 pub use input::{InputSpec, Inputs, PoissonSpec};
 pub use loss::{Loss, LossesSection, RateTarget, RateUnits};
-pub use model::{
-    AscConsts, CellConsts, CellModel, GlifParams, IafPscAlphaParams, ModelKind, PortConsts,
-    ReceptorError,
-};
-pub use nest::{TimeGrid, TICS_PER_MS};
 pub use network::{
     CellType, Csr, EdgeSpec, Group, Network, NetworkSpec, NeuronSpec, Segment, VirtualNodeSpec,
 };
 pub use replica::{PoissonTrials, SnnReplica};
 pub use scalar::{PseudoDerivative, Scalar, Surrogate, SurrogateSection, SurrogateSpec};
-pub use simulate_config::{
+pub use simulation::config::{
     firing_rates, simulate_config, RateGroup, RateRow, ReportSummary, RunProgress, SimulateOptions,
     SimulationConfig, SimulationOutput, SimulationRun, SimulationSummary,
 };
+pub use simulation::forward::{
+    simulate, simulate_with, SimExtras, SimOptions, SimOutput, TrialSpikes, TrialState, VmRecorder,
+    PROGRESS_CHUNK,
+};
+pub use simulation::model::{
+    AscConsts, CellConsts, CellModel, GlifParams, IafPscAlphaParams, InitialState, ModelKind,
+    PortConsts, ReceptorError,
+};
+pub use simulation::nest::{TimeGrid, TICS_PER_MS};
 pub use sonata::{
     export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,
 };
 pub use trained_simulation::{write_trained_simulation_config, TRAINED_SIMULATION_CONFIG};
+pub use training::{
+    BpttOptions, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming, SCATTER_BLOCK,
+};

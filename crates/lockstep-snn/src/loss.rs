@@ -413,8 +413,8 @@ impl LossesSection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::CellModel;
     use crate::network::{CellType, NeuronSpec};
+    use crate::simulation::model::CellModel;
     use serde_json::json;
 
     fn spec() -> NetworkSpec {

@@ -14,8 +14,8 @@
 //! to the edge's index in the spec.
 
 use crate::error::{Result, SnnError};
-use crate::model::{CellConsts, CellModel};
-use crate::nest::TimeGrid;
+use crate::simulation::model::{CellConsts, CellModel};
+use crate::simulation::nest::TimeGrid;
 
 /// One cell type (SONATA node type) with its model.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +130,15 @@ impl Csr {
     #[inline]
     pub fn segments_of(&self, s: usize) -> &[Segment] {
         &self.segments[self.seg_ptr[s] as usize..self.seg_ptr[s + 1] as usize]
+    }
+
+    /// First CSR slot of source `s` (the number of edges for `s == n_sources`): source
+    /// `s`'s edges are the slots `edge_start(s) .. edge_start(s + 1)`.
+    #[inline]
+    pub fn edge_start(&self, s: usize) -> usize {
+        self.segments
+            .get(self.seg_ptr[s] as usize)
+            .map_or(self.len(), |seg| seg.start as usize)
     }
 }
 

@@ -6,11 +6,11 @@
 //! A batch therefore carries no data, only the global index of its first sample: replicas
 //! draw exactly the inputs that one replica with the whole global batch would draw.
 
-use crate::bptt::SnnModel;
 use crate::config::{loss_names, model_from_config, SnnTrainConfig, TrainingSpikes};
-use crate::simulate_config::to_spike_trains;
+use crate::simulation::config::to_spike_trains;
 use crate::sonata::export_trained_weights;
 use crate::trained_simulation::write_trained_simulation_config;
+use crate::training::SnnModel;
 use anyhow::Context;
 use lockstep_core::memory::MemoryEstimate;
 use lockstep_sonata::Circuit;

@@ -151,6 +151,24 @@ impl Surrogate {
     pub fn dz_du(&self, u: f64, th: f64) -> f64 {
         self.eval(u / th) / th
     }
+
+    /// [`Surrogate::dz_du`] in float32 (1/mV), at the pre-reset potential `u` and threshold
+    /// `th` (both mV rel. `E_L`): `pseudo_derivative(u / th) / th`, every operation in f32
+    /// (the float32 engines and their per-sample oracle).
+    #[inline]
+    pub fn dz_du_f32(&self, u: f32, th: f32) -> f32 {
+        let v = u / th;
+        let pd = match self.kind {
+            PseudoDerivative::Gauss => {
+                let x = (v - 1.0) / self.width as f32;
+                self.gain as f32 * (-(x * x)).exp()
+            }
+            PseudoDerivative::Triangle => {
+                self.gain as f32 * (1.0 - (v - 1.0).abs() / self.width as f32).max(0.0)
+            }
+        };
+        pd / th
+    }
 }
 
 /// A number the single-step update can run on.

@@ -12,8 +12,8 @@ use lockstep_sonata::{
 use serde_json::Value;
 
 use crate::error::{Result, SnnError};
-use crate::model::CellModel;
 use crate::network::{CellType, EdgeSpec, NetworkSpec, NeuronSpec, VirtualNodeSpec};
+use crate::simulation::model::CellModel;
 
 /// Builds the network description of every population of `circuit`.
 ///

@@ -8,7 +8,7 @@
 #![allow(clippy::needless_range_loop)] // index loops over parallel arrays read clearer here
 
 use lockstep_snn::{
-    BpttOptions, Loss, NetworkSpec, PseudoDerivative, RateUnits, SnnModel, Surrogate,
+    BpttOptions, Dtype, Loss, NetworkSpec, PseudoDerivative, RateUnits, SnnModel, Surrogate,
 };
 
 mod common;
@@ -28,6 +28,8 @@ fn model(
         gradient_checkpointing: chunk,
         losses,
         parallel: false,
+        // The float64 reference engine: the oracle runs the same f64 forward code.
+        dtype: Dtype::Float64,
         ..Default::default()
     };
     SnnModel::new(spec, 1.0, &input, opts).unwrap()

@@ -42,9 +42,10 @@ use serde_json::Value;
 
 use crate::config::{cfg_err, inputs_from_config, InputSection};
 use crate::error::{Result, SnnError};
-use crate::forward::{simulate_with, InitialState, SimExtras, SimOptions, SimOutput, VmRecorder};
-use crate::nest::TICS_PER_MS;
 use crate::network::Network;
+use crate::simulation::forward::{simulate_with, SimExtras, SimOptions, SimOutput, VmRecorder};
+use crate::simulation::model::InitialState;
+use crate::simulation::nest::TICS_PER_MS;
 use crate::sonata::network_spec_from_circuit;
 
 /// The sections of a simulation config lockstep simulate reads (with
@@ -481,7 +482,7 @@ pub(crate) fn memory_estimate(
     );
     est.add(
         "edge targets of the simulation kernel (4 bytes per edge)",
-        crate::simulation_kernel::SimPlan::bytes(net),
+        crate::simulation::kernel::SimPlan::bytes(net),
     );
     est.add(
         format!(

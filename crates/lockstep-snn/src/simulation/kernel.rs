@@ -1,7 +1,7 @@
 //! The double-precision forward simulation kernel behind [`crate::simulate`]: NEST-exact,
 //! in structure-of-arrays layout, vectorised over neurons.
 //!
-//! [`crate::step::step_neuron`] is the single definition of the dynamics, generic over
+//! [`crate::simulation::step::step_neuron`] is the single definition of the dynamics, generic over
 //! [`crate::Scalar`], and [`crate::TrialState`] runs it neuron by neuron in `[neuron, port]`
 //! layout (the layout BPTT's reference and the dual-number oracle use). This kernel runs the
 //! same recursion on a trial stored as `u [neuron]`, `asc [asc, neuron]`,
@@ -20,12 +20,12 @@
 //! input spikes emitted in step `t`, each add their weight to the ring slot of step
 //! `t + delay`, in the same order as `TrialState::step`.
 
-use crate::forward::InitialState;
 use crate::input::Inputs;
-use crate::model::{CellConsts, ModelKind};
 use crate::network::{Csr, Network};
 use crate::scalar::Surrogate;
-use crate::step::{step_neuron, NeuronStateMut};
+use crate::simulation::model::InitialState;
+use crate::simulation::model::{CellConsts, ModelKind};
+use crate::simulation::step::{step_neuron, NeuronStateMut};
 use wide::{f64x4, CmpEq, CmpGe, CmpGt, CmpLt};
 
 /// What a simulation computes once from its network and shares among its trials: each
@@ -507,10 +507,10 @@ fn advance<const GLIF: bool, const GA: usize, const GP: usize>(c: &CellConsts, g
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::forward::TrialState;
     use crate::input::{InputSpec, PoissonSpec};
-    use crate::model::CellModel;
     use crate::network::{CellType, EdgeSpec, NetworkSpec, NeuronSpec, VirtualNodeSpec};
+    use crate::simulation::forward::TrialState;
+    use crate::simulation::model::CellModel;
     use lockstep_core::rng::SplitMix64;
     use serde_json::json;
 

@@ -12,7 +12,7 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Result, SnnError};
-use crate::nest::{alpha_propagator, TimeGrid};
+use crate::simulation::nest::{alpha_propagator, TimeGrid};
 
 /// NEST's default `V_m` of `glif_psc` (mV) when the parameters do not set it.
 pub(crate) const GLIF_DEFAULT_V_M: f64 = -78.85;
@@ -609,6 +609,18 @@ pub struct CellConsts {
     /// Resting potential `E_L` (mV): the membrane potential is `V_m = U + E_L` (NEST's
     /// `get_V_m_()` of `glif_psc` and `iaf_psc_alpha`).
     pub e_l: f64,
+}
+
+/// Initial state of a trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitialState {
+    /// As NEST starts the nodes: `V_m` from the parameters (or the model's absolute default),
+    /// ASCs at `asc_init`, PSCs zero. Used by `simulate` for NEST-exact reproduction.
+    #[default]
+    Nest,
+    /// Every neuron at rest: zero state (`docs/neuron-models.md`, "Batched simulation"; used for training).
+    Rest,
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! At every backward step the adjoint of each source's spike is
 //! `gz[s] = sum_e w_e mu[target_e](t + d_e)` over the source's recurrent edges, with
 //! `mu [ring_len, neuron, port, B]` the adjoint of the arrivals (a 16-sample row is one cache
-//! line). The gather form ([`crate::bptt_batch`]) walks the edges per source and reads one
+//! line). The gather form (`kernel.rs`, `backward.rs`) walks the edges per source and reads one
 //! random row of `mu` per edge; on full V1 those reads miss the core's caches and bound the
 //! pass. The scatter form walks the same edges per target instead: the sources are split
 //! into blocks whose `gz` rows (`[source, B]`, 32 KB per 512 sources at batch 16) stay in the
@@ -38,8 +38,8 @@
 //! the longer adjoint ring (full V1 at batch 16: 18 steps of 17 MB instead of 3) and the
 //! window's spikes ([`SpikeWindow::bytes`]).
 
-use crate::bptt_batch::{edge_start, has_avx2, prefetch, Shared};
 use crate::network::Csr;
+use crate::training::cpu_f32::simd::{has_avx2, prefetch, Shared};
 use rayon::prelude::*;
 
 /// Sources per block at most: their `gz` rows (64 bytes each at batch 16, 256 KB per block)
@@ -138,7 +138,7 @@ impl ScatterSpmv {
             .zip(s.block_slots(csr, &mut w))
             .collect();
         s.for_blocks(parts, |b, ((rows, src), w)| {
-            let (r0, base) = (s.block_rows(b).start, edge_start(csr, s.src_starts[b]));
+            let (r0, base) = (s.block_rows(b).start, csr.edge_start(s.src_starts[b]));
             for_each_key_in_block(&s, csr, b, |key, _, _| rows[key - r0 + 1] += 1);
             let mut sum = base as u32;
             for p in rows.iter_mut() {
@@ -203,10 +203,7 @@ impl ScatterSpmv {
             .zip(self.block_slots(csr, v))
             .collect();
         self.for_blocks(parts, |b, (pos, v)| {
-            let (r0, base) = (
-                self.block_rows(b).start,
-                edge_start(csr, self.src_starts[b]),
-            );
+            let (r0, base) = (self.block_rows(b).start, csr.edge_start(self.src_starts[b]));
             for_each_key_in_block(self, csr, b, |key, e, _| {
                 let k = pos[key - r0] as usize;
                 pos[key - r0] += 1;
@@ -236,7 +233,7 @@ impl ScatterSpmv {
     fn block_slots<'x, A>(&self, csr: &Csr, mut v: &'x mut [A]) -> Vec<&'x mut [A]> {
         let mut out = Vec::with_capacity(self.n_blocks());
         for k in 0..self.n_blocks() {
-            let len = edge_start(csr, self.src_starts[k + 1]) - edge_start(csr, self.src_starts[k]);
+            let len = csr.edge_start(self.src_starts[k + 1]) - csr.edge_start(self.src_starts[k]);
             let (v0, v1) = std::mem::take(&mut v).split_at_mut(len);
             v = v1;
             out.push(v0);

@@ -4,7 +4,7 @@
 //! `u [neuron]`, `asc [neuron, n_asc]`, `y1`/`y2 [neuron, port]`, `refr [neuron]` and a ring
 //! buffer `ring [slot, neuron, port]` of `max_delay + 1` slots, advanced by
 //! [`TrialState::step`], generic over [`Scalar`]. [`simulate`] runs the same recursion in
-//! double precision through `crate::simulation_kernel` (structure-of-arrays, four neurons per
+//! double precision through `crate::simulation::kernel` (structure-of-arrays, four neurons per
 //! vector operation), bitwise equal to `TrialState::<f64>::step`. A trial's whole working set
 //! (about 300 KB for the 450-cell network at dt 0.1 ms) stays in cache while it advances;
 //! trials never interact, so trials run in parallel (rayon) without any synchronisation and
@@ -19,20 +19,9 @@ use rayon::prelude::*;
 use crate::input::Inputs;
 use crate::network::Network;
 use crate::scalar::{Scalar, Surrogate};
-use crate::simulation_kernel::{SimPlan, SimTrial};
-use crate::step::{step_neuron, NeuronStateMut};
-
-/// Initial state of a trial.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum InitialState {
-    /// As NEST starts the nodes: `V_m` from the parameters (or the model's absolute default),
-    /// ASCs at `asc_init`, PSCs zero. Used by `simulate` for NEST-exact reproduction.
-    #[default]
-    Nest,
-    /// Every neuron at rest: zero state (`docs/neuron-models.md`, "Batched simulation"; used for training).
-    Rest,
-}
+use crate::simulation::kernel::{SimPlan, SimTrial};
+use crate::simulation::model::InitialState;
+use crate::simulation::step::{step_neuron, NeuronStateMut};
 
 /// State of one trial. Shapes in the module docs.
 #[derive(Debug, Clone, PartialEq)]

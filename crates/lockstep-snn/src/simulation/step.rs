@@ -4,15 +4,15 @@
 //! and `iaf_psc_alpha::update` operation by operation (same order of floating-point
 //! operations for `f64`), so that the forward pass is NEST-exact. Running it on dual numbers
 //! gives the surrogate-gradient directional derivative that the BPTT backward pass
-//! ([`crate::bptt`]) must reproduce:
+//! (`crate::training`) must reproduce:
 //!
 //! * spike `z = H(U_n - th)` with derivative `pseudo_derivative(U_n / th) / th * dU_n`;
 //! * after-spike currents `A'' = A' + z * (amp + A' * refr_decay - A')` (value: NEST's jump);
 //! * hard reset forward `U' = V_reset`, soft-reset derivative `dU' = dU_n - (th - V_reset) dz`;
 //! * refractory steps hold `U` and `A` (gradient passes unchanged), `z = 0` with no derivative.
 
-use crate::model::{CellConsts, ModelKind};
 use crate::scalar::{Scalar, Surrogate};
+use crate::simulation::model::{CellConsts, ModelKind};
 
 /// Mutable state of one neuron (one trial). Shapes: `asc` `[n_asc]`, `y1`/`y2` `[n_ports]`.
 #[derive(Debug)]
