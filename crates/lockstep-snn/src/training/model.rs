@@ -87,11 +87,13 @@ impl SnnModel {
             sign.extend(net.weights_in.iter().map(|&w| sign_of(w)));
         }
         // iaf_psc_alpha chose the port by sign: a zero weight sits on the inhibitory port.
-        for (csr, off) in [
-            (&net.recurrent, 0usize),
-            (&net.input, net.weights_rec.len()),
+        // The input block is constrained only when trained (with no recurrent edges it
+        // starts at offset 0 too, so the block, not its offset, decides).
+        for (csr, off, trained) in [
+            (&net.recurrent, 0usize, true),
+            (&net.input, net.weights_rec.len(), opts.train_input_weights),
         ] {
-            if off > 0 && !opts.train_input_weights {
+            if !trained {
                 continue;
             }
             for seg in &csr.segments {

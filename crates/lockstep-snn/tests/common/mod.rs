@@ -6,8 +6,8 @@
 
 use lockstep_snn::CellModel;
 use lockstep_snn::{
-    CellType, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec, RateUnits,
-    VirtualNodeSpec,
+    BpttOptions, CellType, Dtype, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec,
+    RateUnits, VirtualNodeSpec,
 };
 use serde_json::json;
 
@@ -168,4 +168,40 @@ pub fn losses(n: usize) -> Vec<Loss> {
         },
         Loss::VoltageRegularization { cost: 0.7 },
     ]
+}
+
+/// An engine `lockstep train` can choose (`run.dtype`, `run.device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// `run.dtype: float64`: the per-sample NEST-exact reference.
+    Float64,
+    /// `run.dtype: float32` on CPU cores (the default).
+    Float32Cpu,
+}
+
+impl Engine {
+    /// The options that select this engine (the rest at their defaults).
+    pub fn options(self) -> BpttOptions {
+        let dtype = match self {
+            Engine::Float64 => Dtype::Float64,
+            Engine::Float32Cpu => Dtype::Float32,
+        };
+        BpttOptions {
+            dtype,
+            ..Default::default()
+        }
+    }
+
+    /// The precision of the per-sample reference this engine reproduces.
+    pub fn reference_dtype(self) -> Dtype {
+        match self {
+            Engine::Float64 => Dtype::Float64,
+            Engine::Float32Cpu => Dtype::Float32,
+        }
+    }
+}
+
+/// Every engine `lockstep train` can choose: each edge-case test runs on all of them.
+pub fn engines() -> Vec<Engine> {
+    vec![Engine::Float64, Engine::Float32Cpu]
 }
