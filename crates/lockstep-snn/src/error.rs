@@ -115,6 +115,10 @@ pub enum SnnError {
     /// The run would need more memory than the machine has (checked before any output).
     #[error(transparent)]
     Memory(#[from] lockstep_core::memory::MemoryError),
+    /// The GPU: no adapter, a missing feature, a buffer over the adapter's limits, a device
+    /// error.
+    #[error(transparent)]
+    Gpu(#[from] lockstep_gpu::GpuError),
 }
 
 impl From<lockstep_sonata::SonataError> for SnnError {

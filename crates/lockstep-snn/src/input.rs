@@ -168,18 +168,36 @@ impl Inputs {
         self.poisson.len()
     }
 
+    /// The Poisson nodes: `(virtual node, mean spike count per step)`, nodes ascending.
+    pub(crate) fn poisson_nodes(&self) -> &[(u32, f64)] {
+        &self.poisson
+    }
+
+    /// The seed of the Poisson draws.
+    pub(crate) fn poisson_seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The file spikes emitted in update step `step` (the same in every sample), as
+    /// `(virtual node, count)` with the nodes ascending.
+    pub(crate) fn file_events(&self, step: usize) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let (a, b) = if step < self.n_steps {
+            (
+                self.step_ptr[step] as usize,
+                self.step_ptr[step + 1] as usize,
+            )
+        } else {
+            (0, 0)
+        };
+        (a..b).map(|i| (self.node[i], self.count[i]))
+    }
+
     /// Call `f(node, count)` for every virtual node emitting `count >= 1` spikes in update
     /// step `step` of global sample `sample` (file spikes first, then Poisson draws).
     #[inline]
     pub fn for_each(&self, sample: u64, step: usize, mut f: impl FnMut(u32, u32)) {
-        if step < self.n_steps {
-            let (a, b) = (
-                self.step_ptr[step] as usize,
-                self.step_ptr[step + 1] as usize,
-            );
-            for i in a..b {
-                f(self.node[i], self.count[i]);
-            }
+        for (v, c) in self.file_events(step) {
+            f(v, c);
         }
         for (i, &(v, mean)) in self.poisson.iter().enumerate() {
             let u = keyed_uniform(self.seed, sample, v as u64, step as u64);

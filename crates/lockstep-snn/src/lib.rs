@@ -73,5 +73,5 @@ pub use sonata::{
 };
 pub use trained_simulation::{write_trained_simulation_config, TRAINED_SIMULATION_CONFIG};
 pub use training::{
-    BpttOptions, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming, SCATTER_BLOCK,
+    BpttOptions, DeviceRequest, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming, SCATTER_BLOCK,
 };

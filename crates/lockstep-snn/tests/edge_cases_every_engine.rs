@@ -7,6 +7,8 @@
 //! that its loss and gradient agree with the per-sample float32 reference (the float32
 //! engines) or are the float64 reference itself.
 
+#![allow(clippy::needless_range_loop)] // the shared test network indexes parallel arrays
+
 use lockstep_snn::{BpttOptions, Dtype, InputSpec, LossAndGrad, NetworkSpec, SnnModel};
 
 mod common;

@@ -1,9 +1,10 @@
 //! The trainable model ([`SnnModel`]) and the one place where its engine is chosen.
 //!
 //! [`SnnModel::new`] compiles the network and picks the engine from the options once
-//! ([`Engine`]): the per-sample float64 reference (`run.dtype: float64`), the batch-innermost
-//! float32 CPU kernels (`float32`, the default). Every later call goes to that engine; no
-//! other code branches on the precision.
+//! (`Engine`): the per-sample float64 reference (`run.dtype: float64`), the batch-innermost
+//! float32 CPU kernels (`float32`, the default), or the float32 GPU kernels (`run.device:
+//! "gpu"`). Every later call goes to that engine; no other code branches on the precision
+//! or the device.
 
 use lockstep_core::memory::MemoryEstimate;
 
@@ -13,7 +14,8 @@ use crate::loss::Loss;
 use crate::network::{Network, NetworkSpec};
 use crate::simulation::model::ModelKind;
 use crate::training::cpu_f32::CpuF32Engine;
-use crate::training::options::{BpttOptions, Dtype, LossAndGrad, StepTiming};
+use crate::training::gpu::GpuEngine;
+use crate::training::options::{BpttOptions, DeviceRequest, Dtype, LossAndGrad, StepTiming};
 use crate::training::problem::{LossConsts, Problem};
 use crate::training::reference;
 
@@ -24,14 +26,29 @@ enum Engine {
     Reference,
     /// The batch-innermost float32 kernels on CPU cores (`run.dtype: float32`).
     CpuF32(Box<CpuF32Engine>),
+    /// The float32 kernels on a GPU (`run.device: "gpu"`).
+    Gpu(Box<GpuEngine>),
 }
 
 impl Engine {
-    /// The engine for `opts`.
-    fn choose(opts: &BpttOptions) -> Engine {
-        match opts.dtype {
-            Dtype::Float64 => Engine::Reference,
-            Dtype::Float32 => Engine::CpuF32(Box::default()),
+    /// The engine for `opts`: the GPU's adapter is selected and opened here.
+    ///
+    /// Errors: float64 on a GPU, no adapter, an adapter without the features the kernels
+    /// need.
+    fn choose(opts: &BpttOptions) -> Result<Engine> {
+        match (opts.dtype, opts.device) {
+            (Dtype::Float64, DeviceRequest::Cpu) => Ok(Engine::Reference),
+            (Dtype::Float32, DeviceRequest::Cpu) => Ok(Engine::CpuF32(Box::default())),
+            (Dtype::Float64, DeviceRequest::Gpu(_)) => Err(SnnError::Shape(
+                "run.device \"gpu\" computes in float32; set run.dtype to \"float32\" (or run.device to \"cpu\" for the float64 reference)".into(),
+            )),
+            (Dtype::Float32, DeviceRequest::Gpu(index)) => {
+                let all = lockstep_gpu::process_adapters();
+                let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                let selected =
+                    lockstep_gpu::select_adapter(&all, index, opts.device_slot, cuda.as_deref())?;
+                Ok(Engine::Gpu(Box::new(GpuEngine::new(selected)?)))
+            }
         }
     }
 }
@@ -106,7 +123,7 @@ impl SnnModel {
             }
         }
         let live_ports = net.live_ports();
-        let engine = Engine::choose(&opts);
+        let engine = Engine::choose(&opts)?;
         Ok(SnnModel {
             net,
             inputs,
@@ -139,6 +156,7 @@ impl SnnModel {
         match &self.engine {
             Engine::Reference => {}
             Engine::CpuF32(e) => e.release_workspace(),
+            Engine::Gpu(e) => e.release(),
         }
     }
 
@@ -216,6 +234,7 @@ impl SnnModel {
         match &self.engine {
             Engine::Reference => reference::tape_bytes_per_sample(&p),
             Engine::CpuF32(_) => CpuF32Engine::tape_bytes_per_sample(&p),
+            Engine::Gpu(_) => GpuEngine::tape_bytes_per_sample(&p),
         }
     }
 
@@ -233,6 +252,7 @@ impl SnnModel {
         match &self.engine {
             Engine::Reference => reference::memory_estimate(&p, local_batch),
             Engine::CpuF32(_) => CpuF32Engine::memory_estimate(&p, local_batch),
+            Engine::Gpu(_) => GpuEngine::memory_estimate(&p, local_batch),
         }
     }
 
@@ -273,6 +293,43 @@ impl SnnModel {
                 Ok((r, timing))
             }
             Engine::CpuF32(e) => e.loss_and_grad(&p, params, first_sample, batch),
+            Engine::Gpu(e) => e.loss_and_grad(&p, params, first_sample, batch),
+        }
+    }
+
+    /// Prepares the engine's device for local batches of `local_batch` samples: on a GPU,
+    /// allocates every buffer (each checked against the adapter's limits) and compiles the
+    /// kernels, and returns the device bytes; on CPU cores nothing (0).
+    ///
+    /// Errors: a GPU buffer over the adapter's limits (named, with its size), a device error.
+    pub fn prepare_device(&self, local_batch: usize) -> Result<u64> {
+        match &self.engine {
+            Engine::Gpu(e) => e.prepare(&self.problem(), local_batch.max(1)),
+            _ => Ok(0),
+        }
+    }
+
+    /// Where the model computes, for the log: `cpu`, or the GPU adapter with how it was
+    /// chosen and whether other replicas share it.
+    pub fn device_description(&self) -> String {
+        match &self.engine {
+            Engine::Gpu(e) => {
+                let s = e.selected();
+                format!(
+                    "GPU adapter [{}] {} ({}, {}; {}{})",
+                    s.adapter.index,
+                    s.adapter.name,
+                    s.adapter.backend,
+                    s.adapter.device_type,
+                    s.note,
+                    if s.shared {
+                        "; shared with other ranks of this node"
+                    } else {
+                        ""
+                    }
+                )
+            }
+            _ => "cpu".into(),
         }
     }
 

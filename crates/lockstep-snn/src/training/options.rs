@@ -1,6 +1,8 @@
 //! The options and results of a trainable model, shared by every engine (leaf types: this
 //! file imports nothing of the crate but the cell models' initial state and the surrogate).
 
+pub use lockstep_gpu::DeviceRequest;
+
 use crate::loss::Loss;
 use crate::scalar::Surrogate;
 use crate::simulation::model::InitialState;
@@ -24,6 +26,11 @@ pub struct BpttOptions {
     pub parallel: bool,
     /// Precision of the training computation (`run.dtype`).
     pub dtype: Dtype,
+    /// Where it computes (`run.device`): CPU cores, or a GPU (float32 only).
+    pub device: DeviceRequest,
+    /// The GPU slot of this replica when `device` is `gpu` without an index: the node-local
+    /// rank of an MPI rank, the index of a thread replica ([`lockstep_gpu::select_adapter`]).
+    pub device_slot: usize,
     /// Keep the spikes of the batch's first sample in [`LossAndGrad::first_spikes`], as the
     /// forward pass computes them (no extra simulation; `output.training_spikes`).
     pub record_first_sample: bool,
@@ -90,6 +97,8 @@ impl Default for BpttOptions {
             initial: InitialState::Rest,
             parallel: true,
             dtype: Dtype::default(),
+            device: DeviceRequest::Cpu,
+            device_slot: 0,
             record_first_sample: false,
             spmv_pass_targets: None,
             adjoint_spmv: SpmvForm::Auto,

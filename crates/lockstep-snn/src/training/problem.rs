@@ -178,4 +178,40 @@ impl Problem<'_> {
             })
             .collect()
     }
+
+    /// The loss terms of a batch of `batch` samples (means over the samples, in sample
+    /// order), its spike count, and the direct derivatives of the rate losses with respect
+    /// to each spike, `[neuron, B]`, from the spike counts `counts` (`[neuron, B]`) and the
+    /// voltage-regularization sum of each sample `vreg` (`[B]`).
+    pub fn batch_loss_terms(
+        &self,
+        counts: &[u32],
+        vreg: &[f64],
+        batch: usize,
+    ) -> (Vec<f64>, f64, Vec<f32>) {
+        let n = self.net.n_neurons();
+        let nb = batch;
+        let bn = batch as f64 * n as f64;
+        let mut terms = vec![0.0f64; self.opts.losses.len()];
+        let mut n_spikes = 0.0;
+        let mut gz_rate = vec![0.0f32; n * nb];
+        let mut c = vec![0.0f64; n];
+        for b in 0..nb {
+            for (i, ci) in c.iter_mut().enumerate() {
+                *ci = counts[i * nb + b] as f64;
+            }
+            for (a, t) in terms.iter_mut().zip(self.trial_terms(&c, vreg[b])) {
+                *a += t / batch as f64;
+            }
+            n_spikes += c.iter().sum::<f64>();
+            for (i, ci) in c.iter().enumerate() {
+                let mut g = 0.0;
+                for (target, scale) in self.rate_losses {
+                    g += 2.0 * (ci * scale - target[i]) * scale / bn;
+                }
+                gz_rate[i * nb + b] = g as f32;
+            }
+        }
+        (terms, n_spikes, gz_rate)
+    }
 }

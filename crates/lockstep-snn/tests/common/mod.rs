@@ -6,8 +6,8 @@
 
 use lockstep_snn::CellModel;
 use lockstep_snn::{
-    BpttOptions, CellType, Dtype, EdgeSpec, InputSpec, Loss, NetworkSpec, NeuronSpec, PoissonSpec,
-    RateUnits, VirtualNodeSpec,
+    BpttOptions, CellType, DeviceRequest, Dtype, EdgeSpec, InputSpec, Loss, NetworkSpec,
+    NeuronSpec, PoissonSpec, RateUnits, VirtualNodeSpec,
 };
 use serde_json::json;
 
@@ -177,17 +177,21 @@ pub enum Engine {
     Float64,
     /// `run.dtype: float32` on CPU cores (the default).
     Float32Cpu,
+    /// `run.dtype: float32`, `run.device: "gpu"` (lavapipe in CI).
+    Float32Gpu,
 }
 
 impl Engine {
     /// The options that select this engine (the rest at their defaults).
     pub fn options(self) -> BpttOptions {
-        let dtype = match self {
-            Engine::Float64 => Dtype::Float64,
-            Engine::Float32Cpu => Dtype::Float32,
+        let (dtype, device) = match self {
+            Engine::Float64 => (Dtype::Float64, DeviceRequest::Cpu),
+            Engine::Float32Cpu => (Dtype::Float32, DeviceRequest::Cpu),
+            Engine::Float32Gpu => (Dtype::Float32, DeviceRequest::Gpu(None)),
         };
         BpttOptions {
             dtype,
+            device,
             ..Default::default()
         }
     }
@@ -196,12 +200,12 @@ impl Engine {
     pub fn reference_dtype(self) -> Dtype {
         match self {
             Engine::Float64 => Dtype::Float64,
-            Engine::Float32Cpu => Dtype::Float32,
+            Engine::Float32Cpu | Engine::Float32Gpu => Dtype::Float32,
         }
     }
 }
 
 /// Every engine `lockstep train` can choose: each edge-case test runs on all of them.
 pub fn engines() -> Vec<Engine> {
-    vec![Engine::Float64, Engine::Float32Cpu]
+    vec![Engine::Float64, Engine::Float32Cpu, Engine::Float32Gpu]
 }

@@ -10,7 +10,7 @@ use crate::error::{Result, SnnError};
 use crate::training::cpu_f32::consts::{NEURON_CHUNK, WORKER_CALL_MAX_NEURONS};
 use crate::training::cpu_f32::kernel::Kernel;
 use crate::training::cpu_f32::scatter::ScatterSpmv;
-use crate::training::cpu_f32::workspace::{batch_bytes, uses_scatter, Acc, WorkspaceCache};
+use crate::training::cpu_f32::workspace::{batch_bytes, uses_scatter, WorkspaceCache};
 use crate::training::options::{LossAndGrad, StepTiming};
 use crate::training::problem::Problem;
 
@@ -53,7 +53,11 @@ impl CpuF32Engine {
             let mut fwd = k.forward_pass(&mut ws);
             timing.forward_s = clock.elapsed().as_secs_f64();
             let unsegmented = fwd.full_tape.is_some();
-            let (terms, n_spikes, gz_rate) = batch_loss_terms(p, &fwd.acc, k.n, batch);
+            let n_chunks = k.n.div_ceil(NEURON_CHUNK);
+            let vsum: Vec<f64> = (0..batch)
+                .map(|b| (0..n_chunks).map(|c| fwd.acc.vreg[c * batch + b]).sum())
+                .collect();
+            let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&fwd.acc.counts, &vsum, batch);
             let vreg_coef = p.vreg_cost / (batch as f64 * k.n as f64 * k.t_len as f64);
             let grad = k.backward_pass(&mut fwd, &mut ws, &gz_rate, vreg_coef, &mut timing);
             let grad = k.gradient_f32(&grad);
@@ -152,35 +156,4 @@ impl CpuF32Engine {
             .driven_by("training.gradient_checkpointing");
         e
     }
-}
-
-/// The loss terms of a batch of `batch` samples of `n` neurons (means over the samples, in
-/// sample order), its spike count, and the direct derivatives of the rate losses with
-/// respect to each spike, `[neuron, B]`.
-fn batch_loss_terms(p: &Problem, acc: &Acc, n: usize, batch: usize) -> (Vec<f64>, f64, Vec<f32>) {
-    let nb = batch;
-    let n_chunks = n.div_ceil(NEURON_CHUNK);
-    let bn = batch as f64 * n as f64;
-    let mut terms = vec![0.0f64; p.opts.losses.len()];
-    let mut n_spikes = 0.0;
-    let mut gz_rate = vec![0.0f32; n * nb];
-    let mut counts = vec![0.0f64; n];
-    for b in 0..nb {
-        for i in 0..n {
-            counts[i] = acc.counts[i * nb + b] as f64;
-        }
-        let vsum: f64 = (0..n_chunks).map(|c| acc.vreg[c * nb + b]).sum();
-        for (a, t) in terms.iter_mut().zip(p.trial_terms(&counts, vsum)) {
-            *a += t / batch as f64;
-        }
-        n_spikes += counts.iter().sum::<f64>();
-        for i in 0..n {
-            let mut g = 0.0;
-            for (target, scale) in p.rate_losses {
-                g += 2.0 * (counts[i] * scale - target[i]) * scale / bn;
-            }
-            gz_rate[i * nb + b] = g as f32;
-        }
-    }
-    (terms, n_spikes, gz_rate)
 }

@@ -1,0 +1,600 @@
+// The float32 BPTT step of lockstep's spiking networks as wgpu compute kernels.
+//
+// The host prepends the constants of one model and batch (`const N: u32 = ...;` and the
+// offsets `O_*` of the packed arrays; see `layout.rs`). Every kernel repeats the float32
+// CPU engine's operations in its order (`training/cpu_f32/`), so that on a driver without
+// fused multiply-add (Mesa's lavapipe) the forward pass has the CPU engine's bits:
+//
+// * `draw`: the Poisson counts of one step, keyed by (seed, global sample, node, step) as
+//   `Inputs::for_each` draws them (splitmix64 in u64, inversion in f64);
+// * `deliver`: the arrivals of one step, pulled per (target, port, sample) over the target's
+//   in-edges in the order the CPU ring receives them (steps ascending, i.e. delays
+//   descending; within a step the recurrent sources ascending, then the file events, then the
+//   Poisson events of the input nodes ascending);
+// * `update`: one neuron and sample through one step (membrane, spike, reset, refractory
+//   counter, after-spike currents, alpha PSCs), writing the tape and the spike masks;
+// * `spmv`: the spike adjoint of one source and sample, `gz = sum_e w_e mu[target_e]`, with
+//   the four partial sums per segment of the CPU's gather form, and the recurrent weight
+//   gradient of the source's edges (each edge owned by one invocation; f64 accumulator);
+// * `input_grad`: the input weight gradient, one invocation per input edge;
+// * `local_backward` and `arrivals_adjoint`: the adjoint of one neuron and sample through one
+//   step, and the adjoint of that step's arrivals.
+//
+// No float atomics: every value has one writer per dispatch and every sum a fixed order,
+// so the results do not depend on scheduling. The spike masks are set with atomicOr on u32
+// (order-independent).
+
+struct Step {
+    // The step.
+    t: u32,
+    // Its index in the bound tape chunk.
+    tl: u32,
+    // Bit 0: accumulate the loss sums (spike counts, voltage regularization).
+    flags: u32,
+    // The first global sample of the batch (lane l is sample s0 + l), low and high words.
+    s0_lo: u32,
+    s0_hi: u32,
+}
+
+@group(0) @binding(0) var<storage, read> net_u32: array<u32>;
+@group(0) @binding(1) var<storage, read> net_f32: array<f32>;
+@group(0) @binding(2) var<storage, read> net_f64: array<f64>;
+@group(0) @binding(3) var<storage, read> weights: array<f32>;
+@group(0) @binding(4) var<storage, read_write> state: array<f32>;
+@group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
+@group(0) @binding(6) var<storage, read_write> masks: array<atomic<u32>>;
+@group(0) @binding(7) var<storage, read_write> vreg: array<f64>;
+@group(0) @binding(8) var<storage, read_write> adj: array<f32>;
+@group(0) @binding(9) var<storage, read_write> grad: array<f64>;
+@group(0) @binding(10) var<storage, read> edges_u32: array<u32>;
+@group(1) @binding(0) var<storage, read_write> tape_x: array<f32>;
+@group(1) @binding(1) var<storage, read_write> tape_asc: array<f32>;
+@group(2) @binding(0) var<uniform> step: Step;
+
+const WG: u32 = 64u;
+
+// The linear index of an invocation in a dispatch of (x, y) workgroups of WG.
+fn linear(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * WG + li;
+}
+
+// Group constants (f32 at O_GF32 + g * GF, f64 at g * GD, u32 at O_GU + g * 4).
+fn gf(g: u32, k: u32) -> f32 {
+    return net_f32[g * GF + k];
+}
+fn gd(g: u32, k: u32) -> f64 {
+    return net_f64[g * GD + k];
+}
+fn gu(g: u32, k: u32) -> u32 {
+    return net_u32[O_GU + g * 4u + k];
+}
+// f32 slots of a group.
+const G_P33: u32 = 0u;
+const G_P30: u32 = 1u;
+const G_EXPM1: u32 = 2u;
+const G_IE: u32 = 3u;
+const G_IE_P30: u32 = 4u;
+const G_TH_GT: u32 = 5u;
+const G_TH_GE: u32 = 6u;
+const G_TH32: u32 = 7u;
+const G_VRESET: u32 = 8u;
+const G_TH_MINUS_RESET: u32 = 9u;
+const G_LB32: u32 = 10u;
+const G_LB_LT: u32 = 11u;
+const G_PORTS: u32 = 12u;
+// per port k at G_PORTS + 6 k: p11, p21, p22, p31, p32, psc_init
+// per after-spike current a at G_PORTS + 6 NP + 5 a: stable, decay, amp, rd, jump_slope
+// f64 slots: 0 th, then per after-spike current a at 1 + 2 a: amp, refr_decay
+// u32 slots: 0 glif, 1 refractory steps, 2 after-spike currents, 3 live-port mask
+
+fn port_c(g: u32, k: u32, q: u32) -> f32 {
+    return gf(g, G_PORTS + 6u * k + q);
+}
+fn asc_c(g: u32, a: u32, q: u32) -> f32 {
+    return gf(g, G_PORTS + 6u * NP + 5u * a + q);
+}
+
+fn sample_of(l: u32) -> u64 {
+    return ((u64(step.s0_hi) << 32u) | u64(step.s0_lo)) + u64(l);
+}
+
+// ---------------------------------------------------------------------------------------
+// Inputs.
+
+fn splitmix64(x: u64) -> u64 {
+    var z = x + 0x9E3779B97F4A7C15lu;
+    z = (z ^ (z >> 30u)) * 0xBF58476D1CE4E5B9lu;
+    z = (z ^ (z >> 27u)) * 0x94D049BB133111EBlu;
+    return z ^ (z >> 31u);
+}
+
+// `input::keyed_uniform`: uniform in [0, 1) keyed by (seed, sample, node, step).
+fn keyed_uniform(seed: u64, sample: u64, node: u64, t: u64) -> f64 {
+    var x = splitmix64(seed ^ 0x005EED0F1A57lu);
+    x = splitmix64(x ^ sample);
+    x = splitmix64(x ^ (node * 0x9E3779B9lu));
+    x = splitmix64(x ^ t);
+    return f64(x >> 11u) * (1.0lf / 9007199254740992.0lf);
+}
+
+// Poisson counts of step `step.t`: one invocation per (Poisson node, sample).
+@compute @workgroup_size(64)
+fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= NPOIS * B) {
+        return;
+    }
+    let l = idx % B;
+    let p = idx / B;
+    let v = net_u32[O_PNODE + p];
+    let seed = (u64(net_u32[O_SEED + 1u]) << 32u) | u64(net_u32[O_SEED]);
+    let u = keyed_uniform(seed, sample_of(l), u64(v), u64(step.t));
+    let mean = net_f64[O_PMEAN + p];
+    var pr = net_f64[O_PP0 + p];
+    var cdf = pr;
+    var k = 0u;
+    loop {
+        if (!(u >= cdf && k < 10000u)) {
+            break;
+        }
+        k = k + 1u;
+        pr = pr * (mean / f64(k));
+        cdf = cdf + pr;
+        if (pr == 0.0lf) {
+            break;
+        }
+    }
+    state_u32[O_PRING + ((step.t % RL) * NV + v) * B + l] = k;
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward.
+
+fn fired_bit(t: u32, s: u32, l: u32) -> bool {
+    let m = atomicLoad(&masks[(t * N + s) * W + l / 32u]);
+    return ((m >> (l % 32u)) & 1u) != 0u;
+}
+
+// The arrivals of step `step.t` at (target j, port k) in sample l: one invocation per
+// (j, k, l), l fastest.
+@compute @workgroup_size(64)
+fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= N * NP * B) {
+        return;
+    }
+    let l = idx % B;
+    let c = idx / B;
+    let tt = step.t;
+    var acc = 0.0f;
+    for (var q = 0u; q < D; q = q + 1u) {
+        let d = D - q;
+        if (tt < d) {
+            continue;
+        }
+        let t = tt - d;
+        let r = c * D + q;
+        let r0 = net_u32[O_RPTR + r];
+        let r1 = net_u32[O_RPTR + r + 1u];
+        for (var e = r0; e < r1; e = e + 1u) {
+            if (fired_bit(t, edges_u32[O_RSRC + e], l)) {
+                acc = acc + weights[edges_u32[O_RW + e]];
+            }
+        }
+        let i0 = net_u32[O_IPTR + r];
+        let i1 = net_u32[O_IPTR + r + 1u];
+        if (HAS_FILE) {
+            for (var e = i0; e < i1; e = e + 1u) {
+                let cnt = net_u32[O_FILE + t * NV + net_u32[O_ISRC + e]];
+                if (cnt > 0u) {
+                    acc = acc + weights[O_WIN + net_u32[O_IW + e]] * f32(cnt);
+                }
+            }
+        }
+        if (NPOIS > 0u) {
+            for (var e = i0; e < i1; e = e + 1u) {
+                let v = net_u32[O_ISRC + e];
+                let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
+                if (cnt > 0u) {
+                    acc = acc + weights[O_WIN + net_u32[O_IW + e]] * f32(cnt);
+                }
+            }
+        }
+    }
+    state[O_ARR + c * B + l] = acc;
+}
+
+// The voltage-regularization term `relu(|v - 0.5| - 0.5)` and its derivative.
+fn vreg_r(v: f64) -> vec2<f64> {
+    if (v > 1.0lf) {
+        return vec2<f64>(v - 1.0lf, 1.0lf);
+    } else if (v < 0.0lf) {
+        return vec2<f64>(-v, -1.0lf);
+    }
+    return vec2<f64>(0.0lf, 0.0lf);
+}
+
+// One neuron i and sample l through step `step.t`: one invocation per (i, l), l fastest.
+@compute @workgroup_size(64)
+fn update(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= N * B) {
+        return;
+    }
+    let l = idx % B;
+    let i = idx / B;
+    let g = net_u32[O_GROUP_OF + i];
+    let glif = gu(g, 0u) != 0u;
+    let na = gu(g, 2u);
+    let live = gu(g, 3u);
+    let ui = O_U + i * B + l;
+    let u = state[ui];
+    var adec: array<f32, NA_MAX>;
+    var un: f32;
+    if (glif) {
+        var sum = 0.0f;
+        for (var a = 0u; a < na; a = a + 1u) {
+            let av = state[O_ASC + (i * NA + a) * B + l];
+            sum = sum + av * asc_c(g, a, 0u);
+            adec[a] = av * asc_c(g, a, 1u);
+        }
+        un = u * gf(g, G_P33) + (gf(g, G_IE) + sum) * gf(g, G_P30);
+        for (var k = 0u; k < NP; k = k + 1u) {
+            if (((live >> k) & 1u) == 0u) {
+                continue;
+            }
+            let yi = (i * NP + k) * B + l;
+            un = un + (state[O_Y1 + yi] * port_c(g, k, 3u) + state[O_Y2 + yi] * port_c(g, k, 4u));
+        }
+    } else {
+        un = gf(g, G_IE_P30);
+        for (var k = 0u; k < NP; k = k + 1u) {
+            if (((live >> k) & 1u) == 0u) {
+                continue;
+            }
+            let yi = (i * NP + k) * B + l;
+            un = un + state[O_Y1 + yi] * port_c(g, k, 3u);
+            un = un + state[O_Y2 + yi] * port_c(g, k, 4u);
+        }
+        let v = un + u * gf(g, G_EXPM1) + u;
+        if (v < gf(g, G_LB_LT)) {
+            un = gf(g, G_LB32);
+        } else {
+            un = v;
+        }
+    }
+    // Spike, reset, refractory counter. The thresholds are the float32 numbers that make
+    // these comparisons equal to the CPU's comparisons in f64.
+    let ri = O_REFR + i * B + l;
+    let refr = state_u32[ri];
+    let act = refr == 0u;
+    var fired = false;
+    if (act) {
+        if (glif) {
+            fired = un > gf(g, G_TH_GT);
+        } else {
+            fired = un >= gf(g, G_TH_GE);
+        }
+    }
+    let held = u;
+    var unew = held;
+    if (fired) {
+        unew = gf(g, G_VRESET);
+    } else if (act) {
+        unew = un;
+    }
+    state[ui] = unew;
+    var x = held;
+    if (act) {
+        x = un;
+    }
+    tape_x[step.tl * N * B + i * B + l] = x;
+    if (fired) {
+        state_u32[ri] = gu(g, 1u);
+    } else if (!act) {
+        state_u32[ri] = refr - 1u;
+    }
+    let t = step.t;
+    let word = (t * N + i) * W + l / 32u;
+    let bit = 1u << (l % 32u);
+    if (act) {
+        atomicOr(&masks[O_ACTIVE + word], bit);
+    }
+    if (fired) {
+        atomicOr(&masks[word], bit);
+    }
+    for (var a = 0u; a < na; a = a + 1u) {
+        let ai = O_ASC + (i * NA + a) * B + l;
+        let ad = adec[a];
+        tape_asc[((step.tl * N + i) * NA + a) * B + l] = ad;
+        if (fired) {
+            state[ai] = f32(gd(g, 1u + 2u * a) + f64(ad) * gd(g, 2u + 2u * a));
+        } else if (act) {
+            state[ai] = ad;
+        }
+    }
+    // Alpha PSCs, then this step's arrivals.
+    for (var k = 0u; k < NP; k = k + 1u) {
+        if (((live >> k) & 1u) == 0u) {
+            continue;
+        }
+        let yi = (i * NP + k) * B + l;
+        let y1v = state[O_Y1 + yi];
+        state[O_Y2 + yi] = y1v * port_c(g, k, 1u) + state[O_Y2 + yi] * port_c(g, k, 2u);
+        state[O_Y1 + yi] = y1v * port_c(g, k, 0u) + state[O_ARR + yi] * port_c(g, k, 5u);
+    }
+    if ((step.flags & 1u) != 0u) {
+        let ci = O_COUNTS + i * B + l;
+        if (fired) {
+            state_u32[ci] = state_u32[ci] + 1u;
+        }
+        if (VREG_ON) {
+            let r = vreg_r(f64(unew) / gd(g, 0u));
+            vreg[i * B + l] = vreg[i * B + l] + r.x * r.x;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+// The spike adjoint of source s in sample l at step `step.t` from the adjoint ring, with
+// the recurrent weight gradient of its edges: one invocation per (s, l), l fastest.
+@compute @workgroup_size(64)
+fn spmv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= N * B) {
+        return;
+    }
+    let l = idx % B;
+    let s = idx / B;
+    let t = step.t;
+    let g0 = net_u32[O_SEGPTR + s];
+    let g1 = net_u32[O_SEGPTR + s + 1u];
+    var acc = 0.0f;
+    for (var g = g0; g < g1; g = g + 1u) {
+        let start = net_u32[O_SEG + 4u * g];
+        let end = net_u32[O_SEG + 4u * g + 1u];
+        let d = net_u32[O_SEG + 4u * g + 2u];
+        let port = net_u32[O_SEG + 4u * g + 3u];
+        if (t + d >= T || start == end) {
+            continue;
+        }
+        let base = ((t + d) % RL) * N * NP + port;
+        var p0 = 0.0f;
+        var p1 = 0.0f;
+        var p2 = 0.0f;
+        var p3 = 0.0f;
+        var tail = 0.0f;
+        let quads = start + ((end - start) / 4u) * 4u;
+        for (var e = start; e < quads; e = e + 4u) {
+            p0 = p0 + weights[e] * adj[O_MU + (base + edges_u32[O_TOFF + e]) * B + l];
+            p1 = p1 + weights[e + 1u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 1u]) * B + l];
+            p2 = p2 + weights[e + 2u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 2u]) * B + l];
+            p3 = p3 + weights[e + 3u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 3u]) * B + l];
+        }
+        for (var e = quads; e < end; e = e + 1u) {
+            tail = tail + weights[e] * adj[O_MU + (base + edges_u32[O_TOFF + e]) * B + l];
+        }
+        acc = acc + ((p0 + p1) + (p2 + p3) + tail);
+    }
+    adj[O_GZ + s * B + l] = acc + adj[O_GZRATE + s * B + l];
+    // The weight gradient of the source's edges where it spiked: edge e (counted from the
+    // source's first) belongs to the invocation of lane e mod B.
+    var spiked = false;
+    for (var w = 0u; w < W; w = w + 1u) {
+        if (atomicLoad(&masks[(t * N + s) * W + w]) != 0u) {
+            spiked = true;
+        }
+    }
+    if (!spiked) {
+        return;
+    }
+    var k = 0u;
+    for (var g = g0; g < g1; g = g + 1u) {
+        let start = net_u32[O_SEG + 4u * g];
+        let end = net_u32[O_SEG + 4u * g + 1u];
+        let d = net_u32[O_SEG + 4u * g + 2u];
+        let port = net_u32[O_SEG + 4u * g + 3u];
+        if (t + d >= T) {
+            k = k + (end - start);
+            continue;
+        }
+        let base = ((t + d) % RL) * N * NP + port;
+        for (var e = start; e < end; e = e + 1u) {
+            if (k % B == l) {
+                let row = O_MU + (base + edges_u32[O_TOFF + e]) * B;
+                var sum = 0.0lf;
+                for (var m = 0u; m < B; m = m + 1u) {
+                    if (fired_bit(t, s, m)) {
+                        sum = sum + f64(adj[row + m]);
+                    }
+                }
+                grad[e] = grad[e] + sum;
+            }
+            k = k + 1u;
+        }
+    }
+}
+
+// The input weight gradient of step `step.t`: one invocation per input edge (CSR slot e);
+// per sample, the file event's term, then the Poisson draw's, as the CPU adds them.
+@compute @workgroup_size(64)
+fn input_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let e = linear(wg, nwg, li);
+    if (e >= E_IN) {
+        return;
+    }
+    let t = step.t;
+    let v = net_u32[O_INV + e];
+    let dp = net_u32[O_INDP + e];
+    let d = dp & 0xffffu;
+    let port = dp >> 16u;
+    if (t + d >= T) {
+        return;
+    }
+    let row = O_MU + (((t + d) % RL) * N * NP + port + net_u32[O_INOFF + e]) * B;
+    var file = 0u;
+    if (HAS_FILE) {
+        file = net_u32[O_FILE + t * NV + v];
+    }
+    var g = grad[E_REC + e];
+    for (var l = 0u; l < B; l = l + 1u) {
+        if (file > 0u) {
+            g = g + f64(adj[row + l] * f32(file));
+        }
+        if (NPOIS > 0u) {
+            let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
+            if (cnt > 0u) {
+                g = g + f64(adj[row + l] * f32(cnt));
+            }
+        }
+    }
+    grad[E_REC + e] = g;
+}
+
+// `Surrogate::dz_du_f32`: pseudo_derivative(u / th) / th in float32; the surrogate (kind:
+// 0 gauss, 1 triangle; gain; width) is in net_f32 at O_SG, written per call.
+fn dz_du(u: f32, th: f32) -> f32 {
+    let v = u / th;
+    let gain = net_f32[O_SG + 1u];
+    let width = net_f32[O_SG + 2u];
+    var pd: f32;
+    if (net_f32[O_SG] == 0.0f) {
+        let x = (v - 1.0f) / width;
+        pd = gain * exp(-(x * x));
+    } else {
+        pd = gain * max(1.0f - abs(v - 1.0f) / width, 0.0f);
+    }
+    return pd / th;
+}
+
+const ACTIVE_BIT: u32 = 1u;
+
+fn flags_of(t: u32, i: u32, l: u32) -> u32 {
+    let word = (t * N + i) * W + l / 32u;
+    let sh = l % 32u;
+    let a = (atomicLoad(&masks[O_ACTIVE + word]) >> sh) & 1u;
+    let f = (atomicLoad(&masks[word]) >> sh) & 1u;
+    return a | (f << 1u);
+}
+
+// The adjoint of neuron i in sample l through step `step.t` (tape index `step.tl`) from the
+// spike adjoints `gz`: one invocation per (i, l).
+@compute @workgroup_size(64)
+fn local_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= N * B) {
+        return;
+    }
+    let l = idx % B;
+    let i = idx / B;
+    let g = net_u32[O_GROUP_OF + i];
+    let glif = gu(g, 0u) != 0u;
+    let na = gu(g, 2u);
+    let live = gu(g, 3u);
+    let f = flags_of(step.t, i, l);
+    let xv = tape_x[step.tl * N * B + i * B + l];
+    let ui = O_AU + i * B + l;
+    var p1: array<f32, NP>;
+    var p2: array<f32, NP>;
+    for (var k = 0u; k < NP; k = k + 1u) {
+        if (((live >> k) & 1u) == 0u) {
+            continue;
+        }
+        let yi = (i * NP + k) * B + l;
+        let ly1 = adj[O_A1 + yi];
+        let ly2 = adj[O_A2 + yi];
+        p1[k] = ly2 * port_c(g, k, 1u) + ly1 * port_c(g, k, 0u);
+        p2[k] = ly2 * port_c(g, k, 2u);
+    }
+    let clamped = !glif && xv == gf(g, G_LB32);
+    var sigma = 0.0f;
+    if (!clamped) {
+        sigma = dz_du(xv, gf(g, G_TH32));
+    }
+    let u = adj[ui];
+    var lz = adj[O_GZ + i * B + l] - u * gf(g, G_TH_MINUS_RESET);
+    for (var a = 0u; a < na; a = a + 1u) {
+        let ap = tape_asc[((step.tl * N + i) * NA + a) * B + l];
+        let la = adj[O_AA + (i * NA + a) * B + l];
+        lz = lz + la * (asc_c(g, a, 2u) + ap * asc_c(g, a, 3u) - ap);
+    }
+    var lun = 0.0f;
+    if (!clamped) {
+        lun = u + lz * sigma;
+    }
+    if ((f & ACTIVE_BIT) != 0u) {
+        for (var a = 0u; a < na; a = a + 1u) {
+            let ai = O_AA + (i * NA + a) * B + l;
+            var s = 1.0f;
+            if ((f & 2u) != 0u) {
+                s = asc_c(g, a, 4u);
+            }
+            let lap = adj[ai] * s;
+            adj[ai] = lap * asc_c(g, a, 1u) + lun * gf(g, G_P30) * asc_c(g, a, 0u);
+        }
+        if (glif) {
+            adj[ui] = lun * gf(g, G_P33);
+        } else {
+            adj[ui] = lun * gf(g, G_EXPM1) + lun;
+        }
+    }
+    for (var k = 0u; k < NP; k = k + 1u) {
+        if (((live >> k) & 1u) == 0u) {
+            continue;
+        }
+        let yi = (i * NP + k) * B + l;
+        var a = p1[k];
+        var b = p2[k];
+        if ((f & ACTIVE_BIT) != 0u) {
+            a = a + lun * port_c(g, k, 3u);
+            b = b + lun * port_c(g, k, 4u);
+        }
+        adj[O_A1 + yi] = a;
+        adj[O_A2 + yi] = b;
+    }
+}
+
+// The voltage-regularization derivative on U after step `step.t` (tape index `step.tl`),
+// and the adjoint of that step's arrivals, `mu = psc_init * y1`, into ring slot t mod RL:
+// one invocation per (i, l).
+@compute @workgroup_size(64)
+fn arrivals_adjoint(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx >= N * B) {
+        return;
+    }
+    let l = idx % B;
+    let i = idx / B;
+    let g = net_u32[O_GROUP_OF + i];
+    let live = gu(g, 3u);
+    if (VREG_ON) {
+        let f = flags_of(step.t, i, l);
+        var u_post = tape_x[step.tl * N * B + i * B + l];
+        if (f == 3u) {
+            u_post = gf(g, G_VRESET);
+        }
+        let th = gd(g, 0u);
+        let r = vreg_r(f64(u_post) / th);
+        if (r.x != 0.0lf) {
+            let ui = O_AU + i * B + l;
+            adj[ui] = adj[ui] + f32(net_f64[O_VCOEF] * 2.0lf * r.x * r.y / th);
+        }
+    }
+    let slot = step.t % RL;
+    for (var k = 0u; k < NP; k = k + 1u) {
+        if (((live >> k) & 1u) == 0u) {
+            continue;
+        }
+        let yi = (i * NP + k) * B + l;
+        adj[O_MU + slot * N * NP * B + yi] = adj[O_A1 + yi] * port_c(g, k, 5u);
+    }
+}

@@ -1,0 +1,795 @@
+//! The GPU engine's entry ([`GpuEngine`]): the adapter it computes on, the resident buffers
+//! and compiled kernels of one model and batch shape, and one call's passes (the whole time
+//! loop recorded into a command buffer per pass; losses and the gradient read back once).
+
+use std::sync::{Arc, Mutex};
+
+use lockstep_core::memory::MemoryEstimate;
+use lockstep_gpu::{wgpu, GpuContext, Selected};
+
+use crate::error::{Result, SnnError};
+use crate::scalar::PseudoDerivative;
+use crate::simulation::model::InitialState;
+use crate::training::gpu::layout::{tape_step_bytes, Layout};
+use crate::training::options::{LossAndGrad, StepTiming};
+use crate::training::problem::Problem;
+
+/// The kernels' source (constants prepended per model and batch).
+const SHADER: &str = include_str!("bptt.wgsl");
+/// Invocations per workgroup (`WG` in the shader).
+const WG: u32 = 64;
+/// Bytes between two per-step uniforms (every adapter's dynamic-offset alignment divides it).
+const STEP_STRIDE: u64 = 256;
+/// Bytes of one per-step uniform (`Step` in the shader, rounded to 16).
+const STEP_BYTES: u64 = 32;
+
+/// The float32 BPTT step on a GPU through wgpu (`run.device: "gpu"`).
+pub(crate) struct GpuEngine {
+    ctx: Arc<GpuContext>,
+    selected: Selected,
+    resident: Mutex<Option<Resident>>,
+}
+
+impl std::fmt::Debug for GpuEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuEngine({})", self.ctx.adapter.name)
+    }
+}
+
+impl Clone for GpuEngine {
+    /// The same adapter; the clone builds its own buffers at its first call.
+    fn clone(&self) -> Self {
+        GpuEngine {
+            ctx: self.ctx.clone(),
+            selected: self.selected.clone(),
+            resident: Mutex::new(None),
+        }
+    }
+}
+
+/// What shapes the resident buffers and kernels: batch, steps, chunk, trained inputs.
+type ShapeKey = (usize, usize, Option<usize>, bool);
+
+/// The kernels of one shape.
+struct Kernels {
+    draw: wgpu::ComputePipeline,
+    deliver: wgpu::ComputePipeline,
+    update: wgpu::ComputePipeline,
+    spmv: wgpu::ComputePipeline,
+    input_grad: wgpu::ComputePipeline,
+    local_backward: wgpu::ComputePipeline,
+    arrivals_adjoint: wgpu::ComputePipeline,
+}
+
+/// The buffers and kernels of one model and batch shape, kept between calls.
+struct Resident {
+    key: ShapeKey,
+    layout: Layout,
+    kernels: Kernels,
+    net_f32: wgpu::Buffer,
+    net_f64: wgpu::Buffer,
+    weights: wgpu::Buffer,
+    state: wgpu::Buffer,
+    state_u32: wgpu::Buffer,
+    masks: wgpu::Buffer,
+    vreg: wgpu::Buffer,
+    adj: wgpu::Buffer,
+    grad: wgpu::Buffer,
+    steps: wgpu::Buffer,
+    /// The layout of group 2 (the per-step uniform).
+    step_layout: wgpu::BindGroupLayout,
+    /// Per tape buffer: its bind group (group 1).
+    tape_groups: Vec<wgpu::BindGroup>,
+    group0: wgpu::BindGroup,
+    group2: wgpu::BindGroup,
+    /// Chunk boundaries of segmented BPTT: (f32 state, refractory counters).
+    boundaries: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    /// Device bytes of all buffers.
+    device_bytes: u64,
+    /// Uniform slots the steps buffer holds.
+    step_slots: usize,
+}
+
+/// One per-step uniform (`Step` in the shader).
+#[derive(Clone, Copy)]
+struct StepArgs {
+    t: u32,
+    /// Index into the whole tape (not yet split into buffers).
+    tape: usize,
+    accumulate: bool,
+}
+
+/// A pass's dispatches with their uniform slots, and the chunk boundary it restores first.
+type Pass = (Option<usize>, Vec<(Call, usize)>);
+
+/// A recorded dispatch: which kernel, how many invocations, which step uniform.
+struct Call {
+    kernel: fn(&Kernels) -> &wgpu::ComputePipeline,
+    threads: usize,
+    args: StepArgs,
+}
+
+impl GpuEngine {
+    /// The engine on the adapter `selected` (opened once per process and shared).
+    ///
+    /// Errors: the adapter cannot be opened, or lacks float64 or 64-bit integers in shaders
+    /// (the kernels keep the CPU engine's f64 after-spike jumps, loss sums and gradient
+    /// accumulators, and draw the Poisson inputs with splitmix64).
+    pub fn new(selected: Selected) -> Result<GpuEngine> {
+        let ctx = GpuContext::open(selected.adapter.index)?;
+        ctx.require(
+            wgpu::Features::SHADER_F64,
+            "SHADER_F64",
+            "the spiking-network GPU engine (float64 gradient accumulators)",
+        )?;
+        ctx.require(
+            wgpu::Features::SHADER_INT64,
+            "SHADER_INT64",
+            "the spiking-network GPU engine (Poisson draws keyed by sample and step)",
+        )?;
+        Ok(GpuEngine {
+            ctx,
+            selected,
+            resident: Mutex::new(None),
+        })
+    }
+
+    /// The adapter and how it was chosen.
+    pub fn selected(&self) -> &Selected {
+        &self.selected
+    }
+
+    /// Frees the device buffers (the next call allocates them again).
+    pub fn release(&self) {
+        *self.resident.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Builds (or keeps) the buffers and kernels for `batch` samples and checks every buffer
+    /// against the adapter's limits, allocating on the device. Returns the device bytes.
+    ///
+    /// Errors: a buffer over the adapter's limits (named, with its size and the keys that
+    /// shrink it), or a device error.
+    pub fn prepare(&self, p: &Problem, batch: usize) -> Result<u64> {
+        let mut slot = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        self.resident_for(&mut slot, p, batch)?;
+        Ok(slot.as_ref().map_or(0, |r| r.device_bytes))
+    }
+
+    fn resident_for<'a>(
+        &self,
+        slot: &'a mut Option<Resident>,
+        p: &Problem,
+        batch: usize,
+    ) -> Result<&'a mut Resident> {
+        let key: ShapeKey = (
+            batch,
+            p.opts.seq_len,
+            p.opts.gradient_checkpointing,
+            p.opts.train_input_weights,
+        );
+        if slot.as_ref().is_none_or(|r| r.key != key) {
+            *slot = None;
+            *slot = Some(Resident::new(&self.ctx, p, batch, key)?);
+        }
+        Ok(slot.as_mut().expect("resident buffers"))
+    }
+
+    /// Bytes of stored forward state per sample on the device, `(unsegmented, segmented)`:
+    /// the potential or held potential and the decayed after-spike currents of every step
+    /// (float32), the spike masks, and with segments one chunk's tape plus the state at
+    /// every chunk boundary.
+    pub fn tape_bytes_per_sample(p: &Problem) -> (usize, usize) {
+        let n = p.net.n_neurons();
+        let (x, a) = tape_step_bytes(n, p.net.n_asc, 1);
+        let t = p.opts.seq_len;
+        let step = (x + a) as usize + n.div_ceil(4);
+        let full = step * t;
+        let seg = match p.opts.gradient_checkpointing {
+            Some(k) => {
+                let np = p.net.n_ports.max(1);
+                let boundary = 4 * n * (2 + p.net.n_asc + 2 * np);
+                step * k.min(t) + t.div_ceil(k) * boundary + n.div_ceil(4) * t
+            }
+            None => full,
+        };
+        (full, seg)
+    }
+
+    /// The host memory one call needs (the device's buffers are not host memory): the
+    /// gradient read back in f64 and returned in f32, the layout of the network built on the
+    /// host when the buffers are made (per recurrent edge 12 bytes, per input edge 20), and
+    /// the spike counts and loss sums read back.
+    pub fn memory_estimate(p: &Problem, local_batch: usize) -> MemoryEstimate {
+        let params = p.n_params() as u64;
+        let n = p.net.n_neurons() as u64;
+        let mut e = MemoryEstimate::new();
+        e.add(
+            "gradient read back from the GPU (f64) and returned (f32)",
+            12 * params,
+        )
+        .add(
+            "network layout built for the GPU (in-edge lists, out-edge targets)",
+            12 * p.net.weights_rec.len() as u64 + 20 * p.net.weights_in.len() as u64,
+        )
+        .add(
+            "spike counts and loss sums read back",
+            12 * n * local_batch.max(1) as u64,
+        )
+        .add(
+            "compiled network (per edge: target offset, edge id, sign)",
+            p.network_bytes(),
+        )
+        .driven_by("run.batch_size");
+        e
+    }
+
+    /// Loss and mean gradient over the local batch of global samples `first_sample ..
+    /// first_sample + batch` on the GPU, with the split of the call's time (forward pass;
+    /// backward pass including the recomputation of segmented BPTT).
+    ///
+    /// Errors: `batch == 0`, `params.len() != n_params()`, a buffer over the adapter's
+    /// limits, or a device error.
+    pub fn loss_and_grad(
+        &self,
+        p: &Problem,
+        params: &[f32],
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(LossAndGrad, StepTiming)> {
+        if batch == 0 {
+            return Err(SnnError::Shape("batch must be at least 1".into()));
+        }
+        p.check_params(params)?;
+        let mut slot = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.resident_for(&mut slot, p, batch)?;
+        let ctx = &self.ctx;
+        let l = &r.layout;
+        let (n, b, t_len) = (l.n, l.b, l.t);
+        let mut timing = StepTiming::default();
+
+        // Per-call inputs: weights, surrogate, voltage-regularization coefficient, zeroed
+        // state, gradient and masks, the initial state.
+        let n_rec = l.e_rec;
+        let mut w: Vec<f32> = params[..n_rec].to_vec();
+        if l.train_in {
+            w.extend_from_slice(&params[n_rec..]);
+        } else {
+            w.extend(p.net.weights_in.iter().map(|&x| x as f32));
+        }
+        ctx.write(&r.weights, 0, &w);
+        let sg = &p.opts.surrogate;
+        let kind = match sg.kind {
+            PseudoDerivative::Gauss => 0.0f32,
+            PseudoDerivative::Triangle => 1.0,
+        };
+        ctx.write(
+            &r.net_f32,
+            4 * l.o_sg as u64,
+            &[kind, sg.gain as f32, sg.width as f32],
+        );
+        let vcoef = p.vreg_cost / (batch as f64 * n as f64 * t_len as f64);
+        ctx.write(&r.net_f64, 8 * l.o_vcoef as u64, &[vcoef]);
+        let mut init = vec![0.0f32; l.state_len];
+        if p.opts.initial == InitialState::Nest {
+            let na = l.na;
+            for g in &p.net.groups {
+                for i in g.start..g.end {
+                    init[i * b..(i + 1) * b].fill(g.consts.u0 as f32);
+                    for (a, ac) in g.consts.asc.iter().enumerate() {
+                        let o = n * b + (i * na + a) * b;
+                        init[o..o + b].fill(ac.init as f32);
+                    }
+                }
+            }
+        }
+
+        let chunk = p.opts.gradient_checkpointing.map(|k| k.min(t_len).max(1));
+        let mut steps: Vec<StepArgs> = Vec::new();
+        let mut fwd: Vec<Vec<Call>> = Vec::new();
+        let n_pois_threads = l.n_pois * b;
+        let forward_step = |calls: &mut Vec<Call>, args: StepArgs| {
+            calls.push(Call {
+                kernel: |k| &k.deliver,
+                threads: n * l.np * b,
+                args,
+            });
+            calls.push(Call {
+                kernel: |k| &k.update,
+                threads: n * b,
+                args,
+            });
+            calls.push(Call {
+                kernel: |k| &k.draw,
+                threads: n_pois_threads,
+                args,
+            });
+        };
+        // The forward pass, cut at chunk boundaries (their state is copied out in between).
+        let bounds: Vec<usize> = match chunk {
+            Some(k) => (0..t_len).step_by(k).collect(),
+            None => vec![0],
+        };
+        for (ci, &t0) in bounds.iter().enumerate() {
+            let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
+            let mut calls = Vec::new();
+            for t in t0..t1 {
+                let args = StepArgs {
+                    t: t as u32,
+                    tape: if chunk.is_some() { t - t0 } else { t },
+                    accumulate: true,
+                };
+                forward_step(&mut calls, args);
+            }
+            fwd.push(calls);
+        }
+        // The backward pass, chunk by chunk from the last (recomputing each when segmented).
+        let mut bwd: Vec<(Option<usize>, Vec<Call>)> = Vec::new();
+        for (ci, &t0) in bounds.iter().enumerate().rev() {
+            let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
+            let tape_of = |t: usize| if chunk.is_some() { t - t0 } else { t };
+            let mut calls = Vec::new();
+            if chunk.is_some() {
+                // The Poisson counts of the steps before the chunk that its arrivals read.
+                for t in t0.saturating_sub(l.d)..t0 {
+                    calls.push(Call {
+                        kernel: |k| &k.draw,
+                        threads: n_pois_threads,
+                        args: StepArgs {
+                            t: t as u32,
+                            tape: 0,
+                            accumulate: false,
+                        },
+                    });
+                }
+                for t in t0..t1 {
+                    forward_step(
+                        &mut calls,
+                        StepArgs {
+                            t: t as u32,
+                            tape: tape_of(t),
+                            accumulate: false,
+                        },
+                    );
+                }
+            }
+            let at = |t: usize| StepArgs {
+                t: t as u32,
+                tape: tape_of(t),
+                accumulate: false,
+            };
+            calls.push(Call {
+                kernel: |k| &k.arrivals_adjoint,
+                threads: n * b,
+                args: at(t1 - 1),
+            });
+            for t in (t0..t1).rev() {
+                calls.push(Call {
+                    kernel: |k| &k.spmv,
+                    threads: n * b,
+                    args: at(t),
+                });
+                if l.train_in {
+                    calls.push(Call {
+                        kernel: |k| &k.draw,
+                        threads: n_pois_threads,
+                        args: at(t),
+                    });
+                    calls.push(Call {
+                        kernel: |k| &k.input_grad,
+                        threads: l.e_in,
+                        args: at(t),
+                    });
+                }
+                calls.push(Call {
+                    kernel: |k| &k.local_backward,
+                    threads: n * b,
+                    args: at(t),
+                });
+                if t > t0 {
+                    calls.push(Call {
+                        kernel: |k| &k.arrivals_adjoint,
+                        threads: n * b,
+                        args: at(t - 1),
+                    });
+                }
+            }
+            bwd.push((chunk.map(|_| ci), calls));
+        }
+        // One uniform slot per distinct step record, in order of use.
+        let mut with_slots = |cs: Vec<Call>| -> Vec<(Call, usize)> {
+            cs.into_iter()
+                .map(|c| {
+                    steps.push(c.args);
+                    (c, steps.len() - 1)
+                })
+                .collect()
+        };
+        let fwd: Vec<Vec<(Call, usize)>> = fwd.into_iter().map(&mut with_slots).collect();
+        let bwd: Vec<Pass> = bwd.into_iter().map(|(k, cs)| (k, with_slots(cs))).collect();
+        if steps.len() > r.step_slots {
+            r.steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("per-step uniforms"),
+                size: steps.len() as u64 * STEP_STRIDE,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            r.group2 = step_group(ctx, &r.step_layout, &r.steps);
+            r.step_slots = steps.len();
+        }
+        let mut uni = vec![0u8; steps.len() * STEP_STRIDE as usize];
+        for (s, a) in steps.iter().enumerate() {
+            let words: [u32; 5] = [
+                a.t,
+                (a.tape % l.tape_steps) as u32,
+                a.accumulate as u32,
+                first_sample as u32,
+                (first_sample >> 32) as u32,
+            ];
+            let o = s * STEP_STRIDE as usize;
+            uni[o..o + 20].copy_from_slice(bytemuck::cast_slice(&words));
+        }
+        ctx.queue.write_buffer(&r.steps, 0, &uni);
+
+        // Forward.
+        let clock = std::time::Instant::now();
+        ctx.write(&r.state, 0, &init);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for buf in [&r.state_u32, &r.masks, &r.vreg, &r.adj, &r.grad] {
+            enc.clear_buffer(buf, 0, None);
+        }
+        for (ci, calls) in fwd.iter().enumerate() {
+            if chunk.is_some() {
+                let (bf, bu) = &r.boundaries[ci];
+                enc.copy_buffer_to_buffer(&r.state, 0, bf, 0, 4 * l.boundary_f32 as u64);
+                enc.copy_buffer_to_buffer(&r.state_u32, 0, bu, 0, 4 * (n * b) as u64);
+            }
+            r.record(&mut enc, calls);
+        }
+        ctx.submit_and_wait(enc.finish())?;
+        timing.forward_s = clock.elapsed().as_secs_f64();
+
+        // Loss terms from the spike counts and the voltage-regularization sums.
+        let counts: Vec<u32> = ctx.read(&r.state_u32, 4 * l.o_counts as u64, n * b)?;
+        let vreg: Vec<f64> = ctx.read(&r.vreg, 0, n * b)?;
+        let vsum: Vec<f64> = (0..b)
+            .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
+            .collect();
+        let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
+        let first_spikes = if p.opts.record_first_sample {
+            let fired: Vec<u32> = ctx.read(&r.masks, 0, t_len * n * l.w)?;
+            let mut s = Vec::new();
+            for t in 0..t_len {
+                for i in 0..n {
+                    if fired[(t * n + i) * l.w] & 1 != 0 {
+                        s.push((t as u32, p.net.order[i]));
+                    }
+                }
+            }
+            s.sort_unstable();
+            Some(s)
+        } else {
+            None
+        };
+        ctx.write(&r.adj, 4 * l.o_gzrate as u64, &gz_rate);
+
+        // Backward.
+        let clock = std::time::Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for (k, calls) in &bwd {
+            if let Some(k) = k {
+                let (bf, bu) = &r.boundaries[*k];
+                enc.copy_buffer_to_buffer(bf, 0, &r.state, 0, 4 * l.boundary_f32 as u64);
+                enc.copy_buffer_to_buffer(bu, 0, &r.state_u32, 0, 4 * (n * b) as u64);
+            }
+            r.record(&mut enc, calls);
+        }
+        ctx.submit_and_wait(enc.finish())?;
+        let g64: Vec<f64> = ctx.read(&r.grad, 0, l.e_rec + if l.train_in { l.e_in } else { 0 })?;
+        timing.backward_s = clock.elapsed().as_secs_f64();
+        let grad: Vec<f32> = g64.iter().map(|&x| x as f32).collect();
+        let mut out = p.finish(terms, grad, n_spikes, batch);
+        out.first_spikes = first_spikes;
+        Ok((out, timing))
+    }
+}
+
+/// The bind group of the per-step uniforms (group 2, dynamic offset).
+fn step_group(
+    ctx: &GpuContext,
+    layout: &wgpu::BindGroupLayout,
+    steps: &wgpu::Buffer,
+) -> wgpu::BindGroup {
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("per-step uniform"),
+        layout,
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: steps,
+                offset: 0,
+                size: wgpu::BufferSize::new(STEP_BYTES),
+            }),
+        }],
+    })
+}
+
+/// The three bind group layouts of the kernels: network and state, tape, per-step uniform.
+fn layouts(
+    ctx: &GpuContext,
+) -> (
+    wgpu::BindGroupLayout,
+    wgpu::BindGroupLayout,
+    wgpu::BindGroupLayout,
+) {
+    let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    // Bindings of group 0, read-only or not, as `bptt.wgsl` declares them.
+    let g0: Vec<wgpu::BindGroupLayoutEntry> = [
+        true, true, true, true, false, false, false, false, false, false, true,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &ro)| storage(i as u32, ro))
+    .collect();
+    let l0 = ctx
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("network and state"),
+            entries: &g0,
+        });
+    let l1 = ctx
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("tape"),
+            entries: &[storage(0, false), storage(1, false)],
+        });
+    let l2 = ctx
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("step"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: true,
+                    min_binding_size: wgpu::BufferSize::new(STEP_BYTES),
+                },
+                count: None,
+            }],
+        });
+    (l0, l1, l2)
+}
+
+impl Resident {
+    /// Allocates the buffers of `p` for `b` samples (checking each against the adapter's
+    /// limits), uploads the network and compiles the kernels.
+    fn new(ctx: &Arc<GpuContext>, p: &Problem, b: usize, key: ShapeKey) -> Result<Resident> {
+        let max = ctx.max_storage();
+        let layout = Layout::new(p, b, max)?;
+        let l = &layout;
+        let reduce_net = "the network's size (cells, edges) or run.seq_len";
+        let reduce_batch = "run.batch_size or run.seq_len";
+        let mut bytes = 0u64;
+        let mut count = |buf: &wgpu::Buffer| {
+            bytes += buf.size();
+        };
+        let net_u32 = ctx.storage_from("network indices (net_u32)", &l.net_u32, reduce_net)?;
+        count(&net_u32);
+        let net_f32 = ctx.storage_from("cell constants (net_f32)", &l.net_f32, reduce_net)?;
+        count(&net_f32);
+        let net_f64 = ctx.storage_from("cell constants (net_f64)", &l.net_f64, reduce_net)?;
+        count(&net_f64);
+        let edges_u32 = ctx.storage_from(
+            "recurrent edges (in-edge lists, targets)",
+            &l.edges_u32,
+            "the number of recurrent edges",
+        )?;
+        count(&edges_u32);
+        let weights = ctx.storage(
+            "weights",
+            4 * (l.e_rec + l.e_in) as u64,
+            "the number of edges",
+        )?;
+        count(&weights);
+        let state = ctx.storage("forward state", 4 * l.state_len as u64, reduce_batch)?;
+        count(&state);
+        let state_u32 = ctx.storage(
+            "refractory counters, spike counts and Poisson counts",
+            4 * l.state_u32_len as u64,
+            reduce_batch,
+        )?;
+        count(&state_u32);
+        let masks = ctx.storage(
+            "spike masks of every step",
+            4 * l.masks_len as u64,
+            "run.seq_len or run.batch_size",
+        )?;
+        count(&masks);
+        let vreg = ctx.storage(
+            "voltage-regularization sums",
+            8 * (l.n * b) as u64,
+            reduce_batch,
+        )?;
+        count(&vreg);
+        let adj = ctx.storage("adjoint state", 4 * l.adj_len as u64, reduce_batch)?;
+        count(&adj);
+        let grad = ctx.storage(
+            "gradient (f64)",
+            8 * (l.e_rec + l.e_in) as u64,
+            "the number of edges",
+        )?;
+        count(&grad);
+        let tape_len = l.tape_len(p.opts.gradient_checkpointing);
+        let (x_step, a_step) = tape_step_bytes(l.n, l.na, b);
+        let mut tapes = Vec::new();
+        let mut t = 0;
+        while t < tape_len {
+            let s = l.tape_steps.min(tape_len - t);
+            let x = ctx.storage(
+                "tape (potentials)",
+                x_step * s as u64,
+                "run.batch_size or training.gradient_checkpointing",
+            )?;
+            let a = ctx.storage(
+                "tape (after-spike currents)",
+                a_step * s as u64,
+                "run.batch_size or training.gradient_checkpointing",
+            )?;
+            count(&x);
+            count(&a);
+            tapes.push((x, a));
+            t += s;
+        }
+        let mut boundaries = Vec::new();
+        if let Some(k) = p.opts.gradient_checkpointing {
+            for _ in 0..l.t.div_ceil(k.max(1)) {
+                let f = ctx.storage(
+                    "chunk boundary (state)",
+                    4 * l.boundary_f32 as u64,
+                    reduce_batch,
+                )?;
+                let u = ctx.storage(
+                    "chunk boundary (refractory counters)",
+                    4 * (l.n * b) as u64,
+                    reduce_batch,
+                )?;
+                count(&f);
+                count(&u);
+                boundaries.push((f, u));
+            }
+        }
+        let (l0, l1, l2) = layouts(ctx);
+        let buffers: [&wgpu::Buffer; 11] = [
+            &net_u32, &net_f32, &net_f64, &weights, &state, &state_u32, &masks, &vreg, &adj, &grad,
+            &edges_u32,
+        ];
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, buf)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: buf.as_entire_binding(),
+            })
+            .collect();
+        let group0 = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("network and state"),
+            layout: &l0,
+            entries: &entries,
+        });
+        let tape_groups = tapes
+            .iter()
+            .map(|(x, a)| {
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("tape"),
+                    layout: &l1,
+                    entries: &[
+                        wgpu::BindGroupEntry {
+                            binding: 0,
+                            resource: x.as_entire_binding(),
+                        },
+                        wgpu::BindGroupEntry {
+                            binding: 1,
+                            resource: a.as_entire_binding(),
+                        },
+                    ],
+                })
+            })
+            .collect();
+        let step_slots = 4 * l.t + 2 * l.d + 8;
+        let steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("per-step uniforms"),
+            size: step_slots as u64 * STEP_STRIDE,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let group2 = step_group(ctx, &l2, &steps);
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("bptt.wgsl"),
+                source: wgpu::ShaderSource::Wgsl(format!("{}\n{SHADER}", l.header).into()),
+            });
+        let pl = ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("bptt"),
+                bind_group_layouts: &[Some(&l0), Some(&l1), Some(&l2)],
+                immediate_size: 0,
+            });
+        let kernel = |entry: &str| {
+            ctx.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+        };
+        let kernels = Kernels {
+            draw: kernel("draw"),
+            deliver: kernel("deliver"),
+            update: kernel("update"),
+            spmv: kernel("spmv"),
+            input_grad: kernel("input_grad"),
+            local_backward: kernel("local_backward"),
+            arrivals_adjoint: kernel("arrivals_adjoint"),
+        };
+        ctx.check()?;
+        Ok(Resident {
+            key,
+            layout,
+            kernels,
+            net_f32,
+            net_f64,
+            weights,
+            state,
+            state_u32,
+            masks,
+            vreg,
+            adj,
+            grad,
+            steps,
+            step_layout: l2,
+            tape_groups,
+            group0,
+            group2,
+            boundaries,
+            device_bytes: bytes,
+            step_slots,
+        })
+    }
+
+    /// Records `calls` (each with its uniform slot) into one compute pass of `enc`.
+    fn record(&self, enc: &mut wgpu::CommandEncoder, calls: &[(Call, usize)]) {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_bind_group(0, &self.group0, &[]);
+        let max_x = 65_535u32;
+        let mut tape_bound = usize::MAX;
+        for (c, s) in calls {
+            if c.threads == 0 {
+                continue;
+            }
+            let tb = c.args.tape / self.layout.tape_steps;
+            if tb != tape_bound {
+                pass.set_bind_group(1, &self.tape_groups[tb], &[]);
+                tape_bound = tb;
+            }
+            pass.set_bind_group(2, &self.group2, &[(*s as u64 * STEP_STRIDE) as u32]);
+            pass.set_pipeline((c.kernel)(&self.kernels));
+            let groups = (c.threads as u64).div_ceil(WG as u64) as u32;
+            let x = groups.min(max_x);
+            pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! The GPU engine's data layout for one model and batch ([`Layout`]): the network packed
+//! into a few arrays (in-edge lists in the order of the CPU's sums, out-edge segments, group
+//! constants in float32 with the float64 ones the CPU keeps), the offsets of every array in
+//! its buffer, and the constants the kernels are compiled with (`bptt.wgsl`'s header).
+
+use std::fmt::Write;
+
+use crate::error::{Result, SnnError};
+use crate::simulation::model::ModelKind;
+use crate::training::problem::Problem;
+
+/// Float32 slots per group before the ports (`G_PORTS` in `bptt.wgsl`).
+const G_PORTS: usize = 12;
+
+/// The arrays and sizes of one model and batch on the GPU.
+pub(super) struct Layout {
+    /// Samples per call (lanes).
+    pub b: usize,
+    /// Steps per call.
+    pub t: usize,
+    /// Neurons.
+    pub n: usize,
+    /// Receptor ports (at least 1).
+    pub np: usize,
+    /// After-spike currents per neuron (array width).
+    pub na: usize,
+    /// 32-lane words per spike mask.
+    pub w: usize,
+    /// Largest delay (steps).
+    pub d: usize,
+    /// Poisson nodes.
+    pub n_pois: usize,
+    /// Recurrent edges (the first parameters).
+    pub e_rec: usize,
+    /// Input edges.
+    pub e_in: usize,
+    /// Whether the input weights are parameters.
+    pub train_in: bool,
+    /// `net_u32` (binding 0).
+    pub net_u32: Vec<u32>,
+    /// `net_f32` (binding 1), with the surrogate's slots at `o_sg` written per call.
+    pub net_f32: Vec<f32>,
+    /// `net_f64` (binding 2), with the voltage-regularization coefficient at `o_vcoef`.
+    pub net_f64: Vec<f64>,
+    /// `edges_u32` (binding 10): recurrent in-edge sources and weight slots, out-edge
+    /// target offsets.
+    pub edges_u32: Vec<u32>,
+    /// The surrogate's three f32 slots in `net_f32` (kind, gain, width).
+    pub o_sg: usize,
+    /// The voltage-regularization coefficient's slot in `net_f64`.
+    pub o_vcoef: usize,
+    /// f32 elements of `state`: u, asc, y1, y2, arrivals.
+    pub state_len: usize,
+    /// f32 elements of `state` that a chunk boundary saves (u, asc, y1, y2).
+    pub boundary_f32: usize,
+    /// u32 elements of `state_u32`: refractory counters, spike counts, Poisson ring.
+    pub state_u32_len: usize,
+    /// Offset of the spike counts in `state_u32`.
+    pub o_counts: usize,
+    /// u32 elements of `masks` (fired, then active).
+    pub masks_len: usize,
+    /// f32 elements of `adj`.
+    pub adj_len: usize,
+    /// Offset of `gz_rate` in `adj`.
+    pub o_gzrate: usize,
+    /// Steps per tape buffer.
+    pub tape_steps: usize,
+    /// The WGSL constants (prepended to `bptt.wgsl`).
+    pub header: String,
+}
+
+/// The float32 number `f` with `(x as f64) > th` exactly when `x > f` for every float32 `x`
+/// (the largest float32 at or below `th`).
+fn f32_at_or_below(th: f64) -> f32 {
+    let f = th as f32;
+    if (f as f64) > th {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// The float32 number `f` with `(x as f64) >= th` exactly when `x >= f`, and `(x as f64) <
+/// th` exactly when `x < f` (the smallest float32 at or above `th`).
+fn f32_at_or_above(th: f64) -> f32 {
+    let f = th as f32;
+    if (f as f64) < th {
+        f.next_up()
+    } else {
+        f
+    }
+}
+
+/// Bytes of float32 after-spike currents and potentials one step of the tape takes.
+pub(super) fn tape_step_bytes(n: usize, na: usize, b: usize) -> (u64, u64) {
+    (4 * (n * b) as u64, 4 * (n * na.max(1) * b) as u64)
+}
+
+impl Layout {
+    /// The layout of `p` for `b` samples, with tape buffers of at most `max_binding` bytes.
+    ///
+    /// Errors: [`SnnError::Shape`] when one step of the tape alone exceeds `max_binding`, or
+    /// when an index would not fit in 32 bits.
+    pub fn new(p: &Problem, b: usize, max_binding: u64) -> Result<Layout> {
+        let net = p.net;
+        let n = net.n_neurons();
+        let np = net.n_ports.max(1);
+        let na = net.n_asc;
+        let t_len = p.opts.seq_len;
+        let w = b.div_ceil(32);
+        let d = net.max_delay;
+        let rl = d + 1;
+        let nv = net.n_virtual();
+        let pois = p.inputs.poisson_nodes();
+        let n_pois = pois.len();
+        let e_rec = net.weights_rec.len();
+        let e_in = net.weights_in.len();
+        let big = |what: &str, len: usize| -> Result<()> {
+            if len > u32::MAX as usize {
+                return Err(SnnError::Shape(format!(
+                    "the GPU engine indexes {what} with 32 bits, but it has {len} elements; reduce run.batch_size or run.seq_len"
+                )));
+            }
+            Ok(())
+        };
+        big("the spike masks", 2 * t_len * n * w)?;
+        big("the adjoint ring", rl * n * np * b)?;
+        big("the edges", e_rec.max(e_in))?;
+
+        // In-edge lists per (class c = target * np + port, delay slot q = d - delay): the
+        // CSR's own order (sources ascending, slots ascending) within each list.
+        let classes = n * np * d.max(1);
+        let bucket = |csr: &crate::network::Csr| -> (Vec<u32>, Vec<(u32, u32)>) {
+            let mut count = vec![0u32; classes + 1];
+            let mut items: Vec<(usize, u32, u32)> = Vec::with_capacity(csr.len());
+            for s in 0..csr.seg_ptr.len().saturating_sub(1) {
+                for seg in csr.segments_of(s) {
+                    let q = d - seg.delay as usize;
+                    for e in seg.start..seg.end {
+                        let j = csr.target_off[e as usize] as usize / np;
+                        let key = (j * np + seg.port as usize) * d + q;
+                        count[key + 1] += 1;
+                        items.push((key, s as u32, e));
+                    }
+                }
+            }
+            for k in 0..classes {
+                count[k + 1] += count[k];
+            }
+            let mut fill = count.clone();
+            let mut out = vec![(0u32, 0u32); items.len()];
+            for (key, s, e) in items {
+                out[fill[key] as usize] = (s, e);
+                fill[key] += 1;
+            }
+            (count, out)
+        };
+        let (rptr, rin) = bucket(&net.recurrent);
+        let (iptr, iin) = bucket(&net.input);
+
+        let mut net_u32: Vec<u32> = Vec::new();
+        let mut offsets: Vec<(&str, usize)> = Vec::new();
+        let mut push = |name: &'static str, v: &mut Vec<u32>, data: &[u32]| {
+            offsets.push((name, v.len()));
+            v.extend_from_slice(data);
+        };
+        let groups = &net.groups;
+        let mut group_of = vec![0u32; n];
+        let mut gu: Vec<u32> = Vec::with_capacity(4 * groups.len());
+        for (gi, (g, live)) in groups.iter().zip(p.live_ports).enumerate() {
+            group_of[g.start..g.end].fill(gi as u32);
+            let mask = live.iter().fold(0u32, |m, &k| m | (1u32 << k));
+            gu.extend_from_slice(&[
+                (g.consts.kind == ModelKind::Glif) as u32,
+                g.consts.refractory_steps,
+                g.consts.asc.len() as u32,
+                mask,
+            ]);
+        }
+        if np > 32 {
+            return Err(SnnError::Shape(format!(
+                "the GPU engine handles up to 32 receptor ports per cell, the network has {np}"
+            )));
+        }
+        push("O_GROUP_OF", &mut net_u32, &group_of);
+        push("O_GU", &mut net_u32, &gu);
+        push("O_RPTR", &mut net_u32, &rptr);
+        push("O_IPTR", &mut net_u32, &iptr);
+        let isrc: Vec<u32> = iin.iter().map(|&(v, _)| v).collect();
+        let iw: Vec<u32> = iin.iter().map(|&(_, e)| e).collect();
+        push("O_ISRC", &mut net_u32, &isrc);
+        push("O_IW", &mut net_u32, &iw);
+        let rec = &net.recurrent;
+        push("O_SEGPTR", &mut net_u32, &rec.seg_ptr);
+        let seg: Vec<u32> = rec
+            .segments
+            .iter()
+            .flat_map(|s| [s.start, s.end, s.delay, s.port])
+            .collect();
+        push("O_SEG", &mut net_u32, &seg);
+        // Per input edge (CSR slot): virtual node, delay | port << 16, target offset.
+        let inp = &net.input;
+        let mut inv = vec![0u32; e_in];
+        let mut indp = vec![0u32; e_in];
+        for v in 0..inp.seg_ptr.len().saturating_sub(1) {
+            for seg in inp.segments_of(v) {
+                for e in seg.start as usize..seg.end as usize {
+                    inv[e] = v as u32;
+                    indp[e] = seg.delay | (seg.port << 16);
+                }
+            }
+        }
+        push("O_INV", &mut net_u32, &inv);
+        push("O_INDP", &mut net_u32, &indp);
+        push("O_INOFF", &mut net_u32, &inp.target_off);
+        let pnode: Vec<u32> = pois.iter().map(|&(v, _)| v).collect();
+        push("O_PNODE", &mut net_u32, &pnode);
+        let seed = p.inputs.poisson_seed();
+        push("O_SEED", &mut net_u32, &[seed as u32, (seed >> 32) as u32]);
+        // File events per (step, virtual node), when there are any.
+        let mut file = Vec::new();
+        let has_file = (0..t_len).any(|s| p.inputs.file_events(s).next().is_some());
+        if has_file {
+            file = vec![0u32; t_len * nv];
+            for s in 0..t_len {
+                for (v, c) in p.inputs.file_events(s) {
+                    file[s * nv + v as usize] += c;
+                }
+            }
+        }
+        push("O_FILE", &mut net_u32, &file);
+        big("the network's index array", net_u32.len())?;
+
+        let mut edges_u32 = Vec::with_capacity(3 * e_rec);
+        let mut e_off: Vec<(&str, usize)> = Vec::new();
+        e_off.push(("O_RSRC", edges_u32.len()));
+        edges_u32.extend(rin.iter().map(|&(s, _)| s));
+        e_off.push(("O_RW", edges_u32.len()));
+        edges_u32.extend(rin.iter().map(|&(_, e)| e));
+        e_off.push(("O_TOFF", edges_u32.len()));
+        edges_u32.extend_from_slice(&rec.target_off);
+        big("the edge index array", edges_u32.len())?;
+
+        // Group constants: float32 (`G_*` slots of bptt.wgsl), float64 (threshold and the
+        // after-spike jumps the CPU computes in f64).
+        let gf = G_PORTS + 6 * np + 5 * na;
+        let gd = 1 + 2 * na;
+        let mut net_f32 = vec![0.0f32; gf * groups.len()];
+        let mut net_f64 = vec![0.0f64; gd * groups.len()];
+        for (gi, g) in groups.iter().enumerate() {
+            let c = &g.consts;
+            let f = &mut net_f32[gi * gf..(gi + 1) * gf];
+            f[0] = c.p33 as f32;
+            f[1] = c.p30 as f32;
+            f[2] = c.expm1_tau_m as f32;
+            f[3] = c.i_e as f32;
+            f[4] = (0.0 + c.i_e) as f32 * c.p30 as f32;
+            f[5] = f32_at_or_below(c.th);
+            f[6] = f32_at_or_above(c.th);
+            f[7] = c.th as f32;
+            f[8] = c.v_reset as f32;
+            f[9] = (c.th - c.v_reset) as f32;
+            f[10] = c.lower_bound as f32;
+            f[11] = f32_at_or_above(c.lower_bound);
+            for (k, pc) in c.ports.iter().enumerate().take(np) {
+                let o = G_PORTS + 6 * k;
+                f[o] = pc.p11 as f32;
+                f[o + 1] = pc.p21 as f32;
+                f[o + 2] = pc.p22 as f32;
+                f[o + 3] = pc.p31 as f32;
+                f[o + 4] = pc.p32 as f32;
+                f[o + 5] = pc.psc_init as f32;
+            }
+            for (a, ac) in c.asc.iter().enumerate() {
+                let o = G_PORTS + 6 * np + 5 * a;
+                f[o] = ac.stable as f32;
+                f[o + 1] = ac.decay as f32;
+                f[o + 2] = ac.amp as f32;
+                f[o + 3] = ac.refr_decay as f32;
+                f[o + 4] = (1.0 + (ac.refr_decay - 1.0)) as f32;
+            }
+            let d64 = &mut net_f64[gi * gd..(gi + 1) * gd];
+            d64[0] = c.th;
+            for (a, ac) in c.asc.iter().enumerate() {
+                d64[1 + 2 * a] = ac.amp;
+                d64[2 + 2 * a] = ac.refr_decay;
+            }
+        }
+        let o_sg = net_f32.len();
+        net_f32.extend_from_slice(&[0.0; 3]);
+        let mut f64_off: Vec<(&str, usize)> = Vec::new();
+        f64_off.push(("O_PMEAN", net_f64.len()));
+        net_f64.extend(pois.iter().map(|&(_, mean)| mean));
+        f64_off.push(("O_PP0", net_f64.len()));
+        net_f64.extend(pois.iter().map(|&(_, mean)| (-mean).exp()));
+        let o_vcoef = net_f64.len();
+        f64_off.push(("O_VCOEF", o_vcoef));
+        net_f64.push(0.0);
+
+        // The state and adjoint arrays.
+        let nb = n * b;
+        let (o_u, o_asc) = (0, nb);
+        let o_y1 = o_asc + n * na * b;
+        let o_y2 = o_y1 + n * np * b;
+        let o_arr = o_y2 + n * np * b;
+        let state_len = o_arr + n * np * b;
+        let (o_refr, o_counts, o_pring) = (0, nb, 2 * nb);
+        let state_u32_len = o_pring + rl * nv * b;
+        let masks_len = 2 * t_len * n * w;
+        let (o_au, o_aa) = (0, nb);
+        let o_a1 = o_aa + n * na * b;
+        let o_a2 = o_a1 + n * np * b;
+        let o_mu = o_a2 + n * np * b;
+        let o_gz = o_mu + rl * n * np * b;
+        let o_gzrate = o_gz + nb;
+        let adj_len = o_gzrate + nb;
+        big("the state", state_len)?;
+        big("the adjoint state", adj_len)?;
+        big("the Poisson ring", state_u32_len)?;
+
+        let (x_step, asc_step) = tape_step_bytes(n, na, b);
+        let per_step = x_step.max(asc_step);
+        if per_step > max_binding {
+            return Err(SnnError::Shape(format!(
+                "one step of the GPU tape needs {per_step} bytes, more than the adapter binds ({max_binding}); reduce run.batch_size"
+            )));
+        }
+        let tape_len = match p.opts.gradient_checkpointing {
+            Some(k) => k.min(t_len).max(1),
+            None => t_len.max(1),
+        };
+        let tape_steps = ((max_binding / per_step) as usize).clamp(1, tape_len);
+
+        let mut h = String::new();
+        let mut c = |name: &str, v: usize| {
+            let _ = writeln!(h, "const {name}: u32 = {v}u;");
+        };
+        c("N", n);
+        c("NP", np);
+        c("NA", na.max(1));
+        c("NA_MAX", na.max(1));
+        c("W", w);
+        c("B", b);
+        c("D", d);
+        c("RL", rl);
+        c("T", t_len);
+        c("NV", nv);
+        c("NPOIS", n_pois);
+        c("E_IN", e_in);
+        c("E_REC", e_rec);
+        c("GF", gf);
+        c("GD", gd);
+        c("O_WIN", e_rec);
+        for (name, o) in offsets.iter().chain(&e_off).chain(&f64_off) {
+            c(name, *o);
+        }
+        for (name, o) in [
+            ("O_U", o_u),
+            ("O_ASC", o_asc),
+            ("O_Y1", o_y1),
+            ("O_Y2", o_y2),
+            ("O_ARR", o_arr),
+            ("O_REFR", o_refr),
+            ("O_COUNTS", o_counts),
+            ("O_PRING", o_pring),
+            ("O_ACTIVE", t_len * n * w),
+            ("O_AU", o_au),
+            ("O_AA", o_aa),
+            ("O_A1", o_a1),
+            ("O_A2", o_a2),
+            ("O_MU", o_mu),
+            ("O_GZ", o_gz),
+            ("O_GZRATE", o_gzrate),
+            ("O_SG", o_sg),
+        ] {
+            c(name, o);
+        }
+        let _ = writeln!(h, "const HAS_FILE: bool = {has_file};");
+        let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
+        Ok(Layout {
+            b,
+            t: t_len,
+            n,
+            np,
+            na,
+            w,
+            d,
+            n_pois,
+            e_rec,
+            e_in,
+            train_in: p.opts.train_input_weights,
+            net_u32,
+            net_f32,
+            net_f64,
+            edges_u32,
+            o_sg,
+            o_vcoef,
+            state_len,
+            boundary_f32: o_arr,
+            state_u32_len,
+            o_counts,
+            masks_len,
+            adj_len,
+            o_gzrate,
+            tape_steps,
+            header: h,
+        })
+    }
+
+    /// The steps the tape holds: all of them, or one chunk of segmented BPTT.
+    pub fn tape_len(&self, chunk: Option<usize>) -> usize {
+        match chunk {
+            Some(k) => k.min(self.t).max(1),
+            None => self.t.max(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{f32_at_or_above, f32_at_or_below};
+
+    /// The float32 thresholds decide every comparison as the CPU's f64 comparison does.
+    #[test]
+    fn float32_thresholds_match_f64_comparisons() {
+        for th in [1.0, 0.1, -0.1, 15.000000001, 1e-40, -3.4e38, 20.0 / 3.0] {
+            let (lo, hi) = (f32_at_or_below(th), f32_at_or_above(th));
+            let mut x = lo.next_down().next_down();
+            for _ in 0..6 {
+                assert_eq!((x as f64) > th, x > lo, "{x} > {th}");
+                assert_eq!((x as f64) >= th, x >= hi, "{x} >= {th}");
+                assert_eq!((x as f64) < th, x < hi, "{x} < {th}");
+                x = x.next_up();
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The GPU engine (`run.device: "gpu"`) against the float32 CPU engine, on the machine's
+//! adapter (Mesa's lavapipe in CI, which does not fuse multiply-adds: the forward pass has
+//! the CPU engine's bits there). No adapter is a failure, never a skip.
+//!
+//! Covered: GLIF3 with after-spike currents, GLIF1 and iaf_psc_alpha cells, every receptor
+//! port, delays of 1..4 steps, file and Poisson inputs, both surrogates, both losses,
+//! trained input weights, batches of 1, 5 and 40 samples (two 32-lane mask words),
+//! segmented recompute, the initial state at rest and NEST's, repeated calls.
+
+#![allow(clippy::needless_range_loop)] // the shared test network indexes parallel arrays
+
+use lockstep_snn::{
+    BpttOptions, DeviceRequest, Dtype, InitialState, InputSpec, LossAndGrad, NetworkSpec,
+    PseudoDerivative, SnnModel, Surrogate,
+};
+
+mod common;
+use common::{losses, small_input, small_network};
+
+fn opts(device: DeviceRequest, seq_len: usize, chunk: Option<usize>) -> BpttOptions {
+    BpttOptions {
+        seq_len,
+        train_input_weights: true,
+        gradient_checkpointing: chunk,
+        parallel: false,
+        dtype: Dtype::Float32,
+        device,
+        record_first_sample: true,
+        ..Default::default()
+    }
+}
+
+fn model(spec: &NetworkSpec, input: &InputSpec, o: BpttOptions) -> SnnModel {
+    let o = BpttOptions {
+        losses: losses(spec.neurons.len()),
+        ..o
+    };
+    SnnModel::new(spec, 1.0, input, o).unwrap()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// GPU against CPU: same spikes of every sample (each sample's own call records its
+/// spikes), the batch's loss to 1e-6 and gradient to 1e-5 relative L2.
+fn compare(spec: &NetworkSpec, input: &InputSpec, o: BpttOptions, batch: usize, what: &str) {
+    let cpu = model(spec, input, o.clone());
+    let gpu = model(
+        spec,
+        input,
+        BpttOptions {
+            device: DeviceRequest::Gpu(None),
+            ..o
+        },
+    );
+    let mut p = cpu.initial_params();
+    for (i, w) in p.iter_mut().enumerate() {
+        *w *= 1.0 + 0.05 * ((i % 7) as f32 - 3.0);
+    }
+    for s in 0..batch as u64 {
+        let a = cpu.loss_and_grad(&p, 7 + s, 1).unwrap();
+        let b = gpu.loss_and_grad(&p, 7 + s, 1).unwrap();
+        assert_eq!(
+            a.first_spikes, b.first_spikes,
+            "{what}: spikes of sample {s} differ"
+        );
+    }
+    let a = cpu.loss_and_grad(&p, 7, batch).unwrap();
+    let b = gpu.loss_and_grad(&p, 7, batch).unwrap();
+    check_close(&a, &b, what);
+    assert!(a.n_spikes > 10, "{what}: the network must spike");
+}
+
+fn check_close(cpu: &LossAndGrad, gpu: &LossAndGrad, what: &str) {
+    assert_eq!(cpu.n_spikes, gpu.n_spikes, "{what}: spike count");
+    assert_eq!(cpu.first_spikes, gpu.first_spikes, "{what}: first sample");
+    let rel = (cpu.loss - gpu.loss).abs() / cpu.loss.abs().max(1e-300);
+    assert!(
+        rel <= 1e-6,
+        "{what}: loss {} vs {} ({rel:e})",
+        cpu.loss,
+        gpu.loss
+    );
+    for ((na, a), (nb, b)) in cpu.terms.iter().zip(&gpu.terms) {
+        assert_eq!(na, nb);
+        assert!(
+            (a - b).abs() <= 1e-6 * a.abs().max(1e-12),
+            "{what}: {na} {a} vs {b}"
+        );
+    }
+    let d = rel_l2(&gpu.grad, &cpu.grad);
+    assert!(d <= 1e-5, "{what}: gradient rel. L2 {d:e}");
+    assert!(gpu.grad.iter().any(|&g| g != 0.0), "{what}: zero gradient");
+}
+
+#[test]
+fn gpu_matches_the_cpu_engine_on_every_cell_model_and_option() {
+    let spec = small_network(5);
+    let input = small_input();
+    for (sg, batch) in [
+        (Surrogate::default(), 5),
+        (
+            Surrogate {
+                kind: PseudoDerivative::Triangle,
+                gain: 0.4,
+                width: 1.0,
+            },
+            3,
+        ),
+    ] {
+        let o = BpttOptions {
+            surrogate: sg,
+            ..opts(DeviceRequest::Cpu, 120, None)
+        };
+        compare(&spec, &input, o, batch, &format!("{:?}", sg.kind));
+    }
+    let o = BpttOptions {
+        initial: InitialState::Nest,
+        ..opts(DeviceRequest::Cpu, 60, Some(17))
+    };
+    compare(&spec, &input, o, 2, "NEST initial state, segmented");
+}
+
+/// 40 samples: the spike masks take two 32-lane words.
+#[test]
+fn gpu_matches_with_two_mask_words() {
+    let spec = small_network(9);
+    let input = small_input();
+    let cpu = model(&spec, &input, opts(DeviceRequest::Cpu, 50, None));
+    let gpu = model(&spec, &input, opts(DeviceRequest::Gpu(None), 50, None));
+    let p = cpu.initial_params();
+    let a = cpu.loss_and_grad(&p, 100, 40).unwrap();
+    let b = gpu.loss_and_grad(&p, 100, 40).unwrap();
+    check_close(&a, &b, "batch 40");
+}
+
+/// Segmented recompute gives the unsegmented pass's bits on the GPU, and repeated calls
+/// give the same bits.
+#[test]
+fn gpu_segmented_equals_unsegmented_bit_for_bit() {
+    let spec = small_network(8);
+    let input = small_input();
+    let full = model(&spec, &input, opts(DeviceRequest::Gpu(None), 90, None));
+    let p = full.initial_params();
+    let a = full.loss_and_grad(&p, 3, 4).unwrap();
+    let again = full.loss_and_grad(&p, 3, 4).unwrap();
+    assert_eq!(a, again, "repeated call");
+    for chunk in [1usize, 7, 25, 90, 400] {
+        let seg = model(
+            &spec,
+            &input,
+            opts(DeviceRequest::Gpu(None), 90, Some(chunk)),
+        );
+        let b = seg.loss_and_grad(&p, 3, 4).unwrap();
+        assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "chunk {chunk}");
+        assert_eq!(a.first_spikes, b.first_spikes, "chunk {chunk}");
+        let same = a
+            .grad
+            .iter()
+            .zip(&b.grad)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "chunk {chunk}: gradient differs");
+    }
+}
+
+/// A buffer over the adapter's binding limit is refused by name, with its size and the keys
+/// that shrink it, when the device is prepared (before any output).
+#[test]
+fn an_over_limit_buffer_is_refused_by_name() {
+    let spec = small_network(5);
+    let all = lockstep_gpu::process_adapters();
+    let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let sel = lockstep_gpu::select_adapter(&all, None, 0, cuda.as_deref()).unwrap();
+    let limit = sel.adapter.max_storage_binding.min(sel.adapter.max_buffer);
+    // The spike masks take 8 bytes per step and neuron at one mask word.
+    let steps = (limit / (8 * spec.neurons.len() as u64) + 1) as usize;
+    let input = InputSpec {
+        spike_trains: None,
+        poisson: small_input().poisson,
+    };
+    let m = model(
+        &spec,
+        &input,
+        opts(DeviceRequest::Gpu(None), steps, Some(25)),
+    );
+    let e = m.prepare_device(2).unwrap_err().to_string();
+    assert!(
+        e.contains("spike masks") && e.contains("run.seq_len") && e.contains(&sel.adapter.name),
+        "{e}"
+    );
+}
+
+/// float64 on a GPU and a missing adapter index are refused when the model is built.
+#[test]
+fn float64_on_a_gpu_and_a_missing_adapter_are_refused() {
+    let spec = small_network(5);
+    let o = BpttOptions {
+        dtype: Dtype::Float64,
+        ..opts(DeviceRequest::Gpu(None), 10, None)
+    };
+    let e = SnnModel::new(&spec, 1.0, &small_input(), o)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("run.dtype") && e.contains("float32"), "{e}");
+    let o = opts(DeviceRequest::Gpu(Some(99)), 10, None);
+    let e = SnnModel::new(&spec, 1.0, &small_input(), o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("adapter 99") && e.contains("lockstep info"),
+        "{e}"
+    );
+}
