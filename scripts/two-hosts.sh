@@ -5,7 +5,7 @@
 #   two-hosts.sh up                 create the bed; idempotent (whatever is left of an earlier
 #                                   bed, also one whose test was killed, is removed first)
 #   two-hosts.sh down               remove it, ending the processes still inside; idempotent
-#   two-hosts.sh check              exit 0 when the bed is up and its hosts reach each other
+#   two-hosts.sh check              exit 0 when the bed is up (both hosts, link up, addresses)
 #   two-hosts.sh mpirun ARGS...     mpirun started on hosta, daemons on hostb through `agent`,
 #                                   TCP restricted to the bed's link, e.g.
 #                                     two-hosts.sh mpirun --host hosta:2,hostb:2 --oversubscribe \
@@ -21,7 +21,9 @@
 # As over ssh, a command on hostb starts with a login-like environment (PATH, HOME, USER,
 # LANG, TMPDIR), not the caller's: pass variables to the ranks with mpirun's `-x NAME`.
 #
-# Environment (read by `mpirun` and `agent`; colon-separated lists of existing folders):
+# Environment: TWO_HOSTS_PREFIX names the namespaces (default lockstep: lockstep-hosta and
+# lockstep-hostb); one bed per prefix and machine at a time. Read by `mpirun` and `agent`
+# (colon-separated lists of existing folders):
 #   TWO_HOSTS_READONLY  folders hostb sees read-only (to check that only the chief, on
 #                       hosta, writes a run folder)
 #   TWO_HOSTS_LOCAL     folders hostb does not share: it sees an empty folder of its own

@@ -73,7 +73,8 @@ impl TwoHosts {
 
     /// The inode of hostb's network namespace (to tell where a process runs).
     fn hostb_netns(&self) -> u64 {
-        std::fs::metadata("/run/netns/lockstep-hostb")
+        let prefix = std::env::var("TWO_HOSTS_PREFIX").unwrap_or_else(|_| "lockstep".into());
+        std::fs::metadata(format!("/run/netns/{prefix}-hostb"))
             .unwrap()
             .ino()
     }
