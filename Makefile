@@ -1,7 +1,8 @@
 # lockstep: one-command entry points (see README.md).
 #   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
 #   make test   installs what is missing, builds once (release), runs make lint, the main job on
-#               2 updates and every test
+#               2 updates and every test (among them MPI jobs across two hosts simulated with
+#               network namespaces, scripts/two-hosts.sh: they need root)
 #   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs to build and test, when it is missing. Idempotent; safe to rerun.
-#   system (Debian/Ubuntu, apt-get): Open MPI, HDF5, libclang (for the MPI bindings), pkg-config
+#   system (Debian/Ubuntu, apt-get): Open MPI, HDF5, libclang (for the MPI bindings), pkg-config,
+#     iproute2 and mount (the two-host test bed, scripts/two-hosts.sh)
 #   Python (pip, for the tests' cross-checks with h5py/numpy): h5py, numpy
 # Run as root or with sudo available. Exits non-zero with a message saying what to install by
 # hand when it cannot install.
 set -euo pipefail
 
-packages=(libopenmpi-dev openmpi-bin libhdf5-dev libclang-dev pkg-config)
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libclang-dev pkg-config iproute2 mount)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -31,8 +32,8 @@ if command -v dpkg-query >/dev/null 2>&1; then
       || die "apt-get install failed; install ${missing[*]} by hand"
   fi
 else
-  for tool in mpicc mpirun h5cc pkg-config; do
-    command -v "$tool" >/dev/null 2>&1 || die "no apt-get here and $tool is missing: install Open MPI, HDF5 (with h5cc), libclang and pkg-config with your package manager"
+  for tool in mpicc mpirun h5cc pkg-config ip; do
+    command -v "$tool" >/dev/null 2>&1 || die "no apt-get here and $tool is missing: install Open MPI, HDF5 (with h5cc), libclang, pkg-config and iproute2 with your package manager"
   done
 fi
 

@@ -10,7 +10,7 @@ const LINE: usize = 512;
 /// Gathers one line per rank to the chief, which prints them in rank order.
 pub fn run(world: &World) -> Result<()> {
     let comm = world.comm();
-    let host = hostname();
+    let host = &world.host;
     let line = format!(
         "rank {}/{}: launch {}, device {}, host {host}, pid {}",
         comm.rank(),
@@ -42,12 +42,6 @@ pub fn run(world: &World) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 #[cfg(feature = "mpi")]

@@ -28,7 +28,7 @@ fn info_reports_every_rank_under_mpirun() {
     // The models compute on CPU cores: the listed GPUs are not bound (and the chief warns).
     assert!(
         out.stdout.contains(
-            "rank 1/2: launch Open MPI (mpirun), rank 1 of 2, node-local rank 1, device cpu"
+            "rank 1/2: launch Open MPI (mpirun), rank 1 of 2, node-local rank 1 of 2, device cpu"
         ),
         "{}",
         out.stdout

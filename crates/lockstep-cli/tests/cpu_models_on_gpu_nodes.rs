@@ -71,7 +71,7 @@ fn info_reports_cpu_for_every_rank_and_warns_once() {
     let out = run_with_limit(cmd, Duration::from_secs(30)).unwrap();
     assert!(out.success(), "{}", out.all_output());
     for rank in 0..2 {
-        let want = format!("rank {rank}/2: launch Open MPI (mpirun), rank {rank} of 2, node-local rank {rank}, device cpu,");
+        let want = format!("rank {rank}/2: launch Open MPI (mpirun), rank {rank} of 2, node-local rank {rank} of 2, device cpu,");
         assert!(out.stdout.contains(&want), "{}", out.all_output());
     }
     assert_eq!(

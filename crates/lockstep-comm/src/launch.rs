@@ -48,8 +48,13 @@ pub struct LaunchEnv {
     pub rank: usize,
     /// Number of processes the launcher started.
     pub size: usize,
-    /// Rank among the processes on this node (used for device binding).
+    /// Rank among the processes of this launch on this node, `0..local_size` (device
+    /// binding: node-local rank r gets the r-th GPU of the node).
     pub local_rank: usize,
+    /// Processes of this launch on this node (the memory check multiplies a rank's need by
+    /// it). From the launcher ([`detect_launch_from`]); when the launcher does not say,
+    /// `size`: every rank is assumed to share this node, the safe side for a memory check.
+    pub local_size: usize,
     /// The Slurm job id, when inside a Slurm allocation (also for `mpirun` inside one).
     pub slurm_job_id: Option<String>,
 }
@@ -62,6 +67,7 @@ impl LaunchEnv {
             rank: 0,
             size: 1,
             local_rank: 0,
+            local_size: 1,
             slurm_job_id: None,
         }
     }
@@ -77,8 +83,8 @@ impl fmt::Display for LaunchEnv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}, rank {} of {}, node-local rank {}",
-            self.launcher, self.rank, self.size, self.local_rank
+            "{}, rank {} of {}, node-local rank {} of {}",
+            self.launcher, self.rank, self.size, self.local_rank, self.local_size
         )?;
         if let Some(job) = &self.slurm_job_id {
             write!(f, ", Slurm job {job}")?;
@@ -117,41 +123,116 @@ fn parse(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize
     }
 }
 
+/// The per-launcher variables: rank, size, node-local rank (first set wins) and node-local
+/// size (first set wins).
+struct LauncherVars {
+    launcher: Launcher,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static [&'static str],
+    local_size: &'static [&'static str],
+}
+
+const MPI_LAUNCHERS: [LauncherVars; 2] = [
+    LauncherVars {
+        launcher: Launcher::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+        local_size: &["OMPI_COMM_WORLD_LOCAL_SIZE"],
+    },
+    LauncherVars {
+        launcher: Launcher::MpichHydra,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
+        local_size: &["MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"],
+    },
+];
+
+/// The first of `vars` that is set, parsed.
+fn first_set(
+    get: &dyn Fn(&str) -> Option<String>,
+    vars: &[&'static str],
+) -> Result<Option<(usize, &'static str)>, LaunchError> {
+    for v in vars {
+        if let Some(x) = parse(get, v)? {
+            return Ok(Some((x, v)));
+        }
+    }
+    Ok(None)
+}
+
+/// Slurm's task count per node, `"2(x3),1"` expanded to `[2, 2, 2, 1]`; `None` when a part
+/// is not of the form `N` or `N(xM)`.
+fn expand_tasks_per_node(list: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        match part.split_once("(x") {
+            None => out.push(part.parse().ok()?),
+            Some((n, times)) => {
+                let n: usize = n.trim().parse().ok()?;
+                let times: usize = times.strip_suffix(')')?.trim().parse().ok()?;
+                out.extend(std::iter::repeat_n(n, times));
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The tasks of a Slurm job step on this node: this node's entry (`SLURM_NODEID`) of
+/// `SLURM_STEP_TASKS_PER_NODE` (else `SLURM_TASKS_PER_NODE`), else `SLURM_NTASKS_PER_NODE`,
+/// else the largest entry of the list; `None` when none of them is set.
+fn slurm_tasks_on_this_node(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<usize>, LaunchError> {
+    let list = get("SLURM_STEP_TASKS_PER_NODE")
+        .or_else(|| get("SLURM_TASKS_PER_NODE"))
+        .and_then(|l| expand_tasks_per_node(&l));
+    if let (Some(list), Some(node)) = (&list, parse(get, "SLURM_NODEID")?) {
+        if let Some(&n) = list.get(node) {
+            return Ok(Some(n));
+        }
+    }
+    if let Some(n) = parse(get, "SLURM_NTASKS_PER_NODE")? {
+        return Ok(Some(n));
+    }
+    Ok(list.and_then(|l| l.into_iter().max()))
+}
+
 /// Detects the launch from environment variables read through `get`.
 ///
 /// Precedence: Open MPI, then MPICH/Hydra, then a Slurm job *step* (`SLURM_STEP_ID` set and
 /// not the batch script's own step), else serial. A Slurm batch script that runs lockstep
 /// without `srun` is serial.
 ///
-/// Errors: [`LaunchError::BadVariable`] when a variable is not an integer or the rank is not
-/// below the size.
+/// The node-local rank and size come from the launcher: Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_RANK` / `OMPI_COMM_WORLD_LOCAL_SIZE`, Hydra's `MPI_LOCALRANKID` /
+/// `MPI_LOCALNRANKS` (or `PMI_LOCAL_RANK` / `PMI_LOCAL_SIZE`), Slurm's `SLURM_LOCALID` and
+/// this node's entry (`SLURM_NODEID`) of `SLURM_STEP_TASKS_PER_NODE` (else
+/// `SLURM_TASKS_PER_NODE`; else `SLURM_NTASKS_PER_NODE`; else the list's largest entry).
+/// A launcher that does not say gets the safe side: node-local rank = rank (one GPU per
+/// rank) and node-local size = size (every rank on this node, for the memory check).
+///
+/// Errors: [`LaunchError::BadVariable`] when a variable is not an integer, the rank is not
+/// below the size, or the node-local rank is not below the node-local size.
 pub fn detect_launch_from(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv, LaunchError> {
     let slurm_job_id = get("SLURM_JOB_ID").or_else(|| get("SLURM_JOBID"));
-    let candidates: [(Launcher, &str, &str, &[&str]); 2] = [
-        (
-            Launcher::OpenMpi,
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            &["OMPI_COMM_WORLD_LOCAL_RANK"],
-        ),
-        (
-            Launcher::MpichHydra,
-            "PMI_RANK",
-            "PMI_SIZE",
-            &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
-        ),
-    ];
-    let mut found = None;
-    for (launcher, rank_var, size_var, local_vars) in candidates {
-        if let (Some(rank), Some(size)) = (parse(get, rank_var)?, parse(get, size_var)?) {
-            let mut local = None;
-            for v in local_vars {
-                if let Some(l) = parse(get, v)? {
-                    local = Some(l);
-                    break;
-                }
-            }
-            found = Some((launcher, rank, size, local.unwrap_or(rank), rank_var));
+    // (launcher, rank, size, node-local rank and its variable, node-local size, rank variable)
+    type Found = (
+        Launcher,
+        usize,
+        usize,
+        Option<(usize, &'static str)>,
+        Option<usize>,
+        &'static str,
+    );
+    let mut found: Option<Found> = None;
+    for l in &MPI_LAUNCHERS {
+        if let (Some(rank), Some(size)) = (parse(get, l.rank)?, parse(get, l.size)?) {
+            let local_rank = first_set(get, l.local_rank)?;
+            let local_size = first_set(get, l.local_size)?.map(|(n, _)| n);
+            found = Some((l.launcher, rank, size, local_rank, local_size, l.rank));
             break;
         }
     }
@@ -162,33 +243,49 @@ pub fn detect_launch_from(get: &dyn Fn(&str) -> Option<String>) -> Result<Launch
             if let (Some(rank), Some(size)) =
                 (parse(get, "SLURM_PROCID")?, parse(get, "SLURM_NTASKS")?)
             {
-                let local = parse(get, "SLURM_LOCALID")?.unwrap_or(rank);
-                found = Some((Launcher::Slurm, rank, size, local, "SLURM_PROCID"));
+                let local_rank = first_set(get, &["SLURM_LOCALID"])?;
+                let local_size = slurm_tasks_on_this_node(get)?;
+                found = Some((
+                    Launcher::Slurm,
+                    rank,
+                    size,
+                    local_rank,
+                    local_size,
+                    "SLURM_PROCID",
+                ));
             }
         }
     }
-    match found {
-        None => Ok(LaunchEnv {
+    let Some((launcher, rank, size, local_rank, local_size, rank_var)) = found else {
+        return Ok(LaunchEnv {
             slurm_job_id,
             ..LaunchEnv::serial()
-        }),
-        Some((launcher, rank, size, local_rank, rank_var)) => {
-            if size == 0 || rank >= size {
-                return Err(LaunchError::BadVariable {
-                    var: rank_var.into(),
-                    value: rank.to_string(),
-                    why: format!("rank must be below the process count {size}"),
-                });
-            }
-            Ok(LaunchEnv {
-                launcher,
-                rank,
-                size,
-                local_rank,
-                slurm_job_id,
-            })
-        }
+        });
+    };
+    if size == 0 || rank >= size {
+        return Err(LaunchError::BadVariable {
+            var: rank_var.into(),
+            value: rank.to_string(),
+            why: format!("rank must be below the process count {size}"),
+        });
     }
+    let (local_rank, local_var) = local_rank.unwrap_or((rank, rank_var));
+    let local_size = local_size.unwrap_or(size).min(size);
+    if local_rank >= local_size {
+        return Err(LaunchError::BadVariable {
+            var: local_var.into(),
+            value: local_rank.to_string(),
+            why: format!("the node-local rank must be below the ranks on this node ({local_size})"),
+        });
+    }
+    Ok(LaunchEnv {
+        launcher,
+        rank,
+        size,
+        local_rank,
+        local_size,
+        slurm_job_id,
+    })
 }
 
 /// [`detect_launch_from`] on the process environment.
@@ -545,6 +642,79 @@ mod tests {
         assert!(err.to_string().contains("OMPI_COMM_WORLD_RANK"));
         let err = detect_launch_from(&env(&[("PMI_RANK", "2"), ("PMI_SIZE", "2")])).unwrap_err();
         assert!(err.to_string().contains("below the process count 2"));
+    }
+
+    /// Two hosts x two ranks: each rank's node-local rank and size come from the launcher,
+    /// never from the global rank and size.
+    #[test]
+    fn node_local_rank_and_size_from_each_launcher() {
+        let e = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]))
+        .unwrap();
+        assert_eq!((e.rank, e.size, e.local_rank, e.local_size), (3, 4, 1, 2));
+        assert!(e.to_string().contains("node-local rank 1 of 2"), "{e}");
+        let e = detect_launch_from(&env(&[
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "4"),
+            ("MPI_LOCALRANKID", "0"),
+            ("MPI_LOCALNRANKS", "2"),
+        ]))
+        .unwrap();
+        assert_eq!((e.local_rank, e.local_size), (0, 2));
+        // Slurm: this node's entry of the step's task list (node 2 of "2(x2),3" has 3).
+        let slurm = |extra: &[(&str, &str)]| {
+            let mut v = vec![
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", "6"),
+                ("SLURM_NTASKS", "7"),
+                ("SLURM_LOCALID", "2"),
+            ];
+            v.extend_from_slice(extra);
+            detect_launch_from(&env(&v))
+        };
+        let e = slurm(&[
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x2),3"),
+            ("SLURM_TASKS_PER_NODE", "4,3"),
+            ("SLURM_NODEID", "2"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (e.launcher, e.local_rank, e.local_size),
+            (Launcher::Slurm, 2, 3)
+        );
+        let e = slurm(&[("SLURM_TASKS_PER_NODE", "3,4"), ("SLURM_NODEID", "1")]).unwrap();
+        assert_eq!(e.local_size, 4);
+        let e = slurm(&[("SLURM_NTASKS_PER_NODE", "3")]).unwrap();
+        assert_eq!(e.local_size, 3);
+        let e = slurm(&[("SLURM_TASKS_PER_NODE", "2,3(x2)")]).unwrap();
+        assert_eq!(e.local_size, 3, "no SLURM_NODEID: the largest entry");
+        // A launcher that does not say: every rank on this node (the memory check's safe
+        // side), the rank as node-local rank.
+        let e = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ]))
+        .unwrap();
+        assert_eq!((e.local_rank, e.local_size), (3, 4));
+        // Inconsistent variables are named.
+        let err = detect_launch_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("OMPI_COMM_WORLD_LOCAL_RANK")
+                && err.to_string().contains("ranks on this node (2)"),
+            "{err}"
+        );
+        assert_eq!(expand_tasks_per_node("2(x3),1"), Some(vec![2, 2, 2, 1]));
+        assert_eq!(expand_tasks_per_node("2(3)"), None);
     }
 
     use ComputeKind::{Cpu, Gpu};

@@ -50,7 +50,7 @@ mod world;
 pub use mpi_comm::{install_mpi_abort_on_panic, mpi_in_place, MpiComm};
 pub use self_comm::SelfComm;
 pub use thread_comm::{run_replicas, ReplicaFailure, ThreadComm};
-pub use world::{World, WorldError};
+pub use world::{host_name, World, WorldError};
 
 use bytemuck::Pod;
 use thiserror::Error;

@@ -40,6 +40,9 @@ pub struct World {
     /// warning that they stay unused. The caller prints it once, on the chief
     /// ([`World::warn_unused_gpus`]).
     pub unused_gpus: Option<String>,
+    /// This machine's host name (`/proc/sys/kernel/hostname`, `unknown` where it cannot be
+    /// read): error messages of a job across hosts name the host of the failing rank.
+    pub host: String,
     comm: Box<dyn Communicator>,
 }
 
@@ -77,6 +80,7 @@ impl World {
             launch,
             device,
             unused_gpus,
+            host: host_name(),
             comm,
         })
     }
@@ -96,11 +100,11 @@ impl World {
         &*self.comm
     }
 
-    /// Where an error message says it comes from: `error on rank R` in a job of several
-    /// ranks, plain `error` in a serial run.
+    /// Where an error message says it comes from: `error on rank R (host H)` in a job of
+    /// several ranks (which may span hosts), plain `error` in a serial run.
     pub fn error_origin(&self) -> String {
         if self.comm.size() > 1 {
-            format!("error on rank {}", self.comm.rank())
+            format!("error on rank {} (host {})", self.comm.rank(), self.host)
         } else {
             "error".to_string()
         }
@@ -115,6 +119,15 @@ impl World {
         }
         std::process::exit(1)
     }
+}
+
+/// This machine's host name, as the kernel has it (in a UTS namespace, the namespace's).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(feature = "mpi")]

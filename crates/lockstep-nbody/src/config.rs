@@ -317,14 +317,11 @@ pub fn memory_estimate(
     e
 }
 
-/// Ranks of this job on this machine (they share its memory): Open MPI's
-/// `OMPI_COMM_WORLD_LOCAL_SIZE` or MPICH's `MPI_LOCALNRANKS`, else 1.
+/// Processes of this job on this machine (they share its memory): the node-local size the
+/// launcher reports ([`lockstep_comm::launch::LaunchEnv::local_size`]: Open MPI, MPICH/Hydra
+/// or Slurm), 1 for a process started without a launcher (thread ranks share one process).
 fn ranks_on_this_node() -> u64 {
-    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse::<u64>().ok())
-        .unwrap_or(1)
-        .max(1)
+    lockstep_comm::launch::detect_launch().map_or(1, |l| l.local_size.max(1) as u64)
 }
 
 /// A validated run, before anything is generated or written.
@@ -460,6 +457,22 @@ pub fn run_nbody_config_on<C: Communicator + ?Sized>(
         _ => Ok(()),
     };
     agree(comm, prepared, "preparing the output folder")?;
+    // Every rank writes its snapshot files into the folder the chief prepared: a rank on a
+    // host that does not see it (no shared filesystem) says so before any snapshot.
+    let visible = match &plan.output {
+        Some((dir, _)) if !dir.join(lockstep_core::output_dir::MARKER).is_file() => {
+            Err(NbodyError::OutputDir {
+                dir: dir.clone(),
+                problem: format!(
+                    "rank {} (host {}) does not see this folder, which the chief (rank 0) prepared; every rank writes its snapshot files there, so put output.dir (or --output-dir) on a filesystem that every host shares",
+                    comm.rank(),
+                    lockstep_comm::host_name()
+                ),
+            })
+        }
+        _ => Ok(()),
+    };
+    agree(comm, visible, "checking the output folder")?;
     let (diags, files) = integrate(comm, &plan, &mut particles, opts)?;
     finish(comm, &plan, &particles, diags, files, opts, start)
 }

@@ -290,30 +290,9 @@ pub struct Plan {
     /// Things the user should know (logged by the chief), e.g. more thread replicas than cores.
     pub warnings: Vec<String>,
     /// Replicas that share this machine's memory: 1 serially, every replica of a threads
-    /// run, the node-local rank count of an MPI launch ([`node_local_ranks`]).
+    /// run, the ranks of an MPI launch on this node ([`LaunchEnv::local_size`], from the
+    /// launcher's environment).
     pub replicas_on_this_machine: usize,
-}
-
-/// MPI ranks on this node, from the launcher's environment read through `get`: Open MPI's
-/// `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH/Hydra's `MPI_LOCALNRANKS`, Slurm's
-/// `SLURM_NTASKS_PER_NODE` or the largest count of `SLURM_TASKS_PER_NODE` (`"2(x3),1"`).
-/// Without any of them, every rank of the launch is assumed to share this node (the safe
-/// side for a memory check). At least 1, at most `launch.size`.
-pub fn node_local_ranks(launch: &LaunchEnv, get: &dyn Fn(&str) -> Option<String>) -> usize {
-    let int = |k: &str| get(k).and_then(|v| v.trim().parse::<usize>().ok());
-    let slurm_max = || {
-        get("SLURM_TASKS_PER_NODE").and_then(|v| {
-            v.split(',')
-                .filter_map(|p| p.split('(').next()?.trim().parse::<usize>().ok())
-                .max()
-        })
-    };
-    let local = int("OMPI_COMM_WORLD_LOCAL_SIZE")
-        .or_else(|| int("MPI_LOCALNRANKS"))
-        .or_else(|| int("SLURM_NTASKS_PER_NODE"))
-        .or_else(slurm_max)
-        .unwrap_or(launch.size);
-    local.clamp(1, launch.size.max(1))
 }
 
 /// Decides the distribution of a run from its config and the launch (invariants 1-3).
@@ -397,7 +376,7 @@ pub fn plan(
         warnings,
         replicas_on_this_machine: match dist.strategy {
             Strategy::Threads => replicas,
-            Strategy::Mpi => node_local_ranks(launch, &|k| std::env::var(k).ok()),
+            Strategy::Mpi => launch.local_size,
         },
     })
 }
@@ -529,6 +508,7 @@ mod tests {
             rank: 0,
             size,
             local_rank: 0,
+            local_size: size,
             slurm_job_id: None,
         }
     }
@@ -636,30 +616,19 @@ mod tests {
         );
     }
 
+    /// The memory check's replica count of an MPI run is the launch's ranks on this node.
     #[test]
-    fn node_local_ranks_from_each_launcher() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
+    fn mpi_replicas_on_this_machine_are_the_node_local_ranks() {
+        let c = cfg(json!({"batch_size": 4, "distribution": {"strategy": "mpi"}}));
+        let two_hosts = LaunchEnv {
+            local_size: 2,
+            ..mpi(4)
         };
-        let l = mpi(8);
+        let p = plan(&c, &two_hosts, 2, true).unwrap();
+        assert_eq!((p.replicas, p.replicas_on_this_machine), (4, 2));
         assert_eq!(
-            node_local_ranks(&l, &env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")])),
+            plan(&c, &mpi(4), 2, true).unwrap().replicas_on_this_machine,
             4
-        );
-        assert_eq!(node_local_ranks(&l, &env(&[("MPI_LOCALNRANKS", "2")])), 2);
-        assert_eq!(
-            node_local_ranks(&l, &env(&[("SLURM_TASKS_PER_NODE", "2(x3),3")])),
-            3
-        );
-        assert_eq!(node_local_ranks(&l, &env(&[])), 8);
-        assert_eq!(
-            node_local_ranks(&mpi(2), &env(&[("MPI_LOCALNRANKS", "9")])),
-            2
         );
     }
 
