@@ -15,7 +15,8 @@ use crate::layers::{
 };
 use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{rational_quadratic_spline, SplineParams};
-use crate::svd::ProjectionConfig;
+use crate::task::BasisLayout;
+pub use crate::task::Standardization;
 use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -68,28 +69,20 @@ pub struct NetworkConfig {
     pub flow: FlowConfig,
 }
 
-/// Fixed affine standardization of θ and x: `(v - mean) / std` per component.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Standardization {
-    /// Means of θ `[theta_dim]`.
-    pub theta_mean: Vec<f64>,
-    /// Standard deviations of θ `[theta_dim]`.
-    pub theta_std: Vec<f64>,
-    /// Means of x `[x_dim]`.
-    pub x_mean: Vec<f64>,
-    /// Standard deviations of x `[x_dim]`.
-    pub x_std: Vec<f64>,
+/// The reduced-basis layer of a network: its basis size and the input layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectionConfig {
+    /// Basis elements per block.
+    pub size: usize,
+    /// How x is cut into blocks.
+    pub layout: BasisLayout,
 }
 
-impl Standardization {
-    /// The identity standardization for the given widths.
-    pub fn identity(theta_dim: usize, x_dim: usize) -> Self {
-        Standardization {
-            theta_mean: vec![0.0; theta_dim],
-            theta_std: vec![1.0; theta_dim],
-            x_mean: vec![0.0; x_dim],
-            x_std: vec![1.0; x_dim],
-        }
+impl ProjectionConfig {
+    /// The layer's outputs: `blocks x block_outputs(size)`.
+    pub fn outputs(&self) -> usize {
+        self.layout.blocks() * self.layout.block_outputs(self.size)
     }
 }
 

@@ -49,6 +49,7 @@ pub mod spline;
 pub mod submit;
 pub mod svd;
 pub mod sync_batch_norm;
+pub mod task;
 pub mod tasks;
 pub mod trained;
 
@@ -56,7 +57,8 @@ pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardi
 pub use layers::Norm;
 pub use model::NpeModel;
 pub use settings::NpeSettings;
-pub use tasks::{GaussianLinear, Slcp, Task, TaskSource, TaskSpec, TwoMoons};
+pub use task::Task;
+pub use tasks::{GaussianLinear, Slcp, TaskSource, TaskSpec, TwoMoons};
 
 /// The CPU backend (burn's ndarray backend, f32).
 pub type CpuBackend = burn::backend::NdArray<f32>;

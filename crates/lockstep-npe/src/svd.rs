@@ -30,8 +30,10 @@
 //!   others (`embedding_net.layers_rb.{block}.weight` / `.bias`); a later training stage may
 //!   freeze it (`freeze_rb_layer`).
 
-use crate::flow::{NpeNetwork, Standardization};
-use crate::tasks::{sample_rng, Task};
+use crate::flow::NpeNetwork;
+pub use crate::flow::ProjectionConfig;
+pub use crate::task::BasisLayout;
+use crate::task::{sample_rng, Standardization, Task};
 use anyhow::{bail, Context, Result};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
@@ -89,85 +91,6 @@ impl SvdSettings {
             ));
         }
         Ok(())
-    }
-}
-
-/// How an observation x is cut into blocks for the reduced basis.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum BasisLayout {
-    /// x as one real vector of `width` values (`width = x_dim`).
-    Real {
-        /// Values of x.
-        width: usize,
-    },
-    /// `blocks` complex series of `bins` values, each stored as its real parts then its
-    /// imaginary parts, blocks one after the other (`x_dim = 2 blocks bins`; Dingo's
-    /// `[num_blocks, 2, num_bins]`).
-    Complex {
-        /// Blocks (detectors).
-        blocks: usize,
-        /// Complex values per block (frequency bins).
-        bins: usize,
-    },
-}
-
-impl BasisLayout {
-    /// Blocks, each with its own basis and layer.
-    pub fn blocks(&self) -> usize {
-        match *self {
-            BasisLayout::Real { .. } => 1,
-            BasisLayout::Complex { blocks, .. } => blocks,
-        }
-    }
-
-    /// Values of x per block (the layer's inputs per block).
-    pub fn block_inputs(&self) -> usize {
-        match *self {
-            BasisLayout::Real { width } => width,
-            BasisLayout::Complex { bins, .. } => 2 * bins,
-        }
-    }
-
-    /// Length of a basis vector (real or complex values).
-    pub fn basis_len(&self) -> usize {
-        match *self {
-            BasisLayout::Real { width } => width,
-            BasisLayout::Complex { bins, .. } => bins,
-        }
-    }
-
-    /// The layer's outputs per block for `size` basis elements (`2 size` for complex
-    /// coefficients: real parts, then imaginary parts).
-    pub fn block_outputs(&self, size: usize) -> usize {
-        match self {
-            BasisLayout::Real { .. } => size,
-            BasisLayout::Complex { .. } => 2 * size,
-        }
-    }
-
-    fn describe_len(&self) -> &'static str {
-        match self {
-            BasisLayout::Real { .. } => "values",
-            BasisLayout::Complex { .. } => "complex values (frequency bins)",
-        }
-    }
-}
-
-/// The reduced-basis layer of a network: its basis size and the input layout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProjectionConfig {
-    /// Basis elements per block.
-    pub size: usize,
-    /// How x is cut into blocks.
-    pub layout: BasisLayout,
-}
-
-impl ProjectionConfig {
-    /// The layer's outputs: `blocks x block_outputs(size)`.
-    pub fn outputs(&self) -> usize {
-        self.layout.blocks() * self.layout.block_outputs(self.size)
     }
 }
 

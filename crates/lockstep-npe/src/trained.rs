@@ -9,7 +9,8 @@
 use crate::flow::NpeNetwork;
 use crate::model::NpeModel;
 use crate::settings::NpeSettings;
-use crate::tasks::{Task, TaskSource};
+use crate::task::Task;
+use crate::tasks::TaskSource;
 use crate::CpuAutodiff;
 use anyhow::{bail, Context, Result};
 use lockstep_train::{checkpoint, BatchSource, Model};
