@@ -409,7 +409,7 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             )?;
         }
         let t = trained::load(&last_dir)?;
-        if let Some(loss) = t.test_loss()? {
+        if let Some(loss) = t.test_loss() {
             let held_out = settings.data.num_samples - n_train;
             let line = format!(
                 "test loss (mean negative log-probability over {held_out} held-out simulations): {loss:.6}"

@@ -37,6 +37,7 @@
 pub mod backend;
 pub mod c2st;
 pub mod calibration;
+pub mod error;
 pub mod flow;
 pub mod fused_ops;
 pub mod gw;
@@ -53,6 +54,7 @@ pub mod task;
 pub mod tasks;
 pub mod trained;
 
+pub use error::NpeError;
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;
 pub use model::NpeModel;

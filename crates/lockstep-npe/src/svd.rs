@@ -30,11 +30,11 @@
 //!   others (`embedding_net.layers_rb.{block}.weight` / `.bias`); a later training stage may
 //!   freeze it (`freeze_rb_layer`).
 
+use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 pub use crate::flow::ProjectionConfig;
 pub use crate::task::BasisLayout;
 use crate::task::{sample_rng, Standardization, Task};
-use anyhow::{bail, Context, Result};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use nalgebra::{Complex, ComplexField, DMatrix};
@@ -128,19 +128,20 @@ pub struct ReducedBasis {
 pub fn top_right_singular_vectors<T: ComplexField<RealField = f64>>(
     rows: DMatrix<T>,
     size: usize,
-) -> Result<(DMatrix<T>, Vec<f64>)> {
+) -> Result<(DMatrix<T>, Vec<f64>), NpeError> {
     let len = rows.ncols();
     let eps = f64::EPSILON * 5.0;
-    let svd = nalgebra::SVD::try_new(rows, false, true, eps, 10_000)
-        .context("the SVD did not converge within 10000 iterations")?;
+    let svd = nalgebra::SVD::try_new(rows, false, true, eps, 10_000).ok_or_else(|| {
+        NpeError::Numerical("the SVD did not converge within 10000 iterations".into())
+    })?;
     let v_t = svd
         .v_t
-        .context("the SVD computed no right singular vectors")?;
+        .ok_or_else(|| NpeError::Numerical("the SVD computed no right singular vectors".into()))?;
     if v_t.nrows() < size {
-        bail!(
+        return Err(NpeError::Numerical(format!(
             "the SVD has {} singular vectors; {size} were asked for",
             v_t.nrows()
-        );
+        )));
     }
     // V = Vᴴ's conjugate transpose; keep the first `size` columns.
     let v = DMatrix::from_fn(len, size, |j, c| v_t[(c, j)].clone().conjugate());
@@ -182,7 +183,7 @@ impl ReducedBasis {
         seed: u64,
         settings: &SvdSettings,
         standardization: &Standardization,
-    ) -> Result<ReducedBasis> {
+    ) -> Result<ReducedBasis, NpeError> {
         let start = std::time::Instant::now();
         let layout = task.basis_layout();
         settings.check(&layout)?;
@@ -313,7 +314,7 @@ impl ReducedBasis {
     /// trainable buffer).
     ///
     /// Errors: the network has no reduced-basis layer, or one of another size or layout.
-    pub fn initialize(&self, network: &NpeNetwork, params: &mut [f32]) -> Result<()> {
+    pub fn initialize(&self, network: &NpeNetwork, params: &mut [f32]) -> Result<(), NpeError> {
         network.set_projection(params, &self.layer_values(&network.standardization))
     }
 

@@ -319,10 +319,7 @@ impl BatchSource for TaskSource {
     }
 
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
-        let indices: Vec<u64> = (0..count as u64)
-            .map(|i| self.simulation_index(first_sample + i))
-            .collect();
-        Ok(self.simulate_batch(first_sample, &indices))
+        Ok(self.batch(first_sample, count))
     }
 
     fn validation_samples(&self) -> u64 {
@@ -345,6 +342,15 @@ impl BatchSource for TaskSource {
 }
 
 impl TaskSource {
+    /// Global samples `first_sample .. first_sample + count` as a batch (inputs x, targets
+    /// θ): what [`BatchSource::global_batch`] returns; simulating never fails.
+    pub fn batch(&mut self, first_sample: u64, count: usize) -> Batch {
+        let indices: Vec<u64> = (0..count as u64)
+            .map(|i| self.simulation_index(first_sample + i))
+            .collect();
+        self.simulate_batch(first_sample, &indices)
+    }
+
     /// The simulations `indices` as a batch whose first sample is `first_sample`, simulated
     /// on the source's worker threads.
     fn simulate_batch(&self, first_sample: u64, indices: &[u64]) -> Batch {

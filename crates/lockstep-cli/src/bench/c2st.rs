@@ -181,7 +181,7 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
             .observations
             .iter()
             .map(|&o| reference(task_name, o))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         for &sims in &args.simulations {
             let (trained, task, train_s) = train_lockstep(args, world, task_name, sims)?;
             let sbi = if sbi_ok {
