@@ -44,8 +44,11 @@ pub enum NpeError {
         #[source]
         source: std::io::Error,
     },
-    /// An output folder cannot be used (exists without `--overwrite`, not written by
-    /// lockstep, a file).
+    /// An output cannot go where it was asked to: it exists and replacing it was not asked
+    /// for. The message names it and the options that fix it.
+    #[error("{0}")]
+    Output(String),
+    /// An output folder may not be replaced (not written by lockstep, a file, unreadable).
     #[error(transparent)]
     OutputDir(#[from] OutputDirError),
     /// A SyncBatchNorm training pass failed among the replicas (a failed peer, replicas that
