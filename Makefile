@@ -2,8 +2,10 @@
 #   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
 #   make test   installs what is missing, builds once (release), runs make lint, the main job on
 #               2 updates and every test (among them MPI jobs across two hosts simulated with
-#               network namespaces, scripts/two-hosts.sh: they need root)
-#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles
+#               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
+#               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
+#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles,
+#               no two files of a crate import each other (scripts/check_layout.py)
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -21,7 +23,11 @@ build: setup
 
 # Guardrails: formatting, clippy and rustdoc with warnings denied (the workspace lints in
 # Cargo.toml: missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks).
+# scripts/check_layout.py: no circle of imports between the files of a crate; LAYOUT_ARGS adds
+# --skip-cycles CRATE (a crate being restructured) and --max-lines DIR=N (a file size limit).
+LAYOUT_ARGS ?= --max-lines crates/lockstep-snn/src=1000
 lint: setup
+	python3 scripts/check_layout.py crates $(LAYOUT_ARGS)
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps

@@ -12,21 +12,13 @@
 //!   `FILE: KEY: PROBLEM`) before any output folder is created or overwritten
 //!   (`tests/train.rs`, `tests/simulate.rs`, `tests/npe.rs`).
 //! - **Benchmarks report ratios measured in the same run** (`lockstep bench ...`); the
-//!   benchmark code lives here, not in the libraries.
+//!   benchmark code lives here ([`mod@bench`], one file per benchmark), not in the libraries.
 
-mod bench_allreduce;
-mod bench_bptt;
-mod bench_c2st;
-mod bench_nbody;
-mod bench_npe;
-mod bench_scaling;
-mod bench_simulate;
+mod bench;
 mod build_network;
 mod info;
-mod mpi_worker;
 mod nbody;
 mod npe;
-mod npy;
 mod plot;
 mod simulate;
 mod train;
@@ -66,25 +58,7 @@ enum Command {
     Plot(plot::PlotArgs),
     /// Benchmarks (speed is reported as ratios measured in the same run).
     #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// All-reduce time and bandwidth of ThreadComm and MpiComm vs MPI_Allreduce and a single-core memcpy, 16 B to 256 MiB.
-    Allreduce(bench_allreduce::AllreduceArgs),
-    /// BPTT seconds per step and memory, with and without segmented recompute.
-    Bptt(bench_bptt::BpttArgs),
-    /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
-    Scaling(bench_scaling::ScalingArgs),
-    /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), or sharded over --ranks 1,2.
-    Nbody(bench_nbody::BenchNbodyArgs),
-    /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
-    Simulate(bench_simulate::BenchSimulateArgs),
-    /// NPE training: s/step of the Dingo-shaped network vs PyTorch eager, pack/unpack cost, 1 vs N replicas.
-    Npe(bench_npe::BenchNpeArgs),
-    /// NPE posterior accuracy on sbibm's two_moons and slcp: C2ST against the reference posteriors, vs the sbi package.
-    C2st(bench_c2st::BenchC2stArgs),
+    Bench(bench::BenchCommand),
 }
 
 /// BPTT allocates and frees large per-sample buffers. glibc would return them to the kernel
@@ -133,9 +107,7 @@ fn main() -> ExitCode {
         }
     };
     let mpi_worker = match &cli.command {
-        Command::Bench(BenchCommand::Allreduce(a)) => a.mpi_worker,
-        Command::Bench(BenchCommand::Scaling(a)) => a.mpi_worker,
-        Command::Bench(BenchCommand::Npe(a)) => a.mpi_worker,
+        Command::Bench(bench) => bench.is_mpi_worker(),
         _ => false,
     };
     if kind.is_some() && !mpi_worker {
@@ -143,10 +115,7 @@ fn main() -> ExitCode {
     }
     let single_process = match &cli.command {
         Command::Simulate(_) | Command::BuildNetwork(_) | Command::Plot(_) => true,
-        Command::Bench(BenchCommand::Allreduce(a)) => !a.mpi_worker,
-        Command::Bench(BenchCommand::Scaling(a)) => !a.mpi_worker,
-        Command::Bench(BenchCommand::Npe(a)) => !a.mpi_worker,
-        Command::Bench(_) => true,
+        Command::Bench(bench) => !bench.is_mpi_worker(),
         Command::Npe(npe::NpeCommand::Sample(_) | npe::NpeCommand::Pp(_)) => true,
         Command::Info | Command::Train(_) | Command::Nbody(_) | Command::Npe(_) => false,
     };
@@ -161,13 +130,7 @@ fn main() -> ExitCode {
         Command::Plot(args) => plot::run(args),
         Command::Nbody(args) => nbody::run(args, &world),
         Command::Npe(cmd) => npe::run(cmd, &world),
-        Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce::run(args, &world),
-        Command::Bench(BenchCommand::Simulate(args)) => bench_simulate::run(args),
-        Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args, &world),
-        Command::Bench(BenchCommand::Bptt(args)) => bench_bptt::run(args),
-        Command::Bench(BenchCommand::Nbody(args)) => bench_nbody::run(args),
-        Command::Bench(BenchCommand::Npe(args)) => bench_npe::run(args, &world),
-        Command::Bench(BenchCommand::C2st(args)) => bench_c2st::run(args, &world),
+        Command::Bench(bench) => bench.run(&world),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

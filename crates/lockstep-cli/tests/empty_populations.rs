@@ -9,6 +9,7 @@
 //! `examples/glif_all2all` network.
 
 use lockstep_comm::launch::{mpirun_command, run_with_limit};
+use lockstep_core::testing::python_in;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -18,20 +19,6 @@ const NO_PARAMETERS: &str = "the model has no trainable parameters";
 
 fn example() -> PathBuf {
     std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).unwrap()
-}
-
-/// Runs a python3 snippet with h5py/numpy in `dir`; fails the test when they are missing.
-fn python(dir: &Path, script: &str) {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(format!("import h5py, numpy as np, os\nos.chdir({dir:?})\n{script}"))
-        .output()
-        .expect("python3 with h5py is needed to write the test's SONATA files (make setup installs them)");
-    assert!(
-        out.status.success(),
-        "python3 failed (make setup installs h5py and numpy):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// h5py helpers: an edge population with 0 edges, a node population with 0 nodes.
@@ -65,7 +52,7 @@ fn network(dir: &Path, script: &str, extra_nodes: bool) -> (PathBuf, PathBuf) {
         let e = e.unwrap();
         std::fs::copy(e.path(), net.join(e.file_name())).unwrap();
     }
-    python(&net, &format!("{HELPERS}\n{script}"));
+    python_in(&net, &format!("{HELPERS}\n{script}"));
     let mut nodes = vec![
         serde_json::json!({"nodes_file": "network/v1_nodes.h5", "node_types_file": "network/v1_node_types.csv"}),
         serde_json::json!({"nodes_file": "network/lgn_nodes.h5", "node_types_file": "network/lgn_node_types.csv"}),

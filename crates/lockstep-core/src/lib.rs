@@ -13,6 +13,9 @@
 //! - [`output_dir`]: the `.lockstep-output` marker and the one rule deciding whether an
 //!   existing output folder may be replaced (only what lockstep wrote is ever deleted).
 //!
+//! - `testing` (feature `testing`, tests only): running the Python checks of the
+//!   workspace's tests.
+//!
 //! Guarantees: no I/O beyond reading the files and `/proc`/cgroup entries named in the docs,
 //! and writing the output-folder marker when asked ([`output_dir::write_marker`]); no global
 //! state; every function is deterministic given its inputs.
@@ -21,5 +24,7 @@ pub mod config;
 pub mod memory;
 pub mod output_dir;
 pub mod rng;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::ConfigError;

@@ -218,7 +218,7 @@ impl NbodyConfig {
         self.units.validate().map_err(wrap)?;
         self.forces.fmm_params().validate().map_err(wrap)?;
         self.time.times().map_err(wrap)?;
-        crate::ic::padded_capacity(1, self.capacity_factor).map_err(wrap)?;
+        crate::particles::padded_capacity(1, self.capacity_factor).map_err(wrap)?;
         if let Some(o) = &self.output {
             if o.every == 0 {
                 return Err(wrap(NbodyError::param(

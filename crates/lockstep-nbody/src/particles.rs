@@ -168,6 +168,26 @@ impl Particles {
     }
 }
 
+/// Contiguous global id range `[start, end)` that rank `rank` of `size` owns out of `n`.
+pub fn rank_range(n: u64, rank: usize, size: usize) -> (u64, u64) {
+    let s = size as u128;
+    let start = (n as u128 * rank as u128 / s) as u64;
+    let end = (n as u128 * (rank as u128 + 1) / s) as u64;
+    (start, end)
+}
+
+/// Capacity for `local` particles with padding factor `capacity_factor` (>= 1).
+pub fn padded_capacity(local: usize, capacity_factor: f64) -> Result<usize, NbodyError> {
+    if !(capacity_factor.is_finite() && capacity_factor >= 1.0) {
+        return Err(NbodyError::param(
+            "capacity_factor",
+            capacity_factor,
+            "use a padding factor >= 1 (e.g. 1.25)",
+        ));
+    }
+    Ok(((local as f64 * capacity_factor).ceil() as usize).max(local))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

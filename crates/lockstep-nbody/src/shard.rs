@@ -77,7 +77,7 @@ const SAMPLES: usize = 64;
 /// contributes `SAMPLES` regularly spaced keys weighted by its count, all ranks agree on the
 /// splitters, one `all_to_all_v`) followed by an exact rebalancing exchange along the global
 /// key order, so rank `r` ends with particles `[floor(r N/size), floor((r+1) N/size))` of the
-/// z-order (ties broken by id; the split of [`crate::ic::rank_range`], so a shard sized for
+/// z-order (ties broken by id; the split of [`crate::particles::rank_range`], so a shard sized for
 /// its initial share always fits, and ranks may end with none). Particles that do not fit the padded arrays are a
 /// [`NbodyError::CapacityOverflow`] on every rank, naming `capacity_factor`.
 pub fn redistribute<C: Communicator + ?Sized>(
@@ -140,7 +140,7 @@ pub fn redistribute<C: Communicator + ?Sized>(
     let mut send_counts = vec![0usize; size];
     for (j, _) in recv.iter().enumerate() {
         // Rank d owns global positions [floor(d N / size), floor((d+1) N / size)), the same
-        // split as the initial conditions (`ic::rank_range`), so a rank never receives more
+        // split as the initial conditions (`particles::rank_range`), so a rank never receives more
         // particles than it was sized for; with N < size some ranks own none.
         let g = offset + j as u64;
         let d = (((g as u128 + 1) * size as u128 - 1) / total.max(1) as u128) as usize;

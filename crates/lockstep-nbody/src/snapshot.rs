@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use npyz::WriterBuilder;
 
+use crate::particles::{padded_capacity, rank_range};
 use crate::units::{Units, KMS_IN_CM_PER_S, KPC_IN_CM, MSUN_IN_G};
-use crate::{ic, NbodyError, Particles};
+use crate::{NbodyError, Particles};
 
 /// Path of the `.npz` snapshot `snapshot_{index:04}_rank_{rank:04}.npz` in `dir`.
 pub fn npz_path(dir: &Path, index: usize, rank: usize) -> PathBuf {
@@ -439,9 +440,9 @@ pub fn read_gadget_hdf5(
             path.display()
         );
     }
-    let (start, end) = ic::rank_range(n, rank, size);
+    let (start, end) = rank_range(n, rank, size);
     let local = (end - start) as usize;
-    let mut p = Particles::with_capacity(ic::padded_capacity(local, capacity_factor)?, n);
+    let mut p = Particles::with_capacity(padded_capacity(local, capacity_factor)?, n);
     for i in start as usize..end as usize {
         p.push(pos[i], vel[i], mass[i], ids[i], rank)?;
     }

@@ -2,9 +2,7 @@
 //! and h5py and hold exactly the valid particles (never the padding); GADGET input
 //! round-trips; the config runner writes them.
 
-use std::path::Path;
-use std::process::Command;
-
+use lockstep_core::testing::{python, require_h5py};
 use lockstep_nbody::snapshot::{read_gadget_hdf5, write_hdf5, write_npz, SnapshotHeader};
 use lockstep_nbody::{run_nbody_config, InitialConditions, Particles, RunOptions, Units};
 
@@ -28,37 +26,6 @@ fn padded() -> Particles {
     p.id[3] = 1 << 40; // exercises 64-bit ids
     p.num_total = 10; // as if 3 more particles lived on another rank
     p
-}
-
-/// Fails the test (instead of skipping it) when python3 with numpy and h5py is missing:
-/// `make setup` installs them.
-fn require_python() {
-    let ok = Command::new("python3")
-        .args(["-c", "import numpy, h5py"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "these checks read our files with python3, numpy and h5py, which are not available; \
-         run `make setup` (or `pip install numpy h5py`)"
-    );
-}
-
-fn python(script: &str, dir: &Path) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 #[test]
@@ -85,7 +52,7 @@ fn snapshot_files_hold_exactly_the_valid_particles() {
         "{e}"
     );
 
-    require_python();
+    require_h5py();
     let expect = serde_json::json!({
         "pos": p.valid_pos(), "vel": p.valid_vel(), "id": p.valid_id(), "mass": p.valid_mass(),
     });
@@ -124,12 +91,12 @@ with h5py.File(d + "/snap_003.1.hdf5", "r") as f:
     assert abs(u["GravitationalConstant"] / 4.30071057317063e4 - 1) < 1e-12
 print("ok")
 "#;
-    assert_eq!(python(script, dir.path()).trim(), "ok");
+    assert_eq!(python(script, &[dir.path().as_os_str()]).trim(), "ok");
 }
 
 #[test]
 fn gadget_initial_conditions_written_by_h5py_are_read_and_split_over_ranks() {
-    require_python();
+    require_h5py();
     let dir = tempfile::tempdir().unwrap();
     let script = r#"
 import sys
@@ -149,7 +116,7 @@ with h5py.File(d + "/ics.hdf5", "w") as f:
     g["ParticleIDs"] = np.arange(n, dtype=np.uint64) + 1000
 print("ok")
 "#;
-    assert_eq!(python(script, dir.path()).trim(), "ok");
+    assert_eq!(python(script, &[dir.path().as_os_str()]).trim(), "ok");
     let path = dir.path().join("ics.hdf5");
     let mut ids = Vec::new();
     for r in 0..3 {

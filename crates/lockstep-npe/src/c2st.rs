@@ -17,6 +17,7 @@
 //! streams of `seed`, so a C2ST is deterministic but not bitwise sbibm's (whose streams are
 //! numpy's).
 
+use crate::error::NpeError;
 use crate::layers::{Builder, Init, Linear};
 use crate::params::{to_vec, Layout, Params};
 use crate::{CpuAutodiff, CpuBackend};
@@ -67,7 +68,7 @@ impl Default for C2stOptions {
 ///
 /// Errors: `dim` is zero, a set's length is not a multiple of `dim`, there are fewer samples
 /// than folds, fewer than 2 folds, or a value is not finite.
-pub fn c2st(x: &[f32], y: &[f32], dim: usize, opts: &C2stOptions) -> anyhow::Result<f64> {
+pub fn c2st(x: &[f32], y: &[f32], dim: usize, opts: &C2stOptions) -> Result<f64, NpeError> {
     Ok(c2st_folds(x, y, dim, opts)?.iter().sum::<f64>() / opts.folds as f64)
 }
 
@@ -77,23 +78,25 @@ pub fn c2st_folds(
     y: &[f32],
     dim: usize,
     opts: &C2stOptions,
-) -> anyhow::Result<Vec<f64>> {
+) -> Result<Vec<f64>, NpeError> {
     if dim == 0 || !x.len().is_multiple_of(dim) || !y.len().is_multiple_of(dim) {
-        anyhow::bail!(
+        return Err(NpeError::Invalid(format!(
             "C2ST: the sample sets ({} and {} values) are not whole rows of {dim} components",
             x.len(),
             y.len()
-        );
+        )));
     }
     let (nx, ny) = (x.len() / dim, y.len() / dim);
     if opts.folds < 2 || nx + ny < opts.folds || nx < 2 {
-        anyhow::bail!(
+        return Err(NpeError::Invalid(format!(
             "C2ST: {nx} + {ny} samples cannot be split into {} folds (need at least 2 folds and 2 samples of X)",
             opts.folds
-        );
+        )));
     }
     if let Some(v) = x.iter().chain(y).find(|v| !v.is_finite()) {
-        anyhow::bail!("C2ST: a sample value is {v}; every value must be finite");
+        return Err(NpeError::Invalid(format!(
+            "C2ST: a sample value is {v}; every value must be finite"
+        )));
     }
     // z-score with the mean and unbiased standard deviation of X (sbibm: torch.std).
     let mut mean = vec![0.0f64; dim];
@@ -170,7 +173,9 @@ pub fn c2st_folds(
         });
     }
     if acc.iter().any(|a| a.is_nan()) {
-        anyhow::bail!("C2ST: a fold's classifier diverged (its parameters are not finite)");
+        return Err(NpeError::Numerical(
+            "C2ST: a fold's classifier diverged (its parameters are not finite)".into(),
+        ));
     }
     Ok(acc)
 }

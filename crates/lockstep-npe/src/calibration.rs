@@ -9,7 +9,7 @@
 
 use crate::backend::TrainBackend;
 use crate::model::NpeModel;
-use crate::tasks::{sample_rng, Task};
+use crate::task::{sample_rng, Task};
 use lockstep_core::rng::splitmix64;
 
 /// The Kolmogorov-Smirnov statistic `D = sup |F_n(u) - u|` of `values` against U(0, 1) and

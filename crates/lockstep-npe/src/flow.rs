@@ -10,12 +10,14 @@
 //! `-Σ log σ_θ` included).
 
 use crate::backend::NpeBackend;
+use crate::error::NpeError;
 use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
 use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{rational_quadratic_spline, SplineParams};
-use crate::svd::ProjectionConfig;
+use crate::task::BasisLayout;
+pub use crate::task::Standardization;
 use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -68,28 +70,20 @@ pub struct NetworkConfig {
     pub flow: FlowConfig,
 }
 
-/// Fixed affine standardization of θ and x: `(v - mean) / std` per component.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Standardization {
-    /// Means of θ `[theta_dim]`.
-    pub theta_mean: Vec<f64>,
-    /// Standard deviations of θ `[theta_dim]`.
-    pub theta_std: Vec<f64>,
-    /// Means of x `[x_dim]`.
-    pub x_mean: Vec<f64>,
-    /// Standard deviations of x `[x_dim]`.
-    pub x_std: Vec<f64>,
+/// The reduced-basis layer of a network: its basis size and the input layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectionConfig {
+    /// Basis elements per block.
+    pub size: usize,
+    /// How x is cut into blocks.
+    pub layout: BasisLayout,
 }
 
-impl Standardization {
-    /// The identity standardization for the given widths.
-    pub fn identity(theta_dim: usize, x_dim: usize) -> Self {
-        Standardization {
-            theta_mean: vec![0.0; theta_dim],
-            theta_std: vec![1.0; theta_dim],
-            x_mean: vec![0.0; x_dim],
-            x_std: vec![1.0; x_dim],
-        }
+impl ProjectionConfig {
+    /// The layer's outputs: `blocks x block_outputs(size)`.
+    pub fn outputs(&self) -> usize {
+        self.layout.blocks() * self.layout.block_outputs(self.size)
     }
 }
 
@@ -385,17 +379,21 @@ impl NpeNetwork {
         x_dim: usize,
         standardization: Standardization,
         structure_seed: u64,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, NpeError> {
         if theta_dim < 2 {
-            anyhow::bail!("θ has {theta_dim} component(s); the coupling flow needs at least 2");
+            return Err(NpeError::Invalid(format!(
+                "θ has {theta_dim} component(s); the coupling flow needs at least 2"
+            )));
         }
         if x_dim == 0 {
-            anyhow::bail!("the observation x has no components");
+            return Err(NpeError::Invalid(
+                "the observation x has no components".into(),
+            ));
         }
         let e = &config.embedding;
         let f = &config.flow;
         if e.hidden_dims.is_empty() || e.hidden_dims.contains(&0) || e.output_dim == 0 {
-            anyhow::bail!("embedding.hidden_dims must be a non-empty list of positive widths and embedding.output_dim positive");
+            return Err(NpeError::Invalid("embedding.hidden_dims must be a non-empty list of positive widths and embedding.output_dim positive".into()));
         }
         if f.num_flow_steps == 0
             || f.hidden_dim == 0
@@ -403,10 +401,12 @@ impl NpeNetwork {
             || !f.tail_bound.is_finite()
             || f.tail_bound <= 0.0
         {
-            anyhow::bail!("flow: num_flow_steps and hidden_dim must be positive, num_bins at least 2 and tail_bound positive");
+            return Err(NpeError::Invalid("flow: num_flow_steps and hidden_dim must be positive, num_bins at least 2 and tail_bound positive".into()));
         }
         if standardization.theta_std.len() != theta_dim || standardization.x_std.len() != x_dim {
-            anyhow::bail!("the standardization has the wrong widths");
+            return Err(NpeError::Invalid(
+                "the standardization has the wrong widths".into(),
+            ));
         }
         let mut b = Builder::default();
         let projection = match &e.projection {
@@ -414,11 +414,9 @@ impl NpeNetwork {
             Some(pc) => {
                 let l = &pc.layout;
                 if l.blocks() * l.block_inputs() != x_dim || pc.size == 0 {
-                    anyhow::bail!(
-                        "embedding.projection: {} blocks of {} values do not make the {x_dim} values of x (or size is 0)",
+                    return Err(NpeError::Invalid(format!("embedding.projection: {} blocks of {} values do not make the {x_dim} values of x (or size is 0)",
                         l.blocks(),
-                        l.block_inputs()
-                    );
+                        l.block_inputs())));
                 }
                 Some(LinearProjection::new(
                     &mut b,
@@ -479,23 +477,27 @@ impl NpeNetwork {
         &self,
         params: &mut [f32],
         values: &[(Vec<f32>, Vec<f32>)],
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), NpeError> {
         let Some(proj) = &self.projection else {
-            anyhow::bail!("the network has no reduced-basis (SVD) layer");
+            return Err(NpeError::Invalid(
+                "the network has no reduced-basis (SVD) layer".into(),
+            ));
         };
         let handles = proj.handles();
         if values.len() != handles.len() {
-            anyhow::bail!(
+            return Err(NpeError::Invalid(format!(
                 "{} blocks of values for a layer of {} blocks",
                 values.len(),
                 handles.len()
-            );
+            )));
         }
         let layout = self.layout();
         for (&(w, b), (wv, bv)) in handles.iter().zip(values) {
             let (wd, bd) = (layout.slice_mut(params, w), bv);
             if wd.len() != wv.len() || layout.specs()[b].numel() != bd.len() {
-                anyhow::bail!("the reduced-basis values do not fit the layer's shape");
+                return Err(NpeError::Invalid(
+                    "the reduced-basis values do not fit the layer's shape".into(),
+                ));
             }
             wd.copy_from_slice(wv);
             layout.slice_mut(params, b).copy_from_slice(bv);
@@ -594,13 +596,13 @@ impl NpeNetwork {
     /// [`NpeNetwork::block_names`]) and trains the rest.
     ///
     /// Errors: a prefix that names no parameter (with the network's block names).
-    pub fn freezing(&self, blocks: &[String]) -> anyhow::Result<Partition> {
+    pub fn freezing(&self, blocks: &[String]) -> Result<Partition, NpeError> {
         let (partition, counts) = Partition::freezing(self.layout(), blocks);
         if let Some((block, _)) = blocks.iter().zip(&counts).find(|(_, &c)| c == 0) {
-            anyhow::bail!(
+            return Err(NpeError::Invalid(format!(
                 "`{block}` names no parameter of the network; its blocks are: {}",
                 self.block_names().join(", ")
-            );
+            )));
         }
         Ok(partition)
     }

@@ -26,8 +26,7 @@
 //! computed with LALSuite (lal 7.7.1, lalsimulation 6.2.1; the `lalsuite` 7.26.16 wheel) by
 //! `scripts/taylorf2_lal_reference.py`; `tests/gw_waveform.rs` compares against them.
 
-use crate::svd::BasisLayout;
-use crate::tasks::Task;
+use crate::task::{BasisLayout, Task};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::SplitMix64;
 use serde::{Deserialize, Serialize};

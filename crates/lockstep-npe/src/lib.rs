@@ -19,7 +19,11 @@
 //! - Dingo's reduced-basis first embedding layer, initialized from an SVD of training
 //!   inputs computed from keyed simulations, identical on every replica ([`svd`]);
 //! - training stages that freeze named blocks under replicas ([`model::NpeModel::freeze`],
-//!   [`settings::NpeSettings::stages`]), and HTCondor / Slurm submission files ([`submit`]).
+//!   [`settings::NpeSettings::stages`]), run one after the other by the engine as
+//!   `lockstep npe train` does ([`stages::train_stages`]), and HTCondor / Slurm submission
+//!   files ([`submit`]);
+//! - errors as [`NpeError`], naming the file and key as the user wrote them
+//!   (`FILE: KEY: PROBLEM`), the offending value and the fix.
 //!
 //! - BatchNorm makes the loss depend on the whole batch: under replicas its layers run as
 //!   SyncBatchNorm ([`sync_batch_norm`]: batch statistics and their backward sums over all
@@ -37,6 +41,7 @@
 pub mod backend;
 pub mod c2st;
 pub mod calibration;
+pub mod error;
 pub mod flow;
 pub mod fused_ops;
 pub mod gw;
@@ -46,17 +51,21 @@ pub mod params;
 pub mod sbibm;
 pub mod settings;
 pub mod spline;
+pub mod stages;
 pub mod submit;
 pub mod svd;
 pub mod sync_batch_norm;
+pub mod task;
 pub mod tasks;
 pub mod trained;
 
+pub use error::NpeError;
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;
 pub use model::NpeModel;
 pub use settings::NpeSettings;
-pub use tasks::{GaussianLinear, Slcp, Task, TaskSource, TaskSpec, TwoMoons};
+pub use task::Task;
+pub use tasks::{GaussianLinear, Slcp, TaskSource, TaskSpec, TwoMoons};
 
 /// The CPU backend (burn's ndarray backend, f32).
 pub type CpuBackend = burn::backend::NdArray<f32>;

@@ -12,6 +12,7 @@
 //! as SyncBatchNorm ([`crate::sync_batch_norm`]).
 
 use crate::backend::TrainBackend;
+use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::layers::Pass;
 use crate::params::{to_vec, Params, Partition};
@@ -62,7 +63,7 @@ impl<B: TrainBackend> NpeModel<B> {
     /// Returns the number of values frozen.
     ///
     /// Errors: a prefix that names no parameter (with the network's block names).
-    pub fn freeze(&mut self, blocks: &[String]) -> anyhow::Result<usize> {
+    pub fn freeze(&mut self, blocks: &[String]) -> Result<usize, NpeError> {
         let partition = self.network.freezing(blocks)?;
         let layout = self.network.layout();
         let values = self.parameters();
@@ -87,14 +88,14 @@ impl<B: TrainBackend> NpeModel<B> {
     /// (`[network.layout().len()]`), whichever are frozen.
     ///
     /// Errors: `values` has the wrong length.
-    pub fn set_parameters(&mut self, values: &[f32]) -> anyhow::Result<()> {
+    pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), NpeError> {
         let layout = self.network.layout();
         if values.len() != layout.len() {
-            anyhow::bail!(
+            return Err(NpeError::Invalid(format!(
                 "{} parameter values for a network of {}",
                 values.len(),
                 layout.len()
-            );
+            )));
         }
         let (params, frozen) = self.partition.split(layout, values);
         let n = frozen.len();
@@ -111,14 +112,14 @@ impl<B: TrainBackend> NpeModel<B> {
     /// Sets the BatchNorm running statistics.
     ///
     /// Errors: `values` has the wrong length.
-    pub fn set_state(&mut self, values: &[f32]) -> anyhow::Result<()> {
+    pub fn set_state(&mut self, values: &[f32]) -> Result<(), NpeError> {
         let n = self.partition.frozen_len();
         if values.len() != self.fixed.len() - n {
-            anyhow::bail!(
+            return Err(NpeError::Invalid(format!(
                 "{} running statistics for a network of {}",
                 values.len(),
                 self.fixed.len() - n
-            );
+            )));
         }
         self.fixed[n..].copy_from_slice(values);
         Ok(())
@@ -192,7 +193,7 @@ impl<B: TrainBackend> NpeModel<B> {
         n: usize,
         grad: &mut [f32],
         replicas: &ReplicaContext<'_>,
-    ) -> anyhow::Result<Vec<f32>> {
+    ) -> Result<Vec<f32>, NpeError> {
         if replicas.replicas() == 1 || !self.network.uses_batch_norm() {
             return Ok(self.pass_with_reducer(theta, x, n, grad, None));
         }
@@ -305,7 +306,7 @@ impl<B: TrainBackend> Model for NpeModel<B> {
     }
 
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
-        self.batch_loss(batch, grad, None)
+        Ok(self.batch_loss(batch, grad, None)?)
     }
 
     /// `[mean -log q(θ | x)]` of `batch` in evaluation mode (running statistics).
@@ -321,7 +322,7 @@ impl<B: TrainBackend> Model for NpeModel<B> {
         grad: &mut [f32],
         replicas: &ReplicaContext<'_>,
     ) -> anyhow::Result<Vec<f64>> {
-        self.batch_loss(batch, grad, Some(replicas))
+        Ok(self.batch_loss(batch, grad, Some(replicas))?)
     }
 }
 
@@ -335,13 +336,11 @@ impl<B: TrainBackend> NpeModel<B> {
         batch: &Batch,
         grad: &mut [f32],
         replicas: Option<&ReplicaContext<'_>>,
-    ) -> anyhow::Result<Vec<f64>> {
+    ) -> Result<Vec<f64>, NpeError> {
         let (td, xd) = (self.network.theta_dim, self.network.x_dim);
         if batch.targets.len() != batch.samples * td || batch.inputs.len() != batch.samples * xd {
-            anyhow::bail!(
-                "the batch has {} θ and {} x values for {} samples; the network expects θ of {td} and x of {xd} components",
-                batch.targets.len(), batch.inputs.len(), batch.samples
-            );
+            return Err(NpeError::Invalid(format!("the batch has {} θ and {} x values for {} samples; the network expects θ of {td} and x of {xd} components",
+                batch.targets.len(), batch.inputs.len(), batch.samples)));
         }
         let n = batch.samples;
         let lp = match replicas {

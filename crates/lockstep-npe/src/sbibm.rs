@@ -3,7 +3,7 @@
 //! simulated from, and 10,000 reference posterior samples, compiled in from
 //! `crates/lockstep-npe/data/sbibm` (MIT licence and provenance there).
 
-use anyhow::{bail, Context, Result};
+use crate::error::NpeError;
 
 /// The observation numbers bundled for each task.
 pub const OBSERVATIONS: [usize; 3] = [1, 2, 3];
@@ -76,16 +76,16 @@ const FILES: [Files; 6] = [
 ];
 
 /// The values of the one data row of an sbibm CSV file (a header line, then one row).
-fn csv_row(text: &str, what: &str) -> Result<Vec<f32>> {
+fn csv_row(text: &str, what: &str) -> Result<Vec<f32>, NpeError> {
     let row = text
         .lines()
         .nth(1)
-        .with_context(|| format!("{what}: no data row"))?;
+        .ok_or_else(|| NpeError::Data(format!("{what}: no data row")))?;
     row.split(',')
         .map(|v| {
             v.trim()
                 .parse::<f32>()
-                .with_context(|| format!("{what}: `{v}` is not a number"))
+                .map_err(|e| NpeError::Data(format!("{what}: `{v}` is not a number ({e})")))
         })
         .collect()
 }
@@ -93,26 +93,25 @@ fn csv_row(text: &str, what: &str) -> Result<Vec<f32>> {
 /// The reference data of `task` (`two_moons`, `slcp`) and sbibm observation `observation`.
 ///
 /// Errors: a task or observation that is not bundled (the message lists those that are).
-pub fn reference(task: &str, observation: usize) -> Result<Reference> {
+pub fn reference(task: &str, observation: usize) -> Result<Reference, NpeError> {
     let Some(&(_, _, obs, truth, npy)) = FILES.iter().find(|f| f.0 == task && f.1 == observation)
     else {
-        bail!(
-            "no sbibm reference posterior for task `{task}` observation {observation}; bundled: tasks {TASKS:?}, observations {OBSERVATIONS:?}"
-        );
+        return Err(NpeError::Invalid(format!("no sbibm reference posterior for task `{task}` observation {observation}; bundled: tasks {TASKS:?}, observations {OBSERVATIONS:?}")));
     };
     let what = format!("sbibm {task} observation {observation}");
     let x = csv_row(obs, &format!("{what} observation.csv"))?;
     let true_theta = csv_row(truth, &format!("{what} true_parameters.csv"))?;
-    let file = npyz::NpyFile::new(npy).with_context(|| format!("{what}: reading the samples"))?;
+    let file = npyz::NpyFile::new(npy)
+        .map_err(|e| NpeError::io(format!("{what}: reading the samples"), e))?;
     let shape = file.shape().to_vec();
     let samples = file
         .into_vec::<f32>()
-        .with_context(|| format!("{what}: reading the samples"))?;
+        .map_err(|e| NpeError::io(format!("{what}: reading the samples"), e))?;
     if shape.len() != 2 || shape[1] as usize != true_theta.len() {
-        bail!(
+        return Err(NpeError::Data(format!(
             "{what}: samples of shape {shape:?}, expected [n, {}]",
             true_theta.len()
-        );
+        )));
     }
     Ok(Reference {
         task: task.to_string(),

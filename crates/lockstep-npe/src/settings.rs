@@ -61,10 +61,11 @@
 //! fresh optimizer and schedule from the parameters the previous stage ended with, as Dingo
 //! does.
 
-use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig};
+use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig, ProjectionConfig};
 use crate::layers::Norm;
-use crate::svd::{ProjectionConfig, SvdSettings};
-use crate::tasks::{Task, TaskSpec};
+use crate::svd::SvdSettings;
+use crate::task::Task;
+use crate::tasks::TaskSpec;
 use lockstep_core::config::{from_value, unknown_problem, ConfigError};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
@@ -1257,7 +1258,7 @@ training:
         assert_eq!(p.size, 10);
         assert_eq!(
             p.layout,
-            crate::svd::BasisLayout::Complex {
+            crate::task::BasisLayout::Complex {
                 blocks: 2,
                 bins: 81
             }

@@ -30,9 +30,11 @@
 //!   others (`embedding_net.layers_rb.{block}.weight` / `.bias`); a later training stage may
 //!   freeze it (`freeze_rb_layer`).
 
-use crate::flow::{NpeNetwork, Standardization};
-use crate::tasks::{sample_rng, Task};
-use anyhow::{bail, Context, Result};
+use crate::error::NpeError;
+use crate::flow::NpeNetwork;
+pub use crate::flow::ProjectionConfig;
+pub use crate::task::BasisLayout;
+use crate::task::{sample_rng, Standardization, Task};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use nalgebra::{Complex, ComplexField, DMatrix};
@@ -92,85 +94,6 @@ impl SvdSettings {
     }
 }
 
-/// How an observation x is cut into blocks for the reduced basis.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum BasisLayout {
-    /// x as one real vector of `width` values (`width = x_dim`).
-    Real {
-        /// Values of x.
-        width: usize,
-    },
-    /// `blocks` complex series of `bins` values, each stored as its real parts then its
-    /// imaginary parts, blocks one after the other (`x_dim = 2 blocks bins`; Dingo's
-    /// `[num_blocks, 2, num_bins]`).
-    Complex {
-        /// Blocks (detectors).
-        blocks: usize,
-        /// Complex values per block (frequency bins).
-        bins: usize,
-    },
-}
-
-impl BasisLayout {
-    /// Blocks, each with its own basis and layer.
-    pub fn blocks(&self) -> usize {
-        match *self {
-            BasisLayout::Real { .. } => 1,
-            BasisLayout::Complex { blocks, .. } => blocks,
-        }
-    }
-
-    /// Values of x per block (the layer's inputs per block).
-    pub fn block_inputs(&self) -> usize {
-        match *self {
-            BasisLayout::Real { width } => width,
-            BasisLayout::Complex { bins, .. } => 2 * bins,
-        }
-    }
-
-    /// Length of a basis vector (real or complex values).
-    pub fn basis_len(&self) -> usize {
-        match *self {
-            BasisLayout::Real { width } => width,
-            BasisLayout::Complex { bins, .. } => bins,
-        }
-    }
-
-    /// The layer's outputs per block for `size` basis elements (`2 size` for complex
-    /// coefficients: real parts, then imaginary parts).
-    pub fn block_outputs(&self, size: usize) -> usize {
-        match self {
-            BasisLayout::Real { .. } => size,
-            BasisLayout::Complex { .. } => 2 * size,
-        }
-    }
-
-    fn describe_len(&self) -> &'static str {
-        match self {
-            BasisLayout::Real { .. } => "values",
-            BasisLayout::Complex { .. } => "complex values (frequency bins)",
-        }
-    }
-}
-
-/// The reduced-basis layer of a network: its basis size and the input layout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProjectionConfig {
-    /// Basis elements per block.
-    pub size: usize,
-    /// How x is cut into blocks.
-    pub layout: BasisLayout,
-}
-
-impl ProjectionConfig {
-    /// The layer's outputs: `blocks x block_outputs(size)`.
-    pub fn outputs(&self) -> usize {
-        self.layout.blocks() * self.layout.block_outputs(self.size)
-    }
-}
-
 /// The random stream of basis input `index` under `seed`: separate from the data set's
 /// simulations, keyed like them (never by rank).
 pub fn basis_rng(seed: u64, index: u64) -> SplitMix64 {
@@ -205,19 +128,20 @@ pub struct ReducedBasis {
 pub fn top_right_singular_vectors<T: ComplexField<RealField = f64>>(
     rows: DMatrix<T>,
     size: usize,
-) -> Result<(DMatrix<T>, Vec<f64>)> {
+) -> Result<(DMatrix<T>, Vec<f64>), NpeError> {
     let len = rows.ncols();
     let eps = f64::EPSILON * 5.0;
-    let svd = nalgebra::SVD::try_new(rows, false, true, eps, 10_000)
-        .context("the SVD did not converge within 10000 iterations")?;
+    let svd = nalgebra::SVD::try_new(rows, false, true, eps, 10_000).ok_or_else(|| {
+        NpeError::Numerical("the SVD did not converge within 10000 iterations".into())
+    })?;
     let v_t = svd
         .v_t
-        .context("the SVD computed no right singular vectors")?;
+        .ok_or_else(|| NpeError::Numerical("the SVD computed no right singular vectors".into()))?;
     if v_t.nrows() < size {
-        bail!(
+        return Err(NpeError::Numerical(format!(
             "the SVD has {} singular vectors; {size} were asked for",
             v_t.nrows()
-        );
+        )));
     }
     // V = Vᴴ's conjugate transpose; keep the first `size` columns.
     let v = DMatrix::from_fn(len, size, |j, c| v_t[(c, j)].clone().conjugate());
@@ -259,7 +183,7 @@ impl ReducedBasis {
         seed: u64,
         settings: &SvdSettings,
         standardization: &Standardization,
-    ) -> Result<ReducedBasis> {
+    ) -> Result<ReducedBasis, NpeError> {
         let start = std::time::Instant::now();
         let layout = task.basis_layout();
         settings.check(&layout)?;
@@ -390,7 +314,7 @@ impl ReducedBasis {
     /// trainable buffer).
     ///
     /// Errors: the network has no reduced-basis layer, or one of another size or layout.
-    pub fn initialize(&self, network: &NpeNetwork, params: &mut [f32]) -> Result<()> {
+    pub fn initialize(&self, network: &NpeNetwork, params: &mut [f32]) -> Result<(), NpeError> {
         network.set_projection(params, &self.layer_values(&network.standardization))
     }
 

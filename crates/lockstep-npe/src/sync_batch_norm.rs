@@ -19,6 +19,7 @@
 //! direction), summed with the values, so replicas that reach different layers fail with a
 //! clear error instead of mixing statistics.
 
+use crate::error::NpeError;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -106,7 +107,7 @@ impl Drop for DoneOnDrop {
 pub fn with_stats_reducer<T: Send>(
     replicas: &ReplicaContext<'_>,
     pass: impl FnOnce(&StatsReducer) -> T + Send,
-) -> anyhow::Result<T> {
+) -> Result<T, NpeError> {
     let (to_owner, from_pass) = mpsc::channel();
     std::thread::scope(|scope| {
         let done = DoneOnDrop(to_owner.clone());
@@ -118,7 +119,8 @@ pub fn with_stats_reducer<T: Send>(
             .spawn_scoped(scope, move || {
                 let _done = done;
                 pass(&reducer)
-            })?;
+            })
+            .map_err(|e| NpeError::io("cannot start the thread of a training pass", e))?;
         while let Ok(Message::Reduce(request)) = from_pass.recv() {
             let mut values = request.values;
             values.push(request.tag as f64);
@@ -150,10 +152,10 @@ pub fn with_stats_reducer<T: Send>(
                 .cloned()
                 .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "a panic without a message".into());
-            anyhow::anyhow!(
+            NpeError::Replicas(format!(
                 "the training pass failed on rank {}: {message}",
                 replicas.rank()
-            )
+            ))
         })
     })
 }

@@ -6,83 +6,12 @@
 //! (Lueckmann et al. 2021, "Benchmarking Simulation-Based Inference", AISTATS;
 //! `sbibm/tasks/*/task.py`).
 
-use crate::flow::Standardization;
-use crate::svd::BasisLayout;
+pub use crate::task::{sample_rng, Task};
 use lockstep_core::config::ConfigError;
-use lockstep_core::rng::{splitmix64, SplitMix64, GOLDEN_GAMMA};
+use lockstep_core::rng::{splitmix64, SplitMix64};
 use lockstep_train::{Batch, BatchSource};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-
-/// The random stream of global sample `index` under `seed`.
-pub fn sample_rng(seed: u64, index: u64) -> SplitMix64 {
-    SplitMix64::new(splitmix64(
-        splitmix64(seed) ^ index.wrapping_mul(GOLDEN_GAMMA),
-    ))
-}
-
-/// A simulator with a prior: draws θ from the prior and x from the simulator given θ.
-pub trait Task: Send + Sync {
-    /// The sbibm name, e.g. `gaussian_linear`.
-    fn name(&self) -> &str;
-    /// Components of θ.
-    fn theta_dim(&self) -> usize;
-    /// Components of x.
-    fn x_dim(&self) -> usize;
-    /// Draws θ ~ prior and x ~ p(x | θ) from `rng` into `theta` and `x`.
-    fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]);
-    /// Names of the θ components (column names of posterior samples and P-P plots).
-    /// Default: `theta_0`, `theta_1`, ...
-    fn parameter_names(&self) -> Vec<String> {
-        (0..self.theta_dim())
-            .map(|i| format!("theta_{i}"))
-            .collect()
-    }
-
-    /// How x is cut into blocks for the reduced-basis (SVD) first embedding layer
-    /// ([`crate::svd`]). Default: one real block of all of x.
-    fn basis_layout(&self) -> BasisLayout {
-        BasisLayout::Real {
-            width: self.x_dim(),
-        }
-    }
-
-    /// One input `[x_dim]` for the reduced basis, drawn from `rng`. Default: the x of a
-    /// simulation (noise included); tasks with a noise-free signal give that instead.
-    fn basis_sample(&self, rng: &mut SplitMix64, x: &mut [f64]) {
-        let mut theta = vec![0.0; self.theta_dim()];
-        self.simulate(rng, &mut theta, x);
-    }
-
-    /// Means and standard deviations of θ and x, estimated from 10,000 simulations of a fixed
-    /// stream (identical on every replica), as Dingo standardizes from its training set.
-    fn standardization(&self) -> Standardization {
-        let (td, xd) = (self.theta_dim(), self.x_dim());
-        let n = 10_000u64;
-        let mut sums = vec![0.0f64; 2 * (td + xd)];
-        let (mut theta, mut x) = (vec![0.0; td], vec![0.0; xd]);
-        for i in 0..n {
-            self.simulate(&mut sample_rng(0x5_7A4D, i), &mut theta, &mut x);
-            for (j, v) in theta.iter().chain(&x).enumerate() {
-                sums[2 * j] += v;
-                sums[2 * j + 1] += v * v;
-            }
-        }
-        let stat = |j: usize| {
-            let m = sums[2 * j] / n as f64;
-            let var = (sums[2 * j + 1] / n as f64 - m * m).max(1e-24);
-            (m, var.sqrt())
-        };
-        let (theta_mean, theta_std) = (0..td).map(stat).unzip();
-        let (x_mean, x_std) = (td..td + xd).map(stat).unzip();
-        Standardization {
-            theta_mean,
-            theta_std,
-            x_mean,
-            x_std,
-        }
-    }
-}
 
 /// sbibm `gaussian_linear`: θ ~ N(0, prior_scale·I), x | θ ~ N(θ, simulator_scale·I), both in
 /// `dim` dimensions (sbibm: dim 10, prior_scale 0.1, simulator_scale 0.1; the scales are
@@ -390,10 +319,7 @@ impl BatchSource for TaskSource {
     }
 
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
-        let indices: Vec<u64> = (0..count as u64)
-            .map(|i| self.simulation_index(first_sample + i))
-            .collect();
-        Ok(self.simulate_batch(first_sample, &indices))
+        Ok(self.batch(first_sample, count))
     }
 
     fn validation_samples(&self) -> u64 {
@@ -416,6 +342,15 @@ impl BatchSource for TaskSource {
 }
 
 impl TaskSource {
+    /// Global samples `first_sample .. first_sample + count` as a batch (inputs x, targets
+    /// θ): what [`BatchSource::global_batch`] returns; simulating never fails.
+    pub fn batch(&mut self, first_sample: u64, count: usize) -> Batch {
+        let indices: Vec<u64> = (0..count as u64)
+            .map(|i| self.simulation_index(first_sample + i))
+            .collect();
+        self.simulate_batch(first_sample, &indices)
+    }
+
     /// The simulations `indices` as a batch whose first sample is `first_sample`, simulated
     /// on the source's worker threads.
     fn simulate_batch(&self, first_sample: u64, indices: &[u64]) -> Batch {

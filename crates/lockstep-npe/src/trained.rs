@@ -6,13 +6,14 @@
 //! directory per stage, `stage_0`, `stage_1`, ... ([`stage_dir`]); pointing at the folder
 //! means its latest stage that has a checkpoint ([`resolve_checkpoint`]).
 
+use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::model::NpeModel;
 use crate::settings::NpeSettings;
-use crate::tasks::{Task, TaskSource};
+use crate::task::Task;
+use crate::tasks::TaskSource;
 use crate::CpuAutodiff;
-use anyhow::{bail, Context, Result};
-use lockstep_train::{checkpoint, BatchSource, Model};
+use lockstep_train::{checkpoint, Model};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use std::sync::Arc;
 /// permutations from `data.seed`).
 ///
 /// Errors: widths the network refuses (see [`NpeNetwork::new`]).
-pub fn network(settings: &NpeSettings, task: &dyn Task) -> Result<NpeNetwork> {
+pub fn network(settings: &NpeSettings, task: &dyn Task) -> Result<NpeNetwork, NpeError> {
     NpeNetwork::new(
         settings.network_config(),
         task.theta_dim(),
@@ -41,7 +42,7 @@ pub fn stage_dir(train_dir: &Path, stage: usize) -> PathBuf {
 /// stages, the latest checkpoint of its last stage that has one.
 ///
 /// Errors: as [`checkpoint::resolve`] when no checkpoint is found.
-pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
+pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf, NpeError> {
     if path.is_dir() && !path.join("checkpoints").is_dir() {
         let stages = std::fs::read_dir(path)
             .into_iter()
@@ -65,25 +66,25 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
 /// (`RUN_DIR/checkpoints/FILE`): its `config.json`'s `npe` and `npe_stage` (0 when absent).
 ///
 /// Errors: no `config.json` of an NPE run there, or settings it no longer accepts.
-pub fn run_settings(file: &Path) -> Result<(PathBuf, NpeSettings, usize)> {
+pub fn run_settings(file: &Path) -> Result<(PathBuf, NpeSettings, usize), NpeError> {
     let run_dir = file
         .parent()
         .and_then(Path::parent)
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
     let config_path = run_dir.join("config.json");
-    let config = lockstep_core::config::read_json(&config_path).with_context(|| {
-        format!(
+    let config = lockstep_core::config::read_json(&config_path).map_err(|e| {
+        NpeError::from(e).context(format!(
             "{} is not inside the run directory of `lockstep npe train` (expected {})",
             file.display(),
             config_path.display()
-        )
+        ))
     })?;
     let Some(npe) = config.get("npe") else {
-        bail!(
+        return Err(NpeError::Data(format!(
             "{}: no `npe` section; this run was not made by `lockstep npe train`",
             config_path.display()
-        );
+        )));
     };
     let settings =
         NpeSettings::from_value(npe).map_err(|e| e.under("npe").in_file(&config_path))?;
@@ -92,11 +93,11 @@ pub fn run_settings(file: &Path) -> Result<(PathBuf, NpeSettings, usize)> {
         .and_then(|v| v.as_u64())
         .unwrap_or(0) as usize;
     if stage >= settings.stages().len() {
-        bail!(
+        return Err(NpeError::Data(format!(
             "{}: npe_stage {stage} but the settings have {} stage(s)",
             config_path.display(),
             settings.stages().len()
-        );
+        )));
     }
     Ok((run_dir, settings, stage))
 }
@@ -125,7 +126,7 @@ pub struct Trained {
 ///
 /// Errors: the checkpoint cannot be found or verified, the run directory has no
 /// `config.json` of an NPE run, or the parameters do not fit the network it describes.
-pub fn load(path: &Path) -> Result<Trained> {
+pub fn load(path: &Path) -> Result<Trained, NpeError> {
     let file = resolve_checkpoint(path)?;
     let (run_dir, settings, stage) = run_settings(&file)?;
     let config_path = run_dir.join("config.json");
@@ -135,11 +136,11 @@ pub fn load(path: &Path) -> Result<Trained> {
     let mut model = NpeModel::<CpuAutodiff>::new(net, settings.data.seed, Default::default());
     model
         .freeze(&settings.frozen_blocks(stage))
-        .with_context(|| format!("{}: training.stage_{stage}", config_path.display()))?;
+        .map_err(|e| e.context(format!("{}: training.stage_{stage}", config_path.display())))?;
     if state.trainable.len() != model.trainable().len()
         || state.frozen.len() != model.frozen().len()
     {
-        bail!(
+        return Err(NpeError::Data(format!(
             "{}: {} trainable and {} frozen values, but the network of {} has {} and {}",
             file.display(),
             state.trainable.len(),
@@ -147,7 +148,7 @@ pub fn load(path: &Path) -> Result<Trained> {
             config_path.display(),
             model.trainable().len(),
             model.frozen().len()
-        );
+        )));
     }
     model.trainable_mut().copy_from_slice(&state.trainable);
     model.frozen_mut().copy_from_slice(&state.frozen);
@@ -166,25 +167,24 @@ impl Trained {
     /// The mean negative log-probability over the test set (simulations
     /// `train_samples .. num_samples`), in chunks of 1024; `None` when the test set is empty.
     ///
-    /// Errors: simulation failures.
-    pub fn test_loss(&self) -> Result<Option<f64>> {
+    pub fn test_loss(&self) -> Option<f64> {
         let (start, end) = (
             self.settings.train_samples(),
             self.settings.data.num_samples,
         );
         if end <= start {
-            return Ok(None);
+            return None;
         }
         let mut source = TaskSource::new(self.task.clone(), self.settings.data.seed);
         let mut sum = 0.0f64;
         let mut first = start;
         while first < end {
             let count = (end - first).min(1024) as usize;
-            let b = source.global_batch(first, count)?;
+            let b = source.batch(first, count);
             let lp = self.model.log_prob(&b.targets, &b.inputs, count);
             sum -= lp.iter().map(|&v| v as f64).sum::<f64>();
             first += count as u64;
         }
-        Ok(Some(sum / (end - start) as f64))
+        Some(sum / (end - start) as f64)
     }
 }

@@ -4,24 +4,8 @@
 //! an edge population without groups whose values all come from the edge-types CSV. The
 //! files are written with h5py (`make setup` installs it).
 
-use std::path::Path;
-use std::process::Command;
-
+use lockstep_core::testing::python_in;
 use lockstep_sonata::Circuit;
-
-/// Runs a python3 snippet with h5py/numpy in `dir`; fails the test when they are missing.
-fn python(dir: &Path, script: &str) {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(format!("import h5py, numpy as np, os\nos.chdir({dir:?})\n{script}"))
-        .output()
-        .expect("python3 with h5py is needed to write the test's SONATA files (make setup installs them)");
-    assert!(
-        out.status.success(),
-        "python3 failed (make setup installs h5py and numpy):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 const NETWORK: &str = r#"
 def nodes(path, pops):
@@ -64,7 +48,7 @@ open("config.json", "w").write('''{"networks": {
 #[test]
 fn empty_node_and_edge_populations_read_like_libsonata() {
     let dir = tempfile::tempdir().unwrap();
-    python(dir.path(), NETWORK);
+    python_in(dir.path(), NETWORK);
     let c = Circuit::from_config(dir.path().join("config.json")).unwrap();
     let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(

@@ -2,27 +2,8 @@
 //! libsonata's `SomaReportReader` see them (dataset names, dtypes, attributes, the frame count
 //! each derives from `mapping/time`).
 
-use std::process::Command;
-
+use lockstep_core::testing::python;
 use lockstep_sonata::{write_report, Report, ReportDtype, ReportPopulation};
-
-/// Runs a python3 snippet with h5py/numpy; fails the test when they are missing
-/// (`make setup` installs them).
-fn python(script: &str) -> String {
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .output()
-        .expect(
-            "python3 is needed to check report files (make setup installs python3, h5py, numpy)",
-        );
-    assert!(
-        out.status.success(),
-        "python3 failed (make setup installs h5py and numpy):\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[test]
 fn membrane_report_has_the_layout_bmtk_and_libsonata_read() {
@@ -77,7 +58,7 @@ assert n == 7, n
 print(repr(float(d[()][3, 1])))
 "#
         );
-        let printed = python(&script);
+        let printed = python(&script, &[]);
         let want = match dtype {
             ReportDtype::Float64 => data[3 * 3 + 1],
             ReportDtype::Float32 => data[3 * 3 + 1] as f32 as f64,

@@ -2,8 +2,8 @@
 //! the BMTK originals (also through h5py, which these tests require).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use lockstep_core::testing::python;
 use lockstep_sonata::{
     build_edge_index, read_edge_parts, read_edges, read_node_parts, read_spikes,
     rewrite_syn_weights, write_edges, write_nodes, write_spikes, Circuit, ComponentStore,
@@ -234,35 +234,6 @@ fn spikes_round_trip_and_legacy_layout() {
     assert_eq!(only.sorting, SpikeSorting::ById);
 }
 
-/// Runs a python3 snippet and returns its stdout. Fails the test (with the fix) when python3
-/// or h5py/numpy is missing: the check must not pass by skipping (`make setup` installs them).
-fn python(script: &str) -> String {
-    let probe = Command::new("python3")
-        .args(["-c", "import h5py, numpy"])
-        .output();
-    match probe {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => panic!(
-            "python3 cannot import h5py/numpy, which this test needs to read our files; run `make setup` (or pip install h5py numpy): {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => panic!(
-            "python3 is not available ({e}); this test needs python3 with h5py and numpy; run `make setup`"
-        ),
-    }
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Python that prints one line per object: path, kind, dtype, shape, maxshape, chunks,
 /// attributes (name, value, dtype, string-type details) — the layout fingerprint of a file.
 const FINGERPRINT: &str = r#"
@@ -306,7 +277,7 @@ fn written_files_have_bmtk_layout_in_h5py() {
             net.join(f).to_str().unwrap(),
             dir.path().join("network").join(f).to_str().unwrap()
         );
-        let out = python(&script);
+        let out = python(&script, &[]);
         let diff: Vec<&str> = out.lines().filter(|l| !l.starts_with("LINES")).collect();
         assert!(
             diff.iter().all(|l| l.trim().is_empty()),
@@ -370,7 +341,7 @@ print('N', len(w), 'DTYPE', w.dtype, 'W0', repr(float(w[0])), 'W6', repr(float(w
         src = src.to_str().unwrap(),
         dst = dst.to_str().unwrap()
     );
-    let out = python(&script);
+    let out = python(&script, &[]);
     let expect = format!(
         "N 28555 DTYPE float64 W0 {:?} W6 {:?} W28554 {:?}",
         new[0], new[6], new[28554]

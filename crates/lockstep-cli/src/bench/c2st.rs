@@ -12,8 +12,8 @@
 //! Like sbi, the posterior samples are restricted to the prior's support (draws outside the
 //! prior box are rejected and redrawn).
 
-use crate::bench_npe::train_quietly;
-use crate::npy::{read_npy, write_npy};
+use super::npe::train_quietly;
+use super::npy::{read_npy, write_npy};
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::c2st::{c2st, C2stOptions};
@@ -85,7 +85,7 @@ fn published_sbi(task: &str, sims: u64, observation: usize) -> Option<f64> {
         .map(|r| r.3)
 }
 
-const SBI_SCRIPT: &str = include_str!("../../../scripts/peers/sbi_npe.py");
+const SBI_SCRIPT: &str = include_str!("../../../../scripts/peers/sbi_npe.py");
 
 /// The prior box of an sbibm task (`two_moons`: U(-1, 1)², `slcp`: U(-3, 3)⁵).
 fn prior_box(task: &str) -> Result<(Vec<f32>, Vec<f32>)> {
@@ -181,7 +181,7 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
             .observations
             .iter()
             .map(|&o| reference(task_name, o))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         for &sims in &args.simulations {
             let (trained, task, train_s) = train_lockstep(args, world, task_name, sims)?;
             let sbi = if sbi_ok {

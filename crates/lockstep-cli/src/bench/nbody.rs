@@ -15,7 +15,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use crate::npy::{read_npy, write_npy};
+use super::npy::{read_npy, write_npy};
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_nbody::accuracy::{compare, Accuracy};

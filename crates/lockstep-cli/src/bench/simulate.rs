@@ -24,7 +24,7 @@ use lockstep_sonata::{Circuit, PopulationSpikes, SpikeSorting, SpikeTrains};
 use serde_json::{json, Value};
 
 /// The NEST side of the benchmark (BMTK `pointnet` mapping, read with h5py).
-const NEST_SCRIPT: &str = include_str!("../../../scripts/peers/nest_sonata.py");
+const NEST_SCRIPT: &str = include_str!("../../../../scripts/peers/nest_sonata.py");
 
 /// Options of `lockstep bench simulate`.
 #[derive(Debug, clap::Args)]

@@ -4,28 +4,17 @@
 //! SONATA spikes file (`spikes.h5`) or BMTK's spikes CSV (`spikes.csv`,
 //! `timestamps population node_ids`).
 //! Text is drawn with the bundled DejaVu Sans font (assets/, Bitstream Vera/DejaVu license),
-//! so no system font is needed.
+//! so no system font is needed ([`style`]). The figures of `lockstep npe sample --corner` and
+//! `lockstep npe pp` are in [`npe`].
+
+pub mod npe;
+mod style;
 
 use anyhow::{bail, Context, Result};
 use lockstep_sonata::{PopulationSpikes, SpikeSorting, SpikeTrains};
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 use std::path::{Path, PathBuf};
-
-pub(crate) static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
-
-/// Line colours that read on white (the Tableau 10 palette without its yellow-green and
-/// cyan): blue, orange, green, red, purple, brown, pink, grey.
-pub(crate) const COLOURS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-];
+use style::{register_font, COLOURS};
 
 /// Options of `lockstep plot`.
 #[derive(Debug, clap::Args)]
@@ -45,8 +34,7 @@ pub struct PlotArgs {
 ///
 /// Errors: nothing to plot, unreadable or malformed files (naming file and line).
 pub fn run(args: &PlotArgs) -> Result<()> {
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))?;
+    register_font()?;
     let (folder, spikes) = if args.run_dir.is_file() {
         let parent = args
             .run_dir

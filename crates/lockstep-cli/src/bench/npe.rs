@@ -22,7 +22,7 @@
 //!    the engine runs it, which `lockstep npe` refuses), seconds per update in one run, so
 //!    the cost of the batch statistics' collectives is seen.
 
-use crate::npy::write_npy;
+use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::layers::Pass;
@@ -586,7 +586,7 @@ impl EngineRun<'_> {
 fn independent(args: &BenchNpeArgs, r: usize, updates: usize) -> Result<Vec<[f64; 4]>> {
     let worker_args = worker_args(args, "--independent-worker", args.batch / r);
     let runs: Vec<Vec<[f64; 4]>> =
-        crate::mpi_worker::run_concurrent_workers(r, &worker_args, Duration::from_secs(1800))?;
+        super::mpi_worker::run_concurrent_workers(r, &worker_args, Duration::from_secs(1800))?;
     Ok((0..updates)
         .map(|u| {
             std::array::from_fn(|k| {
@@ -739,7 +739,7 @@ fn mpi_run(
     if let Some(norm) = norm {
         worker_args.extend(["--norm".to_string(), norm.to_string()]);
     }
-    crate::mpi_worker::run_mpi_worker(ranks, worker_args, Duration::from_secs(1800))
+    super::mpi_worker::run_mpi_worker(ranks, worker_args, Duration::from_secs(1800))
 }
 
 struct TorchResult {
@@ -754,7 +754,7 @@ struct TorchResult {
     ddp: Option<std::result::Result<(usize, Vec<f64>), String>>,
 }
 
-const TORCH_SCRIPT: &str = include_str!("../../../scripts/peers/npe_torch.py");
+const TORCH_SCRIPT: &str = include_str!("../../../../scripts/peers/npe_torch.py");
 
 fn torch(
     args: &BenchNpeArgs,

@@ -338,7 +338,7 @@ pub fn run(args: &AllreduceArgs, world: &World) -> Result<()> {
             args.seconds.to_string(),
             args.samples.to_string(),
         );
-        Some(crate::mpi_worker::run_mpi_worker::<MpiTimings, _, _>(
+        Some(super::mpi_worker::run_mpi_worker::<MpiTimings, _, _>(
             args.ranks,
             [
                 "bench",

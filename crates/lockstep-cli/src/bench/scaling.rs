@@ -201,7 +201,7 @@ fn measure_independent(args: &ScalingArgs, n: usize) -> Result<Measured> {
         "--independent-worker".as_ref(),
     ];
     let runs: Vec<Measured> =
-        crate::mpi_worker::run_concurrent_workers(n, &worker_args, Duration::from_secs(3600))?;
+        super::mpi_worker::run_concurrent_workers(n, &worker_args, Duration::from_secs(3600))?;
     Ok(combine_concurrent(&runs))
 }
 
@@ -264,7 +264,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
                 warmup.as_ref(),
                 "--mpi-worker".as_ref(),
             ];
-            mpi.add(crate::mpi_worker::run_mpi_worker(
+            mpi.add(super::mpi_worker::run_mpi_worker(
                 n,
                 worker_args,
                 Duration::from_secs(3600),

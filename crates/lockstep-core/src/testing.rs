@@ -1,0 +1,70 @@
+//! Helpers for the workspace's tests (feature `testing`: only test builds enable it, never a
+//! library's or the `lockstep` command's build).
+//!
+//! [`python`] and [`python_in`] run Python snippets that read lockstep's files (or write
+//! inputs) with h5py and numpy, the way the tools users compare against read them. A test
+//! that needs them fails with the fix (`make setup` installs python3, h5py and numpy) when
+//! they are missing: it never passes by skipping.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Fails the calling test, with the fix, unless `python3` runs and imports h5py and numpy.
+/// Checked once per test process.
+///
+/// Panics: python3 is missing or cannot import h5py/numpy.
+pub fn require_h5py() {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
+        match Command::new("python3")
+            .args(["-c", "import h5py, numpy"])
+            .output()
+        {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(format!(
+                "python3 cannot import h5py/numpy, which this test needs to read or write HDF5 files; run `make setup` (or pip install h5py numpy): {}",
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => Err(format!(
+                "python3 is not available ({e}); this test needs python3 with h5py and numpy; run `make setup`"
+            )),
+        }
+    });
+    if let Err(message) = probe {
+        panic!("{message}");
+    }
+}
+
+/// Runs `python3 -c SCRIPT ARGS...` (the arguments are `sys.argv[1:]`) after
+/// [`require_h5py`], and returns its standard output.
+///
+/// Panics: python3 with h5py/numpy is missing, or the script fails (with its output).
+pub fn python(script: &str, args: &[&OsStr]) -> String {
+    require_h5py();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 could not be started");
+    assert!(
+        out.status.success(),
+        "python3 failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `script` in the folder `dir` with `h5py`, `numpy as np` and `os` imported, and
+/// returns its standard output (see [`python`]).
+///
+/// Panics: as [`python`].
+pub fn python_in(dir: &Path, script: &str) -> String {
+    python(
+        &format!("import h5py, numpy as np, os\nos.chdir({dir:?})\n{script}"),
+        &[],
+    )
+}
