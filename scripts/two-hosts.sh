@@ -40,6 +40,14 @@ link=lsbed0
 say() { printf 'two-hosts: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 ns_of() { printf '%s-%s' "$prefix" "$1"; }
+# Whether the network namespace $1 exists. The listing is read whole before matching: with
+# pipefail, `ip ... | grep -q` fails at random when grep exits before ip has written its
+# last line (ip then dies of SIGPIPE), which once made `up` report a healthy bed as down.
+has_ns() {
+  local list
+  list=$(ip netns list 2>/dev/null || true)
+  grep -qw -- "$1" <<<"$list"
+}
 known_host() { [[ $1 == hosta || $1 == hostb ]] || die "unknown host '$1' (the bed has hosta and hostb)"; }
 
 need_root() {
@@ -53,7 +61,7 @@ down() {
   for h in "${hosts[@]}"; do
     local ns
     ns=$(ns_of "$h")
-    if ip netns list 2>/dev/null | grep -qw -- "$ns"; then
+    if has_ns "$ns"; then
       # End what still runs inside (daemons or ranks of a failed test); these are the bed's
       # own processes, started by `agent`, `exec` or `mpirun` of this script.
       local pids
@@ -96,17 +104,31 @@ up() {
   say "up: hosta ${addr[hosta]} ($a), hostb ${addr[hostb]} ($b), link $link on $subnet"
 }
 
-check() {
-  need_root
+# One look at the bed; says what is missing and returns 1 when it is not up.
+check_once() {
+  local h ns shown
   for h in "${hosts[@]}"; do
-    local ns
     ns=$(ns_of "$h")
-    ip netns list 2>/dev/null | grep -qw -- "$ns" || { say "not up: no namespace $ns"; return 1; }
-    ip -n "$ns" -o addr show dev "$link" 2>/dev/null | grep -q "inet ${addr[$h]}/" \
+    has_ns "$ns" || { say "not up: no namespace $ns"; return 1; }
+    shown=$(ip -n "$ns" -o addr show dev "$link" 2>/dev/null || true)
+    grep -q "inet ${addr[$h]}/" <<<"$shown" \
       || { say "not up: $ns has no $link with ${addr[$h]}"; return 1; }
-    ip -n "$ns" -o link show dev "$link" 2>/dev/null | grep -q 'state UP' \
+    shown=$(ip -n "$ns" -o link show dev "$link" 2>/dev/null || true)
+    grep -q 'state UP' <<<"$shown" \
       || { say "not up: the link $link of $ns is down"; return 1; }
   done
+}
+
+# The bed is up; a link that was just set up gets a few seconds to report so (its carrier
+# comes up asynchronously), then whatever is missing is said.
+check() {
+  need_root
+  local try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    check_once 2>/dev/null && return 0
+    sleep 0.5
+  done
+  check_once
 }
 
 # Runs "$@" on host $1 in a fresh UTS namespace that carries the host's name.
@@ -114,7 +136,7 @@ on() {
   local h=$1
   shift
   known_host "$h"
-  ip netns list 2>/dev/null | grep -qw -- "$(ns_of "$h")" \
+  has_ns "$(ns_of "$h")" \
     || die "the bed is not up (no namespace $(ns_of "$h")): run '$self up' first"
   exec ip netns exec "$(ns_of "$h")" unshare --uts -- \
     sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' "$h" "$@"
