@@ -12,6 +12,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # Child processes (mpirun, python) inherit open HDF5 files and their locks; tests that open a
 # file while another thread spawns a process would then fail to lock it.
 export HDF5_USE_FILE_LOCKING := FALSE
+# The Vulkan loader complains on every start when XDG_RUNTIME_DIR is unset (CI, containers).
+export XDG_RUNTIME_DIR ?= /tmp
 
 .PHONY: setup build lint test demo
 

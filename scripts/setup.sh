@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs to build and test, when it is missing. Idempotent; safe to rerun.
 #   system (Debian/Ubuntu, apt-get): Open MPI, HDF5, libclang (for the MPI bindings), pkg-config,
-#     iproute2 and mount (the two-host test bed, scripts/two-hosts.sh)
+#     iproute2 and mount (the two-host test bed, scripts/two-hosts.sh), the Vulkan loader and
+#     Mesa's Vulkan drivers (libvulkan1, mesa-vulkan-drivers: lavapipe, the software GPU
+#     adapter every GPU test runs on without a GPU)
 #   Python (pip, for the tests' cross-checks with h5py/numpy): h5py, numpy
 # Run as root or with sudo available. Exits non-zero with a message saying what to install by
 # hand when it cannot install.
 set -euo pipefail
 
-packages=(libopenmpi-dev openmpi-bin libhdf5-dev libclang-dev pkg-config iproute2 mount)
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libclang-dev pkg-config iproute2 mount libvulkan1 mesa-vulkan-drivers)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

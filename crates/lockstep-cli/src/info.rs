@@ -40,8 +40,25 @@ pub fn run(world: &World) -> Result<()> {
             let end = chunk.iter().position(|&b| b == 0).unwrap_or(LINE);
             println!("{}", String::from_utf8_lossy(&chunk[..end]));
         }
+        print_adapters();
     }
     Ok(())
+}
+
+/// The GPU adapters wgpu sees on this host (what `run.device: "gpu:N"` counts), or why
+/// there are none.
+fn print_adapters() {
+    let adapters = lockstep_gpu::process_adapters();
+    if adapters.is_empty() {
+        println!(
+            "GPU adapters: none (install a Vulkan driver and libvulkan1; without a GPU, mesa-vulkan-drivers gives the software adapter lavapipe)"
+        );
+        return;
+    }
+    println!("GPU adapters (run.device \"gpu:N\"; \"gpu\" binds the node-local rank's):");
+    for a in adapters {
+        println!("  {a}");
+    }
 }
 
 #[cfg(feature = "mpi")]

@@ -79,6 +79,10 @@ fn keep_freed_memory() {
 /// on CPU cores: the spiking networks (train, simulate, bench bptt/scaling/simulate), the
 /// N-body code (nbody, bench nbody), the NPE flows (npe, burn's CPU backend) and the
 /// communicator benchmarks; `info` reports the devices these models bind.
+///
+/// The spiking network's GPU engine (`run.device: "gpu"`) binds its adapter through
+/// `lockstep-gpu` (node-local rank, or the thread replica's index), not through this binding;
+/// such a run does not warn about `CUDA_VISIBLE_DEVICES`.
 fn compute_kind(command: &Command) -> Option<ComputeKind> {
     match command {
         Command::Info | Command::Train(_) | Command::Simulate(_) | Command::Nbody(_) => {
@@ -97,6 +101,11 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     keep_freed_memory();
+    // The Vulkan loader prints an error on every start when XDG_RUNTIME_DIR is unset
+    // (containers, batch jobs); point it at the temporary folder before any thread starts.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let cli = Cli::parse();
     let kind = compute_kind(&cli.command);
     let world = match World::init(kind.unwrap_or(ComputeKind::Cpu), cli.cpu) {
@@ -110,7 +119,11 @@ fn main() -> ExitCode {
         Command::Bench(bench) => bench.is_mpi_worker(),
         _ => false,
     };
-    if kind.is_some() && !mpi_worker {
+    let on_gpu = match &cli.command {
+        Command::Train(t) => train::asks_for_gpu(&t.config),
+        _ => false,
+    };
+    if kind.is_some() && !mpi_worker && !on_gpu {
         world.warn_unused_gpus();
     }
     let single_process = match &cli.command {

@@ -159,8 +159,31 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         ..EngineOptions::default()
     };
     let config: &Path = &args.config;
-    run_job(world, &cfg, &opts, |_rank| {
-        Ok((SnnReplica::from_config(config, parallel)?, PoissonTrials))
+    // The GPU slot of a replica: its index among thread replicas, or under MPI its
+    // node-local rank (each rank binds the GPU its launcher allocated on its node).
+    let threads = cfg
+        .distribution
+        .as_ref()
+        .is_some_and(|d| d.strategy == lockstep_train::config::Strategy::Threads);
+    let local_rank = world.launch.local_rank;
+    run_job(world, &cfg, &opts, |rank| {
+        let slot = if threads { rank } else { local_rank };
+        let replica = SnnReplica::from_config_on(config, parallel, slot)?;
+        let device = replica.model().device_description();
+        if device != "cpu" && (rank == 0 || device.contains("shared")) {
+            eprintln!("rank {rank}: computes on {device}");
+        }
+        Ok((replica, PoissonTrials))
     })?;
     Ok(())
+}
+
+/// Whether the training config at `path` sets `run.device` to a GPU (read leniently: any
+/// error leaves it to the real reading of the config).
+pub fn asks_for_gpu(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["run"]["device"].as_str().map(|d| d.starts_with("gpu")))
+        .unwrap_or(false)
 }

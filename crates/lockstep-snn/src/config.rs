@@ -23,7 +23,7 @@ use crate::loss::LossesSection;
 use crate::network::NetworkSpec;
 use crate::scalar::{Surrogate, SurrogateSpec};
 use crate::sonata::spike_trains_for_virtual_nodes;
-use crate::training::{BpttOptions, Dtype, SnnModel};
+use crate::training::{BpttOptions, DeviceRequest, Dtype, SnnModel};
 
 /// The model's keys of a training config's `run` (the engine owns the others, e.g.
 /// `batch_size`).
@@ -39,6 +39,10 @@ pub struct SnnRun {
     /// (the per-sample double-precision BPTT).
     #[serde(default)]
     pub dtype: Option<Dtype>,
+    /// Where BPTT computes: `"cpu"` (default), `"gpu"` (the adapter of the rank's node-local
+    /// index, or of the thread replica), `"gpu:N"` (adapter N of `lockstep info`).
+    #[serde(default)]
+    pub device: Option<DeviceRequest>,
     /// Seed of the Poisson inputs without their own `seed` (the engine's seed too; default 0).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -394,13 +398,26 @@ pub(crate) fn clock(cfg: &SonataConfig, run: &SnnRun) -> Result<(f64, usize)> {
 ///   chunk size in steps;
 /// * `training.train_input_weights`: `false` (default) or `true`;
 /// * `run.dtype`: `"float32"` (default: the batched float32 kernels) or `"float64"` (the
-///   per-sample double-precision BPTT).
+///   per-sample double-precision BPTT);
+/// * `run.device`: `"cpu"` (default), `"gpu"` or `"gpu:N"` (float32 only); `gpu_slot` is
+///   the replica's slot among the node's GPUs (its node-local rank, or its thread index).
 ///
 /// Returns the circuit (for exporting weights) and the model. Writes nothing.
 ///
 /// Errors: [`SnnError::Config`] (`FILE: KEY: PROBLEM`) for a missing or invalid key, and the
 /// network, input and model errors of what the config names.
 pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
+    model_from_config_on(config, 0)
+}
+
+/// [`model_from_config`] for the replica in GPU slot `gpu_slot` (see there).
+///
+/// Errors: those of [`model_from_config`], and no GPU adapter, or one without the features
+/// the GPU engine needs, when `run.device` asks for a GPU.
+pub fn model_from_config_on(
+    config: &Path,
+    gpu_slot: usize,
+) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
     let cfg = SonataConfig::from_file(config)?;
     let sections = SnnTrainConfig::from_config(&cfg)?;
     let circuit = lockstep_sonata::Circuit::from_sonata_config(cfg.clone())?;
@@ -429,11 +446,24 @@ pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, Snn
         train_input_weights: training.train_input_weights.unwrap_or(false),
         gradient_checkpointing: training.gradient_checkpointing.0,
         losses,
-        dtype: sections.run.dtype.unwrap_or(Dtype::Float32),
+        dtype: sections.run.dtype.unwrap_or_default(),
+        device: sections.run.device.unwrap_or_default(),
+        device_slot: gpu_slot,
         ..Default::default()
     };
-    let model = SnnModel::new(&spec, dt, &input, opts)?;
+    let model = SnnModel::new(&spec, dt, &input, opts).map_err(|e| match e {
+        SnnError::Config(c) => SnnError::Config(c.in_file(&cfg.path)),
+        e @ SnnError::Gpu(_) if opts_device_is_gpu(&sections.run) => SnnError::Config(
+            lockstep_core::config::ConfigError::new("run.device", e.to_string()).in_file(&cfg.path),
+        ),
+        e => e,
+    })?;
     Ok((circuit, model))
+}
+
+/// Whether the config's `run.device` asks for a GPU.
+fn opts_device_is_gpu(run: &SnnRun) -> bool {
+    matches!(run.device, Some(DeviceRequest::Gpu(_)))
 }
 
 /// Names of the loss terms of a model, in the order of [`LossAndGrad::terms`](crate::LossAndGrad::terms).

@@ -6,7 +6,7 @@
 //! A batch therefore carries no data, only the global index of its first sample: replicas
 //! draw exactly the inputs that one replica with the whole global batch would draw.
 
-use crate::config::{loss_names, model_from_config, SnnTrainConfig, TrainingSpikes};
+use crate::config::{loss_names, model_from_config_on, SnnTrainConfig, TrainingSpikes};
 use crate::simulation::config::to_spike_trains;
 use crate::sonata::export_trained_weights;
 use crate::trained_simulation::write_trained_simulation_config;
@@ -42,7 +42,22 @@ impl SnnReplica {
     ///
     /// Errors: every configuration, network and input error of [`model_from_config`].
     pub fn from_config(config: &Path, parallel: bool) -> crate::Result<SnnReplica> {
-        let (mut circuit, mut model) = model_from_config(config)?;
+        Self::from_config_on(config, parallel, 0)
+    }
+
+    /// [`SnnReplica::from_config`] for the replica in GPU slot `gpu_slot` (its node-local
+    /// rank under MPI, its index among thread replicas). On a GPU (`run.device`) the device
+    /// is prepared for `run.batch_size` samples here, before any output: every buffer is
+    /// checked against the adapter's limits and allocated, the kernels compiled.
+    ///
+    /// Errors: those of [`SnnReplica::from_config`]; no adapter, or a GPU buffer over the
+    /// adapter's limits (named, with its size and the keys that shrink it).
+    pub fn from_config_on(
+        config: &Path,
+        parallel: bool,
+        gpu_slot: usize,
+    ) -> crate::Result<SnnReplica> {
+        let (mut circuit, mut model) = model_from_config_on(config, gpu_slot)?;
         // The circuit stays for exporting trained weights, which needs only each edge
         // population's identity, edge count and nsyns: the compiled network holds the rest.
         for ep in &mut circuit.edges {
@@ -51,6 +66,12 @@ impl SnnReplica {
         model.opts.parallel = parallel;
         let params = model.initial_params();
         let sections = SnnTrainConfig::from_config(&circuit.config)?;
+        if model.opts.device != crate::DeviceRequest::Cpu {
+            let batch = circuit.config.json["run"]["batch_size"]
+                .as_u64()
+                .unwrap_or(1);
+            model.prepare_device(batch as usize)?;
+        }
         Ok(SnnReplica {
             names: loss_names(&model),
             model,

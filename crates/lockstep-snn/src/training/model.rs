@@ -39,9 +39,12 @@ impl Engine {
         match (opts.dtype, opts.device) {
             (Dtype::Float64, DeviceRequest::Cpu) => Ok(Engine::Reference),
             (Dtype::Float32, DeviceRequest::Cpu) => Ok(Engine::CpuF32(Box::default())),
-            (Dtype::Float64, DeviceRequest::Gpu(_)) => Err(SnnError::Shape(
-                "run.device \"gpu\" computes in float32; set run.dtype to \"float32\" (or run.device to \"cpu\" for the float64 reference)".into(),
-            )),
+            (Dtype::Float64, DeviceRequest::Gpu(_)) => {
+                Err(SnnError::Config(lockstep_core::config::ConfigError::new(
+                    "run.device",
+                    "the GPU engine computes in float32; set run.dtype to \"float32\" (or run.device to \"cpu\" for the float64 reference)",
+                )))
+            }
             (Dtype::Float32, DeviceRequest::Gpu(index)) => {
                 let all = lockstep_gpu::process_adapters();
                 let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
