@@ -307,4 +307,36 @@ impl GpuContext {
         self.check()?;
         Ok(out)
     }
+
+    /// The device's copy bandwidth: a buffer of `bytes` (rounded up to a multiple of 4,
+    /// capped at [`GpuContext::max_storage`]) copied device to device, best of `rounds`
+    /// submissions, in bytes copied per second (host wall-clock around each submission, so
+    /// a submission's overhead counts; use at least tens of MB). The yardstick of a
+    /// kernel's achieved bandwidth (`lockstep bench bptt --device gpu`).
+    ///
+    /// Errors: [`GpuError::Device`].
+    pub fn copy_bytes_per_s(&self, bytes: u64, rounds: usize) -> Result<f64> {
+        let bytes = bytes.max(16).next_multiple_of(4).min(self.max_storage());
+        let make = |label| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let (src, dst) = (make("copy yardstick source"), make("copy yardstick target"));
+        let mut best = f64::INFINITY;
+        for round in 0..rounds.max(1) + 1 {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
+            let clock = std::time::Instant::now();
+            self.submit_and_wait(enc.finish())?;
+            // The first round pays for the buffers' first touch; it is not counted.
+            if round > 0 {
+                best = best.min(clock.elapsed().as_secs_f64());
+            }
+        }
+        Ok(bytes as f64 / best)
+    }
 }

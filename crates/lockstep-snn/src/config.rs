@@ -418,8 +418,23 @@ pub fn model_from_config_on(
     config: &Path,
     gpu_slot: usize,
 ) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
+    model_from_config_on_device(config, gpu_slot, None)
+}
+
+/// [`model_from_config_on`] with `device` in place of the config's `run.device` when given
+/// (`lockstep bench bptt --device`).
+///
+/// Errors: those of [`model_from_config_on`].
+pub fn model_from_config_on_device(
+    config: &Path,
+    gpu_slot: usize,
+    device: Option<DeviceRequest>,
+) -> Result<(lockstep_sonata::Circuit, SnnModel)> {
     let cfg = SonataConfig::from_file(config)?;
-    let sections = SnnTrainConfig::from_config(&cfg)?;
+    let mut sections = SnnTrainConfig::from_config(&cfg)?;
+    if device.is_some() {
+        sections.run.device = device;
+    }
     let circuit = lockstep_sonata::Circuit::from_sonata_config(cfg.clone())?;
     let spec = crate::sonata::network_spec_from_circuit(&circuit)?;
     let (dt, seq_len) = clock(&cfg, &sections.run)?;

@@ -44,8 +44,9 @@ mod training;
 
 pub use all_to_all::all_to_all_glif3;
 pub use config::{
-    loss_names, model_from_config, model_from_config_on, GradientCheckpointing, InputSection,
-    SnnOutput, SnnRun, SnnTrainConfig, SnnTraining, TrainingSpikes, TRAINING_SPIKES_DIR,
+    loss_names, model_from_config, model_from_config_on, model_from_config_on_device,
+    GradientCheckpointing, InputSection, SnnOutput, SnnRun, SnnTrainConfig, SnnTraining,
+    TrainingSpikes, TRAINING_SPIKES_DIR,
 };
 pub use error::{Result, SnnError};
 pub use input::{InputSpec, Inputs, PoissonSpec};

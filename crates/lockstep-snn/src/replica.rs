@@ -6,7 +6,7 @@
 //! A batch therefore carries no data, only the global index of its first sample: replicas
 //! draw exactly the inputs that one replica with the whole global batch would draw.
 
-use crate::config::{loss_names, model_from_config_on, SnnTrainConfig, TrainingSpikes};
+use crate::config::{loss_names, model_from_config_on_device, SnnTrainConfig, TrainingSpikes};
 use crate::simulation::config::to_spike_trains;
 use crate::sonata::export_trained_weights;
 use crate::trained_simulation::write_trained_simulation_config;
@@ -57,7 +57,20 @@ impl SnnReplica {
         parallel: bool,
         gpu_slot: usize,
     ) -> crate::Result<SnnReplica> {
-        let (mut circuit, mut model) = model_from_config_on(config, gpu_slot)?;
+        Self::from_config_on_device(config, parallel, gpu_slot, None)
+    }
+
+    /// [`SnnReplica::from_config_on`] with `device` in place of the config's `run.device`
+    /// when given (`lockstep bench bptt --device`).
+    ///
+    /// Errors: those of [`SnnReplica::from_config_on`].
+    pub fn from_config_on_device(
+        config: &Path,
+        parallel: bool,
+        gpu_slot: usize,
+        device: Option<crate::DeviceRequest>,
+    ) -> crate::Result<SnnReplica> {
+        let (mut circuit, mut model) = model_from_config_on_device(config, gpu_slot, device)?;
         // The circuit stays for exporting trained weights, which needs only each edge
         // population's identity, edge count and nsyns: the compiled network holds the rest.
         for ep in &mut circuit.edges {
@@ -70,7 +83,13 @@ impl SnnReplica {
             let batch = circuit.config.json["run"]["batch_size"]
                 .as_u64()
                 .unwrap_or(1);
-            model.prepare_device(batch as usize)?;
+            model.prepare_device(batch as usize).map_err(|e| match e {
+                crate::SnnError::Gpu(g) => crate::SnnError::Config(
+                    lockstep_core::config::ConfigError::new("run.device", g.to_string())
+                        .in_file(config),
+                ),
+                e => e,
+            })?;
         }
         Ok(SnnReplica {
             names: loss_names(&model),

@@ -101,15 +101,17 @@ pub struct TrainSummary {
 
 /// Fingerprint of the config parts that define the model and its training, one short hash
 /// per top-level section (`"inputs:1a2b..,run:..,training:.."`), so a mismatch can name the
-/// sections that differ. Left out: `run.distribution`, `run.batch_size`, `output`, and the
-/// run-length and bookkeeping keys of `training` (a checkpoint resumes on another replica
-/// count, with more updates, or into another directory). Absolute paths count by file name
+/// sections that differ. Left out: `run.distribution`, `run.batch_size`, `run.device`,
+/// `output`, and the run-length and bookkeeping keys of `training` (a checkpoint resumes on
+/// another replica count, on CPU cores or a GPU, with more updates, or into another
+/// directory). Absolute paths count by file name
 /// only, so a moved project still resumes. SHA-256 of the canonical (sorted-key) JSON.
 pub fn config_hash(resolved: &Value) -> String {
     let mut v = resolved.clone();
     if let Some(run) = v.get_mut("run").and_then(Value::as_object_mut) {
         run.remove("distribution");
         run.remove("batch_size");
+        run.remove("device");
     }
     if let Some(obj) = v.as_object_mut() {
         obj.remove("output");
@@ -1224,7 +1226,7 @@ fn restore(
     }
     if state.config_hash != hash {
         return Err(bad(format!(
-            "it was written for another configuration: the config sections {} differ (only run.batch_size, run.distribution, output and the run length may change on resume)",
+            "it was written for another configuration: the config sections {} differ (only run.batch_size, run.distribution, run.device, output and the run length may change on resume)",
             differing_sections(&state.config_hash, hash).join(", ")
         )));
     }
@@ -1273,7 +1275,7 @@ mod tests {
     #[test]
     fn config_hash_ignores_distribution_output_and_length() {
         let a = json!({"run": {"batch_size": 4, "distribution": {"strategy": "mpi"}}, "training": {"optimizer_updates": 3}, "output": {"output_dir": "a"}});
-        let b = json!({"run": {"batch_size": 4}, "training": {"optimizer_updates": 8}, "output": {"output_dir": "b"}});
+        let b = json!({"run": {"batch_size": 4, "device": "gpu"}, "training": {"optimizer_updates": 8}, "output": {"output_dir": "b"}});
         let c = json!({"run": {"batch_size": 4, "seed": 9}, "training": {"optimizer_updates": 8}, "output": {"output_dir": "b"}});
         assert_eq!(config_hash(&a), config_hash(&b));
         assert_ne!(config_hash(&a), config_hash(&c));

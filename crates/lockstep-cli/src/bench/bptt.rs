@@ -49,12 +49,19 @@ pub struct BpttArgs {
     /// Untimed warm-up steps per config (with `--config`).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Where the configs' BPTT computes, in place of their `run.device`: `cpu`, `gpu` (the
+    /// first adapter of `lockstep info`) or `gpu:N` (with `--config`).
+    #[arg(long)]
+    pub device: Option<lockstep_snn::DeviceRequest>,
 }
 
 /// Runs both configurations and prints the comparison.
 pub fn run(args: &BpttArgs) -> Result<()> {
     if !args.config.is_empty() {
         return run_configs(args);
+    }
+    if args.device.is_some() {
+        anyhow::bail!("--device needs --config (the training configs to measure)");
     }
     let r = bench_bptt(&BpttBenchOptions {
         n_cells: args.cells,
@@ -336,6 +343,25 @@ pub struct ConfigBenchReport {
     pub loss: f64,
     /// Mean firing rate of the last step (Hz).
     pub mean_rate_hz: f64,
+    /// On a GPU: the adapter (`SnnModel::device_description`), the device bytes the
+    /// engine allocated for the local batch, and its device-to-device copy bandwidth over
+    /// the recurrent edge arrays' bytes (bytes/s, best of 5). `None` on CPU cores.
+    pub gpu: Option<GpuBench>,
+}
+
+/// The GPU part of a [`ConfigBenchReport`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuBench {
+    /// The adapter and how it was chosen.
+    pub adapter: String,
+    /// Device memory the engine allocated for the local batch (bytes).
+    pub device_bytes: u64,
+    /// The device's copy bandwidth for the recurrent edge arrays' bytes (bytes/s).
+    pub copy_bytes_per_s: f64,
+    /// Bytes of recurrent edge arrays the backward pass reads per optimizer step: each
+    /// source's out-edges (4-byte target, 4-byte weight) once per backward step. Over the
+    /// whole backward time this gives a lower bound of the adjoint pass's bandwidth.
+    pub adjoint_edge_bytes: f64,
 }
 
 /// `dst.copy_from_slice(src)` in `parts` equal pieces, one rayon task each (`parts` 1: on
@@ -471,14 +497,17 @@ fn row_update_s_per_edge(
 const L1_BLOCK_BYTES: usize = 8 * 1024;
 
 /// Measures one training config: `warmup` untimed steps, then `repeats` timed steps.
+///
+/// `device` replaces the config's `run.device` when given.
 pub fn bench_config(
     config: &std::path::Path,
     repeats: usize,
     warmup: usize,
+    device: Option<lockstep_snn::DeviceRequest>,
 ) -> Result<ConfigBenchReport> {
     use anyhow::Context;
     let can_reset = memory::reset_peak_rss();
-    let replica = lockstep_snn::SnnReplica::from_config(config, true)?;
+    let replica = lockstep_snn::SnnReplica::from_config_on_device(config, true, 0, device)?;
     let json: serde_json::Value = lockstep_sonata::SonataConfig::from_file(config)?.json;
     let engine =
         lockstep_train::EngineConfig::from_json(&json, &lockstep_core::config::config_dir(config))
@@ -552,6 +581,17 @@ pub fn bench_config(
     });
     let timed = steps.len();
     let last = last.expect("at least one step");
+    let gpu = match model.device_copy_bytes_per_s(bytes as u64, 5)? {
+        Some(copy_bytes_per_s) => Some(GpuBench {
+            adapter: model.device_description(),
+            device_bytes: model.prepare_device(batch)?,
+            copy_bytes_per_s,
+            adjoint_edge_bytes: 8.0
+                * model.n_recurrent_params() as f64
+                * model.options().seq_len as f64,
+        }),
+        None => None,
+    };
     Ok(ConfigBenchReport {
         config: config.to_path_buf(),
         n_cells: model.net.n_neurons(),
@@ -577,6 +617,7 @@ pub fn bench_config(
         spmv_scatter: scatter,
         loss: last.loss,
         mean_rate_hz: last.mean_rate_hz,
+        gpu,
     })
 }
 
@@ -589,7 +630,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
         args.warmup
     );
     for c in &args.config {
-        let r = bench_config(c, args.repeats, args.warmup)?;
+        let r = bench_config(c, args.repeats, args.warmup, args.device)?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
             "{}: {} cells, {} recurrent edges, batch {}, seq_len {}, dtype {}",
@@ -615,6 +656,27 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
                 "  peak resident n/a (cannot reset VmHWM); estimate {:.2} GiB",
                 gib(r.estimate_bytes)
             ),
+        }
+        if let Some(g) = &r.gpu {
+            println!(
+                "  on {}: forward and backward are each one submission; device memory {:.3} GiB ({:.0} bytes per recurrent edge)",
+                g.adapter,
+                gib(g.device_bytes),
+                g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64
+            );
+            println!(
+                "  the backward pass reads the recurrent edge arrays at {:.2} GB/s or more ({:.3e} bytes per step over its {:.3} s, its other kernels included); device-to-device copy of them {:.2} GB/s (ratio {:.3})",
+                g.adjoint_edge_bytes / r.split_s[2] / 1e9,
+                g.adjoint_edge_bytes,
+                r.split_s[2],
+                g.copy_bytes_per_s / 1e9,
+                g.adjoint_edge_bytes / r.split_s[2] / g.copy_bytes_per_s
+            );
+            println!(
+                "  last step: loss {:.6}, mean rate {:.2} Hz",
+                r.loss, r.mean_rate_hz
+            );
+            continue;
         }
         println!(
             "  adjoint SpMV ({} form) streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s on {} threads, {:.2} GB/s on one (ratio to {} threads {:.2})",

@@ -312,6 +312,18 @@ impl SnnModel {
         }
     }
 
+    /// On a GPU, the device's copy bandwidth for `bytes` copied device to device (bytes/s,
+    /// best of `rounds`; [`lockstep_gpu::GpuContext::copy_bytes_per_s`]): the yardstick of
+    /// the kernels' achieved bandwidth. `None` on CPU cores.
+    ///
+    /// Errors: a device error.
+    pub fn device_copy_bytes_per_s(&self, bytes: u64, rounds: usize) -> Result<Option<f64>> {
+        match &self.engine {
+            Engine::Gpu(e) => Ok(Some(e.context().copy_bytes_per_s(bytes, rounds)?)),
+            _ => Ok(None),
+        }
+    }
+
     /// Where the model computes, for the log: `cpu`, or the GPU adapter with how it was
     /// chosen and whether other replicas share it.
     pub fn device_description(&self) -> String {

@@ -139,6 +139,11 @@ impl GpuEngine {
         &self.selected
     }
 
+    /// The open device this engine computes on.
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
     /// Frees the device buffers (the next call allocates them again).
     pub fn release(&self) {
         *self.resident.lock().unwrap_or_else(|p| p.into_inner()) = None;
