@@ -313,6 +313,58 @@ fn a_checkpoint_resumes_on_the_other_device() {
     }
 }
 
+/// Gradient accumulation (2 micro-batches per update) and early stop on the GPU give the
+/// CPU run's parameters and stop at the same update.
+#[test]
+fn accumulation_and_early_stop_on_the_gpu_match_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut losses_cpu = Vec::new();
+    for device in ["cpu", "gpu"] {
+        let c = example_config(d, device, device, 2, Value::Null);
+        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+        cfg["training"]["gradient_updates_per_optimizer_step"] = 2.into();
+        std::fs::write(&c, cfg.to_string()).unwrap();
+        ok(lockstep(&["train", s(&c)]));
+        if device == "cpu" {
+            losses_cpu = losses(&d.join("cpu"));
+        }
+    }
+    let r = rel_l2(&trained(&d.join("gpu"), 4), &trained(&d.join("cpu"), 4));
+    assert!(r <= 1e-6, "accumulated on GPU vs CPU: {r:e}");
+    assert_losses_close(&losses(&d.join("gpu")), &losses_cpu, "accumulated");
+    // A threshold that the CPU run's losses first cross at update `stop`: the first update
+    // whose loss is below every earlier one (the first, if none is).
+    let (stop, threshold) = (1..losses_cpu.len())
+        .find_map(|k| {
+            let before = losses_cpu[..k]
+                .iter()
+                .cloned()
+                .fold(f64::INFINITY, f64::min);
+            (losses_cpu[k] < before).then(|| (k + 1, (losses_cpu[k] + before) / 2.0))
+        })
+        .unwrap_or((1, losses_cpu[0] * (1.0 + 1e-6)));
+    for device in ["cpu", "gpu"] {
+        let name = format!("stop_{device}");
+        let c = example_config(d, &name, device, 2, Value::Null);
+        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+        cfg["training"]["gradient_updates_per_optimizer_step"] = 2.into();
+        cfg["training"]["early_stop_loss"] = threshold.into();
+        std::fs::write(&c, cfg.to_string()).unwrap();
+        let out = ok(lockstep(&["train", s(&c)]));
+        assert!(
+            !out.stdout.contains("Completed 4 optimizer updates."),
+            "{device}: did not stop early:\n{}",
+            out.stdout
+        );
+        assert_eq!(
+            losses(&d.join(&name)).len(),
+            stop,
+            "{device}: stopped elsewhere"
+        );
+    }
+}
+
 /// A run folder with a file in it: a failed job must leave it as it was.
 fn previous_run(d: &Path, name: &str) -> PathBuf {
     let run = d.join(name);
