@@ -53,6 +53,54 @@ pub struct BpttArgs {
     /// first adapter of `lockstep info`) or `gpu:N` (with `--config`).
     #[arg(long)]
     pub device: Option<lockstep_snn::DeviceRequest>,
+    /// With a GPU: also compare N samples (one call each, from the initial weights) with the
+    /// float32 CPU engine: the fraction of (sample, neuron, step) spike states that agree,
+    /// and the gradient's relative L2 distance where every spike agrees (0: no comparison).
+    #[arg(long, default_value_t = 0)]
+    pub check_cpu: usize,
+    /// A Python interpreter with torch, numpy and h5py: runs the PyTorch peer of the same
+    /// step (`scripts/peers/bptt_torch.py`) on each config after lockstep's measurement, on
+    /// CUDA when lockstep measured a GPU, on CPU cores otherwise, and prints the ratio.
+    #[arg(long)]
+    pub python: Option<String>,
+}
+
+/// The PyTorch peer (`scripts/peers/bptt_torch.py`), embedded so the binary runs it anywhere.
+const TORCH_PEER: &str = include_str!("../../../../scripts/peers/bptt_torch.py");
+
+/// Runs the PyTorch peer on `config` and returns its JSON report with its printed lines.
+fn torch_peer(
+    python: &str,
+    config: &std::path::Path,
+    cuda: bool,
+    repeats: usize,
+    warmup: usize,
+) -> Result<(serde_json::Value, String)> {
+    use anyhow::Context;
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let script = dir.path().join("bptt_torch.py");
+    std::fs::write(&script, TORCH_PEER)?;
+    let json = dir.path().join("out.json");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg("--config")
+        .arg(config)
+        .args(["--device", if cuda { "cuda" } else { "cpu" }])
+        .args(["--repeats", &repeats.max(1).to_string()])
+        .args(["--warmup", &warmup.to_string()])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .with_context(|| format!("could not start `{python}`"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "the PyTorch peer failed ({}); it needs torch, numpy and h5py in `{python}`: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let report = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    Ok((report, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
 /// Runs both configurations and prints the comparison.
@@ -621,6 +669,97 @@ pub fn bench_config(
     })
 }
 
+/// The GPU engine against the float32 CPU engine on one config ([`check_against_cpu`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuCheck {
+    /// Samples compared (one call each, samples `0..samples`, the initial weights).
+    pub samples: usize,
+    /// (sample, neuron, step) states compared.
+    pub states: u64,
+    /// Of which the spike differs (fired on one engine only).
+    pub differing: u64,
+    /// `1 - differing / states`.
+    pub agree_fraction: f64,
+    /// Samples whose spikes agree at every neuron and step.
+    pub equal_samples: usize,
+    /// Relative L2 distance of the summed gradient of those samples (GPU against CPU);
+    /// `None` when there are none.
+    pub grad_rel_l2_where_equal: Option<f64>,
+}
+
+/// Compares the GPU engine (`device`, default `gpu`) with the float32 CPU engine on
+/// `samples` samples of `config`: per sample, the spikes of every neuron at every step and
+/// the gradient, from the initial weights (issue 46's check on real GPUs, where fused
+/// multiply-adds may move a spike).
+///
+/// Errors: the config's, or the device's.
+pub fn check_against_cpu(
+    config: &std::path::Path,
+    device: Option<lockstep_snn::DeviceRequest>,
+    samples: usize,
+) -> Result<CpuCheck> {
+    let gpu_req = device.unwrap_or(lockstep_snn::DeviceRequest::Gpu(None));
+    let (_, mut gpu) = lockstep_snn::model_from_config_on_device(config, 0, Some(gpu_req))?;
+    let (_, mut cpu) = lockstep_snn::model_from_config_on_device(
+        config,
+        0,
+        Some(lockstep_snn::DeviceRequest::Cpu),
+    )?;
+    gpu.opts.record_first_sample = true;
+    cpu.opts.record_first_sample = true;
+    cpu.opts.parallel = true;
+    let p = cpu.initial_params();
+    let per_sample = (cpu.net.n_neurons() * cpu.options().seq_len) as u64;
+    let (mut differing, mut equal_samples) = (0u64, 0usize);
+    let (mut ga, mut gb) = (vec![0f64; p.len()], vec![0f64; p.len()]);
+    for s in 0..samples as u64 {
+        let a = cpu.loss_and_grad(&p, s, 1)?;
+        let b = gpu.loss_and_grad(&p, s, 1)?;
+        let (sa, sb) = (
+            a.first_spikes.unwrap_or_default(),
+            b.first_spikes.unwrap_or_default(),
+        );
+        // Both lists are sorted (step, node): count the symmetric difference.
+        let (mut i, mut j, mut common) = (0, 0, 0u64);
+        while i < sa.len() && j < sb.len() {
+            match sa[i].cmp(&sb[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    common += 1;
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        let diff = (sa.len() as u64 - common) + (sb.len() as u64 - common);
+        differing += diff;
+        if diff == 0 {
+            equal_samples += 1;
+            for (acc, g) in ga.iter_mut().zip(&a.grad) {
+                *acc += *g as f64;
+            }
+            for (acc, g) in gb.iter_mut().zip(&b.grad) {
+                *acc += *g as f64;
+            }
+        }
+    }
+    let states = per_sample * samples as u64;
+    let grad = (equal_samples > 0).then(|| {
+        let num: f64 = ga.iter().zip(&gb).map(|(a, b)| (a - b).powi(2)).sum();
+        let den: f64 = ga.iter().map(|a| a * a).sum();
+        (num / den.max(1e-300)).sqrt()
+    });
+    Ok(CpuCheck {
+        samples,
+        states,
+        differing,
+        agree_fraction: 1.0 - differing as f64 / states.max(1) as f64,
+        equal_samples,
+        grad_rel_l2_where_equal: grad,
+    })
+}
+
 fn run_configs(args: &BpttArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     println!(
@@ -631,6 +770,34 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
     );
     for c in &args.config {
         let r = bench_config(c, args.repeats, args.warmup, args.device)?;
+        let peer = match &args.python {
+            Some(py) => Some(torch_peer(
+                py,
+                c,
+                r.gpu.is_some(),
+                args.repeats,
+                args.warmup,
+            )?),
+            None => None,
+        };
+        let print_peer = || {
+            if let Some((p, lines)) = &peer {
+                let t = p["s_per_step"].as_f64().unwrap_or(f64::NAN);
+                for l in lines.lines() {
+                    println!("  {l}");
+                }
+                println!(
+                    "  PyTorch peer {:.3} s/step: lockstep is {:.2}x as fast",
+                    t,
+                    t / r.s_per_step
+                );
+            }
+        };
+        let check = if args.check_cpu > 0 && r.gpu.is_some() {
+            Some(check_against_cpu(c, args.device, args.check_cpu)?)
+        } else {
+            None
+        };
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
             "{}: {} cells, {} recurrent edges, batch {}, seq_len {}, dtype {}",
@@ -672,10 +839,24 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
                 g.copy_bytes_per_s / 1e9,
                 g.adjoint_edge_bytes / r.split_s[2] / g.copy_bytes_per_s
             );
+            if let Some(k) = &check {
+                println!(
+                    "  against the float32 CPU engine, {} samples of {} steps: {:.5}% of (sample, neuron, step) spike states agree ({} of {} differ); gradient relative L2 {}",
+                    k.samples,
+                    r.seq_len,
+                    100.0 * k.agree_fraction,
+                    k.differing,
+                    k.states,
+                    k.grad_rel_l2_where_equal
+                        .map(|d| format!("{d:.3e} over the {} samples whose spikes all agree", k.equal_samples))
+                        .unwrap_or_else(|| "n/a (no sample's spikes agree throughout)".into())
+                );
+            }
             println!(
                 "  last step: loss {:.6}, mean rate {:.2} Hz",
                 r.loss, r.mean_rate_hz
             );
+            print_peer();
             continue;
         }
         println!(
@@ -711,6 +892,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             "  last step: loss {:.6}, mean rate {:.2} Hz",
             r.loss, r.mean_rate_hz
         );
+        print_peer();
     }
     Ok(())
 }

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# The prepared GPU run (issues 44 and 46): correctness and speed of lockstep's GPU engine on a
+# machine with a GPU but no Rust toolchain, in one call of at most 10 minutes.
+#
+#   scripts/gpu-check.sh bundle [TARBALL]   here, with Rust: builds the release binaries, strips
+#                                           them and packs them with the shared libraries `ldd`
+#                                           lists (Open MPI, HDF5 and theirs; not glibc) and the
+#                                           Vulkan loader into TARBALL (default
+#                                           target/gpu-bundle.tar.xz, about 20 MB)
+#   scripts/gpu-check.sh run TARBALL OUTDIR on the GPU machine, from the repository root: unpacks,
+#                                           finds the NVIDIA Vulkan driver, runs the GPU tests,
+#                                           builds the V1 networks and runs `lockstep bench bptt
+#                                           --device gpu` on the 300-cell, tenth-scale and full
+#                                           V1 configs (with the spike and gradient comparison
+#                                           against the CPU engine; the PyTorch peer,
+#                                           scripts/peers/bptt_torch.py, in the same invocation
+#                                           on 300-cell and tenth scale when python3 has torch), and
+#                                           2 thread replicas sharing the GPU against 1; writes
+#                                           OUTDIR/gpu-check.log (everything) and
+#                                           OUTDIR/gpu-check.md (the table)
+#
+# With the session's device tool: `run` with carry ["target/gpu-bundle.tar.xz"] and the command
+#   bash scripts/gpu-check.sh run target/gpu-bundle.tar.xz "$OUT"
+# and a timeout of 600 s. GPU_CHECK_SKIP_FULL=1 leaves out full V1 (a shorter first call);
+# GPU_CHECK_BUDGET_S (default 540) is the time after which the remaining steps are skipped.
+set -uo pipefail
+
+die() { printf 'gpu-check: error: %s\n' "$*" >&2; exit 1; }
+say() { printf 'gpu-check: %s\n' "$*" >&2; }
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# The GPU test binaries: `cargo test --no-run` names each test executable.
+test_binaries() {
+  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-cli 2>/dev/null |
+    python3 -c '
+import json, sys
+want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine"}
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want \
+            and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+'
+}
+
+bundle() {
+  local tarball=${1:-$repo/target/gpu-bundle.tar.xz}
+  command -v cargo >/dev/null || die "bundle needs cargo (run it on the development machine)"
+  cd "$repo" || exit 1
+  cargo build --release -p lockstep-cli || die "cargo build failed"
+  local stage
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/tests" "$stage/lib"
+  cp target/release/lockstep "$stage/bin/"
+  local name exe
+  while read -r name exe; do
+    cp "$exe" "$stage/tests/$name"
+  done < <(test_binaries)
+  [ -x "$stage/tests/gpu_train" ] || die "the GPU test binaries were not found (cargo test --no-run)"
+  strip "$stage"/bin/* "$stage"/tests/*
+  # Every library ldd lists but glibc's own (the GPU machine's image has a newer glibc).
+  local lib
+  for lib in $(ldd "$stage/bin/lockstep" "$stage"/tests/* | awk '/=> \//{print $3}' | sort -u); do
+    case $(basename "$lib") in
+      libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libresolv.so.*) ;;
+      *) cp -L "$lib" "$stage/lib/" ;;
+    esac
+  done
+  local vk
+  vk=$(ldconfig -p | awk '/libvulkan.so.1 /{print $NF; exit}')
+  [ -n "$vk" ] || die "libvulkan.so.1 is not installed here (apt-get install libvulkan1)"
+  cp -L "$vk" "$stage/lib/"
+  git -C "$repo" rev-parse --short HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
+  mkdir -p "$(dirname "$tarball")"
+  tar -C "$stage" -cJf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+  rm -rf "$stage"
+  say "bundle: $tarball ($(du -h "$tarball" | cut -f1)); commit $(tar -xJOf "$tarball" ./COMMIT)"
+}
+
+# The NVIDIA Vulkan driver's manifest: the image's own, or one written for libGLX_nvidia.
+nvidia_icd() {
+  local f
+  for f in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+           /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
+           /usr/local/share/vulkan/icd.d/nvidia_icd.json; do
+    [ -f "$f" ] && { echo "$f"; return 0; }
+  done
+  f=$(find / -xdev -name 'nvidia_icd*.json' 2>/dev/null | head -1)
+  [ -n "$f" ] && { echo "$f"; return 0; }
+  local glx
+  glx=$(ldconfig -p | awk '/libGLX_nvidia.so.0 /{print $NF; exit}')
+  [ -z "$glx" ] && glx=$(find / -xdev -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
+  [ -n "$glx" ] || return 1
+  f=$work/nvidia_icd.json
+  printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$glx" >"$f"
+  echo "$f"
+}
+
+run() {
+  local tarball=${1:?usage: gpu-check.sh run TARBALL OUTDIR} out=${2:?usage: gpu-check.sh run TARBALL OUTDIR}
+  local budget=${GPU_CHECK_BUDGET_S:-540} start=$SECONDS
+  mkdir -p "$out" || die "cannot create $out"
+  local log=$out/gpu-check.log md=$out/gpu-check.md
+  : >"$log"
+  work=$(mktemp -d)
+  tar -C "$work" -xJf "$tarball" || die "cannot unpack $tarball"
+  export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} HDF5_USE_FILE_LOCKING=FALSE
+  local icd
+  if icd=$(nvidia_icd); then
+    export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+  fi
+  local L=$repo/target/release/lockstep
+  mkdir -p "$repo/target/release"
+  cp "$work/bin/lockstep" "$L"
+  # The test binaries look for the repository and the lockstep binary where they were
+  # built (/work/main); point that path at this copy when it is free.
+  if [ ! -e /work/main ]; then
+    mkdir -p /work && ln -s "$repo" /work/main
+  fi
+  local commit
+  commit=$(cat "$work/COMMIT")
+  left() { echo $((budget - (SECONDS - start))); }
+  step() { # step NAME LIMIT_S CMD...: runs CMD with a time limit, logging; skips when out of budget
+    local name=$1 limit=$2
+    shift 2
+    if [ "$(left)" -lt 20 ]; then
+      echo "== $name: skipped (out of time)" | tee -a "$log"
+      return 1
+    fi
+    [ "$limit" -gt "$(left)" ] && limit=$(left)
+    echo "== $name (limit ${limit}s)" >>"$log"
+    local t0=$SECONDS rc
+    timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$log"
+    return $rc
+  }
+  {
+    echo "commit $commit; $(date -u '+%F %T') UTC"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: n/a"
+    echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
+    echo "libraries not found:"; ldd "$L" | grep 'not found' || echo "  none"
+  } | tee -a "$log"
+  step "lockstep info" 60 "$L" info
+  local t
+  for t in device gpu_engine edge_cases_every_engine; do
+    [ -x "$work/tests/$t" ] && step "test $t" 240 "$work/tests/$t" --test-threads=1
+  done
+  local skip=()
+  command -v mpirun >/dev/null || skip=(--skip two_mpi_ranks --skip a_rank_without)
+  step "test gpu_train" 240 "$work/tests/gpu_train" --test-threads=1 "${skip[@]}"
+
+  cd "$repo" || exit 1
+  step "build tenth-scale V1" 60 "$L" build-network examples/v1_scale/network_recipe.tenth.json \
+    --output examples/v1_scale/tenth --overwrite
+  if [ "${GPU_CHECK_SKIP_FULL:-0}" != 1 ]; then
+    step "build full V1" 120 "$L" build-network examples/v1_scale/network_recipe.json \
+      --output examples/v1_scale/full --overwrite
+  fi
+  local bench=$out/bench
+  mkdir -p "$bench"
+  # The PyTorch peer runs in the same invocation when python3 has torch, numpy and h5py.
+  local peer=""
+  python3 -c 'import torch, numpy, h5py' 2>/dev/null && peer="--python python3"
+  step "bench 300-cell gpu" 150 sh -c "'$L' bench bptt --config examples/glif_all2all/config.gpu.json --device gpu --repeats 5 --warmup 1 --check-cpu 4 $peer | tee '$bench/300_gpu.txt'"
+  step "bench 300-cell cpu" 120 sh -c "'$L' bench bptt --config examples/glif_all2all/config.gpu.json --device cpu --repeats 3 --warmup 1 | tee '$bench/300_cpu.txt'"
+  step "bench tenth gpu" 150 sh -c "'$L' bench bptt --config examples/v1_scale/config.train.tenth.json --device gpu --repeats 3 --warmup 1 --check-cpu 2 $peer | tee '$bench/tenth_gpu.txt'"
+  step "bench tenth cpu" 90 sh -c "'$L' bench bptt --config examples/v1_scale/config.train.tenth.json --device cpu --repeats 1 --warmup 0 | tee '$bench/tenth_cpu.txt'"
+  if [ "${GPU_CHECK_SKIP_FULL:-0}" != 1 ]; then
+    step "bench full V1 gpu" 200 sh -c "'$L' bench bptt --config examples/v1_scale/config.train.json --device gpu --repeats 2 --warmup 1 | tee '$bench/full_gpu.txt'"
+  fi
+  # 2 thread replicas sharing the GPU against 1 replica, 3 updates each (samples/s).
+  python3 - "$repo" "$work" <<'EOF'
+import json, sys
+repo, work = sys.argv[1], sys.argv[2]
+ex = f"{repo}/examples/glif_all2all"
+base = json.load(open(f"{ex}/config.gpu.json"))
+base["network"] = f"{ex}/config.circuit.json"
+base["training"]["losses"][0]["firing_rate"] = f"{ex}/target_rates.csv"
+base.pop("manifest", None)
+for name, dist in [("one", None), ("two", {"strategy": "threads", "global_batch_size": 32})]:
+    c = json.loads(json.dumps(base))
+    if dist:
+        c["run"]["distribution"] = dist
+    c["output"] = {"output_dir": f"{work}/runs/{name}", "overwrite_output_dir": True}
+    json.dump(c, open(f"{work}/share_{name}.json", "w"))
+EOF
+  step "train 1 replica on the GPU" 90 sh -c "'$L' train '$work/share_one.json' --updates 3 | tee '$bench/share_one.txt'"
+  step "train 2 thread replicas sharing the GPU" 90 sh -c "'$L' train '$work/share_two.json' --updates 3 | tee '$bench/share_two.txt'"
+  # The table.
+  {
+    echo "# lockstep GPU check, commit $commit"
+    echo
+    head -3 "$log" | sed 's/^/    /'
+    echo
+    echo "| run | s/step | split | device memory | bandwidth | vs CPU engine |"
+    echo "|---|---|---|---|---|---|"
+    local f
+    for f in 300_gpu 300_cpu tenth_gpu tenth_cpu full_gpu; do
+      [ -f "$bench/$f.txt" ] || continue
+      python3 - "$bench/$f.txt" "$f" <<'EOF'
+import re, sys
+text, name = open(sys.argv[1]).read(), sys.argv[2]
+m = re.search(r"([\d.]+) s/step = forward ([\d.]+) \+ recompute ([\d.]+) \+ backward ([\d.]+)", text)
+mem = re.search(r"device memory ([\d.]+ GiB)", text)
+bw = re.search(r"arrays at ([\d.]+ GB/s).*copy of them ([\d.]+ GB/s)", text)
+chk = re.search(r"steps: ([\d.]+%) of .*relative L2 ([^\n]*)", text)
+cells = [name,
+         m.group(1) if m else "n/a",
+         f"fwd {m.group(2)} + bwd {m.group(4)}" if m else "",
+         mem.group(1) if mem else "",
+         f"{bw.group(1)} (copy {bw.group(2)})" if bw else "",
+         f"{chk.group(1)} spikes agree; grad {chk.group(2)}" if chk else ""]
+print("| " + " | ".join(cells) + " |")
+EOF
+    done
+    for f in share_one share_two; do
+      [ -f "$bench/$f.txt" ] && echo "| $f | $(grep -o '[0-9.]* samples/s' "$bench/$f.txt" | tail -1) | | | | |"
+    done
+    grep -h "PyTorch" "$bench"/*.txt 2>/dev/null | sed 's/^ */    /'
+    echo
+    echo "Steps:"
+    grep '^== ' "$log" | sed 's/^== /- /'
+  } >"$md"
+  cat "$md"
+  say "done in $((SECONDS - start)) s; log $log"
+}
+
+case ${1:-} in
+  bundle) shift; bundle "$@" ;;
+  run) shift; run "$@" ;;
+  *) die "usage: gpu-check.sh bundle [TARBALL] | run TARBALL OUTDIR" ;;
+esac
