@@ -36,11 +36,11 @@ pub struct SnnReplica {
 }
 
 impl SnnReplica {
-    /// Builds the replica of a training config (see [`model_from_config`]). `parallel`: run
+    /// Builds the replica of a training config (see [`model_from_config`](crate::model_from_config)). `parallel`: run
     /// the trials of a local batch on rayon (serial runs); replicas that share the machine's
     /// cores use `false` so each computes on one core.
     ///
-    /// Errors: every configuration, network and input error of [`model_from_config`].
+    /// Errors: every configuration, network and input error of [`model_from_config`](crate::model_from_config).
     pub fn from_config(config: &Path, parallel: bool) -> crate::Result<SnnReplica> {
         Self::from_config_on(config, parallel, 0)
     }
