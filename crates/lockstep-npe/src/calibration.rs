@@ -8,6 +8,7 @@
 //! per parameter.
 
 use crate::backend::TrainBackend;
+use crate::error::NpeError;
 use crate::model::NpeModel;
 use crate::task::{sample_rng, Task};
 use lockstep_core::rng::splitmix64;
@@ -99,21 +100,56 @@ pub fn injection(task: &dyn Task, seed: u64, i: u64) -> (Vec<f64>, Vec<f64>) {
     (theta, x)
 }
 
+/// The observation x of an injection as the network's float32 values, checked
+/// ([`crate::task::Standardization::observation`]).
+///
+/// Errors: [`NpeError::Data`] naming the injection and the value (`injection 7 (seed 3):
+/// the simulated x: value 2 is NaN`).
+pub fn injection_observation<B: TrainBackend>(
+    model: &NpeModel<B>,
+    x: &[f64],
+    seed: u64,
+    i: u64,
+) -> Result<Vec<f32>, NpeError> {
+    model
+        .network
+        .standardization
+        .observation(x)
+        .map_err(|m| NpeError::Data(format!("injection {i} (seed {seed}): the simulated x: {m}")))
+}
+
 /// Runs the P-P test: `injections` injections of `task` (keyed by `seed`), `samples` posterior
 /// samples each from `model` (base draws keyed by `seed` and the injection).
+///
+/// Errors: an injection whose x cannot reach the network ([`injection_observation`]).
 pub fn pp_test<B: TrainBackend>(
     model: &NpeModel<B>,
     task: &dyn Task,
     seed: u64,
     injections: usize,
     samples: usize,
-) -> PpResult {
+) -> Result<PpResult, NpeError> {
+    pp_test_with_progress(model, task, seed, injections, samples, &mut |_| {})
+}
+
+/// [`pp_test`], calling `progress(done)` after each injection (a long test reports how far
+/// it is).
+///
+/// Errors: as [`pp_test`].
+pub fn pp_test_with_progress<B: TrainBackend>(
+    model: &NpeModel<B>,
+    task: &dyn Task,
+    seed: u64,
+    injections: usize,
+    samples: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<PpResult, NpeError> {
     let d = task.theta_dim();
     let mut truths = Vec::with_capacity(injections);
     let mut percentiles = Vec::with_capacity(injections);
     for i in 0..injections as u64 {
         let (theta, x) = injection(task, seed, i);
-        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let xf = injection_observation(model, &x, seed, i)?;
         let s = model.sample(&xf, samples, splitmix64(seed ^ 0xA5A5) ^ i);
         let row: Vec<f64> = (0..d)
             .map(|j| {
@@ -125,6 +161,7 @@ pub fn pp_test<B: TrainBackend>(
             .collect();
         truths.push(theta);
         percentiles.push(row);
+        progress(i as usize + 1);
     }
     let mut r = PpResult {
         names: task.parameter_names(),
@@ -133,7 +170,7 @@ pub fn pp_test<B: TrainBackend>(
         p_values: Vec::new(),
     };
     r.p_values = (0..d).map(|j| ks_uniform(&r.column(j)).1).collect();
-    r
+    Ok(r)
 }
 
 #[cfg(test)]
