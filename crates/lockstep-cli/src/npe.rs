@@ -286,6 +286,7 @@ const CORNER_MAX: u64 = 1_000_000;
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is a plain C struct of integers, for which all zeroes is valid.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `st` a writable statvfs.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {

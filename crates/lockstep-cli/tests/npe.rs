@@ -953,3 +953,92 @@ fn bad_observations_and_impossible_sample_counts_are_refused_before_writing() {
         out.stderr
     );
 }
+
+/// Issue 47 ("Also"): a stage that goes NaN under 2 MPI ranks stops every rank cleanly
+/// (one message naming training.stage_0.optimizer.lr, no MPI abort) and run.log says why;
+/// `npe sample` reports the fraction of samples outside the prior (also in the HDF5 file),
+/// and `--inside-prior` keeps only samples inside it, reporting the acceptance rate.
+#[test]
+fn a_nan_stage_ends_mpi_ranks_cleanly_and_samples_report_the_prior() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let moons =
+        settings(2, "none", 300, 1, 64, "").replace("{name: gaussian_linear, dim: 2}", "two_moons");
+    let nan = write(d, "nan.yaml", &moons.replace("lr: 0.003", "lr: 1.0e+30"));
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP)
+        .args(["npe", "train", s(&nan), "--train-dir", s(&d.join("nan"))]);
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    let all = out.all_output();
+    assert!(!out.success(), "{all}");
+    assert_eq!(
+        all.matches("lower training.stage_0.optimizer.lr").count(),
+        1,
+        "{all}"
+    );
+    assert!(
+        !all.contains("MPI_ABORT") && !all.contains("panicked") && !all.contains("learning_rate"),
+        "{all}"
+    );
+    let log = std::fs::read_to_string(d.join("nan/run.log")).unwrap();
+    assert!(
+        log.contains("stopped: ") && log.contains("optimizer.lr"),
+        "{log}"
+    );
+    // Samples and the prior's support [-1, 1]².
+    let cfg = write(d, "moons.yaml", &moons);
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let h5 = d.join("s.h5");
+    let out = ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0,0",
+        "--num-samples",
+        "2000",
+        "--output",
+        s(&h5),
+    ]));
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("lie outside the prior's support"))
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let outside: u64 = line.split(' ').next().unwrap().parse().unwrap();
+    let f = hdf5::File::open(&h5).unwrap();
+    let fraction = f
+        .dataset("fraction_outside_prior")
+        .unwrap()
+        .read_raw::<f64>()
+        .unwrap();
+    assert_eq!(fraction, [outside as f64 / 2000.0], "{line}");
+    let samples = f.dataset("samples").unwrap().read_raw::<f32>().unwrap();
+    let counted = samples
+        .chunks(2)
+        .filter(|r| r.iter().any(|v| v.abs() > 1.0))
+        .count() as u64;
+    assert_eq!(counted, outside, "{line}");
+    let csv = d.join("inside.csv");
+    let out = ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0,0",
+        "--num-samples",
+        "2000",
+        "--inside-prior",
+        "--output",
+        s(&csv),
+    ]));
+    assert!(out.stdout.contains("acceptance rate"), "{}", out.stdout);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 2001);
+    assert!(text
+        .lines()
+        .skip(1)
+        .flat_map(|l| l.split(',').map(|v| v.parse::<f32>().unwrap()))
+        .all(|v| v.abs() <= 1.0));
+}
