@@ -2,9 +2,15 @@
 //! run one after the other by lockstep-train's engine, serially, as thread replicas
 //! (`local.replicas`) or as one MPI rank per replica (`mpirun`/`srun`).
 //!
-//! [`train_stages`] first reads and checks everything: the settings, every stage's engine
-//! config and frozen blocks, and the stage a `--resume` checkpoint belongs to; a failure ends
-//! every rank with one message before any output exists. Then:
+//! [`train_stages`] first reads and checks everything: the settings, the data's scale
+//! ([`crate::trained::checked_network`]), every stage's engine config and frozen blocks (a
+//! stage may not freeze every block), and where a `--resume` checkpoint continues; a failure
+//! ends every rank with one message before any output exists. A `--resume` path may be
+//! relative. A checkpoint in the middle of stage N resumes stage N through the engine
+//! (optimizer state and schedule); one with all of stage N's updates continues with stage
+//! N+1 from its parameters (as Dingo does), provided the settings keep the data, model and
+//! stages up to N of the run that wrote it; a checkpoint that ends the last stage is refused
+//! (add a stage to train further). Then:
 //!
 //! - a run of one stage trains into `train_dir` itself; a run of several stages into one run
 //!   directory per stage, `train_dir/stage_N` ([`crate::trained::stage_dir`]), and the chief
@@ -19,6 +25,10 @@
 //! - at the end the chief copies the last stage's `posterior.safetensors` into `train_dir`
 //!   (runs of several stages) and evaluates the test loss over the held-out simulations
 //!   (`data.num_samples` beyond the training share), printed and appended to the log.
+//!
+//! A loss or parameter that becomes non-finite stops the stage with a message naming
+//! `training.stage_N.optimizer.lr` and the data, appended to the stage's run.log; every
+//! replica sees the same value, so every rank ends cleanly (an agreed error, no MPI abort).
 //!
 //! The chief prints the reduced-basis report, one line per stage and the test loss to its
 //! standard output and appends them to the run's log file; the engine prints its own log
