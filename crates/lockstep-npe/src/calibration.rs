@@ -195,6 +195,53 @@ mod tests {
         assert!(ks_uniform(&shifted).1 < 1e-3);
     }
 
+    /// Issue 47: a long P-P test reports each injection to its progress callback, and an
+    /// injection whose simulated x cannot reach the network is refused by name.
+    #[test]
+    fn pp_reports_progress_and_refuses_unusable_injections() {
+        use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork};
+        use crate::task::Standardization;
+        use crate::tasks::GaussianLinear;
+        use crate::CpuAutodiff;
+        let config = NetworkConfig {
+            embedding: EmbeddingConfig {
+                hidden_dims: vec![4],
+                output_dim: 2,
+                norm: Default::default(),
+                projection: None,
+            },
+            flow: FlowConfig {
+                num_flow_steps: 1,
+                hidden_dim: 4,
+                num_transform_blocks: 1,
+                num_bins: 4,
+                tail_bound: 3.0,
+                norm: Default::default(),
+            },
+        };
+        let net = NpeNetwork::new(config, 2, 2, Standardization::identity(2, 2), 1).unwrap();
+        let model = NpeModel::<CpuAutodiff>::new(net, 1, Default::default());
+        let mut seen = Vec::new();
+        let r = pp_test_with_progress(&model, &GaussianLinear::new(2), 3, 5, 20, &mut |done| {
+            seen.push(done)
+        })
+        .unwrap();
+        assert_eq!(seen, [1, 2, 3, 4, 5]);
+        assert_eq!(r.percentiles.len(), 5);
+        // Variances of 1e80: x of order 1e40 does not fit float32.
+        let huge = GaussianLinear {
+            dim: 2,
+            prior_scale: 1.0,
+            simulator_scale: 1e80,
+        };
+        let e = pp_test(&model, &huge, 3, 5, 20).unwrap_err().to_string();
+        assert!(
+            e.starts_with("injection 0 (seed 3): the simulated x: value ")
+                && e.contains("beyond float32's range"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn kolmogorov_q_known_values() {
         // scipy 1.17 kstwobign.sf(1.0) = 0.26999967, kstwobign.sf(0.5) = 0.96394524.

@@ -1038,6 +1038,15 @@ impl NpeSettings {
                     ));
                 }
             }
+            let net = self.network_config();
+            let batch_norm =
+                net.embedding.norm == Norm::BatchNorm || net.flow.norm == Norm::BatchNorm;
+            if batch_norm && st.batch_size < 2 {
+                return Err(ConfigError::new(
+                    format!("{sk}.batch_size"),
+                    "is 1, but BatchNorm normalizes by the batch's variance, which one sample does not have; use a batch of at least 2 or norm: layer_norm",
+                ));
+            }
             if st.freeze_rb_layer == Some(true) && self.model.embedding_kwargs.svd.is_none() {
                 return Err(ConfigError::new(
                     format!("{sk}.freeze_rb_layer"),
@@ -1683,6 +1692,13 @@ local:
                 "{bound}: {e}"
             );
         }
+        let e = err(&GOOD
+            .replace("norm: LayerNorm", "norm: batch_norm")
+            .replace("batch_size: 64", "batch_size: 1"));
+        assert!(
+            e.starts_with("training.stage_0.batch_size: is 1, but BatchNorm"),
+            "{e}"
+        );
         let e = err(&GOOD.replace("hidden_dims: [16, 16]", "hidden_dims: [16, 0]"));
         assert!(e.starts_with("model.embedding_kwargs.hidden_dims: "), "{e}");
         let e = err(&GOOD.replace("T_max: 3}", "T_max: 3, eta_min: 0.1}"));
