@@ -985,6 +985,26 @@ fn a_nan_stage_ends_mpi_ranks_cleanly_and_samples_report_the_prior() {
         log.contains("stopped: ") && log.contains("optimizer.lr"),
         "{log}"
     );
+    // Ranks that read different settings (another host's copy) are stopped before the
+    // first update, cleanly: each rank reads `rank_N.yaml`, which differ in one value.
+    write(d, "rank_0.yaml", &moons);
+    write(d, "rank_1.yaml", &moons.replace("lr: 0.003", "lr: 0.002"));
+    let mut cmd = mpirun_command(2);
+    cmd.current_dir(d).args([
+        "sh",
+        "-c",
+        &format!(
+            "exec {LOCKSTEP} npe train rank_${{OMPI_COMM_WORLD_RANK}}.yaml --train-dir differ"
+        ),
+    ]);
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    let all = out.all_output();
+    assert!(!out.success(), "{all}");
+    assert!(
+        all.contains("the ranks of this job read different settings") && !all.contains("MPI_ABORT"),
+        "{all}"
+    );
+    assert!(!d.join("differ").exists(), "{all}");
     // Samples and the prior's support [-1, 1]².
     let cfg = write(d, "moons.yaml", &moons);
     let run = d.join("run");

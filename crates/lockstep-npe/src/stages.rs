@@ -305,6 +305,7 @@ fn for_agreement<T>(result: Result<T, NpeError>) -> Result<T, TrainError> {
 /// reduced-basis SVD, or I/O on the run's files.
 pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeError> {
     let p = agree_on_validation(world.comm(), for_agreement(prepare(request, world)))?;
+    same_on_every_rank(request, &p, world)?;
     let (settings, network) = (&p.settings, &p.network);
     let task = settings.task()?;
     let (seed, n_train) = (settings.data.seed, settings.train_samples());
@@ -491,6 +492,54 @@ fn stage_failure(
     } else {
         NpeError::Train(TrainError::RefusedByPeer { rank: 0 })
     }
+}
+
+/// Checks that every rank read the same run: the same settings (file contents as parsed,
+/// `local` included), the same data scale, and the same starting stage and checkpoint kind.
+/// Ranks that read different copies of the settings (another host's file) would compute
+/// different things; this is found before the first update, on every launcher.
+///
+/// Errors: an agreed error (every rank stops cleanly; rank 0 reports) naming the settings
+/// file, when the ranks differ; a failed collective.
+fn same_on_every_rank(request: &TrainRequest, p: &Prepared, world: &World) -> Result<(), NpeError> {
+    use lockstep_comm::{CommExt, ReduceOp};
+    use std::hash::{Hash, Hasher};
+    let comm = world.comm();
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let settings: Vec<Value> = p.configs.iter().map(|(j, _)| j["npe"].clone()).collect();
+    serde_json::to_string(&settings)
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::to_string(&p.settings.local)
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::to_string(&p.network.standardization)
+        .unwrap_or_default()
+        .hash(&mut h);
+    (p.first_stage, p.resume.is_some(), p.start_from.is_some()).hash(&mut h);
+    let mine = h.finish();
+    let lo = comm
+        .all_reduce_scalar(mine, ReduceOp::Min)
+        .map_err(TrainError::from)?;
+    let hi = comm
+        .all_reduce_scalar(mine, ReduceOp::Max)
+        .map_err(TrainError::from)?;
+    if lo == hi {
+        return Ok(());
+    }
+    Err(NpeError::Train(if comm.is_chief() {
+        TrainError::Refused(Box::new(TrainError::Build(anyhow::Error::new(
+            NpeError::Invalid(format!(
+                "{}: the ranks of this job read different settings (or resume from different points): every rank must read the same file (a copy on a shared filesystem, or identical copies on every host)",
+                request.settings_file.display()
+            )),
+        ))))
+    } else {
+        TrainError::RefusedByPeer { rank: 0 }
+    }))
 }
 
 /// Appends `lines` to the run's log file.
