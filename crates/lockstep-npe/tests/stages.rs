@@ -96,6 +96,24 @@ fn every_stage_is_checked_before_the_first_trains_with_keys_as_written() {
     );
     assert!(!e.contains("edges"), "{e}");
     assert!(!d.join("all").exists(), "output written before refusing");
+    // Data beyond float32's range is refused naming the data, before any output (it used
+    // to go NaN and blame the learning rate).
+    let f = write(
+        d,
+        "huge.yaml",
+        &settings(STAGE_0).replace(
+            "{name: gaussian_linear, dim: 2}",
+            "{name: gaussian_linear, dim: 2, prior_scale: 1.0e+300}",
+        ),
+    );
+    let e = full(&train(&f, &d.join("huge"), None).unwrap_err());
+    assert!(
+        e.contains("huge.yaml: data.task: gaussian_linear: the simulated θ component theta_0")
+            && e.contains("beyond float32's range")
+            && !e.contains("learning"),
+        "{e}"
+    );
+    assert!(!d.join("huge").exists());
     // Optimizer values are refused by the keys the settings file has.
     for (from, to, key) in [
         ("lr: 0.001}", "lr: 0.0}", "training.stage_1.optimizer.lr"),
