@@ -347,20 +347,18 @@ impl PriorFilter {
         let mut out = Vec::with_capacity(chunk.len());
         for row in chunk.chunks_exact(d) {
             self.drawn += 1;
-            let wrapped: Vec<f32> = row
-                .iter()
-                .zip(&self.bounds)
-                .map(|(&v, b)| b.wrap(v as f64) as f32)
-                .collect();
-            let inside = wrapped
-                .iter()
-                .zip(&self.bounds)
-                .all(|(&v, b)| b.contains(v as f64));
+            let start = out.len();
+            let mut inside = true;
+            for (&v, b) in row.iter().zip(&self.bounds) {
+                let w = b.wrap(v as f64);
+                inside &= b.contains(w);
+                out.push(w as f32);
+            }
             if !inside {
                 self.outside += 1;
-            }
-            if inside || !self.inside_only {
-                out.extend_from_slice(&wrapped);
+                if self.inside_only {
+                    out.truncate(start);
+                }
             }
         }
         out
