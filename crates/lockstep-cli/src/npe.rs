@@ -10,8 +10,9 @@
 use crate::plot::npe::{plot_corner, plot_pp};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
-use lockstep_npe::calibration::{injection, pp_test};
+use lockstep_npe::calibration::{injection, pp_test_with_progress};
 use lockstep_npe::stages::{train_stages, TrainRequest};
+use lockstep_npe::task::PriorBound;
 use lockstep_npe::trained::{self, Trained};
 use lockstep_npe::{NpeError, NpeSettings};
 use std::path::{Path, PathBuf};
@@ -83,9 +84,10 @@ pub struct SampleArgs {
     /// parameters are written next to the samples).
     #[arg(long)]
     pub injection: Option<u64>,
-    /// Posterior samples to draw.
+    /// Posterior samples to draw (any count: drawn and written in chunks; refused before
+    /// writing when the file would not fit where it goes).
     #[arg(long, default_value_t = 10_000)]
-    pub num_samples: usize,
+    pub num_samples: u64,
     /// Output file: .h5/.hdf5 (datasets samples [n, d], parameter_names, observation,
     /// injection_parameters) or .csv (a header of parameter names).
     #[arg(long, default_value = "posterior_samples.h5")]
@@ -97,6 +99,11 @@ pub struct SampleArgs {
     /// 2-D histograms below it, the true values (with --injection) marked in red.
     #[arg(long)]
     pub corner: Option<PathBuf>,
+    /// Keep only samples inside the prior's support (drawing more until --num-samples are
+    /// kept, at most 100 draws per sample kept; refused with the acceptance rate when the
+    /// posterior lies mostly outside). Without it, the fraction outside is reported.
+    #[arg(long)]
+    pub inside_prior: bool,
 }
 
 /// Options of `lockstep npe pp`.
@@ -196,25 +203,51 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
 }
 
 /// Parses an observation: comma/whitespace-separated numbers, or a file holding them.
-fn read_observation(spec: &str) -> Result<Vec<f64>> {
+/// Returns the values and where they came from (`--observation` or the file), for messages.
+fn read_observation(spec: &str) -> Result<(Vec<f64>, String)> {
     let path = Path::new(spec);
-    let text = if path.is_file() {
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {spec}"))?
+    let (text, source) = if path.is_file() {
+        (
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {spec}"))?,
+            format!("--observation {spec}"),
+        )
     } else {
-        spec.to_string()
+        (spec.to_string(), "--observation".to_string())
     };
-    text.split(|c: char| c == ',' || c.is_whitespace())
+    let values = text
+        .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|t| !t.is_empty())
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             t.parse::<f64>().with_context(|| {
                 if path.is_file() {
-                    format!("{spec}: {t:?} is not a number")
+                    format!("{spec}: value {} ({t:?}) is not a number", i + 1)
                 } else {
-                    format!("--observation: {t:?} is not a number (give comma-separated values or a file)")
+                    format!("--observation: value {} ({t:?}) is not a number (give comma-separated values or a file)", i + 1)
                 }
             })
         })
-        .collect()
+        .collect::<Result<Vec<f64>>>()?;
+    Ok((values, source))
+}
+
+/// The observation `x` as the network's float32 values: the task's length, every value
+/// finite and within float32's range, standardized too (see
+/// `Standardization::observation`); messages name `source` and the position from 1.
+fn checked_observation(t: &Trained, x: &[f64], source: &str) -> Result<Vec<f32>> {
+    if x.len() != t.task.x_dim() {
+        bail!(
+            "{source}: the observation has {} values; the task {} expects {}",
+            x.len(),
+            t.task.name(),
+            t.task.x_dim()
+        );
+    }
+    t.model
+        .network
+        .standardization
+        .observation(x)
+        .map_err(|m| anyhow::anyhow!("{source}: {m}; give finite values within float32's range"))
 }
 
 /// Writes `data` to `path` through a temporary file in the same folder (renamed when
@@ -244,6 +277,176 @@ fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
     result
 }
 
+/// Rows drawn and written at a time by `npe sample` (bounded memory for any count).
+const SAMPLE_CHUNK: usize = 65_536;
+/// The corner plot of `npe sample --corner` shows at most this many samples (the first).
+const CORNER_MAX: u64 = 1_000_000;
+
+/// Free bytes for an unprivileged user on the file system holding `dir`, when known.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is a plain C struct of integers, for which all zeroes is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Refuses a sample count whose output cannot be written: a size beyond 64 bits, or more
+/// than the free space where it goes (estimated before anything is written).
+fn check_sample_size(args: &SampleArgs, d: usize, csv: bool) -> Result<()> {
+    let n = args.num_samples;
+    // float32 in HDF5; in CSV up to about 15 characters per value and separator.
+    let per_value: u64 = if csv { 15 } else { 4 };
+    let Some(bytes) = n.checked_mul(d as u64 * per_value) else {
+        bail!(
+            "--num-samples {n}: {n} samples of {d} parameters do not fit in a file (the size overflows 64 bits); draw fewer"
+        );
+    };
+    let dir = match args.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let probe = dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("."));
+    if let Some(free) = free_bytes(probe) {
+        if bytes > free {
+            bail!(
+                "--num-samples {n}: the samples take about {} but {} has {} free; draw fewer or write elsewhere (--output)",
+                lockstep_core::memory::human_bytes(bytes),
+                probe.display(),
+                lockstep_core::memory::human_bytes(free)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Draws at most this many samples per sample kept with `--inside-prior`.
+const MAX_DRAWS_PER_KEPT: u64 = 100;
+
+/// Posterior samples on their way to the file: periodic components wrapped onto their
+/// circle, samples outside the prior's support counted and, with `--inside-prior`, dropped.
+struct PriorFilter {
+    bounds: Vec<PriorBound>,
+    inside_only: bool,
+    /// Samples drawn, and of them outside the support.
+    drawn: u64,
+    outside: u64,
+}
+
+impl PriorFilter {
+    /// The rows of `chunk` to write.
+    fn apply(&mut self, chunk: &[f32]) -> Vec<f32> {
+        let d = self.bounds.len();
+        let mut out = Vec::with_capacity(chunk.len());
+        for row in chunk.chunks_exact(d) {
+            self.drawn += 1;
+            let start = out.len();
+            let mut inside = true;
+            for (&v, b) in row.iter().zip(&self.bounds) {
+                let w = b.wrap(v as f64);
+                inside &= b.contains(w);
+                out.push(w as f32);
+            }
+            if !inside {
+                self.outside += 1;
+                if self.inside_only {
+                    out.truncate(start);
+                }
+            }
+        }
+        out
+    }
+
+    fn outside_fraction(&self) -> f64 {
+        self.outside as f64 / self.drawn.max(1) as f64
+    }
+
+    /// What the sampling found, for the output.
+    fn report(&self, kept: u64) -> String {
+        let pct = 100.0 * self.outside_fraction();
+        if self.inside_only {
+            format!(
+                "kept the {kept} samples inside the prior's support: {} drawn, {} ({pct:.2}%) outside, acceptance rate {:.2}%",
+                self.drawn,
+                self.outside,
+                100.0 - pct
+            )
+        } else {
+            format!(
+                "{} of {} samples ({pct:.2}%) lie outside the prior's support{}",
+                self.outside,
+                self.drawn,
+                if self.outside > 0 {
+                    " (--inside-prior keeps only those inside)"
+                } else {
+                    ""
+                }
+            )
+        }
+    }
+}
+
+/// Draws `n` samples (all, or with `--inside-prior` the first `n` inside the prior) in
+/// chunks, each chunk's rows handed to `sink`, and returns the filter's counts.
+///
+/// Errors: `sink`'s errors; with `--inside-prior`, an acceptance rate too low to keep `n`
+/// samples within 100 draws each (said as soon as the rate shows it).
+fn draw(
+    t: &Trained,
+    xf: &[f32],
+    args: &SampleArgs,
+    sink: &mut dyn FnMut(&[f32]) -> Result<()>,
+) -> Result<PriorFilter> {
+    let n = args.num_samples;
+    let mut filter = PriorFilter {
+        bounds: t.task.prior_bounds(),
+        inside_only: args.inside_prior,
+        drawn: 0,
+        outside: 0,
+    };
+    let d = filter.bounds.len() as u64;
+    let cap = if args.inside_prior {
+        n.saturating_mul(MAX_DRAWS_PER_KEPT)
+    } else {
+        n
+    };
+    let mut kept = 0u64;
+    let too_few = |f: &PriorFilter, kept: u64| {
+        anyhow::anyhow!(
+            "--inside-prior: only {:.3}% of the samples lie inside the prior's support ({} of {} drawn), so keeping {n} would take more than {MAX_DRAWS_PER_KEPT} draws per sample; the observation may lie outside the training data: sample without --inside-prior to see where the posterior lies",
+            100.0 * (1.0 - f.outside_fraction()),
+            kept,
+            f.drawn
+        )
+    };
+    t.model
+        .sample_chunks(xf, cap, args.seed, SAMPLE_CHUNK, |chunk| {
+            let rows = filter.apply(chunk);
+            let take = ((n - kept) * d).min(rows.len() as u64) as usize;
+            sink(&rows[..take])?;
+            kept += take as u64 / d;
+            if kept < n && args.inside_prior {
+                // Stop as soon as the acceptance rate shows the cap cannot be reached.
+                let rate = (filter.drawn - filter.outside) as f64 / filter.drawn as f64;
+                if rate * (cap - filter.drawn) as f64 + (kept as f64) < 0.5 * n as f64 {
+                    return Err(too_few(&filter, kept));
+                }
+            }
+            Ok(kept < n)
+        })?;
+    if kept < n {
+        return Err(too_few(&filter, kept));
+    }
+    Ok(filter)
+}
+
 fn sample(args: &SampleArgs) -> Result<()> {
     let ext = args
         .output
@@ -261,98 +464,160 @@ fn sample(args: &SampleArgs) -> Result<()> {
         bail!("--num-samples must be at least 1");
     }
     let t = trained::load(&args.checkpoint)?;
-    let (x, truth) = match (&args.observation, args.injection) {
-        (Some(spec), _) => (read_observation(spec)?, None),
+    let (x, truth, source) = match (&args.observation, args.injection) {
+        (Some(spec), _) => {
+            let (x, source) = read_observation(spec)?;
+            (x, None, source)
+        }
         (None, Some(i)) => {
             let (theta, x) = injection(t.task.as_ref(), t.settings.data.seed, i);
-            (x, Some(theta))
+            (x, Some(theta), format!("--injection {i}: the simulated x"))
         }
         (None, None) => bail!("give --observation VALUES|FILE or --injection N"),
     };
-    if x.len() != t.task.x_dim() {
-        bail!(
-            "the observation has {} values; the task {} expects {}",
-            x.len(),
-            t.task.name(),
-            t.task.x_dim()
-        );
-    }
-    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let samples = t.model.sample(&xf, args.num_samples, args.seed);
+    let xf = checked_observation(&t, &x, &source)?;
     let names = t.task.parameter_names();
     let d = names.len();
-    if ext == "csv" {
+    let csv = ext == "csv";
+    check_sample_size(args, d, csv)?;
+    let n = args.num_samples;
+    // Drawn and written chunk by chunk: memory stays bounded whatever the count; the file
+    // appears under its name only when complete.
+    let mut corner: Vec<f32> = Vec::new();
+    let keep = args.corner.as_ref().map_or(0, |_| CORNER_MAX.min(n)) as usize * d;
+    let mut keep_for_corner = |rows: &[f32]| {
+        let room = keep - corner.len();
+        corner.extend_from_slice(&rows[..room.min(rows.len())]);
+    };
+    let filter = if csv {
+        let mut filter = None;
         write_via_temp(&args.output, |tmp| {
-            let mut text = names.join(",");
-            text.push('\n');
-            for row in samples.chunks_exact(d) {
-                let r: Vec<String> = row.iter().map(|v| format!("{v}")).collect();
-                text.push_str(&r.join(","));
-                text.push('\n');
-            }
-            std::fs::write(tmp, text).with_context(|| format!("cannot write {}", tmp.display()))
+            use std::io::Write;
+            let f = std::fs::File::create(tmp)
+                .with_context(|| format!("cannot create {}", tmp.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            writeln!(w, "{}", names.join(","))?;
+            filter = Some(draw(&t, &xf, args, &mut |rows| {
+                keep_for_corner(rows);
+                for row in rows.chunks_exact(d) {
+                    let r: Vec<String> = row.iter().map(|v| format!("{v}")).collect();
+                    writeln!(w, "{}", r.join(","))?;
+                }
+                Ok(())
+            })?);
+            w.flush()?;
+            Ok(())
         })?;
+        filter
     } else {
+        let mut filter = None;
         write_via_temp(&args.output, |tmp| {
-            write_samples_h5(tmp, &samples, &names, &x, truth.as_deref())
-                .with_context(|| format!("cannot write {}", tmp.display()))
+            filter = Some(write_samples_h5(
+                tmp,
+                &t,
+                &xf,
+                args,
+                &names,
+                &x,
+                truth.as_deref(),
+                &mut keep_for_corner,
+            )?);
+            Ok(())
         })?;
-    }
+        filter
+    };
+    let filter = filter.context("no samples were drawn")?;
     if let Some(png) = &args.corner {
         let title = match args.injection {
             Some(i) => format!("{}, injection {i}", t.task.name()),
             None => t.task.name().to_string(),
         };
         write_via_temp(png, |tmp| {
-            plot_corner(&samples, &names, truth.as_deref(), &title, tmp)
+            plot_corner(&corner, &names, truth.as_deref(), &title, tmp)
         })?;
-        println!("corner plot written to {}", png.display());
+        if n > CORNER_MAX {
+            println!(
+                "corner plot of the first {CORNER_MAX} samples written to {}",
+                png.display()
+            );
+        } else {
+            println!("corner plot written to {}", png.display());
+        }
     }
+    println!("{}", filter.report(n));
     println!(
-        "{} posterior samples of {} ({}) from {} (update {}) written to {}",
-        args.num_samples,
+        "{} posterior samples of {} ({}) from {} (update {}) written to {}{}",
+        n,
         t.task.name(),
         names.join(", "),
         t.checkpoint.display(),
         t.update,
-        args.output.display()
+        args.output.display(),
+        lockstep_core::memory::peak_rss_bytes().map_or(String::new(), |b| format!(
+            " (peak memory {})",
+            lockstep_core::memory::human_bytes(b)
+        ))
     );
     Ok(())
 }
 
+/// Writes the HDF5 samples file: `samples [n, d]` drawn chunk by chunk straight into the
+/// dataset ([`draw`]; each chunk also handed to `keep`), `parameter_names`, `observation`,
+/// `fraction_outside_prior` (of the samples drawn) and, for an injection,
+/// `injection_parameters`.
+#[allow(clippy::too_many_arguments)]
 fn write_samples_h5(
     path: &Path,
-    samples: &[f32],
+    t: &Trained,
+    xf: &[f32],
+    args: &SampleArgs,
     names: &[String],
     x: &[f64],
     truth: Option<&[f64]>,
-) -> Result<()> {
+    keep: &mut dyn FnMut(&[f32]),
+) -> Result<PriorFilter> {
     use hdf5::types::VarLenUnicode;
-    let f = hdf5::File::create(path)?;
-    let d = names.len();
-    f.new_dataset::<f32>()
-        .shape([samples.len() / d, d])
-        .create("samples")?
-        .write_raw(samples)?;
-    let n: Vec<VarLenUnicode> = names
-        .iter()
-        .map(|s| s.parse::<VarLenUnicode>())
-        .collect::<Result<_, _>>()?;
-    f.new_dataset::<VarLenUnicode>()
-        .shape([d])
-        .create("parameter_names")?
-        .write_raw(&n)?;
-    f.new_dataset::<f64>()
-        .shape([x.len()])
-        .create("observation")?
-        .write_raw(x)?;
-    if let Some(t) = truth {
+    let mut write = || -> Result<PriorFilter> {
+        let f = hdf5::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let d = names.len();
+        let rows = usize::try_from(args.num_samples)
+            .context("the sample count does not fit this machine's usize")?;
+        let ds = f.new_dataset::<f32>().shape([rows, d]).create("samples")?;
+        let mut done = 0usize;
+        let filter = draw(t, xf, args, &mut |chunk| {
+            keep(chunk);
+            let r = chunk.len() / d;
+            let view = ndarray::ArrayView2::from_shape((r, d), chunk)?;
+            ds.write_slice(view, (done..done + r, ..))?;
+            done += r;
+            Ok(())
+        })?;
+        let n: Vec<VarLenUnicode> = names
+            .iter()
+            .map(|s| s.parse::<VarLenUnicode>())
+            .collect::<Result<_, _>>()?;
+        f.new_dataset::<VarLenUnicode>()
+            .shape([d])
+            .create("parameter_names")?
+            .write_raw(&n)?;
         f.new_dataset::<f64>()
-            .shape([t.len()])
-            .create("injection_parameters")?
-            .write_raw(t)?;
-    }
-    Ok(())
+            .shape([x.len()])
+            .create("observation")?
+            .write_raw(x)?;
+        f.new_dataset::<f64>()
+            .shape([1])
+            .create("fraction_outside_prior")?
+            .write_raw(&[filter.outside_fraction()])?;
+        if let Some(t) = truth {
+            f.new_dataset::<f64>()
+                .shape([t.len()])
+                .create("injection_parameters")?
+                .write_raw(t)?;
+        }
+        Ok(filter)
+    };
+    write()
 }
 
 fn pp(args: &PpArgs) -> Result<()> {
@@ -360,6 +625,22 @@ fn pp(args: &PpArgs) -> Result<()> {
         bail!("--injections must be at least 2 and --num-samples at least 1");
     }
     let t: Trained = trained::load(&args.checkpoint)?;
+    // What the test holds, estimated before anything is written: per injection its true
+    // values and percentiles (f64), and one injection's samples with the flow's activations.
+    let d = t.task.theta_dim() as u64;
+    let per_sample = 4 * (d + t.model.network.activation_floats_per_sample());
+    let mut m = lockstep_core::memory::MemoryEstimate::new();
+    m.add(
+        "true values and percentiles of every injection",
+        (args.injections as u64).saturating_mul(16 * d),
+    )
+    .add(
+        "posterior samples of one injection",
+        (args.num_samples as u64).saturating_mul(per_sample),
+    )
+    .driven_by("--injections")
+    .driven_by("--num-samples");
+    m.check_here("this P-P test")?;
     // The folder of a run of several stages gets its pp/ next to its stages.
     let stages_folder = args.checkpoint.is_dir() && !args.checkpoint.join("checkpoints").is_dir();
     let base = if stages_folder {
@@ -370,13 +651,28 @@ fn pp(args: &PpArgs) -> Result<()> {
     let out = args.output_dir.clone().unwrap_or_else(|| base.join("pp"));
     let seed = args.seed.unwrap_or(t.settings.data.seed);
     let start = std::time::Instant::now();
-    let r = pp_test(
+    // A long test reports its progress on stderr: every 10 s, with an estimate of the rest.
+    let total = args.injections;
+    let mut last = std::time::Instant::now();
+    let mut progress = |done: usize| {
+        if last.elapsed().as_secs_f64() >= 10.0 && done < total {
+            last = std::time::Instant::now();
+            let spent = start.elapsed().as_secs_f64();
+            let left = spent / done as f64 * (total - done) as f64;
+            eprintln!(
+                "pp: {done} of {total} injections ({:.1}%) in {spent:.0} s, about {left:.0} s left",
+                100.0 * done as f64 / total as f64
+            );
+        }
+    };
+    let r = pp_test_with_progress(
         &t.model,
         t.task.as_ref(),
         seed,
         args.injections,
         args.num_samples,
-    );
+        &mut progress,
+    )?;
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut csv = r.names.join(",");
     csv.push('\n');

@@ -817,3 +817,248 @@ local:",
     assert!(lockstep_pids(s(&run)).is_empty(), "a rank outlived the job");
     eprintln!("job ended {:?} after the kill", killed.elapsed());
 }
+
+/// Issue 47, items 3 and 4: observations with NaN, infinite or out-of-float32 values are
+/// refused naming the position (from --observation, a file, and never written as NaN
+/// samples); sample counts whose output cannot be written are refused before writing;
+/// any other count is drawn and written in chunks (bounded memory), the rows those of one
+/// draw; a P-P test too large for the memory is refused.
+#[test]
+fn bad_observations_and_impossible_sample_counts_are_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gl.yaml", &settings(2, "none", 300, 1, 64, ""));
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let out_file = d.join("samples.csv");
+    let sample = |extra: &[&str]| {
+        let mut args = vec!["npe", "sample", s(&run), "--output", s(&out_file)];
+        args.extend_from_slice(extra);
+        lockstep(&args)
+    };
+    for (obs, message) in [
+        ("nan,0.2", "--observation: value 1 is NaN"),
+        ("0.1,inf", "--observation: value 2 is inf"),
+        (
+            "1e39,0.2",
+            "--observation: value 1 is 1e39, beyond float32's range",
+        ),
+        (
+            "-1e300,0",
+            "--observation: value 1 is -1e300, beyond float32's range",
+        ),
+        ("0.1,x", "--observation: value 2 (\"x\") is not a number"),
+    ] {
+        let out = sample(&[&format!("--observation={obs}")]);
+        assert_eq!(out.code, Some(1), "{obs}: {}", out.all_output());
+        assert!(out.stderr.contains(message), "{obs}: {}", out.stderr);
+        assert!(!out_file.exists(), "{obs}: samples written");
+    }
+    let obs = write(d, "obs.txt", "0.1\nNaN\n");
+    let out = sample(&["--observation", s(&obs)]);
+    assert!(
+        out.stderr
+            .contains(&format!("--observation {}: value 2 is NaN", s(&obs))),
+        "{}",
+        out.stderr
+    );
+    assert!(!out_file.exists());
+    // Counts whose file cannot exist are refused before anything is written (not an abort).
+    for (n, message) in [
+        ("18446744073709551615", "overflows 64 bits"),
+        ("10000000000000", "free; draw fewer or write elsewhere"),
+    ] {
+        let out = sample(&["--observation", "0.1,0.2", "--num-samples", n]);
+        assert_eq!(out.code, Some(1), "{n}: {}", out.all_output());
+        assert!(
+            out.stderr.contains(&format!("--num-samples {n}: ")) && out.stderr.contains(message),
+            "{n}: {}",
+            out.stderr
+        );
+        assert!(!out_file.exists());
+    }
+    // A draw of several chunks: its rows are those of one small draw with the same seed,
+    // in HDF5 and CSV alike.
+    let big = d.join("big.h5");
+    let small = d.join("small.h5");
+    let n = 500_000;
+    for (path, count) in [(&big, n), (&small, 100)] {
+        let out = ok(lockstep(&[
+            "npe",
+            "sample",
+            s(&run),
+            "--observation",
+            "0.1,0.2",
+            "--num-samples",
+            &count.to_string(),
+            "--seed",
+            "9",
+            "--output",
+            s(path),
+        ]));
+        // Drawn in chunks, the memory does not grow with the count (one pass over all the
+        // rows held hundreds of MB here and aborted at 1e8).
+        let peak = out.stdout.split("(peak memory ").nth(1).map(|p| {
+            let (v, unit) = p.split_once(' ').unwrap();
+            let scale = match &unit[..2] {
+                "Gi" | "GB" => 1024.0,
+                "Ki" | "kB" | "KB" => 1.0 / 1024.0,
+                _ => 1.0,
+            };
+            v.parse::<f64>().unwrap() * scale
+        });
+        if let Some(mb) = peak {
+            assert!(mb < 150.0, "{count} samples: peak {mb} MB\n{}", out.stdout);
+        }
+    }
+    let read = |p: &Path| -> (Vec<usize>, Vec<f32>) {
+        let f = hdf5::File::open(p).unwrap();
+        let ds = f.dataset("samples").unwrap();
+        (ds.shape(), ds.read_raw::<f32>().unwrap())
+    };
+    let (shape, values) = read(&big);
+    assert_eq!(shape, [n, 2]);
+    assert!(values.iter().all(|v| v.is_finite()));
+    assert_eq!(&values[..200], &read(&small).1[..]);
+    let csv = d.join("big.csv");
+    ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0.1,0.2",
+        "--num-samples",
+        "70000",
+        "--seed",
+        "9",
+        "--output",
+        s(&csv),
+    ]));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 70_001);
+    let row: Vec<f32> = text
+        .lines()
+        .nth(70_000)
+        .unwrap()
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(row, values[2 * 69_999..2 * 70_000]);
+    // A P-P test that cannot fit in memory is refused before it starts.
+    let out = lockstep(&["npe", "pp", s(&run), "--injections", "100000000000000"]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr.contains("this P-P test needs about") && out.stderr.contains("--injections"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Issue 47 ("Also"): a stage that goes NaN under 2 MPI ranks stops every rank cleanly
+/// (one message naming training.stage_0.optimizer.lr, no MPI abort) and run.log says why;
+/// `npe sample` reports the fraction of samples outside the prior (also in the HDF5 file),
+/// and `--inside-prior` keeps only samples inside it, reporting the acceptance rate.
+#[test]
+fn a_nan_stage_ends_mpi_ranks_cleanly_and_samples_report_the_prior() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let moons =
+        settings(2, "none", 300, 1, 64, "").replace("{name: gaussian_linear, dim: 2}", "two_moons");
+    let nan = write(d, "nan.yaml", &moons.replace("lr: 0.003", "lr: 1.0e+30"));
+    let mut cmd = mpirun_command(2);
+    cmd.arg(LOCKSTEP)
+        .args(["npe", "train", s(&nan), "--train-dir", s(&d.join("nan"))]);
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    let all = out.all_output();
+    assert!(!out.success(), "{all}");
+    assert_eq!(
+        all.matches("lower training.stage_0.optimizer.lr").count(),
+        1,
+        "{all}"
+    );
+    assert!(
+        !all.contains("MPI_ABORT") && !all.contains("panicked") && !all.contains("learning_rate"),
+        "{all}"
+    );
+    let log = std::fs::read_to_string(d.join("nan/run.log")).unwrap();
+    assert!(
+        log.contains("stopped: ") && log.contains("optimizer.lr"),
+        "{log}"
+    );
+    // Ranks that read different settings (another host's copy) are stopped before the
+    // first update, cleanly: each rank reads `rank_N.yaml`, which differ in one value.
+    write(d, "rank_0.yaml", &moons);
+    write(d, "rank_1.yaml", &moons.replace("lr: 0.003", "lr: 0.002"));
+    let mut cmd = mpirun_command(2);
+    cmd.current_dir(d).args([
+        "sh",
+        "-c",
+        &format!(
+            "exec {LOCKSTEP} npe train rank_${{OMPI_COMM_WORLD_RANK}}.yaml --train-dir differ"
+        ),
+    ]);
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    let all = out.all_output();
+    assert!(!out.success(), "{all}");
+    assert!(
+        all.contains("the ranks of this job read different settings") && !all.contains("MPI_ABORT"),
+        "{all}"
+    );
+    assert!(!d.join("differ").exists(), "{all}");
+    // Samples and the prior's support [-1, 1]².
+    let cfg = write(d, "moons.yaml", &moons);
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let h5 = d.join("s.h5");
+    let out = ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0,0",
+        "--num-samples",
+        "2000",
+        "--output",
+        s(&h5),
+    ]));
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("lie outside the prior's support"))
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let outside: u64 = line.split(' ').next().unwrap().parse().unwrap();
+    let f = hdf5::File::open(&h5).unwrap();
+    let fraction = f
+        .dataset("fraction_outside_prior")
+        .unwrap()
+        .read_raw::<f64>()
+        .unwrap();
+    assert_eq!(fraction, [outside as f64 / 2000.0], "{line}");
+    let samples = f.dataset("samples").unwrap().read_raw::<f32>().unwrap();
+    let counted = samples
+        .chunks(2)
+        .filter(|r| r.iter().any(|v| v.abs() > 1.0))
+        .count() as u64;
+    assert_eq!(counted, outside, "{line}");
+    let csv = d.join("inside.csv");
+    let out = ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0,0",
+        "--num-samples",
+        "2000",
+        "--inside-prior",
+        "--output",
+        s(&csv),
+    ]));
+    assert!(out.stdout.contains("acceptance rate"), "{}", out.stdout);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 2001);
+    assert!(text
+        .lines()
+        .skip(1)
+        .flat_map(|l| l.split(',').map(|v| v.parse::<f32>().unwrap()))
+        .all(|v| v.abs() <= 1.0));
+}

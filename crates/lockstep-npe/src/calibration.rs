@@ -8,6 +8,7 @@
 //! per parameter.
 
 use crate::backend::TrainBackend;
+use crate::error::NpeError;
 use crate::model::NpeModel;
 use crate::task::{sample_rng, Task};
 use lockstep_core::rng::splitmix64;
@@ -99,21 +100,56 @@ pub fn injection(task: &dyn Task, seed: u64, i: u64) -> (Vec<f64>, Vec<f64>) {
     (theta, x)
 }
 
+/// The observation x of an injection as the network's float32 values, checked
+/// ([`crate::task::Standardization::observation`]).
+///
+/// Errors: [`NpeError::Data`] naming the injection and the value (`injection 7 (seed 3):
+/// the simulated x: value 2 is NaN`).
+pub fn injection_observation<B: TrainBackend>(
+    model: &NpeModel<B>,
+    x: &[f64],
+    seed: u64,
+    i: u64,
+) -> Result<Vec<f32>, NpeError> {
+    model
+        .network
+        .standardization
+        .observation(x)
+        .map_err(|m| NpeError::Data(format!("injection {i} (seed {seed}): the simulated x: {m}")))
+}
+
 /// Runs the P-P test: `injections` injections of `task` (keyed by `seed`), `samples` posterior
 /// samples each from `model` (base draws keyed by `seed` and the injection).
+///
+/// Errors: an injection whose x cannot reach the network ([`injection_observation`]).
 pub fn pp_test<B: TrainBackend>(
     model: &NpeModel<B>,
     task: &dyn Task,
     seed: u64,
     injections: usize,
     samples: usize,
-) -> PpResult {
+) -> Result<PpResult, NpeError> {
+    pp_test_with_progress(model, task, seed, injections, samples, &mut |_| {})
+}
+
+/// [`pp_test`], calling `progress(done)` after each injection (a long test reports how far
+/// it is).
+///
+/// Errors: as [`pp_test`].
+pub fn pp_test_with_progress<B: TrainBackend>(
+    model: &NpeModel<B>,
+    task: &dyn Task,
+    seed: u64,
+    injections: usize,
+    samples: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<PpResult, NpeError> {
     let d = task.theta_dim();
     let mut truths = Vec::with_capacity(injections);
     let mut percentiles = Vec::with_capacity(injections);
     for i in 0..injections as u64 {
         let (theta, x) = injection(task, seed, i);
-        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let xf = injection_observation(model, &x, seed, i)?;
         let s = model.sample(&xf, samples, splitmix64(seed ^ 0xA5A5) ^ i);
         let row: Vec<f64> = (0..d)
             .map(|j| {
@@ -125,6 +161,7 @@ pub fn pp_test<B: TrainBackend>(
             .collect();
         truths.push(theta);
         percentiles.push(row);
+        progress(i as usize + 1);
     }
     let mut r = PpResult {
         names: task.parameter_names(),
@@ -133,7 +170,7 @@ pub fn pp_test<B: TrainBackend>(
         p_values: Vec::new(),
     };
     r.p_values = (0..d).map(|j| ks_uniform(&r.column(j)).1).collect();
-    r
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -156,6 +193,53 @@ mod tests {
         assert!(ks_uniform(&u).1 > 0.01);
         let shifted: Vec<f64> = u.iter().map(|v| v * 0.9).collect();
         assert!(ks_uniform(&shifted).1 < 1e-3);
+    }
+
+    /// Issue 47: a long P-P test reports each injection to its progress callback, and an
+    /// injection whose simulated x cannot reach the network is refused by name.
+    #[test]
+    fn pp_reports_progress_and_refuses_unusable_injections() {
+        use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork};
+        use crate::task::Standardization;
+        use crate::tasks::GaussianLinear;
+        use crate::CpuAutodiff;
+        let config = NetworkConfig {
+            embedding: EmbeddingConfig {
+                hidden_dims: vec![4],
+                output_dim: 2,
+                norm: Default::default(),
+                projection: None,
+            },
+            flow: FlowConfig {
+                num_flow_steps: 1,
+                hidden_dim: 4,
+                num_transform_blocks: 1,
+                num_bins: 4,
+                tail_bound: 3.0,
+                norm: Default::default(),
+            },
+        };
+        let net = NpeNetwork::new(config, 2, 2, Standardization::identity(2, 2), 1).unwrap();
+        let model = NpeModel::<CpuAutodiff>::new(net, 1, Default::default());
+        let mut seen = Vec::new();
+        let r = pp_test_with_progress(&model, &GaussianLinear::new(2), 3, 5, 20, &mut |done| {
+            seen.push(done)
+        })
+        .unwrap();
+        assert_eq!(seen, [1, 2, 3, 4, 5]);
+        assert_eq!(r.percentiles.len(), 5);
+        // Variances of 1e80: x of order 1e40 does not fit float32.
+        let huge = GaussianLinear {
+            dim: 2,
+            prior_scale: 1.0,
+            simulator_scale: 1e80,
+        };
+        let e = pp_test(&model, &huge, 3, 5, 20).unwrap_err().to_string();
+        assert!(
+            e.starts_with("injection 0 (seed 3): the simulated x: value ")
+                && e.contains("beyond float32's range"),
+            "{e}"
+        );
     }
 
     #[test]

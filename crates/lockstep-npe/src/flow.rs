@@ -595,12 +595,20 @@ impl NpeNetwork {
     /// The partition of the parameters that freezes `blocks` (dotted name prefixes, see
     /// [`NpeNetwork::block_names`]) and trains the rest.
     ///
-    /// Errors: a prefix that names no parameter (with the network's block names).
+    /// Errors: a prefix that names no parameter (with the network's block names), or blocks
+    /// that together freeze every parameter.
     pub fn freezing(&self, blocks: &[String]) -> Result<Partition, NpeError> {
         let (partition, counts) = Partition::freezing(self.layout(), blocks);
         if let Some((block, _)) = blocks.iter().zip(&counts).find(|(_, &c)| c == 0) {
             return Err(NpeError::Invalid(format!(
                 "`{block}` names no parameter of the network; its blocks are: {}",
+                self.block_names().join(", ")
+            )));
+        }
+        if partition.trainable_len() == 0 {
+            return Err(NpeError::Invalid(format!(
+                "[{}] freezes every parameter of the network, so there would be nothing to train; leave at least one block trainable (the blocks are: {})",
+                blocks.join(", "),
                 self.block_names().join(", ")
             )));
         }
@@ -714,12 +722,24 @@ impl NpeNetwork {
         n: usize,
         seed: u64,
     ) -> Vec<f32> {
+        self.sample_from(pass, x, n, &mut SplitMix64::new(seed))
+    }
+
+    /// [`NpeNetwork::sample`] with the base draws taken from `rng` (which advances by
+    /// `n * theta_dim` normal draws): consecutive calls on one stream give the rows of one
+    /// call for all of them, so a large draw can be made in chunks.
+    pub fn sample_from<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: &[f32],
+        n: usize,
+        rng: &mut SplitMix64,
+    ) -> Vec<f32> {
         // One context row, repeated: in evaluation mode every row of the embedding is
         // computed independently, so this equals embedding n copies of x.
         let context = self.context(pass, x, 1).repeat_dim(0, n);
         let device = context.device();
         let d = self.theta_dim;
-        let mut rng = SplitMix64::new(seed);
         let zv: Vec<f32> = (0..n * d).map(|_| rng.normal() as f32).collect();
         let mut z = Tensor::<B, 2>::from_data(TensorData::new(zv, [n, d]), &device);
         for step in self.steps.iter().rev() {

@@ -26,7 +26,7 @@
 //! computed with LALSuite (lal 7.7.1, lalsimulation 6.2.1; the `lalsuite` 7.26.16 wheel) by
 //! `scripts/taylorf2_lal_reference.py`; `tests/gw_waveform.rs` compares against them.
 
-use crate::task::{BasisLayout, Task};
+use crate::task::{BasisLayout, PriorBound, Task};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
@@ -398,6 +398,17 @@ impl Task for GwChirp {
         .iter()
         .map(|s| s.to_string())
         .collect()
+    }
+    /// The priors' bounds; the coalescence phase is periodic on `[0, 2π)`.
+    fn prior_bounds(&self) -> Vec<PriorBound> {
+        let i = |[a, b]: [f64; 2]| PriorBound::interval(a, b);
+        vec![
+            i(self.chirp_mass),
+            i(self.mass_ratio),
+            i(self.luminosity_distance),
+            i(self.coalescence_time),
+            PriorBound::periodic(0.0, 2.0 * PI),
+        ]
     }
     fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]) {
         self.draw_prior(rng, theta);

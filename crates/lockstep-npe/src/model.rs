@@ -151,6 +151,40 @@ impl<B: TrainBackend> NpeModel<B> {
         self.network.sample(&mut pass, x, n, seed)
     }
 
+    /// Up to `n` posterior samples for the observation `x` drawn `chunk` rows at a time, each
+    /// chunk (`[rows * theta_dim]`) handed to `write` as soon as it is drawn, so memory stays
+    /// bounded by the chunk whatever `n` is; `write` returns whether to go on. The rows equal
+    /// those of [`NpeModel::sample`] with the same seed (one base stream, consumed in order).
+    ///
+    /// Errors: the first error `write` returns (drawing stops there).
+    pub fn sample_chunks<E>(
+        &self,
+        x: &[f32],
+        n: u64,
+        seed: u64,
+        chunk: usize,
+        mut write: impl FnMut(&[f32]) -> Result<bool, E>,
+    ) -> Result<(), E> {
+        let p = Params::<B::InnerBackend>::from_flat(
+            self.network.layout(),
+            &self.parameters(),
+            &self.device,
+        );
+        let mut state = self.state().to_vec();
+        let mut rng = lockstep_core::rng::SplitMix64::new(seed);
+        let mut done = 0u64;
+        while done < n {
+            let rows = (n - done).min(chunk.max(1) as u64) as usize;
+            let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
+            let s = self.network.sample_from(&mut pass, x, rows, &mut rng);
+            done += rows as u64;
+            if !write(&s)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The memory one replica needs to train on `local_batch` samples: the flat parameters,
     /// their per-pass tensor copies, the leaf gradients and the flat gradient (4 x P f32), and
     /// the activations the autodiff tape keeps (estimated per sample, times the batch, times 2

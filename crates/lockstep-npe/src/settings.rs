@@ -507,24 +507,167 @@ fn resolve_norm(
     }
 }
 
-/// `training.stage_N.optimizer` (`k` is its key): no Adam L2 weight decay.
+/// `value` is in `[lo, hi)`, or the error for `key` (written as the user wrote it).
+fn in_range(key: &str, value: f64, lo: f64, hi: f64, hint: &str) -> Result<(), ConfigError> {
+    if value >= lo && value < hi {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            key,
+            format!("{value} is out of range: {hint}"),
+        ))
+    }
+}
+
+/// `training.stage_N.optimizer` (`k` is its key): every value in the range the optimizer
+/// accepts, each error naming the key as the settings file writes it (`lr`, `betas`, `eps`,
+/// `weight_decay`, `momentum`; the engine's own names never appear), and no Adam L2 weight
+/// decay. The learning rate must also be positive in float32 (the engine's precision).
 fn check_optimizer(k: &str, o: &OptimizerSettings) -> Result<(), ConfigError> {
-    match o {
+    let lr = match o {
+        OptimizerSettings::Adam { lr, .. }
+        | OptimizerSettings::AdamW { lr, .. }
+        | OptimizerSettings::Sgd { lr, .. } => *lr,
+    };
+    if !(lr.is_finite() && lr > 0.0 && (lr as f32) > 0.0 && (lr as f32).is_finite()) {
+        return Err(ConfigError::new(
+            format!("{k}.lr"),
+            format!("must be a positive number (in float32's range), found {lr}; Dingo uses 1e-4 to 1e-3"),
+        ));
+    }
+    let (betas, eps, weight_decay) = match o {
         OptimizerSettings::Adam {
-            weight_decay: Some(w),
+            betas,
+            eps,
+            weight_decay,
             ..
-        } if *w != 0.0 => Err(not_yet(
+        } => {
+            if weight_decay.is_some_and(|w| w != 0.0) {
+                return Err(not_yet(
+                    &format!("{k}.weight_decay"),
+                    "Adam's L2 weight decay (use `type: adamw` for decoupled weight decay)",
+                ));
+            }
+            (betas, eps, None)
+        }
+        OptimizerSettings::AdamW {
+            betas,
+            eps,
+            weight_decay,
+            ..
+        } => (betas, eps, *weight_decay),
+        OptimizerSettings::Sgd { momentum, .. } => {
+            if let Some(m) = momentum {
+                in_range(
+                    &format!("{k}.momentum"),
+                    *m,
+                    0.0,
+                    1.0,
+                    "use 0 <= momentum < 1 (e.g. 0.9)",
+                )?;
+            }
+            return Ok(());
+        }
+    };
+    if let Some([b1, b2]) = betas {
+        for (i, b) in [b1, b2].into_iter().enumerate() {
+            if !(*b >= 0.0 && *b < 1.0) {
+                return Err(ConfigError::new(
+                    format!("{k}.betas"),
+                    format!("{b} (betas[{i}]) is out of range: each of betas must be in [0, 1) (PyTorch's default [0.9, 0.999])"),
+                ));
+            }
+        }
+    }
+    if let Some(e) = eps {
+        in_range(
+            &format!("{k}.eps"),
+            *e,
+            f32::MIN_POSITIVE as f64,
+            1.0,
+            "use a small positive number such as 1e-8 (at least float32's 1.2e-38)",
+        )?;
+    }
+    if let Some(w) = weight_decay {
+        in_range(
             &format!("{k}.weight_decay"),
-            "Adam's L2 weight decay (use `type: adamw` for decoupled weight decay)",
-        )),
-        _ => Ok(()),
+            w,
+            0.0,
+            1.0,
+            "use 0 <= weight_decay < 1 (AdamW's default is 0.01)",
+        )?;
+    }
+    Ok(())
+}
+
+/// The base learning rate of an optimizer (`lr`).
+fn learning_rate(o: &OptimizerSettings) -> f64 {
+    match o {
+        OptimizerSettings::Adam { lr, .. }
+        | OptimizerSettings::AdamW { lr, .. }
+        | OptimizerSettings::Sgd { lr, .. } => *lr,
+    }
+}
+
+/// The key a settings file writes for a key of the engine's config of stage `stage`
+/// (`training.optimizer.learning_rate` is `training.stage_N.optimizer.lr`, ...): what a
+/// message about an engine key must name. Keys the engine derives from several settings
+/// keys name the stage.
+pub fn settings_key(stage: usize, engine_key: &str) -> String {
+    let sk = format!("training.stage_{stage}");
+    let tail = engine_key
+        .strip_prefix("training.optimizer.")
+        .map(|t| match t {
+            "learning_rate" => "optimizer.lr".to_string(),
+            "beta1" | "beta2" => "optimizer.betas".to_string(),
+            "epsilon" => "optimizer.eps".to_string(),
+            "weight_decay" => "optimizer.weight_decay".to_string(),
+            "momentum" => "optimizer.momentum".to_string(),
+            "schedule.min_learning_rate" => "scheduler (eta_min or min_lr)".to_string(),
+            "schedule.gamma" => "scheduler.gamma".to_string(),
+            "schedule.factor" => "scheduler.factor".to_string(),
+            "schedule.threshold" => "scheduler.threshold".to_string(),
+            "schedule.step_updates" => "scheduler.step_size".to_string(),
+            other => format!("optimizer ({other})"),
+        });
+    match (tail, engine_key) {
+        (Some(t), _) => format!("{sk}.{t}"),
+        (None, "run.batch_size") => format!("{sk}.batch_size"),
+        (None, "training.epochs") => format!("{sk}.epochs"),
+        (None, k) if k.starts_with("training.gradient_updates") => {
+            format!("{sk}.gradient_updates_per_optimizer_step")
+        }
+        (None, k) if k.starts_with("output") => "--train-dir".to_string(),
+        (None, k) if k.starts_with("training.checkpoint") => "local.checkpoint_epochs".into(),
+        (None, k) if k.starts_with("training.log") => "local.log_every".into(),
+        (None, _) => sk,
     }
 }
 
 /// `training.stage_N.scheduler` (`k` is its key): constant, cosine with `T_max` at least 1
 /// or step with `step_size` at least 1 and `gamma` in (0, 1].
-fn check_scheduler(k: &str, s: Option<&SchedulerSettings>) -> Result<(), ConfigError> {
+fn check_scheduler(k: &str, s: Option<&SchedulerSettings>, lr: f64) -> Result<(), ConfigError> {
     match s {
+        Some(SchedulerSettings::Cosine { eta_min, .. }) if !(0.0..=lr).contains(eta_min) => {
+            Err(ConfigError::new(
+                format!("{k}.eta_min"),
+                format!("{eta_min} must lie between 0 and the stage's optimizer.lr {lr}"),
+            ))
+        }
+        Some(SchedulerSettings::ReduceOnPlateau { min_lr, .. }) if !(0.0..=lr).contains(min_lr) => {
+            Err(ConfigError::new(
+                format!("{k}.min_lr"),
+                format!("{min_lr} must lie between 0 and the stage's optimizer.lr {lr}"),
+            ))
+        }
+        Some(SchedulerSettings::ReduceOnPlateau { threshold, .. })
+            if !(0.0..1.0).contains(threshold) =>
+        {
+            Err(ConfigError::new(
+                format!("{k}.threshold"),
+                format!("{threshold} is not in [0, 1)"),
+            ))
+        }
         Some(SchedulerSettings::ReduceOnPlateau { factor, .. })
             if !(*factor > 0.0 && *factor < 1.0) =>
         {
@@ -548,6 +691,9 @@ fn check_scheduler(k: &str, s: Option<&SchedulerSettings>) -> Result<(), ConfigE
     }
 }
 
+/// The widest spline interval `[-B, B]` accepted (`tail_bound`, in standardized units).
+pub const MAX_TAIL_BOUND: f64 = 100.0;
+
 /// The name of the SVD-initialized layer that `freeze_rb_layer` freezes (Dingo's name).
 pub const RB_LAYER: &str = "embedding_net.layers_rb";
 
@@ -559,6 +705,89 @@ fn only(key: &str, given: &Option<String>, allowed: &str) -> Result<(), ConfigEr
         )),
         _ => Ok(()),
     }
+}
+
+/// Parses YAML text into JSON: a key given twice in one mapping is refused with its line
+/// (not "the last one wins"), and `.nan` / `.inf` are refused by their key (JSON has no such
+/// numbers; they would otherwise read as null). Tags are dropped; keys that are not strings
+/// are written as YAML writes them.
+///
+/// Errors: not YAML, a duplicate key (line and column), a non-finite number (its key).
+pub fn yaml_to_json(text: &str) -> Result<Value, ConfigError> {
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| {
+        let m = e.to_string();
+        // serde_yaml_ng: `[PATH: ]duplicate entry with key "K" at line L column C` (the
+        // location of the mapping that holds the key twice).
+        match m.split_once("duplicate entry with key ") {
+            Some((path, rest)) => {
+                let (key, at) = rest.split_once(" at ").unwrap_or((rest, ""));
+                let at = if at.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (in the mapping at {at})")
+                };
+                ConfigError::new(
+                    path.trim_end_matches(": "),
+                    format!("the key {key} is given twice{at}; give each key once (YAML would keep only the last)"),
+                )
+            }
+            None => ConfigError::new("", format!("not valid YAML: {m}")),
+        }
+    })?;
+    convert_yaml(yaml, "")
+}
+
+fn convert_yaml(v: serde_yaml_ng::Value, key: &str) -> Result<Value, ConfigError> {
+    use serde_yaml_ng::Value as Y;
+    Ok(match v {
+        Y::Null => Value::Null,
+        Y::Bool(b) => Value::Bool(b),
+        Y::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                json!(i)
+            } else if let Some(u) = n.as_u64() {
+                json!(u)
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if !f.is_finite() {
+                    return Err(ConfigError::new(
+                        key,
+                        format!("{n} is not a finite number; give a finite value"),
+                    ));
+                }
+                json!(f)
+            }
+        }
+        Y::String(s) => Value::String(s),
+        Y::Sequence(items) => Value::Array(
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| convert_yaml(item, &format!("{key}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+        Y::Mapping(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in m {
+                let name = match k {
+                    Y::String(s) => s,
+                    other => serde_yaml_ng::to_string(&other)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
+                };
+                let path = if key.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{key}.{name}")
+                };
+                let value = convert_yaml(v, &path)?;
+                out.insert(name, value);
+            }
+            Value::Object(out)
+        }
+        Y::Tagged(t) => convert_yaml(t.value, key)?,
+    })
 }
 
 /// How the replicas of a run are launched, decided by the caller from the launch.
@@ -573,11 +802,11 @@ pub enum Launch {
 impl NpeSettings {
     /// Parses YAML settings text (Dingo's `True`/`False` are booleans) and checks them.
     ///
-    /// Errors: not YAML (line and column), unknown keys (with the nearest key), values out
+    /// Errors: not YAML (line and column), a key given twice in one mapping (its line), a
+    /// non-finite number (`.nan`, `.inf`: its key), unknown keys (with the nearest key), values out
     /// of range, or keys of features not implemented yet ([`NpeSettings::from_value`]).
     pub fn from_yaml(text: &str) -> Result<(NpeSettings, Value), ConfigError> {
-        let value: Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| ConfigError::new("", format!("not valid YAML: {e}")))?;
+        let value = yaml_to_json(text)?;
         let s = Self::from_value(&value)?;
         Ok((s, value))
     }
@@ -695,6 +924,39 @@ impl NpeSettings {
             return Err(not_yet(&format!("{bk}.dropout_probability"), "dropout"));
         }
         resolve_norm(bk, b.batch_norm, b.norm)?;
+        if !(b.tail_bound > 0.0 && b.tail_bound <= MAX_TAIL_BOUND) {
+            return Err(ConfigError::new(
+                format!("{bk}.tail_bound"),
+                format!(
+                    "{} is out of range: the spline's interval [-B, B] is in standardized units (the data's standard deviations), so use 0 < B <= {MAX_TAIL_BOUND} (Dingo: 1.0; sbi: 3 to 5); a float32 spline over a wider interval has bins too coarse to resolve the data and goes NaN",
+                    b.tail_bound
+                ),
+            ));
+        }
+        if b.num_bins < 2 {
+            return Err(ConfigError::new(
+                format!("{bk}.num_bins"),
+                format!(
+                    "{} is too few: a spline needs at least 2 bins (Dingo: 8)",
+                    b.num_bins
+                ),
+            ));
+        }
+        for (key, v) in [
+            ("num_flow_steps", p.num_flow_steps),
+            ("base_transform_kwargs.hidden_dim", b.hidden_dim),
+            (
+                "base_transform_kwargs.num_transform_blocks",
+                b.num_transform_blocks,
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::new(
+                    format!("model.posterior_kwargs.{key}"),
+                    "must be at least 1",
+                ));
+            }
+        }
         let output_dim = m.embedding_kwargs.output_dim;
         if let Some(c) = p.context_dim.filter(|&c| c != output_dim) {
             return Err(ConfigError::new(
@@ -724,6 +986,21 @@ impl NpeSettings {
             return Err(not_yet(&format!("{ek}.dropout"), "dropout"));
         }
         resolve_norm(ek, e.batch_norm, e.norm)?;
+        if e.output_dim == 0 {
+            return Err(ConfigError::new(
+                format!("{ek}.output_dim"),
+                "must be at least 1",
+            ));
+        }
+        if e.hidden_dims.is_empty() || e.hidden_dims.contains(&0) {
+            return Err(ConfigError::new(
+                format!("{ek}.hidden_dims"),
+                format!(
+                    "{:?}: give a non-empty list of positive widths, e.g. [64, 64]",
+                    e.hidden_dims
+                ),
+            ));
+        }
         if let Some(dims) = &e.input_dims {
             if dims.iter().product::<usize>() != task.x_dim() {
                 return Err(ConfigError::new(
@@ -761,6 +1038,15 @@ impl NpeSettings {
                     ));
                 }
             }
+            let net = self.network_config();
+            let batch_norm =
+                net.embedding.norm == Norm::BatchNorm || net.flow.norm == Norm::BatchNorm;
+            if batch_norm && st.batch_size < 2 {
+                return Err(ConfigError::new(
+                    format!("{sk}.batch_size"),
+                    "is 1, but BatchNorm normalizes by the batch's variance, which one sample does not have; use a batch of at least 2 or norm: layer_norm",
+                ));
+            }
             if st.freeze_rb_layer == Some(true) && self.model.embedding_kwargs.svd.is_none() {
                 return Err(ConfigError::new(
                     format!("{sk}.freeze_rb_layer"),
@@ -780,7 +1066,11 @@ impl NpeSettings {
                 ));
             }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
-            check_scheduler(&format!("{sk}.scheduler"), st.scheduler.as_ref())?;
+            check_scheduler(
+                &format!("{sk}.scheduler"),
+                st.scheduler.as_ref(),
+                learning_rate(&st.optimizer),
+            )?;
             let plateau = matches!(
                 st.scheduler,
                 Some(SchedulerSettings::ReduceOnPlateau { .. })
@@ -1356,5 +1646,74 @@ local:
         );
         let e = err(&two.replace("  stage_1:", "  stage_01:"));
         assert!(e.starts_with("training.stage_01: "), "{e}");
+    }
+
+    /// Issue 47: a key given twice is refused with its line, `.nan` / `.inf` by their key,
+    /// and optimizer values by the keys the file has (never the engine's names).
+    #[test]
+    fn duplicate_keys_non_finite_numbers_and_optimizer_values_are_refused_as_written() {
+        let e = err(&GOOD.replace("    epochs: 3\n", "    epochs: 3\n    epochs: 4\n"));
+        assert!(
+            e.starts_with("training.stage_0: the key \"epochs\" is given twice (in the mapping at line 24 column 5)"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("num_bins: 8", "num_bins: 8\n      tail_bound: .nan"));
+        assert!(
+            e.starts_with("model.posterior_kwargs.base_transform_kwargs.tail_bound: ")
+                && e.contains("not a finite number"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("lr: 0.001}", "lr: .inf}"));
+        assert!(e.starts_with("training.stage_0.optimizer.lr: "), "{e}");
+        for (to, key) in [
+            ("{type: adam, lr: -0.1}", "lr"),
+            ("{type: adam, lr: 1.0e-60}", "lr"),
+            ("{type: adam, lr: 0.001, betas: [0.9, 1.0]}", "betas"),
+            ("{type: adam, lr: 0.001, eps: 2.0}", "eps"),
+            (
+                "{type: adamw, lr: 0.001, weight_decay: -1.0}",
+                "weight_decay",
+            ),
+            ("{type: sgd, lr: 0.001, momentum: 1.0}", "momentum"),
+        ] {
+            let e = err(&GOOD.replace("{type: adam, lr: 0.001}", to));
+            assert!(
+                e.starts_with(&format!("training.stage_0.optimizer.{key}: ")),
+                "{to}: {e}"
+            );
+        }
+        for bound in ["0", "-1.0", "10000.0"] {
+            let e = err(&GOOD.replace(
+                "num_bins: 8",
+                &format!("num_bins: 8\n      tail_bound: {bound}"),
+            ));
+            assert!(
+                e.starts_with("model.posterior_kwargs.base_transform_kwargs.tail_bound: "),
+                "{bound}: {e}"
+            );
+        }
+        let e = err(&GOOD
+            .replace("norm: LayerNorm", "norm: batch_norm")
+            .replace("batch_size: 64", "batch_size: 1"));
+        assert!(
+            e.starts_with("training.stage_0.batch_size: is 1, but BatchNorm"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("hidden_dims: [16, 16]", "hidden_dims: [16, 0]"));
+        assert!(e.starts_with("model.embedding_kwargs.hidden_dims: "), "{e}");
+        let e = err(&GOOD.replace("T_max: 3}", "T_max: 3, eta_min: 0.1}"));
+        assert!(e.starts_with("training.stage_0.scheduler.eta_min: "), "{e}");
+        assert_eq!(
+            settings_key(1, "training.optimizer.learning_rate"),
+            "training.stage_1.optimizer.lr"
+        );
+        assert_eq!(
+            settings_key(0, "training.optimizer.beta2"),
+            "training.stage_0.optimizer.betas"
+        );
+        assert_eq!(
+            settings_key(2, "training.optimizer.epsilon"),
+            "training.stage_2.optimizer.eps"
+        );
     }
 }

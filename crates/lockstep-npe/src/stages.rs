@@ -2,9 +2,15 @@
 //! run one after the other by lockstep-train's engine, serially, as thread replicas
 //! (`local.replicas`) or as one MPI rank per replica (`mpirun`/`srun`).
 //!
-//! [`train_stages`] first reads and checks everything: the settings, every stage's engine
-//! config and frozen blocks, and the stage a `--resume` checkpoint belongs to; a failure ends
-//! every rank with one message before any output exists. Then:
+//! [`train_stages`] first reads and checks everything: the settings, the data's scale
+//! ([`crate::trained::checked_network`]), every stage's engine config and frozen blocks (a
+//! stage may not freeze every block), and where a `--resume` checkpoint continues; a failure
+//! ends every rank with one message before any output exists. A `--resume` path may be
+//! relative. A checkpoint in the middle of stage N resumes stage N through the engine
+//! (optimizer state and schedule); one with all of stage N's updates continues with stage
+//! N+1 from its parameters (as Dingo does), provided the settings keep the data, model and
+//! stages up to N of the run that wrote it; a checkpoint that ends the last stage is refused
+//! (add a stage to train further). Then:
 //!
 //! - a run of one stage trains into `train_dir` itself; a run of several stages into one run
 //!   directory per stage, `train_dir/stage_N` ([`crate::trained::stage_dir`]), and the chief
@@ -20,6 +26,10 @@
 //!   (runs of several stages) and evaluates the test loss over the held-out simulations
 //!   (`data.num_samples` beyond the training share), printed and appended to the log.
 //!
+//! A loss or parameter that becomes non-finite stops the stage with a message naming
+//! `training.stage_N.optimizer.lr` and the data, appended to the stage's run.log; every
+//! replica sees the same value, so every rank ends cleanly (an agreed error, no MPI abort).
+//!
 //! The chief prints the reduced-basis report, one line per stage and the test loss to its
 //! standard output and appends them to the run's log file; the engine prints its own log
 //! lines. Messages name the settings file as given and the options of `lockstep npe train`
@@ -28,7 +38,7 @@
 use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::model::{NpeModel, EXPORT_FILE};
-use crate::settings::{Launch, NpeSettings};
+use crate::settings::{settings_key, Launch, NpeSettings, OptimizerSettings};
 use crate::svd::ReducedBasis;
 use crate::tasks::TaskSource;
 use crate::trained;
@@ -65,11 +75,17 @@ struct Prepared {
     configs: Vec<(Value, EngineConfig)>,
     /// The folder holding `stage_N` run directories (runs of several stages only).
     stages_dir: Option<PathBuf>,
-    /// The stage to start with and the checkpoint to resume it from.
+    /// The stage to start with and the checkpoint to resume it from (mid-stage, through
+    /// the engine).
     first_stage: usize,
     resume: Option<PathBuf>,
+    /// The checkpoint at the end of the stage before `first_stage` that `first_stage`
+    /// starts from (a resumed run whose checkpoint ends a stage).
+    start_from: Option<PathBuf>,
     /// Replicas of this launch ([`NpeSettings::replicas`]).
     replicas: usize,
+    /// Notes about the data for the log (constant x components left unscaled).
+    data_notes: Vec<String>,
 }
 
 /// `path` made absolute against the current directory.
@@ -78,8 +94,97 @@ fn absolute(path: &Path) -> Result<PathBuf, NpeError> {
         .map_err(|e| NpeError::io(format!("cannot resolve {}", path.display()), e))
 }
 
-/// Reads the settings, checks them (every stage's engine config and frozen blocks), and
-/// finds the stage a `--resume` checkpoint belongs to; no output is touched.
+/// An engine config error of stage `stage`, its key renamed to the settings file's key
+/// ([`settings_key`]) and the file named.
+fn in_settings(e: TrainError, file: &Path, stage: usize) -> TrainError {
+    match e {
+        TrainError::Config(mut c) => {
+            c.key = settings_key(stage, &c.key);
+            TrainError::Config(c.in_file(file))
+        }
+        TrainError::Refused(inner) => {
+            TrainError::Refused(Box::new(in_settings(*inner, file, stage)))
+        }
+        other => other,
+    }
+}
+
+/// Where a resumed run starts: `(first stage, checkpoint the engine resumes mid-stage,
+/// checkpoint at the end of the previous stage that the first stage starts from)`.
+///
+/// A checkpoint with every update of its stage N ends that stage: the run continues with
+/// stage N+1 from its parameters (as Dingo does), provided the settings describe the same
+/// data, model and stages up to N as the run that wrote it. A checkpoint of the last stage
+/// that ends it leaves nothing to train and is refused.
+fn resume_point(
+    request: &TrainRequest,
+    settings: &NpeSettings,
+    dir: &Path,
+    updates_of: impl Fn(usize) -> Result<u64, NpeError>,
+) -> Result<(usize, Option<PathBuf>, Option<PathBuf>), NpeError> {
+    let Some(given) = &request.resume else {
+        return Ok((0, None, None));
+    };
+    let file = &request.settings_file;
+    let n = settings.stages().len();
+    let checkpoint = trained::resolve_checkpoint(&absolute(given)?)?;
+    let (run_dir, old, stage) = trained::run_settings(&checkpoint)?;
+    let shown = given.display();
+    if stage >= n {
+        return Err(NpeError::Invalid(format!(
+            "--resume {shown}: the checkpoint is of training.stage_{stage}, but {} has {n} stage(s)",
+            file.display()
+        )));
+    }
+    let update = lockstep_train::checkpoint::read(&checkpoint)?.update;
+    let updates = updates_of(stage)?;
+    if update < updates {
+        return Ok((stage, Some(checkpoint), None));
+    }
+    // The checkpoint ends its stage.
+    let differs = if old.data != settings.data {
+        Some("data")
+    } else if old.model != settings.model {
+        Some("model")
+    } else {
+        (0..=stage)
+            .find(|&k| old.stages().get(k) != settings.stages().get(k))
+            .map(|_| "training")
+    };
+    if let Some(section) = differs {
+        let key = if section == "training" {
+            (0..=stage)
+                .find(|&k| old.stages().get(k) != settings.stages().get(k))
+                .map(|k| format!("training.stage_{k}"))
+                .unwrap_or_default()
+        } else {
+            section.to_string()
+        };
+        return Err(NpeError::Invalid(format!(
+            "--resume {shown}: {}'s {key} differs from the settings of the run that wrote the checkpoint ({}); the stage after a finished one continues only with the same data, model and earlier stages",
+            file.display(),
+            run_dir.join("config.json").display()
+        )));
+    }
+    if stage + 1 >= n {
+        return Err(NpeError::Invalid(format!(
+            "--resume {shown}: the checkpoint ends training.stage_{stage} (all its {updates} updates), the last stage of {}, so nothing is left to train; to train further, add a training.stage_{} to the settings (it starts from this checkpoint with its own optimizer and schedule)",
+            file.display(),
+            stage + 1
+        )));
+    }
+    if old.stages().len() == 1 && run_dir == dir {
+        return Err(NpeError::Invalid(format!(
+            "--resume {shown}: the checkpoint ends the one-stage run in {}, which trained into the folder itself; a run of several stages keeps each stage in TRAIN_DIR/stage_N, so pass another --train-dir (training.stage_{} starts there from this checkpoint)",
+            dir.display(),
+            stage + 1
+        )));
+    }
+    Ok((stage + 1, None, Some(checkpoint)))
+}
+
+/// Reads the settings, checks them (the data's scale, every stage's engine config and frozen
+/// blocks), and finds where a `--resume` checkpoint continues; no output is touched.
 fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> {
     let file = &request.settings_file;
     let (settings, raw) = NpeSettings::from_yaml_file(file)?;
@@ -91,42 +196,39 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
     let dir = absolute(&request.train_dir)?;
     let n = settings.stages().len();
     let stages_dir = (n > 1).then(|| dir.clone());
-    let (first_stage, resume) = match &request.resume {
-        None => (0, None),
-        Some(p) => {
-            let checkpoint = trained::resolve_checkpoint(p)?;
-            let (_, _, stage) = trained::run_settings(&checkpoint)?;
-            (stage, Some(checkpoint))
-        }
-    };
-    if first_stage >= n {
-        return Err(NpeError::Invalid(format!(
-            "--resume {}: the checkpoint is of training.stage_{first_stage}, but {} has {n} stage(s)",
-            request.resume.as_deref().unwrap_or(Path::new("")).display(),
-            file.display()
-        )));
-    }
-    let mut configs = Vec::with_capacity(n);
-    for stage in 0..n {
-        let (out, overwrite) = match &stages_dir {
-            // Later stages of a resumed run replace what an interrupted attempt left.
-            Some(d) => (
-                trained::stage_dir(d, stage),
-                stage > first_stage && resume.is_some(),
-            ),
-            None => (dir.clone(), request.overwrite),
+    let config = |stage: usize, overwrite: bool| -> Result<(Value, EngineConfig), NpeError> {
+        let out = match &stages_dir {
+            Some(d) => trained::stage_dir(d, stage),
+            None => dir.clone(),
         };
         let json = settings
             .engine_config(stage, &raw, launch, &out, overwrite)
             .map_err(|e| e.in_file(file))?;
-        let cfg = EngineConfig::from_json(&json, Path::new("/")).map_err(|e| match e {
-            TrainError::Config(c) => TrainError::Config(c.in_file(file)),
-            other => other,
-        })?;
-        configs.push((json, cfg));
+        let cfg = EngineConfig::from_json(&json, Path::new("/"))
+            .map_err(|e| in_settings(e, file, stage))?;
+        Ok((json, cfg))
+    };
+    let (first_stage, resume, start_from) = resume_point(request, &settings, &dir, |stage| {
+        Ok(config(stage, false)?.1.updates)
+    })?;
+    let mut configs = Vec::with_capacity(n);
+    for stage in 0..n {
+        let overwrite = match &stages_dir {
+            // Stages a resumed run starts afresh replace what an interrupted attempt left.
+            Some(_) => {
+                request.resume.is_some()
+                    && (stage > first_stage || (stage == first_stage && start_from.is_some()))
+            }
+            None => request.overwrite,
+        };
+        configs.push(config(stage, overwrite)?);
     }
     let task = settings.task()?;
-    let network = trained::network(&settings, task.as_ref())?;
+    let (network, data_notes) =
+        trained::checked_network(&settings, task.as_ref()).map_err(|e| match e {
+            NpeError::Config(c) => NpeError::Config(c.in_file(file)),
+            other => other,
+        })?;
     for stage in 0..n {
         network
             .freezing(&settings.frozen_blocks(stage))
@@ -140,7 +242,9 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         stages_dir,
         first_stage,
         resume,
+        start_from,
         replicas,
+        data_notes,
     })
 }
 
@@ -176,7 +280,7 @@ fn create_stages_dir(dir: &Path, overwrite: bool, resumed_inside: bool) -> Resul
 }
 
 /// The (parameters, running statistics) a finished stage ended with, in layout order, read
-/// from its run directory's latest checkpoint.
+/// from its run directory's latest checkpoint (or the checkpoint file `run_dir` names).
 ///
 /// Errors: the checkpoint cannot be read or does not fit the network.
 fn stage_result(run_dir: &Path) -> Result<(Vec<f32>, Vec<f32>), NpeError> {
@@ -201,12 +305,17 @@ fn for_agreement<T>(result: Result<T, NpeError>) -> Result<T, TrainError> {
 /// reduced-basis SVD, or I/O on the run's files.
 pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeError> {
     let p = agree_on_validation(world.comm(), for_agreement(prepare(request, world)))?;
+    same_on_every_rank(request, &p, world)?;
     let (settings, network) = (&p.settings, &p.network);
     let task = settings.task()?;
     let (seed, n_train) = (settings.data.seed, settings.train_samples());
     let chief = world.comm().is_chief();
     if let Some(dir) = &p.stages_dir {
-        let inside = p.resume.as_ref().is_some_and(|f| f.starts_with(dir));
+        let inside = p
+            .resume
+            .iter()
+            .chain(&p.start_from)
+            .any(|f| f.starts_with(dir));
         let made = if chief {
             for_agreement(create_stages_dir(dir, request.overwrite, inside))
         } else {
@@ -219,14 +328,37 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     // in any case). A resumed stage takes its parameters from the checkpoint instead.
     let fresh = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
     let mut values = (fresh.parameters(), fresh.state().to_vec());
-    let mut svd_report = Vec::new();
-    if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
+    let mut svd_report = p.data_notes.clone();
+    if chief {
+        svd_report.iter().for_each(|l| println!("{l}"));
+    }
+    if let Some(file) = &p.start_from {
+        // A checkpoint that ends the previous stage: the chief reads its values, the
+        // startup broadcast hands them to every replica.
+        let next = if chief {
+            for_agreement(stage_result(file))
+        } else {
+            Ok(values.clone())
+        };
+        values = agree_on_validation(world.comm(), next)?;
+        if chief {
+            let line = format!(
+                "training.stage_{} starts from {}, the end of training.stage_{}",
+                p.first_stage,
+                file.display(),
+                p.first_stage - 1
+            );
+            println!("{line}");
+            svd_report.push(line);
+        }
+    } else if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
         let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
         basis.initialize(network, &mut values.0)?;
-        svd_report = basis.report();
+        let report = basis.report();
         if chief {
-            svd_report.iter().for_each(|l| println!("{l}"));
+            report.iter().for_each(|l| println!("{l}"));
         }
+        svd_report.extend(report);
     }
     let n = p.configs.len();
     let mut last_dir = PathBuf::new();
@@ -273,7 +405,8 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
                 .with_workers(workers)
                 .with_validation(n_train, held_out);
             Ok((model, source))
-        })?;
+        })
+        .map_err(|e| stage_failure(e, request, &p, stage, chief))?;
         last_dir = summary.output_dir.clone();
         if chief {
             append_log(&last_dir.join(&cfg.log_file), &notes)?;
@@ -308,6 +441,105 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         }
     }
     Ok(())
+}
+
+/// What a stage's failure means in the settings' terms: a loss or parameter that became
+/// non-finite names `training.stage_N.optimizer.lr` and the data (never the engine's
+/// `training.optimizer.learning_rate`), is appended to the stage's run.log (batch jobs keep
+/// only the log), and, as every replica detects the same value, ends every rank as an
+/// agreed error (no MPI abort); engine config errors name the settings keys.
+fn stage_failure(
+    e: TrainError,
+    request: &TrainRequest,
+    p: &Prepared,
+    stage: usize,
+    chief: bool,
+) -> NpeError {
+    let file = request.settings_file.display();
+    let st = p.settings.stages()[stage];
+    let lr = match &st.optimizer {
+        OptimizerSettings::Adam { lr, .. }
+        | OptimizerSettings::AdamW { lr, .. }
+        | OptimizerSettings::Sgd { lr, .. } => *lr,
+    };
+    let advice = format!(
+        "lower training.stage_{stage}.optimizer.lr (now {lr}) or model.posterior_kwargs.base_transform_kwargs.tail_bound, or check the data (data.task)"
+    );
+    let message = match &e {
+        TrainError::NonFinite { update, value } => format!(
+            "{file}: training.stage_{stage}: the loss became {value} at update {update} of the stage; {advice}"
+        ),
+        TrainError::NonFiniteParameter {
+            update,
+            index,
+            value,
+        } => format!(
+            "{file}: training.stage_{stage}: trainable value {index} became {value} after update {update} of the stage; {advice}"
+        ),
+        _ => return NpeError::Train(in_settings(e, &request.settings_file, stage)),
+    };
+    let (json, cfg) = &p.configs[stage];
+    if chief {
+        if let Some(out) = json["output"]["output_dir"].as_str() {
+            let log = Path::new(out).join(&cfg.log_file);
+            if log.is_file() {
+                let _ = append_log(&log, &[format!("stopped: {message}")]);
+            }
+        }
+        NpeError::Train(TrainError::Refused(Box::new(TrainError::Build(
+            anyhow::Error::new(NpeError::Numerical(message)),
+        ))))
+    } else {
+        NpeError::Train(TrainError::RefusedByPeer { rank: 0 })
+    }
+}
+
+/// Checks that every rank read the same run: the same settings (file contents as parsed,
+/// `local` included), the same data scale, and the same starting stage and checkpoint kind.
+/// Ranks that read different copies of the settings (another host's file) would compute
+/// different things; this is found before the first update, on every launcher.
+///
+/// Errors: an agreed error (every rank stops cleanly; rank 0 reports) naming the settings
+/// file, when the ranks differ; a failed collective.
+fn same_on_every_rank(request: &TrainRequest, p: &Prepared, world: &World) -> Result<(), NpeError> {
+    use lockstep_comm::{CommExt, ReduceOp};
+    use std::hash::{Hash, Hasher};
+    let comm = world.comm();
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let settings: Vec<Value> = p.configs.iter().map(|(j, _)| j["npe"].clone()).collect();
+    serde_json::to_string(&settings)
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::to_string(&p.settings.local)
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::to_string(&p.network.standardization)
+        .unwrap_or_default()
+        .hash(&mut h);
+    (p.first_stage, p.resume.is_some(), p.start_from.is_some()).hash(&mut h);
+    let mine = h.finish();
+    let lo = comm
+        .all_reduce_scalar(mine, ReduceOp::Min)
+        .map_err(TrainError::from)?;
+    let hi = comm
+        .all_reduce_scalar(mine, ReduceOp::Max)
+        .map_err(TrainError::from)?;
+    if lo == hi {
+        return Ok(());
+    }
+    Err(NpeError::Train(if comm.is_chief() {
+        TrainError::Refused(Box::new(TrainError::Build(anyhow::Error::new(
+            NpeError::Invalid(format!(
+                "{}: the ranks of this job read different settings (or resume from different points): every rank must read the same file (a copy on a shared filesystem, or identical copies on every host)",
+                request.settings_file.display()
+            )),
+        ))))
+    } else {
+        TrainError::RefusedByPeer { rank: 0 }
+    }))
 }
 
 /// Appends `lines` to the run's log file.

@@ -6,7 +6,7 @@
 //! (Lueckmann et al. 2021, "Benchmarking Simulation-Based Inference", AISTATS;
 //! `sbibm/tasks/*/task.py`).
 
-pub use crate::task::{sample_rng, Task};
+pub use crate::task::{sample_rng, PriorBound, Task};
 use lockstep_core::config::ConfigError;
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use lockstep_train::{Batch, BatchSource};
@@ -84,6 +84,9 @@ impl Task for TwoMoons {
     fn x_dim(&self) -> usize {
         2
     }
+    fn prior_bounds(&self) -> Vec<PriorBound> {
+        vec![PriorBound::interval(-1.0, 1.0); 2]
+    }
     fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]) {
         theta[0] = 2.0 * rng.uniform() - 1.0;
         theta[1] = 2.0 * rng.uniform() - 1.0;
@@ -112,6 +115,9 @@ impl Task for Slcp {
     }
     fn x_dim(&self) -> usize {
         8
+    }
+    fn prior_bounds(&self) -> Vec<PriorBound> {
+        vec![PriorBound::interval(-3.0, 3.0); 5]
     }
     fn simulate(&self, rng: &mut SplitMix64, theta: &mut [f64], x: &mut [f64]) {
         for t in theta.iter_mut() {
@@ -318,8 +324,15 @@ impl BatchSource for TaskSource {
         true
     }
 
+    /// Errors: a simulation gave a value that is not finite in float32 (see
+    /// [`TaskSource::check_batch`]).
     fn global_batch(&mut self, first_sample: u64, count: usize) -> anyhow::Result<Batch> {
-        Ok(self.batch(first_sample, count))
+        let indices: Vec<u64> = (0..count as u64)
+            .map(|i| self.simulation_index(first_sample + i))
+            .collect();
+        let b = self.simulate_batch(first_sample, &indices);
+        self.check_batch(&b, &indices)?;
+        Ok(b)
     }
 
     fn validation_samples(&self) -> u64 {
@@ -337,11 +350,42 @@ impl BatchSource for TaskSource {
             );
         }
         let indices: Vec<u64> = (0..count as u64).map(|i| start + first + i).collect();
-        Ok(self.simulate_batch(first, &indices))
+        let b = self.simulate_batch(first, &indices);
+        self.check_batch(&b, &indices)?;
+        Ok(b)
     }
 }
 
 impl TaskSource {
+    /// Checks that every value of `batch` (the simulations `indices`) is finite in float32:
+    /// a NaN or infinite value, or one beyond float32's range, would make the loss NaN and
+    /// the engine blame the learning rate.
+    ///
+    /// Errors: the first such value, naming the task, the simulation and the component.
+    pub fn check_batch(&self, batch: &Batch, indices: &[u64]) -> anyhow::Result<()> {
+        let (td, xd) = (self.task.theta_dim(), self.task.x_dim());
+        let bad = |values: &[f32], width: usize, what: &str| -> anyhow::Result<()> {
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                let (j, c) = (i / width, i % width);
+                let mut theta = vec![0.0; td];
+                let mut x = vec![0.0; xd];
+                self.task
+                    .simulate(&mut sample_rng(self.seed, indices[j]), &mut theta, &mut x);
+                let v = if what == "θ" { theta[c] } else { x[c] };
+                anyhow::bail!(
+                    "data.task ({}): simulation {} (data.seed {}) gave {what} value {} = {v:e}, which is not a finite float32 number (the network computes in float32, range ±3.4e38); the data, not the training settings, must change",
+                    self.task.name(),
+                    indices[j],
+                    self.seed,
+                    c + 1
+                );
+            }
+            Ok(())
+        };
+        bad(&batch.targets, td, "θ")?;
+        bad(&batch.inputs, xd, "x")
+    }
+
     /// Global samples `first_sample .. first_sample + count` as a batch (inputs x, targets
     /// θ): what [`BatchSource::global_batch`] returns; simulating never fails.
     pub fn batch(&mut self, first_sample: u64, count: usize) -> Batch {
@@ -503,6 +547,48 @@ mod tests {
         assert!(
             (v - 0.05).abs() < 1e-15 && (m[0] - 0.2).abs() < 1e-15 && (m[1] + 0.1).abs() < 1e-15
         );
+    }
+
+    /// Issue 47: variances of 1e-42 (strain-like units) standardize as variances of 0.1 do
+    /// (the old absolute floor of 1e-24 made θ's deviation 1e-12, 1e9 times too large).
+    #[test]
+    fn gaussian_linear_on_a_tiny_scale_standardizes_by_its_own_scale() {
+        let tiny = GaussianLinear {
+            dim: 2,
+            prior_scale: 1e-42,
+            simulator_scale: 1e-42,
+        };
+        let s = tiny.standardization();
+        for j in 0..2 {
+            assert!((s.theta_std[j] / 1e-21 - 1.0).abs() < 0.03, "{s:?}");
+            assert!((s.x_std[j] / (2e-42f64).sqrt() - 1.0).abs() < 0.03, "{s:?}");
+        }
+        assert!(tiny
+            .data_scale()
+            .check(&tiny.parameter_names())
+            .unwrap()
+            .is_empty());
+    }
+
+    /// A simulation whose values are not finite in float32 stops training with a message
+    /// naming the data (not the learning rate).
+    #[test]
+    fn batches_with_values_beyond_float32_are_refused_naming_the_simulation() {
+        let big = GaussianLinear {
+            dim: 2,
+            prior_scale: 1e300,
+            simulator_scale: 1.0,
+        };
+        let mut src = TaskSource::dataset(Arc::new(big), 4, 100);
+        let e = src.global_batch(0, 10).unwrap_err().to_string();
+        assert!(
+            e.starts_with("data.task (gaussian_linear): simulation ")
+                && e.contains("θ value 1 = ")
+                && e.contains("the data, not the training settings"),
+            "{e}"
+        );
+        let mut ok = TaskSource::dataset(Arc::new(GaussianLinear::new(2)), 4, 100);
+        assert!(ok.global_batch(0, 10).is_ok());
     }
 
     #[test]

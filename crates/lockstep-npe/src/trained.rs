@@ -31,6 +31,34 @@ pub fn network(settings: &NpeSettings, task: &dyn Task) -> Result<NpeNetwork, Np
     )
 }
 
+/// The network of `settings` for `task`, after checking that the task's data fits the
+/// network's float32 ([`crate::task::DataScale::check`]); also returns notes for the log (x
+/// components left unscaled because they are constant).
+///
+/// Errors: [`NpeError::Config`] for `data.task` when the data does not fit (non-finite
+/// values, magnitudes beyond float32's range, a constant θ component); widths the network
+/// refuses.
+pub fn checked_network(
+    settings: &NpeSettings,
+    task: &dyn Task,
+) -> Result<(NpeNetwork, Vec<String>), NpeError> {
+    let scale = task.data_scale();
+    let notes = scale.check(&task.parameter_names()).map_err(|m| {
+        NpeError::Config(lockstep_core::config::ConfigError::new(
+            "data.task",
+            format!("{}: {m}", task.name()),
+        ))
+    })?;
+    let net = NpeNetwork::new(
+        settings.network_config(),
+        task.theta_dim(),
+        task.x_dim(),
+        scale.standardization,
+        settings.data.seed,
+    )?;
+    Ok((net, notes))
+}
+
 /// The run directory of stage `stage` inside the folder `train_dir` of a run of several
 /// stages: `train_dir/stage_N`.
 pub fn stage_dir(train_dir: &Path, stage: usize) -> PathBuf {

@@ -323,7 +323,7 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
         );
     }
     // Calibration over 100 injections from the prior (500 posterior samples each).
-    let r = pp_test(&model, &gl, 2024, 100, 500);
+    let r = pp_test(&model, &gl, 2024, 100, 500).unwrap();
     eprintln!(
         "P-P KS p-values {:?}; first injections {:?}",
         r.p_values,
@@ -340,7 +340,7 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
         simulator_scale: 0.4,
         ..gl.clone()
     };
-    let bad = pp_test(&model, &wider, 2024, 100, 500);
+    let bad = pp_test(&model, &wider, 2024, 100, 500).unwrap();
     assert!(
         bad.min_p_value() < 0.01,
         "a mismatched task passed the P-P test: {:?}",
@@ -456,5 +456,59 @@ fn reduce_on_plateau_steps_on_the_validation_loss() {
     assert!(
         e.contains("training.optimizer.schedule") && e.contains("validation"),
         "{e}"
+    );
+}
+
+/// Issue 47: gaussian_linear with prior and noise variances of 1e-42 (strain-like units)
+/// trains the posterior of the right width: the same as with variances 0.1, relative to the
+/// analytic width (the standardization follows the data's own scale; an absolute variance
+/// floor of 1e-24 made it 1e8 times too wide).
+#[test]
+fn a_posterior_on_a_tiny_absolute_scale_has_the_right_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ratios = Vec::new();
+    for (name, variance) in [("unit", 0.1), ("tiny", 1e-42)] {
+        let gl = GaussianLinear {
+            dim: 2,
+            prior_scale: variance,
+            simulator_scale: variance,
+        };
+        let task: Arc<dyn Task> = Arc::new(gl.clone());
+        let net = network(task.as_ref(), Norm::None, 16, 2, 4.0);
+        let updates = 300;
+        let adam = json!({"name": "adam", "learning_rate": 3e-3});
+        let c = config(dir.path(), name, 128, Value::Null, updates, adam);
+        train(&c, &net, task.clone(), None).unwrap();
+        let state = final_state(&dir.path().join(name), updates);
+        let mut model = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+        model.trainable_mut().copy_from_slice(&state.trainable);
+        model.frozen_mut().copy_from_slice(&state.frozen);
+        let sd = variance.sqrt();
+        let x = [0.3 * sd, -0.5 * sd];
+        let (mean, var) = gl.posterior(&x);
+        let n = 4000;
+        let s = model.sample(&x.map(|v| v as f32), n, 7);
+        let m0 = (0..n).map(|i| s[2 * i] as f64).sum::<f64>() / n as f64;
+        let v0 = (0..n).map(|i| (s[2 * i] as f64 - m0).powi(2)).sum::<f64>() / n as f64;
+        let ratio = v0.sqrt() / var.sqrt();
+        eprintln!(
+            "{name}: posterior sd {:e} vs analytic {:e} (ratio {ratio:.3}), mean {m0:e} vs {:e}",
+            v0.sqrt(),
+            var.sqrt(),
+            mean[0]
+        );
+        assert!(
+            (0.7..1.4).contains(&ratio),
+            "{name}: sd ratio {ratio} to the analytic posterior"
+        );
+        assert!(
+            (m0 - mean[0]).abs() < 0.3 * var.sqrt(),
+            "{name}: mean {m0:e}"
+        );
+        ratios.push(ratio);
+    }
+    assert!(
+        (ratios[0] - ratios[1]).abs() < 0.02 * ratios[0],
+        "the tiny scale trains unlike the unit scale: {ratios:?}"
     );
 }
