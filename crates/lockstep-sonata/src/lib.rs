@@ -56,9 +56,12 @@ mod write;
 pub use circuit::Circuit;
 pub use column::{Column, ColumnData, PopulationGroup};
 pub use components::{ComponentKind, ComponentStore};
-pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig, CIRCUIT_KEYS};
+pub use config::{
+    Components, EdgesEntry, NodesEntry, SonataConfig, CIRCUIT_KEYS, CONFIG_DIR_MANIFEST,
+};
 pub use edges::{
-    join_edges, read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel,
+    join_edges, read_edge_index, read_edge_parts, read_edges, EdgeIndex, EdgeIndexDirection,
+    EdgeParts, EdgePopulation, EdgeTypes, SynapseModel, NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK,
 };
 pub use error::{Result, SonataError, SonataErrorKind};
 pub use nodes::{join_nodes, read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};
