@@ -84,10 +84,29 @@ with h5py.File(d + "/spikes.h5", "r") as f:
     a = f["spikes/v1"].attrs.get_id("sorting")
     assert a.get_type().get_class() == h5py.h5t.ENUM and a.get_type().get_size() == 1
     assert h5py.check_enum_dtype(a.dtype) == {"none": 0, "by_id": 1, "by_time": 2}, a.dtype
+# Other writers' forms: an int8-based enum (libsonata's own type), a plain uint8, a string.
+for name, value, dtype in [
+    ("enum_i8", 1, h5py.enum_dtype({"by_time": 2, "none": 0, "by_id": 1}, basetype="i1")),
+    ("plain_u8", 2, np.uint8),
+    ("string", "by_id", None),
+]:
+    with h5py.File(d + "/" + name + ".h5", "w") as f:
+        g = f.create_group("spikes/v1")
+        g.attrs.create("sorting", value, dtype=dtype)
+        g["node_ids"] = np.array([0, 1], dtype=np.uint64)
+        g["timestamps"] = np.array([1.0, 2.0])
 print("ok")
 "#,
     );
     assert_eq!(out.trim(), "ok");
+    for (name, sorting) in [
+        ("enum_i8", SpikeSorting::ById),
+        ("plain_u8", SpikeSorting::ByTime),
+        ("string", SpikeSorting::ById),
+    ] {
+        let s = read_spikes(dir.path().join(format!("{name}.h5"))).unwrap();
+        assert_eq!(s.populations[0].sorting, sorting, "{name}");
+    }
 }
 
 /// An edge population with several runs per node and a node (4) without edges.
