@@ -4,7 +4,8 @@
 #     iproute2 and mount (the two-host test bed, scripts/two-hosts.sh), the Vulkan loader and
 #     Mesa's Vulkan drivers (libvulkan1, mesa-vulkan-drivers: lavapipe, the software GPU
 #     adapter every GPU test runs on without a GPU)
-#   Python (pip, for the tests' cross-checks with h5py/numpy): h5py, numpy
+#   Python (pip, for the tests' cross-checks with h5py/numpy and the SONATA reference reader):
+#     h5py, numpy, libsonata (pinned: LIBSONATA below)
 # Run as root or with sudo available. Exits non-zero with a message saying what to install by
 # hand when it cannot install.
 set -euo pipefail
@@ -41,11 +42,20 @@ fi
 
 command -v cargo >/dev/null 2>&1 || die "cargo is missing: install Rust with rustup (https://rustup.rs) and rerun"
 
+# The libsonata wheel the tests read lockstep's SONATA files with (lockstep-core's
+# testing::LIBSONATA_VERSION names the same).
+LIBSONATA=0.2.2
+
 if command -v python3 >/dev/null 2>&1; then
   if ! python3 -c 'import h5py, numpy' >/dev/null 2>&1; then
     say "installing the Python packages h5py and numpy (used by the tests to read our files)"
     python3 -m pip install --quiet h5py numpy \
       || say "warning: pip could not install h5py/numpy; the tests that cross-check with them will fail until they are installed"
+  fi
+  if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('libsonata') != '$LIBSONATA')" >/dev/null 2>&1; then
+    say "installing the Python package libsonata==$LIBSONATA (the SONATA reference reader the tests open our files with)"
+    python3 -m pip install --quiet "libsonata==$LIBSONATA" \
+      || say "warning: pip could not install libsonata==$LIBSONATA; the tests that read our files with it will fail until it is installed"
   fi
 fi
 say "ok: $(mpirun --version 2>/dev/null | head -n1), HDF5 $(pkg-config --modversion hdf5 2>/dev/null || echo '?'), $(cargo --version)"

@@ -60,6 +60,9 @@ pub fn run(args: &SimulateArgs, world: &World) -> Result<()> {
         ..SimulateOptions::default()
     };
     let s = simulate_config(&args.config, &opts)?;
+    for w in &s.warnings {
+        eprintln!("warning: {w}");
+    }
     print!("{}", summary_text(&s));
     Ok(())
 }

@@ -1,9 +1,11 @@
-//! `lockstep simulate` as a user runs it: the rate table, membrane reports, refused keys and
-//! trial counts, and no progress bar when stderr is not a terminal.
+//! `lockstep simulate` as a user runs it: the rate table, membrane reports (read by libsonata
+//! in their default float32), warnings for report keys BMTK ignores, refused keys and trial
+//! counts, and no progress bar when stderr is not a terminal.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use lockstep_core::testing::{python, require_libsonata};
 use serde_json::{json, Value};
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
@@ -24,7 +26,7 @@ fn config(dir: &Path, edit: impl FnOnce(&mut Value)) -> PathBuf {
             "input_file": base.join("inputs/lgn_spikes.h5").to_str().unwrap(), "node_set": "lgn"}},
         "output": {"output_dir": "$OUT", "spikes_file": "spikes.h5", "overwrite_output_dir": true},
         "reports": {"membrane_potential": {"cells": "v1", "variable_name": "V_m",
-            "module": "multimeter_report", "sections": "soma", "dt": 1.0}}
+            "module": "multimeter_report", "sections": "soma", "interval": 1.0}}
     });
     edit(&mut cfg);
     let path = dir.join("config.simulation.json");
@@ -94,6 +96,88 @@ fn simulate_prints_nests_rates_and_writes_the_membrane_report() {
         assert!((r - s as f64 / c as f64).abs() < 1e-3, "{name}: {r}");
         assert!((r - rate).abs() < 0.05, "{name}: {r} Hz, NEST {rate} Hz");
     }
+}
+
+/// libsonata (the SONATA reference reader) reads the spikes file of `simulate` (the `sorting`
+/// enum) and a V_m report written with the default settings (float32 data, the spec's type),
+/// with the same values h5py reads.
+#[test]
+fn libsonata_reads_the_spikes_and_a_default_membrane_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), |c| {
+        c["run"]["tstop"] = json!(100.0);
+    });
+    let (out, text, err) = simulate(&cfg, &[]);
+    assert!(out.status.success(), "{text}\n{err}");
+    require_libsonata();
+    let script = r#"
+import sys, libsonata, h5py, numpy as np
+d = sys.argv[1]
+with h5py.File(d + "/spikes.h5", "r") as f:
+    ids = f["spikes/v1/node_ids"][...]
+    ts = f["spikes/v1/timestamps"][...]
+p = libsonata.SpikeReader(d + "/spikes.h5")["v1"]
+assert p.sorting == "by_time", p.sorting
+got = p.get()
+assert len(got) == len(ids) > 100, (len(got), len(ids))
+assert [(int(i), float(t)) for i, t in got] == list(zip(ids.tolist(), ts.tolist()))
+r = libsonata.SomaReportReader(d + "/membrane_potential.h5")
+assert r.get_population_names() == ["v1"]
+v = r["v1"]
+assert v.times == (1.0, 101.0, 1.0), v.times
+assert v.data_units == "mV" and v.time_units == "ms", (v.data_units, v.time_units)
+frame = v.get()
+with h5py.File(d + "/membrane_potential.h5", "r") as f:
+    data = f["report/v1/data"]
+    assert data.dtype == np.float32, data.dtype
+    assert data.shape == (100, 450), data.shape
+    assert np.array_equal(np.asarray(frame.data), data[...])
+    assert list(frame.ids) == list(f["report/v1/mapping/node_ids"][...])
+    assert list(frame.times) == [1.0 + k for k in range(100)]
+print("ok")
+"#;
+    let out = python(script, &[dir.path().join("out").as_os_str()]);
+    assert_eq!(out.trim(), "ok");
+}
+
+/// Report keys lockstep honours but BMTK's pointnet ignores (the SONATA names of the window)
+/// are named in a warning with the key BMTK reads; BMTK's own names give none.
+#[test]
+fn report_keys_that_bmtk_ignores_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), |c| {
+        c["run"]["tstop"] = json!(10.0);
+        c["reports"]["membrane_potential"] = json!({"cells": "v1", "variable_name": "V_m",
+            "module": "multimeter_report", "dt": 1.0, "start_time": 2.0, "tstop": 8.0});
+    });
+    let (out, text, err) = simulate(&cfg, &[]);
+    assert!(out.status.success(), "{text}\n{err}");
+    assert!(
+        text.contains("V_m of 450 cells, 6 frames (3 to 8 ms every 1 ms)"),
+        "{text}"
+    );
+    for (key, bmtk) in [("dt", "interval"), ("start_time", "tstart")] {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("warning: reports.membrane_potential.{key} ")))
+            .unwrap_or_else(|| panic!("no warning for {key}: {err}"));
+        assert!(
+            line.contains("ignored by BMTK") && line.contains(&format!("\"{bmtk}\"")),
+            "{line}"
+        );
+    }
+    assert_eq!(err.lines().count(), 2, "{err}");
+    // An off-grid window names the key as written.
+    let cfg = config(dir.path(), |c| {
+        c["run"]["tstop"] = json!(10.0);
+        c["reports"]["membrane_potential"]["interval"] = json!(0.25);
+    });
+    let (out, _, err) = simulate(&cfg, &[]);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("reports.membrane_potential.interval") && err.contains("multiple of run.dt"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,8 +1,12 @@
 //! A training run leaves `config.simulate.json` beside its trained weights: the trained network
-//! simulates with one command, from anywhere, and reads the trained edges.
+//! simulates with one command, from anywhere (lockstep, and BMTK through the manifest
+//! `"$BASE_DIR": "${configdir}"`), and reads the trained edges. libsonata reads what the run
+//! wrote: the training spikes, the exported edges' indices, the simulated spikes.
 
 use std::path::PathBuf;
 use std::process::Command;
+
+use lockstep_core::testing::{python, require_libsonata};
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 
@@ -35,20 +39,33 @@ fn a_trained_network_simulates_with_one_command() {
     let cfg_path = run.join("config.simulate.json");
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
-    // 500 steps of 1 ms, the training seed and inputs, the trained edges relative to the run.
+    // 500 steps of 1 ms, the training seed and inputs, the trained edges in the run folder
+    // through the manifest BMTK resolves from any working directory.
+    assert_eq!(
+        cfg["manifest"],
+        serde_json::json!({"$BASE_DIR": "${configdir}"})
+    );
     assert_eq!(cfg["run"]["tstop"], 500.0);
     assert_eq!(cfg["run"]["dt"], 1.0);
     assert_eq!(cfg["run"]["seed"], 3000);
     assert_eq!(cfg["inputs"]["lgn_poisson"]["rate"], 20.0);
+    assert_eq!(cfg["output"]["output_dir"], "$BASE_DIR/simulation");
     let edges: Vec<&str> = cfg["networks"]["edges"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["edges_file"].as_str().unwrap())
         .collect();
-    assert_eq!(edges, ["network/v1_v1_edges.h5", "network/lgn_v1_edges.h5"]);
+    assert_eq!(
+        edges,
+        [
+            "$BASE_DIR/network/v1_v1_edges.h5",
+            "$BASE_DIR/network/lgn_v1_edges.h5"
+        ]
+    );
     for e in &edges {
-        assert!(run.join(e).is_file(), "{e} was not exported");
+        let e = e.replace("$BASE_DIR", run.to_str().unwrap());
+        assert!(std::path::Path::new(&e).is_file(), "{e} was not exported");
     }
 
     // Run it from another working directory: every path resolves.
@@ -67,6 +84,64 @@ fn a_trained_network_simulates_with_one_command() {
     assert!(text.contains("simulated 300 neurons for 500 ms"), "{text}");
     assert!(run.join("simulation/spikes.h5").is_file());
     assert!(run.join("simulation/spikes.csv").is_file());
+
+    // BMTK's resolution (bmtk.utils.sonata.config): `${configdir}` is the config's folder,
+    // manifest variables are substituted, and what stays relative is taken against the
+    // working directory. Started in another folder, every file the config names is found.
+    require_libsonata();
+    let script = r#"
+import sys, os, json, re
+cfg_path, elsewhere = sys.argv[1], sys.argv[2]
+os.chdir(elsewhere)
+cfg = json.load(open(cfg_path))
+configdir = os.path.dirname(os.path.abspath(cfg_path))
+manifest = {k: v.replace("${configdir}", configdir) for k, v in cfg["manifest"].items()}
+def resolve(s):
+    for k, v in manifest.items():
+        s = s.replace(k, v)
+    assert "$" not in s, s
+    return s
+files = [e[k] for e in cfg["networks"]["nodes"] + cfg["networks"]["edges"] for k in e]
+files += [i["input_file"] for i in cfg["inputs"].values() if "input_file" in i]
+files += list(cfg["components"].values())
+for f in files:
+    assert os.path.exists(resolve(f)), (f, resolve(f), os.getcwd())
+assert resolve(cfg["output"]["output_dir"]) == os.path.join(configdir, "simulation")
+print("ok")
+"#;
+    let out = python(script, &[cfg_path.as_os_str(), tmp.path().as_os_str()]);
+    assert_eq!(out.trim(), "ok");
+
+    // libsonata reads the training spikes (update 0), the spikes of the simulation, and
+    // queries the exported edges' indices.
+    let script = r#"
+import sys, libsonata, h5py, numpy as np
+run = sys.argv[1]
+for name in ["spikes/update_000000.h5", "simulation/spikes.h5"]:
+    with h5py.File(run + "/" + name, "r") as f:
+        ids = f["spikes/v1/node_ids"][...]
+        ts = f["spikes/v1/timestamps"][...]
+    p = libsonata.SpikeReader(run + "/" + name)["v1"]
+    assert p.sorting == "by_time", (name, p.sorting)
+    got = p.get()
+    assert len(got) == len(ids) > 0, (name, len(got), len(ids))
+    assert [(int(i), float(t)) for i, t in got] == list(zip(ids.tolist(), ts.tolist())), name
+for name in ["v1_v1_edges.h5", "lgn_v1_edges.h5"]:
+    path = run + "/network/" + name
+    with h5py.File(path, "r") as f:
+        pops = list(f["edges"])
+        src = f["edges/%s/source_node_id" % pops[0]][...]
+        tgt = f["edges/%s/target_node_id" % pops[0]][...]
+    p = libsonata.EdgeStorage(path).open_population(pops[0])
+    for node in range(0, int(max(src.max(), tgt.max())) + 1, 7):
+        aff = np.sort(p.afferent_edges([node]).flatten())
+        eff = np.sort(p.efferent_edges([node]).flatten())
+        assert np.array_equal(aff, np.flatnonzero(tgt == node)), (name, node)
+        assert np.array_equal(eff, np.flatnonzero(src == node)), (name, node)
+print("ok")
+"#;
+    let out = python(script, &[run.as_os_str()]);
+    assert_eq!(out.trim(), "ok");
 }
 
 /// Copies a folder of the repository, without the outputs of earlier runs.

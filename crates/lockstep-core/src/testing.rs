@@ -2,9 +2,10 @@
 //! library's or the `lockstep` command's build).
 //!
 //! [`python`] and [`python_in`] run Python snippets that read lockstep's files (or write
-//! inputs) with h5py and numpy, the way the tools users compare against read them. A test
-//! that needs them fails with the fix (`make setup` installs python3, h5py and numpy) when
-//! they are missing: it never passes by skipping.
+//! inputs) with h5py and numpy, the way the tools users compare against read them;
+//! [`require_libsonata`] adds libsonata (the SONATA reference reader, a PyPI wheel). A test
+//! that needs them fails with the fix (`make setup` installs python3, h5py, numpy and
+//! libsonata) when they are missing: it never passes by skipping.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -29,6 +30,37 @@ pub fn require_h5py() {
             )),
             Err(e) => Err(format!(
                 "python3 is not available ({e}); this test needs python3 with h5py and numpy; run `make setup`"
+            )),
+        }
+    });
+    if let Err(message) = probe {
+        panic!("{message}");
+    }
+}
+
+/// The libsonata version `make setup` installs (scripts/setup.sh pins the same).
+pub const LIBSONATA_VERSION: &str = "0.2.2";
+
+/// Fails the calling test, with the fix, unless `python3` imports h5py, numpy and libsonata
+/// (the SONATA reference reader the tests open lockstep's files with). Checked once per test
+/// process.
+///
+/// Panics: python3, h5py, numpy or libsonata is missing.
+pub fn require_libsonata() {
+    require_h5py();
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
+        match Command::new("python3")
+            .args(["-c", "import libsonata"])
+            .output()
+        {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(format!(
+                "python3 cannot import libsonata, which this test reads lockstep's SONATA files with; run `make setup` (or pip install libsonata=={LIBSONATA_VERSION}): {}",
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => Err(format!(
+                "python3 is not available ({e}); this test needs python3 with libsonata; run `make setup`"
             )),
         }
     });

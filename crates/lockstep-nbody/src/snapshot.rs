@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use npyz::WriterBuilder;
 
 use crate::particles::{padded_capacity, rank_range};
-use crate::units::{Units, KMS_IN_CM_PER_S, KPC_IN_CM, MSUN_IN_G};
+use crate::units::{Units, KMS_IN_CM_PER_S, KPC_IN_CM, MSUN_IN_G, TIME_UNIT_IN_GYR};
 use crate::{NbodyError, Particles};
 
 /// Path of the `.npz` snapshot `snapshot_{index:04}_rank_{rank:04}.npz` in `dir`.
@@ -114,7 +114,9 @@ fn h5err(path: &Path, object: &str, e: impl std::fmt::Display) -> NbodyError {
 /// Writes the valid particles to the GADGET-style file `snap_{index:03}.{rank}.hdf5`:
 /// `Header` attributes `NumPart_ThisFile[6]`, `NumPart_Total[6]`,
 /// `NumPart_Total_HighWord[6]` (uint32, particle type 1 only), `MassTable[6]` (zeros: masses
-/// are per particle), `Time`, `Redshift` (0), `BoxSize`, `NumFilesPerSnapshot`,
+/// are per particle), `Time`, `Time_GYR` (the time in Gyr from the `Units` group: pynbody
+/// reads it as the snapshot's time, where it would take `Time` of a non-cosmological file for
+/// a scale factor), `Redshift` (0), `BoxSize`, `NumFilesPerSnapshot`,
 /// `Flag_DoublePrecision` (1); `PartType1` datasets `Coordinates (N,3)` kpc,
 /// `Velocities (N,3)` km/s, `ParticleIDs (N,)` uint64, `Masses (N,)`; a `Units` group with
 /// `UnitLength_in_cm`, `UnitVelocity_in_cm_per_s`, `UnitMass_in_g`, `GravitationalConstant`.
@@ -159,6 +161,7 @@ pub fn write_hdf5(
         .map_err(e("Header/MassTable"))?;
     for (name, v) in [
         ("Time", header.time),
+        ("Time_GYR", header.time * TIME_UNIT_IN_GYR),
         ("Redshift", 0.0),
         ("BoxSize", header.box_size),
     ] {

@@ -9,6 +9,11 @@ pub const G_KPC_KMS_MSUN: f64 = 4.30071057317063e-6;
 pub const KPC_IN_CM: f64 = 3.085_677_581_491_367e21;
 /// One km/s in cm/s.
 pub const KMS_IN_CM_PER_S: f64 = 1.0e5;
+/// One Gyr in s (10^9 Julian years of 365.25 days, the IAU year).
+pub const GYR_IN_S: f64 = 3.15576e16;
+/// The time unit, kpc/(km/s), in Gyr (about 0.978): `UnitLength_in_cm /
+/// UnitVelocity_in_cm_per_s / GYR_IN_S`.
+pub const TIME_UNIT_IN_GYR: f64 = KPC_IN_CM / KMS_IN_CM_PER_S / GYR_IN_S;
 /// One solar mass in g (IAU 2015 nominal GM_sun / CODATA G).
 pub const MSUN_IN_G: f64 = 1.988_409_870_698_051e33;
 

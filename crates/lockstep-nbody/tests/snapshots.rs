@@ -89,6 +89,11 @@ with h5py.File(d + "/snap_003.1.hdf5", "r") as f:
     assert abs(u["UnitLength_in_cm"] / 3.0857e21 - 1) < 1e-4
     assert abs(u["UnitMass_in_g"] / 1.989e43 - 1) < 1e-3
     assert abs(u["GravitationalConstant"] / 4.30071057317063e4 - 1) < 1e-12
+    # pynbody's time of a non-cosmological file: Time_GYR, the time in Gyr from the Units
+    # group (1.5 kpc/(km/s) = 1.4667 Gyr with the Julian year).
+    gyr = 1.5 * u["UnitLength_in_cm"] / u["UnitVelocity_in_cm_per_s"] / 3.15576e16
+    assert abs(h["Time_GYR"] - gyr) <= 1e-12 * gyr, (h["Time_GYR"], gyr)
+    assert abs(h["Time_GYR"] - 1.4667) < 1e-4, h["Time_GYR"]
 print("ok")
 "#;
     assert_eq!(python(script, &[dir.path().as_os_str()]).trim(), "ok");

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lockstep_sonata::Circuit;
+use lockstep_sonata::{Circuit, CONFIG_DIR_MANIFEST};
 use serde_json::{json, Map, Value};
 
 use crate::config::SnnRun;
@@ -15,11 +15,13 @@ pub const TRAINED_SIMULATION_CONFIG: &str = "config.simulate.json";
 
 /// Writes `run_dir/config.simulate.json`: a BMTK-style simulation config of the trained
 /// network — the training config's nodes, node and edge types, components and `inputs`
-/// (absolute paths), the trained edges files in `run_dir/network/` (relative, so the run
-/// directory can move), `run.tstop = run.seq_len x run.dt` (ms) at the training `run.dt` and
-/// `run.seed` (so Poisson inputs draw as sample 0 of a training batch does with that seed), and
-/// outputs (`spikes.h5`, `spikes.csv`) in `run_dir/simulation/`, which a later simulation
-/// replaces. Written atomically (temporary file, rename).
+/// (absolute paths), the trained edges files in `run_dir/network/` (through the manifest
+/// `"$BASE_DIR": "${configdir}"`, so the run directory can move and BMTK, which resolves
+/// paths without a manifest against the working directory, finds them from any folder),
+/// `run.tstop = run.seq_len x run.dt` (ms) at the training `run.dt` and `run.seed` (so
+/// Poisson inputs draw as sample 0 of a training batch does with that seed), and outputs
+/// (`spikes.h5`, `spikes.csv`) in `run_dir/simulation/` (`$BASE_DIR/simulation`), which a
+/// later simulation replaces. Written atomically (temporary file, rename).
 ///
 /// Errors: the training config lacks `run.dt` or `run.seq_len`, or the file cannot be
 /// written ([`SnnError::Io`]).
@@ -52,7 +54,7 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
             .in_file(&cfg.path)
         })?;
         edges.push(json!({
-            "edges_file": Path::new("network").join(name),
+            "edges_file": format!("$BASE_DIR/network/{}", name.to_string_lossy()),
             "edge_types_file": e.edge_types_file,
         }));
     }
@@ -65,12 +67,13 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
         run_out["seed"] = json!(seed);
     }
     let sim = json!({
+        "manifest": {"$BASE_DIR": CONFIG_DIR_MANIFEST},
         "run": run_out,
         "inputs": cfg.json.get("inputs").cloned().unwrap_or_else(|| json!({})),
         "components": components,
         "networks": {"nodes": nodes, "edges": edges},
         "output": {
-            "output_dir": "simulation",
+            "output_dir": "$BASE_DIR/simulation",
             "log_file": "log.txt",
             "spikes_file": "spikes.h5",
             "spikes_file_csv": "spikes.csv",

@@ -55,8 +55,10 @@ fn membrane_report_equals_nest_multimeter_and_rates_equal_nest_counts() {
     let cfg = config(
         tmp.path(),
         1000.0,
+        // float64: the exact values (the default float32 is the SONATA spec's type).
         json!({"membrane_potential": {"cells": "v1", "variable_name": "V_m",
-            "module": "multimeter_report", "sections": "soma", "dt": 1.0}}),
+            "module": "multimeter_report", "sections": "soma", "interval": 1.0,
+            "dtype": "float64"}}),
     );
     let s = simulate_config(&cfg, &SimulateOptions::default()).unwrap();
     let file = tmp.path().join("out/membrane_potential.h5");
@@ -143,9 +145,11 @@ fn window_interval_node_ids_and_float32_select_nests_values() {
         json!({
             "window": {"cells": {"population": "v1", "node_id": [400, 3, 5, 3]},
                 "variable_name": ["V_m"], "module": "membrane_report",
-                "start_time": 100.0, "end_time": 300.0, "dt": 5.0, "file_name": "win.h5"},
+                "start_time": 100.0, "end_time": 300.0, "dt": 5.0, "file_name": "win.h5",
+                "dtype": "float64"},
             "bmtk_names": {"cells": {"population": "v1", "node_ids": [7]}, "variable_name": "V_m",
-                "module": "multimeter", "tstart": 0.5, "tstop": 2.0, "interval": 0.5},
+                "module": "multimeter", "tstart": 0.5, "tstop": 2.0, "interval": 0.5,
+                "dtype": "float64"},
             "single": {"cells": "v1", "variable_name": "V_m", "module": "multimeter_report",
                 "end_time": 20.0, "dtype": "float32"},
             "off": {"cells": "v1", "variable_name": "V_m", "module": "multimeter_report",

@@ -66,7 +66,8 @@
 //!
 //! # Output (see [`BuiltNetwork::save`])
 //!
-//! `<out>/config.circuit.json` (BMTK-style manifest `$BASE_DIR`, `$NETWORK_DIR`), and in
+//! `<out>/config.circuit.json` (BMTK-style manifest `"$BASE_DIR": "${configdir}"`, so BMTK
+//! finds the files from any working directory, and `$NETWORK_DIR`), and in
 //! `<out>/<network_dir>/`: `<pop>_nodes.h5`, `<pop>_node_types.csv`, `<src>_<tgt>_edges.h5`,
 //! `<src>_<tgt>_edge_types.csv`; `<out>/target_rates.csv` (`node_id,population,firing_rate`, Hz; the column `lockstep train` reads)
 //! when any node type has `target_rate_hz`. Edges are sorted by target, then source node id.
@@ -1212,7 +1213,7 @@ impl BuiltNetwork {
             .collect();
         let cfg = json!({
             "manifest": {
-                "$BASE_DIR": ".",
+                "$BASE_DIR": crate::config::CONFIG_DIR_MANIFEST,
                 "$NETWORK_DIR": format!("$BASE_DIR/{}", self.network_dir),
             },
             "components": comps,

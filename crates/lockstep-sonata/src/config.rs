@@ -27,6 +27,12 @@ use serde_json::{Map, Value};
 
 use crate::error::{Result, SonataError, SonataErrorKind};
 
+/// The manifest value of `$BASE_DIR` in every config lockstep writes for others to run: the
+/// config file's own folder, which BMTK and lockstep both predefine as `${configdir}`. (BMTK
+/// resolves relative paths, `"."` included, against the working directory; lockstep against
+/// the config's folder; `${configdir}` means the same in both.)
+pub const CONFIG_DIR_MANIFEST: &str = "${configdir}";
+
 /// One `networks.nodes[]` entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodesEntry {

@@ -588,3 +588,133 @@ pub fn join_edges(
         .map(|p| EdgePopulation::from_parts(p, types.clone(), edges_file))
         .collect()
 }
+
+/// The name of the node-to-ranges dataset of an edge index group in the SONATA spec (and
+/// libsonata's index queries).
+pub const NODE_ID_TO_RANGES: &str = "node_id_to_ranges";
+/// The name BMTK's network builder gives the same dataset (and BMTK reads).
+pub const NODE_ID_TO_RANGE_BMTK: &str = "node_id_to_range";
+
+/// Which lookup index of an edge population (`indices/<direction>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeIndexDirection {
+    /// `indices/source_to_target`: the edges of each source node.
+    SourceToTarget,
+    /// `indices/target_to_source`: the edges of each target node.
+    TargetToSource,
+}
+
+impl EdgeIndexDirection {
+    /// The index group's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeIndexDirection::SourceToTarget => "source_to_target",
+            EdgeIndexDirection::TargetToSource => "target_to_source",
+        }
+    }
+}
+
+/// One lookup index of an edge population (SONATA spec, "Edges", indices).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EdgeIndex {
+    /// Per node id, the half-open range of rows of [`EdgeIndex::range_to_edge_id`] that
+    /// belong to it.
+    pub node_id_to_ranges: Vec<[u64; 2]>,
+    /// Half-open ranges of edge rows.
+    pub range_to_edge_id: Vec<[u64; 2]>,
+}
+
+impl EdgeIndex {
+    /// The edge rows of node `node` in index order (empty for a node the index lacks).
+    pub fn edges_of(&self, node: u64) -> Vec<u64> {
+        let Some(&[a, b]) = self.node_id_to_ranges.get(node as usize) else {
+            return Vec::new();
+        };
+        self.range_to_edge_id[a as usize..b as usize]
+            .iter()
+            .flat_map(|&[s, e]| s..e)
+            .collect()
+    }
+}
+
+/// Reads an `[rows, 2]` uint64 dataset of an index group.
+fn read_pairs(path: &Path, g: &hdf5::Group, name: &str) -> Result<Vec<[u64; 2]>> {
+    let obj = format!("{}/{name}", g.name());
+    let ds = g
+        .dataset(name)
+        .map_err(|e| SonataError::h5(path, &obj, e))?;
+    let shape = ds.shape();
+    if !matches!(shape.as_slice(), [_, 2] | [0]) {
+        return Err(SonataErrorKind::WrongDtype {
+            path: path.to_path_buf(),
+            object: obj,
+            found: format!("shape {shape:?}"),
+            expected: "an integer dataset of shape [rows, 2]".into(),
+        }
+        .into());
+    }
+    let flat: Vec<u64> = ds.read_raw().map_err(|e| SonataError::h5(path, &obj, e))?;
+    Ok(flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
+}
+
+/// Reads the lookup index `direction` of edge population `population` in the edges file
+/// `path`. The node-to-ranges dataset is read under either name: `node_id_to_ranges` (the
+/// SONATA spec's, libsonata's) or `node_id_to_range` (BMTK's builder's).
+///
+/// Errors: the file, population or index group is missing, neither name exists, a dataset
+/// is not `[rows, 2]` integers, or a range points outside the dataset it indexes.
+pub fn read_edge_index(
+    path: impl AsRef<Path>,
+    population: &str,
+    direction: EdgeIndexDirection,
+) -> Result<EdgeIndex> {
+    let path = path.as_ref();
+    let file = crate::open_h5(path, "edges file")?;
+    let obj = format!("/edges/{population}/indices/{}", direction.as_str());
+    let g = file.group(&obj).map_err(|_| {
+        SonataError::from(SonataErrorKind::MissingDataset {
+            path: path.to_path_buf(),
+            object: obj.clone(),
+            hint: "the edge population has no such lookup index".into(),
+        })
+    })?;
+    let name = [NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK]
+        .into_iter()
+        .find(|n| g.link_exists(n))
+        .ok_or_else(|| {
+            SonataError::from(SonataErrorKind::MissingDataset {
+                path: path.to_path_buf(),
+                object: format!("{obj}/{NODE_ID_TO_RANGES}"),
+                hint: format!(
+                    "an index group holds {NODE_ID_TO_RANGES} (or BMTK's {NODE_ID_TO_RANGE_BMTK})"
+                ),
+            })
+        })?;
+    let index = EdgeIndex {
+        node_id_to_ranges: read_pairs(path, &g, name)?,
+        range_to_edge_id: read_pairs(path, &g, "range_to_edge_id")?,
+    };
+    let bad = |what: &str, row: usize, [a, b]: [u64; 2], len: usize| {
+        SonataError::from(SonataErrorKind::BadValue {
+            path: path.to_path_buf(),
+            object: format!("{obj}/{what}"),
+            problem: format!("row {row} is [{a}, {b}], not a range within 0..{len}"),
+        })
+    };
+    let rows = index.range_to_edge_id.len();
+    for (i, &r) in index.node_id_to_ranges.iter().enumerate() {
+        if r[0] > r[1] || r[1] as usize > rows {
+            return Err(bad(name, i, r, rows));
+        }
+    }
+    let edges = file
+        .dataset(&format!("/edges/{population}/source_node_id"))
+        .ok()
+        .map(|d| d.size());
+    for (i, &r) in index.range_to_edge_id.iter().enumerate() {
+        if r[0] > r[1] || edges.is_some_and(|n| r[1] as usize > n) {
+            return Err(bad("range_to_edge_id", i, r, edges.unwrap_or(0)));
+        }
+    }
+    Ok(index)
+}

@@ -11,8 +11,9 @@
 //! - spike files ([`SpikeTrains`], [`read_spikes`], [`write_spikes`]);
 //! - membrane reports ([`Report`], [`write_report`], [`read_report`]) and the `reports` block
 //!   of a simulation config ([`membrane_reports`]);
-//! - writers for nodes and edges files with BMTK's layout ([`write_nodes`], [`write_edges`])
-//!   and [`rewrite_syn_weights`] for exporting trained weights;
+//! - writers for nodes and edges files with BMTK's layout ([`write_nodes`], [`write_edges`]),
+//!   [`rewrite_syn_weights`] for exporting trained weights, and [`read_edge_index`] for the
+//!   edge lookup indices;
 //! - [`builder`]: a network builder from a JSON recipe ([`builder::Recipe`],
 //!   [`builder::build`], [`builder::BuiltNetwork::save`]).
 //!
@@ -27,9 +28,11 @@
 //!   edges, no group) read as libsonata reads them (`tests/empty_populations.rs`).
 //! - **Per-node values are kept:** `dynamics_params` datasets of a node group override their
 //!   type's values node by node, and per-edge values override the edge type's.
-//! - **What it writes, BMTK and libsonata read:** nodes, edges (with BMTK's
-//!   `indices/source_to_target` index), spikes and membrane reports have BMTK's layout, and
-//!   read back bit for bit (`tests/round_trip.rs`, `tests/report_layout.rs`, checked in h5py).
+//! - **What it writes, BMTK and libsonata read:** nodes, edges (with both lookup indices,
+//!   the node-to-ranges dataset under the spec's and BMTK's names), spikes (`sorting` as the
+//!   spec's uint8 enum) and membrane reports have BMTK's layout, and read back bit for bit
+//!   (`tests/round_trip.rs`, `tests/report_layout.rs`, checked in h5py); libsonata reads every
+//!   spike and answers the index queries (`tests/libsonata.rs`).
 //! - **The builder is deterministic:** the same recipe and seed give the same files.
 //!
 //! ```no_run
@@ -56,9 +59,12 @@ mod write;
 pub use circuit::Circuit;
 pub use column::{Column, ColumnData, PopulationGroup};
 pub use components::{ComponentKind, ComponentStore};
-pub use config::{Components, EdgesEntry, NodesEntry, SonataConfig, CIRCUIT_KEYS};
+pub use config::{
+    Components, EdgesEntry, NodesEntry, SonataConfig, CIRCUIT_KEYS, CONFIG_DIR_MANIFEST,
+};
 pub use edges::{
-    join_edges, read_edge_parts, read_edges, EdgeParts, EdgePopulation, EdgeTypes, SynapseModel,
+    join_edges, read_edge_index, read_edge_parts, read_edges, EdgeIndex, EdgeIndexDirection,
+    EdgeParts, EdgePopulation, EdgeTypes, SynapseModel, NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK,
 };
 pub use error::{Result, SonataError, SonataErrorKind};
 pub use nodes::{join_nodes, read_node_parts, read_nodes, NodeParts, NodePopulation, NodeTypes};

@@ -13,15 +13,15 @@
 //! | `/report/<pop>/mapping/element_ids` | uint32 `[element]` | 0 for the single compartment of a point neuron |
 //! | `/report/<pop>/mapping/element_pos` | float64 `[element]` | 0.0 (as BMTK's pointnet writes) |
 //! | `/report/<pop>/mapping/time` | float64 `[3]` | `[start, stop, step]` in ms (attribute `units = "ms"`); frame `k` is at `start + k step`, and the interval is open on the right: `stop = start + n_frames step` |
-//! | `/report/<pop>/data` | float64 (or float32) `[frame, element]` | the values; attributes `units` (`"mV"`) and `variable` (`"V_m"`) |
+//! | `/report/<pop>/data` | float32 (or float64) `[frame, element]` | the values; attributes `units` (`"mV"`) and `variable` (`"V_m"`) |
 //!
 //! The file root carries `magic` and `version` like every SONATA file lockstep writes.
 //!
-//! Readers: BMTK (`bmtk.utils.reports.CompartmentReport`) reads float64 data and derives the
-//! frame count as `(stop - start) / step`; libsonata 0.2 reads the same mapping but only
-//! float32 data (`"DataType of dataset 'data' should be Float32"`), so a report meant for
-//! libsonata is written with `dtype: "float32"` (about 7 significant digits) while the default
-//! float64 keeps every value exact.
+//! Readers: BMTK (`bmtk.utils.reports.CompartmentReport`) reads float32 and float64 data and
+//! derives the frame count as `(stop - start) / step`; libsonata 0.2 reads the same mapping but
+//! only float32 data (`"DataType of dataset 'data' should be Float32"`), the SONATA report
+//! spec's type. So the default is float32 (about 7 significant digits, 1e-5 mV at -70 mV);
+//! `dtype: "float64"` keeps every value exact, for comparisons against NEST.
 //!
 //! The config side ([`ReportConfig`], [`MembraneReportSettings`], [`NodeSelection`]) reads one
 //! entry of the `reports` block (SONATA spec, "Simulation output - Reports"; BMTK
@@ -178,11 +178,13 @@ impl Report {
 /// Floating-point type of the `data` dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 pub enum ReportDtype {
-    /// Double precision: every value exactly as simulated (BMTK's choice).
-    #[default]
+    /// Double precision: every value exactly as simulated (the opt-in for exact comparisons,
+    /// e.g. against NEST's multimeter).
     #[serde(rename = "float64")]
     Float64,
-    /// Single precision: what libsonata's report readers require.
+    /// Single precision: the SONATA report spec's type, the only one libsonata's report
+    /// readers accept (the default).
+    #[default]
     #[serde(rename = "float32")]
     Float32,
 }
@@ -406,10 +408,13 @@ pub fn read_report(path: impl AsRef<Path>) -> Result<Report> {
 /// One entry of a simulation config's `reports` block, as written.
 ///
 /// Keys: SONATA's reserved report attributes (`cells`, `variable_name`, `sections`,
-/// `file_name`, `start_time`, `end_time`, `dt`, `unit`, `format`), BMTK's `module` and
-/// `enabled`, BMTK pointnet's names for the window (`tstart`, `tstop`, `interval`, accepted as
-/// aliases), and lockstep's `dtype` (see [`ReportDtype`]). Any other key is an error that
-/// names the nearest known key.
+/// `file_name`, `unit`, `format`), BMTK's `module` and `enabled`, the recording window in BMTK
+/// pointnet's names (`tstart`, `tstop`, `interval`: the documented keys, which BMTK's
+/// multimeter reads), and lockstep's `dtype` (see [`ReportDtype`]). The SONATA spec's names
+/// for the window (`start_time`, `end_time`, `dt`) are accepted as aliases, but BMTK's pointnet
+/// ignores them, so [`membrane_reports`] warns where they are used
+/// ([`MembraneReportSettings::warnings`]). Any other key is an error that names the nearest
+/// known key.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReportConfig {
@@ -427,14 +432,14 @@ pub struct ReportConfig {
     /// Output file name (default `<report name>.h5`), inside `output.output_dir`.
     #[serde(default)]
     pub file_name: Option<String>,
-    /// Recording starts after this time (ms; default 0).
-    #[serde(default, alias = "tstart")]
+    /// `tstart`: recording starts after this time (ms; default 0; alias `start_time`).
+    #[serde(default, rename = "tstart", alias = "start_time")]
     pub start_time: Option<f64>,
-    /// Recording ends at this time (ms; default `run.tstop`).
-    #[serde(default, alias = "tstop")]
+    /// `tstop`: recording ends at this time (ms; default `run.tstop`; alias `end_time`).
+    #[serde(default, rename = "tstop", alias = "end_time")]
     pub end_time: Option<f64>,
-    /// Recording interval (ms; default `run.dt`).
-    #[serde(default, alias = "interval")]
+    /// `interval`: the recording interval (ms; default `run.dt`; alias `dt`).
+    #[serde(default, rename = "interval", alias = "dt")]
     pub dt: Option<f64>,
     /// `false` skips the report (BMTK).
     #[serde(default)]
@@ -445,7 +450,8 @@ pub struct ReportConfig {
     /// Output format; only `"HDF5"`.
     #[serde(default)]
     pub format: Option<String>,
-    /// Data type of `data` (lockstep; default `"float64"`).
+    /// Data type of `data` (lockstep; default `"float32"`, the spec's; `"float64"` keeps
+    /// values exact).
     #[serde(default)]
     pub dtype: Option<ReportDtype>,
 }
@@ -455,8 +461,8 @@ pub struct ReportConfig {
 pub const MEMBRANE_REPORT_MODULES: &[&str] =
     &["multimeter_report", "multimeter", "membrane_report"];
 
-/// A membrane report entry with its names checked; the recording window (`start_time`,
-/// `end_time`, `dt`) is left as written for the simulator to place on its time grid.
+/// A membrane report entry with its names checked; the recording window (`tstart`, `tstop`,
+/// `interval`) is left as written for the simulator to place on its time grid.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MembraneReportSettings {
     /// The report's name (its key in `reports`).
@@ -467,14 +473,49 @@ pub struct MembraneReportSettings {
     pub cells: NodeSelection,
     /// File name inside the output folder.
     pub file_name: String,
-    /// `start_time` (ms), if given.
+    /// `tstart` (or `start_time`, ms), if given.
     pub start_time: Option<f64>,
-    /// `end_time` (ms), if given.
+    /// `tstop` (or `end_time`, ms), if given.
     pub end_time: Option<f64>,
-    /// `dt` (ms), if given.
+    /// `interval` (or `dt`, ms), if given.
     pub dt: Option<f64>,
     /// Data type of the written values.
     pub dtype: ReportDtype,
+    /// Keys of this entry that lockstep honours but BMTK's pointnet would ignore (the SONATA
+    /// names of the window), one message each naming `reports.<name>.<key>` and the key BMTK
+    /// reads.
+    pub warnings: Vec<String>,
+    /// The names the entry gives its window keys, for messages: `[start, stop, interval]`,
+    /// each the SONATA name where the entry used it (`start_time`, `end_time`, `dt`), else
+    /// BMTK's (`tstart`, `tstop`, `interval`).
+    pub window_keys: [&'static str; 3],
+}
+
+/// The window keys lockstep accepts under their SONATA names, which BMTK's pointnet
+/// multimeter ignores, with the names it reads: `(accepted, BMTK's)`.
+pub const BMTK_IGNORED_REPORT_KEYS: &[(&str, &str)] = &[
+    ("start_time", "tstart"),
+    ("end_time", "tstop"),
+    ("dt", "interval"),
+];
+
+/// One warning per key of the report entry `entry` (named `section`) that BMTK's pointnet
+/// would ignore (see [`BMTK_IGNORED_REPORT_KEYS`]).
+fn bmtk_ignored_keys(section: &str, entry: &Value) -> Vec<String> {
+    BMTK_IGNORED_REPORT_KEYS
+        .iter()
+        .filter(|(k, _)| entry.get(k).is_some())
+        .map(|(k, bmtk)| {
+            let default = match *k {
+                "dt" => "every run.dt",
+                "start_time" => "from the start",
+                _ => "to the end of the run",
+            };
+            format!(
+                "{section}.{k} is honoured by lockstep but ignored by BMTK's pointnet, which records {default} unless the key is \"{bmtk}\"; write \"{bmtk}\" so both record the same frames"
+            )
+        })
+        .collect()
 }
 
 /// Which nodes a report records.
@@ -597,6 +638,15 @@ pub fn membrane_reports(
             end_time: rc.end_time,
             dt: rc.dt,
             dtype: rc.dtype.unwrap_or_default(),
+            warnings: bmtk_ignored_keys(&section, v),
+            window_keys: [0, 1, 2].map(|i| {
+                let (sonata, bmtk) = BMTK_IGNORED_REPORT_KEYS[i];
+                if v.get(sonata).is_some() {
+                    sonata
+                } else {
+                    bmtk
+                }
+            }),
         });
     }
     Ok(out)
@@ -879,7 +929,7 @@ mod tests {
                 node_ids: Some(vec![0, 20])
             }
         );
-        assert_eq!(r[0].dtype, ReportDtype::Float64);
+        assert_eq!(r[0].dtype, ReportDtype::Float32);
         let r = settings(json!({"v.h5": {"cells": "v1", "variable_name": ["V_m"],
             "module": "membrane_report", "file_name": "/out/./x.h5", "interval": 2.0, "tstart": 1.0}}))
         .unwrap();

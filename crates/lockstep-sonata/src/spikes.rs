@@ -1,12 +1,17 @@
 //! SONATA spike files (SONATA spec, "Spike file"; BMTK `SpikeTrains`):
 //! `/spikes/<population>/node_ids` (uint64) and `/spikes/<population>/timestamps`
-//! (float64, ms, attribute `units = "ms"`), with the attribute `sorting` (`none`, `by_id`,
-//! `by_time`) on the population group. Files of the older single-population layout
-//! (`/spikes/gids` and `/spikes/timestamps`, `sorting` on `/spikes`) are read too.
+//! (float64, ms, attribute `units = "ms"`), with the attribute `sorting` on the population
+//! group. The spec's `sorting` is a uint8 HDF5 enum (`none` 0, `by_id` 1, `by_time` 2), the
+//! form libsonata's `SpikeReader` requires; lockstep writes that. BMTK writes a string
+//! (`"by_time"`) and reads both; lockstep reads the enum, the string and a plain integer
+//! 0/1/2. Files of the older single-population layout (`/spikes/gids` and
+//! `/spikes/timestamps`, `sorting` on `/spikes`) are read too.
 
 use std::path::Path;
 
-use crate::column::{read_f64, read_ids, read_str_attr, write_str_attr, write_vec};
+use hdf5::types::{EnumMember, EnumType, H5Type, IntSize, TypeDescriptor};
+
+use crate::column::{describe, read_f64, read_ids, read_str_attr, write_str_attr, write_vec};
 use crate::error::{Result, SonataError, SonataErrorKind};
 
 /// Population name given to the spikes of an old single-population file (which names none).
@@ -31,6 +36,24 @@ impl SpikeSorting {
             SpikeSorting::None => "none",
             SpikeSorting::ById => "by_id",
             SpikeSorting::ByTime => "by_time",
+        }
+    }
+
+    /// The value of the SONATA enum (`none` 0, `by_id` 1, `by_time` 2).
+    pub fn code(self) -> u8 {
+        match self {
+            SpikeSorting::None => 0,
+            SpikeSorting::ById => 1,
+            SpikeSorting::ByTime => 2,
+        }
+    }
+
+    fn from_code(code: u64) -> Option<Self> {
+        match code {
+            0 => Some(SpikeSorting::None),
+            1 => Some(SpikeSorting::ById),
+            2 => Some(SpikeSorting::ByTime),
+            _ => None,
         }
     }
 
@@ -122,17 +145,101 @@ impl SpikeTrains {
     }
 }
 
-fn read_sorting(path: &Path, loc: &hdf5::Location) -> Result<SpikeSorting> {
-    match read_str_attr(path, loc, "sorting")? {
-        None => Ok(SpikeSorting::None),
-        Some(s) => SpikeSorting::parse(&s).ok_or_else(|| {
-            SonataError::from(SonataErrorKind::BadValue {
-                path: path.to_path_buf(),
-                object: format!("{}@sorting", loc.name()),
-                problem: format!("'{s}' is not one of none, by_id, by_time"),
-            })
-        }),
+/// The `sorting` attribute in the SONATA spec's form: a uint8 HDF5 enum with the members
+/// `none` 0, `by_id` 1, `by_time` 2 (libsonata's `SpikeReader` reads it by member name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+struct SortingEnum(u8);
+
+// SAFETY: `SortingEnum` is a `repr(transparent)` u8, the size and layout of the 1-byte
+// unsigned enum it describes.
+unsafe impl H5Type for SortingEnum {
+    fn type_descriptor() -> TypeDescriptor {
+        let member = |name: &str, value: u64| EnumMember {
+            name: name.to_string(),
+            value,
+        };
+        TypeDescriptor::Enum(EnumType {
+            size: IntSize::U1,
+            signed: false,
+            members: vec![member("none", 0), member("by_id", 1), member("by_time", 2)],
+        })
     }
+}
+
+/// Reads the `sorting` attribute of `loc`: the spec's enum (converted by member name), a
+/// string (BMTK), or a plain integer 0/1/2; absent is `none`.
+fn read_sorting(path: &Path, loc: &hdf5::Location) -> Result<SpikeSorting> {
+    let obj = format!("{}@sorting", loc.name());
+    let bad = |problem: String| {
+        SonataError::from(SonataErrorKind::BadValue {
+            path: path.to_path_buf(),
+            object: obj.clone(),
+            problem,
+        })
+    };
+    if !loc
+        .attr_names()
+        .is_ok_and(|names| names.iter().any(|n| n == "sorting"))
+    {
+        return Ok(SpikeSorting::None);
+    }
+    let attr = loc
+        .attr("sorting")
+        .map_err(|e| SonataError::h5(path, &obj, e))?;
+    let td = attr
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .map_err(|e| SonataError::h5(path, &obj, e))?;
+    match td {
+        TypeDescriptor::Enum(e) => {
+            let names: Vec<&str> = e.members.iter().map(|m| m.name.as_str()).collect();
+            if let Some(extra) = names
+                .iter()
+                .find(|n| !["none", "by_id", "by_time"].contains(n))
+            {
+                return Err(bad(format!(
+                    "enum member '{extra}' is not one of none, by_id, by_time (members: {})",
+                    names.join(", ")
+                )));
+            }
+            let v = attr
+                .read_scalar::<SortingEnum>()
+                .map_err(|e| SonataError::h5(path, &obj, e))?;
+            SpikeSorting::from_code(v.0 as u64)
+                .ok_or_else(|| bad(format!("enum value {} is not 0, 1 or 2", v.0)))
+        }
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => {
+            let v = attr
+                .read_scalar::<i64>()
+                .map_err(|e| SonataError::h5(path, &obj, e))?;
+            u64::try_from(v)
+                .ok()
+                .and_then(SpikeSorting::from_code)
+                .ok_or_else(|| bad(format!("{v} is not 0 (none), 1 (by_id) or 2 (by_time)")))
+        }
+        TypeDescriptor::VarLenUnicode
+        | TypeDescriptor::VarLenAscii
+        | TypeDescriptor::FixedAscii(_)
+        | TypeDescriptor::FixedUnicode(_) => {
+            let s = read_str_attr(path, loc, "sorting")?.unwrap_or_default();
+            SpikeSorting::parse(&s)
+                .ok_or_else(|| bad(format!("'{s}' is not one of none, by_id, by_time")))
+        }
+        other => Err(bad(format!(
+            "is {}; expected the SONATA enum (uint8: none 0, by_id 1, by_time 2) or a string",
+            describe(&other)
+        ))),
+    }
+}
+
+/// Writes the `sorting` attribute of `g` as the SONATA spec's uint8 enum.
+fn write_sorting(path: &Path, g: &hdf5::Group, sorting: SpikeSorting) -> Result<()> {
+    let obj = format!("{}@sorting", g.name());
+    g.new_attr::<SortingEnum>()
+        .create("sorting")
+        .and_then(|a| a.write_scalar(&SortingEnum(sorting.code())))
+        .map_err(|e| SonataError::h5(path, obj, e))
 }
 
 /// Reads timestamps and converts them to ms according to their `units` attribute
@@ -229,7 +336,8 @@ fn check_same_len(path: &Path, obj: &str, ids: usize, times: usize) -> Result<()
 }
 
 /// Writes a SONATA spike file in the current layout: per population `node_ids` (uint64),
-/// `timestamps` (float64, `units="ms"`) and the `sorting` attribute; root attributes `magic`
+/// `timestamps` (float64, `units="ms"`) and the `sorting` attribute (the spec's uint8 enum,
+/// see the module docs); root attributes `magic`
 /// and `version` as BMTK writes them. The spikes are written in the order given; the
 /// `sorting` attribute is written as stated (use [`PopulationSpikes::sort_by_time`] first to
 /// make it true). An existing file is replaced.
@@ -302,7 +410,7 @@ pub fn write_spikes(path: impl AsRef<Path>, spikes: &SpikeTrains) -> Result<()> 
         let g = root
             .create_group(&p.population)
             .map_err(|e| SonataError::h5(path, &obj, e))?;
-        write_str_attr(path, &g, "sorting", p.sorting.as_str())?;
+        write_sorting(path, &g, p.sorting)?;
         write_vec(path, &g, "node_ids", &p.node_ids)?;
         let t = write_vec(path, &g, "timestamps", &p.timestamps)?;
         write_str_attr(path, &t, "units", "ms")?;

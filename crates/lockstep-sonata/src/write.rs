@@ -8,10 +8,13 @@
 //!   `node_population`), `edge_type_id` (uint32), `edge_group_id` (uint16),
 //!   `edge_group_index` (uint32), `<group>/<column>`, and the lookup indices
 //!   `indices/source_to_target` and `indices/target_to_source`, each with
-//!   `node_id_to_range` (uint64 `[max node id + 1, 2]`: for node n, the half-open range of
-//!   rows of `range_to_edge_id` that belong to it; `[0, 0]` when it has no edges) and
-//!   `range_to_edge_id` (uint64 `[runs, 2]`: half-open edge-row ranges of consecutive edges
-//!   with the same node id, ordered by node id, then by position).
+//!   `node_id_to_ranges` (uint64 `[max node id + 1, 2]`: for node n, the half-open range of
+//!   rows of `range_to_edge_id` that belong to it; `[0, 0]` when it has no edges), the same
+//!   dataset hard-linked as `node_id_to_range`, and `range_to_edge_id` (uint64 `[runs, 2]`:
+//!   half-open edge-row ranges of consecutive edges with the same node id, ordered by node
+//!   id, then by position). `node_id_to_ranges` is the SONATA spec's name, which libsonata's
+//!   index queries read; `node_id_to_range` is the name BMTK's builder writes and BMTK reads.
+//!   [`read_edge_index`](crate::read_edge_index) reads either.
 //!
 //! All datasets are contiguous with fixed size, like h5py's defaults.
 
@@ -22,7 +25,7 @@ use hdf5::types::VarLenUnicode;
 use crate::column::{
     check_group_refs, read_f64, write_groups, write_str_attr, write_vec, PopulationGroup,
 };
-use crate::edges::{EdgeParts, EdgePopulation};
+use crate::edges::{EdgeParts, EdgePopulation, NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK};
 use crate::error::{Result, SonataError, SonataErrorKind};
 use crate::nodes::{NodeParts, NodePopulation};
 
@@ -364,10 +367,68 @@ pub fn write_edges(path: impl AsRef<Path>, populations: &[EdgesView<'_>]) -> Res
             let ig = idx
                 .create_group(name)
                 .map_err(|e| SonataError::h5(path, format!("{obj}/indices/{name}"), e))?;
-            let (n2r, r2e) = build_edge_index(ids);
-            write_2col(path, &ig, "node_id_to_range", &n2r)?;
-            write_2col(path, &ig, "range_to_edge_id", &r2e)?;
+            write_index_group(path, &ig, ids)?;
         }
+    }
+    Ok(())
+}
+
+/// Writes one index group (`node_id_to_ranges`, its BMTK name as a hard link, and
+/// `range_to_edge_id`) over the node ids `ids` into `ig`.
+fn write_index_group(path: &Path, ig: &hdf5::Group, ids: &[u64]) -> Result<()> {
+    let (n2r, r2e) = build_edge_index(ids);
+    write_2col(path, ig, NODE_ID_TO_RANGES, &n2r)?;
+    ig.link_hard(NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK)
+        .map_err(|e| SonataError::h5(path, format!("{}/{NODE_ID_TO_RANGE_BMTK}", ig.name()), e))?;
+    write_2col(path, ig, "range_to_edge_id", &r2e)
+}
+
+/// Makes the `indices` of edge population `p` (HDF5 group `pop`, in file `path`) readable by
+/// both libsonata and BMTK: where an index group has the node-to-ranges dataset under one
+/// name only, the other name is added as a hard link to it; where the `indices` group or one
+/// of its two index groups is missing (or has neither name), it is built from the node ids.
+fn complete_edge_indices(path: &Path, pop: &hdf5::Group, p: &EdgeParts) -> Result<()> {
+    let obj = format!("{}/indices", pop.name());
+    let idx = if pop.link_exists("indices") {
+        pop.group("indices")
+            .map_err(|e| SonataError::h5(path, &obj, e))?
+    } else {
+        pop.create_group("indices")
+            .map_err(|e| SonataError::h5(path, &obj, e))?
+    };
+    for (name, ids) in [
+        ("source_to_target", &p.source_node_id),
+        ("target_to_source", &p.target_node_id),
+    ] {
+        let gobj = format!("{obj}/{name}");
+        if !idx.link_exists(name) {
+            let ig = idx
+                .create_group(name)
+                .map_err(|e| SonataError::h5(path, &gobj, e))?;
+            write_index_group(path, &ig, ids)?;
+            continue;
+        }
+        let ig = idx
+            .group(name)
+            .map_err(|e| SonataError::h5(path, &gobj, e))?;
+        let spec = ig.link_exists(NODE_ID_TO_RANGES);
+        let bmtk = ig.link_exists(NODE_ID_TO_RANGE_BMTK);
+        let (from, to) = match (spec, bmtk) {
+            (true, true) => continue,
+            (true, false) => (NODE_ID_TO_RANGES, NODE_ID_TO_RANGE_BMTK),
+            (false, true) => (NODE_ID_TO_RANGE_BMTK, NODE_ID_TO_RANGES),
+            (false, false) => {
+                if ig.link_exists("range_to_edge_id") {
+                    ig.unlink("range_to_edge_id").map_err(|e| {
+                        SonataError::h5(path, format!("{gobj}/range_to_edge_id"), e)
+                    })?;
+                }
+                write_index_group(path, &ig, ids)?;
+                continue;
+            }
+        };
+        ig.link_hard(from, to)
+            .map_err(|e| SonataError::h5(path, format!("{gobj}/{to}"), e))?;
     }
     Ok(())
 }
@@ -380,6 +441,10 @@ pub fn write_edges(path: impl AsRef<Path>, populations: &[EdgesView<'_>]) -> Res
 ///
 /// BMTK/NEST use `syn_weight * nsyns` as the weight, so to export trained NEST weights `w`
 /// pass `w / nsyns`. `dst` may equal `src` (rewrite in place).
+///
+/// The population's `indices` are completed so that libsonata and BMTK both read them (see
+/// the module docs): a file from BMTK's builder, which names the node-to-ranges dataset
+/// `node_id_to_range` only, gets `node_id_to_ranges` as well; missing indices are built.
 pub fn rewrite_syn_weights(
     src: impl AsRef<Path>,
     dst: impl AsRef<Path>,
@@ -414,7 +479,7 @@ pub fn rewrite_syn_weights(
     for gid in group_ids {
         write_group_weights(dst, &pop, &obj, p, gid, syn_weight)?;
     }
-    Ok(())
+    complete_edge_indices(dst, &pop, p)
 }
 
 /// The edge population `population` of `parts` (read from `src`), once `syn_weight` is

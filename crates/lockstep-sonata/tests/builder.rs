@@ -99,6 +99,13 @@ fn all_to_all_build_save_read_back() {
         assert!(files.contains(&out.join(f)), "{f} not in {files:?}");
         assert!(out.join(f).is_file(), "{f}");
     }
+    // Paths through the manifest `"$BASE_DIR": "${configdir}"`, which BMTK resolves from any
+    // working directory (it takes "." against the working directory).
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.circuit.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["manifest"]["$BASE_DIR"], "${configdir}");
+    assert_eq!(cfg["manifest"]["$NETWORK_DIR"], "$BASE_DIR/network");
 
     let c = Circuit::from_config(out.join("config.circuit.json")).unwrap();
     let v1 = c.node_population("v1").unwrap();

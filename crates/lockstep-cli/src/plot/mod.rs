@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use lockstep_sonata::{PopulationSpikes, SpikeSorting, SpikeTrains};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
-use style::{register_font, COLOURS};
+use style::{font, register_font, COLOURS};
 
 /// Options of `lockstep plot`.
 #[derive(Debug, clap::Args)]
@@ -377,7 +377,7 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
     let panels = series.len().max(1);
     let root = BitMapBackend::new(out, (1000, 220 * panels as u32 + 60)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled("training loss", ("sans-serif", 28))?;
+    let root = root.titled("training loss", font(28))?;
     let areas = root.split_evenly((panels, 1));
     let x_ticks: Vec<f64> = update_ticks(x_max as u64)
         .into_iter()
@@ -400,7 +400,7 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(95)
-            .caption(name, ("sans-serif", 20))
+            .caption(name, font(20))
             .build_cartesian_2d(
                 TickedAxis {
                     range: 0.0..x_max,
@@ -418,7 +418,7 @@ fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Resu
             .x_desc("optimizer update")
             .x_label_formatter(&|v| format!("{v:.0}"))
             .y_label_formatter(&|v| tick_label(*v, y_gap))
-            .label_style(("sans-serif", 14))
+            .label_style(font(14))
             .draw()?;
         let color = COLOURS[i % COLOURS.len()];
         chart.draw_series(LineSeries::new(
@@ -458,7 +458,7 @@ fn plot_raster(trains: &SpikeTrains, spikes: &Path, title: &str, out: &Path) -> 
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!("{title}: {} ({} spikes)", labels.join(", "), points.len()),
-            ("sans-serif", 24),
+            font(24),
         )
         .margin(15)
         .x_label_area_size(45)
@@ -469,7 +469,7 @@ fn plot_raster(trains: &SpikeTrains, spikes: &Path, title: &str, out: &Path) -> 
         .x_desc("time (ms)")
         .y_desc("node id")
         .y_label_formatter(&|v| format!("{v:.0}"))
-        .label_style(("sans-serif", 16))
+        .label_style(font(16))
         .draw()?;
     chart.draw_series(
         points

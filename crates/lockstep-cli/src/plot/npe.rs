@@ -1,7 +1,7 @@
 //! The figures of `lockstep npe`: the P-P plot of `lockstep npe pp` and the corner plot of
 //! `lockstep npe sample --corner`.
 
-use super::style::{register_font, COLOURS};
+use super::style::{font, register_font, COLOURS};
 use anyhow::{bail, Context, Result};
 use lockstep_npe::calibration::PpResult;
 use plotters::prelude::*;
@@ -20,7 +20,7 @@ pub fn plot_pp(r: &PpResult, out: &Path, title: &str) -> Result<()> {
         .margin(15)
         .caption(
             format!("P-P plot, {title}, {} injections", r.percentiles.len()),
-            ("sans-serif", 22),
+            font(22),
         )
         .x_label_area_size(45)
         .y_label_area_size(55)
@@ -30,7 +30,7 @@ pub fn plot_pp(r: &PpResult, out: &Path, title: &str) -> Result<()> {
         .x_desc("credible level")
         .y_desc("fraction of injections in the credible interval")
         .light_line_style(WHITE)
-        .label_style(("sans-serif", 14))
+        .label_style(font(14))
         .draw()?;
     let grid: Vec<f64> = (0..=200).map(|i| i as f64 / 200.0).collect();
     for (z, shade) in [(3.0, 235u8), (1.96, 220), (1.0, 200)] {
@@ -70,7 +70,7 @@ pub fn plot_pp(r: &PpResult, out: &Path, title: &str) -> Result<()> {
         .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .label_font(("sans-serif", 14))
+        .label_font(font(14))
         .draw()?;
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))?;
@@ -122,10 +122,7 @@ pub fn plot_corner(
     let root =
         BitMapBackend::new(out, (panel * d as u32 + 40, panel * d as u32 + 70)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(
-        &format!("{title}: {n} posterior samples"),
-        ("sans-serif", 20),
-    )?;
+    let root = root.titled(&format!("{title}: {n} posterior samples"), font(20))?;
     let areas = root.split_evenly((d, d));
     for i in 0..d {
         for j in 0..=i {
@@ -198,7 +195,7 @@ fn corner_histogram(p: &CornerPanel, values: &[f64], truth: Option<f64>) -> Resu
         .y_labels(0)
         .x_labels(3)
         .x_desc(p.x_label)
-        .label_style(("sans-serif", 11))
+        .label_style(font(11))
         .draw()?;
     let w = (xr.1 - xr.0) / CORNER_BINS as f64;
     let blue = COLOURS[0];
@@ -238,7 +235,7 @@ fn corner_pair(p: &CornerPanel, xs: &[f64], ys: &[f64], truth: Option<(f64, f64)
         .y_labels(if p.left { 3 } else { 0 })
         .x_desc(p.x_label)
         .y_desc(p.y_label)
-        .label_style(("sans-serif", 11))
+        .label_style(font(11))
         .draw()?;
     let (wx, wy) = (
         (xr.1 - xr.0) / CORNER_BINS as f64,

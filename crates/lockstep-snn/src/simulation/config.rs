@@ -25,7 +25,7 @@
 //! folder beside `output_dir`, which then replaces it, so a rejected or failed run leaves the
 //! previous output untouched and no partial output behind.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +46,7 @@ use crate::network::Network;
 use crate::simulation::forward::{simulate_with, SimExtras, SimOptions, SimOutput, VmRecorder};
 use crate::simulation::model::InitialState;
 use crate::simulation::nest::TICS_PER_MS;
+use crate::simulation::reports::{plan_reports, PlannedReport};
 use crate::sonata::network_spec_from_circuit;
 
 /// The sections of a simulation config lockstep simulate reads (with
@@ -223,25 +224,9 @@ pub struct SimulationSummary {
     pub build_s: f64,
     /// Seconds of simulation.
     pub simulate_s: f64,
-}
-
-/// A membrane report placed on the run's time grid.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PlannedReport {
-    /// The report's name.
-    pub name: String,
-    /// File name inside `output_dir`.
-    pub file_name: String,
-    /// The recorded population.
-    pub population: String,
-    /// `[cell]` recorded node ids (ascending).
-    pub node_ids: Vec<u64>,
-    /// What the kernel records.
-    pub recorder: VmRecorder,
-    /// `[start, stop, step]` in ms for `mapping/time`.
-    pub time: [f64; 3],
-    /// Data type of the file.
-    pub dtype: ReportDtype,
+    /// Warnings about the config: report keys lockstep honours but BMTK's pointnet would
+    /// ignore (so the same config records other frames there), one message each.
+    pub warnings: Vec<String>,
 }
 
 /// A fully validated simulation, ready to run.
@@ -284,176 +269,6 @@ fn check_top_level(config: &Path) -> Result<()> {
     }
     let known = [CIRCUIT_KEYS, idiom::field_names::<SimulationConfig>()].concat();
     idiom::check_keys(root, &known, "").map_err(|e| config_error(config, e))
-}
-
-/// `x` ms as a whole number of steps of `net`'s grid, or `None` when it is off the grid.
-fn grid_steps(net: &Network, x: f64) -> Option<i64> {
-    let tics = x * TICS_PER_MS;
-    let rounded = tics.round();
-    let on_tic = (tics - rounded).abs() <= 1e-6 * rounded.abs().max(1.0);
-    (x.is_finite() && on_tic && (rounded as i64) % net.grid.tics_per_step == 0)
-        .then(|| rounded as i64 / net.grid.tics_per_step)
-}
-
-/// Places the config's membrane reports on the run's grid and resolves their cells.
-fn plan_reports(
-    cfg: &SonataConfig,
-    net: &Network,
-    n_steps: usize,
-    output_dir: &Path,
-) -> Result<Vec<PlannedReport>> {
-    let sets = lockstep_sonata::node_sets(&cfg.json).map_err(|e| config_error(&cfg.path, e))?;
-    let settings = lockstep_sonata::membrane_reports(cfg.json.get("reports"), &sets, output_dir)
-        .map_err(|e| config_error(&cfg.path, e))?;
-    let mut by_node: HashMap<(&str, u64), u32> = HashMap::new();
-    for (e, nr) in net.neurons.iter().enumerate() {
-        by_node.insert((nr.population.as_str(), nr.node_id), e as u32);
-    }
-    let mut out = Vec::with_capacity(settings.len());
-    for s in settings {
-        let err = |k: &str, p: String| cfg_err(&cfg.path, &format!("reports.{}.{k}", s.name), p);
-        let (first, last, stride) = report_frames(net, &s, n_steps, err)?;
-        let (node_ids, neurons) = report_cells(net, &by_node, &s, err)?;
-        let step_ms = |m: i64| (m * net.grid.tics_per_step) as f64 / TICS_PER_MS;
-        out.push(PlannedReport {
-            name: s.name.clone(),
-            file_name: s.file_name.clone(),
-            population: s.cells.population.clone(),
-            node_ids,
-            time: [step_ms(first), step_ms(last + stride), step_ms(stride)],
-            recorder: VmRecorder {
-                neurons,
-                first_step: first as usize,
-                stride: stride as usize,
-                n_frames: ((last - first) / stride + 1) as usize,
-            },
-            dtype: s.dtype,
-        });
-    }
-    Ok(out)
-}
-
-/// The recorded steps of report `s` on `net`'s grid: `(first, last, stride)` in steps, the
-/// multiples of its `dt` in `(start_time, end_time]` of a run of `n_steps` steps. `err`
-/// makes the error for a key of the report.
-fn report_frames(
-    net: &Network,
-    s: &lockstep_sonata::MembraneReportSettings,
-    n_steps: usize,
-    err: impl Fn(&str, String) -> SnnError,
-) -> Result<(i64, i64, i64)> {
-    let dt_ms = net.grid.dt;
-    let step_ms = |m: i64| (m * net.grid.tics_per_step) as f64 / TICS_PER_MS;
-    let stride = match s.dt {
-        None => 1,
-        Some(d) => match grid_steps(net, d) {
-            Some(k) if k >= 1 => k,
-            _ => {
-                return Err(err(
-                    "dt",
-                    format!("{d} ms must be a positive whole multiple of run.dt ({dt_ms} ms)"),
-                ))
-            }
-        },
-    };
-    let on_grid = |k: &str, x: f64| {
-        grid_steps(net, x).filter(|&m| m >= 0).ok_or_else(|| {
-            err(
-                k,
-                format!("{x} ms must be a non-negative multiple of run.dt ({dt_ms} ms)"),
-            )
-        })
-    };
-    let start = s.start_time.map_or(Ok(0), |x| on_grid("start_time", x))?;
-    let end = s
-        .end_time
-        .map_or(Ok(n_steps as i64), |x| on_grid("end_time", x))?;
-    if end > n_steps as i64 {
-        return Err(err(
-            "end_time",
-            format!(
-                "{} ms is after run.tstop ({} ms)",
-                step_ms(end),
-                step_ms(n_steps as i64)
-            ),
-        ));
-    }
-    if start >= end {
-        return Err(err(
-            "start_time",
-            format!(
-                "{} ms must be before end_time ({} ms)",
-                step_ms(start),
-                step_ms(end)
-            ),
-        ));
-    }
-    let first = (start / stride + 1) * stride;
-    let last = (end / stride) * stride;
-    if first > last {
-        return Err(err(
-            "dt",
-            format!(
-                "no recording time: no multiple of {} ms lies in ({} ms, {} ms]",
-                step_ms(stride),
-                step_ms(start),
-                step_ms(end)
-            ),
-        ));
-    }
-    Ok((first, last, stride))
-}
-
-/// The cells report `s` records: its node ids (ascending) and their external neuron
-/// indices (`by_node`: (population, node id) -> index). `err` makes the error for a key of
-/// the report.
-fn report_cells(
-    net: &Network,
-    by_node: &HashMap<(&str, u64), u32>,
-    s: &lockstep_sonata::MembraneReportSettings,
-    err: impl Fn(&str, String) -> SnnError,
-) -> Result<(Vec<u64>, Vec<u32>)> {
-    let pop = s.cells.population.as_str();
-    if !net.neurons.iter().any(|n| n.population == pop) {
-        let virt = net.virtual_nodes.iter().any(|v| v.population == pop);
-        let mut known: Vec<&str> = net.neurons.iter().map(|n| n.population.as_str()).collect();
-        known.dedup();
-        return Err(err(
-            "cells",
-            if virt {
-                format!("'{pop}' is a virtual (input) population; it has no membrane potential. Record one of: {}", known.join(", "))
-            } else {
-                format!("'{pop}' is not a node population or node set of this network (populations: {})", known.join(", "))
-            },
-        ));
-    }
-    let mut node_ids: Vec<u64> = match &s.cells.node_ids {
-        Some(ids) => ids.clone(),
-        None => net
-            .neurons
-            .iter()
-            .filter(|n| n.population == pop)
-            .map(|n| n.node_id)
-            .collect(),
-    };
-    node_ids.sort_unstable();
-    node_ids.dedup();
-    let mut neurons = Vec::with_capacity(node_ids.len());
-    for &id in &node_ids {
-        neurons.push(*by_node.get(&(pop, id)).ok_or_else(|| {
-            err(
-                "cells",
-                format!("population '{pop}' has no node with id {id}"),
-            )
-        })?);
-    }
-    if neurons.is_empty() {
-        return Err(err(
-            "cells",
-            "selects no cell; list at least one node id".into(),
-        ));
-    }
-    Ok((node_ids, neurons))
 }
 
 /// The memory a run holds beyond the compiled network: per-trial state and spike ring
@@ -532,7 +347,7 @@ pub(crate) fn memory_estimate(
             r.recorder.bytes().saturating_mul(extra) / 2,
         );
         est.driven_by(format!("reports.{}.cells", r.name))
-            .shrunk_by(format!("reports.{}.dt", r.name));
+            .shrunk_by(format!("reports.{}.{}", r.name, r.interval_key));
     }
     est
 }
@@ -767,6 +582,11 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
         rates,
         build_s,
         simulate_s,
+        warnings: prep
+            .reports
+            .iter()
+            .flat_map(|r| r.warnings.iter().cloned())
+            .collect(),
     })
 }
 
