@@ -10,10 +10,10 @@
 use crate::plot::npe::{plot_corner, plot_pp};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
-use lockstep_npe::calibration::{injection, pp_test};
+use lockstep_npe::calibration::injection;
 use lockstep_npe::stages::{train_stages, TrainRequest};
 use lockstep_npe::trained::{self, Trained};
-use lockstep_npe::{NpeError, NpeSettings};
+use lockstep_npe::{DeviceKind, DeviceModel, NpeError, NpeSettings, Placement};
 use std::path::{Path, PathBuf};
 
 /// `lockstep npe` subcommands.
@@ -97,6 +97,10 @@ pub struct SampleArgs {
     /// 2-D histograms below it, the true values (with --injection) marked in red.
     #[arg(long)]
     pub corner: Option<PathBuf>,
+    /// Where the network computes: cpu, gpu (burn's wgpu backend on the first adapter
+    /// `lockstep info` lists) or cuda (a build with the cuda feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Options of `lockstep npe pp`.
@@ -117,6 +121,10 @@ pub struct PpArgs {
     /// stages): pp.png, pp.csv (percentiles), ks.csv.
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// Where the network computes: cpu, gpu (burn's wgpu backend on the first adapter
+    /// `lockstep info` lists) or cuda (a build with the cuda feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Runs a `lockstep npe` subcommand.
@@ -261,6 +269,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
         bail!("--num-samples must be at least 1");
     }
     let t = trained::load(&args.checkpoint)?;
+    let model = model_on(&t, &args.device)?;
     let (x, truth) = match (&args.observation, args.injection) {
         (Some(spec), _) => (read_observation(spec)?, None),
         (None, Some(i)) => {
@@ -278,7 +287,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
         );
     }
     let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let samples = t.model.sample(&xf, args.num_samples, args.seed);
+    let samples = model.sample(&xf, args.num_samples, args.seed);
     let names = t.task.parameter_names();
     let d = names.len();
     if ext == "csv" {
@@ -355,11 +364,26 @@ fn write_samples_h5(
     Ok(())
 }
 
+/// The trained network on `--device` (the first adapter for `gpu`, CUDA device 0 for
+/// `cuda`), opened before any output.
+fn model_on(t: &Trained, device: &str) -> Result<DeviceModel> {
+    let kind: DeviceKind = device
+        .parse()
+        .map_err(|e: NpeError| anyhow::anyhow!("--device: {e}"))?;
+    let placement =
+        Placement::for_slot(kind, 0).map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
+    if kind != DeviceKind::Cpu {
+        eprintln!("computes on {}", placement.describe());
+    }
+    Ok(DeviceModel::from_model(&t.model, &placement)?)
+}
+
 fn pp(args: &PpArgs) -> Result<()> {
     if args.injections < 2 || args.num_samples == 0 {
         bail!("--injections must be at least 2 and --num-samples at least 1");
     }
     let t: Trained = trained::load(&args.checkpoint)?;
+    let model = model_on(&t, &args.device)?;
     // The folder of a run of several stages gets its pp/ next to its stages.
     let stages_folder = args.checkpoint.is_dir() && !args.checkpoint.join("checkpoints").is_dir();
     let base = if stages_folder {
@@ -370,13 +394,7 @@ fn pp(args: &PpArgs) -> Result<()> {
     let out = args.output_dir.clone().unwrap_or_else(|| base.join("pp"));
     let seed = args.seed.unwrap_or(t.settings.data.seed);
     let start = std::time::Instant::now();
-    let r = pp_test(
-        &t.model,
-        t.task.as_ref(),
-        seed,
-        args.injections,
-        args.num_samples,
-    );
+    let r = model.pp_test(t.task.as_ref(), seed, args.injections, args.num_samples);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut csv = r.names.join(",");
     csv.push('\n');

@@ -20,7 +20,7 @@
 //! [`exp_f32`], a branch-free exponential (Cephes `expf`'s range reduction and polynomial,
 //! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
 //! multiplications (no fused multiply-add), so every CPU computes the same bits. Other
-//! backends (CUDA, f64) compose the same formulas from burn's tensor operations.
+//! backends (wgpu, CUDA, f64) compose the same formulas from burn's tensor operations.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -142,6 +142,9 @@ fn sigmoid_backward_composed<B: Backend>(s: Tensor<B, 2>, grad: Tensor<B, 2>) ->
 }
 
 impl FusedOps for NdArray<f64> {}
+
+/// burn's wgpu backend (`local.device: gpu`): the composed formulas, each a few kernels.
+impl FusedOps for burn::backend::Wgpu {}
 
 #[cfg(feature = "cuda")]
 impl FusedOps for burn::backend::Cuda {}

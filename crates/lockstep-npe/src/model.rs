@@ -56,6 +56,19 @@ impl<B: TrainBackend> NpeModel<B> {
         }
     }
 
+    /// A copy of this model (network, frozen blocks, parameters, running statistics) on
+    /// another backend's `device`: the values are host buffers, so the copy computes the same
+    /// function.
+    pub fn on<C: TrainBackend>(&self, device: C::Device) -> NpeModel<C> {
+        NpeModel {
+            network: self.network.clone(),
+            partition: self.partition.clone(),
+            params: self.params.clone(),
+            fixed: self.fixed.clone(),
+            device,
+        }
+    }
+
     /// Freezes the parameters named by `blocks` (dotted prefixes such as
     /// `embedding_net.layers_rb` or `embedding_net.blocks.0`) and unfreezes every other one,
     /// keeping all values: afterwards [`Model::trainable`] holds only the trainable

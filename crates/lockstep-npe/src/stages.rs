@@ -25,6 +25,8 @@
 //! lines. Messages name the settings file as given and the options of `lockstep npe train`
 //! (`--train-dir`, `--overwrite`, `--resume`).
 
+use crate::device::Placement;
+use crate::device_model::DeviceModel;
 use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::model::{NpeModel, EXPORT_FILE};
@@ -70,6 +72,9 @@ struct Prepared {
     resume: Option<PathBuf>,
     /// Replicas of this launch ([`NpeSettings::replicas`]).
     replicas: usize,
+    /// The device of each replica this process runs (`local.device`): one per thread
+    /// replica, or this rank's under MPI (its node-local rank is its GPU slot).
+    placements: Vec<Placement>,
 }
 
 /// `path` made absolute against the current directory.
@@ -133,6 +138,17 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
             .map_err(|e| e.context(format!("{}: training.stage_{stage}.freeze", file.display())))?;
     }
     let replicas = settings.replicas(launch).map_err(|e| e.in_file(file))?;
+    // The devices, opened before any output: no adapter, no CUDA library or device stops the
+    // run here with the fix.
+    let slots: Vec<usize> = match launch {
+        Launch::Mpi(_) => vec![world.launch.local_rank],
+        Launch::SingleProcess => (0..replicas).collect(),
+    };
+    let placements = slots
+        .iter()
+        .map(|&slot| Placement::for_slot(settings.device(), slot))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.context(file.display().to_string()))?;
     Ok(Prepared {
         settings,
         network,
@@ -141,6 +157,7 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         first_stage,
         resume,
         replicas,
+        placements,
     })
 }
 
@@ -220,6 +237,35 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     let fresh = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
     let mut values = (fresh.parameters(), fresh.state().to_vec());
     let mut svd_report = Vec::new();
+    // The device each replica computes on, said by the chief and by any replica that shares
+    // its GPU with another one of its node.
+    let threads = matches!(p.placements.len(), n if n > 1);
+    let slot_of = |rank: usize| {
+        if threads {
+            rank
+        } else {
+            world.launch.local_rank
+        }
+    };
+    let mut device_notes = Vec::new();
+    for (i, placement) in p.placements.iter().enumerate() {
+        let rank = if threads { i } else { world.launch.rank };
+        let slot = slot_of(rank);
+        if placement.kind() != crate::device::DeviceKind::Cpu
+            && (rank == 0 || placement.shared(slot))
+        {
+            let shared = if placement.shared(slot) {
+                " (shared with another replica of this node)"
+            } else {
+                ""
+            };
+            let line = format!("rank {rank}: computes on {}{shared}", placement.describe());
+            eprintln!("{line}");
+            if chief {
+                device_notes.push(line);
+            }
+        }
+    }
     if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
         let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
         basis.initialize(network, &mut values.0)?;
@@ -234,6 +280,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         let (json, cfg) = &p.configs[stage];
         let frozen = settings.frozen_blocks(stage);
         let mut notes = std::mem::take(&mut svd_report);
+        notes.append(&mut device_notes);
         if n > 1 {
             let st = settings.stages()[stage];
             notes.push(format!(
@@ -259,8 +306,9 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
             },
             ..EngineOptions::default()
         };
-        let summary = run_job(world, cfg, &opts, |_rank| {
-            let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+        let summary = run_job(world, cfg, &opts, |rank| {
+            let placement = &p.placements[if threads { rank } else { 0 }];
+            let mut model = DeviceModel::new(network.clone(), seed, placement)?;
             model.freeze(&frozen)?;
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;
