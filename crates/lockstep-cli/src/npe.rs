@@ -364,6 +364,12 @@ fn write_samples_h5(
     Ok(())
 }
 
+/// Whether the settings at `path` set `local.device` to a GPU (`gpu`, `cuda`); read
+/// leniently: any error leaves it to the real reading of the settings.
+pub fn asks_for_gpu(path: &Path) -> bool {
+    NpeSettings::from_yaml_file(path).is_ok_and(|(s, _)| s.device() != DeviceKind::Cpu)
+}
+
 /// The trained network on `--device` (the first adapter for `gpu`, CUDA device 0 for
 /// `cuda`), opened before any output.
 fn model_on(t: &Trained, device: &str) -> Result<DeviceModel> {

@@ -152,6 +152,26 @@ impl Placement {
         }
     }
 
+    /// The device memory burn's allocator holds on this placement's GPU: (bytes in use,
+    /// bytes reserved); `None` on the CPU.
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        use cubecl::Runtime;
+        let usage = match self {
+            Placement::Cpu => return None,
+            Placement::Gpu { device, .. } => {
+                cubecl::wgpu::WgpuRuntime::client(device).memory_usage()
+            }
+            #[cfg(feature = "cuda")]
+            Placement::Cuda { index, .. } => {
+                let device = burn::backend::cuda::CudaDevice::new(*index);
+                cubecl::cuda::CudaRuntime::client(&device).memory_usage()
+            }
+            #[cfg(not(feature = "cuda"))]
+            Placement::Cuda { .. } => return None,
+        };
+        usage.ok().map(|u| (u.bytes_in_use, u.bytes_reserved))
+    }
+
     /// What the replica computes on, for logs (`cpu`, the adapter, `CUDA device i of n`).
     pub fn describe(&self) -> String {
         match self {
