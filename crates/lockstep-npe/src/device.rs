@@ -225,7 +225,7 @@ const CUDA_FIX: &str = "install the NVIDIA driver (libcuda.so.1) and NVRTC (the 
 /// libcuda and NVRTC load, and the driver sees at least one device. Returns the device
 /// count.
 ///
-/// Errors: each missing piece, with [`CUDA_FIX`] or the build command.
+/// Errors: each missing piece, with what to install (or the build command).
 pub fn check_cuda() -> Result<usize, NpeError> {
     if !cfg!(feature = "cuda") {
         return Err(NpeError::Invalid(
