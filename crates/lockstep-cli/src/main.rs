@@ -80,9 +80,10 @@ fn keep_freed_memory() {
 /// N-body code (nbody, bench nbody), the NPE flows (npe, burn's CPU backend) and the
 /// communicator benchmarks; `info` reports the devices these models bind.
 ///
-/// The spiking network's GPU engine (`run.device: "gpu"`) binds its adapter through
-/// `lockstep-gpu` (node-local rank, or the thread replica's index), not through this binding;
-/// such a run does not warn about `CUDA_VISIBLE_DEVICES`.
+/// The spiking network's GPU engine (`run.device: "gpu"`) and the NPE on a GPU
+/// (`local.device: gpu | cuda`) bind their device through `lockstep-gpu` or CUDA's ordinals
+/// (node-local rank, or the thread replica's index), not through this binding; such a run
+/// does not warn about `CUDA_VISIBLE_DEVICES`.
 fn compute_kind(command: &Command) -> Option<ComputeKind> {
     match command {
         Command::Info | Command::Train(_) | Command::Simulate(_) | Command::Nbody(_) => {
@@ -121,6 +122,7 @@ fn main() -> ExitCode {
     };
     let on_gpu = match &cli.command {
         Command::Train(t) => train::asks_for_gpu(&t.config),
+        Command::Npe(npe::NpeCommand::Train(t)) => npe::asks_for_gpu(&t.settings),
         _ => false,
     };
     if kind.is_some() && !mpi_worker && !on_gpu {

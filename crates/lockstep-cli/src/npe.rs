@@ -10,11 +10,11 @@
 use crate::plot::npe::{plot_corner, plot_pp};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
-use lockstep_npe::calibration::{injection, pp_test_with_progress};
+use lockstep_npe::calibration::injection;
 use lockstep_npe::stages::{train_stages, TrainRequest};
 use lockstep_npe::task::PriorBound;
 use lockstep_npe::trained::{self, Trained};
-use lockstep_npe::{NpeError, NpeSettings};
+use lockstep_npe::{DeviceKind, DeviceModel, NpeError, NpeSettings, Placement};
 use std::path::{Path, PathBuf};
 
 /// `lockstep npe` subcommands.
@@ -104,6 +104,10 @@ pub struct SampleArgs {
     /// posterior lies mostly outside). Without it, the fraction outside is reported.
     #[arg(long)]
     pub inside_prior: bool,
+    /// Where the network computes: cpu, gpu (burn's wgpu backend on the first adapter
+    /// `lockstep info` lists) or cuda (a build with the cuda feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Options of `lockstep npe pp`.
@@ -124,6 +128,10 @@ pub struct PpArgs {
     /// stages): pp.png, pp.csv (percentiles), ks.csv.
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// Where the network computes: cpu, gpu (burn's wgpu backend on the first adapter
+    /// `lockstep info` lists) or cuda (a build with the cuda feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Runs a `lockstep npe` subcommand.
@@ -400,6 +408,7 @@ impl PriorFilter {
 /// samples within 100 draws each (said as soon as the rate shows it).
 fn draw(
     t: &Trained,
+    model: &DeviceModel,
     xf: &[f32],
     args: &SampleArgs,
     sink: &mut dyn FnMut(&[f32]) -> Result<()>,
@@ -426,21 +435,20 @@ fn draw(
             f.drawn
         )
     };
-    t.model
-        .sample_chunks(xf, cap, args.seed, SAMPLE_CHUNK, |chunk| {
-            let rows = filter.apply(chunk);
-            let take = ((n - kept) * d).min(rows.len() as u64) as usize;
-            sink(&rows[..take])?;
-            kept += take as u64 / d;
-            if kept < n && args.inside_prior {
-                // Stop as soon as the acceptance rate shows the cap cannot be reached.
-                let rate = (filter.drawn - filter.outside) as f64 / filter.drawn as f64;
-                if rate * (cap - filter.drawn) as f64 + (kept as f64) < 0.5 * n as f64 {
-                    return Err(too_few(&filter, kept));
-                }
+    model.sample_chunks(xf, cap, args.seed, SAMPLE_CHUNK, |chunk| {
+        let rows = filter.apply(chunk);
+        let take = ((n - kept) * d).min(rows.len() as u64) as usize;
+        sink(&rows[..take])?;
+        kept += take as u64 / d;
+        if kept < n && args.inside_prior {
+            // Stop as soon as the acceptance rate shows the cap cannot be reached.
+            let rate = (filter.drawn - filter.outside) as f64 / filter.drawn as f64;
+            if rate * (cap - filter.drawn) as f64 + (kept as f64) < 0.5 * n as f64 {
+                return Err(too_few(&filter, kept));
             }
-            Ok(kept < n)
-        })?;
+        }
+        Ok(kept < n)
+    })?;
     if kept < n {
         return Err(too_few(&filter, kept));
     }
@@ -464,6 +472,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
         bail!("--num-samples must be at least 1");
     }
     let t = trained::load(&args.checkpoint)?;
+    let model = model_on(&t, &args.device)?;
     let (x, truth, source) = match (&args.observation, args.injection) {
         (Some(spec), _) => {
             let (x, source) = read_observation(spec)?;
@@ -497,7 +506,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
                 .with_context(|| format!("cannot create {}", tmp.display()))?;
             let mut w = std::io::BufWriter::new(f);
             writeln!(w, "{}", names.join(","))?;
-            filter = Some(draw(&t, &xf, args, &mut |rows| {
+            filter = Some(draw(&t, &model, &xf, args, &mut |rows| {
                 keep_for_corner(rows);
                 for row in rows.chunks_exact(d) {
                     let r: Vec<String> = row.iter().map(|v| format!("{v}")).collect();
@@ -515,6 +524,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
             filter = Some(write_samples_h5(
                 tmp,
                 &t,
+                &model,
                 &xf,
                 args,
                 &names,
@@ -569,6 +579,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
 fn write_samples_h5(
     path: &Path,
     t: &Trained,
+    model: &DeviceModel,
     xf: &[f32],
     args: &SampleArgs,
     names: &[String],
@@ -585,7 +596,7 @@ fn write_samples_h5(
             .context("the sample count does not fit this machine's usize")?;
         let ds = f.new_dataset::<f32>().shape([rows, d]).create("samples")?;
         let mut done = 0usize;
-        let filter = draw(t, xf, args, &mut |chunk| {
+        let filter = draw(t, model, xf, args, &mut |chunk| {
             keep(chunk);
             let r = chunk.len() / d;
             let view = ndarray::ArrayView2::from_shape((r, d), chunk)?;
@@ -620,6 +631,26 @@ fn write_samples_h5(
     write()
 }
 
+/// Whether the settings at `path` set `local.device` to a GPU (`gpu`, `cuda`); read
+/// leniently: any error leaves it to the real reading of the settings.
+pub fn asks_for_gpu(path: &Path) -> bool {
+    NpeSettings::from_yaml_file(path).is_ok_and(|(s, _)| s.device() != DeviceKind::Cpu)
+}
+
+/// The trained network on `--device` (the first adapter for `gpu`, CUDA device 0 for
+/// `cuda`), opened before any output.
+fn model_on(t: &Trained, device: &str) -> Result<DeviceModel> {
+    let kind: DeviceKind = device
+        .parse()
+        .map_err(|e: NpeError| anyhow::anyhow!("--device: {e}"))?;
+    let placement =
+        Placement::for_slot(kind, 0).map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
+    if kind != DeviceKind::Cpu {
+        eprintln!("computes on {}", placement.describe());
+    }
+    Ok(DeviceModel::from_model(&t.model, &placement)?)
+}
+
 fn pp(args: &PpArgs) -> Result<()> {
     if args.injections < 2 || args.num_samples == 0 {
         bail!("--injections must be at least 2 and --num-samples at least 1");
@@ -641,6 +672,7 @@ fn pp(args: &PpArgs) -> Result<()> {
     .driven_by("--injections")
     .driven_by("--num-samples");
     m.check_here("this P-P test")?;
+    let model = model_on(&t, &args.device)?;
     // The folder of a run of several stages gets its pp/ next to its stages.
     let stages_folder = args.checkpoint.is_dir() && !args.checkpoint.join("checkpoints").is_dir();
     let base = if stages_folder {
@@ -665,8 +697,7 @@ fn pp(args: &PpArgs) -> Result<()> {
             );
         }
     };
-    let r = pp_test_with_progress(
-        &t.model,
+    let r = model.pp_test_with_progress(
         t.task.as_ref(),
         seed,
         args.injections,

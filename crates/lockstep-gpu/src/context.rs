@@ -11,10 +11,15 @@ use crate::adapter::{ordered_adapters, AdapterSummary};
 use crate::error::{GpuError, Result};
 
 /// The shader features lockstep's engines use, requested wherever the adapter has them
-/// (each engine checks the ones it needs with [`GpuContext::require`]).
+/// (each engine checks the ones it needs with [`GpuContext::require`]). Subgroups and float32
+/// atomics are for burn's wgpu backend (the NPE, [`GpuContext::wgpu_handles`]): its kernel
+/// compiler emits them whenever the adapter reports them, so the shared device must enable
+/// them too.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F64
     .union(wgpu::Features::SHADER_INT64)
-    .union(wgpu::Features::SHADER_F16);
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
 
 /// An open adapter: its device and queue, limits, features and the errors the device
 /// reported since the last [`GpuContext::check`].
@@ -114,6 +119,20 @@ impl GpuContext {
         });
         open.insert(index, ctx.clone());
         Ok(ctx)
+    }
+
+    /// The process's wgpu instance and this device's adapter, for libraries that run on an
+    /// existing device (burn's wgpu backend: `burn::backend::wgpu::init_device` with the
+    /// device and queue above), so the process opens one device per adapter whoever
+    /// computes on it.
+    pub fn wgpu_handles(&self) -> (wgpu::Instance, wgpu::Adapter) {
+        let (instance, list) = adapters();
+        let adapter = list
+            .iter()
+            .find(|(_, s)| s.index == self.adapter.index)
+            .map(|(a, _)| a.clone())
+            .expect("an open context's adapter is in the process's list");
+        (instance.clone(), adapter)
     }
 
     /// Errors unless the device has `feature` (named `name` in the message), which

@@ -1,7 +1,7 @@
 //! The backend traits the NPE network runs on: burn backends with the custom operations of
 //! this crate, SyncBatchNorm ([`NormBackend`]) and fused activations ([`FusedOps`]).
-//! The ndarray backend (f32, f64), CUDA (feature `cuda`) and `Autodiff` over any of them
-//! implement both.
+//! The ndarray backend (f32, f64), wgpu, CUDA (feature `cuda`) and `Autodiff` over any of
+//! them implement both.
 
 use crate::fused_ops::FusedOps;
 use crate::sync_batch_norm::NormBackend;

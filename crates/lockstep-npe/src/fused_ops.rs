@@ -20,7 +20,7 @@
 //! [`exp_f32`], a branch-free exponential (Cephes `expf`'s range reduction and polynomial,
 //! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
 //! multiplications (no fused multiply-add), so every CPU computes the same bits. Other
-//! backends (CUDA, f64) compose the same formulas from burn's tensor operations.
+//! backends (wgpu, CUDA, f64) compose the same formulas from burn's tensor operations.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -37,6 +37,12 @@ use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1
 /// runs fused kernels and every `Autodiff<B>` records one node per operation, with the
 /// backward steps below.
 pub trait FusedOps: Backend {
+    /// Whether tensors live in host memory (the ndarray backend): a parameter tensor is then
+    /// made from its slice of the flat buffer and its gradient read without a transfer. On a
+    /// device (`false`) the model uploads each flat buffer once and reads the gradient back
+    /// packed in one tensor ([`crate::params::Params::partitioned_leaves_packed`]).
+    const HOST_MEMORY: bool = false;
+
     /// The linear layer `x Wᵀ + b` (PyTorch `nn.Linear`): `x: [batch, in]`, `weight` the
     /// row-major `[out, in]` matrix flattened to `[out * in]`, `bias: [out]` ->
     /// `[batch, out]`.
@@ -141,12 +147,19 @@ fn sigmoid_backward_composed<B: Backend>(s: Tensor<B, 2>, grad: Tensor<B, 2>) ->
     grad * s.clone() * s.neg().add_scalar(1.0)
 }
 
-impl FusedOps for NdArray<f64> {}
+impl FusedOps for NdArray<f64> {
+    const HOST_MEMORY: bool = true;
+}
+
+/// burn's wgpu backend (`local.device: gpu`): the composed formulas, each a few kernels.
+impl FusedOps for burn::backend::Wgpu {}
 
 #[cfg(feature = "cuda")]
 impl FusedOps for burn::backend::Cuda {}
 
 impl FusedOps for NdArray<f32> {
+    const HOST_MEMORY: bool = true;
+
     fn fused_linear(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
@@ -483,6 +496,8 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
 }
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    const HOST_MEMORY: bool = B::HOST_MEMORY;
+
     fn fused_linear(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,

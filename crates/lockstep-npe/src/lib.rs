@@ -31,8 +31,10 @@
 //!   are the model's frozen buffer, identical on every replica, checkpointed and restored
 //!   exactly.
 //!
-//! Tensors and autodiff come from burn (CPU: the ndarray backend; the `cuda` feature adds
-//! `CudaAutodiff` and `cuda_model`, which load CUDA at run time). burn's ndarray backends share
+//! Tensors and autodiff come from burn: the ndarray backend on the CPU, the wgpu backend on
+//! any Vulkan/Metal/DX12 GPU (on the device lockstep-gpu opened), and with the `cuda` feature
+//! `CudaAutodiff` and `cuda_model`, which load CUDA at run time; `local.device` picks one per
+//! run ([`device`], [`device_model::DeviceModel`]). burn's ndarray backends share
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
@@ -41,6 +43,8 @@
 pub mod backend;
 pub mod c2st;
 pub mod calibration;
+pub mod device;
+pub mod device_model;
 pub mod error;
 pub mod flow;
 pub mod fused_ops;
@@ -59,6 +63,8 @@ pub mod task;
 pub mod tasks;
 pub mod trained;
 
+pub use device::{DeviceKind, Placement, WgpuAutodiff, WgpuBackend};
+pub use device_model::DeviceModel;
 pub use error::NpeError;
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;

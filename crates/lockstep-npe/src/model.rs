@@ -56,6 +56,24 @@ impl<B: TrainBackend> NpeModel<B> {
         }
     }
 
+    /// The device the passes compute on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// A copy of this model (network, frozen blocks, parameters, running statistics) on
+    /// another backend's `device`: the values are host buffers, so the copy computes the same
+    /// function.
+    pub fn on<C: TrainBackend>(&self, device: C::Device) -> NpeModel<C> {
+        NpeModel {
+            network: self.network.clone(),
+            partition: self.partition.clone(),
+            params: self.params.clone(),
+            fixed: self.fixed.clone(),
+            device,
+        }
+    }
+
     /// Freezes the parameters named by `blocks` (dotted prefixes such as
     /// `embedding_net.layers_rb` or `embedding_net.blocks.0`) and unfreezes every other one,
     /// keeping all values: afterwards [`Model::trainable`] holds only the trainable
@@ -249,7 +267,13 @@ impl<B: TrainBackend> NpeModel<B> {
         let layout = self.network.layout();
         let part = &self.partition;
         let (frozen, state) = self.fixed.split_at_mut(part.frozen_len());
-        let p = Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device);
+        // On a device each flat buffer crosses once and the gradient comes back packed in
+        // one transfer; in host memory each parameter is its own slice.
+        let p = if B::HOST_MEMORY {
+            Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device)
+        } else {
+            Params::<B>::partitioned_leaves_packed(layout, part, &self.params, frozen, &self.device)
+        };
         let mut pass = Pass {
             params: &p,
             state,
@@ -260,7 +284,11 @@ impl<B: TrainBackend> NpeModel<B> {
         let lp = self.network.log_prob(&mut pass, theta, x, n);
         let values = to_vec(lp.clone().detach());
         let mut grads = lp.mean().neg().backward();
-        p.write_partitioned_gradients(layout, part, &mut grads, grad);
+        if B::HOST_MEMORY {
+            p.write_partitioned_gradients(layout, part, &mut grads, grad);
+        } else {
+            p.write_partitioned_gradients_packed(layout, part, &mut grads, grad);
+        }
         values
     }
 }

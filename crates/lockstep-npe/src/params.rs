@@ -281,6 +281,80 @@ impl<B: AutodiffBackend> Params<B> {
         }
     }
 
+    /// [`Params::partitioned_leaves`] for a device backend: the trainable and the frozen
+    /// buffer each cross to the device in one transfer and are cut into parameters there
+    /// (`narrow`), instead of one transfer per parameter.
+    pub fn partitioned_leaves_packed(
+        layout: &Layout,
+        partition: &Partition,
+        trainable: &[f32],
+        frozen: &[f32],
+        device: &B::Device,
+    ) -> Self {
+        let upload = |v: &[f32]| {
+            (!v.is_empty()).then(|| {
+                Tensor::<B::InnerBackend, 1>::from_data(
+                    TensorData::new(v.to_vec(), [v.len()]),
+                    device,
+                )
+            })
+        };
+        let (t_all, f_all) = (upload(trainable), upload(frozen));
+        let tensors = layout
+            .specs()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let o = partition.offsets[i];
+                let all = if partition.is_trainable(i) {
+                    &t_all
+                } else {
+                    &f_all
+                };
+                let all = all.clone().expect("a parameter lies in a non-empty buffer");
+                let t = Tensor::<B, 1>::from_inner(all.narrow(0, o, s.numel()));
+                if partition.is_trainable(i) {
+                    t.require_grad()
+                } else {
+                    t
+                }
+            })
+            .collect();
+        Params {
+            tensors,
+            shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+        }
+    }
+
+    /// [`Params::write_partitioned_gradients`] for a device backend: the trainable
+    /// parameters' gradients are concatenated on the device, in the trainable buffer's
+    /// order, and read back in one transfer (zeros for a parameter the loss does not depend
+    /// on).
+    pub fn write_partitioned_gradients_packed(
+        &self,
+        layout: &Layout,
+        partition: &Partition,
+        grads: &mut B::Gradients,
+        grad: &mut [f32],
+    ) {
+        let parts: Vec<Tensor<B::InnerBackend, 1>> = self
+            .tensors
+            .iter()
+            .zip(layout.specs())
+            .enumerate()
+            .filter(|(i, _)| partition.is_trainable(*i))
+            .map(|(_, (t, s))| {
+                t.grad_remove(grads)
+                    .unwrap_or_else(|| Tensor::zeros([s.numel()], &t.device()))
+            })
+            .collect();
+        if parts.is_empty() {
+            return;
+        }
+        let data = Tensor::cat(parts, 0).into_data().convert::<f32>();
+        grad.copy_from_slice(data.as_slice::<f32>().expect("f32 after convert"));
+    }
+
     /// Moves the gradients of the `partition`'s trainable parameters out of `grads` into the
     /// packed trainable gradient `grad` (length `partition.trainable_len()`).
     pub fn write_partitioned_gradients(

@@ -41,7 +41,7 @@
 //!     freeze_rb_layer: true  # keep the SVD layer fixed (Dingo)
 //!     freeze: [embedding_net.initial_layer, embedding_net.blocks.0]   # lockstep key
 //! local:
-//!   device: cpu
+//!   device: cpu              # cpu, gpu (wgpu: Vulkan/Metal/DX12) or cuda (feature cuda)
 //!   replicas: 2              # thread replicas (under mpirun: one per rank); alias num_gpus
 //!   checkpoint_epochs: 5
 //! ```
@@ -386,7 +386,8 @@ fn default_threshold() -> f64 {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocalSettings {
-    /// `cpu` (the default); CUDA training through the engine is not wired up yet.
+    /// `cpu` (the default), `gpu` (burn's wgpu backend on the replica's Vulkan/Metal/DX12
+    /// adapter) or `cuda` (burn's CUDA backend, feature `cuda`): [`crate::device`].
     #[serde(default)]
     pub device: Option<String>,
     /// Thread replicas in one process (default 1). Under `mpirun`/`srun` the replicas are
@@ -1062,7 +1063,7 @@ impl NpeSettings {
             if st.automatic_mixed_precision == Some(true) {
                 return Err(not_yet(
                     &format!("{sk}.automatic_mixed_precision"),
-                    "mixed precision (every pass computes in f32 on the CPU backend)",
+                    "mixed precision (every pass computes in f32, on every local.device)",
                 ));
             }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
@@ -1088,7 +1089,17 @@ impl NpeSettings {
     /// `local`: CPU, at least one replica, and no Dingo keys whose features are not here.
     fn check_local(&self) -> Result<(), ConfigError> {
         let l = &self.local;
-        only("local.device", &l.device, "cpu")?;
+        if let Some(d) = &l.device {
+            d.parse::<crate::device::DeviceKind>().map_err(|_| {
+                ConfigError::new(
+                    "local.device",
+                    format!(
+                        "{d:?} is not a device; use {}",
+                        crate::device::DeviceKind::CHOICES
+                    ),
+                )
+            })?;
+        }
         for (key, v) in [("replicas", l.replicas), ("num_gpus", l.num_gpus)] {
             if v == Some(0) {
                 return Err(ConfigError::new(
@@ -1170,6 +1181,16 @@ impl NpeSettings {
         let per_update =
             (st.batch_size * st.gradient_updates_per_optimizer_step.unwrap_or(1)) as u64;
         self.train_samples() / per_update.max(1)
+    }
+
+    /// The device of `local.device` (`cpu` when absent; checked by the settings' validation,
+    /// an unknown value reads as `cpu` here).
+    pub fn device(&self) -> crate::device::DeviceKind {
+        self.local
+            .device
+            .as_deref()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or_default()
     }
 
     /// The replica count for `launch`: the ranks under MPI, else `local.replicas` (or its

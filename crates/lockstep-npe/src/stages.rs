@@ -35,6 +35,8 @@
 //! lines. Messages name the settings file as given and the options of `lockstep npe train`
 //! (`--train-dir`, `--overwrite`, `--resume`).
 
+use crate::device::Placement;
+use crate::device_model::DeviceModel;
 use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::model::{NpeModel, EXPORT_FILE};
@@ -86,6 +88,9 @@ struct Prepared {
     replicas: usize,
     /// Notes about the data for the log (constant x components left unscaled).
     data_notes: Vec<String>,
+    /// The device of each replica this process runs (`local.device`): one per thread
+    /// replica, or this rank's under MPI (its node-local rank is its GPU slot).
+    placements: Vec<Placement>,
 }
 
 /// `path` made absolute against the current directory.
@@ -235,6 +240,17 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
             .map_err(|e| e.context(format!("{}: training.stage_{stage}.freeze", file.display())))?;
     }
     let replicas = settings.replicas(launch).map_err(|e| e.in_file(file))?;
+    // The devices, opened before any output: no adapter, no CUDA library or device stops the
+    // run here with the fix.
+    let slots: Vec<usize> = match launch {
+        Launch::Mpi(_) => vec![world.launch.local_rank],
+        Launch::SingleProcess => (0..replicas).collect(),
+    };
+    let placements = slots
+        .iter()
+        .map(|&slot| Placement::for_slot(settings.device(), slot))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.context(file.display().to_string()))?;
     Ok(Prepared {
         settings,
         network,
@@ -245,6 +261,7 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         start_from,
         replicas,
         data_notes,
+        placements,
     })
 }
 
@@ -332,6 +349,35 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     if chief {
         svd_report.iter().for_each(|l| println!("{l}"));
     }
+    // The device each replica computes on, said by the chief and by any replica that shares
+    // its GPU with another one of its node.
+    let threads = matches!(p.placements.len(), n if n > 1);
+    let slot_of = |rank: usize| {
+        if threads {
+            rank
+        } else {
+            world.launch.local_rank
+        }
+    };
+    let mut device_notes = Vec::new();
+    for (i, placement) in p.placements.iter().enumerate() {
+        let rank = if threads { i } else { world.launch.rank };
+        let slot = slot_of(rank);
+        if placement.kind() != crate::device::DeviceKind::Cpu
+            && (rank == 0 || placement.shared(slot))
+        {
+            let shared = if placement.shared(slot) {
+                " (shared with another replica of this node)"
+            } else {
+                ""
+            };
+            let line = format!("rank {rank}: computes on {}{shared}", placement.describe());
+            eprintln!("{line}");
+            if chief {
+                device_notes.push(line);
+            }
+        }
+    }
     if let Some(file) = &p.start_from {
         // A checkpoint that ends the previous stage: the chief reads its values, the
         // startup broadcast hands them to every replica.
@@ -366,6 +412,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         let (json, cfg) = &p.configs[stage];
         let frozen = settings.frozen_blocks(stage);
         let mut notes = std::mem::take(&mut svd_report);
+        notes.append(&mut device_notes);
         if n > 1 {
             let st = settings.stages()[stage];
             notes.push(format!(
@@ -391,8 +438,9 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
             },
             ..EngineOptions::default()
         };
-        let summary = run_job(world, cfg, &opts, |_rank| {
-            let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+        let summary = run_job(world, cfg, &opts, |rank| {
+            let placement = &p.placements[if threads { rank } else { 0 }];
+            let mut model = DeviceModel::new(network.clone(), seed, placement)?;
             model.freeze(&frozen)?;
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;

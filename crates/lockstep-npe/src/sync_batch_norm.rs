@@ -259,6 +259,8 @@ impl NormBackend for burn::backend::NdArray<f32> {}
 
 impl NormBackend for burn::backend::NdArray<f64> {}
 
+impl NormBackend for burn::backend::Wgpu {}
+
 #[cfg(feature = "cuda")]
 impl NormBackend for burn::backend::Cuda {}
 

@@ -21,15 +21,26 @@
 //!    (what DDP without `convert_sync_batchnorm` trains; the bench wraps the model so that
 //!    the engine runs it, which `lockstep npe` refuses), seconds per update in one run, so
 //!    the cost of the batch statistics' collectives is seen.
+//!
+//! With `--device gpu` (burn's wgpu backend on the first adapter lockstep-gpu lists) or
+//! `--device cuda`, part 1 runs on that device instead: seconds per step, the phases (each
+//! ended by a device sync, so a phase's time is its kernels' time), the cost of copying the
+//! parameters to the device and the gradient back into the flat buffer the all-reduce sends,
+//! and the device memory burn's allocator holds; the other parts are CPU measurements and
+//! are skipped.
 
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
+use lockstep_npe::backend::TrainBackend;
 use lockstep_npe::layers::Pass;
 use lockstep_npe::params::{to_vec, Params};
 use lockstep_npe::settings::Launch;
 use lockstep_npe::Task;
-use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeNetwork, NpeSettings, TaskSource};
+use lockstep_npe::{
+    trained, CpuAutodiff, DeviceKind, DeviceModel, NpeModel, NpeNetwork, NpeSettings, Placement,
+    TaskSource,
+};
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::run_job;
 use lockstep_train::{BatchSource, EngineOptions, Model, Optimizer, OptimizerConfig, TrainSummary};
@@ -85,6 +96,10 @@ pub struct BenchNpeArgs {
     /// `batch_norm`); the main network's norms when absent.
     #[arg(long, hide = true)]
     pub norm: Option<String>,
+    /// Where the one-replica step runs: cpu (all parts), gpu (burn's wgpu backend on the
+    /// first adapter) or cuda (a build with the cuda feature); on a GPU only part 1 runs.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES`,
@@ -179,6 +194,12 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
         network.x_dim, network.theta_dim, params
     );
 
+    let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
+    if kind != DeviceKind::Cpu {
+        let placement =
+            Placement::for_slot(kind, 0).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+        return on_device(args, &network, s.data.seed, &batch, &placement);
+    }
     let (step, initial, initial_loss) =
         single_core(args, &network, s.data.seed, &batch.targets, &batch.inputs)?;
     let ddp = if args.no_torch {
@@ -223,7 +244,15 @@ fn single_core(
             step_s.push(t.elapsed().as_secs_f64());
         }
     }
-    let phases = phases(network, &initial, theta, x, n, args)?;
+    let phases = phases::<CpuAutodiff>(
+        network,
+        &initial,
+        theta,
+        x,
+        args,
+        &Default::default(),
+        &mut || {},
+    )?;
     let step = median(&step_s);
     println!(
         "\n1 replica, 1 core (burn ndarray backend, f32): median of {} steps after {} warm-up",
@@ -251,6 +280,111 @@ fn single_core(
         100.0 * (phases[0] + phases[4]) / step
     );
     Ok((step, initial, initial_loss))
+}
+
+/// Part 1 on a GPU (`--device gpu|cuda`): seconds per step and its phases, the copies
+/// between the flat host buffers and the device, and the device memory in use.
+fn on_device(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    seed: u64,
+    batch: &lockstep_train::Batch,
+    placement: &Placement,
+) -> Result<()> {
+    println!("device: {}", placement.describe());
+    match DeviceModel::new(network.clone(), seed, placement)? {
+        DeviceModel::Gpu(m) => device_step(args, m, batch, placement),
+        #[cfg(feature = "cuda")]
+        DeviceModel::Cuda(m) => device_step(args, m, batch, placement),
+        DeviceModel::Cpu(_) => bail!("on_device runs on a GPU"),
+    }
+}
+
+/// [`on_device`] for the model's backend.
+fn device_step<B: TrainBackend>(
+    args: &BenchNpeArgs,
+    mut model: NpeModel<B>,
+    batch: &lockstep_train::Batch,
+    placement: &Placement,
+) -> Result<()> {
+    let (theta, x, n) = (&batch.targets, &batch.inputs, args.batch);
+    let params = model.trainable().len();
+    let initial = model.trainable().to_vec();
+    let mut opt = Optimizer::new(OptimizerConfig::default(), params);
+    let mut grad = vec![0.0f32; params];
+    let mut step_s = Vec::new();
+    let first = Instant::now();
+    for i in 0..args.warmup + args.steps {
+        let t = Instant::now();
+        let loss = model.nll_and_grad(theta, x, n, &mut grad);
+        if !loss.is_finite() {
+            bail!("the loss is {loss}");
+        }
+        opt.update(model.trainable_mut(), &grad);
+        if i == 0 {
+            println!(
+                "first step (kernels compiled): {:.2} s",
+                first.elapsed().as_secs_f64()
+            );
+        }
+        if i >= args.warmup {
+            step_s.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let mut memory: Option<(u64, u64)> = None;
+    let phases = phases::<B>(
+        &model.network,
+        &initial,
+        theta,
+        x,
+        args,
+        model.device(),
+        &mut || {
+            if let Some((u, r)) = placement.memory() {
+                let (pu, pr) = memory.unwrap_or((0, 0));
+                memory = Some((pu.max(u), pr.max(r)));
+            }
+        },
+    )?;
+    let step = median(&step_s);
+    println!(
+        "\n1 replica on {} (burn, f32): median of {} steps after {} warm-up",
+        placement.kind(),
+        args.steps,
+        args.warmup
+    );
+    println!("{:>28} {:>10} {:>8}", "phase", "ms", "% step");
+    let names = [
+        "copy params host -> device",
+        "forward: embedding",
+        "forward: flow + loss",
+        "backward",
+        "copy grads device -> flat",
+        "Adam update (host)",
+    ];
+    let sum: f64 = phases.iter().sum();
+    for (name, t) in names.iter().zip(&phases) {
+        println!("{:>28} {:>10.2} {:>8.1}", name, 1e3 * t, 100.0 * t / sum);
+    }
+    println!("{:>28} {:>10.2} {:>8.1}", "sum of phases", 1e3 * sum, 100.0);
+    println!(
+        "step (NpeModel::nll_and_grad + Adam): {:.4} s/step, {:.0} samples/s; parameter and gradient copies {:.2} ms = {:.1}% of the step ({} values, {:.1} MiB each way)",
+        step,
+        n as f64 / step,
+        1e3 * (phases[0] + phases[4]),
+        100.0 * (phases[0] + phases[4]) / step,
+        params,
+        4.0 * params as f64 / (1u64 << 20) as f64
+    );
+    match memory {
+        Some((used, reserved)) => println!(
+            "device memory at the end of the backward pass (activations and gradients alive): {:.1} MiB in use, {:.1} MiB reserved by burn's allocator",
+            used as f64 / (1u64 << 20) as f64,
+            reserved as f64 / (1u64 << 20) as f64
+        ),
+        None => println!("device memory: not reported by this backend"),
+    }
+    Ok(())
 }
 
 /// Part 2 of the bench: PyTorch eager on the same batch and initial parameters (a note when
@@ -416,16 +550,20 @@ fn replica_table(
 
 /// Median seconds of each phase: unpack, embedding forward, flow forward + loss, backward,
 /// pack, Adam.
-fn phases(
+fn phases<B: TrainBackend>(
     network: &NpeNetwork,
     initial: &[f32],
     theta: &[f32],
     x: &[f32],
-    n: usize,
     args: &BenchNpeArgs,
+    device: &B::Device,
+    probe: &mut dyn FnMut(),
 ) -> Result<Vec<f64>> {
-    let device = Default::default();
+    let n = args.batch;
+    // A phase ends when its kernels have run (a no-op on the CPU backend).
+    let sync = || B::sync(device).map_err(|e| anyhow!("the device failed: {e:?}"));
     let layout = network.layout();
+    let all = lockstep_npe::params::Partition::all_trainable(layout);
     let mut params = initial.to_vec();
     let (_, mut state) = network.initial_values(0);
     let mut grad = vec![0.0f32; params.len()];
@@ -434,7 +572,13 @@ fn phases(
     for i in 0..args.warmup + args.steps {
         let mut t = [0.0f64; 6];
         let c = Instant::now();
-        let p = Params::<CpuAutodiff>::leaves(layout, &params, &device);
+        // As NpeModel does: on a device one upload and one packed gradient read-back.
+        let p = if B::HOST_MEMORY {
+            Params::<B>::leaves(layout, &params, device)
+        } else {
+            Params::<B>::partitioned_leaves_packed(layout, &all, &params, &[], device)
+        };
+        sync()?;
         t[0] = c.elapsed().as_secs_f64();
         let mut pass = Pass {
             params: &p,
@@ -445,6 +589,7 @@ fn phases(
         };
         let c = Instant::now();
         let context = network.context(&mut pass, x, n);
+        sync()?;
         t[1] = c.elapsed().as_secs_f64();
         let c = Instant::now();
         let lp = network.log_prob_with_context(&mut pass, theta, &context, n);
@@ -456,9 +601,16 @@ fn phases(
         }
         let c = Instant::now();
         let mut grads = loss.backward();
+        sync()?;
         t[3] = c.elapsed().as_secs_f64();
+        // The activations and every gradient are alive here: the step's peak memory.
+        probe();
         let c = Instant::now();
-        p.write_gradients(layout, &mut grads, &mut grad);
+        if B::HOST_MEMORY {
+            p.write_gradients(layout, &mut grads, &mut grad);
+        } else {
+            p.write_partitioned_gradients_packed(layout, &all, &mut grads, &mut grad);
+        }
         t[4] = c.elapsed().as_secs_f64();
         let c = Instant::now();
         opt.update(&mut params, &grad);

@@ -1,0 +1,388 @@
+//! `lockstep npe` with `local.device: gpu` (burn's wgpu backend on the adapter lockstep-gpu
+//! selects), on the machine's Vulkan adapter: Mesa's software driver lavapipe in CI. No
+//! adapter is a failure of these tests, never a skip.
+//!
+//! - gaussian_linear trains on the GPU with the CPU run's losses (1e-4 relative, 10 updates
+//!   from the same initial parameters);
+//! - 2 MPI ranks on the GPU with local batch B train like 1 rank with 2B (LayerNorm and
+//!   SyncBatchNorm), the two ranks sharing the one adapter, which the run says;
+//! - a checkpoint written on the GPU resumes on the CPU and the reverse;
+//! - `npe sample` and `npe pp` take `--device`;
+//! - no adapter, or `cuda` in a build without CUDA, stops before any output naming the fix.
+
+use lockstep_comm::launch::{mpirun_command, run_with_limit, JobOutput};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
+
+/// gaussian_linear settings in `dim` dimensions (a small flow: 2 steps, width 16) on
+/// `device`; 356 simulations x 0.9 = 320 training simulations.
+fn settings(
+    dim: usize,
+    norm: &str,
+    epochs: u64,
+    batch: usize,
+    device: &str,
+    local: &str,
+) -> String {
+    let optimizer = if norm == "batch_norm" {
+        // The bias before a BatchNorm layer has a gradient of 0 up to rounding, which Adam
+        // scales up to steps of ±lr: SGD keeps the comparison about the backend.
+        "{type: sgd, lr: 0.01, momentum: 0.9}"
+    } else {
+        "{type: adam, lr: 0.003}"
+    };
+    format!(
+        "data:
+  task: {{name: gaussian_linear, dim: {dim}}}
+  num_samples: 356
+  train_fraction: 0.9
+  seed: 5
+model:
+  posterior_model_type: normalizing_flow
+  posterior_kwargs:
+    num_flow_steps: 2
+    base_transform_kwargs:
+      hidden_dim: 16
+      num_transform_blocks: 1
+      activation: elu
+      dropout_probability: 0.0
+      norm: {norm}
+      num_bins: 8
+      base_transform_type: rq-coupling
+      tail_bound: 3.0
+  embedding_kwargs:
+    output_dim: 8
+    hidden_dims: [16, 16]
+    activation: elu
+    dropout: 0.0
+    norm: {norm}
+training:
+  stage_0:
+    epochs: {epochs}
+    batch_size: {batch}
+    optimizer: {optimizer}
+local:
+  device: {device}
+{local}"
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn lockstep(args: &[&str]) -> JobOutput {
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.args(args);
+    run_with_limit(cmd, Duration::from_secs(120)).unwrap()
+}
+
+fn ok(out: JobOutput) -> JobOutput {
+    assert!(out.success(), "{}", out.all_output());
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Trainable and frozen values (running statistics included) of checkpoint `update`.
+fn values(run: &Path, update: u64) -> Vec<f32> {
+    let state = lockstep_train::checkpoint::read(
+        &run.join(format!("checkpoints/update_{update:06}.safetensors")),
+    )
+    .unwrap();
+    [state.trainable, state.frozen].concat()
+}
+
+/// The per-update losses of a run (`callbacks/losses.csv`).
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("callbacks/losses.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// gaussian_linear (dim 2 and 3) trains on the GPU with the CPU's losses, update by update
+/// (1e-4 relative), from the same initial parameters; the run names its adapter.
+#[test]
+fn gpu_training_gives_the_cpu_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for dim in [2, 3] {
+        let (rc, rg) = (d.join(format!("cpu{dim}")), d.join(format!("gpu{dim}")));
+        let cpu = write(
+            d,
+            "cpu.yaml",
+            &settings(dim, "layer_norm", 1, 32, "cpu", ""),
+        );
+        let gpu = write(
+            d,
+            "gpu.yaml",
+            &settings(dim, "layer_norm", 1, 32, "gpu", ""),
+        );
+        ok(lockstep(&["npe", "train", s(&cpu), "--train-dir", s(&rc)]));
+        let out = ok(lockstep(&["npe", "train", s(&gpu), "--train-dir", s(&rg)]));
+        assert!(
+            out.stderr.contains("rank 0: computes on GPU adapter"),
+            "{}",
+            out.all_output()
+        );
+        let log = std::fs::read_to_string(rg.join("run.log")).unwrap();
+        assert!(log.contains("computes on GPU adapter"), "{log}");
+        let (lc, lg) = (losses(&rc), losses(&rg));
+        assert_eq!((lc.len(), lg.len()), (10, 10));
+        for (u, (a, b)) in lc.iter().zip(&lg).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs().max(1e-3),
+                "dim {dim}, update {}: cpu {a} gpu {b}",
+                u + 1
+            );
+        }
+        let dp = rel_l2(&values(&rg, 10), &values(&rc, 10));
+        eprintln!("dim {dim}: parameters gpu vs cpu {dp:e}");
+        assert!(dp <= 1e-4, "dim {dim}: parameters gpu vs cpu {dp:e}");
+    }
+}
+
+/// 2 MPI ranks on the GPU (sharing the one adapter, which each run says) with local batch
+/// 16 train like 1 rank with 32 on the GPU: parameters (and SyncBatchNorm's running
+/// statistics) to 1e-5 after 10 updates, with LayerNorm and with BatchNorm.
+#[test]
+fn two_mpi_ranks_on_the_gpu_train_like_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for norm in ["layer_norm", "batch_norm"] {
+        let cfg = write(
+            d,
+            &format!("{norm}.yaml"),
+            &settings(3, norm, 1, 32, "gpu", ""),
+        );
+        let (r1, rm) = (d.join(format!("one_{norm}")), d.join(format!("mpi_{norm}")));
+        ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&r1)]));
+        let mut cmd = mpirun_command(2);
+        cmd.arg(LOCKSTEP)
+            .args(["npe", "train", s(&cfg), "--train-dir", s(&rm)]);
+        let m = ok(run_with_limit(cmd, Duration::from_secs(120)).unwrap());
+        assert!(
+            m.stderr.contains("rank 1: computes on GPU adapter")
+                && m.stderr.contains("shared with another replica"),
+            "{}",
+            m.all_output()
+        );
+        let log = std::fs::read_to_string(rm.join("run.log")).unwrap();
+        assert!(
+            log.contains("2 replica(s)") && log.contains("local batch 16,"),
+            "{log}"
+        );
+        let dm = rel_l2(&values(&rm, 10), &values(&r1, 10));
+        eprintln!("{norm}: 2 ranks vs 1 on the GPU {dm:e}");
+        assert!(dm <= 1e-5, "{norm}: 2 ranks vs 1 on the GPU {dm:e}");
+    }
+}
+
+/// A checkpoint written on the GPU resumes on the CPU and one written on the CPU resumes on
+/// the GPU: each resumed run ends where the uninterrupted run of the first device ends (to
+/// the GPU/CPU rounding difference), and says it resumed.
+#[test]
+fn checkpoints_resume_across_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 320 training simulations / 64 = 5 updates per epoch, 2 epochs, a checkpoint per epoch.
+    let cfg = |device: &str| {
+        write(
+            d,
+            &format!("{device}.yaml"),
+            &settings(2, "batch_norm", 2, 64, device, "  checkpoint_epochs: 1\n"),
+        )
+    };
+    let (cpu, gpu) = (cfg("cpu"), cfg("gpu"));
+    let (rc, rg) = (d.join("cpu"), d.join("gpu"));
+    ok(lockstep(&["npe", "train", s(&cpu), "--train-dir", s(&rc)]));
+    ok(lockstep(&["npe", "train", s(&gpu), "--train-dir", s(&rg)]));
+    for (from, settings, reference, into) in [
+        (&rg, &cpu, &rg, d.join("gpu_then_cpu")),
+        (&rc, &gpu, &rc, d.join("cpu_then_gpu")),
+    ] {
+        let mid = from.join("checkpoints/update_000005.safetensors");
+        ok(lockstep(&[
+            "npe",
+            "train",
+            s(settings),
+            "--train-dir",
+            s(&into),
+            "--resume",
+            s(&mid),
+        ]));
+        let log = std::fs::read_to_string(into.join("run.log")).unwrap();
+        assert!(log.contains("updates 5..10"), "{log}");
+        let dr = rel_l2(&values(&into, 10), &values(reference, 10));
+        eprintln!("{}: {dr:e}", into.display());
+        assert!(dr <= 1e-4, "{}: {dr:e}", into.display());
+    }
+}
+
+/// `npe sample --device gpu` draws the CPU's samples (same seed, to float rounding) and
+/// `npe pp --device gpu` writes its files.
+#[test]
+fn sample_and_pp_take_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "s.yaml", &settings(2, "layer_norm", 1, 32, "cpu", ""));
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let draw = |device: &str| {
+        let out = d.join(format!("{device}.csv"));
+        ok(lockstep(&[
+            "npe",
+            "sample",
+            s(&run),
+            "--observation",
+            "0.3,-0.2",
+            "--num-samples",
+            "200",
+            "--output",
+            s(&out),
+            "--device",
+            device,
+        ]));
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .flat_map(|l| {
+                l.split(',')
+                    .map(|v| v.parse::<f32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<f32>>()
+    };
+    let (c, g) = (draw("cpu"), draw("gpu"));
+    assert_eq!(c.len(), 400);
+    let dd = rel_l2(&g, &c);
+    assert!(dd <= 1e-4, "samples gpu vs cpu {dd:e}");
+    let pp = d.join("pp");
+    let out = ok(lockstep(&[
+        "npe",
+        "pp",
+        s(&run),
+        "--injections",
+        "4",
+        "--num-samples",
+        "50",
+        "--output-dir",
+        s(&pp),
+        "--device",
+        "gpu",
+    ]));
+    assert!(
+        out.stderr.contains("computes on GPU adapter"),
+        "{}",
+        out.all_output()
+    );
+    for f in ["pp.png", "pp.csv", "ks.csv"] {
+        assert!(pp.join(f).is_file(), "{f}");
+    }
+    let bad = lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--observation",
+        "0,0",
+        "--device",
+        "tpu",
+    ]);
+    assert!(
+        !bad.success() && bad.stderr.contains("--device") && bad.stderr.contains("cpu, gpu"),
+        "{}",
+        bad.all_output()
+    );
+}
+
+/// Without any Vulkan driver (the loader pointed at no file) `local.device: gpu` and
+/// `--device gpu` stop before any output with the message naming the fix; `cuda` in a build
+/// without the feature names the build command.
+#[test]
+fn no_adapter_and_no_cuda_stop_before_any_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gpu = write(d, "gpu.yaml", &settings(2, "none", 1, 32, "gpu", ""));
+    let run = d.join("run");
+    let no_driver = |args: &[&str]| {
+        let mut cmd = Command::new(LOCKSTEP);
+        cmd.args(args)
+            .env("VK_ICD_FILENAMES", "/nonexistent")
+            .env("VK_DRIVER_FILES", "/nonexistent");
+        run_with_limit(cmd, Duration::from_secs(60)).unwrap()
+    };
+    let out = no_driver(&["npe", "train", s(&gpu), "--train-dir", s(&run)]);
+    assert!(
+        !out.success() && out.elapsed < Duration::from_secs(10),
+        "{}",
+        out.all_output()
+    );
+    let e = out.stderr;
+    assert!(
+        e.contains("gpu.yaml")
+            && e.contains("local.device: gpu: no GPU adapter found")
+            && e.contains("mesa-vulkan-drivers")
+            && e.contains("local.device to \"cpu\""),
+        "{e}"
+    );
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    assert!(!run.exists());
+    // sample with --device gpu: the checkpoint of a CPU run, no output file.
+    let cpu = write(d, "cpu.yaml", &settings(2, "none", 1, 32, "cpu", ""));
+    let cpu_run = d.join("cpu_run");
+    ok(lockstep(&[
+        "npe",
+        "train",
+        s(&cpu),
+        "--train-dir",
+        s(&cpu_run),
+    ]));
+    let samples = d.join("x.csv");
+    let out = no_driver(&[
+        "npe",
+        "sample",
+        s(&cpu_run),
+        "--observation",
+        "0,0",
+        "--output",
+        s(&samples),
+        "--device",
+        "gpu",
+    ]);
+    assert!(
+        !out.success() && out.stderr.contains("no GPU adapter found") && !samples.exists(),
+        "{}",
+        out.all_output()
+    );
+    // cuda in this build (no cuda feature): the build command, before any output.
+    if !cfg!(feature = "cuda") {
+        let cuda = write(d, "cuda.yaml", &settings(2, "none", 1, 32, "cuda", ""));
+        let out = lockstep(&["npe", "train", s(&cuda), "--train-dir", s(&run)]);
+        assert!(
+            !out.success()
+                && out.stderr.contains("cuda.yaml")
+                && out.stderr.contains("--features cuda"),
+            "{}",
+            out.all_output()
+        );
+        assert!(!run.exists());
+    }
+}

@@ -1,0 +1,337 @@
+//! Where the network computes: Dingo's `local.device` (`cpu`, `gpu`, `cuda`) turned into a
+//! burn device for one replica ([`Placement::for_slot`]).
+//!
+//! - `cpu`: burn's ndarray backend ([`crate::CpuAutodiff`]).
+//! - `gpu`: burn's wgpu backend ([`WgpuAutodiff`]) on any Vulkan, Metal or DX12 adapter
+//!   (Mesa's software driver lavapipe included). The adapter is chosen by lockstep-gpu, as for
+//!   the spiking network's GPU engine ([`lockstep_gpu::select_adapter`]: the replica's slot,
+//!   its thread index or node-local rank, among the adapters `CUDA_VISIBLE_DEVICES` leaves),
+//!   and burn runs on the device and queue lockstep-gpu opened
+//!   ([`lockstep_gpu::GpuContext::wgpu_handles`], `burn::backend::wgpu::init_device`): one
+//!   device per adapter and process, whoever computes on it.
+//! - `cuda`: burn's CUDA backend (feature `cuda`). burn loads libcuda and NVRTC at run time
+//!   and panics in a background thread when they are missing, so [`check_cuda`] opens both
+//!   libraries and counts the devices first, and a missing piece is an error that names the
+//!   fix.
+//!
+//! Two replicas on one GPU are allowed (they share its device); [`Placement::shared`] says so,
+//! and the callers log it.
+
+use crate::error::NpeError;
+use burn::backend::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuSetup};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// burn's wgpu backend (f32), on an adapter lockstep-gpu opened.
+pub type WgpuBackend = burn::backend::Wgpu;
+/// burn's wgpu backend with reverse-mode autodiff (what `local.device: gpu` trains on).
+pub type WgpuAutodiff = burn::backend::Autodiff<WgpuBackend>;
+
+/// The device kinds of `local.device` (Dingo's keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// CPU cores (burn's ndarray backend), the default.
+    #[default]
+    Cpu,
+    /// A GPU through wgpu (Vulkan, Metal, DX12; lavapipe without a GPU).
+    Gpu,
+    /// An NVIDIA GPU through CUDA (feature `cuda`).
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The accepted spellings, for messages.
+    pub const CHOICES: &'static str = "cpu, gpu (any Vulkan/Metal/DX12 GPU through wgpu) or cuda (NVIDIA, a build with the cuda feature)";
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = NpeError;
+
+    /// `cpu`, `gpu` or `cuda`.
+    fn from_str(s: &str) -> Result<Self, NpeError> {
+        match s {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "gpu" => Ok(DeviceKind::Gpu),
+            "cuda" => Ok(DeviceKind::Cuda),
+            other => Err(NpeError::Invalid(format!(
+                "{other:?} is not a device; use {}",
+                DeviceKind::CHOICES
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceKind {
+    /// The settings' spelling.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+            DeviceKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// The burn device one replica computes on.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// burn's ndarray backend.
+    Cpu,
+    /// burn's wgpu backend on a device lockstep-gpu opened.
+    Gpu {
+        /// burn's handle of the device.
+        device: WgpuDevice,
+        /// What it is (`adapter name (Vulkan, Cpu), slot ...`), for logs.
+        description: String,
+        /// Whether another replica of this node shares the adapter.
+        shared: bool,
+    },
+    /// burn's CUDA backend on CUDA device `index` (feature `cuda`).
+    Cuda {
+        /// The CUDA ordinal (among the devices `CUDA_VISIBLE_DEVICES` leaves).
+        index: usize,
+        /// How many CUDA devices this process sees.
+        count: usize,
+    },
+}
+
+impl Placement {
+    /// The device of `kind` for the replica in `slot` (its thread index, or under MPI its
+    /// node-local rank): the slot's adapter (`gpu`) or CUDA device (`cuda`), round-robin
+    /// when the node has fewer GPUs than replicas.
+    ///
+    /// Errors: no adapter (`gpu`), a build without the `cuda` feature, missing libcuda or
+    /// NVRTC, no CUDA device (`cuda`); each message names the fix.
+    pub fn for_slot(kind: DeviceKind, slot: usize) -> Result<Placement, NpeError> {
+        match kind {
+            DeviceKind::Cpu => Ok(Placement::Cpu),
+            DeviceKind::Gpu => {
+                let all = lockstep_gpu::process_adapters();
+                let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                let sel = lockstep_gpu::select_adapter(&all, None, slot, cuda.as_deref())
+                    .map_err(gpu_error)?;
+                let device = wgpu_device(sel.adapter.index)?;
+                Ok(Placement::Gpu {
+                    device,
+                    description: format!(
+                        "GPU adapter [{}] {} ({}, {}; {})",
+                        sel.adapter.index,
+                        sel.adapter.name,
+                        sel.adapter.backend,
+                        sel.adapter.device_type,
+                        sel.note
+                    ),
+                    shared: sel.shared,
+                })
+            }
+            DeviceKind::Cuda => {
+                let count = check_cuda()?;
+                Ok(Placement::Cuda {
+                    index: slot % count,
+                    count,
+                })
+            }
+        }
+    }
+
+    /// The device kind.
+    pub fn kind(&self) -> DeviceKind {
+        match self {
+            Placement::Cpu => DeviceKind::Cpu,
+            Placement::Gpu { .. } => DeviceKind::Gpu,
+            Placement::Cuda { .. } => DeviceKind::Cuda,
+        }
+    }
+
+    /// Whether another replica on this node computes on the same GPU.
+    pub fn shared(&self, slot: usize) -> bool {
+        match self {
+            Placement::Cpu => false,
+            Placement::Gpu { shared, .. } => *shared,
+            Placement::Cuda { count, .. } => slot >= *count,
+        }
+    }
+
+    /// The device memory burn's allocator holds on this placement's GPU: (bytes in use,
+    /// bytes reserved); `None` on the CPU.
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        use cubecl::Runtime;
+        let usage = match self {
+            Placement::Cpu => return None,
+            Placement::Gpu { device, .. } => {
+                cubecl::wgpu::WgpuRuntime::client(device).memory_usage()
+            }
+            #[cfg(feature = "cuda")]
+            Placement::Cuda { index, .. } => {
+                let device = burn::backend::cuda::CudaDevice::new(*index);
+                cubecl::cuda::CudaRuntime::client(&device).memory_usage()
+            }
+            #[cfg(not(feature = "cuda"))]
+            Placement::Cuda { .. } => return None,
+        };
+        usage.ok().map(|u| (u.bytes_in_use, u.bytes_reserved))
+    }
+
+    /// What the replica computes on, for logs (`cpu`, the adapter, `CUDA device i of n`).
+    pub fn describe(&self) -> String {
+        match self {
+            Placement::Cpu => "cpu".to_string(),
+            Placement::Gpu { description, .. } => description.clone(),
+            Placement::Cuda { index, count } => format!("CUDA device {index} of {count}"),
+        }
+    }
+}
+
+/// A lockstep-gpu error as a settings error of `local.device` (its messages speak of
+/// `run.device`, the spiking network's key).
+fn gpu_error(e: lockstep_gpu::GpuError) -> NpeError {
+    let text = e.to_string().replace("run.device", "local.device");
+    NpeError::Invalid(format!("local.device: gpu: {text}"))
+}
+
+/// burn's handle of adapter `index`'s device, created once per process on the device and
+/// queue of [`lockstep_gpu::GpuContext::open`] (burn's `init_device` must run once per
+/// device).
+///
+/// Errors: the adapter cannot be opened.
+pub fn wgpu_device(index: usize) -> Result<WgpuDevice, NpeError> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, WgpuDevice>>> = OnceLock::new();
+    let mut devices = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = devices.get(&index) {
+        return Ok(d.clone());
+    }
+    let ctx = lockstep_gpu::GpuContext::open(index).map_err(gpu_error)?;
+    let (instance, adapter) = ctx.wgpu_handles();
+    let backend = adapter.get_info().backend;
+    let setup = WgpuSetup {
+        instance,
+        adapter,
+        device: ctx.device.clone(),
+        queue: ctx.queue.clone(),
+        backend,
+    };
+    let device = init_device(setup, RuntimeOptions::default());
+    devices.insert(index, device.clone());
+    Ok(device)
+}
+
+/// The fix for a CUDA run that cannot start, appended to each CUDA error.
+const CUDA_FIX: &str = "install the NVIDIA driver (libcuda.so.1) and NVRTC (the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` with its lib folder on LD_LIBRARY_PATH), or set local.device to gpu (wgpu) or cpu";
+
+/// Checks that CUDA can start before burn touches it: the binary has the `cuda` feature,
+/// libcuda and NVRTC load, and the driver sees at least one device. Returns the device
+/// count.
+///
+/// Errors: each missing piece, with what to install (or the build command).
+pub fn check_cuda() -> Result<usize, NpeError> {
+    if !cfg!(feature = "cuda") {
+        return Err(NpeError::Invalid(
+            "local.device: cuda: this lockstep was built without CUDA; rebuild it with `cargo build --release -p lockstep-cli --features cuda` (no CUDA toolkit needed to build), or set local.device to gpu (wgpu) or cpu".to_string(),
+        ));
+    }
+    let cuda = dlopen_any(&["libcuda.so.1", "libcuda.so"]).ok_or_else(|| {
+        NpeError::Invalid(format!(
+            "local.device: cuda: libcuda (the NVIDIA driver's library) is not found; {CUDA_FIX}"
+        ))
+    })?;
+    if dlopen_any(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]).is_none() {
+        return Err(NpeError::Invalid(format!(
+            "local.device: cuda: NVRTC (libnvrtc.so.13, the CUDA run-time compiler burn compiles its kernels with) is not found; {CUDA_FIX}"
+        )));
+    }
+    let count = cuda_device_count(cuda).map_err(|e| {
+        NpeError::Invalid(format!(
+            "local.device: cuda: the CUDA driver {e}; {CUDA_FIX}"
+        ))
+    })?;
+    if count == 0 {
+        return Err(NpeError::Invalid(format!(
+            "local.device: cuda: the CUDA driver sees no device (CUDA_VISIBLE_DEVICES={}); {CUDA_FIX}",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+        )));
+    }
+    Ok(count)
+}
+
+/// The first of `names` that `dlopen` loads (the handle stays open for the process).
+fn dlopen_any(names: &[&str]) -> Option<*mut libc::c_void> {
+    names.iter().find_map(|name| {
+        let c = std::ffi::CString::new(*name).ok()?;
+        // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other precondition and
+        // returns null on failure.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        (!h.is_null()).then_some(h)
+    })
+}
+
+/// `cuInit(0)` and `cuDeviceGetCount` from the open libcuda `lib`.
+fn cuda_device_count(lib: *mut libc::c_void) -> Result<usize, String> {
+    type CuInit = unsafe extern "C" fn(u32) -> i32;
+    type CuCount = unsafe extern "C" fn(*mut i32) -> i32;
+    let sym = |name: &str| {
+        let c = std::ffi::CString::new(name).expect("no NUL in a symbol name");
+        // SAFETY: `lib` is a handle dlopen returned and `c` a valid C string.
+        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+        (!p.is_null())
+            .then_some(p)
+            .ok_or_else(|| format!("library lacks {name}"))
+    };
+    let (init, count) = (sym("cuInit")?, sym("cuDeviceGetCount")?);
+    // SAFETY: these symbols of libcuda have these C signatures (CUDA driver API:
+    // `CUresult cuInit(unsigned int)`, `CUresult cuDeviceGetCount(int*)`).
+    let (init, count) = unsafe {
+        (
+            std::mem::transmute::<*mut libc::c_void, CuInit>(init),
+            std::mem::transmute::<*mut libc::c_void, CuCount>(count),
+        )
+    };
+    // SAFETY: cuInit takes flags 0; it is safe to call more than once.
+    let r = unsafe { init(0) };
+    if r != 0 {
+        return Err(format!(
+            "fails to initialise (cuInit returned CUresult {r})"
+        ));
+    }
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid, writable int.
+    let r = unsafe { count(&mut n) };
+    if r != 0 {
+        return Err(format!("cannot count devices (CUresult {r})"));
+    }
+    Ok(n.max(0) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_kinds_parse_and_print() {
+        for (s, k) in [
+            ("cpu", DeviceKind::Cpu),
+            ("gpu", DeviceKind::Gpu),
+            ("cuda", DeviceKind::Cuda),
+        ] {
+            assert_eq!(s.parse::<DeviceKind>().unwrap(), k);
+            assert_eq!(k.to_string(), s);
+        }
+        for bad in ["CUDA", "gpu:0", "", "mps"] {
+            let e = bad.parse::<DeviceKind>().unwrap_err().to_string();
+            assert!(e.contains("cpu, gpu") && e.contains("cuda"), "{e}");
+        }
+    }
+
+    /// Without the `cuda` feature, `cuda` is refused naming the build command.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_names_the_build() {
+        let e = check_cuda().unwrap_err().to_string();
+        assert!(
+            e.contains("--features cuda") && e.contains("local.device"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! [`DeviceModel`]: an [`NpeModel`] on the backend its [`Placement`] names, chosen at run
+//! time (`local.device`, `--device`), as one lockstep-train [`Model`].
+//!
+//! Every variant keeps the same flat host buffers (parameters, frozen values, running
+//! statistics), so checkpoints do not depend on the device: a run trained on a GPU resumes on
+//! the CPU and the reverse.
+
+use crate::device::{Placement, WgpuAutodiff};
+use crate::error::NpeError;
+use crate::flow::NpeNetwork;
+use crate::model::NpeModel;
+use crate::CpuAutodiff;
+use lockstep_train::{Batch, Model, ReplicaContext};
+use std::path::{Path, PathBuf};
+
+/// An [`NpeModel`] on the CPU, a wgpu GPU or a CUDA GPU.
+pub enum DeviceModel {
+    /// burn's ndarray backend.
+    Cpu(NpeModel<CpuAutodiff>),
+    /// burn's wgpu backend.
+    Gpu(NpeModel<WgpuAutodiff>),
+    /// burn's CUDA backend (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    Cuda(NpeModel<crate::CudaAutodiff>),
+}
+
+/// `$body` with `$m` bound to the model of whichever variant `$s` is.
+macro_rules! each {
+    ($s:expr, $m:ident => $body:expr) => {
+        match $s {
+            DeviceModel::Cpu($m) => $body,
+            DeviceModel::Gpu($m) => $body,
+            #[cfg(feature = "cuda")]
+            DeviceModel::Cuda($m) => $body,
+        }
+    };
+}
+
+impl DeviceModel {
+    /// The network with parameters initialized from `seed`, on `placement`.
+    ///
+    /// Errors: a CUDA placement in a build without the `cuda` feature.
+    pub fn new(network: NpeNetwork, seed: u64, placement: &Placement) -> Result<Self, NpeError> {
+        Ok(match placement {
+            Placement::Cpu => DeviceModel::Cpu(NpeModel::new(network, seed, Default::default())),
+            Placement::Gpu { device, .. } => {
+                DeviceModel::Gpu(NpeModel::new(network, seed, device.clone()))
+            }
+            #[cfg(feature = "cuda")]
+            Placement::Cuda { index, .. } => DeviceModel::Cuda(NpeModel::new(
+                network,
+                seed,
+                burn::backend::cuda::CudaDevice::new(*index),
+            )),
+            #[cfg(not(feature = "cuda"))]
+            Placement::Cuda { .. } => {
+                crate::device::check_cuda()?;
+                unreachable!("check_cuda refuses builds without the cuda feature")
+            }
+        })
+    }
+
+    /// A copy of `model` (parameters, frozen blocks, running statistics) on `placement`.
+    ///
+    /// Errors: as [`DeviceModel::new`].
+    pub fn from_model(
+        model: &NpeModel<CpuAutodiff>,
+        placement: &Placement,
+    ) -> Result<Self, NpeError> {
+        Ok(match placement {
+            Placement::Cpu => DeviceModel::Cpu(model.on(Default::default())),
+            Placement::Gpu { device, .. } => DeviceModel::Gpu(model.on(device.clone())),
+            #[cfg(feature = "cuda")]
+            Placement::Cuda { index, .. } => {
+                DeviceModel::Cuda(model.on(burn::backend::cuda::CudaDevice::new(*index)))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Placement::Cuda { .. } => {
+                crate::device::check_cuda()?;
+                unreachable!("check_cuda refuses builds without the cuda feature")
+            }
+        })
+    }
+
+    /// The network.
+    pub fn network(&self) -> &NpeNetwork {
+        each!(self, m => &m.network)
+    }
+
+    /// See [`NpeModel::freeze`].
+    ///
+    /// Errors: a prefix that names no parameter.
+    pub fn freeze(&mut self, blocks: &[String]) -> Result<usize, NpeError> {
+        each!(self, m => m.freeze(blocks))
+    }
+
+    /// See [`NpeModel::parameters`].
+    pub fn parameters(&self) -> Vec<f32> {
+        each!(self, m => m.parameters())
+    }
+
+    /// See [`NpeModel::set_parameters`].
+    ///
+    /// Errors: `values` has the wrong length.
+    pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), NpeError> {
+        each!(self, m => m.set_parameters(values))
+    }
+
+    /// See [`NpeModel::state`].
+    pub fn state(&self) -> &[f32] {
+        each!(self, m => m.state())
+    }
+
+    /// See [`NpeModel::set_state`].
+    ///
+    /// Errors: `values` has the wrong length.
+    pub fn set_state(&mut self, values: &[f32]) -> Result<(), NpeError> {
+        each!(self, m => m.set_state(values))
+    }
+
+    /// See [`NpeModel::log_prob`].
+    pub fn log_prob(&self, theta: &[f32], x: &[f32], n: usize) -> Vec<f32> {
+        each!(self, m => m.log_prob(theta, x, n))
+    }
+
+    /// See [`NpeModel::sample`].
+    pub fn sample(&self, x: &[f32], n: usize, seed: u64) -> Vec<f32> {
+        each!(self, m => m.sample(x, n, seed))
+    }
+
+    /// See [`NpeModel::sample_chunks`].
+    ///
+    /// Errors: the first error of `write`.
+    pub fn sample_chunks<E>(
+        &self,
+        x: &[f32],
+        n: u64,
+        seed: u64,
+        chunk: usize,
+        write: impl FnMut(&[f32]) -> Result<bool, E>,
+    ) -> Result<(), E> {
+        each!(self, m => m.sample_chunks(x, n, seed, chunk, write))
+    }
+
+    /// The P-P test of this model ([`crate::calibration::pp_test`]).
+    ///
+    /// Errors: those of [`crate::calibration::pp_test`].
+    pub fn pp_test(
+        &self,
+        task: &dyn crate::Task,
+        seed: u64,
+        injections: usize,
+        samples: usize,
+    ) -> Result<crate::calibration::PpResult, crate::NpeError> {
+        each!(self, m => crate::calibration::pp_test(m, task, seed, injections, samples))
+    }
+
+    /// [`DeviceModel::pp_test`], calling `progress(done)` after each injection
+    /// ([`crate::calibration::pp_test_with_progress`]).
+    ///
+    /// Errors: those of [`crate::calibration::pp_test`].
+    pub fn pp_test_with_progress(
+        &self,
+        task: &dyn crate::Task,
+        seed: u64,
+        injections: usize,
+        samples: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<crate::calibration::PpResult, crate::NpeError> {
+        each!(self, m => crate::calibration::pp_test_with_progress(m, task, seed, injections, samples, progress))
+    }
+}
+
+impl Model for DeviceModel {
+    fn trainable(&self) -> &[f32] {
+        each!(self, m => m.trainable())
+    }
+    fn trainable_mut(&mut self) -> &mut [f32] {
+        each!(self, m => m.trainable_mut())
+    }
+    fn frozen(&self) -> &[f32] {
+        each!(self, m => m.frozen())
+    }
+    fn frozen_mut(&mut self) -> &mut [f32] {
+        each!(self, m => m.frozen_mut())
+    }
+    fn loss_names(&self) -> Vec<String> {
+        each!(self, m => m.loss_names())
+    }
+    fn sample_separable(&self) -> bool {
+        each!(self, m => m.sample_separable())
+    }
+    fn synchronizes_batch_statistics(&self) -> bool {
+        each!(self, m => m.synchronizes_batch_statistics())
+    }
+    fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
+        each!(self, m => m.loss_and_grad(batch, grad))
+    }
+    fn loss_and_grad_in(
+        &mut self,
+        batch: &Batch,
+        grad: &mut [f32],
+        replicas: &ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f64>> {
+        each!(self, m => m.loss_and_grad_in(batch, grad, replicas))
+    }
+    fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
+        each!(self, m => Model::memory_estimate(m, local_batch))
+    }
+    fn validation_loss(&mut self, batch: &Batch) -> anyhow::Result<Vec<f64>> {
+        each!(self, m => m.validation_loss(batch))
+    }
+    fn after_update(&mut self) {
+        each!(self, m => m.after_update())
+    }
+    fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        each!(self, m => m.export(dir))
+    }
+    fn record_first_sample(&mut self, update: u64) -> bool {
+        each!(self, m => m.record_first_sample(update))
+    }
+    fn write_sample_record(&mut self, dir: &Path, update: u64) -> anyhow::Result<Vec<PathBuf>> {
+        each!(self, m => m.write_sample_record(dir, update))
+    }
+}
