@@ -37,6 +37,9 @@ pub struct TrainState {
     pub optimizer_slots: Vec<Vec<f32>>,
     /// The reduce-on-plateau state (`None` in checkpoints written before it existed).
     pub plateau: Option<PlateauState>,
+    /// The loss scaler's state of a mixed-precision run (`None` without `training.grad_scaler`
+    /// and in checkpoints written before it existed).
+    pub grad_scaler: Option<crate::grad_scaler::GradScalerState>,
     /// Hash of the config parts that define the model and its training (see
     /// [`crate::engine::config_hash`]).
     pub config_hash: String,
@@ -112,6 +115,13 @@ pub fn write(path: &Path, state: &TrainState) -> Result<(), TrainError> {
                 p.bad_epochs,
                 p.cooldown_left
             ),
+        );
+    }
+    if let Some(g) = &state.grad_scaler {
+        // The f32 bit pattern, so the scale round-trips exactly.
+        meta.insert(
+            "grad_scaler".to_string(),
+            format!("{:x},{},{}", g.scale.to_bits(), g.growth_tracker, g.skipped),
         );
     }
     let sum = digest(&tensors, &meta);
@@ -293,6 +303,28 @@ pub fn read(path: &Path) -> Result<TrainState, TrainError> {
                     .ok_or_else(|| bad(format!("metadata plateau {text:?} is malformed")))?,
             ),
         },
+        grad_scaler: match meta.get("grad_scaler") {
+            None => None,
+            Some(text) => Some(
+                parse_grad_scaler(text)
+                    .ok_or_else(|| bad(format!("metadata grad_scaler {text:?} is malformed")))?,
+            ),
+        },
+    })
+}
+
+/// `scale_bits,growth_tracker,skipped` (hex f32 bits, decimal counts).
+fn parse_grad_scaler(text: &str) -> Option<crate::grad_scaler::GradScalerState> {
+    let parts: Vec<&str> = text.split(',').collect();
+    let [scale, tracker, skipped] = parts.as_slice() else {
+        return None;
+    };
+    let scale = f32::from_bits(u32::from_str_radix(scale, 16).ok()?);
+    (scale > 0.0 && scale.is_finite()).then_some(())?;
+    Some(crate::grad_scaler::GradScalerState {
+        scale,
+        growth_tracker: tracker.parse().ok()?,
+        skipped: skipped.parse().ok()?,
     })
 }
 
@@ -329,6 +361,11 @@ mod tests {
                 best: f64::INFINITY,
                 bad_epochs: 2,
                 cooldown_left: 1,
+            }),
+            grad_scaler: Some(crate::grad_scaler::GradScalerState {
+                scale: 1.0 / 3.0,
+                growth_tracker: 17,
+                skipped: 2,
             }),
         }
     }

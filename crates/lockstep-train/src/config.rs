@@ -90,6 +90,8 @@ pub struct EngineTraining {
     /// false): the chief's next global micro-batch, or each replica's own slice of it when
     /// the source is keyed by sample.
     pub prefetch: Option<bool>,
+    /// Dynamic loss scaling for mixed precision (PyTorch's `GradScaler`; absent: none).
+    pub grad_scaler: Option<crate::GradScalerConfig>,
 }
 
 /// The format of the periodic training log line (`training.log_style`).
@@ -149,6 +151,9 @@ pub struct EngineConfig {
     /// current one, by the chief or, from a source keyed by sample, by every replica for its
     /// own slice (the same batches, so the same updates; default false).
     pub prefetch: bool,
+    /// `training.grad_scaler`: dynamic loss scaling for a model that computes in half
+    /// precision ([`crate::grad_scaler`]); `None`: the loss is not scaled.
+    pub grad_scaler: Option<crate::GradScalerConfig>,
     /// `output.output_dir` (resolved against the config's folder).
     pub output_dir: PathBuf,
     /// `output.overwrite_output_dir` (default false: an existing directory is an error).
@@ -248,6 +253,9 @@ impl EngineConfig {
                 "missing; name the run's output directory",
             )
         })?;
+        if let Some(g) = &training.grad_scaler {
+            g.validate()?;
+        }
         if let Schedule::WarmupCosine { total_updates, .. } = &mut optimizer.schedule {
             if *total_updates == 0 {
                 *total_updates = updates;
@@ -267,6 +275,7 @@ impl EngineConfig {
             log_every: training.log_every.unwrap_or(1).max(1),
             log_style: training.log_style.unwrap_or_default(),
             prefetch: training.prefetch.unwrap_or(false),
+            grad_scaler: training.grad_scaler,
             output_dir: lockstep_core::config::resolve_path(config_dir, output_dir),
             overwrite_output_dir: output.overwrite_output_dir.unwrap_or(false),
             log_file: output.log_file.unwrap_or_else(|| "run.log".to_string()),

@@ -16,6 +16,7 @@
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::{EngineConfig, LogStyle, Plan};
+use crate::grad_scaler::{GradScaler, ScalerVerdict};
 use crate::optim::Optimizer;
 use crate::rundir::RunDir;
 use crate::{checksum, Batch, BatchSource, Model, TrainError};
@@ -103,8 +104,8 @@ pub struct TrainSummary {
 /// per top-level section (`"inputs:1a2b..,run:..,training:.."`), so a mismatch can name the
 /// sections that differ. Left out: `run.distribution`, `run.batch_size`, `run.device`,
 /// `output`, and the run-length and bookkeeping keys of `training` (a checkpoint resumes on
-/// another replica count, on CPU cores or a GPU, with more updates, or into another
-/// directory). Absolute paths count by file name
+/// another replica count, on CPU cores or a GPU, with or without mixed precision's
+/// `grad_scaler`, with more updates, or into another directory). Absolute paths count by file name
 /// only, so a moved project still resumes. SHA-256 of the canonical (sorted-key) JSON.
 pub fn config_hash(resolved: &Value) -> String {
     let mut v = resolved.clone();
@@ -127,6 +128,7 @@ pub fn config_hash(resolved: &Value) -> String {
             "log_style",
             "prefetch",
             "early_stop_loss",
+            "grad_scaler",
         ] {
             t.remove(k);
         }
@@ -291,6 +293,8 @@ struct Trainer<'a> {
     loss_names: Vec<String>,
     checkpointer: Checkpointer,
     optimizer: Optimizer,
+    /// Dynamic loss scaling (`training.grad_scaler`), identical on every replica.
+    scaler: Option<GradScaler>,
     rundir: Option<RunDir>,
     start_update: u64,
     update: u64,
@@ -378,8 +382,18 @@ impl<'a> Trainer<'a> {
             inputs: vec![0.0; b * source.input_width()],
             targets: vec![0.0; b * source.target_width()],
         };
+        let scaler = cfg.grad_scaler.map(GradScaler::new);
+        if let Some(s) = &scaler {
+            if !model.set_loss_scale(s.scale()) {
+                return Err(TrainError::config(
+                    "training.grad_scaler",
+                    "is set, but this model computes in float32 and does not scale its loss; remove training.grad_scaler",
+                ));
+            }
+        }
         let loss_names = model.loss_names();
         Ok(Trainer {
+            scaler,
             comm,
             cfg,
             plan,
@@ -421,7 +435,14 @@ impl<'a> Trainer<'a> {
         };
         let restored = self.comm.is_chief().then(|| {
             let hash = &self.checkpointer.hash;
-            restore(path, hash, self.cfg, &mut *self.model, &mut self.optimizer)
+            restore(
+                path,
+                hash,
+                self.cfg,
+                &mut *self.model,
+                &mut self.optimizer,
+                self.scaler.as_mut(),
+            )
         });
         if let Some(update) = agree_with_chief(self.comm, restored, "checkpoint restore")? {
             self.start_update = update;
@@ -524,6 +545,13 @@ impl<'a> Trainer<'a> {
         self.start_update = counters[0];
         self.update = counters[0];
         self.optimizer.step = counters[1];
+        if let Some(s) = &mut self.scaler {
+            let g = &mut s.state;
+            let mut words = [u64::from(g.scale.to_bits()), g.growth_tracker, g.skipped];
+            comm.broadcast(&mut words, 0)?;
+            g.scale = f32::from_bits(words[0] as u32);
+            [g.growth_tracker, g.skipped] = [words[1], words[2]];
+        }
         Ok(())
     }
 
@@ -595,9 +623,41 @@ impl<'a> Trainer<'a> {
         let t_comm = t0.elapsed().as_secs_f64();
         let scale = 1.0 / (self.plan.replicas * self.cfg.accumulation) as f32;
         self.grad.iter_mut().for_each(|x| *x *= scale);
-        self.optimizer
-            .update(self.model.trainable_mut(), &self.grad);
-        self.model.after_update();
+        // With loss scaling, the reduced gradient (the same on every replica) decides: an
+        // overflow skips the update on every replica alike (invariant 9).
+        let verdict = self
+            .scaler
+            .as_mut()
+            .map(|s| s.unscale_and_step(&mut self.grad));
+        match verdict {
+            Some(ScalerVerdict::Skip { scale, lowered }) => {
+                if let Some(d) = &mut self.rundir {
+                    d.log_quiet(&format!(
+                        "update {}: the gradient overflowed at loss scale {scale}; update skipped, loss scale lowered to {lowered}",
+                        self.update + 1
+                    ))?;
+                }
+            }
+            Some(ScalerVerdict::Apply { grown }) => {
+                self.optimizer
+                    .update(self.model.trainable_mut(), &self.grad);
+                self.model.after_update();
+                if let (Some(g), Some(d)) = (grown, &mut self.rundir) {
+                    d.log_quiet(&format!(
+                        "update {}: loss scale raised to {g}",
+                        self.update + 1
+                    ))?;
+                }
+            }
+            None => {
+                self.optimizer
+                    .update(self.model.trainable_mut(), &self.grad);
+                self.model.after_update();
+            }
+        }
+        if let Some(s) = &self.scaler {
+            self.model.set_loss_scale(s.scale());
+        }
         self.update += 1;
         // Identical on every replica, so every rank stops here together (invariant 9).
         if let Some((index, value)) = self
@@ -834,8 +894,13 @@ impl<'a> Trainer<'a> {
         }
         if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
             if let Some(d) = &self.rundir {
-                self.checkpointer
-                    .save(d.root(), update, &*self.model, &self.optimizer)?;
+                self.checkpointer.save(
+                    d.root(),
+                    update,
+                    &*self.model,
+                    &self.optimizer,
+                    self.scaler.as_ref(),
+                )?;
             }
         }
         Ok(())
@@ -1023,8 +1088,13 @@ impl<'a> Trainer<'a> {
         verify_identical(self.comm, &*self.model, update)?;
         let finished = self.rundir.as_mut().map(|d| {
             d.finish_progress();
-            self.checkpointer
-                .save(d.root(), update, &*self.model, &self.optimizer)?;
+            self.checkpointer.save(
+                d.root(),
+                update,
+                &*self.model,
+                &self.optimizer,
+                self.scaler.as_ref(),
+            )?;
             let exported = self
                 .model
                 .export(d.root())
@@ -1169,8 +1239,10 @@ impl Checkpointer {
         update: u64,
         model: &dyn Model,
         optimizer: &Optimizer,
+        scaler: Option<&GradScaler>,
     ) -> Result<(), TrainError> {
         let mut state = TrainState {
+            grad_scaler: scaler.map(|s| s.state),
             update,
             next_sample: self.first_sample(update),
             seed: self.seed,
@@ -1205,6 +1277,7 @@ fn restore(
     cfg: &EngineConfig,
     model: &mut dyn Model,
     optimizer: &mut Optimizer,
+    scaler: Option<&mut GradScaler>,
 ) -> Result<u64, TrainError> {
     let path = &checkpoint::resolve(path)?;
     let state = checkpoint::read(path)?;
@@ -1263,6 +1336,11 @@ fn restore(
     optimizer.slots = state.optimizer_slots;
     if let Some(p) = state.plateau {
         optimizer.plateau = p;
+    }
+    // A mixed-precision run continues with the stored scale; a checkpoint of a float32 run
+    // starts the scaler afresh (and a float32 run ignores a stored scale).
+    if let (Some(s), Some(g)) = (scaler, state.grad_scaler) {
+        s.state = g;
     }
     Ok(state.update)
 }

@@ -43,6 +43,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 mod error;
+pub mod grad_scaler;
 pub mod job;
 pub mod optim;
 #[cfg(feature = "testing")]
@@ -54,6 +55,7 @@ pub mod testing;
 pub use config::{plan, EngineConfig, LogStyle, Plan, Strategy};
 pub use engine::{train, EngineOptions, TrainSummary};
 pub use error::TrainError;
+pub use grad_scaler::{GradScaler, GradScalerConfig};
 pub use optim::{Optimizer, OptimizerConfig};
 
 use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
@@ -220,6 +222,17 @@ pub trait Model {
     fn validation_loss(&mut self, batch: &Batch) -> anyhow::Result<Vec<f64>> {
         let _ = batch;
         anyhow::bail!("this model does not compute a validation loss")
+    }
+    /// Sets the factor the model multiplies its loss by before the backward pass, for
+    /// mixed-precision training with dynamic loss scaling (`training.grad_scaler`,
+    /// [`crate::grad_scaler`]): the gradient written by [`Model::loss_and_grad`] is then
+    /// that of `scale x` the sum of the loss terms, while the returned terms stay unscaled.
+    /// The engine calls it before the first update and after each one, with the same scale
+    /// on every replica. Returns whether the model applies the scale. Default: false (a
+    /// model that computes in float32 only; the engine then refuses `training.grad_scaler`).
+    fn set_loss_scale(&mut self, scale: f32) -> bool {
+        let _ = scale;
+        false
     }
     /// Applies constraints after each update (e.g. sign constraints). Default: none.
     fn after_update(&mut self) {}

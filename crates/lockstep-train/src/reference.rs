@@ -86,6 +86,9 @@ pub struct LinearRegression {
     updates: u64,
     bytes_per_sample: u64,
     delay: std::time::Duration,
+    /// `Some(scale)`: the gradient is of the loss times `scale`, each value past f16's
+    /// largest finite value (65504) becoming infinite, as a half-precision pass overflows.
+    loss_scale: Option<f32>,
 }
 
 impl LinearRegression {
@@ -114,7 +117,17 @@ impl LinearRegression {
             updates: 0,
             bytes_per_sample: 4 * (dim as u64 + 1),
             delay: std::time::Duration::ZERO,
+            loss_scale: None,
         }
+    }
+
+    /// Emulates a half-precision pass with loss scaling ([`Model::set_loss_scale`]): the
+    /// gradient is computed in f32 for the loss times the scale, and any value whose
+    /// magnitude exceeds f16's largest finite value (65504) becomes infinite.
+    #[must_use]
+    pub fn with_loss_scaling(mut self) -> Self {
+        self.loss_scale = Some(1.0);
+        self
     }
 
     /// Sleeps `delay` in every [`Model::loss_and_grad`] (a slow replica, for the timing
@@ -153,6 +166,15 @@ impl Model for LinearRegression {
     fn sample_separable(&self) -> bool {
         true
     }
+    fn set_loss_scale(&mut self, scale: f32) -> bool {
+        match &mut self.loss_scale {
+            Some(s) => {
+                *s = scale;
+                true
+            }
+            None => false,
+        }
+    }
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> Result<Vec<f64>> {
         let dim = self.w.len();
         if batch.inputs.len() != batch.samples * dim || batch.targets.len() != batch.samples {
@@ -175,6 +197,14 @@ impl Model for LinearRegression {
         let l2: f32 = 1e-3 * self.w.iter().map(|w| w * w).sum::<f32>();
         for (g, w) in grad.iter_mut().zip(&self.w) {
             *g += 2e-3 * w;
+        }
+        if let Some(scale) = self.loss_scale {
+            for g in grad.iter_mut() {
+                *g *= scale;
+                if g.abs() > 65504.0 {
+                    *g = f32::INFINITY.copysign(*g);
+                }
+            }
         }
         Ok(vec![mse / batch.samples as f64, l2 as f64])
     }

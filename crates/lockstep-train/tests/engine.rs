@@ -50,16 +50,24 @@ fn run(
     init_by_rank: bool,
     diverge: Option<(u64, usize)>,
 ) -> Result<TrainSummary, TrainError> {
-    run_claiming(config, resume, init_by_rank, diverge, None)
+    run_claiming(config, resume, init_by_rank, diverge, None, false)
 }
 
-/// [`run`] with a model that claims `memory_per_sample` bytes per sample in its estimate.
+/// [`run`] with a model that emulates a half-precision pass with loss scaling
+/// (`LinearRegression::with_loss_scaling`).
+fn run_scaled(config: &Value, resume: Option<&Path>) -> Result<TrainSummary, TrainError> {
+    run_claiming(config, resume, false, None, None, true)
+}
+
+/// [`run`] with a model that claims `memory_per_sample` bytes per sample in its estimate and,
+/// with `scaled`, emulates half precision with loss scaling.
 fn run_claiming(
     config: &Value,
     resume: Option<&Path>,
     init_by_rank: bool,
     diverge: Option<(u64, usize)>,
     memory_per_sample: Option<u64>,
+    scaled: bool,
 ) -> Result<TrainSummary, TrainError> {
     let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
     let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
@@ -78,6 +86,9 @@ fn run_claiming(
         let mut model = LinearRegression::new(DIM, seed, rank, init, diverge);
         if let Some(bytes) = memory_per_sample {
             model = model.with_memory_per_sample(bytes);
+        }
+        if scaled {
+            model = model.with_loss_scaling();
         }
         Ok((
             model,
@@ -633,7 +644,7 @@ fn a_run_that_cannot_fit_in_memory_leaves_the_previous_run_untouched() {
         "{:?}",
         before.iter().map(|x| &x.0).collect::<Vec<_>>()
     );
-    let e = run_claiming(&c, None, false, None, Some(u64::MAX / 16))
+    let e = run_claiming(&c, None, false, None, Some(u64::MAX / 16), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -645,7 +656,7 @@ fn a_run_that_cannot_fit_in_memory_leaves_the_previous_run_untouched() {
     // Per replica 0.6 of the available memory: one replica fits, two threads do not.
     let avail = lockstep_core::memory::available_bytes().expect("Linux reports MemAvailable");
     let per_sample = avail / 10 * 6 / 4;
-    run_claiming(&c, None, false, None, Some(per_sample)).unwrap();
+    run_claiming(&c, None, false, None, Some(per_sample), false).unwrap();
     let two = config(
         dir.path(),
         "t",
@@ -655,7 +666,7 @@ fn a_run_that_cannot_fit_in_memory_leaves_the_previous_run_untouched() {
         json!({}),
     );
     let before = listing(&out);
-    let e = run_claiming(&two, None, false, None, Some(per_sample))
+    let e = run_claiming(&two, None, false, None, Some(per_sample), false)
         .unwrap_err()
         .to_string();
     assert!(e.contains("x 2 thread replicas in this process"), "{e}");
@@ -1113,5 +1124,113 @@ fn a_failed_draw_on_one_replica_ends_all() {
     assert!(
         errors[1].1.contains("no samples beyond 20 here"),
         "{errors:?}"
+    );
+}
+
+fn checkpoint_at(dir: &Path, update: u64) -> checkpoint::TrainState {
+    checkpoint::read(&dir.join(format!("checkpoints/update_{update:06}.safetensors"))).unwrap()
+}
+
+/// Dynamic loss scaling (`training.grad_scaler`): an overflowing gradient skips the update on
+/// every replica (parameters and optimizer untouched) and halves the scale, clean updates
+/// grow it, the scaler's state is checkpointed and restored, and a power-of-two scale that
+/// never overflows trains bit for bit like no scaling.
+#[test]
+fn grad_scaler_skips_overflowing_updates_and_backs_off() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2^22 times gradients of order 0.1-1 overflow f16 (65504): the first updates skip.
+    let scaler = json!({"grad_scaler": {"init_scale": 4194304.0, "growth_interval": 3},
+                        "checkpoint_every": 1});
+    let c = config(dir.path(), "scaled", 8, Value::Null, 12, scaler.clone());
+    run_scaled(&c, None).unwrap();
+    let run_dir = dir.path().join("scaled");
+    let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    let skipped: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("update skipped"))
+        .collect();
+    assert!(skipped.len() >= 3 && skipped.len() < 12, "{log}");
+    assert!(
+        skipped[0].contains("update 1: the gradient overflowed at loss scale 4194304")
+            && skipped[0].contains("lowered to 2097152"),
+        "{}",
+        skipped[0]
+    );
+    assert!(log.contains("loss scale raised to"), "{log}");
+    let mut prev = checkpoint_at(&run_dir, 1);
+    assert_eq!(prev.optimizer_step, 0, "the first update was skipped");
+    let (mut skips, mut applied) = (1, 0);
+    for u in 2..=12 {
+        let s = checkpoint_at(&run_dir, u);
+        let g = s.grad_scaler.expect("the checkpoint holds the scaler");
+        let was_skipped = log.contains(&format!("update {u}: the gradient overflowed"));
+        if was_skipped {
+            skips += 1;
+            assert_eq!(s.trainable, prev.trainable, "update {u} was skipped");
+            assert_eq!(s.optimizer_step, prev.optimizer_step);
+            assert_eq!(g.scale, prev.grad_scaler.unwrap().scale / 2.0);
+        } else {
+            applied += 1;
+            assert_ne!(s.trainable, prev.trainable, "update {u} was applied");
+            assert_eq!(s.optimizer_step, prev.optimizer_step + 1);
+        }
+        assert_eq!(g.skipped, skips);
+        prev = s;
+    }
+    assert!(applied >= 3, "{log}");
+    // Resuming from a checkpoint restores the scale and counters: the same run.
+    let first = config(dir.path(), "first", 8, Value::Null, 5, scaler.clone());
+    run_scaled(&first, None).unwrap();
+    let resumed = config(dir.path(), "resumed", 8, Value::Null, 12, scaler.clone());
+    let ckpt = dir
+        .path()
+        .join("first/checkpoints/update_000005.safetensors");
+    run_scaled(&resumed, Some(&ckpt)).unwrap();
+    let (a, b) = (
+        checkpoint_at(&run_dir, 12),
+        checkpoint_at(&dir.path().join("resumed"), 12),
+    );
+    assert_eq!(a.trainable, b.trainable);
+    assert_eq!(a.grad_scaler, b.grad_scaler);
+    // Two thread replicas take every decision from the reduced gradient: they skip the
+    // same updates and stay identical (checksum_every 1 compares them after each update).
+    // Whether an update overflows depends on each replica's half batch, as in f16, so the
+    // skipped updates need not be the serial run's.
+    let threads = config(
+        dir.path(),
+        "threads",
+        4,
+        json!({"strategy": "threads", "global_batch_size": 8}),
+        12,
+        scaler,
+    );
+    run_scaled(&threads, None).unwrap();
+    let t = checkpoint_at(&dir.path().join("threads"), 12);
+    assert!(t.grad_scaler.unwrap().skipped >= 3);
+    let tlog = std::fs::read_to_string(dir.path().join("threads/run.log")).unwrap();
+    assert!(tlog.contains("update 1: the gradient overflowed"), "{tlog}");
+}
+
+/// A power-of-two scale that never overflows changes no bit; a model that cannot scale its
+/// loss refuses the key.
+#[test]
+fn grad_scaler_without_overflow_is_exact_and_needs_a_scaling_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = config(dir.path(), "plain", 8, Value::Null, 6, json!({}));
+    let scaled = config(
+        dir.path(),
+        "scaled",
+        8,
+        Value::Null,
+        6,
+        json!({"grad_scaler": {"init_scale": 1024.0}}),
+    );
+    let a = run(&plain, None, false, None).unwrap();
+    let b = run_scaled(&scaled, None).unwrap();
+    assert_eq!(a.params_checksum, b.params_checksum);
+    let e = run(&scaled, None, false, None).unwrap_err().to_string();
+    assert!(
+        e.contains("training.grad_scaler") && e.contains("float32"),
+        "{e}"
     );
 }
