@@ -8,7 +8,10 @@
 //!   SyncBatchNorm), the two ranks sharing the one adapter, which the run says;
 //! - a checkpoint written on the GPU resumes on the CPU and the reverse;
 //! - `npe sample` and `npe pp` take `--device`;
-//! - no adapter, or `cuda` in a build without CUDA, stops before any output naming the fix.
+//! - no adapter, or `cuda` in a build without CUDA, stops before any output naming the fix;
+//! - mixed precision (`automatic_mixed_precision`, float16 on the adapter) trains like
+//!   float32 to f16's rounding, an overflowing loss scale skips updates and backs off, a
+//!   resumed run restores the scaler, and the CPU refuses it before any output.
 
 use lockstep_comm::launch::{mpirun_command, run_with_limit, JobOutput};
 use std::path::{Path, PathBuf};
@@ -385,4 +388,120 @@ fn no_adapter_and_no_cuda_stop_before_any_output() {
         );
         assert!(!run.exists());
     }
+}
+
+/// The final checkpoint's loss scaler state of a run.
+fn scaler(run: &Path, update: u64) -> lockstep_train::grad_scaler::GradScalerState {
+    lockstep_train::checkpoint::read(
+        &run.join(format!("checkpoints/update_{update:06}.safetensors")),
+    )
+    .unwrap()
+    .grad_scaler
+    .expect("a mixed-precision checkpoint holds the loss scaler")
+}
+
+/// `automatic_mixed_precision: true` on the GPU (float16 linear layers and activations):
+/// the losses follow the float32 run's to f16 rounding (1e-2 relative; about 1e-4 seen on
+/// lavapipe); with a loss scale of 1e10 every scaled gradient overflows f16, so each update
+/// is skipped (the parameters stay where they started) and the scale halves; a run resumed
+/// from its mid-run checkpoint ends with the same scaler and parameters; the CPU refuses
+/// mixed precision before writing anything, naming the key and the fix.
+#[test]
+fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let amp = |device: &str, scaler: &str, local: &str| {
+        settings(2, "layer_norm", 2, 64, device, local).replace(
+            "    optimizer:",
+            &format!("    automatic_mixed_precision: true\n{scaler}    optimizer:"),
+        )
+    };
+    let f32_cfg = write(d, "f32.yaml", &settings(2, "layer_norm", 2, 64, "gpu", ""));
+    let amp_cfg = write(d, "amp.yaml", &amp("gpu", "", "  checkpoint_epochs: 1\n"));
+    let (rf, ra) = (d.join("f32"), d.join("amp"));
+    ok(lockstep(&[
+        "npe",
+        "train",
+        s(&f32_cfg),
+        "--train-dir",
+        s(&rf),
+    ]));
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&amp_cfg),
+        "--train-dir",
+        s(&ra),
+    ]));
+    assert!(
+        out.stdout.contains("mixed precision"),
+        "{}",
+        out.all_output()
+    );
+    let (lf, la) = (losses(&rf), losses(&ra));
+    assert_eq!((lf.len(), la.len()), (10, 10));
+    let worst = lf
+        .iter()
+        .zip(&la)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+        .fold(0.0, f64::max);
+    eprintln!("mixed precision vs float32 losses: {worst:e} relative");
+    assert!(worst <= 1e-2 && worst > 0.0, "{lf:?} vs {la:?}");
+    let g = scaler(&ra, 10);
+    assert_eq!(g.skipped, 0, "{g:?}");
+    assert_eq!(g.scale, 65536.0);
+    // A loss scale of 1e10: every update overflows, is skipped and halves the scale.
+    let huge = write(
+        d,
+        "huge.yaml",
+        &amp(
+            "gpu",
+            "    grad_scaler: {init_scale: 1.0e10}\n",
+            "  checkpoint_epochs: 1\n",
+        ),
+    );
+    let rh = d.join("huge");
+    ok(lockstep(&["npe", "train", s(&huge), "--train-dir", s(&rh)]));
+    let log = std::fs::read_to_string(rh.join("run.log")).unwrap();
+    assert!(
+        log.contains("update 1: the gradient overflowed at loss scale 10000000000; update skipped, loss scale lowered to 5000000000"),
+        "{log}"
+    );
+    let g = scaler(&rh, 10);
+    assert_eq!(g.skipped, 10, "{g:?}");
+    assert_eq!(g.scale, (1.0e10f32 as f64 / 1024.0) as f32);
+    assert_eq!(
+        values(&rh, 5),
+        values(&rh, 10),
+        "skipped updates change nothing"
+    );
+    // Resumed from update 5, the run ends with the uninterrupted run's scaler and values.
+    let resumed = d.join("resumed");
+    ok(lockstep(&[
+        "npe",
+        "train",
+        s(&amp_cfg),
+        "--train-dir",
+        s(&resumed),
+        "--resume",
+        s(&ra.join("checkpoints/update_000005.safetensors")),
+    ]));
+    assert_eq!(scaler(&resumed, 10), scaler(&ra, 10));
+    let dr = rel_l2(&values(&resumed, 10), &values(&ra, 10));
+    assert!(dr <= 1e-5, "resumed vs uninterrupted {dr:e}");
+    // The CPU refuses it before any output.
+    let cpu = write(d, "cpu.yaml", &amp("cpu", "", ""));
+    let run = d.join("cpu_run");
+    let out = lockstep(&["npe", "train", s(&cpu), "--train-dir", s(&run)]);
+    assert!(
+        !out.success()
+            && out.stderr.contains("cpu.yaml")
+            && out
+                .stderr
+                .contains("training.stage_0.automatic_mixed_precision")
+            && out.stderr.contains("set local.device to gpu or cuda"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!run.exists());
 }

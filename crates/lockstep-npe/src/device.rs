@@ -85,6 +85,9 @@ pub enum Placement {
         description: String,
         /// Whether another replica of this node shares the adapter.
         shared: bool,
+        /// Whether the adapter runs float16 in shaders (wgpu's `SHADER_F16`), which mixed
+        /// precision needs.
+        f16: bool,
     },
     /// burn's CUDA backend on CUDA device `index` (feature `cuda`).
     Cuda {
@@ -122,6 +125,7 @@ impl Placement {
                         sel.note
                     ),
                     shared: sel.shared,
+                    f16: sel.adapter.shader_f16,
                 })
             }
             DeviceKind::Cuda => {
@@ -140,6 +144,21 @@ impl Placement {
             Placement::Cpu => DeviceKind::Cpu,
             Placement::Gpu { .. } => DeviceKind::Gpu,
             Placement::Cuda { .. } => DeviceKind::Cuda,
+        }
+    }
+
+    /// Checks that this device computes in float16, for mixed precision
+    /// (`automatic_mixed_precision`): a CUDA device always does; a wgpu adapter when it has
+    /// `SHADER_F16`; the CPU backend never.
+    ///
+    /// Errors: the reason and the fix, as the settings key's message.
+    pub fn half_precision(&self) -> Result<(), String> {
+        match self {
+            Placement::Cpu => Err("is true, but local.device is cpu, and lockstep computes in float32 on the CPU; set local.device to gpu or cuda, or set automatic_mixed_precision to false".to_string()),
+            Placement::Gpu { f16: false, description, .. } => Err(format!(
+                "is true, but the {description} has no float16 in shaders (wgpu's SHADER_F16); set automatic_mixed_precision to false, or choose an adapter with float16 (CUDA_VISIBLE_DEVICES, `lockstep info` lists the adapters) or local.device: cuda on NVIDIA"
+            )),
+            Placement::Gpu { .. } | Placement::Cuda { .. } => Ok(()),
         }
     }
 
@@ -322,6 +341,34 @@ mod tests {
             let e = bad.parse::<DeviceKind>().unwrap_err().to_string();
             assert!(e.contains("cpu, gpu") && e.contains("cuda"), "{e}");
         }
+    }
+
+    /// Mixed precision needs float16: refused on the CPU and on an adapter without
+    /// `SHADER_F16`, each naming the fix; accepted with it and on CUDA.
+    #[test]
+    fn half_precision_needs_a_device_with_float16() {
+        let gpu = |f16| Placement::Gpu {
+            device: WgpuDevice::DefaultDevice,
+            description: "GPU adapter [0] Old GPU (Vulkan, DiscreteGpu; slot 0)".to_string(),
+            shared: false,
+            f16,
+        };
+        let e = gpu(false).half_precision().unwrap_err();
+        assert!(
+            e.contains("Old GPU")
+                && e.contains("SHADER_F16")
+                && e.contains("automatic_mixed_precision to false"),
+            "{e}"
+        );
+        let e = Placement::Cpu.half_precision().unwrap_err();
+        assert!(
+            e.contains("local.device is cpu") && e.contains("gpu or cuda"),
+            "{e}"
+        );
+        gpu(true).half_precision().unwrap();
+        Placement::Cuda { index: 0, count: 1 }
+            .half_precision()
+            .unwrap();
     }
 
     /// Without the `cuda` feature, `cuda` is refused naming the build command.

@@ -82,6 +82,11 @@ impl DeviceModel {
         })
     }
 
+    /// Mixed precision for the training passes ([`NpeModel::set_mixed_precision`]).
+    pub fn set_mixed_precision(&mut self, on: bool) {
+        each!(self, m => m.set_mixed_precision(on))
+    }
+
     /// The network.
     pub fn network(&self) -> &NpeNetwork {
         each!(self, m => &m.network)
@@ -183,6 +188,9 @@ impl Model for DeviceModel {
     }
     fn frozen_mut(&mut self) -> &mut [f32] {
         each!(self, m => m.frozen_mut())
+    }
+    fn set_loss_scale(&mut self, scale: f32) -> bool {
+        each!(self, m => m.set_loss_scale(scale))
     }
     fn loss_names(&self) -> Vec<String> {
         each!(self, m => m.loss_names())

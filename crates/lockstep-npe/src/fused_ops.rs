@@ -29,7 +29,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ndarray::{NdArray, NdArrayTensor};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
 
 /// Backends with the linear layer, ELU and sigmoid as single operations (see the module
@@ -89,6 +89,106 @@ pub trait FusedOps: Backend {
     fn fused_sigmoid_backward(s: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
         sigmoid_backward_composed(s, grad)
     }
+
+    /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
+    /// product and the bias in f16 and returns the result in the input's dtype.
+    fn linear_at(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        precision: Precision,
+    ) -> Tensor<Self, 2> {
+        match precision {
+            Precision::F32 => Self::fused_linear(x, weight, bias),
+            Precision::Half => linear_half(x, weight, bias),
+        }
+    }
+
+    /// [`FusedOps::fused_elu`] at `precision` ([`Precision::Half`]: computed in f16, returned
+    /// in the input's dtype).
+    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        match precision {
+            Precision::F32 => Self::fused_elu(x),
+            Precision::Half => in_half(x, Self::fused_elu),
+        }
+    }
+
+    /// [`FusedOps::fused_sigmoid`] at `precision` ([`Precision::Half`]: computed in f16,
+    /// returned in the input's dtype).
+    fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        match precision {
+            Precision::F32 => Self::fused_sigmoid(x),
+            Precision::Half => in_half(x, Self::fused_sigmoid),
+        }
+    }
+}
+
+/// The precision the linear layers and activations of a pass compute in.
+///
+/// [`Precision::Half`] is mixed precision as PyTorch's autocast applies it to `nn.Linear`
+/// and the activations that follow: the operands are cast to float16 (IEEE binary16: 11-bit
+/// significand, largest finite value 65504), the matrix products (forward and backward),
+/// bias additions and activations run in float16, and the results return to float32; the
+/// parameters (master weights), the spline and LU transforms, the normalizations, the
+/// log-determinants, the log-probability and the loss stay float32. Only GPU backends run
+/// it (wgpu with `SHADER_F16`, CUDA); the training passes of `automatic_mixed_precision`
+/// use it, evaluation passes (validation, sampling) compute in float32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in float32.
+    #[default]
+    F32,
+    /// Linear layers and activations in float16 (see the type's docs).
+    Half,
+}
+
+/// `f(x)` computed on `x` cast to float16, the result cast back to `x`'s dtype.
+fn in_half<B: Backend>(
+    x: Tensor<B, 2>,
+    f: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let dtype = x.dtype();
+    f(x.cast(FloatDType::F16)).cast(dtype)
+}
+
+/// `g(a, b)` computed on `a` and `b` cast to float16, the result cast back to `b`'s dtype.
+fn in_half2<B: Backend>(
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    g: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let dtype = b.dtype();
+    g(a.cast(FloatDType::F16), b.cast(FloatDType::F16)).cast(dtype)
+}
+
+/// The linear layer with its product and bias in float16 ([`Precision::Half`]).
+fn linear_half<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+) -> Tensor<B, 2> {
+    let dtype = x.dtype();
+    let h = FloatDType::F16;
+    linear_composed(x.cast(h), weight.cast(h), bias.cast(h)).cast(dtype)
+}
+
+/// The linear layer's gradients with the products in float16 ([`Precision::Half`]): the
+/// incoming gradient is cast to float16 first, so a (scaled) gradient beyond 65504
+/// becomes infinite, as in PyTorch's autocast, for the loss scaler to see.
+fn linear_backward_half<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    grad: Tensor<B, 2>,
+    need: [bool; 3],
+) -> LinearGradients<B> {
+    let dtype = grad.dtype();
+    let h = FloatDType::F16;
+    let (dx, dw, db) = linear_backward_composed(x.cast(h), weight.cast(h), grad.cast(h), need);
+    (
+        dx.map(|t| t.cast(dtype)),
+        dw.map(|t| t.cast(dtype)),
+        db.map(|t| t.cast(dtype)),
+    )
 }
 
 /// The gradients of a linear layer: `(dx, dweight, dbias)` (see
@@ -419,6 +519,7 @@ dispatched!(
 #[derive(Debug)]
 struct ActivationBackward<B: Backend> {
     gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+    precision: Precision,
 }
 
 impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
@@ -434,7 +535,10 @@ impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
         let g = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
             let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
-            let dx = (self.gradient)(ops.state, g);
+            let dx = match self.precision {
+                Precision::F32 => (self.gradient)(ops.state, g),
+                Precision::Half => in_half2(ops.state, g, self.gradient),
+            };
             grads.register::<B>(parent.id, dx.into_primitive().tensor());
         }
     }
@@ -443,7 +547,9 @@ impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
 /// The backward step of [`FusedOps::fused_linear`] on `Autodiff<B>`; its state is the
 /// input and the flat weight.
 #[derive(Debug)]
-struct LinearBackward;
+struct LinearBackward {
+    precision: Precision,
+}
 
 impl<B: FusedOps> Backward<B, 3> for LinearBackward {
     type State = (Tensor<B, 2>, Tensor<B, 1>);
@@ -459,7 +565,10 @@ impl<B: FusedOps> Backward<B, 3> for LinearBackward {
         let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
         let (x, w) = ops.state;
         let need = [px.is_some(), pw.is_some(), pb.is_some()];
-        let (dx, dw, db) = B::fused_linear_backward(x, w, g, need);
+        let (dx, dw, db) = match self.precision {
+            Precision::F32 => B::fused_linear_backward(x, w, g, need),
+            Precision::Half => linear_backward_half(x, w, g, need),
+        };
         if let (Some(p), Some(d)) = (px, dx) {
             grads.register::<B>(p.id, d.into_primitive().tensor());
         }
@@ -478,16 +587,22 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
     x: Tensor<Autodiff<B, C>, 2>,
     forward: fn(Tensor<B, 2>) -> Tensor<B, 2>,
     gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+    precision: Precision,
 ) -> Tensor<Autodiff<B, C>, 2> {
     let x = x.into_primitive().tensor();
-    let y = forward(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(
-        x.primitive.clone(),
-    )));
+    let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
+    let y = match precision {
+        Precision::F32 => forward(xi),
+        Precision::Half => in_half(xi, forward),
+    };
     let output = y.clone().into_primitive().tensor();
-    let tracked = match (ActivationBackward { gradient })
-        .prepare::<C>([x.node.clone()])
-        .compute_bound()
-        .stateful()
+    let tracked = match (ActivationBackward {
+        gradient,
+        precision,
+    })
+    .prepare::<C>([x.node.clone()])
+    .compute_bound()
+    .stateful()
     {
         OpsKind::Tracked(prep) => prep.finish(y, output),
         OpsKind::UnTracked(prep) => prep.finish(output),
@@ -503,15 +618,24 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: Tensor<Self, 1>,
         bias: Tensor<Self, 1>,
     ) -> Tensor<Self, 2> {
+        Self::linear_at(x, weight, bias, Precision::F32)
+    }
+
+    fn linear_at(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        precision: Precision,
+    ) -> Tensor<Self, 2> {
         let x = x.into_primitive().tensor();
         let w = weight.into_primitive().tensor();
         let b = bias.into_primitive().tensor();
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
         let wi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
         let bi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.primitive.clone()));
-        let y = B::fused_linear(xi.clone(), wi.clone(), bi);
+        let y = B::linear_at(xi.clone(), wi.clone(), bi, precision);
         let output = y.into_primitive().tensor();
-        let tracked = match LinearBackward
+        let tracked = match (LinearBackward { precision })
             .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
             .compute_bound()
             .stateful()
@@ -523,11 +647,19 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        activation(x, B::fused_elu, B::fused_elu_backward)
+        Self::elu_at(x, Precision::F32)
     }
 
     fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        activation(x, B::fused_sigmoid, B::fused_sigmoid_backward)
+        Self::sigmoid_at(x, Precision::F32)
+    }
+
+    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    }
+
+    fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        activation(x, B::fused_sigmoid, B::fused_sigmoid_backward, precision)
     }
 }
 

@@ -163,7 +163,7 @@ impl Linear {
 
     /// `x: [batch, inputs]` -> `[batch, outputs]`.
     pub fn forward<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        B::fused_linear(x, p.vector(self.weight), p.vector(self.bias))
+        B::linear_at(x, p.vector(self.weight), p.vector(self.bias), p.precision())
     }
 
     /// The layout handles `(weight, bias)`.
@@ -413,11 +413,12 @@ impl ResidualBlock {
         context: Option<&Tensor<B, 2>>,
     ) -> Tensor<B, 2> {
         let t = self.norm0.forward(pass, x.clone());
-        let t = self.linear0.forward(pass.params, B::fused_elu(t));
+        let at = pass.params.precision();
+        let t = self.linear0.forward(pass.params, B::elu_at(t, at));
         let t = self.norm1.forward(pass, t);
-        let mut t = self.linear1.forward(pass.params, B::fused_elu(t));
+        let mut t = self.linear1.forward(pass.params, B::elu_at(t, at));
         if let (Some(layer), Some(c)) = (&self.context, context) {
-            t = t * B::fused_sigmoid(layer.forward(pass.params, c.clone()));
+            t = t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);
         }
         x + t
     }

@@ -14,6 +14,7 @@
 use crate::backend::TrainBackend;
 use crate::error::NpeError;
 use crate::flow::NpeNetwork;
+use crate::fused_ops::Precision;
 use crate::layers::Pass;
 use crate::params::{to_vec, Params, Partition};
 use crate::sync_batch_norm::{with_stats_reducer, StatsReducer};
@@ -41,6 +42,12 @@ pub struct NpeModel<B: TrainBackend> {
     /// The frozen parameters (packed in layout order), then the BatchNorm running statistics.
     fixed: Vec<f32>,
     device: B::Device,
+    /// The precision of the training passes' linear layers and activations
+    /// ([`NpeModel::set_mixed_precision`]).
+    precision: Precision,
+    /// The factor the training loss is multiplied by before the backward pass (dynamic loss
+    /// scaling, [`Model::set_loss_scale`]); 1 without mixed precision.
+    loss_scale: f32,
 }
 
 impl<B: TrainBackend> NpeModel<B> {
@@ -53,6 +60,20 @@ impl<B: TrainBackend> NpeModel<B> {
             params,
             fixed: state,
             device,
+            precision: Precision::F32,
+            loss_scale: 1.0,
+        }
+    }
+
+    /// Mixed precision for the training passes (Dingo's `automatic_mixed_precision`): with
+    /// `on`, their linear layers and activations compute in float16
+    /// ([`Precision::Half`]) on the float32 parameters, and the engine's loss scaler sets the
+    /// loss scale ([`Model::set_loss_scale`]); evaluation passes stay float32. Only GPU
+    /// backends compute in float16: the settings refuse it on the CPU.
+    pub fn set_mixed_precision(&mut self, on: bool) {
+        self.precision = if on { Precision::Half } else { Precision::F32 };
+        if !on {
+            self.loss_scale = 1.0;
         }
     }
 
@@ -71,6 +92,8 @@ impl<B: TrainBackend> NpeModel<B> {
             params: self.params.clone(),
             fixed: self.fixed.clone(),
             device,
+            precision: self.precision,
+            loss_scale: self.loss_scale,
         }
     }
 
@@ -273,7 +296,8 @@ impl<B: TrainBackend> NpeModel<B> {
             Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device)
         } else {
             Params::<B>::partitioned_leaves_packed(layout, part, &self.params, frozen, &self.device)
-        };
+        }
+        .with_precision(self.precision);
         let mut pass = Pass {
             params: &p,
             state,
@@ -283,7 +307,15 @@ impl<B: TrainBackend> NpeModel<B> {
         };
         let lp = self.network.log_prob(&mut pass, theta, x, n);
         let values = to_vec(lp.clone().detach());
-        let mut grads = lp.mean().neg().backward();
+        // With loss scaling the gradient is that of the scaled loss (the engine unscales the
+        // reduced gradient); the returned log-probabilities are unscaled.
+        let loss = lp.mean().neg();
+        let loss = if self.loss_scale == 1.0 {
+            loss
+        } else {
+            loss.mul_scalar(self.loss_scale)
+        };
+        let mut grads = loss.backward();
         if B::HOST_MEMORY {
             p.write_partitioned_gradients(layout, part, &mut grads, grad);
         } else {
@@ -308,6 +340,15 @@ impl<B: TrainBackend> Model for NpeModel<B> {
     }
     fn loss_names(&self) -> Vec<String> {
         vec!["nll".to_string()]
+    }
+    /// Applies the scale only in mixed precision ([`NpeModel::set_mixed_precision`]).
+    fn set_loss_scale(&mut self, scale: f32) -> bool {
+        if self.precision == Precision::Half {
+            self.loss_scale = scale;
+            true
+        } else {
+            false
+        }
     }
     fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
         NpeModel::memory_estimate(self, local_batch)

@@ -8,6 +8,7 @@
 //! autodiff backend) and writes their gradients back into the flat buffer in the same order:
 //! packing and unpacking are one copy each.
 
+use crate::fused_ops::Precision;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
@@ -201,6 +202,8 @@ impl Partition {
 pub struct Params<B: Backend> {
     tensors: Vec<Tensor<B, 1>>,
     shapes: Vec<Vec<usize>>,
+    /// The precision the linear layers and activations of the pass compute in.
+    precision: Precision,
 }
 
 impl<B: Backend> Params<B> {
@@ -222,7 +225,21 @@ impl<B: Backend> Params<B> {
         Params {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+            precision: Precision::F32,
         }
+    }
+
+    /// These parameters for a pass whose linear layers and activations compute at
+    /// `precision` (default [`Precision::F32`]; [`Precision::Half`] for mixed precision).
+    #[must_use]
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The precision of the pass's linear layers and activations.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Parameter `index` as a 1-D tensor `[numel]`.
@@ -278,6 +295,7 @@ impl<B: AutodiffBackend> Params<B> {
         Params {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+            precision: Precision::F32,
         }
     }
 
@@ -323,6 +341,7 @@ impl<B: AutodiffBackend> Params<B> {
         Params {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+            precision: Precision::F32,
         }
     }
 

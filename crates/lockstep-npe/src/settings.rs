@@ -48,8 +48,9 @@
 //!
 //! Every section is a typed serde struct that refuses unknown keys with the nearest known
 //! one ([`lockstep_core::config`]). Keys Dingo has whose semantics are not implemented
-//! (`runtime_limits`, dropout, `automatic_mixed_precision: true`) are
-//! recognised and refused with an error that says so, rather than silently ignored.
+//! (`runtime_limits`, dropout) are recognised and refused with an error that says so,
+//! rather than silently ignored; `automatic_mixed_precision: true` runs on a GPU and is
+//! refused on the CPU.
 //!
 //! [`NpeSettings::engine_config`] turns one stage into the lockstep-train engine's config
 //! (`run`, `training`, `output`): the stage's `batch_size` is the total batch, divided
@@ -270,10 +271,17 @@ pub struct StageSettings {
     /// Dingo: noise ASDs of a GW data set. Not applicable to simulator tasks (refused).
     #[serde(default)]
     pub asd_dataset_path: Option<Value>,
-    /// Mixed precision (bf16/f16 matmuls, f32 master weights). Not implemented: `true` is
-    /// refused by name, `false` is the f32 training every run does.
+    /// Dingo: mixed precision in this stage's training passes: linear layers and activations
+    /// in float16 on float32 master weights, with dynamic loss scaling
+    /// ([`crate::fused_ops::Precision::Half`], lockstep-train's `grad_scaler`). Needs a GPU
+    /// (`local.device: gpu` with float16 in shaders, or `cuda`); refused on the CPU.
     #[serde(default)]
     pub automatic_mixed_precision: Option<bool>,
+    /// lockstep: the loss scaler of a mixed-precision stage, PyTorch `GradScaler`'s keyword
+    /// arguments (`init_scale` 65536, `growth_factor` 2, `backoff_factor` 0.5,
+    /// `growth_interval` 2000 by default); only with `automatic_mixed_precision: true`.
+    #[serde(default)]
+    pub grad_scaler: Option<lockstep_train::GradScalerConfig>,
 }
 
 /// `optimizer`, tagged by `type`.
@@ -1060,11 +1068,17 @@ impl NpeSettings {
                     "lockstep's tasks simulate their own noise; remove the key",
                 ));
             }
-            if st.automatic_mixed_precision == Some(true) {
-                return Err(not_yet(
-                    &format!("{sk}.automatic_mixed_precision"),
-                    "mixed precision (every pass computes in f32, on every local.device)",
-                ));
+            // On the CPU it is refused where the devices are opened (the run directory's
+            // config.json keeps no `local` section, so it cannot be judged here).
+            let amp = st.automatic_mixed_precision == Some(true);
+            if let Some(g) = &st.grad_scaler {
+                if !amp {
+                    return Err(ConfigError::new(
+                        format!("{sk}.grad_scaler"),
+                        "is set, but the stage does not compute in mixed precision; set automatic_mixed_precision: true or remove grad_scaler",
+                    ));
+                }
+                g.validate(&format!("{sk}.grad_scaler"))?;
             }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
             check_scheduler(
@@ -1320,6 +1334,12 @@ impl NpeSettings {
         if let Some(k) = st.gradient_updates_per_optimizer_step {
             training["gradient_updates_per_optimizer_step"] = json!(k);
         }
+        if st.automatic_mixed_precision == Some(true) {
+            let g = st.grad_scaler.unwrap_or_default();
+            training["grad_scaler"] = json!({"init_scale": g.init_scale,
+                "growth_factor": g.growth_factor, "backoff_factor": g.backoff_factor,
+                "growth_interval": g.growth_interval});
+        }
         if let Some(c) = self.local.checkpoint_epochs {
             training["checkpoint_every"] = json!(c * steps);
         }
@@ -1441,17 +1461,61 @@ local:
         assert!(e.contains("did you mean `adam`"), "{e}");
     }
 
+    /// `automatic_mixed_precision: true` on a GPU becomes the engine's loss scaler (PyTorch's
+    /// defaults, or the stage's `grad_scaler`); `grad_scaler` needs it and names its keys.
     #[test]
-    fn later_features_are_refused_by_name() {
-        let e = err(&GOOD.replace(
+    fn mixed_precision_on_a_gpu_sets_the_loss_scaler() {
+        let amp = GOOD.replace(
             "    optimizer:",
             "    automatic_mixed_precision: true\n    optimizer:",
+        );
+        let gpu = amp.replace("local:\n", "local:\n  device: gpu\n");
+        let (settings, raw) = NpeSettings::from_yaml(&gpu).unwrap();
+        let json = settings
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/x"), false)
+            .unwrap();
+        assert_eq!(
+            json["training"]["grad_scaler"],
+            serde_json::json!({"init_scale": 65536.0, "growth_factor": 2.0,
+                "backoff_factor": 0.5, "growth_interval": 2000})
+        );
+        let cfg = lockstep_train::EngineConfig::from_json(&json, Path::new("/")).unwrap();
+        assert_eq!(cfg.grad_scaler, Some(Default::default()));
+        let set = gpu.replace(
+            "    automatic_mixed_precision: true\n",
+            "    automatic_mixed_precision: true\n    grad_scaler: {init_scale: 1.0e10, growth_interval: 5}\n",
+        );
+        let (settings, raw) = NpeSettings::from_yaml(&set).unwrap();
+        let json = settings
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/x"), false)
+            .unwrap();
+        assert_eq!(json["training"]["grad_scaler"]["init_scale"], 1.0e10);
+        assert_eq!(json["training"]["grad_scaler"]["growth_interval"], 5);
+        let e = err(&set.replace(
+            "automatic_mixed_precision: true",
+            "automatic_mixed_precision: false",
         ));
         assert!(
-            e.contains("training.stage_0.automatic_mixed_precision")
-                && e.contains("not implemented"),
+            e.contains("training.stage_0.grad_scaler")
+                && e.contains("automatic_mixed_precision: true"),
             "{e}"
         );
+        let e = err(&set.replace("growth_interval: 5", "growth_interval: 0"));
+        assert!(
+            e.contains("training.stage_0.grad_scaler.growth_interval"),
+            "{e}"
+        );
+        // Without it, no loss scaling.
+        let (settings, raw) =
+            NpeSettings::from_yaml(&GOOD.replace("local:\n", "local:\n  device: gpu\n")).unwrap();
+        let json = settings
+            .engine_config(0, &raw, Launch::SingleProcess, Path::new("/tmp/x"), false)
+            .unwrap();
+        assert!(json["training"].get("grad_scaler").is_none());
+    }
+
+    #[test]
+    fn later_features_are_refused_by_name() {
         let off = GOOD.replace(
             "    optimizer:",
             "    automatic_mixed_precision: false\n    optimizer:",

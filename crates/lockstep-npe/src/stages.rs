@@ -46,6 +46,7 @@ use crate::tasks::TaskSource;
 use crate::trained;
 use crate::CpuAutodiff;
 use lockstep_comm::World;
+use lockstep_core::config::ConfigError;
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::{agree_on_validation, run_job};
 use lockstep_train::{EngineOptions, TrainError};
@@ -251,6 +252,22 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         .map(|&slot| Placement::for_slot(settings.device(), slot))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.context(file.display().to_string()))?;
+    // Mixed precision needs float16 on every replica's device (checked before any output).
+    for (stage, st) in settings.stages().iter().enumerate() {
+        if st.automatic_mixed_precision == Some(true) {
+            for placement in &placements {
+                placement.half_precision().map_err(|m| {
+                    NpeError::Config(
+                        ConfigError::new(
+                            format!("training.stage_{stage}.automatic_mixed_precision"),
+                            m,
+                        )
+                        .in_file(file),
+                    )
+                })?;
+            }
+        }
+    }
     Ok(Prepared {
         settings,
         network,
@@ -411,8 +428,19 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     for stage in p.first_stage..n {
         let (json, cfg) = &p.configs[stage];
         let frozen = settings.frozen_blocks(stage);
+        let amp = settings.stages()[stage].automatic_mixed_precision == Some(true);
         let mut notes = std::mem::take(&mut svd_report);
         notes.append(&mut device_notes);
+        if amp {
+            let scaler = cfg.grad_scaler.unwrap_or_default();
+            notes.push(format!(
+                "training.stage_{stage}: mixed precision: linear layers and activations in float16 on float32 weights, loss scale from {} (x{} after {} clean updates, x{} on overflow)",
+                scaler.init_scale, scaler.growth_factor, scaler.growth_interval, scaler.backoff_factor
+            ));
+            if chief {
+                println!("{}", notes.last().map(String::as_str).unwrap_or(""));
+            }
+        }
         if n > 1 {
             let st = settings.stages()[stage];
             notes.push(format!(
@@ -441,6 +469,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         let summary = run_job(world, cfg, &opts, |rank| {
             let placement = &p.placements[if threads { rank } else { 0 }];
             let mut model = DeviceModel::new(network.clone(), seed, placement)?;
+            model.set_mixed_precision(amp);
             model.freeze(&frozen)?;
             model.set_parameters(&values.0)?;
             model.set_state(&values.1)?;

@@ -254,7 +254,7 @@ impl EngineConfig {
             )
         })?;
         if let Some(g) = &training.grad_scaler {
-            g.validate()?;
+            g.validate("training.grad_scaler")?;
         }
         if let Schedule::WarmupCosine { total_updates, .. } = &mut optimizer.schedule {
             if *total_updates == 0 {

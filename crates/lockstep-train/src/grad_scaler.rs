@@ -17,11 +17,11 @@
 //! 0.5, `growth_interval` 2000.
 
 use lockstep_core::config::ConfigError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// `training.grad_scaler`: the settings of dynamic loss scaling (PyTorch `GradScaler`'s
 /// keyword arguments).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GradScalerConfig {
     /// The first scale (default 65536).
@@ -63,12 +63,13 @@ impl Default for GradScalerConfig {
 }
 
 impl GradScalerConfig {
-    /// Checks the ranges (errors name `training.grad_scaler.KEY`).
+    /// Checks the ranges; errors name `PREFIX.KEY` (`prefix` is where the settings sit, e.g.
+    /// `training.grad_scaler`).
     ///
     /// Errors: `init_scale` not a positive finite f32; `growth_factor <= 1`;
     /// `backoff_factor` outside (0, 1); `growth_interval` 0.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let key = |k: &str| format!("training.grad_scaler.{k}");
+    pub fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("{prefix}.{k}");
         if !(self.init_scale > 0.0 && (self.init_scale as f32).is_finite()) {
             return Err(ConfigError::new(
                 key("init_scale"),
@@ -280,9 +281,11 @@ mod tests {
                 "growth_interval",
             ),
         ] {
-            let e = c.validate().unwrap_err().to_string();
+            let e = c.validate("training.grad_scaler").unwrap_err().to_string();
             assert!(e.contains(&format!("training.grad_scaler.{key}")), "{e}");
         }
-        GradScalerConfig::default().validate().unwrap();
+        GradScalerConfig::default()
+            .validate("training.grad_scaler")
+            .unwrap();
     }
 }
