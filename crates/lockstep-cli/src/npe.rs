@@ -7,6 +7,7 @@
 //! This module reads the arguments and writes the files a user asked for; the training
 //! stages run in [`lockstep_npe::stages`], the figures are drawn by [`crate::plot::npe`].
 
+use crate::plot::figure::PlotFormat;
 use crate::plot::npe::{plot_corner, plot_pp};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
@@ -95,8 +96,9 @@ pub struct SampleArgs {
     /// Seed of the base draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Also draw a corner plot of the samples into this PNG: 1-D histograms on the diagonal,
-    /// 2-D histograms below it, the true values (with --injection) marked in red.
+    /// Also draw a corner plot of the samples into this file, PNG or SVG as its extension
+    /// says (.png, .svg): 1-D histograms on the diagonal, 2-D histograms below it, the true
+    /// values (with --injection) marked in red.
     #[arg(long)]
     pub corner: Option<PathBuf>,
     /// Keep only samples inside the prior's support (drawing more until --num-samples are
@@ -125,9 +127,12 @@ pub struct PpArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Output folder (default RUN_DIR/pp, or TRAIN_DIR/pp for the folder of a run of several
-    /// stages): pp.png, pp.csv (percentiles), ks.csv.
+    /// stages): pp.png (or pp.svg), pp.csv (percentiles), ks.csv.
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// The P-P plot's file format: png, or svg (vector graphics, for papers).
+    #[arg(long, value_enum, default_value = "png")]
+    pub plot_format: PlotFormat,
     /// Where the network computes: cpu, gpu (burn's wgpu backend on the first adapter
     /// `lockstep info` lists) or cuda (a build with the cuda feature).
     #[arg(long, default_value = "cpu")]
@@ -468,6 +473,9 @@ fn sample(args: &SampleArgs) -> Result<()> {
             args.output.display()
         );
     }
+    if let Some(corner) = &args.corner {
+        PlotFormat::of_path(corner, "--corner")?;
+    }
     if args.num_samples == 0 {
         bail!("--num-samples must be at least 1");
     }
@@ -537,21 +545,19 @@ fn sample(args: &SampleArgs) -> Result<()> {
         filter
     };
     let filter = filter.context("no samples were drawn")?;
-    if let Some(png) = &args.corner {
+    if let Some(plot) = &args.corner {
         let title = match args.injection {
             Some(i) => format!("{}, injection {i}", t.task.name()),
             None => t.task.name().to_string(),
         };
-        write_via_temp(png, |tmp| {
-            plot_corner(&corner, &names, truth.as_deref(), &title, tmp)
-        })?;
+        plot_corner(&corner, &names, truth.as_deref(), &title, plot)?;
         if n > CORNER_MAX {
             println!(
                 "corner plot of the first {CORNER_MAX} samples written to {}",
-                png.display()
+                plot.display()
             );
         } else {
-            println!("corner plot written to {}", png.display());
+            println!("corner plot written to {}", plot.display());
         }
     }
     println!("{}", filter.report(n));
@@ -718,8 +724,8 @@ fn pp(args: &PpArgs) -> Result<()> {
         ks.push_str(&format!("{n},{p}\n"));
     }
     write_via_temp(&out.join("ks.csv"), |tmp| Ok(std::fs::write(tmp, &ks)?))?;
-    let png = out.join("pp.png");
-    write_via_temp(&png, |tmp| plot_pp(&r, tmp, t.task.name()))?;
+    let plot = out.join(format!("pp.{}", args.plot_format.extension()));
+    plot_pp(&r, &plot, t.task.name())?;
     println!(
         "P-P test of {} (update {}): {} injections x {} samples in {:.1} s",
         t.checkpoint.display(),
@@ -731,6 +737,6 @@ fn pp(args: &PpArgs) -> Result<()> {
     for (n, p) in r.names.iter().zip(&r.p_values) {
         println!("  {n:>20}: KS p-value {p:.4}");
     }
-    println!("wrote {}, pp.csv and ks.csv", png.display());
+    println!("wrote {}, pp.csv and ks.csv", plot.display());
     Ok(())
 }

@@ -240,6 +240,44 @@ fn plot_draws_a_raster_from_a_simulation_folder_or_a_spikes_csv() {
             png.display()
         );
     }
+    // `--plot-format svg` writes the raster as SVG (vector graphics), with its labels; an
+    // unknown format is refused naming the option and the value, before anything is written.
+    let out = Command::new(LOCKSTEP)
+        .arg("plot")
+        .arg(&csv_dir)
+        .args(["--plot-format", "pdf"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--plot-format") && err.contains("'pdf'"),
+        "{err}"
+    );
+    let svg = csv_dir.join("plots/raster.svg");
+    assert!(!svg.exists());
+    let out = Command::new(LOCKSTEP)
+        .arg("plot")
+        .arg(&csv_dir)
+        .args(["--plot-format", "svg"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = r#"
+import sys, json, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
+print(json.dumps([(t.text or "").strip() for t in root.iter("{http://www.w3.org/2000/svg}text")]))
+"#;
+    let texts: Vec<String> =
+        serde_json::from_str(lockstep_core::testing::python(script, &[svg.as_os_str()]).trim())
+            .unwrap();
+    for want in ["spikes: v1 (400 spikes)", "time (ms)", "node id", "200.0"] {
+        assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+    }
     // A folder with nothing to plot says what it looked for.
     let empty = dir.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();

@@ -954,6 +954,122 @@ fn bad_observations_and_impossible_sample_counts_are_refused_before_writing() {
     );
 }
 
+/// The text of every `<text>` element of the SVG file `path` (trimmed), after Python's XML
+/// parser read the whole file (a file that is not well-formed XML fails).
+fn svg_texts(path: &Path) -> Vec<String> {
+    let script = r#"
+import sys, json, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
+print(json.dumps([(t.text or "").strip() for t in root.iter("{http://www.w3.org/2000/svg}text")]))
+"#;
+    let out = lockstep_core::testing::python(script, &[path.as_os_str()]);
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// Issue 49: `sample --corner FILE.svg` and `pp --plot-format svg` write their figures as
+/// SVG (well-formed, with their labels); a `--corner` file of another type (.pdf) or an
+/// unknown `--plot-format` is refused naming the option and the value before anything is
+/// written.
+#[test]
+fn corner_and_pp_plots_are_written_as_svg_and_other_formats_are_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gl.yaml", &settings(2, "none", 300, 1, 64, ""));
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let samples = d.join("samples.h5");
+    let sample = |corner: &Path| {
+        lockstep(&[
+            "npe",
+            "sample",
+            s(&run),
+            "--injection",
+            "1",
+            "--num-samples",
+            "200",
+            "--output",
+            s(&samples),
+            "--corner",
+            s(corner),
+        ])
+    };
+    let pdf = d.join("corner.pdf");
+    let out = sample(&pdf);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr.contains(&format!("--corner {}", s(&pdf)))
+            && out.stderr.contains("use .png or .svg"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !pdf.exists() && !samples.exists(),
+        "written despite the error"
+    );
+    let svg = d.join("corner.svg");
+    let out = ok(sample(&svg));
+    assert!(
+        out.stdout
+            .contains(&format!("corner plot written to {}", s(&svg))),
+        "{}",
+        out.stdout
+    );
+    let texts = svg_texts(&svg);
+    for want in [
+        "theta_1",
+        "theta_0",
+        "gaussian_linear, injection 1: 200 posterior samples",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+    }
+    // Tick labels with a plain decimal point.
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains('.') && t.parse::<f64>().is_ok()),
+        "{texts:?}"
+    );
+
+    let bad = lockstep(&["npe", "pp", s(&run), "--plot-format", "pdf"]);
+    assert!(
+        !bad.success() && bad.stderr.contains("--plot-format") && bad.stderr.contains("pdf"),
+        "{}",
+        bad.all_output()
+    );
+    assert!(!run.join("pp").exists(), "pp/ written despite the error");
+    let out = ok(lockstep(&[
+        "npe",
+        "pp",
+        s(&run),
+        "--injections",
+        "20",
+        "--num-samples",
+        "100",
+        "--plot-format",
+        "svg",
+    ]));
+    let pp = run.join("pp/pp.svg");
+    assert!(
+        out.stdout.contains(&format!("wrote {}", s(&pp))),
+        "{}",
+        out.stdout
+    );
+    assert!(!run.join("pp/pp.png").exists());
+    let texts = svg_texts(&pp);
+    for want in [
+        "credible level",
+        "fraction of injections in the credible interval",
+        "0.2",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+    }
+    assert!(
+        texts.iter().any(|t| t.starts_with("theta_0 (p = 0.")),
+        "{texts:?}"
+    );
+}
+
 /// Issue 47 ("Also"): a stage that goes NaN under 2 MPI ranks stops every rank cleanly
 /// (one message naming training.stage_0.optimizer.lr, no MPI abort) and run.log says why;
 /// `npe sample` reports the fraction of samples outside the prior (also in the HDF5 file),

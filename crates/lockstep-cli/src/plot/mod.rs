@@ -1,20 +1,25 @@
-//! `lockstep plot PATH`: PNG figures of a training run or a simulation — the loss curves of
+//! `lockstep plot PATH`: figures of a training run or a simulation — the loss curves of
 //! `callbacks/losses.csv`, a raster of one training trial (the latest
 //! `spikes/update_NNNNNN.h5` that `output.training_spikes` wrote) and a spike raster of a
 //! SONATA spikes file (`spikes.h5`) or BMTK's spikes CSV (`spikes.csv`,
 //! `timestamps population node_ids`).
+//! Every figure is written as PNG or, with `--plot-format svg`, as SVG (vector output, from
+//! the same drawing code: [`figure`]).
 //! Text is drawn with the bundled DejaVu Sans font (assets/, Bitstream Vera/DejaVu license),
 //! so no system font is needed ([`style`]). The figures of `lockstep npe sample --corner` and
 //! `lockstep npe pp` are in [`npe`].
 
+pub mod figure;
 pub mod npe;
 mod style;
 
 use anyhow::{bail, Context, Result};
+use figure::{write_figure, Figure, PlotFormat};
 use lockstep_sonata::{PopulationSpikes, SpikeSorting, SpikeTrains};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
-use style::{font, register_font, COLOURS};
+use style::{font, COLOURS};
 
 /// Options of `lockstep plot`.
 #[derive(Debug, clap::Args)]
@@ -25,16 +30,19 @@ pub struct PlotArgs {
     /// The spikes file for the raster (default: spikes.h5, else spikes.csv, in the folder).
     #[arg(long)]
     pub spikes: Option<PathBuf>,
+    /// The figures' file format: png, or svg (vector graphics, for papers).
+    #[arg(long, value_enum, default_value = "png")]
+    pub plot_format: PlotFormat,
 }
 
 /// Writes `plots/losses.png` when there are losses, `plots/training_raster.png` when a
 /// training run recorded trials (`spikes/update_NNNNNN.h5`, the latest update) and
 /// `plots/raster.png` when there are spikes (into the folder, or next to a spikes file given
-/// as the path).
+/// as the path); `.svg` files instead with `--plot-format svg`.
 ///
 /// Errors: nothing to plot, unreadable or malformed files (naming file and line).
 pub fn run(args: &PlotArgs) -> Result<()> {
-    register_font()?;
+    let ext = args.plot_format.extension();
     let (folder, spikes) = if args.run_dir.is_file() {
         let parent = args
             .run_dir
@@ -75,7 +83,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     std::fs::create_dir_all(&plots)
         .with_context(|| format!("cannot create {}", plots.display()))?;
     if let Some(losses) = losses {
-        let out = plots.join("losses.png");
+        let out = plots.join(format!("losses.{ext}"));
         plot_losses(losses, &out)?;
         println!("wrote {}", out.display());
     }
@@ -87,7 +95,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
                 path.display()
             );
         } else {
-            let out = plots.join("training_raster.png");
+            let out = plots.join(format!("training_raster.{ext}"));
             let title = format!("training trial at update {update} (first sample)");
             plot_raster(&t, path, &title, &out)?;
             println!("wrote {}", out.display());
@@ -95,7 +103,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     }
     match (trains, &spikes) {
         (Some(t), Some(p)) => {
-            let out = plots.join("raster.png");
+            let out = plots.join(format!("raster.{ext}"));
             plot_raster(&t, p, "spikes", &out)?;
             println!("wrote {}", out.display());
         }
@@ -363,79 +371,101 @@ fn read_losses(csv: &Path) -> Result<(Vec<String>, Vec<Vec<f64>>)> {
 }
 
 /// One panel per loss column (each term and the total), each with its own log axis and its
-/// own labelled ticks ([`log_ticks`]), integer update ticks, colours from [`COLOURS`].
+/// own labelled ticks ([`log_ticks`]), integer update ticks, colours from [`COLOURS`];
+/// written as PNG or SVG as `out`'s extension says.
 fn plot_losses((header, rows): (Vec<String>, Vec<Vec<f64>>), out: &Path) -> Result<()> {
-    let steps: Vec<f64> = rows.iter().map(|r| r[0]).collect();
-    let x_max = steps.iter().cloned().fold(1.0, f64::max).ceil();
-    // Only finite positive values can be drawn on a log axis; each axis spans at most 12
-    // decades below its largest value (a log axis reaching inf or 1e-300 has no usable ticks).
+    // Only finite positive values can be drawn on a log axis.
     let finite = |x: &f64| x.is_finite() && *x > 0.0;
     let series: Vec<(String, Vec<f64>)> = (2..header.len())
         .map(|c| (header[c].clone(), rows.iter().map(|r| r[c]).collect()))
         .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(finite))
         .collect();
-    let panels = series.len().max(1);
-    let root = BitMapBackend::new(out, (1000, 220 * panels as u32 + 60)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled("training loss", font(28))?;
-    let areas = root.split_evenly((panels, 1));
-    let x_ticks: Vec<f64> = update_ticks(x_max as u64)
-        .into_iter()
-        .map(|u| u as f64)
-        .collect();
-    for (i, ((name, values), area)) in series.iter().zip(areas.iter()).enumerate() {
-        let (lo, hi) = values
-            .iter()
-            .filter(|x| finite(x))
-            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-        let (lo, hi) = if lo < hi {
-            (lo, hi)
-        } else {
-            (lo * 0.9, hi * 1.1)
-        };
-        let (lo, hi) = ((lo / 1.05).max(hi * 1e-12), hi * 1.05);
-        let y_ticks = log_ticks(lo, hi);
-        let y_gap = min_gap(&y_ticks);
-        let mut chart = ChartBuilder::on(area)
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(95)
-            .caption(name, font(20))
-            .build_cartesian_2d(
-                TickedAxis {
-                    range: 0.0..x_max,
-                    log: false,
-                    ticks: x_ticks.clone(),
-                },
-                TickedAxis {
-                    range: lo..hi,
-                    log: true,
-                    ticks: y_ticks,
-                },
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("optimizer update")
-            .x_label_formatter(&|v| format!("{v:.0}"))
-            .y_label_formatter(&|v| tick_label(*v, y_gap))
-            .label_style(font(14))
-            .draw()?;
-        let color = COLOURS[i % COLOURS.len()];
-        chart.draw_series(LineSeries::new(
-            steps
-                .iter()
-                .zip(values)
-                .filter(|(_, v)| finite(v) && **v >= lo)
-                .map(|(s, v)| (*s, *v)),
-            color.stroke_width(2),
-        ))?;
-    }
-    root.present()
-        .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(())
+    let steps: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    write_figure(&LossFigure { steps, series }, out)
 }
 
-/// A raster of `trains` (read from `spikes`) titled `title: populations (N spikes)`.
+/// The loss curves of [`plot_losses`]: the update of each row, and per loss column with a
+/// finite positive value its name and values.
+struct LossFigure {
+    steps: Vec<f64>,
+    series: Vec<(String, Vec<f64>)>,
+}
+
+impl Figure for LossFigure {
+    fn size(&self) -> (u32, u32) {
+        (1000, 220 * self.series.len().max(1) as u32 + 60)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let (steps, series) = (&self.steps, &self.series);
+        let x_max = steps.iter().cloned().fold(1.0, f64::max).ceil();
+        // Each axis spans at most 12 decades below its largest value (a log axis reaching
+        // inf or 1e-300 has no usable ticks).
+        let finite = |x: &f64| x.is_finite() && *x > 0.0;
+        let panels = series.len().max(1);
+        root.fill(&WHITE)?;
+        let root = root.titled("training loss", font(28))?;
+        let areas = root.split_evenly((panels, 1));
+        let x_ticks: Vec<f64> = update_ticks(x_max as u64)
+            .into_iter()
+            .map(|u| u as f64)
+            .collect();
+        for (i, ((name, values), area)) in series.iter().zip(areas.iter()).enumerate() {
+            let (lo, hi) = values
+                .iter()
+                .filter(|x| finite(x))
+                .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let (lo, hi) = if lo < hi {
+                (lo, hi)
+            } else {
+                (lo * 0.9, hi * 1.1)
+            };
+            let (lo, hi) = ((lo / 1.05).max(hi * 1e-12), hi * 1.05);
+            let y_ticks = log_ticks(lo, hi);
+            let y_gap = min_gap(&y_ticks);
+            let mut chart = ChartBuilder::on(area)
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(95)
+                .caption(name, font(20))
+                .build_cartesian_2d(
+                    TickedAxis {
+                        range: 0.0..x_max,
+                        log: false,
+                        ticks: x_ticks.clone(),
+                    },
+                    TickedAxis {
+                        range: lo..hi,
+                        log: true,
+                        ticks: y_ticks,
+                    },
+                )?;
+            chart
+                .configure_mesh()
+                .x_desc("optimizer update")
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&|v| tick_label(*v, y_gap))
+                .label_style(font(14))
+                .draw()?;
+            let color = COLOURS[i % COLOURS.len()];
+            chart.draw_series(LineSeries::new(
+                steps
+                    .iter()
+                    .zip(values)
+                    .filter(|(_, v)| finite(v) && **v >= lo)
+                    .map(|(s, v)| (*s, *v)),
+                color.stroke_width(2),
+            ))?;
+        }
+        Ok(())
+    }
+}
+
+/// A raster of `trains` (read from `spikes`) titled `title: populations (N spikes)`, written
+/// as PNG or SVG as `out`'s extension says (an SVG holds one element per spike).
 fn plot_raster(trains: &SpikeTrains, spikes: &Path, title: &str, out: &Path) -> Result<()> {
     let mut points = Vec::new();
     let mut labels = Vec::new();
@@ -451,34 +481,49 @@ fn plot_raster(trains: &SpikeTrains, spikes: &Path, title: &str, out: &Path) -> 
     if points.is_empty() {
         bail!("{} holds no spikes", spikes.display());
     }
-    let t_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
-    let n_max = points.iter().map(|p| p.1).fold(1.0, f64::max) + 1.0;
-    let root = BitMapBackend::new(out, (1000, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{title}: {} ({} spikes)", labels.join(", "), points.len()),
-            font(24),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..t_max, 0.0..n_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (ms)")
-        .y_desc("node id")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .label_style(font(16))
-        .draw()?;
-    chart.draw_series(
-        points
-            .iter()
-            .map(|&(t, n)| Circle::new((t, n), 1, BLACK.filled())),
-    )?;
-    root.present()
-        .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(())
+    let title = format!("{title}: {} ({} spikes)", labels.join(", "), points.len());
+    write_figure(&RasterFigure { points, title }, out)
+}
+
+/// The raster of [`plot_raster`]: (time in ms, node id) per spike, and the title.
+struct RasterFigure {
+    points: Vec<(f64, f64)>,
+    title: String,
+}
+
+impl Figure for RasterFigure {
+    fn size(&self) -> (u32, u32) {
+        (1000, 600)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let points = &self.points;
+        let t_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
+        let n_max = points.iter().map(|p| p.1).fold(1.0, f64::max) + 1.0;
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, font(24))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..t_max, 0.0..n_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("time (ms)")
+            .y_desc("node id")
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .label_style(font(16))
+            .draw()?;
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&(t, n)| Circle::new((t, n), 1, BLACK.filled())),
+        )?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -524,6 +569,47 @@ mod tests {
             assert!(l < 180.0, "{c:?} is too light on white");
             assert!(!(c.0 > 150 && c.1 > 150 && c.2 < 100), "{c:?} is yellow");
         }
+    }
+
+    /// The loss curves and a raster, as SVG: well-formed, with their titles, axis labels and
+    /// tick labels (a plain "." as the decimal point).
+    #[test]
+    fn losses_and_rasters_are_written_as_svg_with_their_labels() {
+        use figure::tests::svg_texts;
+        let dir = tempfile::tempdir().unwrap();
+        let header: Vec<String> = ["step", "epoch", "rate", "total"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let rows: Vec<Vec<f64>> = (0..20)
+            .map(|i| {
+                let l = 0.8 * 0.9f64.powi(i);
+                vec![i as f64, 0.0, l, l + 0.1]
+            })
+            .collect();
+        let out = dir.path().join("losses.svg");
+        plot_losses((header, rows), &out).unwrap();
+        let texts = svg_texts(&out);
+        for want in [
+            "training loss",
+            "rate",
+            "total",
+            "optimizer update",
+            "0.2",
+            "15",
+        ] {
+            assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+        }
+        let trains =
+            parse_spikes_csv("timestamps population node_ids\n1.5 v1 3\n220.0 v1 9\n").unwrap();
+        let out = dir.path().join("raster.svg");
+        plot_raster(&trains, Path::new("spikes.csv"), "spikes", &out).unwrap();
+        let texts = svg_texts(&out);
+        for want in ["spikes: v1 (2 spikes)", "time (ms)", "node id", "200.0"] {
+            assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+        }
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(svg.matches("<circle").count(), 2, "one circle per spike");
     }
 
     #[test]

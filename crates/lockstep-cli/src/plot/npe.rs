@@ -1,80 +1,103 @@
 //! The figures of `lockstep npe`: the P-P plot of `lockstep npe pp` and the corner plot of
-//! `lockstep npe sample --corner`.
+//! `lockstep npe sample --corner`, as PNG or SVG ([`write_figure`]).
 
-use super::style::{font, register_font, COLOURS};
-use anyhow::{bail, Context, Result};
+use super::figure::{write_figure, Figure};
+use super::style::{font, COLOURS};
+use anyhow::{bail, Result};
 use lockstep_npe::calibration::PpResult;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
 /// The P-P plot: per parameter, the fraction of injections whose true value lies at or
 /// below each credible level of its marginal posterior, against the level; the diagonal and
 /// the 68/95/99.7% binomial bands of a calibrated posterior with this many injections (as
-/// bilby's `make_pp_plot`, normal approximation).
+/// bilby's `make_pp_plot`, normal approximation). Written atomically as PNG or SVG, as
+/// `out`'s extension says.
+///
+/// Errors: an extension other than .png or .svg, drawing or writing fails.
 pub fn plot_pp(r: &PpResult, out: &Path, title: &str) -> Result<()> {
-    register_font()?;
-    let n = r.percentiles.len() as f64;
-    let root = BitMapBackend::new(out, (700, 700)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .margin(15)
-        .caption(
-            format!("P-P plot, {title}, {} injections", r.percentiles.len()),
-            font(22),
-        )
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0f64..1.0, 0.0f64..1.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("credible level")
-        .y_desc("fraction of injections in the credible interval")
-        .light_line_style(WHITE)
-        .label_style(font(14))
-        .draw()?;
-    let grid: Vec<f64> = (0..=200).map(|i| i as f64 / 200.0).collect();
-    for (z, shade) in [(3.0, 235u8), (1.96, 220), (1.0, 200)] {
-        let upper: Vec<(f64, f64)> = grid
-            .iter()
-            .map(|&p| (p, (p + z * (p * (1.0 - p) / n).sqrt()).min(1.0)))
-            .collect();
-        let lower: Vec<(f64, f64)> = grid
-            .iter()
-            .rev()
-            .map(|&p| (p, (p - z * (p * (1.0 - p) / n).sqrt()).max(0.0)))
-            .collect();
-        chart.draw_series(std::iter::once(Polygon::new(
-            upper.into_iter().chain(lower).collect::<Vec<_>>(),
-            RGBColor(shade, shade, shade).filled(),
-        )))?;
+    write_figure(&PpFigure { r, title }, out)
+}
+
+/// The P-P plot of [`plot_pp`].
+struct PpFigure<'a> {
+    r: &'a PpResult,
+    title: &'a str,
+}
+
+impl Figure for PpFigure<'_> {
+    fn size(&self) -> (u32, u32) {
+        (700, 700)
     }
-    chart.draw_series(LineSeries::new(
-        [(0.0, 0.0), (1.0, 1.0)],
-        BLACK.stroke_width(1),
-    ))?;
-    for (j, name) in r.names.iter().enumerate() {
-        let mut col = r.column(j);
-        col.sort_by(f64::total_cmp);
-        let colour = COLOURS[j % COLOURS.len()];
-        let pts: Vec<(f64, f64)> = grid
-            .iter()
-            .map(|&p| (p, col.partition_point(|&v| v <= p) as f64 / n))
-            .collect();
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let (r, title) = (self.r, self.title);
+        let n = r.percentiles.len() as f64;
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(root)
+            .margin(15)
+            .caption(
+                format!("P-P plot, {title}, {} injections", r.percentiles.len()),
+                font(22),
+            )
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0f64..1.0, 0.0f64..1.0)?;
         chart
-            .draw_series(LineSeries::new(pts, colour.stroke_width(2)))?
-            .label(format!("{name} (p = {:.3})", r.p_values[j]))
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+            .configure_mesh()
+            .x_desc("credible level")
+            .y_desc("fraction of injections in the credible interval")
+            .light_line_style(WHITE)
+            .label_style(font(14))
+            .draw()?;
+        let grid: Vec<f64> = (0..=200).map(|i| i as f64 / 200.0).collect();
+        for (z, shade) in [(3.0, 235u8), (1.96, 220), (1.0, 200)] {
+            let upper: Vec<(f64, f64)> = grid
+                .iter()
+                .map(|&p| (p, (p + z * (p * (1.0 - p) / n).sqrt()).min(1.0)))
+                .collect();
+            let lower: Vec<(f64, f64)> = grid
+                .iter()
+                .rev()
+                .map(|&p| (p, (p - z * (p * (1.0 - p) / n).sqrt()).max(0.0)))
+                .collect();
+            chart.draw_series(std::iter::once(Polygon::new(
+                upper.into_iter().chain(lower).collect::<Vec<_>>(),
+                RGBColor(shade, shade, shade).filled(),
+            )))?;
+        }
+        chart.draw_series(LineSeries::new(
+            [(0.0, 0.0), (1.0, 1.0)],
+            BLACK.stroke_width(1),
+        ))?;
+        for (j, name) in r.names.iter().enumerate() {
+            let mut col = r.column(j);
+            col.sort_by(f64::total_cmp);
+            let colour = COLOURS[j % COLOURS.len()];
+            let pts: Vec<(f64, f64)> = grid
+                .iter()
+                .map(|&p| (p, col.partition_point(|&v| v <= p) as f64 / n))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, colour.stroke_width(2)))?
+                .label(format!("{name} (p = {:.3})", r.p_values[j]))
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(font(14))
+            .draw()?;
+        Ok(())
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(font(14))
-        .draw()?;
-    root.present()
-        .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(())
 }
 
 /// The axis range of one parameter in a corner plot: its 0.5% to 99.5% sample quantiles,
@@ -93,7 +116,11 @@ fn corner_range(values: &mut [f64], truth: Option<f64>) -> (f64, f64) {
 
 /// A corner plot of posterior samples (`[n * d]` row-major): per parameter a histogram on
 /// the diagonal; below it, per pair, a 2-D histogram (40 x 40 bins, darker = more samples);
-/// the true values, when given, as red lines and points.
+/// the true values, when given, as red lines and points. Written atomically as PNG or SVG,
+/// as `out`'s extension says.
+///
+/// Errors: fewer than 2 samples or no parameter, an extension other than .png or .svg,
+/// drawing or writing fails.
 pub fn plot_corner(
     samples: &[f32],
     names: &[String],
@@ -101,7 +128,6 @@ pub fn plot_corner(
     title: &str,
     out: &Path,
 ) -> Result<()> {
-    register_font()?;
     let d = names.len();
     let n = samples.len() / d.max(1);
     if d == 0 || n < 2 {
@@ -115,40 +141,76 @@ pub fn plot_corner(
             .map(|&v| v as f64)
             .collect()
     };
+    let columns: Vec<Vec<f64>> = (0..d).map(column).collect();
     let ranges: Vec<(f64, f64)> = (0..d)
-        .map(|j| corner_range(&mut column(j), truth.map(|t| t[j])))
+        .map(|j| corner_range(&mut columns[j].clone(), truth.map(|t| t[j])))
         .collect();
-    let panel = 190u32;
-    let root =
-        BitMapBackend::new(out, (panel * d as u32 + 40, panel * d as u32 + 70)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(&format!("{title}: {n} posterior samples"), font(20))?;
-    let areas = root.split_evenly((d, d));
-    for i in 0..d {
-        for j in 0..=i {
-            let panel = CornerPanel {
-                area: &areas[i * d + j],
-                x_range: ranges[j],
-                y_range: ranges[i],
-                x_label: if i + 1 == d { names[j].as_str() } else { "" },
-                y_label: if j == 0 && i != j {
-                    names[i].as_str()
+    let figure = CornerFigure {
+        columns,
+        ranges,
+        names,
+        truth,
+        title: format!("{title}: {n} posterior samples"),
+    };
+    write_figure(&figure, out)
+}
+
+/// The corner plot of [`plot_corner`]: each parameter's samples, its axis range, name and
+/// true value.
+struct CornerFigure<'a> {
+    columns: Vec<Vec<f64>>,
+    ranges: Vec<(f64, f64)>,
+    names: &'a [String],
+    truth: Option<&'a [f64]>,
+    title: String,
+}
+
+/// The side of one panel of a corner plot, in pixels.
+const CORNER_PANEL: u32 = 190;
+
+impl Figure for CornerFigure<'_> {
+    fn size(&self) -> (u32, u32) {
+        let d = self.names.len() as u32;
+        (CORNER_PANEL * d + 40, CORNER_PANEL * d + 70)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let (d, names, truth) = (self.names.len(), self.names, self.truth);
+        root.fill(&WHITE)?;
+        let root = root.titled(&self.title, font(20))?;
+        let areas = root.split_evenly((d, d));
+        for i in 0..d {
+            for j in 0..=i {
+                let panel = CornerPanel {
+                    area: &areas[i * d + j],
+                    x_range: self.ranges[j],
+                    y_range: self.ranges[i],
+                    x_label: if i + 1 == d { names[j].as_str() } else { "" },
+                    y_label: if j == 0 && i != j {
+                        names[i].as_str()
+                    } else {
+                        ""
+                    },
+                    bottom: i + 1 == d,
+                    left: j == 0,
+                };
+                if i == j {
+                    corner_histogram(&panel, &self.columns[j], truth.map(|t| t[j]))?;
                 } else {
-                    ""
-                },
-                bottom: i + 1 == d,
-                left: j == 0,
-            };
-            if i == j {
-                corner_histogram(&panel, &column(j), truth.map(|t| t[j]))?;
-            } else {
-                corner_pair(&panel, &column(j), &column(i), truth.map(|t| (t[j], t[i])))?;
+                    corner_pair(
+                        &panel,
+                        &self.columns[j],
+                        &self.columns[i],
+                        truth.map(|t| (t[j], t[i])),
+                    )?;
+                }
             }
         }
+        Ok(())
     }
-    root.present()
-        .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(())
 }
 
 /// Histogram bins per axis of a corner plot's panels.
@@ -162,8 +224,8 @@ fn corner_bin(v: f64, (lo, hi): (f64, f64)) -> Option<usize> {
 
 /// One panel of a corner plot: its drawing area, axis ranges and labels, and whether it sits
 /// on the bottom row (x tick labels) or the left column (y tick labels).
-struct CornerPanel<'a, 'b> {
-    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+struct CornerPanel<'a, DB: DrawingBackend> {
+    area: &'a DrawingArea<DB, Shift>,
     x_range: (f64, f64),
     y_range: (f64, f64),
     x_label: &'a str,
@@ -175,7 +237,14 @@ struct CornerPanel<'a, 'b> {
 const CORNER_RED: RGBColor = RGBColor(214, 39, 40);
 
 /// A diagonal panel: the histogram of one parameter's samples, the true value as a red line.
-fn corner_histogram(p: &CornerPanel, values: &[f64], truth: Option<f64>) -> Result<()> {
+fn corner_histogram<DB: DrawingBackend>(
+    p: &CornerPanel<DB>,
+    values: &[f64],
+    truth: Option<f64>,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
     let xr = p.x_range;
     let mut counts = [0u32; CORNER_BINS];
     for &v in values {
@@ -214,7 +283,15 @@ fn corner_histogram(p: &CornerPanel, values: &[f64], truth: Option<f64>) -> Resu
 
 /// A panel below the diagonal: the 2-D histogram of a pair of parameters (darker = more
 /// samples), the true values as red lines and a point.
-fn corner_pair(p: &CornerPanel, xs: &[f64], ys: &[f64], truth: Option<(f64, f64)>) -> Result<()> {
+fn corner_pair<DB: DrawingBackend>(
+    p: &CornerPanel<DB>,
+    xs: &[f64],
+    ys: &[f64],
+    truth: Option<(f64, f64)>,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
     let (xr, yr) = (p.x_range, p.y_range);
     let mut grid = vec![0u32; CORNER_BINS * CORNER_BINS];
     for (&x, &y) in xs.iter().zip(ys) {
@@ -268,4 +345,65 @@ fn corner_pair(p: &CornerPanel, xs: &[f64], ys: &[f64], truth: Option<(f64, f64)
         )))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plot::figure::tests::svg_texts;
+
+    /// A corner plot of 2 parameters, as SVG: well-formed, with the title, the axis labels
+    /// and tick labels whose decimal point is a plain ".".
+    #[test]
+    fn the_corner_plot_is_written_as_svg_with_its_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = vec!["chirp_mass".to_string(), "eta".to_string()];
+        let samples: Vec<f32> = (0..2000)
+            .flat_map(|i| {
+                let u = (i as f32 * 0.618).fract();
+                [21.0 + 2.0 * u, 0.2 + 0.04 * (1.0 - u)]
+            })
+            .collect();
+        let out = dir.path().join("corner.svg");
+        plot_corner(&samples, &names, Some(&[22.0, 0.22]), "gw chirp", &out).unwrap();
+        let texts = svg_texts(&out);
+        for want in [
+            "gw chirp: 2000 posterior samples",
+            "chirp_mass",
+            "eta",
+            "22.0",
+        ] {
+            assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// The P-P plot as SVG: well-formed, with its title, axis labels, tick labels and
+    /// legend.
+    #[test]
+    fn the_pp_plot_is_written_as_svg_with_its_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        let percentiles: Vec<Vec<f64>> = (0..50)
+            .map(|i| vec![(i as f64 + 0.5) / 50.0, ((i * 7 % 50) as f64 + 0.5) / 50.0])
+            .collect();
+        let r = PpResult {
+            names: vec!["theta_1".into(), "theta_2".into()],
+            truths: vec![vec![0.0, 0.0]; 50],
+            percentiles,
+            p_values: vec![0.5, 0.25],
+        };
+        let out = dir.path().join("pp.svg");
+        plot_pp(&r, &out, "gaussian").unwrap();
+        let texts = svg_texts(&out);
+        for want in [
+            "P-P plot, gaussian, 50 injections",
+            "credible level",
+            "fraction of injections in the credible interval",
+            "theta_1 (p = 0.500)",
+            "theta_2 (p = 0.250)",
+            "0.5",
+        ] {
+            assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
+        }
+    }
 }

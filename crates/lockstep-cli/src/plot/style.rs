@@ -20,8 +20,14 @@ pub const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// The text style of every figure: the bundled `sans-serif` at `px` pixels, rounded up to an
-/// even size.
+/// The font family every figure's text uses, under which [`register_font`] registers the
+/// bundled font. It is a CSS font list because SVG figures name it in their `<text>`
+/// elements: a viewer with DejaVu Sans shows the text with the font plotters measured it
+/// with (the PNG's), any other its own sans-serif.
+pub const FAMILY: &str = "DejaVu Sans, sans-serif";
+
+/// The text style of every figure: the bundled font ([`FAMILY`]) at `px` pixels, rounded up
+/// to an even size.
 ///
 /// Why even: plotters 0.3.7 (`style/font/ab_glyph.rs`) places each glyph at
 /// `(size / 2 + top of its pixel bounds) as i32`, and at an odd size the half-pixel is rounded
@@ -30,15 +36,19 @@ pub const COLOURS: [RGBColor; 8] = [
 /// "22.0" read as "22·0" in the corner plots' 11-pixel tick labels. At even sizes every glyph
 /// shares one baseline.
 pub fn font(px: u32) -> (&'static str, u32) {
-    ("sans-serif", px + px % 2)
+    (FAMILY, px + px % 2)
 }
 
-/// Registers the bundled font as `sans-serif`, the family every figure's text uses.
+/// Registers the bundled font as [`FAMILY`], the family every figure's text uses, and as
+/// plotters' default `sans-serif`.
 ///
 /// Errors: the font cannot be loaded.
 pub fn register_font() -> Result<()> {
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))
+    for family in [FAMILY, "sans-serif"] {
+        plotters::style::register_font(family, FontStyle::Normal, FONT)
+            .map_err(|_| anyhow::anyhow!("the bundled font cannot be loaded"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -46,7 +56,7 @@ mod tests {
     use super::*;
     use plotters::prelude::*;
 
-    /// The lowest inked row of `text` drawn at (4, 4) in `px`-pixel sans-serif.
+    /// The lowest inked row of `text` drawn at (4, 4) in the `px`-pixel bundled font.
     fn bottom_row(text: &str, px: f64) -> usize {
         register_font().unwrap();
         let (w, h) = (80usize, 60usize);
@@ -54,7 +64,7 @@ mod tests {
         {
             let root =
                 BitMapBackend::with_buffer(&mut buf, (w as u32, h as u32)).into_drawing_area();
-            root.draw_text(text, &("sans-serif", px).into_font().color(&BLACK), (4, 4))
+            root.draw_text(text, &(FAMILY, px).into_font().color(&BLACK), (4, 4))
                 .unwrap();
             root.present().unwrap();
         }
