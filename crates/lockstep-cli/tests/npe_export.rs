@@ -146,11 +146,14 @@ fn export_writes_an_nflows_state_dict_and_refuses_what_nflows_lacks() {
         "--output-dir",
         s(&out),
     ]));
-    assert!(o.stdout.contains("posterior.nflows.safetensors"), "{}", o.stdout);
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("posterior.nflows.json")).unwrap(),
-    )
-    .unwrap();
+    assert!(
+        o.stdout.contains("posterior.nflows.safetensors"),
+        "{}",
+        o.stdout
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("posterior.nflows.json")).unwrap())
+            .unwrap();
     assert_eq!(json["format"], "lockstep-nflows-export-1");
     assert_eq!(json["check"]["log_prob"].as_array().unwrap().len(), 8);
     assert_eq!(json["posterior_kwargs"]["num_flow_steps"], 3);
@@ -176,14 +179,40 @@ fn export_writes_an_nflows_state_dict_and_refuses_what_nflows_lacks() {
 
     // Bad input: named, nothing written.
     let bad = d.join("bad_out");
-    let e = lockstep(&["npe", "export", s(&run), "--format", "onnx", "--output-dir", s(&bad)]);
-    assert!(!e.success() && e.stderr.contains("--format onnx"), "{}", e.all_output());
+    let e = lockstep(&[
+        "npe",
+        "export",
+        s(&run),
+        "--format",
+        "onnx",
+        "--output-dir",
+        s(&bad),
+    ]);
+    assert!(
+        !e.success() && e.stderr.contains("--format onnx"),
+        "{}",
+        e.all_output()
+    );
     let missing = d.join("no_such_run");
     let e = lockstep(&["npe", "export", s(&missing), "--output-dir", s(&bad)]);
-    assert!(!e.success() && e.stderr.contains("no_such_run"), "{}", e.all_output());
+    assert!(
+        !e.success() && e.stderr.contains("no_such_run"),
+        "{}",
+        e.all_output()
+    );
     std::fs::create_dir(d.join("empty")).unwrap();
-    let e = lockstep(&["npe", "export", s(&d.join("empty")), "--output-dir", s(&bad)]);
-    assert!(!e.success() && e.stderr.contains("empty"), "{}", e.all_output());
+    let e = lockstep(&[
+        "npe",
+        "export",
+        s(&d.join("empty")),
+        "--output-dir",
+        s(&bad),
+    ]);
+    assert!(
+        !e.success() && e.stderr.contains("empty"),
+        "{}",
+        e.all_output()
+    );
 
     // LayerNorm has no nflows counterpart: refused naming the key and the run's config.
     let ln = train(d, "layer", "layer_norm", 1);

@@ -143,28 +143,39 @@ pub fn check_settings(settings: &NpeSettings) -> Result<(), ConfigError> {
             "nflows' ResidualNet",
         ),
     ] {
-        let written = if given_norm {
-            format!("{key}.norm")
+        let (written, value) = if given_norm {
+            (format!("{key}.norm"), norm_name(norm))
         } else {
-            format!("{key}.batch_norm")
+            (format!("{key}.batch_norm"), "true")
         };
-        if let Some(why) = norm_refusal(norm, network) {
+        if let Some(why) = norm_refusal(norm, value, network) {
             return Err(ConfigError::new(written, why));
         }
     }
     Ok(())
 }
 
-/// Why a network with `norm` has no nflows counterpart (`None` for no normalization).
-fn norm_refusal(norm: Norm, network: &str) -> Option<String> {
+/// Why a network with `norm` (given as `written`, e.g. `true` for `batch_norm: true`) has
+/// no nflows counterpart (`None` for no normalization).
+fn norm_refusal(norm: Norm, written: &str, network: &str) -> Option<String> {
+    let only = "only networks trained with norm: none (batch_norm: false) can be exported";
     match norm {
         Norm::None => None,
         Norm::LayerNorm => Some(format!(
-            "is layer_norm, but {network} has no LayerNorm (its blocks normalize with BatchNorm or not at all), so no nflows/Dingo model computes this network; only networks trained with norm: none (batch_norm: false) can be exported"
+            "is {written}, but {network} has no LayerNorm (its residual blocks normalize with BatchNorm or not at all), so no nflows/Dingo model computes this network; {only}"
         )),
         Norm::BatchNorm => Some(format!(
-            "is batch_norm, but lockstep's BatchNorm uses eps 1e-5 where {network}'s BatchNorm1d uses eps 1e-3, which changes the log-probabilities; only networks trained with norm: none (batch_norm: false) can be exported"
+            "is {written}, but lockstep's BatchNorm uses eps 1e-5 where the BatchNorm1d layers of {network} use eps 1e-3, which changes the log-probabilities; {only}"
         )),
+    }
+}
+
+/// The settings' name of `norm`.
+fn norm_name(norm: Norm) -> &'static str {
+    match norm {
+        Norm::None => "none",
+        Norm::LayerNorm => "layer_norm",
+        Norm::BatchNorm => "batch_norm",
     }
 }
 
@@ -221,10 +232,14 @@ pub fn nflows_export(
 ) -> Result<NflowsExport, NpeError> {
     let cfg = &net.config;
     for (key, norm, network) in [
-        ("embedding.norm", cfg.embedding.norm, "Dingo's DenseResidualNet"),
+        (
+            "embedding.norm",
+            cfg.embedding.norm,
+            "Dingo's DenseResidualNet (nflows' ResidualBlock)",
+        ),
         ("flow.norm", cfg.flow.norm, "nflows' ResidualNet"),
     ] {
-        if let Some(why) = norm_refusal(norm, network) {
+        if let Some(why) = norm_refusal(norm, norm_name(norm), network) {
             return Err(NpeError::Invalid(format!("the network's {key} {why}")));
         }
     }
@@ -257,8 +272,7 @@ pub fn nflows_export(
     }
     let perms = net.permutations();
     let step_name = |i: usize| format!("flow._transform._transforms.{i}._transforms");
-    for (i, (perm, (identity, transform))) in
-        perms.iter().zip(net.coupling_features()).enumerate()
+    for (i, (perm, (identity, transform))) in perms.iter().zip(net.coupling_features()).enumerate()
     {
         let t = step_name(i);
         for (name, v) in [
@@ -298,7 +312,8 @@ pub fn nflows_export(
     let s = &net.standardization;
     let f = &cfg.flow;
     let e = &cfg.embedding;
-    let rows = |v: &[f32], w: usize| -> Vec<Vec<f32>> { v.chunks(w).map(<[f32]>::to_vec).collect() };
+    let rows =
+        |v: &[f32], w: usize| -> Vec<Vec<f32>> { v.chunks(w).map(<[f32]>::to_vec).collect() };
     let projection = e.projection.as_ref().map(|pc| {
         let l = &pc.layout;
         let dingo_input_dims = match *l {
@@ -379,8 +394,9 @@ pub fn nflows_export(
 /// the run's `config.json`).
 pub fn export_trained(t: &Trained, pairs: usize) -> Result<NflowsExport, NpeError> {
     check_settings(&t.settings).map_err(|e| {
-        NpeError::Config(e.in_file(t.run_dir.join("config.json")))
-            .context("the run's settings (its config.json, section npe) cannot be exported to nflows")
+        NpeError::Config(e.in_file(t.run_dir.join("config.json"))).context(
+            "the run's settings (its config.json, section npe) cannot be exported to nflows",
+        )
     })?;
     let (start, end) = (t.settings.train_samples(), t.settings.data.num_samples);
     let first = if end > start { start } else { 0 };
@@ -477,7 +493,10 @@ mod tests {
             "flow._transform._transforms.3._transforms.0._transforms.1.lower_entries"
         );
         assert_eq!(
-            n("flow.steps.12.coupling.transform_net.final_layer.weight", false),
+            n(
+                "flow.steps.12.coupling.transform_net.final_layer.weight",
+                false
+            ),
             "flow._transform._transforms.12._transforms.1.transform_net.final_layer.weight"
         );
         assert!(nflows_name("flow.other.weight", false).is_err());

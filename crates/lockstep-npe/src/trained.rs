@@ -78,13 +78,15 @@ pub fn stored_permutations(file: &Path) -> Result<Option<Vec<Vec<usize>>>, NpeEr
         .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
     let len = u64::from_le_bytes(len);
     if len > 100 << 20 {
-        return Err(bad(format!("a header of {len} bytes: not a safetensors file")));
+        return Err(bad(format!(
+            "a header of {len} bytes: not a safetensors file"
+        )));
     }
     let mut header = vec![0u8; len as usize];
     f.read_exact(&mut header)
         .map_err(|e| bad(format!("truncated header: {e}")))?;
-    let header: serde_json::Value = serde_json::from_slice(&header)
-        .map_err(|e| bad(format!("unreadable header: {e}")))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("unreadable header: {e}")))?;
     let Some(text) = header
         .get("__metadata__")
         .and_then(|m| m.get("permutations"))
@@ -94,9 +96,11 @@ pub fn stored_permutations(file: &Path) -> Result<Option<Vec<Vec<usize>>>, NpeEr
     let text = text
         .as_str()
         .ok_or_else(|| bad("metadata `permutations` is not a string".into()))?;
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(|e| bad(format!("metadata `permutations` is not a list of index lists: {e}")))
+    serde_json::from_str(text).map(Some).map_err(|e| {
+        bad(format!(
+            "metadata `permutations` is not a list of index lists: {e}"
+        ))
+    })
 }
 
 /// Sets `net`'s permutations to those stored in `run_dir`'s `posterior.safetensors` (see

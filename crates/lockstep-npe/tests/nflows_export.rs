@@ -35,7 +35,8 @@ const X: usize = BLOCKS * 2 * BINS;
 const PAIRS: usize = 12;
 
 fn reference() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nflows_export/reference.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nflows_export/reference.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -105,11 +106,7 @@ fn export(net: &NpeNetwork, params: &[f32]) -> NflowsExport {
     let (theta, x) = pairs(net);
     let log_prob = model(net, params).log_prob(&theta, &x, PAIRS);
     let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
-    let checks = CheckPairs {
-        theta,
-        x,
-        log_prob,
-    };
+    let checks = CheckPairs { theta, x, log_prob };
     nflows_export(net, params, &[], &checks, &names).unwrap()
 }
 
@@ -248,14 +245,14 @@ fn settings_without_an_nflows_counterpart_are_refused_naming_the_key() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("model.embedding_kwargs.batch_norm") && e.contains("eps 1e-3"),
+        e.contains("model.embedding_kwargs.batch_norm: is true") && e.contains("eps 1e-3"),
         "{e}"
     );
     let e = check_settings(&settings("norm: batch_norm", "norm: none"))
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("model.posterior_kwargs.base_transform_kwargs.norm"),
+        e.contains("model.posterior_kwargs.base_transform_kwargs.norm: is batch_norm"),
         "{e}"
     );
     // The library call refuses the network itself too.
@@ -269,7 +266,10 @@ fn settings_without_an_nflows_counterpart_are_refused_naming_the_key() {
     let e = nflows_export(&net, &params, &[], &checks, &[])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("embedding.norm") && e.contains("LayerNorm"), "{e}");
+    assert!(
+        e.contains("embedding.norm") && e.contains("LayerNorm"),
+        "{e}"
+    );
 }
 
 /// An error with its sources, `a: b: c`.
@@ -305,7 +305,10 @@ fn stored_permutations_rebuild_the_flow_and_old_files_draw_them_from_the_seed() 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("posterior.safetensors");
     m.export(dir.path()).unwrap();
-    assert_eq!(stored_permutations(&file).unwrap(), Some(net.permutations()));
+    assert_eq!(
+        stored_permutations(&file).unwrap(),
+        Some(net.permutations())
+    );
     let x = &pairs(&net).1[..X];
     let before = m.sample(x, 64, 9);
 
@@ -338,5 +341,8 @@ fn stored_permutations_rebuild_the_flow_and_old_files_draw_them_from_the_seed() 
     // Stored permutations that do not fit are refused, naming the file.
     rewrite_permutations(&file, Some(&vec![vec![0, 0, 1]; 3]));
     let e = chain(&restore_permutations(&mut old, dir.path()).unwrap_err());
-    assert!(e.contains("posterior.safetensors") && e.contains("not a permutation"), "{e}");
+    assert!(
+        e.contains("posterior.safetensors") && e.contains("not a permutation"),
+        "{e}"
+    );
 }
