@@ -105,7 +105,7 @@ fn rewrite_permutations(path: &Path, perms: Option<&Vec<Vec<usize>>>) {
         None => meta.remove("permutations"),
     };
     let mut text = serde_json::to_vec(&h).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

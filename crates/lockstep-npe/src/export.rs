@@ -6,8 +6,9 @@
 //!
 //! - `flow` is the nflows `Flow` that Dingo's `create_nsf_model` builds: `_transform` is a
 //!   `CompositeTransform` of `num_flow_steps` steps, step `i` a `CompositeTransform` of
-//!   (`CompositeTransform(RandomPermutation, LULinear)`, `PiecewiseRationalQuadraticCoupling
-//!   Transform` with linear tails and nflows' `ResidualNet` conditioner), then one more
+//!   (`CompositeTransform(RandomPermutation, LULinear)`,
+//!   `PiecewiseRationalQuadraticCouplingTransform` with linear tails and nflows'
+//!   `ResidualNet` conditioner), then one more
 //!   `CompositeTransform(RandomPermutation, LULinear)`: Dingo's final linear transform, which
 //!   lockstep's flow does not have and which is exported as the identity (permutation
 //!   `0..d`, `L = U = I`, bias 0). Names: `flow._transform._transforms.{i}._transforms.0.

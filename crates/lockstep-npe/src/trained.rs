@@ -212,7 +212,9 @@ pub struct Trained {
 
 /// Loads the posterior of `path`: a run directory (its latest checkpoint), its
 /// `checkpoints/latest` pointer, a checkpoint file `checkpoints/update_NNNNNN.safetensors`,
-/// or the folder of a run of several stages (see [`resolve_checkpoint`]).
+/// or the folder of a run of several stages (see [`resolve_checkpoint`]). The flow's
+/// permutations are those the run directory's `posterior.safetensors` stores, or, for runs
+/// without them, drawn from `data.seed` as in training ([`restore_permutations`]).
 ///
 /// Errors: the checkpoint cannot be found or verified, the run directory has no
 /// `config.json` of an NPE run, or the parameters do not fit the network it describes.
