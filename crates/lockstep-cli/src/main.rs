@@ -131,7 +131,9 @@ fn main() -> ExitCode {
     let single_process = match &cli.command {
         Command::Simulate(_) | Command::BuildNetwork(_) | Command::Plot(_) => true,
         Command::Bench(bench) => !bench.is_mpi_worker(),
-        Command::Npe(npe::NpeCommand::Sample(_) | npe::NpeCommand::Pp(_)) => true,
+        Command::Npe(
+            npe::NpeCommand::Sample(_) | npe::NpeCommand::Pp(_) | npe::NpeCommand::Export(_),
+        ) => true,
         Command::Info | Command::Train(_) | Command::Nbody(_) | Command::Npe(_) => false,
     };
     if single_process && world.comm().size() > 1 {

@@ -1,5 +1,5 @@
 //! `lockstep npe train SETTINGS.yaml`, `lockstep npe sample CHECKPOINT`, `lockstep npe pp
-//! CHECKPOINT`, `lockstep npe submit SETTINGS.yaml`: neural posterior estimation with
+//! CHECKPOINT`, `lockstep npe export CHECKPOINT`, `lockstep npe submit SETTINGS.yaml`: neural posterior estimation with
 //! Dingo-shaped settings (crate lockstep-npe), trained by the lockstep-train engine like
 //! `lockstep train` (serial, thread replicas from `local.replicas`, or one MPI rank per
 //! replica under `mpirun`/`srun`).
@@ -12,6 +12,7 @@ use crate::plot::npe::{plot_corner, plot_pp};
 use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::calibration::injection;
+use lockstep_npe::export::{export_trained, ExportFormat};
 use lockstep_npe::stages::{train_stages, TrainRequest};
 use lockstep_npe::task::PriorBound;
 use lockstep_npe::trained::{self, Trained};
@@ -27,6 +28,9 @@ pub enum NpeCommand {
     Sample(SampleArgs),
     /// P-P test over simulated injections: a P-P plot PNG and per-parameter KS p-values.
     Pp(PpArgs),
+    /// Write the posterior as a PyTorch state dict (safetensors) and settings (JSON) that
+    /// nflows/Dingo modules load with load_state_dict.
+    Export(ExportArgs),
     /// Write an HTCondor submit description (--condor) or a Slurm batch script (--slurm) that
     /// runs `lockstep npe train` with the resources of the settings' `local` section.
     Submit(SubmitArgs),
@@ -112,6 +116,25 @@ pub struct SampleArgs {
     pub device: String,
 }
 
+/// Options of `lockstep npe export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// A checkpoint file, checkpoints/latest, or a run directory (its latest checkpoint).
+    pub checkpoint: PathBuf,
+    /// The layout: nflows (alias dingo): Dingo's FlowWrapper of an nflows Flow and its
+    /// embedding network.
+    #[arg(long, default_value = "nflows")]
+    pub format: String,
+    /// Folder to write posterior.nflows.safetensors and posterior.nflows.json into (created
+    /// if missing; default: the run directory of the checkpoint).
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// (θ, x) pairs of the task written with lockstep's log-probabilities, to check the
+    /// rebuilt model against.
+    #[arg(long, default_value_t = 8)]
+    pub check_pairs: usize,
+}
+
 /// Options of `lockstep npe pp`.
 #[derive(Debug, clap::Args)]
 pub struct PpArgs {
@@ -149,7 +172,31 @@ pub fn run(cmd: &NpeCommand, world: &World) -> Result<()> {
         NpeCommand::Sample(a) => sample(a),
         NpeCommand::Pp(a) => pp(a),
         NpeCommand::Submit(a) => submit(a),
+        NpeCommand::Export(a) => export(a),
     }
+}
+
+/// Writes the nflows/Dingo export of a trained posterior (both files atomically, after
+/// every check) and prints the files.
+fn export(args: &ExportArgs) -> Result<()> {
+    ExportFormat::parse(&args.format)?;
+    if args.check_pairs == 0 {
+        bail!("--check-pairs must be at least 1");
+    }
+    let t = trained::load(&args.checkpoint)?;
+    let out = export_trained(&t, args.check_pairs)?;
+    let dir = args.output_dir.clone().unwrap_or_else(|| t.run_dir.clone());
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the folder {}", dir.display()))?;
+    for f in out.write(&dir)? {
+        println!("wrote {}", f.display());
+    }
+    println!(
+        "from {} (update {}); build the modules as scripts/peers/nflows_export_check.py does",
+        t.checkpoint.display(),
+        t.update
+    );
+    Ok(())
 }
 
 /// Writes the submission file of `lockstep npe submit` (atomically; an existing file only

@@ -102,6 +102,12 @@ impl Permutation {
             let j = (rng.next_u64() % (i as u64 + 1)) as usize;
             perm.swap(i, j);
         }
+        Self::from_indices(perm)
+    }
+
+    /// The permutation `perm` (checked by the caller to hold each of `0..n` once).
+    fn from_indices(perm: Vec<usize>) -> Self {
+        let n = perm.len();
         let mut inverse = vec![0; n];
         for (i, &p) in perm.iter().enumerate() {
             inverse[p] = i;
@@ -360,7 +366,8 @@ pub struct NpeNetwork {
     /// Fixed standardization of θ and x.
     pub standardization: Standardization,
     /// The seed the permutations were drawn from (part of the structure: a network is
-    /// rebuilt from its config, widths, standardization and this seed).
+    /// rebuilt from its config, widths, standardization and this seed, or from the
+    /// permutations `posterior.safetensors` stores, see [`NpeNetwork::set_permutations`]).
     pub structure_seed: u64,
     builder: Builder,
     projection: Option<LinearProjection>,
@@ -569,6 +576,48 @@ impl NpeNetwork {
             .iter()
             .map(|s| s.permutation.perm.clone())
             .collect()
+    }
+
+    /// Each flow step's coupling split `(identity, transform)`: the θ components passed
+    /// through and those the spline maps (nflows' `identity_features` and
+    /// `transform_features`: Dingo's alternating mask, the even components at even steps).
+    pub fn coupling_features(&self) -> Vec<(Vec<usize>, Vec<usize>)> {
+        self.steps
+            .iter()
+            .map(|s| (s.coupling.identity.clone(), s.coupling.transform.clone()))
+            .collect()
+    }
+
+    /// Replaces the permutation of every flow step by `permutations` (step order, as
+    /// [`NpeNetwork::permutations`] returns them): the permutations a checkpoint stored, so
+    /// the network is rebuilt from them rather than drawn again from `structure_seed`.
+    ///
+    /// Errors: not one permutation per flow step, or one that does not hold each of
+    /// `0..theta_dim` exactly once.
+    pub fn set_permutations(&mut self, permutations: &[Vec<usize>]) -> Result<(), NpeError> {
+        let d = self.theta_dim;
+        if permutations.len() != self.steps.len() {
+            return Err(NpeError::Invalid(format!(
+                "{} stored permutation(s) for a flow of {} steps",
+                permutations.len(),
+                self.steps.len()
+            )));
+        }
+        for (i, p) in permutations.iter().enumerate() {
+            let mut seen = vec![false; d];
+            let valid = p.len() == d
+                && p.iter()
+                    .all(|&k| k < d && !std::mem::replace(&mut seen[k], true));
+            if !valid {
+                return Err(NpeError::Invalid(format!(
+                    "stored permutation {i} ({p:?}) is not a permutation of 0..{d}"
+                )));
+            }
+        }
+        for (step, p) in self.steps.iter_mut().zip(permutations) {
+            step.permutation = Permutation::from_indices(p.clone());
+        }
+        Ok(())
     }
 
     /// The network's blocks, as names a stage can freeze (`embedding_net.layers_rb.0`,

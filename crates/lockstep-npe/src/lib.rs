@@ -46,6 +46,7 @@ pub mod calibration;
 pub mod device;
 pub mod device_model;
 pub mod error;
+pub mod export;
 pub mod flow;
 pub mod fused_ops;
 pub mod gw;

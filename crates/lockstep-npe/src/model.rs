@@ -362,7 +362,9 @@ impl<B: TrainBackend> Model for NpeModel<B> {
     }
     /// Writes `posterior.safetensors`: every parameter and running statistic under its
     /// PyTorch-style name and shape (e.g. `flow.steps.0.coupling.transform_net.final_layer.weight`
-    /// `[out, in]`), with the network config, standardization and widths as JSON metadata.
+    /// `[out, in]`), with the network config, standardization, widths and the flow steps'
+    /// permutations (`permutations`, a JSON list per step: step `i` maps `z` to
+    /// `z[:, perm[i]]`) as JSON metadata, so the network is rebuilt from the file alone.
     fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let path = dir.join(EXPORT_FILE);
         let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -399,6 +401,10 @@ impl<B: TrainBackend> Model for NpeModel<B> {
             ("theta_dim", self.network.theta_dim.to_string()),
             ("structure_seed", self.network.structure_seed.to_string()),
             ("x_dim", self.network.x_dim.to_string()),
+            (
+                "permutations",
+                serde_json::to_string(&self.network.permutations())?,
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -230,11 +230,20 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         configs.push(config(stage, overwrite)?);
     }
     let task = settings.task()?;
-    let (network, data_notes) =
+    let (mut network, data_notes) =
         trained::checked_network(&settings, task.as_ref()).map_err(|e| match e {
             NpeError::Config(c) => NpeError::Config(c.in_file(file)),
             other => other,
         })?;
+    // A continued run keeps the permutations its checkpoint's run stored (runs written
+    // before they were stored draw them from data.seed again, as they were drawn then).
+    if let Some(run_dir) = resume
+        .as_ref()
+        .or(start_from.as_ref())
+        .and_then(|f| f.parent()?.parent())
+    {
+        trained::restore_permutations(&mut network, run_dir)?;
+    }
     for stage in 0..n {
         network
             .freezing(&settings.frozen_blocks(stage))

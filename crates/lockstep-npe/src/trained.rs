@@ -59,6 +59,68 @@ pub fn checked_network(
     Ok((net, notes))
 }
 
+/// The flow steps' permutations stored in the metadata of `file` (a `posterior.safetensors`
+/// written by training): `None` when the file does not exist or predates the key (the
+/// permutations are then drawn from `data.seed`, as they were when it was trained). Reads
+/// only the file's header.
+///
+/// Errors: a file that cannot be read or whose header or `permutations` is malformed,
+/// naming the file.
+pub fn stored_permutations(file: &Path) -> Result<Option<Vec<Vec<usize>>>, NpeError> {
+    use std::io::Read;
+    if !file.is_file() {
+        return Ok(None);
+    }
+    let bad = |m: String| NpeError::Data(format!("{}: {m}", file.display()));
+    let mut f = std::fs::File::open(file).map_err(|e| bad(format!("cannot open: {e}")))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(bad(format!(
+            "a header of {len} bytes: not a safetensors file"
+        )));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("truncated header: {e}")))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("unreadable header: {e}")))?;
+    let Some(text) = header
+        .get("__metadata__")
+        .and_then(|m| m.get("permutations"))
+    else {
+        return Ok(None);
+    };
+    let text = text
+        .as_str()
+        .ok_or_else(|| bad("metadata `permutations` is not a string".into()))?;
+    serde_json::from_str(text).map(Some).map_err(|e| {
+        bad(format!(
+            "metadata `permutations` is not a list of index lists: {e}"
+        ))
+    })
+}
+
+/// Sets `net`'s permutations to those stored in `run_dir`'s `posterior.safetensors` (see
+/// [`stored_permutations`]); returns whether there were any. Without them `net` keeps the
+/// permutations drawn from the seed, which are the ones a checkpoint without them was
+/// trained with.
+///
+/// Errors: an unreadable file, or stored permutations that do not fit `net`, naming the file.
+pub fn restore_permutations(net: &mut NpeNetwork, run_dir: &Path) -> Result<bool, NpeError> {
+    let file = run_dir.join(crate::model::EXPORT_FILE);
+    match stored_permutations(&file)? {
+        None => Ok(false),
+        Some(p) => {
+            net.set_permutations(&p)
+                .map_err(|e| e.context(file.display().to_string()))?;
+            Ok(true)
+        }
+    }
+}
+
 /// The run directory of stage `stage` inside the folder `train_dir` of a run of several
 /// stages: `train_dir/stage_N`.
 pub fn stage_dir(train_dir: &Path, stage: usize) -> PathBuf {
@@ -150,7 +212,9 @@ pub struct Trained {
 
 /// Loads the posterior of `path`: a run directory (its latest checkpoint), its
 /// `checkpoints/latest` pointer, a checkpoint file `checkpoints/update_NNNNNN.safetensors`,
-/// or the folder of a run of several stages (see [`resolve_checkpoint`]).
+/// or the folder of a run of several stages (see [`resolve_checkpoint`]). The flow's
+/// permutations are those the run directory's `posterior.safetensors` stores, or, for runs
+/// without them, drawn from `data.seed` as in training ([`restore_permutations`]).
 ///
 /// Errors: the checkpoint cannot be found or verified, the run directory has no
 /// `config.json` of an NPE run, or the parameters do not fit the network it describes.
@@ -159,7 +223,8 @@ pub fn load(path: &Path) -> Result<Trained, NpeError> {
     let (run_dir, settings, stage) = run_settings(&file)?;
     let config_path = run_dir.join("config.json");
     let task = settings.task()?;
-    let net = network(&settings, task.as_ref())?;
+    let mut net = network(&settings, task.as_ref())?;
+    restore_permutations(&mut net, &run_dir)?;
     let state = checkpoint::read(&file)?;
     let mut model = NpeModel::<CpuAutodiff>::new(net, settings.data.seed, Default::default());
     model
