@@ -38,7 +38,9 @@
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
-//! Not here yet: mixed precision.
+//! Mixed precision (`automatic_mixed_precision`, GPU backends only): the training passes'
+//! linear layers and activations in float16 ([`fused_ops::Precision`]) with the engine's
+//! dynamic loss scaling (`lockstep_train::grad_scaler`).
 
 pub mod backend;
 pub mod c2st;
