@@ -594,6 +594,11 @@ impl<'a> Trainer<'a> {
         let start = Instant::now();
         let base = self.checkpointer.first_sample(self.update);
         self.grad.iter_mut().for_each(|x| *x = 0.0);
+        // The scale of this update's passes (restored or broadcast at startup, or set by the
+        // previous update's verdict).
+        if let Some(s) = &self.scaler {
+            self.model.set_loss_scale(s.scale());
+        }
         let mut terms = vec![0.0f64; self.loss_names.len()];
         let (mut t_data, mut t_compute) = (0.0, 0.0);
         // The chief's first local sample is the global batch's first (contiguous slices).
@@ -629,34 +634,25 @@ impl<'a> Trainer<'a> {
             .scaler
             .as_mut()
             .map(|s| s.unscale_and_step(&mut self.grad));
-        match verdict {
-            Some(ScalerVerdict::Skip { scale, lowered }) => {
-                if let Some(d) = &mut self.rundir {
-                    d.log_quiet(&format!(
-                        "update {}: the gradient overflowed at loss scale {scale}; update skipped, loss scale lowered to {lowered}",
-                        self.update + 1
-                    ))?;
-                }
+        if let Some(ScalerVerdict::Skip { scale, lowered }) = verdict {
+            if let Some(d) = &mut self.rundir {
+                d.log_quiet(&format!(
+                    "update {}: the gradient overflowed at loss scale {scale}; update skipped, loss scale lowered to {lowered}",
+                    self.update + 1
+                ))?;
             }
-            Some(ScalerVerdict::Apply { grown }) => {
-                self.optimizer
-                    .update(self.model.trainable_mut(), &self.grad);
-                self.model.after_update();
-                if let (Some(g), Some(d)) = (grown, &mut self.rundir) {
-                    d.log_quiet(&format!(
-                        "update {}: loss scale raised to {g}",
-                        self.update + 1
-                    ))?;
-                }
+        } else {
+            self.optimizer
+                .update(self.model.trainable_mut(), &self.grad);
+            self.model.after_update();
+            if let (Some(ScalerVerdict::Apply { grown: Some(g) }), Some(d)) =
+                (verdict, &mut self.rundir)
+            {
+                d.log_quiet(&format!(
+                    "update {}: loss scale raised to {g}",
+                    self.update + 1
+                ))?;
             }
-            None => {
-                self.optimizer
-                    .update(self.model.trainable_mut(), &self.grad);
-                self.model.after_update();
-            }
-        }
-        if let Some(s) = &self.scaler {
-            self.model.set_loss_scale(s.scale());
         }
         self.update += 1;
         // Identical on every replica, so every rank stops here together (invariant 9).

@@ -227,7 +227,7 @@ pub trait Model {
     /// mixed-precision training with dynamic loss scaling (`training.grad_scaler`,
     /// [`crate::grad_scaler`]): the gradient written by [`Model::loss_and_grad`] is then
     /// that of `scale x` the sum of the loss terms, while the returned terms stay unscaled.
-    /// The engine calls it before the first update and after each one, with the same scale
+    /// The engine calls it at startup and before each update, with the same scale
     /// on every replica. Returns whether the model applies the scale. Default: false (a
     /// model that computes in float32 only; the engine then refuses `training.grad_scaler`).
     fn set_loss_scale(&mut self, scale: f32) -> bool {
