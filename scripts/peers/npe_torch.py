@@ -20,6 +20,14 @@ OUT: {"torch_version", "parameters", "initial_loss", "s_per_step": {threads: [se
   "phases": {threads: {"forward": s, "backward": s, "optimizer": s}},
   "ddp": {"processes": P, "s_per_step": [seconds...]} or {"error": text}}
 
+With "device" in SPEC (a torch device such as "cuda"; `lockstep bench npe --device gpu|cuda`
+passes "cuda"), the network and batch also run there: OUT gets "device_name" and
+"device_runs": {"float32": [seconds...], "amp": [seconds...]}, each step ended by a device
+synchronization; "amp" is Dingo's `automatic_mixed_precision`: the forward pass and loss
+under `torch.autocast` (float16 on CUDA, bfloat16 on the CPU, the only autocast type
+there) with `torch.amp.GradScaler` scaling the loss and unscaling before Adam. When torch
+cannot use the device, OUT has "device_error" instead.
+
 The DDP run is PyTorch DistributedDataParallel over the gloo backend on this machine: P
 processes of 1 thread each, each with its contiguous slice of the same batch (batch / P
 samples), the same initial parameters and Adam; the step time is rank 0's (forward,
@@ -110,9 +118,11 @@ class LULinear(nn.Module):
     def forward(self, x):
         n = self.n
         diag = F.softplus(self.unconstrained_upper_diag) + 1e-3
-        lower = x.new_zeros(n, n).index_put((self.li[0], self.li[1]), self.lower_entries)
-        lower = lower + torch.eye(n, dtype=x.dtype)
-        upper = x.new_zeros(n, n).index_put((self.ui[0], self.ui[1]), self.upper_entries)
+        # On the parameters' dtype and device (under autocast x may be half precision).
+        p = self.lower_entries
+        lower = p.new_zeros(n, n).index_put((self.li[0], self.li[1]), p)
+        lower = lower + torch.eye(n, dtype=p.dtype, device=p.device)
+        upper = p.new_zeros(n, n).index_put((self.ui[0], self.ui[1]), self.upper_entries)
         upper = upper + torch.diag(diag)
         w = lower @ upper
         return x @ w.T + self.bias, torch.log(diag).sum()
@@ -292,6 +302,40 @@ def ddp(spec):
         return {"processes": spec["ddp_processes"], "s_per_step": json.load(open(out_path))}
 
 
+def on_device(spec, state, theta, x):
+    """The float32 and autocast (AMP) steps on spec["device"]; the entries of OUT."""
+    name = spec["device"]
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"torch {torch.__version__} sees no CUDA device (a CPU-only build, or no driver)")
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    theta, x = theta.to(dev), x.to(dev)
+    half = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    runs = {}
+    for amp in (False, True):
+        net = Npe(spec)
+        net.load_state_dict(state, strict=True)
+        net.to(dev)
+        opt = torch.optim.Adam(net.parameters(), lr=spec["learning_rate"])
+        scaler = torch.amp.GradScaler(dev.type, enabled=amp and dev.type == "cuda")
+        times = []
+        for i in range(spec["warmup"] + spec["steps"]):
+            sync()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=half, enabled=amp):
+                loss = -net.log_prob(theta, x).float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sync()
+            if i >= spec["warmup"]:
+                times.append(time.perf_counter() - t0)
+        runs["amp" if amp else "float32"] = times
+    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {"device_name": f"{label} ({name})", "device_runs": runs}
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     net, state, count, theta, x = load(spec)
@@ -323,6 +367,11 @@ def main():
             "forward": float(np.median(fw)), "backward": float(np.median(bw)),
             "optimizer": float(np.median(op)),
         }
+    if "device" in spec:
+        try:
+            out.update(on_device(spec, state, theta, x))
+        except Exception as e:  # reported by lockstep next to its own figures
+            out["device_error"] = f"{type(e).__name__}: {e}"
     if spec.get("ddp_processes", 0) > 1:
         try:
             out["ddp"] = ddp(spec)

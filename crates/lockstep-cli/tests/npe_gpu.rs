@@ -12,6 +12,8 @@
 //! - mixed precision (`automatic_mixed_precision`, float16 on the adapter) trains like
 //!   float32 to f16's rounding, an overflowing loss scale skips updates and backs off, a
 //!   resumed run restores the scaler, and the CPU refuses it before any output;
+//! - `lockstep bench npe --device gpu` reports the step, mixed precision and the kernel
+//!   launches per step;
 //! - the posterior trained on the GPU, in float32 and in mixed precision, has the analytic
 //!   mean and covariance of gaussian_linear and passes the P-P test, like the CPU run.
 
@@ -661,4 +663,63 @@ fn posteriors_trained_on_the_gpu_match_the_analytic_one() {
         }
         assert_eq!(ks.lines().count(), 1 + dim, "{ks}");
     }
+}
+
+/// `lockstep bench npe --device gpu` (small batch, one timed step): the device step, its
+/// copies and memory, the mixed-precision step, and the kernel launches per step counted in
+/// float32 and mixed precision (a positive count, broken down by kernel, with the casts of
+/// mixed precision); without torch's GPU it says so instead of timing PyTorch.
+#[test]
+fn bench_npe_on_the_gpu_counts_kernel_launches() {
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.args([
+        "bench",
+        "npe",
+        "--device",
+        "gpu",
+        "--batch",
+        "16",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--python",
+        "/nonexistent/python3",
+    ]);
+    let out = ok(run_with_limit(cmd, Duration::from_secs(300)).unwrap());
+    let text = out.stdout.clone();
+    assert!(text.contains("1 replica on gpu (burn, f32)"), "{text}");
+    assert!(text.contains("copy grads device -> flat"), "{text}");
+    assert!(
+        text.contains("mixed precision (automatic_mixed_precision"),
+        "{text}"
+    );
+    let count = |precision: &str| -> (f64, String) {
+        let prefix = format!("kernel launches per step ({precision}, ");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no launch count for {precision}: {text}"));
+        let n: f64 = line
+            .split("): ")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        (n, line.to_string())
+    };
+    let (f32_launches, line) = count("float32");
+    assert!(
+        f32_launches > 100.0 && line.contains("MatmulEntry"),
+        "{line}"
+    );
+    let (amp_launches, line) = count("mixed precision (float16)");
+    assert!(
+        amp_launches > f32_launches && line.contains("CastElement"),
+        "{line}"
+    );
+    assert!(
+        text.contains("note: no PyTorch comparison on the GPU"),
+        "{text}"
+    );
 }

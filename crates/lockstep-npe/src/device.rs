@@ -237,6 +237,34 @@ pub fn wgpu_device(index: usize) -> Result<WgpuDevice, NpeError> {
     Ok(device)
 }
 
+/// Makes burn's GPU backends (CubeCL) write one line per kernel launch to `path`
+/// (`Executing KERNEL | ... | RUNTIME`, flushed line by line from CubeCL's logging task),
+/// for counting launches per training step (`lockstep bench npe --device gpu|cuda`). No
+/// timing is added: the launches stay asynchronous.
+///
+/// This replaces CubeCL's configuration for the process (including any `cubecl.toml` or
+/// `burn.toml` in the working directory's ancestry), so it must be called before the first
+/// GPU device is created.
+///
+/// Errors: CubeCL's configuration was already read (a device exists).
+pub fn log_kernel_launches(path: &std::path::Path) -> Result<(), NpeError> {
+    use cubecl::config::profiling::ProfilingLogLevel;
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let mut config = CubeClRuntimeConfig::default();
+    config.profiling.logger.level = ProfilingLogLevel::Minimal;
+    config.profiling.logger.file = Some(path.to_path_buf());
+    config.profiling.logger.append = false;
+    let mut slot = CubeClRuntimeConfig::storage().lock();
+    if slot.is_some() {
+        return Err(NpeError::Invalid(
+            "the kernel launch log must be set up before the first GPU device is created"
+                .to_string(),
+        ));
+    }
+    *slot = Some(std::sync::Arc::new(config));
+    Ok(())
+}
+
 /// The fix for a CUDA run that cannot start, appended to each CUDA error.
 const CUDA_FIX: &str = "install the NVIDIA driver (libcuda.so.1) and NVRTC (the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` with its lib folder on LD_LIBRARY_PATH), or set local.device to gpu (wgpu) or cpu";
 

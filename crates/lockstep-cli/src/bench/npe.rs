@@ -100,6 +100,10 @@ pub struct BenchNpeArgs {
     /// first adapter) or cuda (a build with the cuda feature); on a GPU only part 1 runs.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Internal: count the kernel launches of the device step (float32 and mixed
+    /// precision), logging them to this file, and print the counts as JSON.
+    #[arg(long, hide = true)]
+    pub count_launches: Option<std::path::PathBuf>,
 }
 
 /// The benchmark's network and task, as Dingo-shaped settings (`BATCH`, `SAMPLES`,
@@ -196,6 +200,9 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
 
     let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
     if kind != DeviceKind::Cpu {
+        if let Some(log) = &args.count_launches {
+            lockstep_npe::device::log_kernel_launches(log)?;
+        }
         let placement =
             Placement::for_slot(kind, 0).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
         return on_device(args, &network, s.data.seed, &batch, &placement);
@@ -310,6 +317,9 @@ fn device_step<B: TrainBackend>(
     let (theta, x, n) = (&batch.targets, &batch.inputs, args.batch);
     let params = model.trainable().len();
     let initial = model.trainable().to_vec();
+    if let Some(log) = &args.count_launches {
+        return count_launches(args, model, batch, placement, log);
+    }
     let mut opt = Optimizer::new(OptimizerConfig::default(), params);
     let mut grad = vec![0.0f32; params];
     let mut step_s = Vec::new();
@@ -384,6 +394,255 @@ fn device_step<B: TrainBackend>(
         ),
         None => println!("device memory: not reported by this backend"),
     }
+    // Mixed precision: the same step with float16 linear layers and activations.
+    match placement.half_precision() {
+        Ok(()) => {
+            let amp = amp_steps(args, &mut model, &initial, batch)?;
+            println!(
+                "mixed precision (automatic_mixed_precision: float16 linear layers and activations, float32 weights, loss scale {AMP_SCALE}): {:.4} s/step, {:.0} samples/s; float32/mixed time ratio {:.2}",
+                amp,
+                n as f64 / amp,
+                step / amp
+            );
+        }
+        Err(e) => println!("mixed precision: not measured: automatic_mixed_precision {e}"),
+    }
+    match launches_child(args) {
+        Ok(text) => print!("{text}"),
+        Err(e) => println!("kernel launches: not counted: {e:#}"),
+    }
+    if !args.no_torch {
+        torch_on_device(args, &model.network, &initial, batch, step);
+    }
+    Ok(())
+}
+
+/// PyTorch eager on the GPU beside lockstep's device step: the same network, batch and
+/// initial parameters on torch's `cuda` device, in float32 and with `torch.autocast`
+/// (float16 on CUDA) and `GradScaler`; prints the table, or a note when torch has no CUDA
+/// device.
+fn torch_on_device(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    initial: &[f32],
+    batch: &lockstep_train::Batch,
+    step: f64,
+) {
+    let n = args.batch as f64;
+    let extra = serde_json::json!({"threads": [], "ddp_processes": 0, "device": "cuda"});
+    let v = match torch_script(args, network, initial, &batch.targets, &batch.inputs, extra) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("\nnote: no PyTorch comparison on the GPU: {e:#}");
+            return;
+        }
+    };
+    if let Some(e) = v["device_error"].as_str() {
+        println!("\nnote: no PyTorch comparison on the GPU: {e}");
+        return;
+    }
+    println!(
+        "\nPyTorch eager ({}) on {}, same network, batch and initial parameters:",
+        v["torch_version"].as_str().unwrap_or("?"),
+        v["device_name"].as_str().unwrap_or("its GPU")
+    );
+    println!(
+        "{:>30} {:>10} {:>12} {:>22}",
+        "run", "s/step", "samples/s", "lockstep f32/torch time"
+    );
+    for (key, name) in [
+        ("float32", "torch float32"),
+        ("amp", "torch autocast + GradScaler"),
+    ] {
+        let times: Vec<f64> = v["device_runs"][key]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        if times.is_empty() {
+            continue;
+        }
+        let t = median(&times);
+        println!(
+            "{:>30} {:>10.4} {:>12.0} {:>22.2}",
+            name,
+            t,
+            n / t,
+            step / t
+        );
+    }
+}
+
+/// The loss scale of the bench's mixed-precision steps (PyTorch GradScaler's initial scale).
+const AMP_SCALE: f32 = 65536.0;
+
+/// Median seconds per step of `model` in mixed precision from `initial` (the gradient is
+/// unscaled before Adam, as the engine does; an overflowing step is skipped).
+fn amp_steps<B: TrainBackend>(
+    args: &BenchNpeArgs,
+    model: &mut NpeModel<B>,
+    initial: &[f32],
+    batch: &lockstep_train::Batch,
+) -> Result<f64> {
+    let (theta, x, n) = (&batch.targets, &batch.inputs, args.batch);
+    model.trainable_mut().copy_from_slice(initial);
+    model.set_mixed_precision(true);
+    if !Model::set_loss_scale(model, AMP_SCALE) {
+        bail!("the model refused the loss scale");
+    }
+    let mut opt = Optimizer::new(OptimizerConfig::default(), initial.len());
+    let mut grad = vec![0.0f32; initial.len()];
+    let mut times = Vec::new();
+    for i in 0..args.warmup + args.steps {
+        let t = Instant::now();
+        let loss = model.nll_and_grad(theta, x, n, &mut grad);
+        if !loss.is_finite() {
+            bail!("the mixed-precision loss is {loss}");
+        }
+        let inv = 1.0 / AMP_SCALE;
+        let mut finite = true;
+        for g in grad.iter_mut() {
+            *g *= inv;
+            finite &= g.is_finite();
+        }
+        if finite {
+            opt.update(model.trainable_mut(), &grad);
+        }
+        if i >= args.warmup {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    model.set_mixed_precision(false);
+    Ok(median(&times))
+}
+
+/// Kernel launches per step of the model's training step, float32 and mixed precision, by
+/// kernel kind.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct LaunchCount {
+    /// The precision counted (`float32`, `mixed precision (float16)`).
+    precision: String,
+    /// Launches per step (mean over the counted steps).
+    per_step: f64,
+    /// (kernel kind, launches per step), most launched first.
+    kinds: Vec<(String, f64)>,
+}
+
+/// The launch-logging child (`--count-launches`): launches are counted in a process of their
+/// own because CubeCL's logging is configured once per process, before its first device;
+/// returns the table to print.
+fn launches_child(args: &BenchNpeArgs) -> Result<String> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let log = dir.path().join("launches.log");
+    let exe = std::env::current_exe().context("finding the lockstep binary")?;
+    let steps = args.steps.min(3).to_string();
+    let out = Command::new(exe)
+        .args(["bench", "npe", "--device", &args.device, "--warmup", "1"])
+        .args(["--steps", &steps, "--batch", &args.batch.to_string()])
+        .arg("--count-launches")
+        .arg(&log)
+        .output()
+        .context("starting the launch-counting process")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "the launch-counting process failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('['))
+        .ok_or_else(|| anyhow!("the launch-counting process printed no counts: {stdout}"))?;
+    let counts: Vec<LaunchCount> = serde_json::from_str(line)?;
+    let mut text = String::new();
+    for c in &counts {
+        text += &format!(
+            "kernel launches per step ({}, forward, backward, parameter upload and gradient packing): {:.0}; by kernel: {}\n",
+            c.precision,
+            c.per_step,
+            c.kinds
+                .iter()
+                .take(10)
+                .map(|(k, v)| format!("{k} {v:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(text)
+}
+
+/// The lines CubeCL has written to the launch log `log` once the device has run every
+/// queued kernel and the logging task has caught up (the count is unchanged for 0.3 s).
+fn settled_launches<B: TrainBackend>(device: &B::Device, log: &Path) -> Result<Vec<String>> {
+    B::sync(device).map_err(|e| anyhow!("the device failed: {e:?}"))?;
+    let read = || -> Vec<String> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("Executing "))
+            .map(str::to_string)
+            .collect()
+    };
+    let mut last = read();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = read();
+        if now.len() == last.len() || start.elapsed() > Duration::from_secs(20) {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+/// `--count-launches`: one warm-up step, then the launches of `--steps` steps, in float32
+/// and (where the device computes in float16) in mixed precision; prints them as one JSON
+/// line.
+fn count_launches<B: TrainBackend>(
+    args: &BenchNpeArgs,
+    mut model: NpeModel<B>,
+    batch: &lockstep_train::Batch,
+    placement: &Placement,
+    log: &Path,
+) -> Result<()> {
+    let (theta, x, n) = (&batch.targets, &batch.inputs, args.batch);
+    let mut grad = vec![0.0f32; model.trainable().len()];
+    let mut counts = Vec::new();
+    let amp = placement.half_precision().is_ok();
+    for (precision, half) in [("float32", false), ("mixed precision (float16)", true)] {
+        if half && !amp {
+            continue;
+        }
+        model.set_mixed_precision(half);
+        if half {
+            Model::set_loss_scale(&mut model, AMP_SCALE);
+        }
+        model.nll_and_grad(theta, x, n, &mut grad);
+        let before = settled_launches::<B>(model.device(), log)?.len();
+        for _ in 0..args.steps {
+            model.nll_and_grad(theta, x, n, &mut grad);
+        }
+        let lines = settled_launches::<B>(model.device(), log)?;
+        let steps = args.steps as f64;
+        let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+        for l in &lines[before.min(lines.len())..] {
+            let name = l["Executing ".len()..].split(" |").next().unwrap_or("?");
+            *kinds.entry(name.trim().to_string()).or_default() += 1;
+        }
+        let mut kinds: Vec<(String, f64)> = kinds
+            .into_iter()
+            .map(|(k, c)| (k, c as f64 / steps))
+            .collect();
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        counts.push(LaunchCount {
+            precision: precision.to_string(),
+            per_step: (lines.len() - before.min(lines.len())) as f64 / steps,
+            kinds,
+        });
+    }
+    println!("{}", serde_json::to_string(&counts)?);
     Ok(())
 }
 
@@ -908,13 +1167,17 @@ struct TorchResult {
 
 const TORCH_SCRIPT: &str = include_str!("../../../../scripts/peers/npe_torch.py");
 
-fn torch(
+/// Runs `scripts/peers/npe_torch.py` on lockstep's network, initial parameters and batch,
+/// with `extra` merged into its spec (`threads`, `ddp_processes`, `device`, ...); returns
+/// its output, whose network was checked to have lockstep's parameter count.
+fn torch_script(
     args: &BenchNpeArgs,
     network: &NpeNetwork,
     initial: &[f32],
     theta: &[f32],
     x: &[f32],
-) -> Result<TorchResult> {
+    extra: serde_json::Value,
+) -> Result<serde_json::Value> {
     let python = &args.python;
     let probe = Command::new(python)
         .args(["-c", "import torch, numpy"])
@@ -950,6 +1213,10 @@ fn torch(
         "threads": [1, 2], "learning_rate": 1e-3, "dir": d,
         "ddp_processes": if args.no_replicas { 0 } else { args.replicas },
     });
+    let mut spec = spec;
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
     let spec_path = d.join("spec.json");
     std::fs::write(&spec_path, serde_json::to_string(&spec)?)?;
     let script = d.join("npe_torch.py");
@@ -976,6 +1243,18 @@ fn torch(
             initial.len()
         );
     }
+    Ok(v)
+}
+
+fn torch(
+    args: &BenchNpeArgs,
+    network: &NpeNetwork,
+    initial: &[f32],
+    theta: &[f32],
+    x: &[f32],
+) -> Result<TorchResult> {
+    let v = torch_script(args, network, initial, theta, x, serde_json::json!({}))?;
+    let parameters = v["parameters"].as_u64().unwrap_or(0);
     let mut steps = Vec::new();
     let mut phases = Vec::new();
     for threads in [1usize, 2] {
