@@ -32,10 +32,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The GPU test binaries: `cargo test --no-run` names each test executable.
 test_binaries() {
-  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-cli 2>/dev/null |
+  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-cli \
+    ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} 2>/dev/null |
     python3 -c '
 import json, sys
-want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine"}
+want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -51,7 +52,8 @@ bundle() {
   local tarball=${1:-$repo/target/gpu-bundle.tar.xz}
   command -v cargo >/dev/null || die "bundle needs cargo (run it on the development machine)"
   cd "$repo" || exit 1
-  cargo build --release -p lockstep-cli || die "cargo build failed"
+  cargo build --release -p lockstep-cli ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} ||
+    die "cargo build failed"
   local stage
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/tests" "$stage/lib"
@@ -75,6 +77,7 @@ bundle() {
   [ -n "$vk" ] || die "libvulkan.so.1 is not installed here (apt-get install libvulkan1)"
   cp -L "$vk" "$stage/lib/"
   git -C "$repo" rev-parse --short HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
+  echo "${GPU_CHECK_FEATURES:-}" >"$stage/FEATURES"
   mkdir -p "$(dirname "$tarball")"
   tar -C "$stage" -cJf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
   rm -rf "$stage"
@@ -147,6 +150,20 @@ run() {
     echo "libraries not found:"; ldd "$L" | grep 'not found' || echo "  none"
   } | tee -a "$log"
   step "lockstep info" 60 "$L" info
+  local only=${GPU_CHECK_ONLY:-all} bench=$out/bench
+  mkdir -p "$bench"
+  if [ "$only" != snn ]; then
+    local mpi_skip=()
+    command -v mpirun >/dev/null || mpi_skip=(--skip two_mpi_ranks)
+    [ -x "$work/tests/npe_gpu" ] && step "test npe_gpu" 240 "$work/tests/npe_gpu" --test-threads=1 "${mpi_skip[@]}"
+    local npe_peer="--no-torch"
+    python3 -c 'import torch, numpy' 2>/dev/null && npe_peer="--python python3"
+    step "bench npe gpu" 150 sh -c "'$L' bench npe --device gpu --batch 512 --steps 10 --warmup 2 $npe_peer | tee '$bench/npe_gpu.txt'"
+    if grep -q cuda "$work/FEATURES" 2>/dev/null; then
+      step "bench npe cuda" 150 sh -c "'$L' bench npe --device cuda --batch 512 --steps 10 --warmup 2 $npe_peer | tee '$bench/npe_cuda.txt'"
+    fi
+  fi
+  [ "$only" = npe ] && { npe_table steps >"$md"; cat "$md"; say "done in $((SECONDS - start)) s; log $log"; return 0; }
   local t
   for t in device gpu_engine edge_cases_every_engine; do
     [ -x "$work/tests/$t" ] && step "test $t" 240 "$work/tests/$t" --test-threads=1
@@ -162,8 +179,6 @@ run() {
     step "build full V1" 120 "$L" build-network examples/v1_scale/network_recipe.json \
       --output examples/v1_scale/full --overwrite
   fi
-  local bench=$out/bench
-  mkdir -p "$bench"
   # The PyTorch peer runs in the same invocation when python3 has torch, numpy and h5py.
   local peer=""
   python3 -c 'import torch, numpy, h5py' 2>/dev/null && peer="--python python3"
@@ -224,11 +239,30 @@ EOF
     done
     grep -h "PyTorch" "$bench"/*.txt 2>/dev/null | sed 's/^ */    /'
     echo
+    npe_table
     echo "Steps:"
     grep '^== ' "$log" | sed 's/^== /- /'
   } >"$md"
   cat "$md"
   say "done in $((SECONDS - start)) s; log $log"
+}
+
+# The NPE lines of the table (bench npe on gpu and cuda), from $bench; uses $commit, $log.
+npe_table() {
+  echo "# lockstep NPE on the GPU, commit $commit"
+  echo
+  local f
+  for f in npe_gpu npe_cuda; do
+    [ -f "$bench/$f.txt" ] || continue
+    echo "## $f"
+    echo
+    grep -E "^device:|s/step|kernel launches|device memory|torch |PyTorch|note:" "$bench/$f.txt" | sed 's/^ */    /'
+    echo
+  done
+  if [ "${1:-}" = steps ]; then
+    echo "Steps:"
+    grep '^== ' "$log" | sed 's/^== /- /'
+  fi
 }
 
 case ${1:-} in
