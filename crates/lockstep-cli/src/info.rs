@@ -59,6 +59,14 @@ fn print_adapters() {
     for a in adapters {
         println!("  {a}");
     }
+    match lockstep_gpu::hidden_features() {
+        Ok(f) if f.is_empty() => {}
+        Ok(f) => println!(
+            "  ({} hides {f} on every adapter)",
+            lockstep_gpu::HIDE_FEATURES_VAR
+        ),
+        Err(e) => println!("  ({e}; a GPU run stops on it)"),
+    }
 }
 
 #[cfg(feature = "mpi")]

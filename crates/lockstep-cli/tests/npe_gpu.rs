@@ -11,7 +11,8 @@
 //! - no adapter, or `cuda` in a build without CUDA, stops before any output naming the fix;
 //! - mixed precision (`automatic_mixed_precision`, float16 on the adapter) trains like
 //!   float32 to f16's rounding, an overflowing loss scale skips updates and backs off, a
-//!   resumed run restores the scaler, and the CPU refuses it before any output;
+//!   resumed run restores the scaler, and the CPU and an adapter without float16
+//!   (`LOCKSTEP_GPU_HIDE_FEATURES=SHADER_F16`) refuse it before any output;
 //! - `lockstep bench npe --device gpu` reports the step, mixed precision and the kernel
 //!   launches per step;
 //! - the posterior trained on the GPU, in float32 and in mixed precision, has the analytic
@@ -504,6 +505,42 @@ fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
                 .stderr
                 .contains("training.stage_0.automatic_mixed_precision")
             && out.stderr.contains("set local.device to gpu or cuda"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!run.exists());
+    // An adapter without float16 (lavapipe with SHADER_F16 hidden) refuses it before any
+    // output, naming the adapter, the feature and the fix.
+    let no_f16 = |value: &str| {
+        let mut cmd = Command::new(LOCKSTEP);
+        cmd.args(["npe", "train", s(&amp_cfg), "--train-dir", s(&run)])
+            .env(lockstep_gpu::HIDE_FEATURES_VAR, value);
+        run_with_limit(cmd, Duration::from_secs(120)).unwrap()
+    };
+    let out = no_f16("SHADER_F16");
+    assert!(
+        !out.success()
+            && out.stderr.contains("amp.yaml")
+            && out
+                .stderr
+                .contains("training.stage_0.automatic_mixed_precision")
+            && out.stderr.contains("GPU adapter [")
+            && out
+                .stderr
+                .contains("has no float16 in shaders (wgpu's SHADER_F16)")
+            && out
+                .stderr
+                .contains("set automatic_mixed_precision to false"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!run.exists() && out.stdout.is_empty(), "{}", out.stdout);
+    // A feature lockstep cannot hide is an error naming the variable, before any output.
+    let out = no_f16("SHADER_F32");
+    assert!(
+        !out.success()
+            && out.stderr.contains("LOCKSTEP_GPU_HIDE_FEATURES")
+            && out.stderr.contains("\"SHADER_F32\" is not a feature"),
         "{}",
         out.all_output()
     );

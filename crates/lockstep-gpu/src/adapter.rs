@@ -136,10 +136,47 @@ pub(crate) fn ordered_adapters(instance: &wgpu::Instance) -> Vec<(wgpu::Adapter,
         .collect()
 }
 
+/// The environment variable that hides shader features of every adapter
+/// ([`hidden_features`]).
+pub const HIDE_FEATURES_VAR: &str = "LOCKSTEP_GPU_HIDE_FEATURES";
+
+/// The shader features [`HIDE_FEATURES_VAR`] names (a comma-separated list of `SHADER_F16`,
+/// `SHADER_F64`, `SHADER_INT64`, wgpu's names), which lockstep then treats as absent on
+/// every adapter: the listing reports them as missing and devices are opened without them.
+/// It reproduces a GPU without a feature on one that has it (a run that needs float16 on
+/// an older GPU, say), as the tests do on lavapipe.
+///
+/// Errors: a name that is not one of the three, with the accepted ones.
+pub fn hidden_features() -> std::result::Result<wgpu::Features, String> {
+    let Ok(list) = std::env::var(HIDE_FEATURES_VAR) else {
+        return Ok(wgpu::Features::empty());
+    };
+    let mut hidden = wgpu::Features::empty();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        hidden |= match name.to_ascii_uppercase().as_str() {
+            "SHADER_F16" => wgpu::Features::SHADER_F16,
+            "SHADER_F64" => wgpu::Features::SHADER_F64,
+            "SHADER_INT64" => wgpu::Features::SHADER_INT64,
+            _ => {
+                return Err(format!(
+                    "{HIDE_FEATURES_VAR}={list:?}: {name:?} is not a feature lockstep can hide; use SHADER_F16, SHADER_F64 or SHADER_INT64, comma-separated"
+                ))
+            }
+        };
+    }
+    Ok(hidden)
+}
+
+/// An adapter's features less the hidden ones ([`hidden_features`]; a bad variable hides
+/// nothing here: [`crate::GpuContext::open`] reports it).
+pub(crate) fn features(a: &wgpu::Adapter) -> wgpu::Features {
+    a.features() - hidden_features().unwrap_or(wgpu::Features::empty())
+}
+
 fn summary(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
     let i = a.get_info();
     let l = a.limits();
-    let f = a.features();
+    let f = features(a);
     AdapterSummary {
         index,
         name: i.name.clone(),

@@ -90,7 +90,11 @@ impl GpuContext {
                 .join(", "),
         })?;
         let limits = adapter.limits();
-        let features = adapter.features() & WANTED_FEATURES;
+        crate::adapter::hidden_features().map_err(|message| GpuError::RequestDevice {
+            adapter: summary.name.clone(),
+            message,
+        })?;
+        let features = crate::adapter::features(adapter) & WANTED_FEATURES;
         let (device, queue) =
             futures_lite::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("lockstep"),

@@ -17,7 +17,10 @@ mod adapter;
 mod context;
 mod error;
 
-pub use adapter::{candidates, list_adapters, select_adapter, AdapterSummary, Selected};
+pub use adapter::{
+    candidates, hidden_features, list_adapters, select_adapter, AdapterSummary, Selected,
+    HIDE_FEATURES_VAR,
+};
 pub use context::{process_adapters, GpuContext};
 pub use error::{GpuError, Result};
 pub use wgpu;

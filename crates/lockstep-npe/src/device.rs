@@ -279,12 +279,26 @@ pub fn check_cuda() -> Result<usize, NpeError> {
             "local.device: cuda: this lockstep was built without CUDA; rebuild it with `cargo build --release -p lockstep-cli --features cuda` (no CUDA toolkit needed to build), or set local.device to gpu (wgpu) or cpu".to_string(),
         ));
     }
-    let cuda = dlopen_any(&["libcuda.so.1", "libcuda.so"]).ok_or_else(|| {
+    probe_cuda(&["libcuda.so.1", "libcuda.so"], &NVRTC_NAMES)
+}
+
+/// The NVRTC sonames burn's CUDA backend may load, newest first.
+const NVRTC_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+
+/// The library part of [`check_cuda`]: opens the first loadable of `libcuda` (names or
+/// paths, as `dlopen` takes them) and of `nvrtc`, initialises the driver and counts its
+/// devices.
+///
+/// Errors: libcuda or NVRTC not found, `cuInit` or `cuDeviceGetCount` failing (with the
+/// CUresult's name: `CUDA_ERROR_STUB_LIBRARY` is the toolkit's link stub found before the
+/// driver, `CUDA_ERROR_NO_DEVICE` a machine without a usable GPU), or no device.
+fn probe_cuda(libcuda: &[&str], nvrtc: &[&str]) -> Result<usize, NpeError> {
+    let cuda = dlopen_any(libcuda).ok_or_else(|| {
         NpeError::Invalid(format!(
             "local.device: cuda: libcuda (the NVIDIA driver's library) is not found; {CUDA_FIX}"
         ))
     })?;
-    if dlopen_any(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]).is_none() {
+    if dlopen_any(nvrtc).is_none() {
         return Err(NpeError::Invalid(format!(
             "local.device: cuda: NVRTC (libnvrtc.so.13, the CUDA run-time compiler burn compiles its kernels with) is not found; {CUDA_FIX}"
         )));
@@ -301,6 +315,26 @@ pub fn check_cuda() -> Result<usize, NpeError> {
         )));
     }
     Ok(count)
+}
+
+/// The name of a CUDA driver API result code (`CUresult`, from CUDA's `cuda.h`) for the
+/// codes a starting job meets, else `CUresult N`.
+fn cu_result(code: i32) -> String {
+    let name = match code {
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        34 => "CUDA_ERROR_STUB_LIBRARY (the CUDA toolkit's link stub libcuda was loaded instead of the driver's: take its stubs folder off LD_LIBRARY_PATH)",
+        35 => "CUDA_ERROR_INSUFFICIENT_DRIVER (the driver is older than the CUDA version burn was built for)",
+        46 => "CUDA_ERROR_DEVICES_UNAVAILABLE (the GPUs are busy or in exclusive-process mode)",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        304 => "CUDA_ERROR_OPERATING_SYSTEM",
+        804 => "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => return format!("CUresult {code}"),
+    };
+    format!("{name} (CUresult {code})")
 }
 
 /// The first of `names` that `dlopen` loads (the handle stays open for the process).
@@ -338,15 +372,16 @@ fn cuda_device_count(lib: *mut libc::c_void) -> Result<usize, String> {
     // SAFETY: cuInit takes flags 0; it is safe to call more than once.
     let r = unsafe { init(0) };
     if r != 0 {
-        return Err(format!(
-            "fails to initialise (cuInit returned CUresult {r})"
-        ));
+        return Err(format!("fails to initialise (cuInit: {})", cu_result(r)));
     }
     let mut n = 0i32;
     // SAFETY: `n` is a valid, writable int.
     let r = unsafe { count(&mut n) };
     if r != 0 {
-        return Err(format!("cannot count devices (CUresult {r})"));
+        return Err(format!(
+            "cannot count devices (cuDeviceGetCount: {})",
+            cu_result(r)
+        ));
     }
     Ok(n.max(0) as usize)
 }
@@ -397,6 +432,90 @@ mod tests {
         Placement::Cuda { index: 0, count: 1 }
             .half_precision()
             .unwrap();
+    }
+
+    /// Builds a stand-in shared library from C source `c` into `dir/name` with the machine's
+    /// C compiler (`cc`, which the -sys crates of the build need anyway).
+    fn stub_library(dir: &std::path::Path, name: &str, c: &str) -> String {
+        let src = dir.join(format!("{name}.c"));
+        std::fs::write(&src, c).unwrap();
+        let out = dir.join(name);
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("the C compiler `cc` runs (the test builds stand-in CUDA libraries with it)");
+        assert!(status.success(), "cc failed on {}", src.display());
+        out.to_str().unwrap().to_string()
+    }
+
+    /// A stand-in libcuda whose `cuInit` returns `init` and which reports `count` devices.
+    fn stub_libcuda(dir: &std::path::Path, name: &str, init: i32, count: i32) -> String {
+        stub_library(
+            dir,
+            name,
+            &format!(
+                "int cuInit(unsigned int f) {{ (void)f; return {init}; }}\n\
+                 int cuDeviceGetCount(int *n) {{ *n = {count}; return 0; }}\n"
+            ),
+        )
+    }
+
+    /// Each way CUDA can be missing stops with its own message and the fix, before burn
+    /// touches the driver: no libcuda, libcuda without NVRTC, the toolkit's link stub found
+    /// before the driver (cuInit's CUDA_ERROR_STUB_LIBRARY), a driver that sees no device;
+    /// with all of them present the devices are counted. Stand-in libraries built with `cc`
+    /// play the driver and NVRTC.
+    #[test]
+    fn missing_cuda_pieces_each_name_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let nowhere = d.join("no/libcuda.so.1");
+        let nowhere = nowhere.to_str().unwrap();
+        let no_nvrtc = d.join("no/libnvrtc.so.13");
+        let no_nvrtc = no_nvrtc.to_str().unwrap();
+        let nvrtc = stub_library(
+            d,
+            "libnvrtc.so.13",
+            "int nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }\n",
+        );
+        let two = stub_libcuda(d, "libcuda_two.so", 0, 2);
+        let stub = stub_libcuda(d, "libcuda_stub.so", 34, 0);
+        let none = stub_libcuda(d, "libcuda_none.so", 0, 0);
+        let fix = |e: &str| {
+            e.contains("local.device: cuda")
+                && e.contains("LD_LIBRARY_PATH")
+                && e.contains("set local.device to gpu")
+        };
+
+        let e = probe_cuda(&[nowhere], &[&nvrtc]).unwrap_err().to_string();
+        assert!(
+            e.contains("libcuda (the NVIDIA driver's library) is not found") && fix(&e),
+            "{e}"
+        );
+        let e = probe_cuda(&[&two], &[no_nvrtc]).unwrap_err().to_string();
+        assert!(
+            e.contains("NVRTC (libnvrtc.so.13") && e.contains("nvidia-cuda-nvrtc") && fix(&e),
+            "{e}"
+        );
+        let e = probe_cuda(&[&stub], &[&nvrtc]).unwrap_err().to_string();
+        assert!(
+            e.contains("CUDA_ERROR_STUB_LIBRARY") && e.contains("stubs folder") && fix(&e),
+            "{e}"
+        );
+        let e = probe_cuda(&[&none], &[&nvrtc]).unwrap_err().to_string();
+        assert!(
+            e.contains("sees no device") && e.contains("CUDA_VISIBLE_DEVICES") && fix(&e),
+            "{e}"
+        );
+        // The first loadable name wins; all present: the driver's device count.
+        assert_eq!(
+            probe_cuda(&[nowhere, &two], &[no_nvrtc, &nvrtc]).unwrap(),
+            2
+        );
+        assert_eq!(cu_result(100), "CUDA_ERROR_NO_DEVICE (CUresult 100)");
+        assert_eq!(cu_result(7), "CUresult 7");
     }
 
     /// Without the `cuda` feature, `cuda` is refused naming the build command.
