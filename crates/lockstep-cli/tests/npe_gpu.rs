@@ -746,8 +746,13 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
         (n, line.to_string())
     };
     let (f32_launches, line) = count("float32");
+    // The 6 spline couplings run as one forward and one backward kernel each; composed
+    // from burn's operations they took about 1,700 of the 3,699 launches of a step.
     assert!(
-        f32_launches > 100.0 && line.contains("MatmulEntry"),
+        f32_launches > 100.0
+            && f32_launches < 2500.0
+            && line.contains("MatmulEntry")
+            && line.contains("the spline couplings' kernels: SplineBackward 6, SplineForward 6"),
         "{line}"
     );
     let (amp_launches, line) = count("mixed precision (float16)");

@@ -15,7 +15,7 @@ use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
 use crate::params::{to_vec, Layout, Params, Partition};
-use crate::spline::{rational_quadratic_spline, SplineParams};
+use crate::spline::{coupling_spline, SplineParams};
 use crate::task::BasisLayout;
 pub use crate::task::Standardization;
 use burn::tensor::activation::softplus;
@@ -264,7 +264,7 @@ fn invert(a: &[f64], n: usize) -> Vec<f64> {
 }
 
 /// nflows `PiecewiseRationalQuadraticCouplingTransform` with linear tails: the features with
-/// mask 1 (`transform`) go through a [`rational_quadratic_spline`] whose `3K-1` parameters
+/// mask 1 (`transform`) go through a [`crate::spline::rational_quadratic_spline`] whose `3K-1` parameters
 /// per feature come from a [`ResidualNet`] of the others (`identity`) and the context.
 #[derive(Debug, Clone)]
 struct Coupling {
@@ -334,11 +334,14 @@ impl Coupling {
         let raw = self.net.forward(pass, x_id.clone(), context);
         let raw = raw.reshape([n * t, 3 * k - 1]);
         let scale = 1.0 / (self.net.hidden as f64).sqrt();
-        let uw = raw.clone().slice([0..n * t, 0..k]).mul_scalar(scale);
-        let uh = raw.clone().slice([0..n * t, k..2 * k]).mul_scalar(scale);
-        let ud = raw.slice([0..n * t, 2 * k..3 * k - 1]);
-        let (y, ld) =
-            rational_quadratic_spline(x_tr.reshape([n * t, 1]), uw, uh, ud, inverse, &self.spline);
+        let x_tr = x_tr.reshape([n * t, 1]);
+        // The density direction (training, log-probabilities) runs as one operation where
+        // the backend has a spline kernel (GPUs); sampling composes the inverse.
+        let (y, ld) = if inverse {
+            coupling_spline(x_tr, raw, scale, true, &self.spline)
+        } else {
+            B::spline(x_tr, raw, scale, &self.spline)
+        };
         let y = y.reshape([n, t]);
         let ld = ld.reshape([n, t]).sum_dim(1).reshape([n]);
         let out = Tensor::cat(vec![x_id, y], 1).select(1, index_tensor::<B>(&self.order, &device));

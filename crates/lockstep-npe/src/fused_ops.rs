@@ -21,7 +21,13 @@
 //! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
 //! multiplications (no fused multiply-add), so every CPU computes the same bits. Other
 //! backends (wgpu, CUDA, f64) compose the same formulas from burn's tensor operations.
+//!
+//! The coupling spline ([`FusedOps::spline`], the density direction that training and
+//! log-probabilities run) is one operation on burn's GPU backends: a forward and a backward
+//! kernel ([`crate::spline_kernel`]), where the composed operations launch about 240 small
+//! kernels per coupling and step. The CPU backends compose it (there a launch costs nothing).
 
+use crate::spline::SplineParams;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -90,8 +96,55 @@ pub trait FusedOps: Backend {
         sigmoid_backward_composed(s, grad)
     }
 
+    /// Whether this backend runs the coupling spline as kernels
+    /// ([`FusedOps::spline_kernel_forward`], [`FusedOps::spline_kernel_backward`]: burn's
+    /// CubeCL backends, wgpu and CUDA); `Autodiff` over it then records one node per
+    /// coupling instead of the composed operations' ~240 launches.
+    const SPLINE_KERNEL: bool = false;
+
+    /// The coupling's rational-quadratic spline in the density direction
+    /// ([`crate::spline::coupling_spline`] with `inverse = false`): `x: [M, 1]`, the
+    /// conditioner's raw output `raw: [M, 3K-1]`, `scale` on the widths and heights ->
+    /// `(y [M, 1], log|dy/dx| [M, 1])`. Composed from burn's operations unless the backend
+    /// has the kernels.
+    fn spline(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        crate::spline::coupling_spline(x, raw, scale, false, sp)
+    }
+
+    /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`): one kernel launch
+    /// on backends with [`FusedOps::SPLINE_KERNEL`].
+    fn spline_kernel_forward(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        let (y, ld) = Self::spline(x, raw, scale, sp);
+        Tensor::cat(vec![y, ld], 1)
+    }
+
+    /// The backward pass of [`FusedOps::spline_kernel_forward`] for the incoming gradient
+    /// `grad: [M, 2]`: `(dx [M, 1], draw [M, 3K-1])`, one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::SPLINE_KERNEL`] (`Autodiff` composes the
+    /// spline there and never calls this).
+    fn spline_kernel_backward(
+        _x: Tensor<Self, 2>,
+        _raw: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+        _scale: f64,
+        _sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
-    /// product and the bias in f16 and returns the result in the input's dtype.
+    /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
@@ -161,13 +214,15 @@ fn in_half2<B: Backend>(
     g(a.cast(FloatDType::F16), b.cast(FloatDType::F16)).cast(dtype)
 }
 
-/// The linear layer with its product and bias in float16 ([`Precision::Half`]).
+/// The linear layer with its product and bias in float16 ([`Precision::Half`]), returned
+/// in the bias's dtype (the parameters' float32; the input and the weight may come cast to
+/// float16 already).
 fn linear_half<B: Backend>(
     x: Tensor<B, 2>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
 ) -> Tensor<B, 2> {
-    let dtype = x.dtype();
+    let dtype = bias.dtype();
     let h = FloatDType::F16;
     linear_composed(x.cast(h), weight.cast(h), bias.cast(h)).cast(dtype)
 }
@@ -247,15 +302,127 @@ fn sigmoid_backward_composed<B: Backend>(s: Tensor<B, 2>, grad: Tensor<B, 2>) ->
     grad * s.clone() * s.neg().add_scalar(1.0)
 }
 
+/// `[M, 2]` -> its columns `(y [M, 1], log|dy/dx| [M, 1])`.
+fn split_spline<B: Backend>(both: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let m = both.dims()[0];
+    (both.clone().slice([0..m, 0..1]), both.slice([0..m, 1..2]))
+}
+
+/// [`crate::spline_kernel::forward`] on burn tensors of a CubeCL backend (float tensors
+/// are CubeCL tensors of runtime `R`).
+fn cube_spline_forward<R, B>(
+    x: Tensor<B, 2>,
+    raw: Tensor<B, 2>,
+    scale: f64,
+    sp: &SplineParams,
+) -> Tensor<B, 2>
+where
+    R: burn_cubecl::CubeRuntime,
+    B: Backend<FloatTensorPrimitive = burn_cubecl::tensor::CubeTensor<R>>,
+{
+    let out = crate::spline_kernel::forward(
+        x.into_primitive().tensor(),
+        raw.into_primitive().tensor(),
+        scale,
+        sp,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// [`crate::spline_kernel::backward`] on burn tensors of a CubeCL backend.
+fn cube_spline_backward<R, B>(
+    x: Tensor<B, 2>,
+    raw: Tensor<B, 2>,
+    grad: Tensor<B, 2>,
+    scale: f64,
+    sp: &SplineParams,
+) -> (Tensor<B, 2>, Tensor<B, 2>)
+where
+    R: burn_cubecl::CubeRuntime,
+    B: Backend<FloatTensorPrimitive = burn_cubecl::tensor::CubeTensor<R>>,
+{
+    let (dx, draw) = crate::spline_kernel::backward(
+        x.into_primitive().tensor(),
+        raw.into_primitive().tensor(),
+        grad.into_primitive().tensor(),
+        scale,
+        sp,
+    );
+    (
+        Tensor::from_primitive(TensorPrimitive::Float(dx)),
+        Tensor::from_primitive(TensorPrimitive::Float(draw)),
+    )
+}
+
 impl FusedOps for NdArray<f64> {
     const HOST_MEMORY: bool = true;
 }
 
 /// burn's wgpu backend (`local.device: gpu`): the composed formulas, each a few kernels.
-impl FusedOps for burn::backend::Wgpu {}
+impl FusedOps for burn::backend::Wgpu {
+    const SPLINE_KERNEL: bool = true;
+
+    fn spline(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
+    }
+
+    fn spline_kernel_forward(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        cube_spline_forward(x, raw, scale, sp)
+    }
+
+    fn spline_kernel_backward(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        cube_spline_backward(x, raw, grad, scale, sp)
+    }
+}
 
 #[cfg(feature = "cuda")]
-impl FusedOps for burn::backend::Cuda {}
+impl FusedOps for burn::backend::Cuda {
+    const SPLINE_KERNEL: bool = true;
+
+    fn spline(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
+    }
+
+    fn spline_kernel_forward(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        cube_spline_forward(x, raw, scale, sp)
+    }
+
+    fn spline_kernel_backward(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        cube_spline_backward(x, raw, grad, scale, sp)
+    }
+}
 
 impl FusedOps for NdArray<f32> {
     const HOST_MEMORY: bool = true;
@@ -581,6 +748,37 @@ impl<B: FusedOps> Backward<B, 3> for LinearBackward {
     }
 }
 
+/// The backward step of [`FusedOps::spline`] on `Autodiff<B>` for a backend with the
+/// spline kernels; its state is `x` and `raw`.
+#[derive(Debug)]
+struct SplineBackward {
+    scale: f64,
+    sp: SplineParams,
+}
+
+impl<B: FusedOps> Backward<B, 2> for SplineBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 2>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, praw] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
+        let (x, raw) = ops.state;
+        let (dx, draw) = B::spline_kernel_backward(x, raw, g, self.scale, &self.sp);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, dx.into_primitive().tensor());
+        }
+        if let Some(p) = praw {
+            grads.register::<B>(p.id, draw.into_primitive().tensor());
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -591,11 +789,20 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
 ) -> Tensor<Autodiff<B, C>, 2> {
     let x = x.into_primitive().tensor();
     let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
-    let y = match precision {
-        Precision::F32 => forward(xi),
-        Precision::Half => in_half(xi, forward),
+    // The state is the output as computed: in mixed precision its float16 values, so the
+    // backward step does not cast it again (casting float16 to float32 and back is exact).
+    let (y, state) = match precision {
+        Precision::F32 => {
+            let y = forward(xi);
+            (y.clone(), y)
+        }
+        Precision::Half => {
+            let dtype = xi.dtype();
+            let yh = forward(xi.cast(FloatDType::F16));
+            (yh.clone().cast(dtype), yh)
+        }
     };
-    let output = y.clone().into_primitive().tensor();
+    let output = y.into_primitive().tensor();
     let tracked = match (ActivationBackward {
         gradient,
         precision,
@@ -604,7 +811,7 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
     .compute_bound()
     .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(y, output),
+        OpsKind::Tracked(prep) => prep.finish(state, output),
         OpsKind::UnTracked(prep) => prep.finish(output),
     };
     Tensor::from_primitive(TensorPrimitive::Float(tracked))
@@ -612,6 +819,7 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     const HOST_MEMORY: bool = B::HOST_MEMORY;
+    const SPLINE_KERNEL: bool = B::SPLINE_KERNEL;
 
     fn fused_linear(
         x: Tensor<Self, 2>,
@@ -633,6 +841,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
         let wi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
         let bi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.primitive.clone()));
+        // In mixed precision the backward step keeps the float16 casts of the input and the
+        // weight (as autocast saves them): its own casts of them are then no-ops.
+        let (xi, wi) = match precision {
+            Precision::F32 => (xi, wi),
+            Precision::Half => (xi.cast(FloatDType::F16), wi.cast(FloatDType::F16)),
+        };
         let y = B::linear_at(xi.clone(), wi.clone(), bi, precision);
         let output = y.into_primitive().tensor();
         let tracked = match (LinearBackward { precision })
@@ -648,6 +862,32 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
         Self::elu_at(x, Precision::F32)
+    }
+
+    fn spline(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        if !B::SPLINE_KERNEL {
+            return crate::spline::coupling_spline(x, raw, scale, false, sp);
+        }
+        let x = x.into_primitive().tensor();
+        let r = raw.into_primitive().tensor();
+        let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
+        let ri = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(r.primitive.clone()));
+        let both = B::spline_kernel_forward(xi.clone(), ri.clone(), scale, sp);
+        let output = both.into_primitive().tensor();
+        let tracked = match (SplineBackward { scale, sp: *sp })
+            .prepare::<C>([x.node.clone(), r.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, ri), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        split_spline(Tensor::from_primitive(TensorPrimitive::Float(tracked)))
     }
 
     fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {

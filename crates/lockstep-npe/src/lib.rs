@@ -34,7 +34,8 @@
 //! Tensors and autodiff come from burn: the ndarray backend on the CPU, the wgpu backend on
 //! any Vulkan/Metal/DX12 GPU (on the device lockstep-gpu opened), and with the `cuda` feature
 //! `CudaAutodiff` and `cuda_model`, which load CUDA at run time; `local.device` picks one per
-//! run ([`device`], [`device_model::DeviceModel`]). burn's ndarray backends share
+//! run ([`device`], [`device_model::DeviceModel`]); on the GPU backends the coupling spline
+//! runs as two kernels of this crate ([`spline_kernel`]). burn's ndarray backends share
 //! one CPU device whose float type is fixed by its first use in a process: use one precision
 //! per process.
 //!
@@ -58,6 +59,7 @@ pub mod params;
 pub mod sbibm;
 pub mod settings;
 pub mod spline;
+pub mod spline_kernel;
 pub mod stages;
 pub mod submit;
 pub mod svd;

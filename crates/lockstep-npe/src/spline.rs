@@ -172,3 +172,24 @@ pub fn rational_quadratic_spline<B: Backend>(
     let ld = logdet.mask_fill(inside.bool_not(), 0.0);
     (out, ld)
 }
+
+/// The spline of a coupling transform from its conditioner's raw output: `x: [M, 1]`,
+/// `raw: [M, 3K-1]` holding the unnormalized widths (`raw[.., 0..K] * scale`), heights
+/// (`raw[.., K..2K] * scale`) and interior derivatives (`raw[.., 2K..3K-1]`), as nflows'
+/// `PiecewiseRationalQuadraticCouplingTransform` splits it (`scale` is
+/// `1 / sqrt(hidden_features)`). Returns `(y, log|dy/dx|)`, both `[M, 1]`, of
+/// [`rational_quadratic_spline`] (or its inverse).
+pub fn coupling_spline<B: Backend>(
+    x: Tensor<B, 2>,
+    raw: Tensor<B, 2>,
+    scale: f64,
+    inverse: bool,
+    sp: &SplineParams,
+) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let [m, _] = raw.dims();
+    let k = sp.num_bins;
+    let uw = raw.clone().slice([0..m, 0..k]).mul_scalar(scale);
+    let uh = raw.clone().slice([0..m, k..2 * k]).mul_scalar(scale);
+    let ud = raw.slice([0..m, 2 * k..3 * k - 1]);
+    rational_quadratic_spline(x, uw, uh, ud, inverse, sp)
+}

@@ -33,10 +33,16 @@
 //! with autocast and GradScaler (a note when torch has no CUDA). The other parts are CPU
 //! measurements and are skipped.
 //!
-//! Measured on lavapipe (2 cores, batch 64): 3,699 launches per float32 step and 4,510 in
-//! mixed precision (809 of them casts). burn's `fusion` feature cut a gaussian_linear step
-//! from about 1,960 to 1,060 launches but made it about twice as slow there (its
-//! per-operation host work), so it is not enabled; on an NVIDIA GPU it is not measured.
+//! Measured on lavapipe (2 cores): with the spline couplings composed from burn's
+//! operations, 3,699 launches per float32 step and 4,510 in mixed precision (809 of them
+//! casts); with the spline kernels (`lockstep_npe::spline_kernel`, one launch forward and one
+//! backward per coupling) 1,989 and 2,800, and 2,638 once mixed precision kept its float16
+//! casts for the backward pass (647 casts). There the float32 step went from 1.16-1.24 to
+//! 1.09-1.12 s and the mixed one from 1.44-1.56 to 1.26-1.30 s (batch 512, two runs of
+//! each in turn): lavapipe's time is mostly arithmetic, where a GPU's would be launches. burn's
+//! `fusion` feature cut a gaussian_linear step from about 1,960 to 1,060 launches but made
+//! it about twice as slow there (its per-operation host work), so it is not enabled; on an
+//! NVIDIA GPU neither is measured yet.
 
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -567,16 +573,19 @@ fn launches_child(args: &BenchNpeArgs) -> Result<String> {
     let counts: Vec<LaunchCount> = serde_json::from_str(line)?;
     let mut text = String::new();
     for c in &counts {
-        text += &format!(
-            "kernel launches per step ({}, forward, backward, parameter upload and gradient packing): {:.0}; by kernel: {}\n",
-            c.precision,
-            c.per_step,
-            c.kinds
-                .iter()
-                .take(10)
+        let list = |kinds: &mut dyn Iterator<Item = &(String, f64)>| {
+            kinds
                 .map(|(k, v)| format!("{k} {v:.0}"))
                 .collect::<Vec<_>>()
                 .join(", ")
+        };
+        let spline = list(&mut c.kinds.iter().filter(|(k, _)| k.starts_with("Spline")));
+        text += &format!(
+            "kernel launches per step ({}, forward, backward, parameter upload and gradient packing): {:.0}; by kernel: {}; the spline couplings' kernels: {}\n",
+            c.precision,
+            c.per_step,
+            list(&mut c.kinds.iter().take(10)),
+            if spline.is_empty() { "none (composed)".to_string() } else { spline },
         );
     }
     Ok(text)
