@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The prepared GPU run (issues 44 and 46): correctness and speed of lockstep's GPU engine on a
-# machine with a GPU but no Rust toolchain, in one call of at most 10 minutes.
+# The prepared GPU run (issues 44, 45 and 46): correctness and speed of lockstep's GPU engine
+# and of the NPE on GPUs, on a machine with a GPU but no Rust toolchain, in one call of at most
+# 10 minutes. The NPE runs first: the spline kernels' test, the npe_gpu tests, `lockstep bench
+# npe --device gpu` (and `--device cuda` for a GPU_CHECK_FEATURES=cuda bundle), PyTorch on
+# cuda beside it when python3 has torch; GPU_CHECK_ONLY=npe|snn runs one part.
 #
 #   scripts/gpu-check.sh bundle [TARBALL]   here, with Rust: builds the release binaries, strips
 #                                           them and packs them with the shared libraries `ldd`
@@ -32,11 +35,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The GPU test binaries: `cargo test --no-run` names each test executable.
 test_binaries() {
-  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-cli \
+  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-npe -p lockstep-cli \
     ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} 2>/dev/null |
     python3 -c '
 import json, sys
-want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu"}
+want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "spline_kernel"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -155,6 +158,7 @@ run() {
   if [ "$only" != snn ]; then
     local mpi_skip=()
     command -v mpirun >/dev/null || mpi_skip=(--skip two_mpi_ranks)
+    [ -x "$work/tests/spline_kernel" ] && step "test spline_kernel" 60 "$work/tests/spline_kernel" --nocapture
     [ -x "$work/tests/npe_gpu" ] && step "test npe_gpu" 240 "$work/tests/npe_gpu" --test-threads=1 "${mpi_skip[@]}"
     local npe_peer="--no-torch"
     python3 -c 'import torch, numpy' 2>/dev/null && npe_peer="--python python3"
