@@ -1,13 +1,14 @@
 //! The coupling spline's GPU kernels (`spline_kernel.rs`, one launch forward and one
 //! backward) against burn's autodiff of the composed spline, on the machine's Vulkan
 //! adapter (Mesa's lavapipe in CI; no adapter is a failure, never a skip): values and
-//! gradients with respect to the input and every raw parameter, on the f64 reference, with
+//! gradients with respect to the input and every raw parameter (and the values without
+//! autodiff, as evaluation passes run them), on the f64 reference, with
 //! inputs inside the tails, on both tail bounds, outside them, and with large raw values.
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Tensor, TensorData};
-use lockstep_npe::device::{wgpu_device, WgpuAutodiff};
+use lockstep_npe::device::{wgpu_device, WgpuAutodiff, WgpuBackend};
 use lockstep_npe::fused_ops::FusedOps;
 use lockstep_npe::spline::SplineParams;
 
@@ -136,6 +137,18 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
             "{name}: GPU kernel off the f64 reference by {wg:e}"
         );
     }
+    // Without autodiff (evaluation passes: validation loss, log-probabilities) the forward
+    // kernel alone gives the same values.
+    let (y, ld) = <WgpuBackend as FusedOps>::spline(
+        Tensor::from_data(TensorData::new(x.clone(), [m, 1]), &device),
+        Tensor::from_data(TensorData::new(case.raw.clone(), [m, width]), &device),
+        scale,
+        &sp,
+    );
+    let v = |t: Tensor<WgpuBackend, 2>| -> Vec<f64> {
+        t.into_data().convert::<f64>().to_vec().unwrap()
+    };
+    assert_eq!((v(y), v(ld)), (gpu.y.clone(), gpu.ld.clone()));
     // Outside the tails: the identity, no parameter gradient.
     for r in [2, 3] {
         assert_eq!(gpu.y[r], x[r] as f64);
