@@ -308,58 +308,20 @@ fn split_spline<B: Backend>(both: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>) 
     (both.clone().slice([0..m, 0..1]), both.slice([0..m, 1..2]))
 }
 
-/// [`crate::spline_kernel::forward`] on burn tensors of a CubeCL backend (float tensors
-/// are CubeCL tensors of runtime `R`).
-fn cube_spline_forward<R, B>(
-    x: Tensor<B, 2>,
-    raw: Tensor<B, 2>,
-    scale: f64,
-    sp: &SplineParams,
-) -> Tensor<B, 2>
-where
-    R: burn_cubecl::CubeRuntime,
-    B: Backend<FloatTensorPrimitive = burn_cubecl::tensor::CubeTensor<R>>,
-{
-    let out = crate::spline_kernel::forward(
-        x.into_primitive().tensor(),
-        raw.into_primitive().tensor(),
-        scale,
-        sp,
-    );
-    Tensor::from_primitive(TensorPrimitive::Float(out))
-}
-
-/// [`crate::spline_kernel::backward`] on burn tensors of a CubeCL backend.
-fn cube_spline_backward<R, B>(
-    x: Tensor<B, 2>,
-    raw: Tensor<B, 2>,
-    grad: Tensor<B, 2>,
-    scale: f64,
-    sp: &SplineParams,
-) -> (Tensor<B, 2>, Tensor<B, 2>)
-where
-    R: burn_cubecl::CubeRuntime,
-    B: Backend<FloatTensorPrimitive = burn_cubecl::tensor::CubeTensor<R>>,
-{
-    let (dx, draw) = crate::spline_kernel::backward(
-        x.into_primitive().tensor(),
-        raw.into_primitive().tensor(),
-        grad.into_primitive().tensor(),
-        scale,
-        sp,
-    );
-    (
-        Tensor::from_primitive(TensorPrimitive::Float(dx)),
-        Tensor::from_primitive(TensorPrimitive::Float(draw)),
-    )
-}
-
 impl FusedOps for NdArray<f64> {
     const HOST_MEMORY: bool = true;
 }
 
-/// burn's wgpu backend (`local.device: gpu`): the composed formulas, each a few kernels.
-impl FusedOps for burn::backend::Wgpu {
+/// burn's GPU backends (`local.device: gpu` is wgpu's, `cuda` CUDA's): the linear layer
+/// and the activations composed from burn's operations, the coupling spline as lockstep's
+/// two kernels ([`crate::spline_kernel`]).
+impl<R, F, I, BT> FusedOps for burn_cubecl::CubeBackend<R, F, I, BT>
+where
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
     const SPLINE_KERNEL: bool = true;
 
     fn spline(
@@ -377,7 +339,13 @@ impl FusedOps for burn::backend::Wgpu {
         scale: f64,
         sp: &SplineParams,
     ) -> Tensor<Self, 2> {
-        cube_spline_forward(x, raw, scale, sp)
+        let out = crate::spline_kernel::forward(
+            x.into_primitive().tensor(),
+            raw.into_primitive().tensor(),
+            scale,
+            sp,
+        );
+        Tensor::from_primitive(TensorPrimitive::Float(out))
     }
 
     fn spline_kernel_backward(
@@ -387,40 +355,17 @@ impl FusedOps for burn::backend::Wgpu {
         scale: f64,
         sp: &SplineParams,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        cube_spline_backward(x, raw, grad, scale, sp)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl FusedOps for burn::backend::Cuda {
-    const SPLINE_KERNEL: bool = true;
-
-    fn spline(
-        x: Tensor<Self, 2>,
-        raw: Tensor<Self, 2>,
-        scale: f64,
-        sp: &SplineParams,
-    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
-    }
-
-    fn spline_kernel_forward(
-        x: Tensor<Self, 2>,
-        raw: Tensor<Self, 2>,
-        scale: f64,
-        sp: &SplineParams,
-    ) -> Tensor<Self, 2> {
-        cube_spline_forward(x, raw, scale, sp)
-    }
-
-    fn spline_kernel_backward(
-        x: Tensor<Self, 2>,
-        raw: Tensor<Self, 2>,
-        grad: Tensor<Self, 2>,
-        scale: f64,
-        sp: &SplineParams,
-    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        cube_spline_backward(x, raw, grad, scale, sp)
+        let (dx, draw) = crate::spline_kernel::backward(
+            x.into_primitive().tensor(),
+            raw.into_primitive().tensor(),
+            grad.into_primitive().tensor(),
+            scale,
+            sp,
+        );
+        (
+            Tensor::from_primitive(TensorPrimitive::Float(dx)),
+            Tensor::from_primitive(TensorPrimitive::Float(draw)),
+        )
     }
 }
 

@@ -155,6 +155,82 @@ fn locate(
     }
 }
 
+/// The rational-quadratic formula's intermediate values for input `xm` in the bin
+/// [`Located`] describes (Durkan et al. 2019, eq. 4 and appendix A): bin width `wk` and
+/// height `hk`, slope `delta`, `theta = t1 / wk` with `t1 = xm - lo`, `omt = 1 - theta`,
+/// `tomt = theta omt`, `th2 = theta²`, the numerator `num = hk p` with
+/// `p = delta th2 + dk tomt`, the denominator `den = delta + curv tomt` with
+/// `curv = dk + dk1 - 2 delta`, and the derivative's numerator `dn = delta² sq` with
+/// `sq = dk1 th2 + 2 delta tomt + dk omt²`; `y = hlo + num / den`,
+/// `log|dy/dx| = ln dn - 2 ln den`.
+#[derive(CubeType)]
+struct Terms {
+    wk: f32,
+    hk: f32,
+    delta: f32,
+    curv: f32,
+    t1: f32,
+    theta: f32,
+    omt: f32,
+    tomt: f32,
+    th2: f32,
+    p: f32,
+    num: f32,
+    den: f32,
+    sq: f32,
+    dn: f32,
+}
+
+/// [`Terms`] of input `xm` in bin `r`.
+#[cube]
+fn rq_terms(xm: f32, r: &Located) -> Terms {
+    let wk = r.hi - r.lo;
+    let hk = r.hhi - r.hlo;
+    let delta = hk / wk;
+    let curv = r.dk + r.dk1 - delta * 2.0;
+    let t1 = xm - r.lo;
+    let theta = t1 / wk;
+    let omt = 1.0 - theta;
+    let tomt = theta * omt;
+    let th2 = theta * theta;
+    let p = delta * th2 + r.dk * tomt;
+    let num = hk * p;
+    let den = delta + curv * tomt;
+    let sq = r.dk1 * th2 + (delta * 2.0) * tomt + r.dk * (omt * omt);
+    let dn = (delta * delta) * sq;
+    Terms {
+        wk,
+        hk,
+        delta,
+        curv,
+        t1,
+        theta,
+        omt,
+        tomt,
+        th2,
+        p,
+        num,
+        den,
+        sq,
+        dn,
+    }
+}
+
+/// The gradient reaching the cumulative sum `S_j` of knot `j` from bin size `i`, summed over
+/// the two knots of `bin` that are interior (`1..K-1`) and lie after `i`: `g_lo` for knot
+/// `bin`, `g_hi` for knot `bin + 1` (the end knots are constants).
+#[cube]
+fn size_grad(i: u32, bin: u32, k: u32, g_lo: f32, g_hi: f32) -> f32 {
+    let mut g = 0.0f32;
+    if bin > i && bin > 0 {
+        g += g_lo;
+    }
+    if bin + 1 > i && bin + 1 < k {
+        g += g_hi;
+    }
+    g
+}
+
 /// The forward kernel: `out[2m] = y`, `out[2m + 1] = log|dy/dx|` for every row `m < rows`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -194,27 +270,11 @@ fn spline_forward(
             min_derivative,
             boundary_derivative,
         );
-        let lo = r.lo;
-        let hi = r.hi;
-        let hlo = r.hlo;
-        let hhi = r.hhi;
-        let dk = r.dk;
-        let dk1 = r.dk1;
-        let wk = hi - lo;
-        let hk = hhi - hlo;
-        let delta = hk / wk;
-        let curv = dk + dk1 - delta * 2.0;
-        let theta = (xm - lo) / wk;
-        let omt = 1.0 - theta;
-        let tomt = theta * omt;
-        let th2 = theta * theta;
-        let num = hk * (delta * th2 + dk * tomt);
-        let den = delta + curv * tomt;
-        let y = hlo + num / den;
-        let sq = dk1 * th2 + (delta * 2.0) * tomt + dk * (omt * omt);
-        let dn = (delta * delta) * sq;
+        let t = rq_terms(xm, &r);
+        let y = r.hlo + t.num / t.den;
+        let ld = f32::ln(t.dn) - f32::ln(t.den) * 2.0;
         out[(2 * m) as usize] = y;
-        out[(2 * m + 1) as usize] = f32::ln(dn) - f32::ln(den) * 2.0;
+        out[(2 * m + 1) as usize] = ld;
     }
 }
 
@@ -266,73 +326,49 @@ fn spline_backward(
             min_derivative,
             boundary_derivative,
         );
-        let bin = r.bin;
-        let mx = r.mx;
-        let total = r.total;
-        let hmx = r.hmx;
-        let htotal = r.htotal;
-        let lo = r.lo;
-        let hi = r.hi;
-        let hlo = r.hlo;
-        let hhi = r.hhi;
-        let dk = r.dk;
-        let dk1 = r.dk1;
+        let t = rq_terms(xm, &r);
         let spread = 1.0 - min_width * f32::cast_from(k);
         let hspread = 1.0 - min_height * f32::cast_from(k);
         let hb = base + k;
         let db = base + 2 * k;
-        let wk = hi - lo;
-        let hk = hhi - hlo;
-        let delta = hk / wk;
-        let curv = dk + dk1 - delta * 2.0;
-        let t1 = xm - lo;
-        let theta = t1 / wk;
-        let omt = 1.0 - theta;
-        let tomt = theta * omt;
-        let th2 = theta * theta;
-        let p = delta * th2 + dk * tomt;
-        let num = hk * p;
-        let den = delta + curv * tomt;
-        let sq = dk1 * th2 + (delta * 2.0) * tomt + dk * (omt * omt);
-        let dn = (delta * delta) * sq;
 
         // Adjoints, last assignment first.
         // y = hlo + num / den; ld = ln(dn) - 2 ln(den)
         let g_hlo = gy;
-        let g_num = gy / den;
-        let g_den = -gy * num / (den * den) - gld * 2.0 / den;
-        let g_dn = gld / dn;
+        let g_num = gy / t.den;
+        let g_den = -gy * t.num / (t.den * t.den) - gld * 2.0 / t.den;
+        let g_dn = gld / t.dn;
         // dn = delta² sq; sq = dk1 th2 + 2 delta tomt + dk omt²
-        let g_sq = g_dn * (delta * delta);
-        let mut g_delta = g_dn * 2.0 * delta * sq + g_sq * 2.0 * tomt;
-        let mut g_dk1 = g_sq * th2;
-        let mut g_th2 = g_sq * dk1;
-        let mut g_tomt = g_sq * 2.0 * delta;
-        let mut g_dk = g_sq * (omt * omt);
-        let mut g_omt = g_sq * dk * 2.0 * omt;
+        let g_sq = g_dn * (t.delta * t.delta);
+        let mut g_delta = g_dn * 2.0 * t.delta * t.sq + g_sq * 2.0 * t.tomt;
+        let mut g_dk1 = g_sq * t.th2;
+        let mut g_th2 = g_sq * r.dk1;
+        let mut g_tomt = g_sq * 2.0 * t.delta;
+        let mut g_dk = g_sq * (t.omt * t.omt);
+        let mut g_omt = g_sq * r.dk * 2.0 * t.omt;
         // den = delta + curv tomt
         g_delta += g_den;
-        let g_curv = g_den * tomt;
-        g_tomt += g_den * curv;
+        let g_curv = g_den * t.tomt;
+        g_tomt += g_den * t.curv;
         // curv = dk + dk1 - 2 delta
         g_dk += g_curv;
         g_dk1 += g_curv;
         g_delta -= g_curv * 2.0;
         // num = hk p; p = delta th2 + dk tomt
-        let mut g_hk = g_num * p;
-        let g_p = g_num * hk;
-        g_delta += g_p * th2;
-        g_th2 += g_p * delta;
-        g_dk += g_p * tomt;
-        g_tomt += g_p * dk;
+        let mut g_hk = g_num * t.p;
+        let g_p = g_num * t.hk;
+        g_delta += g_p * t.th2;
+        g_th2 += g_p * t.delta;
+        g_dk += g_p * t.tomt;
+        g_tomt += g_p * r.dk;
         // th2 = theta²; tomt = theta omt; omt = 1 - theta
-        let mut g_theta = g_th2 * 2.0 * theta + g_tomt * omt;
-        g_omt += g_tomt * theta;
+        let mut g_theta = g_th2 * 2.0 * t.theta + g_tomt * t.omt;
+        g_omt += g_tomt * t.theta;
         g_theta -= g_omt;
         // delta = hk / wk; theta = t1 / wk; t1 = x - lo
-        g_hk += g_delta / wk;
-        let g_t1 = g_theta / wk;
-        let g_wk = -(g_delta * hk) / (wk * wk) - (g_theta * t1) / (wk * wk);
+        g_hk += g_delta / t.wk;
+        let g_t1 = g_theta / t.wk;
+        let g_wk = -(g_delta * t.hk) / (t.wk * t.wk) - (g_theta * t.t1) / (t.wk * t.wk);
         dx[m as usize] = g_t1;
         let g_lo = -g_t1;
         // wk = hi - lo, hk = hhi - hlo: the knots at `bin` and `bin + 1`.
@@ -347,44 +383,28 @@ fn spline_backward(
         let mut dot = 0.0f32;
         let mut hdot = 0.0f32;
         for i in 0..k {
-            let mut g_s = 0.0f32;
-            let mut hg_s = 0.0f32;
-            if bin > i && bin > 0 {
-                g_s += g_knot_lo;
-                hg_s += g_hknot_lo;
-            }
-            if bin + 1 > i && bin + 1 < k {
-                g_s += g_knot_hi;
-                hg_s += g_hknot_hi;
-            }
-            let pi = f32::exp(raw[(base + i) as usize] * scale - mx) / total;
-            let hpi = f32::exp(raw[(hb + i) as usize] * scale - hmx) / htotal;
+            let g_s = size_grad(i, r.bin, k, g_knot_lo, g_knot_hi);
+            let hg_s = size_grad(i, r.bin, k, g_hknot_lo, g_hknot_hi);
+            let pi = f32::exp(raw[(base + i) as usize] * scale - r.mx) / r.total;
+            let hpi = f32::exp(raw[(hb + i) as usize] * scale - r.hmx) / r.htotal;
             dot += pi * (g_s * (2.0 * bound) * spread);
             hdot += hpi * (hg_s * (2.0 * bound) * hspread);
         }
         for i in 0..k {
-            let mut g_s = 0.0f32;
-            let mut hg_s = 0.0f32;
-            if bin > i && bin > 0 {
-                g_s += g_knot_lo;
-                hg_s += g_hknot_lo;
-            }
-            if bin + 1 > i && bin + 1 < k {
-                g_s += g_knot_hi;
-                hg_s += g_hknot_hi;
-            }
-            let pi = f32::exp(raw[(base + i) as usize] * scale - mx) / total;
-            let hpi = f32::exp(raw[(hb + i) as usize] * scale - hmx) / htotal;
+            let g_s = size_grad(i, r.bin, k, g_knot_lo, g_knot_hi);
+            let hg_s = size_grad(i, r.bin, k, g_hknot_lo, g_hknot_hi);
+            let pi = f32::exp(raw[(base + i) as usize] * scale - r.mx) / r.total;
+            let hpi = f32::exp(raw[(hb + i) as usize] * scale - r.hmx) / r.htotal;
             draw[(base + i) as usize] = pi * (g_s * (2.0 * bound) * spread - dot) * scale;
             draw[(hb + i) as usize] = hpi * (hg_s * (2.0 * bound) * hspread - hdot) * scale;
         }
         // Interior derivatives d_j = min + softplus(u_{j-1}), j = 1..K-1: d softplus = σ(u).
         for j in 1..k {
             let mut g = 0.0f32;
-            if j == bin {
+            if j == r.bin {
                 g += g_dk;
             }
-            if j == bin + 1 {
+            if j == r.bin + 1 {
                 g += g_dk1;
             }
             let u = raw[(db + j - 1) as usize];
