@@ -5,13 +5,13 @@
 #               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
 #               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
 #   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles,
-#               no two files of a crate import each other (scripts/check_layout.py)
+#               no two files of a crate import each other (scripts/check_layout.py), and
+#               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py)
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-# Child processes (mpirun, python) inherit open HDF5 files and their locks; tests that open a
-# file while another thread spawns a process would then fail to lock it.
-export HDF5_USE_FILE_LOCKING := FALSE
+# The tests' own environment (HDF5_USE_FILE_LOCKING, mpirun as root) is in .cargo/config.toml,
+# so that `cargo test` needs no Makefile.
 # The Vulkan loader complains on every start when XDG_RUNTIME_DIR is unset (CI, containers).
 export XDG_RUNTIME_DIR ?= /tmp
 
@@ -36,6 +36,12 @@ lint: setup
 	# The NPE crate's CUDA backend compiles without a CUDA toolkit (burn 0.21 loads the CUDA
 	# libraries at run time); it runs only where a GPU exists.
 	cargo check --release -p lockstep-npe --features cuda
+	# One compile per `make test`: no dev-dependency may switch on a feature of a library (test
+	# helpers live in lockstep-testkit, a crate only [dev-dependencies] name), or `cargo test`
+	# recompiles every crate above it (10 minutes on CI). This builds the tests (`--no-run`,
+	# which `make test` needs anyway) and fails, naming the crate and features, when a library
+	# of the test build differs from the release build's.
+	python3 scripts/check_one_compile.py --profile release
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=

@@ -42,8 +42,8 @@ fi
 
 command -v cargo >/dev/null 2>&1 || die "cargo is missing: install Rust with rustup (https://rustup.rs) and rerun"
 
-# The libsonata wheel the tests read lockstep's SONATA files with (lockstep-core's
-# testing::LIBSONATA_VERSION names the same).
+# The libsonata wheel the tests read lockstep's SONATA files with (lockstep-testkit's
+# LIBSONATA_VERSION names the same).
 LIBSONATA=0.2.2
 
 if command -v python3 >/dev/null 2>&1; then

@@ -273,8 +273,7 @@ assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
 print(json.dumps([(t.text or "").strip() for t in root.iter("{http://www.w3.org/2000/svg}text")]))
 "#;
     let texts: Vec<String> =
-        serde_json::from_str(lockstep_core::testing::python(script, &[svg.as_os_str()]).trim())
-            .unwrap();
+        serde_json::from_str(lockstep_testkit::python(script, &[svg.as_os_str()]).trim()).unwrap();
     for want in ["spikes: v1 (400 spikes)", "time (ms)", "node id", "200.0"] {
         assert!(texts.iter().any(|t| t == want), "{want} not in {texts:?}");
     }

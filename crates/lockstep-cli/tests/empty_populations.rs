@@ -9,7 +9,7 @@
 //! `examples/glif_all2all` network.
 
 use lockstep_comm::launch::{mpirun_command, run_with_limit};
-use lockstep_core::testing::python_in;
+use lockstep_testkit::python_in;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;

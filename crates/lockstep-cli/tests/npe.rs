@@ -963,7 +963,7 @@ root = ET.parse(sys.argv[1]).getroot()
 assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
 print(json.dumps([(t.text or "").strip() for t in root.iter("{http://www.w3.org/2000/svg}text")]))
 "#;
-    let out = lockstep_core::testing::python(script, &[path.as_os_str()]);
+    let out = lockstep_testkit::python(script, &[path.as_os_str()]);
     serde_json::from_str(out.trim()).unwrap()
 }
 

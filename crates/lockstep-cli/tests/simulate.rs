@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use lockstep_core::testing::{python, require_libsonata};
+use lockstep_testkit::{python, require_libsonata};
 use serde_json::{json, Value};
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");

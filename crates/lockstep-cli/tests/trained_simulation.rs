@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use lockstep_core::testing::{python, require_libsonata};
+use lockstep_testkit::{python, require_libsonata};
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 

@@ -32,17 +32,14 @@
 //! `all_reduce(&mut [T], op)`, ...) lives in the [`CommExt`] extension trait, implemented for
 //! every communicator. [`World`] puts launch, device and communicator together for a program.
 //!
-//! The Cargo feature `testing` adds the conformance suite every backend passes
-//! (`conformance`), test helpers (`testing`) and the `lockstep-comm-check` binary.
+//! [`conformance`] is the suite every backend passes (its tests and the `lockstep-comm-check`
+//! binary, which checks an MPI installation, run it).
 
-#[cfg(feature = "testing")]
 pub mod conformance;
 pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod self_comm;
-#[cfg(feature = "testing")]
-pub mod testing;
 mod thread_comm;
 mod world;
 

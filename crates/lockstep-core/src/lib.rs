@@ -24,7 +24,5 @@ pub mod config;
 pub mod memory;
 pub mod output_dir;
 pub mod rng;
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use config::ConfigError;

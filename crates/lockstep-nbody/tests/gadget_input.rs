@@ -179,7 +179,7 @@ with h5py.File(d + "/ics.1.hdf5", "w") as f:
 #[test]
 fn every_particle_type_is_read_as_a_gravitating_mass() {
     let dir = tempfile::tempdir().unwrap();
-    lockstep_core::testing::python(MIXED_TYPES, &[dir.path().as_os_str()]);
+    lockstep_testkit::python(MIXED_TYPES, &[dir.path().as_os_str()]);
     let p = dir.path().join("ics.0.hdf5");
     assert_eq!(gadget_total(&p).unwrap(), 8);
     let all = read_gadget_hdf5(&p, 0, 1, 1.0).unwrap();

@@ -147,9 +147,9 @@ fn a_failing_rank_ends_the_run_within_seconds() {
 fn check_binary() -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_lockstep-nbody-check"));
     assert!(
-        lockstep_comm::testing::have_mpirun() && bin.exists(),
+        lockstep_testkit::have_mpirun() && bin.exists(),
         "the mpirun tests need mpirun (found: {}) and {} (exists: {})",
-        lockstep_comm::testing::have_mpirun(),
+        lockstep_testkit::have_mpirun(),
         bin.display(),
         bin.exists()
     );

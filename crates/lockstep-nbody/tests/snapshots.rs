@@ -2,9 +2,9 @@
 //! and h5py and hold exactly the valid particles (never the padding); GADGET input
 //! round-trips; the config runner writes them.
 
-use lockstep_core::testing::{python, require_h5py};
 use lockstep_nbody::snapshot::{read_gadget_hdf5, write_hdf5, write_npz, SnapshotHeader};
 use lockstep_nbody::{run_nbody_config, InitialConditions, Particles, RunOptions, Units};
+use lockstep_testkit::{python, require_h5py};
 
 /// Padded shard: 7 valid particles, capacity 12, padding filled with poison values.
 fn padded() -> Particles {

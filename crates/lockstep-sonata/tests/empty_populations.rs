@@ -4,8 +4,8 @@
 //! an edge population without groups whose values all come from the edge-types CSV. The
 //! files are written with h5py (`make setup` installs it).
 
-use lockstep_core::testing::python_in;
 use lockstep_sonata::Circuit;
+use lockstep_testkit::python_in;
 
 const NETWORK: &str = r#"
 def nodes(path, pops):

@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
-use lockstep_core::testing::{python, require_libsonata};
 use lockstep_sonata::{
     read_edge_index, read_spikes, rewrite_syn_weights, write_edges, write_spikes, Column,
     ColumnData, EdgeIndexDirection, EdgesView, PopulationGroup, PopulationSpikes, SpikeSorting,
     SpikeTrains,
 };
+use lockstep_testkit::{python, require_libsonata};
 
 /// Runs `script` with `sys.argv[1]` = `dir`, libsonata, h5py and numpy imported; returns its
 /// output.

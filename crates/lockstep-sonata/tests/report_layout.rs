@@ -2,8 +2,8 @@
 //! libsonata's `SomaReportReader` see them (dataset names, dtypes, attributes, the frame count
 //! each derives from `mapping/time`).
 
-use lockstep_core::testing::python;
 use lockstep_sonata::{write_report, Report, ReportDtype, ReportPopulation};
+use lockstep_testkit::python;
 
 #[test]
 fn membrane_report_has_the_layout_bmtk_and_libsonata_read() {

@@ -3,13 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use lockstep_core::testing::python;
 use lockstep_sonata::{
     build_edge_index, read_edge_parts, read_edges, read_node_parts, read_spikes,
     rewrite_syn_weights, write_edges, write_nodes, write_spikes, Circuit, ComponentStore,
     EdgesView, NodesView, PopulationSpikes, SonataConfig, SpikeSorting, SpikeTrains,
     LEGACY_POPULATION,
 };
+use lockstep_testkit::python;
 
 /// The tests of this file run one at a time: a python3 child spawned by one test would
 /// inherit the descriptor (and the HDF5 file lock) of a file another thread is writing.

@@ -37,14 +37,14 @@ pub struct EngineOptions {
     pub resume: Option<PathBuf>,
     /// Write log lines to the log file only, not to stdout (benchmarks).
     pub quiet: bool,
-    /// A failure to inject (the failure tests' check binary only).
-    #[cfg(feature = "testing")]
+    /// A failure to inject (the failure tests and `lockstep-train-check` only; `None` in
+    /// every run of the `lockstep` command).
     pub fault: Option<crate::testing::Fault>,
 }
 
 impl EngineOptions {
-    /// True when the test-only fault `point` is set for this rank and update.
-    #[cfg(feature = "testing")]
+    /// An error when the injected fault `point` is set for this rank and update (`fault` is
+    /// `None` outside the failure tests, and then this is `Ok`).
     fn injected(
         &self,
         point: crate::testing::FaultPoint,
@@ -59,25 +59,9 @@ impl EngineOptions {
             _ => Ok(()),
         }
     }
-
-    #[cfg(not(feature = "testing"))]
-    #[inline(always)]
-    fn injected(&self, _point: FaultPoint, _rank: usize, _update: u64) -> Result<(), TrainError> {
-        Ok(())
-    }
 }
 
-#[cfg(feature = "testing")]
 use crate::testing::FaultPoint;
-
-/// Where a test fault can be injected (without the `testing` feature nothing is injected).
-#[cfg(not(feature = "testing"))]
-#[derive(Debug, Clone, Copy)]
-enum FaultPoint {
-    OutputSetup,
-    Update,
-    Callback,
-}
 
 /// What a finished run reports (identical on every rank).
 #[derive(Debug, Clone, PartialEq)]

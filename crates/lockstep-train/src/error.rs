@@ -106,8 +106,7 @@ pub enum TrainError {
         /// The value.
         value: f32,
     },
-    /// A failure injected by a [`crate::testing::Fault`] (test builds only).
-    #[cfg(feature = "testing")]
+    /// A failure injected by a [`crate::testing::Fault`] (failure tests only).
     #[error("injected failure ({what}) on rank {rank}")]
     Injected {
         /// Where it was injected.

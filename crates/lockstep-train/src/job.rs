@@ -103,7 +103,6 @@ fn validate<M: Model, S: BatchSource>(
     opts: &EngineOptions,
     build: &impl ReplicaFactory<M, S>,
 ) -> Result<(M, S, Plan), TrainError> {
-    #[cfg(feature = "testing")]
     if let Some(f) = opts
         .fault
         .filter(|f| f.fires(crate::testing::FaultPoint::Validation, 0, 0))
@@ -113,8 +112,6 @@ fn validate<M: Model, S: BatchSource>(
             rank: world.comm().rank(),
         });
     }
-    #[cfg(not(feature = "testing"))]
-    let _ = opts;
     let (model, source) = build(world.comm().rank()).map_err(TrainError::Build)?;
     if model.trainable().is_empty() {
         return Err(no_trainable_parameters());

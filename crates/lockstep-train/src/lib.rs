@@ -36,8 +36,10 @@
 //! [`TrainError::Build`]) and never turns it into text, so the model's whole cause chain
 //! reaches the user once.
 //!
-//! Feature `testing` adds the `reference` model, failure injection (`testing::Fault`) and
-//! the `lockstep-train-check` binary, for this crate's tests and installation checks.
+//! The `reference` model, failure injection (`testing::Fault`) and the `lockstep-train-check`
+//! binary serve this crate's tests and installation checks; the `lockstep` command never
+//! injects a fault. They are compiled into every build (no Cargo feature), so that
+//! `cargo test` reuses the library `cargo build` compiled.
 
 pub mod checkpoint;
 pub mod config;
@@ -46,10 +48,8 @@ mod error;
 pub mod grad_scaler;
 pub mod job;
 pub mod optim;
-#[cfg(feature = "testing")]
 pub mod reference;
 pub mod rundir;
-#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::{plan, EngineConfig, LogStyle, Plan, Strategy};

@@ -7,7 +7,7 @@
 //! per-dimension factors. Loss terms, each a mean over samples: `mse = mean (s*w.x - y~)^2`
 //! and `l2 = 1e-3 * |w|^2`.
 //!
-//! Feature `testing` only: this is not a model for users.
+//! For checks only: this is not a model for users.
 
 use crate::{Batch, BatchSource, Model};
 use anyhow::{bail, Result};

@@ -1,6 +1,6 @@
-//! Test-only failure injection (feature `testing`): the failure tests run the check binary
+//! Failure injection for the failure tests: they run the check binary (`lockstep-train-check`)
 //! with a [`Fault`] to check that an error at each point of a run ends the whole job quickly.
-//! Release builds of `lockstep` never contain this module.
+//! The `lockstep` command never sets one ([`crate::EngineOptions::fault`] stays `None`).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,6 +1,6 @@
 //! `lockstep-comm-check`: runs the Communicator conformance suite, or a failure scenario, on
 //! the backend of the current launch. Used by the tests and to check an MPI installation
-//! (built with the `testing` feature: `cargo build --release -p lockstep-comm --features testing`):
+//! (`cargo build --release -p lockstep-comm` builds it beside the library):
 //!
 //! ```text
 //! lockstep-comm-check suite                         # serial: SelfComm

@@ -1,7 +1,7 @@
 //! `lockstep-train-check CONFIG [--resume CHECKPOINT] [--inject-failure FAULT]`: trains the
 //! reference linear model (`lockstep_train::reference`) with the engine under the current
 //! launch (serial, threads or `mpirun`), to check an installation and to test the engine end
-//! to end. Built with the `testing` feature only.
+//! to end.
 //!
 //! The config is a training config (`run`, `training`, `output`) plus
 //! `"model": {"dim": 8, "init_by_rank": false, "diverge_at": [update, rank], "dataset": n,

@@ -1,15 +1,20 @@
-//! Helpers for the workspace's tests (feature `testing`: only test builds enable it, never a
-//! library's or the `lockstep` command's build).
+//! Helpers for the workspace's tests; only `[dev-dependencies]` name this crate.
+//!
+//! It depends on no other lockstep crate and switches on no Cargo feature, so that
+//! `cargo test --workspace` compiles the libraries with the same features as
+//! `cargo build --workspace` and reuses them (`scripts/check_one_compile.py`, run by
+//! `make lint`, fails when that stops being true).
 //!
 //! [`python`] and [`python_in`] run Python snippets that read lockstep's files (or write
 //! inputs) with h5py and numpy, the way the tools users compare against read them;
-//! [`require_libsonata`] adds libsonata (the SONATA reference reader, a PyPI wheel). A test
-//! that needs them fails with the fix (`make setup` installs python3, h5py, numpy and
-//! libsonata) when they are missing: it never passes by skipping.
+//! [`require_libsonata`] adds libsonata (the SONATA reference reader, a PyPI wheel);
+//! [`have_mpirun`] tells whether an `mpirun` is on the PATH. A test that needs python3 or its
+//! packages fails with the fix (`make setup` installs python3, h5py, numpy and libsonata) when
+//! they are missing: it never passes by skipping.
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 /// Fails the calling test, with the fix, unless `python3` runs and imports h5py and numpy.
@@ -99,4 +104,29 @@ pub fn python_in(dir: &Path, script: &str) -> String {
         &format!("import h5py, numpy as np, os\nos.chdir({dir:?})\n{script}"),
         &[],
     )
+}
+
+/// True when an `mpirun` is on the PATH and answers `mpirun --version`.
+pub fn have_mpirun() -> bool {
+    Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The workspace's `.cargo/config.toml` reaches test processes however `cargo test` is
+    /// started (without `make test`'s exports): the HDF5 tests of several crates depend on it.
+    #[test]
+    fn cargo_env_reaches_the_tests() {
+        assert_eq!(
+            std::env::var("HDF5_USE_FILE_LOCKING").as_deref(),
+            Ok("FALSE"),
+            "HDF5_USE_FILE_LOCKING is not FALSE in a test process: .cargo/config.toml's [env] is missing or overridden"
+        );
+    }
 }
