@@ -173,6 +173,11 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         if device != "cpu" && (rank == 0 || device.contains("shared")) {
             eprintln!("rank {rank}: computes on {device}");
         }
+        if rank == 0 {
+            if let Some(warning) = replica.model().software_adapter_warning() {
+                eprintln!("{warning}");
+            }
+        }
         Ok((replica, PoissonTrials))
     })?;
     Ok(())

@@ -45,7 +45,17 @@ fn info_reports_every_rank_under_mpirun() {
 fn info_serial_and_a_gpu_list_that_cpu_models_do_not_read() {
     let out = Command::new(LOCKSTEP).arg("info").output().unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("rank 0/1: launch serial"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("rank 0/1: launch serial"));
+    // This machine's adapter is Mesa's lavapipe (CI has no GPU): listed and marked as software.
+    let lavapipe = text
+        .lines()
+        .find(|l| l.contains("llvmpipe"))
+        .unwrap_or_else(|| panic!("no lavapipe adapter listed:\n{text}"));
+    assert!(
+        lavapipe.ends_with("software: emulates a GPU on CPU cores"),
+        "{lavapipe}"
+    );
     let out = Command::new(LOCKSTEP)
         .arg("info")
         .env("CUDA_VISIBLE_DEVICES", "1,1")

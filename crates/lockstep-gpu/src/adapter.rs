@@ -74,7 +74,27 @@ impl std::fmt::Display for AdapterSummary {
             yes_no(self.shader_f64),
             yes_no(self.shader_int64),
             yes_no(self.shader_f16),
-        )
+        )?;
+        if self.software {
+            write!(f, "; software: emulates a GPU on CPU cores")?;
+        }
+        Ok(())
+    }
+}
+
+impl AdapterSummary {
+    /// The one-line warning a job prints (chief only) when it computes on a software adapter
+    /// (wgpu's device type `Cpu`: Mesa's llvmpipe/lavapipe, SwiftShader, WARP), which trains
+    /// at about a hundredth of the CPU engine's speed; `None` for a hardware adapter.
+    /// `cpu_setting` is how the command's own settings choose the CPU (e.g.
+    /// `run.device: "cpu"`, `local.device: cpu`).
+    pub fn software_warning(&self, cpu_setting: &str) -> Option<String> {
+        self.software.then(|| {
+            format!(
+                "warning: GPU adapter [{}] {} is a software adapter: it emulates a GPU on CPU cores and computes far slower (about 100x for training) than lockstep's CPU engine; {cpu_setting} is faster",
+                self.index, self.name
+            )
+        })
     }
 }
 
@@ -395,5 +415,23 @@ mod tests {
             e.contains("no GPU adapter") && e.contains("libvulkan1"),
             "{e}"
         );
+    }
+
+    /// A software adapter is marked in the listing and warned about; a hardware one is not.
+    #[test]
+    fn software_adapters_are_marked_and_warned_about() {
+        let soft = adapter(0, "llvmpipe", true, 0x10005, "");
+        let hard = adapter(1, "NVIDIA H200", false, 0x10de, "0000:01:00.0");
+        assert!(soft
+            .to_string()
+            .ends_with("software: emulates a GPU on CPU cores"));
+        assert!(!hard.to_string().contains("software"));
+        let w = soft.software_warning("run.device: \"cpu\"").unwrap();
+        assert!(
+            w.contains("[0] llvmpipe") && w.contains("emulates a GPU on CPU cores"),
+            "{w}"
+        );
+        assert!(w.ends_with("run.device: \"cpu\" is faster"), "{w}");
+        assert_eq!(hard.software_warning("run.device: \"cpu\""), None);
     }
 }

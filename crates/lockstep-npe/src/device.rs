@@ -88,6 +88,9 @@ pub enum Placement {
         /// Whether the adapter runs float16 in shaders (wgpu's `SHADER_F16`), which mixed
         /// precision needs.
         f16: bool,
+        /// The warning for a software adapter (lavapipe and the like, far slower than the
+        /// CPU backend); `None` on hardware.
+        software_warning: Option<String>,
     },
     /// burn's CUDA backend on CUDA device `index` (feature `cuda`).
     Cuda {
@@ -126,6 +129,7 @@ impl Placement {
                     ),
                     shared: sel.shared,
                     f16: sel.adapter.shader_f16,
+                    software_warning: sel.adapter.software_warning("local.device: cpu"),
                 })
             }
             DeviceKind::Cuda => {
@@ -159,6 +163,17 @@ impl Placement {
                 "is true, but the {description} has no float16 in shaders (wgpu's SHADER_F16); set automatic_mixed_precision to false, or choose an adapter with float16 (CUDA_VISIBLE_DEVICES, `lockstep info` lists the adapters) or local.device: cuda on NVIDIA"
             )),
             Placement::Gpu { .. } | Placement::Cuda { .. } => Ok(()),
+        }
+    }
+
+    /// The one-line warning a job prints (chief only) when it computes on a software GPU
+    /// adapter; `None` on the CPU, on CUDA and on hardware adapters.
+    pub fn software_warning(&self) -> Option<&str> {
+        match self {
+            Placement::Gpu {
+                software_warning, ..
+            } => software_warning.as_deref(),
+            _ => None,
         }
     }
 
@@ -415,6 +430,7 @@ mod tests {
             description: "GPU adapter [0] Old GPU (Vulkan, DiscreteGpu; slot 0)".to_string(),
             shared: false,
             f16,
+            software_warning: None,
         };
         let e = gpu(false).half_precision().unwrap_err();
         assert!(

@@ -403,6 +403,12 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
                 device_notes.push(line);
             }
         }
+        if rank == 0 {
+            if let Some(warning) = placement.software_warning() {
+                eprintln!("{warning}");
+                device_notes.push(warning.to_string());
+            }
+        }
     }
     if let Some(file) = &p.start_from {
         // A checkpoint that ends the previous stage: the chief reads its values, the

@@ -348,6 +348,16 @@ impl SnnModel {
         }
     }
 
+    /// The warning a job prints once (chief only) when this replica computes on a software
+    /// GPU adapter (lavapipe and the like: far slower than the CPU engine); `None` on the
+    /// CPU engines and on hardware adapters.
+    pub fn software_adapter_warning(&self) -> Option<String> {
+        match &self.engine {
+            Engine::Gpu(e) => e.selected().adapter.software_warning("run.device: \"cpu\""),
+            _ => None,
+        }
+    }
+
     /// The straightforward per-sample BPTT in precision `dtype`, whatever the model's engine
     /// (each sample its own state `[neuron]`, forward by
     /// [`TrialState::step`](crate::TrialState::step), backward by the hand-written adjoint,
