@@ -152,6 +152,16 @@ fn gpu_training_gives_the_cpu_losses() {
         );
         let log = std::fs::read_to_string(rg.join("run.log")).unwrap();
         assert!(log.contains("computes on GPU adapter"), "{log}");
+        assert!(log.contains("is a software adapter"), "{log}");
+        let cpu_out = lockstep(&[
+            "npe",
+            "train",
+            s(&cpu),
+            "--train-dir",
+            s(&rc),
+            "--overwrite",
+        ]);
+        assert!(!ok(cpu_out).stderr.contains("software adapter"));
         let (lc, lg) = (losses(&rc), losses(&rg));
         assert_eq!((lc.len(), lg.len()), (10, 10));
         for (u, (a, b)) in lc.iter().zip(&lg).enumerate() {
@@ -191,6 +201,18 @@ fn two_mpi_ranks_on_the_gpu_train_like_one() {
                 && m.stderr.contains("shared with another replica"),
             "{}",
             m.all_output()
+        );
+        // lavapipe is a software adapter: the chief alone says so, once, with the faster key.
+        assert_eq!(
+            m.stderr.matches("emulates a GPU on CPU cores").count(),
+            1,
+            "{}",
+            m.all_output()
+        );
+        assert!(
+            m.stderr.contains("local.device: cpu is faster"),
+            "{}",
+            m.stderr
         );
         let log = std::fs::read_to_string(rm.join("run.log")).unwrap();
         assert!(
@@ -763,5 +785,71 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     assert!(
         text.contains("note: no PyTorch comparison on the GPU"),
         "{text}"
+    );
+}
+
+/// sbi's `clip_max_norm` under mixed precision on the GPU: the unscaled gradient is clipped
+/// (PyTorch's order: unscale, then clip), so the AMP run's parameter steps follow the float32
+/// run's (5% relative), where clipping the scaled gradient (65536x larger) would shrink them
+/// to nothing; SGD moves at most `lr x clip_max_norm` per update, far less than unclipped.
+#[test]
+fn mixed_precision_clips_the_unscaled_gradient() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (lr, max) = (0.05, 0.02);
+    let cfg = |amp: bool, clip: bool| {
+        let mut opt = String::new();
+        if amp {
+            opt += "    automatic_mixed_precision: true\n";
+        }
+        if clip {
+            opt += &format!("    clip_max_norm: {max}\n");
+        }
+        settings(2, "layer_norm", 2, 64, "gpu", "  checkpoint_epochs: 1\n")
+            .replace(
+                "{type: adam, lr: 0.003}",
+                &format!("{{type: sgd, lr: {lr}}}"),
+            )
+            .replace("    optimizer:", &format!("{opt}    optimizer:"))
+    };
+    let mut step = Vec::new();
+    for (name, amp, clip) in [
+        ("f32", false, true),
+        ("amp", true, true),
+        ("free", false, false),
+    ] {
+        let c = write(d, &format!("{name}.yaml"), &cfg(amp, clip));
+        let run = d.join(name);
+        ok(lockstep(&["npe", "train", s(&c), "--train-dir", s(&run)]));
+        let (a, b) = (values(&run, 5), values(&run, 10));
+        step.push(b.iter().zip(&a).map(|(x, y)| x - y).collect::<Vec<f32>>());
+        let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+        assert_eq!(
+            log.contains("clipped to clip_max_norm 0.02"),
+            clip,
+            "{name}: {log}"
+        );
+    }
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let r = rel_l2(&step[1], &step[0]);
+    eprintln!(
+        "clipped steps, mixed precision vs float32: {r:e}; norms {:e} {:e} unclipped {:e}",
+        norm(&step[0]),
+        norm(&step[1]),
+        norm(&step[2])
+    );
+    assert!(
+        r <= 0.05,
+        "mixed precision clipped otherwise than float32: {r:e}"
+    );
+    // Five SGD updates of at most lr x max each.
+    assert!(
+        norm(&step[0]) <= 5.0 * lr * max * (1.0 + 1e-4),
+        "{}",
+        norm(&step[0])
+    );
+    assert!(
+        norm(&step[2]) > 4.0 * norm(&step[0]),
+        "the clip did not bind"
     );
 }

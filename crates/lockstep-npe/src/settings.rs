@@ -282,6 +282,11 @@ pub struct StageSettings {
     /// `growth_interval` 2000 by default); only with `automatic_mixed_precision: true`.
     #[serde(default)]
     pub grad_scaler: Option<lockstep_train::GradScalerConfig>,
+    /// sbi's `clip_max_norm` (PyTorch `clip_grad_norm_`): clip the gradient, reduced over
+    /// all replicas and unscaled under mixed precision, to this global L2 norm before each
+    /// optimizer step (sbi's `NPE.train` defaults to 5.0; absent: no clipping, as Dingo).
+    #[serde(default)]
+    pub clip_max_norm: Option<f64>,
 }
 
 /// `optimizer`, tagged by `type`.
@@ -1080,6 +1085,14 @@ impl NpeSettings {
                 }
                 g.validate(&format!("{sk}.grad_scaler"))?;
             }
+            if let Some(m) = st.clip_max_norm {
+                if !(m.is_finite() && m > 0.0) {
+                    return Err(ConfigError::new(
+                        format!("{sk}.clip_max_norm"),
+                        format!("{m} is not a norm to clip to; give a positive number (sbi's default is 5.0) or remove the key"),
+                    ));
+                }
+            }
             check_optimizer(&format!("{sk}.optimizer"), &st.optimizer)?;
             check_scheduler(
                 &format!("{sk}.scheduler"),
@@ -1339,6 +1352,9 @@ impl NpeSettings {
             training["grad_scaler"] = json!({"init_scale": g.init_scale,
                 "growth_factor": g.growth_factor, "backoff_factor": g.backoff_factor,
                 "growth_interval": g.growth_interval});
+        }
+        if let Some(m) = st.clip_max_norm {
+            training["clip_max_norm"] = json!(m);
         }
         if let Some(c) = self.local.checkpoint_epochs {
             training["checkpoint_every"] = json!(c * steps);

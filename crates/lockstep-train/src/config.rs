@@ -92,6 +92,9 @@ pub struct EngineTraining {
     pub prefetch: Option<bool>,
     /// Dynamic loss scaling for mixed precision (PyTorch's `GradScaler`; absent: none).
     pub grad_scaler: Option<crate::GradScalerConfig>,
+    /// Clip the reduced gradient to this global L2 norm before the optimizer step (PyTorch's
+    /// `clip_grad_norm_`, sbi's `clip_max_norm`; absent: no clipping).
+    pub clip_max_norm: Option<f64>,
 }
 
 /// The format of the periodic training log line (`training.log_style`).
@@ -154,6 +157,10 @@ pub struct EngineConfig {
     /// `training.grad_scaler`: dynamic loss scaling for a model that computes in half
     /// precision ([`crate::grad_scaler`]); `None`: the loss is not scaled.
     pub grad_scaler: Option<crate::GradScalerConfig>,
+    /// `training.clip_max_norm`: the largest global L2 norm of the reduced (and, with loss
+    /// scaling, unscaled) gradient; a larger one is scaled down to it before the optimizer
+    /// step, as PyTorch's `clip_grad_norm_` does after DDP's all-reduce. `None`: no clipping.
+    pub clip_max_norm: Option<f64>,
     /// `output.output_dir` (resolved against the config's folder).
     pub output_dir: PathBuf,
     /// `output.overwrite_output_dir` (default false: an existing directory is an error).
@@ -256,6 +263,14 @@ impl EngineConfig {
         if let Some(g) = &training.grad_scaler {
             g.validate("training.grad_scaler")?;
         }
+        if let Some(m) = training.clip_max_norm {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(ConfigError::new(
+                    "training.clip_max_norm",
+                    format!("{m} is not a norm to clip to; give a positive number (sbi's default is 5.0) or remove the key"),
+                ));
+            }
+        }
         if let Schedule::WarmupCosine { total_updates, .. } = &mut optimizer.schedule {
             if *total_updates == 0 {
                 *total_updates = updates;
@@ -276,6 +291,7 @@ impl EngineConfig {
             log_style: training.log_style.unwrap_or_default(),
             prefetch: training.prefetch.unwrap_or(false),
             grad_scaler: training.grad_scaler,
+            clip_max_norm: training.clip_max_norm,
             output_dir: lockstep_core::config::resolve_path(config_dir, output_dir),
             overwrite_output_dir: output.overwrite_output_dir.unwrap_or(false),
             log_file: output.log_file.unwrap_or_else(|| "run.log".to_string()),

@@ -626,6 +626,19 @@ impl<'a> Trainer<'a> {
                 ))?;
             }
         } else {
+            // Clipped after unscaling (PyTorch's order: unscale, then clip), on the reduced
+            // gradient every replica holds alike (the global norm, as DDP + clip_grad_norm_).
+            let clipped = self
+                .cfg
+                .clip_max_norm
+                .and_then(|max| crate::optim::clip_grad_norm(&mut self.grad, max));
+            if let (Some(norm), Some(d)) = (clipped, &mut self.rundir) {
+                d.log_quiet(&format!(
+                    "update {}: gradient norm {norm:.6e} clipped to clip_max_norm {}",
+                    self.update + 1,
+                    self.cfg.clip_max_norm.unwrap_or_default()
+                ))?;
+            }
             self.optimizer
                 .update(self.model.trainable_mut(), &self.grad);
             self.model.after_update();

@@ -559,8 +559,48 @@ impl Optimizer {
     }
 }
 
+/// Scales `grad` down to global L2 norm `max_norm` when its norm is larger, as PyTorch's
+/// `torch.nn.utils.clip_grad_norm_` does: `coef = max_norm / (norm + 1e-6)`, applied when
+/// `coef < 1`. The norm is summed in float64 in index order, so every replica, given the same
+/// reduced gradient, clips to the same bits. Returns the norm before clipping when it clipped,
+/// `None` when the gradient was left alone (norm at most `max_norm`, or not finite: a
+/// non-finite gradient is the loss scaler's or the non-finite-parameter check's to report).
+pub fn clip_grad_norm(grad: &mut [f32], max_norm: f64) -> Option<f64> {
+    let norm = grad
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt();
+    let coef = max_norm / (norm + 1e-6);
+    if !norm.is_finite() || coef >= 1.0 {
+        return None;
+    }
+    let coef = coef as f32;
+    grad.iter_mut().for_each(|g| *g *= coef);
+    Some(norm)
+}
+
 #[cfg(test)]
 mod tests {
+    /// Clipping by hand: [3, 4] has norm 5; clipped to 1 it becomes [0.6, 0.8] (times
+    /// 1 / (5 + 1e-6)); a gradient within the norm and a non-finite one are left alone.
+    #[test]
+    fn clip_grad_norm_scales_to_the_norm_as_pytorch_does() {
+        let mut g = [3.0f32, 4.0];
+        assert_eq!(super::clip_grad_norm(&mut g, 1.0), Some(5.0));
+        let coef = (1.0 / (5.0 + 1e-6)) as f32;
+        assert_eq!(g, [3.0 * coef, 4.0 * coef]);
+        assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6);
+        // PyTorch's 1e-6 makes a norm equal to the bound clip by a hair; one above it does not.
+        let mut g = [3.0f32, 4.0];
+        assert_eq!(super::clip_grad_norm(&mut g, 5.0), Some(5.0));
+        let mut g = [3.0f32, 4.0];
+        assert_eq!(super::clip_grad_norm(&mut g, 5.1), None);
+        assert_eq!(g, [3.0, 4.0]);
+        let mut g = [f32::INFINITY, 1.0];
+        assert_eq!(super::clip_grad_norm(&mut g, 1.0), None);
+    }
+
     use super::*;
     use serde_json::json;
 

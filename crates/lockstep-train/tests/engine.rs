@@ -1234,3 +1234,98 @@ fn grad_scaler_without_overflow_is_exact_and_needs_a_scaling_model() {
         "{e}"
     );
 }
+
+/// `training.clip_max_norm` (sbi's default clipping, PyTorch's `clip_grad_norm_`): the
+/// reduced gradient is scaled to the norm before the optimizer step, by hand-computed numbers
+/// (SGD: `w1 = w0 - lr * g * max / (|g| + 1e-6)`); 2 thread replicas clip the global
+/// gradient as 1 replica does; under loss scaling the unscaled gradient is clipped (a clip of
+/// the scaled one would shrink the step another 1024-fold); a gradient within the norm is
+/// untouched; each clip is logged; a norm that is not positive is refused naming the key.
+#[test]
+fn clipping_scales_the_reduced_unscaled_gradient_to_the_norm() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let lr = 0.1;
+    let sgd = json!({"optimizer": {"name": "sgd", "learning_rate": lr}});
+    run(
+        &config(d, "plain", 16, Value::Null, 1, sgd.clone()),
+        None,
+        false,
+        None,
+    )
+    .unwrap();
+    let w0: Vec<f64> = (0..DIM)
+        .map(|i| f64::from(0.1 * lockstep_train::reference::uniform(7, i as u64, 0)))
+        .collect();
+    let w1 = weights(&d.join("plain"));
+    let g: Vec<f64> = w0.iter().zip(&w1).map(|(a, b)| (a - b) / lr).collect();
+    let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!(norm > 1e-3, "the test needs a gradient: {g:?}");
+    let max = norm / 4.0;
+    let with = |extra: Value| {
+        let mut t = sgd.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        t
+    };
+    let clip = with(json!({"clip_max_norm": max}));
+    let threads = json!({"strategy": "threads", "global_batch_size": 16});
+    run(
+        &config(d, "clip", 16, Value::Null, 1, clip.clone()),
+        None,
+        false,
+        None,
+    )
+    .unwrap();
+    run(&config(d, "clip2", 8, threads, 1, clip), None, false, None).unwrap();
+    let scaled = with(json!({"clip_max_norm": max, "grad_scaler": {"init_scale": 1024.0}}));
+    run_scaled(&config(d, "scaled", 16, Value::Null, 1, scaled), None).unwrap();
+    let coef = max / (norm + 1e-6);
+    let want: Vec<f64> = w0.iter().zip(&g).map(|(w, g)| w - lr * g * coef).collect();
+    let step = |w: &[f64]| -> Vec<f64> { w0.iter().zip(w).map(|(a, b)| a - b).collect() };
+    for name in ["clip", "clip2", "scaled"] {
+        let w = weights(&d.join(name));
+        let r = rel_l2(&step(&w), &step(&want));
+        assert!(
+            r <= 1e-4,
+            "{name}: step {:?}, by hand {:?} ({r:e})",
+            step(&w),
+            step(&want)
+        );
+        let log = std::fs::read_to_string(d.join(name).join("run.log")).unwrap();
+        assert!(
+            log.contains("update 1: gradient norm") && log.contains("clipped to clip_max_norm"),
+            "{name}: {log}"
+        );
+    }
+    // A norm above the gradient's leaves the update as it was, and says nothing.
+    let loose = with(json!({"clip_max_norm": 2.0 * norm}));
+    run(
+        &config(d, "loose", 16, Value::Null, 1, loose),
+        None,
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(weights(&d.join("loose")), w1);
+    let log = std::fs::read_to_string(d.join("loose").join("run.log")).unwrap();
+    assert!(!log.contains("clipped"), "{log}");
+    for bad in [json!(0.0), json!(-5.0)] {
+        let c = config(
+            d,
+            "bad",
+            16,
+            Value::Null,
+            1,
+            with(json!({"clip_max_norm": bad})),
+        );
+        let e = EngineConfig::from_json(&c, Path::new("/"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("training.clip_max_norm") && e.contains("positive"),
+            "{e}"
+        );
+    }
+}
