@@ -61,6 +61,73 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
+/// Whether `--cpu` was given: every command that can compute on a GPU reads it here. A
+/// config key that asks for a GPU (`run.device`, `local.device`) gives way to it (the run
+/// says so); a `--device` option that asks for a GPU on the same command line is refused.
+static CPU_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the global `--cpu` flag was given ([`CPU_ONLY`]).
+pub(crate) fn cpu_only() -> bool {
+    CPU_ONLY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Refuses `--cpu` together with `--device DEVICE` asking for a GPU on the same command line.
+pub(crate) fn check_cpu_flag(device: &str) -> anyhow::Result<()> {
+    if cpu_only() && !device.eq_ignore_ascii_case("cpu") {
+        anyhow::bail!(
+            "--cpu and --device {device} ask for different devices; give one of them (--device cpu, or leave out --cpu)"
+        );
+    }
+    Ok(())
+}
+
+/// Parses a seed option: a whole number from 0 to 2^64-1, or a negative one from -2^63,
+/// which stands for 2^64 plus it (as `torch.manual_seed` takes negative seeds), so that
+/// `--seed -1` is a seed and not a flag.
+pub(crate) fn parse_seed(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<u64>() {
+        return Ok(v);
+    }
+    match t.parse::<i64>() {
+        Ok(v) => Ok(v as u64),
+        Err(_) => Err(format!(
+            "{s:?} is not a seed: give a whole number from -9223372036854775808 to 18446744073709551615"
+        )),
+    }
+}
+
+/// The options whose value may start with a minus (`allow_hyphen_values`): clap's tip for
+/// a value taken for a flag is `-- VALUE`, so `--observation -- -0.5,0.3` is read as
+/// `--observation -0.5,0.3` (clap alone would take `--` as the value).
+const HYPHEN_VALUE_OPTIONS: &[&str] = &[
+    "--observation",
+    "--sizes",
+    "--direct-sizes",
+    "--fmm3d-eps",
+    "--simulations",
+    "--observations",
+];
+
+/// `args` without a `--` that directly follows one of [`HYPHEN_VALUE_OPTIONS`] and precedes
+/// its value.
+fn without_escape_after_values(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let mut out = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        let escape_of_value = a == "--"
+            && i > 0
+            && i + 1 < args.len()
+            && HYPHEN_VALUE_OPTIONS.iter().any(|o| args[i - 1] == *o);
+        if !escape_of_value {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
 /// BPTT allocates and frees large per-sample buffers. glibc would return them to the kernel
 /// (munmap, heap trimming) and take page faults to get them back; with several replica
 /// threads in one process those calls also serialise on the address-space lock. Keeping freed
@@ -107,7 +174,8 @@ fn main() -> ExitCode {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(without_escape_after_values(std::env::args_os()));
+    CPU_ONLY.store(cli.cpu, std::sync::atomic::Ordering::Relaxed);
     let kind = compute_kind(&cli.command);
     let world = match World::init(kind.unwrap_or(ComputeKind::Cpu), cli.cpu) {
         Ok(w) => w,
@@ -167,5 +235,129 @@ fn main() -> ExitCode {
             }
             _ => world.fail(&e),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::builder::ValueParser;
+    use clap::CommandFactory;
+
+    /// Every option of every command whose value is a number takes a leading minus as its
+    /// value (`--seed -1`, `--theta -0.5`): the value's own check answers, never clap's
+    /// "unexpected argument '-1'".
+    #[test]
+    fn every_numeric_option_takes_a_leading_minus_as_its_value() {
+        let numeric = [
+            ValueParser::from(clap::value_parser!(u64)).type_id(),
+            ValueParser::from(clap::value_parser!(usize)).type_id(),
+            ValueParser::from(clap::value_parser!(f64)).type_id(),
+            ValueParser::from(clap::value_parser!(i64)).type_id(),
+            ValueParser::from(clap::value_parser!(u32)).type_id(),
+        ];
+        fn options(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Arg)>) {
+            for a in cmd.get_arguments() {
+                if let Some(long) = a.get_long() {
+                    out.push((format!("{path} --{long}"), a.clone()));
+                }
+            }
+            for s in cmd.get_subcommands() {
+                options(s, &format!("{path} {}", s.get_name()), out);
+            }
+        }
+        let mut all = Vec::new();
+        options(&Cli::command(), "lockstep", &mut all);
+        let bad: Vec<&String> = all
+            .iter()
+            .filter(|(_, a)| {
+                a.get_num_args().is_none_or(|n| n.takes_values())
+                    && numeric.contains(&a.get_value_parser().type_id())
+                    && !a.is_allow_negative_numbers_set()
+                    && !a.is_allow_hyphen_values_set()
+            })
+            .map(|(p, _)| p)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "options that take a number but not a leading minus: {bad:?}"
+        );
+    }
+
+    /// The options whose numbers may be negative take them space-separated; numbers that
+    /// may not be negative are refused by their own check, naming the option.
+    #[test]
+    fn negative_values_are_values_of_the_options_that_take_numbers() {
+        let parse = |args: &str| Cli::try_parse_from(args.split(' '));
+        let cli = parse("lockstep npe sample run --observation -0.5,0.3").unwrap();
+        let Command::Npe(npe::NpeCommand::Sample(a)) = cli.command else {
+            panic!("not npe sample")
+        };
+        assert_eq!(a.observation.as_deref(), Some("-0.5,0.3"));
+        let cli = parse("lockstep npe sample run --observation -1e-3 --seed -2").unwrap();
+        let Command::Npe(npe::NpeCommand::Sample(a)) = cli.command else {
+            panic!("not npe sample")
+        };
+        assert_eq!(
+            (a.observation.as_deref(), a.seed),
+            (Some("-1e-3"), u64::MAX - 1)
+        );
+        let cli = parse("lockstep npe pp run --seed -1").unwrap();
+        let Command::Npe(npe::NpeCommand::Pp(a)) = cli.command else {
+            panic!("not npe pp")
+        };
+        assert_eq!(a.seed, Some(u64::MAX));
+        // Negative floats reach the command's own range checks.
+        for line in [
+            "lockstep bench c2st --seed -1",
+            "lockstep bench nbody --theta -0.5",
+            "lockstep bench nbody --fmm3d-eps -1e-3,1e-4",
+            "lockstep bench bptt --dt -1",
+            "lockstep bench allreduce --seconds -1",
+        ] {
+            assert!(parse(line).is_ok(), "{line}");
+        }
+        for (line, option) in [
+            ("lockstep npe sample run --num-samples -5", "--num-samples"),
+            ("lockstep npe sample run --injection -1", "--injection"),
+            ("lockstep npe pp run --injections -2", "--injections"),
+            ("lockstep npe export run --check-pairs -1", "--check-pairs"),
+            ("lockstep train c.json --updates -1", "--updates"),
+            ("lockstep simulate c.json --trials -1", "--trials"),
+            ("lockstep bench nbody --sizes -1,2", "--sizes"),
+            ("lockstep bench c2st --simulations -10", "--simulations"),
+        ] {
+            let e = parse(line).map(drop).unwrap_err().to_string();
+            assert!(
+                e.contains("invalid value") && e.contains(option),
+                "{line}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn clap_tip_form_gives_the_value_to_the_option() {
+        let args = [
+            "lockstep",
+            "npe",
+            "sample",
+            "run",
+            "--observation",
+            "--",
+            "-0.5,0.3",
+        ];
+        let cli = Cli::try_parse_from(without_escape_after_values(args.map(Into::into))).unwrap();
+        let Command::Npe(npe::NpeCommand::Sample(a)) = cli.command else {
+            panic!("not npe sample")
+        };
+        assert_eq!(a.observation.as_deref(), Some("-0.5,0.3"));
+    }
+
+    #[test]
+    fn negative_seeds_count_from_two_to_the_64() {
+        assert_eq!(parse_seed("7"), Ok(7));
+        assert_eq!(parse_seed("-1"), Ok(u64::MAX));
+        assert_eq!(parse_seed("18446744073709551615"), Ok(u64::MAX));
+        assert!(parse_seed("-x").unwrap_err().contains("is not a seed"));
     }
 }

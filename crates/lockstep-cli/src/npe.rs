@@ -82,23 +82,24 @@ pub struct SampleArgs {
     /// A checkpoint file, checkpoints/latest, or a run directory (its latest checkpoint).
     pub checkpoint: PathBuf,
     /// The observation x: comma-separated values, or a file of whitespace/comma-separated
-    /// values (.csv, .txt).
-    #[arg(long, conflicts_with = "injection")]
+    /// values (.csv, .txt); the first value may be negative (`--observation -0.5,0.3`).
+    #[arg(long, conflicts_with = "injection", allow_hyphen_values = true)]
     pub observation: Option<String>,
     /// Instead of --observation: simulate injection number N of the P-P stream (its true
     /// parameters are written next to the samples).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub injection: Option<u64>,
     /// Posterior samples to draw (any count: drawn and written in chunks; refused before
     /// writing when the file would not fit where it goes).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10_000)]
     pub num_samples: u64,
     /// Output file: .h5/.hdf5 (datasets samples [n, d], parameter_names, observation,
     /// injection_parameters) or .csv (a header of parameter names).
     #[arg(long, default_value = "posterior_samples.h5")]
     pub output: PathBuf,
-    /// Seed of the base draws.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the base draws (a negative seed stands for 2^64 plus it, as in
+    /// torch.manual_seed).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0, value_parser = crate::parse_seed)]
     pub seed: u64,
     /// Also draw a corner plot of the samples into this file, PNG or SVG as its extension
     /// says (.png, .svg): 1-D histograms on the diagonal, 2-D histograms below it, the true
@@ -131,7 +132,7 @@ pub struct ExportArgs {
     pub output_dir: Option<PathBuf>,
     /// (θ, x) pairs of the task written with lockstep's log-probabilities, to check the
     /// rebuilt model against.
-    #[arg(long, default_value_t = 8)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 8)]
     pub check_pairs: usize,
 }
 
@@ -141,13 +142,14 @@ pub struct PpArgs {
     /// A checkpoint file, checkpoints/latest, or a run directory (its latest checkpoint).
     pub checkpoint: PathBuf,
     /// Injections simulated from the task's prior.
-    #[arg(long, default_value_t = 200)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 200)]
     pub injections: usize,
     /// Posterior samples per injection.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
     pub num_samples: usize,
-    /// Seed of the injections and base draws (default: the settings' data.seed).
-    #[arg(long)]
+    /// Seed of the injections and base draws (default: the settings' data.seed; a negative
+    /// seed stands for 2^64 plus it, as in torch.manual_seed).
+    #[arg(allow_negative_numbers = true, long, value_parser = crate::parse_seed)]
     pub seed: Option<u64>,
     /// Output folder (default RUN_DIR/pp, or TRAIN_DIR/pp for the folder of a run of several
     /// stages): pp.png (or pp.svg), pp.csv (percentiles), ks.csv.
@@ -253,6 +255,7 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
         train_dir: args.train_dir.clone(),
         overwrite: args.overwrite,
         resume: args.resume.clone(),
+        force_cpu: crate::cpu_only(),
     };
     train_stages(&request, world).map_err(|e| match e {
         // The engine's errors stay a TrainError, so that `main` ends the ranks that agreed on
@@ -310,31 +313,58 @@ fn checked_observation(t: &Trained, x: &[f64], source: &str) -> Result<Vec<f32>>
         .map_err(|m| anyhow::anyhow!("{source}: {m}; give finite values within float32's range"))
 }
 
-/// Writes `data` to `path` through a temporary file in the same folder (renamed when
-/// complete), so a failure never leaves a partial file under the final name.
-fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file name", path.display()))?;
-    // The extension stays last: the PNG writer picks the format from it.
-    let tmp = dir.join(format!(
-        ".tmp{}-{}",
-        std::process::id(),
-        name.to_string_lossy()
-    ));
-    let result = write(&tmp).and_then(|()| {
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+/// The files of one command, written under hidden temporary names next to their final
+/// names and moved into place together by [`Staged::commit`] once every step has succeeded;
+/// dropped without a commit (an error on the way), the temporary files are removed, so a
+/// failed command leaves the files of an earlier run as they were.
+#[derive(Default)]
+struct Staged {
+    /// (temporary, final) paths, in the order they were asked for.
+    moves: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Staged {
+    /// The temporary path to write `path`'s contents into (its folder created); the
+    /// extension stays last, since the figure and HDF5 writers go by it.
+    fn path_for(&mut self, path: &Path) -> Result<PathBuf> {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let name = path
+            .file_name()
+            .with_context(|| format!("{} is not a file name", path.display()))?;
+        let tmp = dir.join(format!(
+            ".tmp{}-{}-{}",
+            std::process::id(),
+            self.moves.len(),
+            name.to_string_lossy()
+        ));
+        self.moves.push((tmp.clone(), path.to_path_buf()));
+        Ok(tmp)
     }
-    result
+
+    /// Moves every file into place (a rename each, in the order asked for).
+    ///
+    /// Errors: a rename fails (the files not yet moved are removed).
+    fn commit(mut self) -> Result<()> {
+        for (tmp, path) in std::mem::take(&mut self.moves) {
+            std::fs::rename(&tmp, &path).with_context(|| {
+                format!("cannot rename {} to {}", tmp.display(), path.display())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for (tmp, _) in &self.moves {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
 }
 
 /// Rows drawn and written at a time by `npe sample` (bounded memory for any count).
@@ -526,6 +556,13 @@ fn sample(args: &SampleArgs) -> Result<()> {
     if args.num_samples == 0 {
         bail!("--num-samples must be at least 1");
     }
+    if let (Some(corner), 1) = (&args.corner, args.num_samples) {
+        bail!(
+            "--corner {}: a corner plot needs at least 2 samples, and --num-samples is 1",
+            corner.display()
+        );
+    }
+    crate::check_cpu_flag(&args.device)?;
     let t = trained::load(&args.checkpoint)?;
     let model = model_on(&t, &args.device)?;
     let (x, truth, source) = match (&args.observation, args.injection) {
@@ -553,51 +590,47 @@ fn sample(args: &SampleArgs) -> Result<()> {
         let room = keep - corner.len();
         corner.extend_from_slice(&rows[..room.min(rows.len())]);
     };
+    // Every file goes to a temporary name and into place only when all are written.
+    let mut staged = Staged::default();
+    let samples_tmp = staged.path_for(&args.output)?;
     let filter = if csv {
-        let mut filter = None;
-        write_via_temp(&args.output, |tmp| {
-            use std::io::Write;
-            let f = std::fs::File::create(tmp)
-                .with_context(|| format!("cannot create {}", tmp.display()))?;
-            let mut w = std::io::BufWriter::new(f);
-            writeln!(w, "{}", names.join(","))?;
-            filter = Some(draw(&t, &model, &xf, args, &mut |rows| {
-                keep_for_corner(rows);
-                for row in rows.chunks_exact(d) {
-                    let r: Vec<String> = row.iter().map(|v| format!("{v}")).collect();
-                    writeln!(w, "{}", r.join(","))?;
-                }
-                Ok(())
-            })?);
-            w.flush()?;
-            Ok(())
-        })?;
-        filter
+        write_samples_csv(
+            &samples_tmp,
+            &t,
+            &model,
+            &xf,
+            args,
+            &names,
+            &mut keep_for_corner,
+        )?
     } else {
-        let mut filter = None;
-        write_via_temp(&args.output, |tmp| {
-            filter = Some(write_samples_h5(
-                tmp,
-                &t,
-                &model,
-                &xf,
-                args,
-                &names,
-                &x,
-                truth.as_deref(),
-                &mut keep_for_corner,
-            )?);
-            Ok(())
-        })?;
-        filter
+        write_samples_h5(
+            &samples_tmp,
+            &t,
+            &model,
+            &xf,
+            args,
+            &names,
+            &x,
+            truth.as_deref(),
+            &mut keep_for_corner,
+        )?
     };
-    let filter = filter.context("no samples were drawn")?;
     if let Some(plot) = &args.corner {
         let title = match args.injection {
             Some(i) => format!("{}, injection {i}", t.task.name()),
             None => t.task.name().to_string(),
         };
-        plot_corner(&corner, &names, truth.as_deref(), &title, plot)?;
+        plot_corner(
+            &corner,
+            &names,
+            truth.as_deref(),
+            &title,
+            &staged.path_for(plot)?,
+        )?;
+    }
+    staged.commit()?;
+    if let Some(plot) = &args.corner {
         if n > CORNER_MAX {
             println!(
                 "corner plot of the first {CORNER_MAX} samples written to {}",
@@ -622,6 +655,35 @@ fn sample(args: &SampleArgs) -> Result<()> {
         ))
     );
     Ok(())
+}
+
+/// Writes the CSV samples file: a header of parameter names, then the samples drawn chunk
+/// by chunk ([`draw`]; each chunk also handed to `keep`).
+fn write_samples_csv(
+    path: &Path,
+    t: &Trained,
+    model: &DeviceModel,
+    xf: &[f32],
+    args: &SampleArgs,
+    names: &[String],
+    keep: &mut dyn FnMut(&[f32]),
+) -> Result<PriorFilter> {
+    use std::io::Write;
+    let f =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    writeln!(w, "{}", names.join(","))?;
+    let d = names.len();
+    let filter = draw(t, model, xf, args, &mut |rows| {
+        keep(rows);
+        for row in rows.chunks_exact(d) {
+            let r: Vec<String> = row.iter().map(|v| format!("{v}")).collect();
+            writeln!(w, "{}", r.join(","))?;
+        }
+        Ok(())
+    })?;
+    w.flush()?;
+    Ok(filter)
 }
 
 /// Writes the HDF5 samples file: `samples [n, d]` drawn chunk by chunk straight into the
@@ -708,6 +770,7 @@ fn pp(args: &PpArgs) -> Result<()> {
     if args.injections < 2 || args.num_samples == 0 {
         bail!("--injections must be at least 2 and --num-samples at least 1");
     }
+    crate::check_cpu_flag(&args.device)?;
     let t: Trained = trained::load(&args.checkpoint)?;
     // What the test holds, estimated before anything is written: per injection its true
     // values and percentiles (f64), and one injection's samples with the flow's activations.
@@ -765,14 +828,19 @@ fn pp(args: &PpArgs) -> Result<()> {
         csv.push_str(&v.join(","));
         csv.push('\n');
     }
-    write_via_temp(&out.join("pp.csv"), |tmp| Ok(std::fs::write(tmp, &csv)?))?;
+    // The three files go into place together, when all are written.
+    let mut staged = Staged::default();
+    let tmp = staged.path_for(&out.join("pp.csv"))?;
+    std::fs::write(&tmp, &csv).with_context(|| format!("cannot write {}", tmp.display()))?;
     let mut ks = String::from("parameter,ks_p_value\n");
     for (n, p) in r.names.iter().zip(&r.p_values) {
         ks.push_str(&format!("{n},{p}\n"));
     }
-    write_via_temp(&out.join("ks.csv"), |tmp| Ok(std::fs::write(tmp, &ks)?))?;
+    let tmp = staged.path_for(&out.join("ks.csv"))?;
+    std::fs::write(&tmp, &ks).with_context(|| format!("cannot write {}", tmp.display()))?;
     let plot = out.join(format!("pp.{}", args.plot_format.extension()));
-    plot_pp(&r, &plot, t.task.name())?;
+    plot_pp(&r, &staged.path_for(&plot)?, t.task.name())?;
+    staged.commit()?;
     println!(
         "P-P test of {} (update {}): {} injections x {} samples in {:.1} s",
         t.checkpoint.display(),

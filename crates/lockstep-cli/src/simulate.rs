@@ -17,7 +17,7 @@ pub struct SimulateArgs {
     /// A BMTK-style simulation config (run.tstop, run.dt, inputs, networks, output, reports).
     pub config: PathBuf,
     /// Independent trials to run together (the spikes and reports of trial 0 are written).
-    #[arg(long, default_value_t = 1)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1)]
     pub trials: usize,
 }
 

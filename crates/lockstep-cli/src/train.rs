@@ -21,7 +21,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Override training.optimizer_updates (e.g. a short smoke run).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub updates: Option<u64>,
     /// Override output.output_dir.
     #[arg(long)]
@@ -166,9 +166,18 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         .as_ref()
         .is_some_and(|d| d.strategy == lockstep_train::config::Strategy::Threads);
     let local_rank = world.launch.local_rank;
+    // --cpu wins over run.device (the run says so).
+    let force_cpu = crate::cpu_only() && asks_for_gpu(config);
+    if force_cpu && world.comm().is_chief() {
+        println!(
+            "--cpu: computes on the CPU, in place of run.device in {}",
+            config.display()
+        );
+    }
     run_job(world, &cfg, &opts, |rank| {
         let slot = if threads { rank } else { local_rank };
-        let replica = SnnReplica::from_config_on(config, parallel, slot)?;
+        let device = force_cpu.then_some(lockstep_snn::DeviceRequest::Cpu);
+        let replica = SnnReplica::from_config_on_device(config, parallel, slot, device)?;
         let device = replica.model().device_description();
         if device != "cpu" && (rank == 0 || device.contains("shared")) {
             eprintln!("rank {rank}: computes on {device}");

@@ -328,6 +328,34 @@ fn a_checkpoint_resumes_on_the_other_device() {
     }
 }
 
+/// `--cpu` wins over `run.device: "gpu"`: the run says so, binds no adapter and computes
+/// the CPU run's parameters.
+#[test]
+fn the_cpu_flag_wins_over_run_device_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gpu = example_config(d, "gpu", "gpu", 3, Value::Null);
+    let cpu = example_config(d, "cpu", "cpu", 3, Value::Null);
+    ok(lockstep(&["train", s(&cpu)]));
+    let forced = d.join("forced");
+    let out = ok(lockstep(&[
+        "train",
+        s(&gpu),
+        "--cpu",
+        "--output-dir",
+        s(&forced),
+    ]));
+    assert!(
+        out.stdout
+            .contains("--cpu: computes on the CPU, in place of run.device in")
+            && !out.all_output().contains("rank 0: computes on"),
+        "{}",
+        out.all_output()
+    );
+    let r = rel_l2(&trained(&forced, 4), &trained(&d.join("cpu"), 4));
+    assert!(r <= 1e-6, "--cpu vs the CPU run: {r:e}");
+}
+
 /// Gradient accumulation (2 micro-batches per update) and early stop on the GPU give the
 /// CPU run's parameters and stop at the same update.
 #[test]

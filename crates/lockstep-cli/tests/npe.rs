@@ -1178,3 +1178,297 @@ fn a_nan_stage_ends_mpi_ranks_cleanly_and_samples_report_the_prior() {
         .flat_map(|l| l.split(',').map(|v| v.parse::<f32>().unwrap()))
         .all(|v| v.abs() <= 1.0));
 }
+
+/// The files in `dir` whose names start with `.tmp` (a staged output left behind).
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect()
+}
+
+/// `--cpu` takes effect: `npe train` with `local.device: gpu` computes on the CPU (the run
+/// says so, and its losses are the CPU run's), and `npe sample`/`npe pp` refuse `--cpu` with
+/// `--device gpu` before writing anything.
+#[test]
+fn cpu_flag_wins_over_local_device_and_conflicts_with_device_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = settings(2, "none", 300, 1, 64, "");
+    let cpu = write(d, "cpu.yaml", &text);
+    let gpu = write(d, "gpu.yaml", &text.replace("device: cpu", "device: gpu"));
+    let (rc, rg) = (d.join("cpu_run"), d.join("gpu_run"));
+    ok(lockstep(&["npe", "train", s(&cpu), "--train-dir", s(&rc)]));
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&gpu),
+        "--cpu",
+        "--train-dir",
+        s(&rg),
+    ]));
+    assert!(
+        !out.all_output().contains("GPU adapter")
+            && out
+                .stdout
+                .contains("--cpu: computes on the CPU, in place of local.device: gpu"),
+        "{}",
+        out.all_output()
+    );
+    let csv = |r: &Path| std::fs::read_to_string(r.join("callbacks/losses.csv")).unwrap();
+    let loss_column = |t: String| -> Vec<String> {
+        t.lines()
+            .skip(1)
+            .map(|l| l.rsplit(',').next().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(loss_column(csv(&rc)), loss_column(csv(&rg)));
+    let samples = d.join("samples.csv");
+    let out = lockstep(&[
+        "npe",
+        "sample",
+        s(&rc),
+        "--cpu",
+        "--device",
+        "gpu",
+        "--observation",
+        "0.5,0.3",
+        "--output",
+        s(&samples),
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr
+            .contains("--cpu and --device gpu ask for different devices")
+            && !out.all_output().contains("GPU adapter"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!samples.exists());
+    let pp = d.join("pp");
+    let out = lockstep(&[
+        "npe",
+        "pp",
+        s(&rc),
+        "--cpu",
+        "--device",
+        "gpu",
+        "--output-dir",
+        s(&pp),
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr.contains("--cpu and --device gpu"),
+        "{}",
+        out.stderr
+    );
+    assert!(!pp.exists());
+}
+
+/// `npe sample` writes nothing when it fails: a corner plot of 1 sample is refused before
+/// anything is written, and a corner plot that fails after the samples were drawn leaves
+/// the earlier samples file as it was (the new one is moved into place only on success).
+#[test]
+fn a_failing_sample_command_leaves_earlier_outputs_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gl.yaml", &settings(2, "none", 300, 1, 64, ""));
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let keep = d.join("keep.h5");
+    let corner = d.join("k.png");
+    let sample = |n: &str, corner: &Path| {
+        lockstep(&[
+            "npe",
+            "sample",
+            s(&run),
+            "--injection",
+            "1",
+            "--num-samples",
+            n,
+            "--output",
+            s(&keep),
+            "--corner",
+            s(corner),
+        ])
+    };
+    ok(sample("100", &corner));
+    let before = std::fs::read(&keep).unwrap();
+    let plot = std::fs::read(&corner).unwrap();
+    let out = sample("1", &corner);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr
+            .contains("a corner plot needs at least 2 samples, and --num-samples is 1"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        std::fs::read(&keep).unwrap(),
+        before,
+        "keep.h5 was replaced"
+    );
+    assert_eq!(std::fs::read(&corner).unwrap(), plot);
+    // A corner plot that cannot be written (its folder would be inside a file) fails after
+    // the samples were drawn: keep.h5 stays the earlier file, no temporary file remains.
+    let out = sample("50", &keep.join("k.png"));
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert_eq!(
+        std::fs::read(&keep).unwrap(),
+        before,
+        "keep.h5 was replaced"
+    );
+    assert!(leftovers(d).is_empty(), "{:?}", leftovers(d));
+}
+
+/// Values that start with a minus are values: `--observation -0.5,0.3` (the first value
+/// negative) draws what `--observation=-0.5,0.3` draws; `--seed -1` is the seed 2^64-1 in
+/// `npe sample` and `npe pp`; a count written negative is refused naming the option.
+#[test]
+fn negative_values_are_taken_as_option_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gl.yaml", &settings(2, "none", 300, 1, 64, ""));
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let sample = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["npe", "sample", s(&run), "--num-samples", "50", "--output"];
+        args.push(s(out));
+        args.extend_from_slice(extra);
+        lockstep(&args)
+    };
+    let (a, b) = (d.join("a.csv"), d.join("b.csv"));
+    ok(sample(&a, &["--observation", "-0.5,0.3"]));
+    ok(sample(&b, &["--observation=-0.5,0.3"]));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let (c, e) = (d.join("c.csv"), d.join("e.csv"));
+    ok(sample(&c, &["--observation", "-0.5,-0.3", "--seed", "-1"]));
+    ok(sample(
+        &e,
+        &["--observation=-0.5,-0.3", "--seed", "18446744073709551615"],
+    ));
+    assert_eq!(std::fs::read(&c).unwrap(), std::fs::read(&e).unwrap());
+    let out = sample(&d.join("f.csv"), &["--injection", "-1"]);
+    assert_eq!(out.code, Some(2), "{}", out.all_output());
+    assert!(
+        out.stderr.contains("invalid value '-1' for '--injection"),
+        "{}",
+        out.stderr
+    );
+    let pp = |dir: &Path, seed: &str| {
+        ok(lockstep(&[
+            "npe",
+            "pp",
+            s(&run),
+            "--injections",
+            "4",
+            "--num-samples",
+            "20",
+            "--seed",
+            seed,
+            "--output-dir",
+            s(dir),
+        ]))
+    };
+    let (p1, p2) = (d.join("pp1"), d.join("pp2"));
+    pp(&p1, "-1");
+    pp(&p2, "18446744073709551615");
+    assert_eq!(
+        std::fs::read(p1.join("pp.csv")).unwrap(),
+        std::fs::read(p2.join("pp.csv")).unwrap()
+    );
+}
+
+/// `npe train`'s refusals name its own keys and flags: resuming with another learning rate
+/// names `training.stage_0.optimizer.lr` with both values and what may change on resume
+/// (never `lockstep train`'s run.batch_size), before any output; a changed `local` section
+/// resumes; an existing run directory names `--train-dir` and `--overwrite`; the log's
+/// header names `lockstep npe train`.
+#[test]
+fn npe_train_messages_name_its_settings_keys_and_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = settings(2, "none", 300, 2, 64, "  checkpoint_epochs: 1\n");
+    let cfg = write(d, "gl.yaml", &text);
+    let run = d.join("run");
+    ok(lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]));
+    let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+    assert!(
+        log.contains("lockstep npe train: 1 replica(s)") && !log.contains("lockstep train:"),
+        "{log}"
+    );
+    let ckpt = run.join("checkpoints/update_000004.safetensors");
+    let lr = write(d, "lr.yaml", &text.replace("lr: 0.003", "lr: 0.001"));
+    let run2 = d.join("run2");
+    let out = lockstep(&[
+        "npe",
+        "train",
+        s(&lr),
+        "--train-dir",
+        s(&run2),
+        "--resume",
+        s(&ckpt),
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr.contains("lr.yaml")
+            && out
+                .stderr
+                .contains("in training.stage_0.optimizer.lr (0.003 there, 0.001 here)")
+            && out.stderr.contains("on resume only the local section")
+            && !out.stderr.contains("run.batch_size"),
+        "{}",
+        out.stderr
+    );
+    assert!(!run2.exists());
+    // Another local section (two thread replicas, other logging) resumes.
+    let local = write(
+        d,
+        "local.yaml",
+        &text.replace(
+            "  checkpoint_epochs: 1\n",
+            "  replicas: 2\n  log_every: 1\n",
+        ),
+    );
+    ok(lockstep(&[
+        "npe",
+        "train",
+        s(&local),
+        "--train-dir",
+        s(&run2),
+        "--resume",
+        s(&ckpt),
+    ]));
+    // An existing run directory.
+    let out = lockstep(&["npe", "train", s(&cfg), "--train-dir", s(&run)]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr
+            .contains("already exists; choose another --train-dir, pass --overwrite")
+            && !out.stderr.contains("overwrite_output_dir")
+            && !out.stderr.contains("output.output_dir"),
+        "{}",
+        out.stderr
+    );
+    let foreign = d.join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
+    let out = lockstep(&[
+        "npe",
+        "train",
+        s(&cfg),
+        "--train-dir",
+        s(&foreign),
+        "--overwrite",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr
+            .contains("so --overwrite will not delete it; choose another --train-dir")
+            && !out.stderr.contains("overwrite_output_dir"),
+        "{}",
+        out.stderr
+    );
+    assert!(foreign.join("notes.txt").exists());
+}

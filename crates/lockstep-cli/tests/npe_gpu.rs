@@ -465,6 +465,13 @@ fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
         "{}",
         out.all_output()
     );
+    // The amp run's summary counts applied and skipped updates.
+    assert!(
+        out.stdout
+            .contains("Completed 10 optimizer updates; this run applied 10 and skipped 0"),
+        "{}",
+        out.stdout
+    );
     let (lf, la) = (losses(&rf), losses(&ra));
     assert_eq!((lf.len(), la.len()), (10, 10));
     let worst = lf
@@ -488,8 +495,29 @@ fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
         ),
     );
     let rh = d.join("huge");
-    ok(lockstep(&["npe", "train", s(&huge), "--train-dir", s(&rh)]));
+    // Every update of the run skipped: it trained nothing, so it ends with an error naming
+    // the settings' keys and the fix, and exports no posterior.
+    let out = lockstep(&["npe", "train", s(&huge), "--train-dir", s(&rh)]);
+    assert_eq!(out.code, Some(1), "{}", out.all_output());
+    assert!(
+        out.stderr
+            .contains("huge.yaml: training.stage_0: nothing was trained")
+            && out
+                .stderr
+                .contains("the loss scaler skipped 10 update(s) in a row up to update 10")
+            && out
+                .stderr
+                .contains("lower training.stage_0.grad_scaler.init_scale (now 1e10)")
+            && out
+                .stderr
+                .contains("set training.stage_0.automatic_mixed_precision to false")
+            && !out.stdout.contains("Completed"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!rh.join("posterior.safetensors").exists());
     let log = std::fs::read_to_string(rh.join("run.log")).unwrap();
+    assert!(log.contains("stopped: "), "{log}");
     assert!(
         log.contains("update 1: the gradient overflowed at loss scale 10000000000; update skipped, loss scale lowered to 5000000000"),
         "{log}"
@@ -514,6 +542,58 @@ fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
         s(&ra.join("checkpoints/update_000005.safetensors")),
     ]));
     assert_eq!(scaler(&resumed, 10), scaler(&ra, 10));
+    // Mixed precision is a property of the device: the GPU run's checkpoint resumes on the
+    // CPU in float32 (settings without automatic_mixed_precision), as a float32 run.
+    let cpu_f32 = write(
+        d,
+        "cpu_f32.yaml",
+        &settings(2, "layer_norm", 2, 64, "cpu", "  checkpoint_epochs: 1\n"),
+    );
+    let on_cpu = d.join("amp_then_cpu");
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&cpu_f32),
+        "--train-dir",
+        s(&on_cpu),
+        "--resume",
+        s(&ra.join("checkpoints/update_000005.safetensors")),
+    ]));
+    let log = std::fs::read_to_string(on_cpu.join("run.log")).unwrap();
+    assert!(log.contains("updates 5..10"), "{log}");
+    assert!(
+        on_cpu.join("posterior.safetensors").exists(),
+        "{}",
+        out.stdout
+    );
+    // Another learning rate is refused naming the key, both values and what may change.
+    let lr = write(
+        d,
+        "lr.yaml",
+        &amp("gpu", "", "  checkpoint_epochs: 1\n").replace("lr: 0.003", "lr: 0.001"),
+    );
+    let out = lockstep(&[
+        "npe",
+        "train",
+        s(&lr),
+        "--train-dir",
+        s(&d.join("lr_run")),
+        "--resume",
+        s(&ra.join("checkpoints/update_000005.safetensors")),
+    ]);
+    assert!(
+        !out.success()
+            && out
+                .stderr
+                .contains("training.stage_0.optimizer.lr (0.003 there, 0.001 here)")
+            && out
+                .stderr
+                .contains("training.stage_N.automatic_mixed_precision")
+            && !out.stderr.contains("run.device"),
+        "{}",
+        out.all_output()
+    );
+    assert!(!d.join("lr_run").exists());
     let dr = rel_l2(&values(&resumed, 10), &values(&ra, 10));
     assert!(dr <= 1e-5, "resumed vs uninterrupted {dr:e}");
     // The CPU refuses it before any output.

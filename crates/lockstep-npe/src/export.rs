@@ -462,10 +462,36 @@ impl NflowsExport {
         let settings = serde_json::to_string_pretty(&self.settings)
             .map_err(|e| NpeError::Invalid(format!("cannot write the settings: {e}")))?;
         let (sp, jp) = (dir.join(NFLOWS_STATE_FILE), dir.join(NFLOWS_SETTINGS_FILE));
-        for (path, data) in [(&sp, state), (&jp, settings.into_bytes())] {
-            lockstep_train::checkpoint::write_atomic(path, &data)
-                .map_err(|e| NpeError::Data(format!("{}: {e}", path.display())))?;
+        // Both files are written under temporary names first and renamed only when both
+        // are complete, so a failure leaves the earlier pair as it was.
+        let tmp = |p: &Path| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            dir.join(format!(".{name}.tmp{}", std::process::id()))
+        };
+        let pairs = [(tmp(&sp), &sp), (tmp(&jp), &jp)];
+        let written = [state, settings.into_bytes()]
+            .iter()
+            .zip(&pairs)
+            .try_for_each(|(data, (t, _))| {
+                std::fs::File::create(t)
+                    .and_then(|mut f| {
+                        std::io::Write::write_all(&mut f, data)?;
+                        f.sync_all()
+                    })
+                    .map_err(|e| NpeError::io(format!("cannot write {}", t.display()), e))
+            })
+            .and_then(|()| {
+                pairs.iter().try_for_each(|(t, p)| {
+                    std::fs::rename(t, p)
+                        .map_err(|e| NpeError::io(format!("cannot write {}", p.display()), e))
+                })
+            });
+        if written.is_err() {
+            pairs.iter().for_each(|(t, _)| {
+                let _ = std::fs::remove_file(t);
+            });
         }
+        written?;
         Ok(vec![sp, jp])
     }
 }

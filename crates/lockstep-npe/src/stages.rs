@@ -29,6 +29,13 @@
 //! A loss or parameter that becomes non-finite stops the stage with a message naming
 //! `training.stage_N.optimizer.lr` and the data, appended to the stage's run.log; every
 //! replica sees the same value, so every rank ends cleanly (an agreed error, no MPI abort).
+//! So does a stage whose loss scaler keeps skipping updates (mixed precision): its message
+//! names `training.stage_N.grad_scaler` and `automatic_mixed_precision`, and a stage that
+//! applied no update exports nothing.
+//!
+//! A mid-stage `--resume` may change only what [`MAY_CHANGE_ON_RESUME`] lists (where the run
+//! computes, and mixed precision, a property of the device); any other differing key is
+//! refused by name, as the settings file spells it, with both values, before any output.
 //!
 //! The chief prints the reduced-basis report, one line per stage and the test loss to its
 //! standard output and appends them to the run's log file; the engine prints its own log
@@ -67,6 +74,8 @@ pub struct TrainRequest {
     /// Continue from this checkpoint, run directory, `checkpoints/latest` or folder of
     /// stages ([`trained::resolve_checkpoint`]), with any replica count.
     pub resume: Option<PathBuf>,
+    /// `--cpu`: compute on the CPU whatever `local.device` says (the run says so).
+    pub force_cpu: bool,
 }
 
 /// A checked run: the settings, the network, one engine config per stage, where each
@@ -87,6 +96,9 @@ struct Prepared {
     start_from: Option<PathBuf>,
     /// Replicas of this launch ([`NpeSettings::replicas`]).
     replicas: usize,
+    /// The config hash a mid-stage checkpoint may carry in place of this run's own
+    /// ([`check_resume_settings`]).
+    accept_config_hash: Option<String>,
     /// Notes about the data for the log (constant x components left unscaled).
     data_notes: Vec<String>,
     /// The device of each replica this process runs (`local.device`): one per thread
@@ -115,6 +127,95 @@ fn in_settings(e: TrainError, file: &Path, stage: usize) -> TrainError {
     }
 }
 
+/// The keys of `npe train` settings that may differ between a checkpoint's run and the
+/// run that resumes it mid-stage: the `local` section (where and how the run computes:
+/// device, replicas, workers, logging) and mixed precision, a property of the device
+/// (`training.stage_N.automatic_mixed_precision`, `training.stage_N.grad_scaler`).
+pub const MAY_CHANGE_ON_RESUME: &str = "the local section (device, replicas, num_workers, checkpoint_epochs, log_every), training.stage_N.automatic_mixed_precision and training.stage_N.grad_scaler";
+
+/// Whether `key` (dotted, as a settings file spells it) may change on resume
+/// ([`MAY_CHANGE_ON_RESUME`]).
+fn may_change_on_resume(key: &str) -> bool {
+    let mut parts = key.split('.');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("local"), _, _) => true,
+        (Some("training"), Some(stage), Some(k)) => {
+            stage.starts_with("stage_") && matches!(k, "automatic_mixed_precision" | "grad_scaler")
+        }
+        _ => false,
+    }
+}
+
+/// Appends to `out` the dotted keys under `prefix` whose values differ between `old` (the
+/// checkpoint's run) and `new` (these settings), each as `KEY (OLD there, NEW here)`, where
+/// a missing key reads `not set`; keys that [`may_change_on_resume`] are left out.
+fn differing_keys(old: Option<&Value>, new: Option<&Value>, prefix: &str, out: &mut Vec<String>) {
+    if may_change_on_resume(prefix) {
+        return;
+    }
+    match (old, new) {
+        (Some(Value::Object(a)), Some(Value::Object(b))) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                differing_keys(a.get(k), b.get(k), &key, out);
+            }
+        }
+        (a, b) if a != b => {
+            let show = |v: Option<&Value>| v.map_or("not set".to_string(), Value::to_string);
+            out.push(format!("{prefix} ({} there, {} here)", show(a), show(b)));
+        }
+        _ => {}
+    }
+}
+
+/// Checks that settings `raw` may resume the checkpoint `checkpoint` mid-stage: the settings
+/// of the run that wrote it (its `config.json`) differ at most in keys that
+/// [`may_change_on_resume`]. Returns the config hash the checkpoint may then carry in place
+/// of this run's own (the mixed-precision keys differ), when that run's `config.json` is the
+/// one the checkpoint was written with.
+///
+/// Errors: the differing keys, named as the settings file spells them, with both values.
+fn check_resume_settings(
+    request: &TrainRequest,
+    raw: &Value,
+    checkpoint: &Path,
+) -> Result<Option<String>, NpeError> {
+    let config_path = checkpoint
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."))
+        .join("config.json");
+    let Ok(old) = lockstep_core::config::read_json(&config_path) else {
+        return Ok(None);
+    };
+    let mut new = raw.clone();
+    if let Some(o) = new.as_object_mut() {
+        o.remove("local");
+    }
+    let mut keys = Vec::new();
+    differing_keys(old.get("npe"), Some(&new), "", &mut keys);
+    if !keys.is_empty() {
+        return Err(NpeError::Invalid(format!(
+            "--resume {}: {} differs from the settings of the run that wrote the checkpoint ({}) in {}; on resume only {} may change: resume with that run's settings, or train with these into another --train-dir",
+            request.resume.as_deref().unwrap_or(checkpoint).display(),
+            request.settings_file.display(),
+            config_path.display(),
+            keys.join(", "),
+            MAY_CHANGE_ON_RESUME
+        )));
+    }
+    let state = lockstep_train::checkpoint::read(checkpoint)?;
+    let hash = lockstep_train::engine::config_hash(&old);
+    Ok((state.config_hash == hash).then_some(hash))
+}
+
 /// Where a resumed run starts: `(first stage, checkpoint the engine resumes mid-stage,
 /// checkpoint at the end of the previous stage that the first stage starts from)`.
 ///
@@ -125,6 +226,7 @@ fn in_settings(e: TrainError, file: &Path, stage: usize) -> TrainError {
 fn resume_point(
     request: &TrainRequest,
     settings: &NpeSettings,
+    raw: &Value,
     dir: &Path,
     updates_of: impl Fn(usize) -> Result<u64, NpeError>,
 ) -> Result<(usize, Option<PathBuf>, Option<PathBuf>), NpeError> {
@@ -149,25 +251,42 @@ fn resume_point(
     }
     // The checkpoint ends its stage.
     let differs = if old.data != settings.data {
-        Some("data")
+        Some("data".to_string())
     } else if old.model != settings.model {
-        Some("model")
+        Some("model".to_string())
     } else {
         (0..=stage)
             .find(|&k| old.stages().get(k) != settings.stages().get(k))
-            .map(|_| "training")
+            .map(|k| format!("training.stage_{k}"))
     };
     if let Some(section) = differs {
-        let key = if section == "training" {
-            (0..=stage)
-                .find(|&k| old.stages().get(k) != settings.stages().get(k))
-                .map(|k| format!("training.stage_{k}"))
-                .unwrap_or_default()
-        } else {
+        // The keys as the settings files spell them (the typed settings decide).
+        let old_raw = lockstep_core::config::read_json(&run_dir.join("config.json"))
+            .ok()
+            .and_then(|c| c.get("npe").cloned());
+        let mut keys = Vec::new();
+        let parts = ["data".to_string(), "model".to_string()]
+            .into_iter()
+            .chain((0..=stage).map(|k| format!("training.stage_{k}")));
+        for part in parts {
+            let at = |v: Option<&Value>| -> Option<Value> {
+                part.split('.')
+                    .try_fold(v?.clone(), |v, k| v.get(k).cloned())
+            };
+            differing_keys(
+                at(old_raw.as_ref()).as_ref(),
+                at(Some(raw)).as_ref(),
+                &part,
+                &mut keys,
+            );
+        }
+        let key = if keys.is_empty() {
             section.to_string()
+        } else {
+            keys.join(", ")
         };
         return Err(NpeError::Invalid(format!(
-            "--resume {shown}: {}'s {key} differs from the settings of the run that wrote the checkpoint ({}); the stage after a finished one continues only with the same data, model and earlier stages",
+            "--resume {shown}: {} differs from the settings of the run that wrote the checkpoint ({}) in {key}; the stage after a finished one continues only with the same data, model and earlier stages",
             file.display(),
             run_dir.join("config.json").display()
         )));
@@ -214,9 +333,17 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
             .map_err(|e| in_settings(e, file, stage))?;
         Ok((json, cfg))
     };
-    let (first_stage, resume, start_from) = resume_point(request, &settings, &dir, |stage| {
-        Ok(config(stage, false)?.1.updates)
-    })?;
+    let (first_stage, resume, start_from) =
+        resume_point(request, &settings, &raw, &dir, |stage| {
+            Ok(config(stage, false)?.1.updates)
+        })?;
+    let accept_config_hash = match &resume {
+        Some(checkpoint) => check_resume_settings(request, &raw, checkpoint)?,
+        None => None,
+    };
+    if n == 1 && resume.is_none() {
+        check_train_dir(&dir, request.overwrite)?;
+    }
     let mut configs = Vec::with_capacity(n);
     for stage in 0..n {
         let overwrite = match &stages_dir {
@@ -256,9 +383,14 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         Launch::Mpi(_) => vec![world.launch.local_rank],
         Launch::SingleProcess => (0..replicas).collect(),
     };
+    let device = if request.force_cpu {
+        crate::device::DeviceKind::Cpu
+    } else {
+        settings.device()
+    };
     let placements = slots
         .iter()
-        .map(|&slot| Placement::for_slot(settings.device(), slot))
+        .map(|&slot| Placement::for_slot(device, slot))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.context(file.display().to_string()))?;
     // Mixed precision needs float16 on every replica's device (checked before any output).
@@ -266,6 +398,11 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         if st.automatic_mixed_precision == Some(true) {
             for placement in &placements {
                 placement.half_precision().map_err(|m| {
+                    let m = if request.force_cpu && settings.device() != device {
+                        "is true, but --cpu computes on the CPU in float32; leave out --cpu, or set automatic_mixed_precision to false".to_string()
+                    } else {
+                        m
+                    };
                     NpeError::Config(
                         ConfigError::new(
                             format!("training.stage_{stage}.automatic_mixed_precision"),
@@ -278,6 +415,7 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         }
     }
     Ok(Prepared {
+        accept_config_hash,
         settings,
         network,
         configs,
@@ -288,6 +426,42 @@ fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> 
         replicas,
         data_notes,
         placements,
+    })
+}
+
+/// `--train-dir` `dir` of a new one-stage run, checked before any output: it may exist only
+/// with `--overwrite`, and then only as a folder lockstep wrote (or an empty one).
+///
+/// Errors: messages naming `--train-dir`, `--overwrite` and `--resume`.
+fn check_train_dir(dir: &Path, overwrite: bool) -> Result<(), NpeError> {
+    use lockstep_core::output_dir::check_replaceable;
+    if !dir.exists() && !dir.is_symlink() {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(output_dir_error(
+            lockstep_core::output_dir::OutputDirError::Exists(dir.to_path_buf()),
+        ));
+    }
+    check_replaceable(dir, &[]).map_err(output_dir_error)
+}
+
+/// An output folder error in `lockstep npe train`'s terms (`--train-dir`, `--overwrite`,
+/// `--resume`), in place of the engine's config keys.
+fn output_dir_error(e: lockstep_core::output_dir::OutputDirError) -> NpeError {
+    use lockstep_core::output_dir::OutputDirError as E;
+    NpeError::Output(match e {
+        E::Exists(d) => format!(
+            "{} already exists; choose another --train-dir, pass --overwrite to replace it, or --resume {} to continue it",
+            d.display(),
+            d.display()
+        ),
+        E::IsAFile(d) => format!("{} is a file; choose another --train-dir", d.display()),
+        E::Foreign { dir, entry } => format!(
+            "{} exists and was not written by lockstep (it holds {entry:?}), so --overwrite will not delete it; choose another --train-dir or remove it yourself",
+            dir.display()
+        ),
+        other => other.to_string(),
     })
 }
 
@@ -308,7 +482,7 @@ fn create_stages_dir(dir: &Path, overwrite: bool, resumed_inside: bool) -> Resul
                 dir.display()
             )));
         }
-        check_replaceable(dir, &[])?;
+        check_replaceable(dir, &[]).map_err(output_dir_error)?;
         std::fs::remove_dir_all(dir)
             .map_err(|e| NpeError::io(format!("cannot remove the old {}", dir.display()), e))?;
     }
@@ -386,6 +560,17 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         }
     };
     let mut device_notes = Vec::new();
+    if request.force_cpu && settings.device() != crate::device::DeviceKind::Cpu {
+        let line = format!(
+            "--cpu: computes on the CPU, in place of local.device: {} in {}",
+            settings.local.device.as_deref().unwrap_or("gpu"),
+            request.settings_file.display()
+        );
+        if chief {
+            println!("{line}");
+            device_notes.push(line);
+        }
+    }
     for (i, placement) in p.placements.iter().enumerate() {
         let rank = if threads { i } else { world.launch.rank };
         let slot = slot_of(rank);
@@ -479,6 +664,11 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
             } else {
                 None
             },
+            accept_config_hash: p.accept_config_hash.clone(),
+            names: lockstep_train::CommandNames {
+                command: "lockstep npe train".into(),
+                overwrite: "--overwrite".into(),
+            },
             ..EngineOptions::default()
         };
         let summary = run_job(world, cfg, &opts, |rank| {
@@ -557,6 +747,10 @@ fn stage_failure(
     let advice = format!(
         "lower training.stage_{stage}.optimizer.lr (now {lr}) or model.posterior_kwargs.base_transform_kwargs.tail_bound, or check the data (data.task)"
     );
+    let e = match e {
+        TrainError::OutputDir(o) => return output_dir_error(o),
+        e => e,
+    };
     let message = match &e {
         TrainError::NonFinite { update, value } => format!(
             "{file}: training.stage_{stage}: the loss became {value} at update {update} of the stage; {advice}"
@@ -568,6 +762,27 @@ fn stage_failure(
         } => format!(
             "{file}: training.stage_{stage}: trainable value {index} became {value} after update {update} of the stage; {advice}"
         ),
+        TrainError::UpdatesSkipped {
+            update,
+            skipped,
+            scale,
+            at_floor,
+            whole_run,
+        } => {
+            let g = st.grad_scaler.unwrap_or_default();
+            format!(
+                "{file}: training.stage_{stage}: {}the loss scaler skipped {skipped} update(s) in a row up to update {update} of the stage (the float16 gradient overflowed each time; loss scale now {scale:e}{}), so {}; lower training.stage_{stage}.grad_scaler.init_scale (now {:e}) or backoff_factor (now {}), or set training.stage_{stage}.automatic_mixed_precision to false",
+                if *whole_run { "nothing was trained: " } else { "" },
+                if *at_floor { ", its floor" } else { "" },
+                if *whole_run {
+                    "no update was applied and no posterior is exported"
+                } else {
+                    "training stopped"
+                },
+                g.init_scale,
+                g.backoff_factor
+            )
+        }
         _ => return NpeError::Train(in_settings(e, &request.settings_file, stage)),
     };
     let (json, cfg) = &p.configs[stage];

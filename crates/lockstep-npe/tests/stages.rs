@@ -58,6 +58,7 @@ fn train(settings: &Path, train_dir: &Path, resume: Option<&Path>) -> Result<(),
             train_dir: train_dir.to_path_buf(),
             overwrite: false,
             resume: resume.map(Path::to_path_buf),
+            force_cpu: false,
         },
         &world,
     )

@@ -37,9 +37,34 @@ pub struct EngineOptions {
     pub resume: Option<PathBuf>,
     /// Write log lines to the log file only, not to stdout (benchmarks).
     pub quiet: bool,
+    /// A config hash a resumed checkpoint may carry in place of this config's own: the
+    /// caller compared the checkpoint's config with this one itself and found only keys
+    /// that may change on resume differing (`lockstep npe train`'s mixed-precision keys).
+    pub accept_config_hash: Option<String>,
+    /// How the log names the command and its output settings (default: `lockstep train`'s).
+    pub names: CommandNames,
     /// A failure to inject (the failure tests and `lockstep-train-check` only; `None` in
     /// every run of the `lockstep` command).
     pub fault: Option<crate::testing::Fault>,
+}
+
+/// How the engine's log lines name the command that runs it and the setting that lets it
+/// replace an earlier run, so that each command's messages name its own keys and flags.
+#[derive(Debug, Clone)]
+pub struct CommandNames {
+    /// The command, as the log header names it (`lockstep train`).
+    pub command: String,
+    /// The setting that replaces an earlier run (`output.overwrite_output_dir is true`).
+    pub overwrite: String,
+}
+
+impl Default for CommandNames {
+    fn default() -> Self {
+        CommandNames {
+            command: "lockstep train".into(),
+            overwrite: "output.overwrite_output_dir is true".into(),
+        }
+    }
 }
 
 impl EngineOptions {
@@ -279,6 +304,10 @@ struct Trainer<'a> {
     optimizer: Optimizer,
     /// Dynamic loss scaling (`training.grad_scaler`), identical on every replica.
     scaler: Option<GradScaler>,
+    /// Updates of this run applied and skipped (loss scaling), and skipped in a row.
+    applied: u64,
+    skipped: u64,
+    skipped_in_a_row: u64,
     rundir: Option<RunDir>,
     start_update: u64,
     update: u64,
@@ -378,6 +407,9 @@ impl<'a> Trainer<'a> {
         let loss_names = model.loss_names();
         Ok(Trainer {
             scaler,
+            applied: 0,
+            skipped: 0,
+            skipped_in_a_row: 0,
             comm,
             cfg,
             plan,
@@ -421,7 +453,7 @@ impl<'a> Trainer<'a> {
             let hash = &self.checkpointer.hash;
             restore(
                 path,
-                hash,
+                (hash, self.opts.accept_config_hash.as_deref()),
                 self.cfg,
                 &mut *self.model,
                 &mut self.optimizer,
@@ -476,8 +508,9 @@ impl<'a> Trainer<'a> {
         dir.set_quiet(opts.quiet);
         if dir.replaced_earlier_run() {
             dir.log(&format!(
-                "Replaced the earlier lockstep run in {} (output.overwrite_output_dir is true)",
-                cfg.output_dir.display()
+                "Replaced the earlier lockstep run in {} ({})",
+                cfg.output_dir.display(),
+                opts.names.overwrite
             ))?;
         }
         Ok(dir)
@@ -551,7 +584,8 @@ impl<'a> Trainer<'a> {
         }
         let k = cfg.accumulation;
         d.log(&format!(
-            "lockstep train: {} replica(s) ({}), local batch {}, global batch {}{}, {trainable} trainable parameters, updates {}..{}, output {}",
+            "{}: {} replica(s) ({}), local batch {}, global batch {}{}, {trainable} trainable parameters, updates {}..{}, output {}",
+            self.opts.names.command,
             plan.replicas,
             match plan.strategy {
                 None => "serial".to_string(),
@@ -625,7 +659,21 @@ impl<'a> Trainer<'a> {
                     self.update + 1
                 ))?;
             }
+            self.skipped += 1;
+            self.skipped_in_a_row += 1;
+            let at_floor = scale <= f32::MIN_POSITIVE;
+            if at_floor || self.skipped_in_a_row >= crate::grad_scaler::MAX_CONSECUTIVE_SKIPS {
+                return Err(TrainError::UpdatesSkipped {
+                    update: self.update + 1,
+                    skipped: self.skipped_in_a_row,
+                    scale: lowered,
+                    at_floor,
+                    whole_run: false,
+                });
+            }
         } else {
+            self.applied += 1;
+            self.skipped_in_a_row = 0;
             // Clipped after unscaling (PyTorch's order: unscale, then clip), on the reduced
             // gradient every replica holds alike (the global norm, as DDP + clip_grad_norm_).
             let clipped = self
@@ -1078,6 +1126,17 @@ impl<'a> Trainer<'a> {
     /// [`TrainError::PeerFailed`] (peers).
     fn finish(mut self) -> Result<TrainSummary, TrainError> {
         let update = self.update;
+        // A run whose every update loss scaling skipped trained nothing: it ends with an
+        // error before its final outputs (the same decision on every replica).
+        if let (Some(s), 0, 1..) = (&self.scaler, self.applied, self.skipped) {
+            return Err(TrainError::UpdatesSkipped {
+                update,
+                skipped: self.skipped,
+                scale: s.scale(),
+                at_floor: false,
+                whole_run: true,
+            });
+        }
         verify_identical(self.comm, &*self.model, update)?;
         let finished = self.rundir.as_mut().map(|d| {
             d.finish_progress();
@@ -1095,7 +1154,14 @@ impl<'a> Trainer<'a> {
             for f in &exported {
                 d.log(&format!("exported {}", f.display()))?;
             }
-            d.log(&format!("Completed {update} optimizer updates."))?;
+            if self.scaler.is_some() {
+                d.log(&format!(
+                    "Completed {update} optimizer updates; this run applied {} and skipped {} (the gradient overflowed at the loss scale).",
+                    self.applied, self.skipped
+                ))?;
+            } else {
+                d.log(&format!("Completed {update} optimizer updates."))?;
+            }
             d.log(&format!("Outputs in {}", d.root().display()))?;
             Ok(exported)
         });
@@ -1266,7 +1332,7 @@ impl Checkpointer {
 /// it already has as many updates as the run asks for.
 fn restore(
     path: &Path,
-    hash: &str,
+    (hash, also): (&str, Option<&str>),
     cfg: &EngineConfig,
     model: &mut dyn Model,
     optimizer: &mut Optimizer,
@@ -1290,7 +1356,7 @@ fn restore(
             ),
         ));
     }
-    if state.config_hash != hash {
+    if state.config_hash != hash && Some(state.config_hash.as_str()) != also {
         return Err(bad(format!(
             "it was written for another configuration: the config sections {} differ (only run.batch_size, run.distribution, run.device, output and the run length may change on resume)",
             differing_sections(&state.config_hash, hash).join(", ")

@@ -106,6 +106,23 @@ pub enum TrainError {
         /// The value.
         value: f32,
     },
+    /// Loss scaling skipped update after update ([`crate::grad_scaler`]): `skipped`
+    /// consecutive updates up to `update` (all of this run's, when `whole_run`), or the scale
+    /// reached its floor; the gradient overflows whatever the scale, and the run learns
+    /// nothing. Every replica takes the same decision (invariant 9).
+    #[error("{}the loss scaler skipped {skipped} update(s) in a row up to update {update} (the gradient overflowed each time; loss scale now {scale:e}{}), so {}; lower training.grad_scaler.init_scale or backoff_factor, or turn mixed precision off", if *.whole_run { "nothing was trained: " } else { "" }, if *.at_floor { ", its floor" } else { "" }, if *.whole_run { "no update was applied and nothing is exported" } else { "training stopped" })]
+    UpdatesSkipped {
+        /// The update the run stopped at.
+        update: u64,
+        /// Consecutive skipped updates up to it.
+        skipped: u64,
+        /// The loss scale now.
+        scale: f32,
+        /// The scale reached its floor (the smallest positive normal float32).
+        at_floor: bool,
+        /// Every update of this run was skipped (found at its end, before any export).
+        whole_run: bool,
+    },
     /// A failure injected by a [`crate::testing::Fault`] (failure tests only).
     #[error("injected failure ({what}) on rank {rank}")]
     Injected {

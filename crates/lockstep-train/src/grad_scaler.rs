@@ -13,11 +13,22 @@
 //! every replica, so every replica skips the same updates and holds the same scale
 //! (invariants 6 and 9); the scale and its counter are part of every checkpoint.
 //!
+//! Unlike PyTorch's scaler, the engine does not skip forever: a run stops with
+//! [`crate::TrainError::UpdatesSkipped`] after [`MAX_CONSECUTIVE_SKIPS`] skipped updates in a
+//! row, or when an overflow happens at the scale's floor, and a run whose every update was
+//! skipped ends with that error before it exports anything; the summary says how many
+//! updates were applied and skipped.
+//!
 //! Defaults are PyTorch's: `init_scale` 65536 (2^16), `growth_factor` 2, `backoff_factor`
 //! 0.5, `growth_interval` 2000.
 
 use lockstep_core::config::ConfigError;
 use serde::{Deserialize, Serialize};
+
+/// Consecutive skipped updates after which a run stops ([`crate::TrainError::UpdatesSkipped`]):
+/// from the default scale 65536 a backoff of 0.5 reaches 1 in 16 skips and the float32 floor
+/// in 142, so a stretch this long means the gradient overflows whatever the scale.
+pub const MAX_CONSECUTIVE_SKIPS: u64 = 100;
 
 /// `training.grad_scaler`: the settings of dynamic loss scaling (PyTorch `GradScaler`'s
 /// keyword arguments).

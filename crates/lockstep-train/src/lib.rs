@@ -53,7 +53,7 @@ pub mod rundir;
 pub mod testing;
 
 pub use config::{plan, EngineConfig, LogStyle, Plan, Strategy};
-pub use engine::{train, EngineOptions, TrainSummary};
+pub use engine::{train, CommandNames, EngineOptions, TrainSummary};
 pub use error::TrainError;
 pub use grad_scaler::{GradScaler, GradScalerConfig};
 pub use optim::{Optimizer, OptimizerConfig};

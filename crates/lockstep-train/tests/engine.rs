@@ -1211,6 +1211,76 @@ fn grad_scaler_skips_overflowing_updates_and_backs_off() {
     assert!(tlog.contains("update 1: the gradient overflowed"), "{tlog}");
 }
 
+/// A loss scale that overflows at every update: a run whose every update was skipped ends
+/// with an error naming `training.grad_scaler` before it exports anything (its checkpoints
+/// say what happened: optimizer step 0); a long run stops after
+/// `MAX_CONSECUTIVE_SKIPS` skipped updates in a row; a run that applied some updates says in
+/// its summary how many it applied and skipped.
+#[test]
+fn a_loss_scaler_that_keeps_skipping_stops_the_run_and_exports_nothing() {
+    use lockstep_train::grad_scaler::MAX_CONSECUTIVE_SKIPS;
+    let dir = tempfile::tempdir().unwrap();
+    let stuck = json!({"grad_scaler": {"init_scale": 3.0e38, "backoff_factor": 0.99},
+                       "checkpoint_every": 4});
+    let c = config(dir.path(), "all", 8, Value::Null, 12, stuck.clone());
+    let e = run_scaled(&c, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TrainError::UpdatesSkipped {
+                update: 12,
+                skipped: 12,
+                whole_run: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let m = e.to_string();
+    assert!(
+        m.contains("nothing was trained")
+            && m.contains("training.grad_scaler.init_scale")
+            && m.contains("mixed precision off"),
+        "{m}"
+    );
+    let run_dir = dir.path().join("all");
+    assert!(
+        !run_dir.join("weights.json").exists(),
+        "an untrained export"
+    );
+    let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    assert!(!log.contains("Completed"), "{log}");
+    assert_eq!(checkpoint_at(&run_dir, 12).optimizer_step, 0);
+    // A long run stops after the limit of skipped updates in a row.
+    let long = config(
+        dir.path(),
+        "long",
+        8,
+        Value::Null,
+        MAX_CONSECUTIVE_SKIPS + 50,
+        stuck,
+    );
+    let e = run_scaled(&long, None).unwrap_err();
+    assert!(
+        matches!(e, TrainError::UpdatesSkipped { update, skipped, whole_run: false, .. }
+            if update == MAX_CONSECUTIVE_SKIPS && skipped == MAX_CONSECUTIVE_SKIPS),
+        "{e:?}"
+    );
+    assert!(!dir.path().join("long/weights.json").exists());
+    // Some updates skipped, others applied: the summary counts both.
+    let some = json!({"grad_scaler": {"init_scale": 4194304.0, "growth_interval": 3}});
+    run_scaled(&config(dir.path(), "some", 8, Value::Null, 12, some), None).unwrap();
+    let log = std::fs::read_to_string(dir.path().join("some/run.log")).unwrap();
+    let skipped = log.lines().filter(|l| l.contains("update skipped")).count();
+    assert!(
+        log.contains(&format!(
+            "Completed 12 optimizer updates; this run applied {} and skipped {skipped}",
+            12 - skipped
+        )),
+        "{log}"
+    );
+}
+
 /// A power-of-two scale that never overflows changes no bit; a model that cannot scale its
 /// loss refuses the key.
 #[test]

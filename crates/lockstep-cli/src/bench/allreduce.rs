@@ -21,16 +21,16 @@ use std::time::{Duration, Instant};
 #[derive(Debug, clap::Args)]
 pub struct AllreduceArgs {
     /// Ranks (threads and MPI processes).
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub ranks: usize,
     /// Largest size in MiB (sizes run from 16 bytes up in steps of 4x).
-    #[arg(long, default_value_t = 256)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 256)]
     pub max_mib: usize,
     /// Seconds spent on each size and measurement (split over the samples).
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub seconds: f64,
     /// Timed samples per size and measurement (the median is reported).
-    #[arg(long, default_value_t = 7)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 7)]
     pub samples: usize,
     /// Skip the MPI measurements.
     #[arg(long)]

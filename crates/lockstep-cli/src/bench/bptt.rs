@@ -25,29 +25,29 @@ use lockstep_snn::{
 #[derive(Debug, clap::Args)]
 pub struct BpttArgs {
     /// Cells of the all-to-all GLIF3 network.
-    #[arg(long, default_value_t = 300)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 300)]
     pub cells: usize,
     /// Samples per step.
-    #[arg(long, default_value_t = 16)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 16)]
     pub batch: usize,
     /// Steps per sample.
-    #[arg(long, default_value_t = 500)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 500)]
     pub seq_len: usize,
     /// Time step (ms).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1.0)]
     pub dt: f64,
     /// Segmented-BPTT chunk (steps).
-    #[arg(long, default_value_t = 25)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 25)]
     pub chunk: usize,
     /// Timed steps per configuration.
-    #[arg(long, default_value_t = 3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 3)]
     pub repeats: usize,
     /// Training configs to measure instead of the all-to-all network (repeatable; measured
     /// in the order given, in this one run).
     #[arg(long)]
     pub config: Vec<std::path::PathBuf>,
     /// Untimed warm-up steps per config (with `--config`).
-    #[arg(long, default_value_t = 1)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1)]
     pub warmup: usize,
     /// Where the configs' BPTT computes, in place of their `run.device`: `cpu`, `gpu` (the
     /// first adapter of `lockstep info`) or `gpu:N` (with `--config`).
@@ -56,7 +56,7 @@ pub struct BpttArgs {
     /// With a GPU: also compare N samples (one call each, from the initial weights) with the
     /// float32 CPU engine: the fraction of (sample, neuron, step) spike states that agree,
     /// and the gradient's relative L2 distance where every spike agrees (0: no comparison).
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub check_cpu: usize,
     /// A Python interpreter with torch, numpy and h5py: runs the PyTorch peer of the same
     /// step (`scripts/peers/bptt_torch.py`) on each config after lockstep's measurement, on
@@ -761,6 +761,14 @@ pub fn check_against_cpu(
 }
 
 fn run_configs(args: &BpttArgs) -> Result<()> {
+    // --cpu wins over the configs' run.device and is refused with a --device of a GPU.
+    let device = match (crate::cpu_only(), args.device) {
+        (true, Some(d @ lockstep_snn::DeviceRequest::Gpu(_))) => {
+            anyhow::bail!("--cpu and --device {d} ask for different devices; give one of them")
+        }
+        (true, _) => Some(lockstep_snn::DeviceRequest::Cpu),
+        (false, d) => d,
+    };
     let threads = rayon::current_num_threads();
     println!(
         "BPTT per optimizer step, {} rayon threads, median of {} steps after {} warm-up",
@@ -769,7 +777,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
         args.warmup
     );
     for c in &args.config {
-        let r = bench_config(c, args.repeats, args.warmup, args.device)?;
+        let r = bench_config(c, args.repeats, args.warmup, device)?;
         let peer = match &args.python {
             Some(py) => Some(torch_peer(
                 py,
@@ -794,7 +802,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             }
         };
         let check = if args.check_cpu > 0 && r.gpu.is_some() {
-            Some(check_against_cpu(c, args.device, args.check_cpu)?)
+            Some(check_against_cpu(c, device, args.check_cpu)?)
         } else {
             None
         };

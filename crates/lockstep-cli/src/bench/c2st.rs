@@ -31,22 +31,32 @@ pub struct BenchC2stArgs {
     #[arg(long, value_delimiter = ',', default_value = "two_moons,slcp")]
     pub tasks: Vec<String>,
     /// Simulation budgets.
-    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "10000"
+    )]
     pub simulations: Vec<u64>,
     /// sbibm observation numbers (1-3 are bundled).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3"
+    )]
     pub observations: Vec<usize>,
     /// Posterior samples per observation (sbibm: 10000, as many as the reference).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10_000)]
     pub samples: usize,
     /// Training epochs of lockstep NPE (default: 1e6 / simulations, within 10..=200).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub epochs: Option<u64>,
     /// Thread replicas training lockstep NPE.
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub replicas: usize,
     /// Seed of the simulations, the network and the samples.
-    #[arg(long, default_value_t = 1)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = crate::parse_seed)]
     pub seed: u64,
     /// Python interpreter that imports sbi, torch and numpy (the sbi comparison is skipped,
     /// with a note, when it cannot).

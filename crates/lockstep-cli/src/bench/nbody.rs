@@ -29,36 +29,46 @@ use lockstep_nbody::{
 pub struct BenchNbodyArgs {
     /// Rank counts for the sharded benchmark, e.g. `1,2` (ThreadComm ranks sharing the cores);
     /// without it: FMM and direct evaluations per second and the comparison with fmm3dpy.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(allow_hyphen_values = true, long, value_delimiter = ',')]
     pub ranks: Option<Vec<usize>>,
     /// Print the accuracy table instead: the 99th percentile error against direct summation
     /// for p = 1..6 and theta in {0.4, 0.6, 0.8} on a Plummer sphere and on Gaussian clumps of
     /// N particles (default 20000).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20000")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N", num_args = 0..=1, default_missing_value = "20000")]
     pub accuracy_table: Option<u64>,
     /// Particles (sharded benchmark).
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1_000_000)]
     pub n: usize,
     /// Particle counts of the FMM rows (the default benchmark).
-    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "100000,1000000"
+    )]
     pub sizes: Vec<usize>,
     /// Particle counts of the direct-summation rows (the default benchmark; `0` for none).
-    #[arg(long, value_delimiter = ',', default_value = "100000")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "100000"
+    )]
     pub direct_sizes: Vec<usize>,
     /// FMM expansion order p (default benchmark and sharded benchmark).
-    #[arg(long, default_value_t = FmmParams::default().order)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = FmmParams::default().order)]
     pub order: usize,
     /// FMM opening angle theta.
-    #[arg(long, default_value_t = FmmParams::default().theta)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = FmmParams::default().theta)]
     pub theta: f64,
     /// FMM leaf size (particles per leaf).
-    #[arg(long, default_value_t = FmmParams::default().leaf_size)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = FmmParams::default().leaf_size)]
     pub leaf_size: usize,
     /// Arithmetic of the FMM near-field sums (`forces.near_field`).
     #[arg(long, value_enum, default_value_t = NearFieldArg::F32)]
     pub near_field: NearFieldArg,
     /// Timed evaluations per configuration (the best is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 3)]
     pub repeats: usize,
     /// Skip the comparison with fmm3dpy (Flatiron FMM3D through python3).
     #[arg(long)]
@@ -67,7 +77,12 @@ pub struct BenchNbodyArgs {
     #[arg(long, default_value = "python3")]
     pub python: String,
     /// Precisions requested from FMM3D.
-    #[arg(long, value_delimiter = ',', default_value = "1e-2,1e-3,1e-4")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "1e-2,1e-3,1e-4"
+    )]
     pub fmm3d_eps: Vec<f64>,
 }
 

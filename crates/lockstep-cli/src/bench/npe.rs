@@ -68,16 +68,16 @@ use std::time::{Duration, Instant};
 #[derive(Debug, clap::Args)]
 pub struct BenchNpeArgs {
     /// Samples per optimizer step (the global batch of the replica runs).
-    #[arg(long, default_value_t = 512)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 512)]
     pub batch: usize,
     /// Timed steps per measurement (the median is reported).
-    #[arg(long, default_value_t = 10)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10)]
     pub steps: usize,
     /// Warm-up steps per measurement (not timed).
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub warmup: usize,
     /// Replicas N of the parallel runs.
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub replicas: usize,
     /// Python interpreter that imports torch and numpy (the PyTorch comparison is skipped,
     /// with a note, when it cannot).
@@ -96,7 +96,7 @@ pub struct BenchNpeArgs {
     #[arg(long, hide = true)]
     pub mpi_worker: bool,
     /// Internal: `local.num_workers` of the MPI measurement (its loader thread).
-    #[arg(long, hide = true, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, hide = true, default_value_t = 0)]
     pub workers: usize,
     /// Internal: one of the independent 1-replica processes (the machine's bound).
     #[arg(long, hide = true)]
@@ -214,6 +214,7 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     );
 
     let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
+    crate::check_cpu_flag(&args.device)?;
     if kind != DeviceKind::Cpu {
         if let Some(log) = &args.count_launches {
             lockstep_npe::device::log_kernel_launches(log)?;

@@ -27,17 +27,17 @@ pub struct ScalingArgs {
     /// A training config; its run.batch_size is the local batch B of every replica.
     pub config: PathBuf,
     /// Replicas N of the parallel runs.
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub replicas: usize,
     /// Timed updates per run (the median is reported).
-    #[arg(long, default_value_t = 10)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10)]
     pub updates: u64,
     /// Warm-up updates per run (not timed).
-    #[arg(long, default_value_t = 2)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub warmup: u64,
     /// Rounds: the 1-replica, thread and MPI runs are repeated in turn this many times and
     /// the medians taken over all rounds, so drift in the machine's speed hits all alike.
-    #[arg(long, default_value_t = 3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 3)]
     pub rounds: usize,
     /// Skip the MPI runs.
     #[arg(long)]

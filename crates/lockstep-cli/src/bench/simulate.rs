@@ -40,7 +40,7 @@ pub struct BenchSimulateArgs {
     /// Rounds per case; each round runs lockstep (build and simulate) once and then NEST
     /// (build and simulate) once, and each simulator's best build and best simulation are
     /// reported.
-    #[arg(long, default_value_t = 5)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 5)]
     pub repeats: usize,
 }
 

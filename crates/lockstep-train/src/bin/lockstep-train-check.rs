@@ -133,6 +133,7 @@ fn prepare(args: &[String]) -> Result<(EngineConfig, EngineOptions, ModelSection
         resume,
         quiet: false,
         fault,
+        ..EngineOptions::default()
     };
     Ok((cfg, opts, model))
 }
