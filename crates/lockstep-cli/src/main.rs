@@ -16,6 +16,7 @@
 
 mod bench;
 mod build_network;
+mod flags;
 mod info;
 mod nbody;
 mod npe;
@@ -59,42 +60,6 @@ enum Command {
     /// Benchmarks (speed is reported as ratios measured in the same run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-}
-
-/// Whether `--cpu` was given: every command that can compute on a GPU reads it here. A
-/// config key that asks for a GPU (`run.device`, `local.device`) gives way to it (the run
-/// says so); a `--device` option that asks for a GPU on the same command line is refused.
-static CPU_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the global `--cpu` flag was given ([`CPU_ONLY`]).
-pub(crate) fn cpu_only() -> bool {
-    CPU_ONLY.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Refuses `--cpu` together with `--device DEVICE` asking for a GPU on the same command line.
-pub(crate) fn check_cpu_flag(device: &str) -> anyhow::Result<()> {
-    if cpu_only() && !device.eq_ignore_ascii_case("cpu") {
-        anyhow::bail!(
-            "--cpu and --device {device} ask for different devices; give one of them (--device cpu, or leave out --cpu)"
-        );
-    }
-    Ok(())
-}
-
-/// Parses a seed option: a whole number from 0 to 2^64-1, or a negative one from -2^63,
-/// which stands for 2^64 plus it (as `torch.manual_seed` takes negative seeds), so that
-/// `--seed -1` is a seed and not a flag.
-pub(crate) fn parse_seed(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if let Ok(v) = t.parse::<u64>() {
-        return Ok(v);
-    }
-    match t.parse::<i64>() {
-        Ok(v) => Ok(v as u64),
-        Err(_) => Err(format!(
-            "{s:?} is not a seed: give a whole number from -9223372036854775808 to 18446744073709551615"
-        )),
-    }
 }
 
 /// The options whose value may start with a minus (`allow_hyphen_values`): clap's tip for
@@ -175,7 +140,7 @@ fn main() -> ExitCode {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
     let cli = Cli::parse_from(without_escape_after_values(std::env::args_os()));
-    CPU_ONLY.store(cli.cpu, std::sync::atomic::Ordering::Relaxed);
+    flags::set_cpu_only(cli.cpu);
     let kind = compute_kind(&cli.command);
     let world = match World::init(kind.unwrap_or(ComputeKind::Cpu), cli.cpu) {
         Ok(w) => w,
@@ -355,9 +320,11 @@ mod tests {
 
     #[test]
     fn negative_seeds_count_from_two_to_the_64() {
-        assert_eq!(parse_seed("7"), Ok(7));
-        assert_eq!(parse_seed("-1"), Ok(u64::MAX));
-        assert_eq!(parse_seed("18446744073709551615"), Ok(u64::MAX));
-        assert!(parse_seed("-x").unwrap_err().contains("is not a seed"));
+        assert_eq!(flags::parse_seed("7"), Ok(7));
+        assert_eq!(flags::parse_seed("-1"), Ok(u64::MAX));
+        assert_eq!(flags::parse_seed("18446744073709551615"), Ok(u64::MAX));
+        assert!(flags::parse_seed("-x")
+            .unwrap_err()
+            .contains("is not a seed"));
     }
 }

@@ -99,7 +99,7 @@ pub struct SampleArgs {
     pub output: PathBuf,
     /// Seed of the base draws (a negative seed stands for 2^64 plus it, as in
     /// torch.manual_seed).
-    #[arg(allow_negative_numbers = true, long, default_value_t = 0, value_parser = crate::parse_seed)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0, value_parser = crate::flags::parse_seed)]
     pub seed: u64,
     /// Also draw a corner plot of the samples into this file, PNG or SVG as its extension
     /// says (.png, .svg): 1-D histograms on the diagonal, 2-D histograms below it, the true
@@ -149,7 +149,7 @@ pub struct PpArgs {
     pub num_samples: usize,
     /// Seed of the injections and base draws (default: the settings' data.seed; a negative
     /// seed stands for 2^64 plus it, as in torch.manual_seed).
-    #[arg(allow_negative_numbers = true, long, value_parser = crate::parse_seed)]
+    #[arg(allow_negative_numbers = true, long, value_parser = crate::flags::parse_seed)]
     pub seed: Option<u64>,
     /// Output folder (default RUN_DIR/pp, or TRAIN_DIR/pp for the folder of a run of several
     /// stages): pp.png (or pp.svg), pp.csv (percentiles), ks.csv.
@@ -255,7 +255,7 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
         train_dir: args.train_dir.clone(),
         overwrite: args.overwrite,
         resume: args.resume.clone(),
-        force_cpu: crate::cpu_only(),
+        force_cpu: crate::flags::cpu_only(),
     };
     train_stages(&request, world).map_err(|e| match e {
         // The engine's errors stay a TrainError, so that `main` ends the ranks that agreed on
@@ -562,7 +562,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
             corner.display()
         );
     }
-    crate::check_cpu_flag(&args.device)?;
+    crate::flags::check_cpu_flag(&args.device)?;
     let t = trained::load(&args.checkpoint)?;
     let model = model_on(&t, &args.device)?;
     let (x, truth, source) = match (&args.observation, args.injection) {
@@ -770,7 +770,7 @@ fn pp(args: &PpArgs) -> Result<()> {
     if args.injections < 2 || args.num_samples == 0 {
         bail!("--injections must be at least 2 and --num-samples at least 1");
     }
-    crate::check_cpu_flag(&args.device)?;
+    crate::flags::check_cpu_flag(&args.device)?;
     let t: Trained = trained::load(&args.checkpoint)?;
     // What the test holds, estimated before anything is written: per injection its true
     // values and percentiles (f64), and one injection's samples with the flow's activations.

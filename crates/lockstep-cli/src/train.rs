@@ -167,7 +167,7 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         .is_some_and(|d| d.strategy == lockstep_train::config::Strategy::Threads);
     let local_rank = world.launch.local_rank;
     // --cpu wins over run.device (the run says so).
-    let force_cpu = crate::cpu_only() && asks_for_gpu(config);
+    let force_cpu = crate::flags::cpu_only() && asks_for_gpu(config);
     if force_cpu && world.comm().is_chief() {
         println!(
             "--cpu: computes on the CPU, in place of run.device in {}",

@@ -762,7 +762,7 @@ pub fn check_against_cpu(
 
 fn run_configs(args: &BpttArgs) -> Result<()> {
     // --cpu wins over the configs' run.device and is refused with a --device of a GPU.
-    let device = match (crate::cpu_only(), args.device) {
+    let device = match (crate::flags::cpu_only(), args.device) {
         (true, Some(d @ lockstep_snn::DeviceRequest::Gpu(_))) => {
             anyhow::bail!("--cpu and --device {d} ask for different devices; give one of them")
         }

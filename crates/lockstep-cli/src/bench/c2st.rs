@@ -56,7 +56,7 @@ pub struct BenchC2stArgs {
     #[arg(allow_negative_numbers = true, long, default_value_t = 2)]
     pub replicas: usize,
     /// Seed of the simulations, the network and the samples.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = crate::parse_seed)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = crate::flags::parse_seed)]
     pub seed: u64,
     /// Python interpreter that imports sbi, torch and numpy (the sbi comparison is skipped,
     /// with a note, when it cannot).

@@ -214,7 +214,7 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     );
 
     let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
-    crate::check_cpu_flag(&args.device)?;
+    crate::flags::check_cpu_flag(&args.device)?;
     if kind != DeviceKind::Cpu {
         if let Some(log) = &args.count_launches {
             lockstep_npe::device::log_kernel_launches(log)?;
