@@ -42,3 +42,13 @@ pub fn parse_seed(s: &str) -> Result<u64, String> {
 pub fn set_cpu_only(cpu: bool) {
     CPU_ONLY.store(cpu, std::sync::atomic::Ordering::Relaxed);
 }
+
+/// `value` of the count option `flag` when given, which must be at least 1.
+///
+/// Errors: a value of 0, naming the flag.
+pub fn positive(flag: &str, value: Option<u64>) -> anyhow::Result<Option<u64>> {
+    match value {
+        Some(0) => anyhow::bail!("{flag} 0: give a count of at least 1"),
+        v => Ok(v),
+    }
+}

@@ -184,12 +184,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<lockstep_train::TrainError>() {
+        Err(e) => match agreed(&e) {
             // Every rank stopped at the same point and knows it (e.g. a config error all
-            // ranks read): one rank reports, every rank leaves through MPI_Finalize with a
-            // non-zero status, and the launcher prints no abort report over the message.
-            Some(t) if t.is_agreed() => {
-                if !matches!(t, lockstep_train::TrainError::RefusedByPeer { .. }) {
+            // ranks read, the chief's output folder): one rank reports, every rank leaves
+            // through MPI_Finalize with a non-zero status, and the launcher prints no abort
+            // report over the message.
+            Some(reports) => {
+                if reports {
                     lockstep_comm::eprint_flush(&format!(
                         "lockstep: {}: {e:#}",
                         world.error_origin()
@@ -198,9 +199,25 @@ fn main() -> ExitCode {
                 drop(world);
                 ExitCode::FAILURE
             }
-            _ => world.fail(&e),
+            None => world.fail(&e),
         },
     }
+}
+
+/// Whether `e` is a failure every rank agreed on before the work began (training and NPE:
+/// [`lockstep_train::TrainError::is_agreed`]; N-body: [`lockstep_nbody::NbodyError::is_agreed`]),
+/// and if so whether this rank reports it (`false` for the ranks that only learned of
+/// another rank's refusal). `None`: not agreed, the job must abort.
+fn agreed(e: &anyhow::Error) -> Option<bool> {
+    if let Some(t) = e.downcast_ref::<lockstep_train::TrainError>() {
+        let by_peer = matches!(t, lockstep_train::TrainError::RefusedByPeer { .. });
+        return t.is_agreed().then_some(!by_peer);
+    }
+    if let Some(n) = e.downcast_ref::<lockstep_nbody::NbodyError>() {
+        let by_peer = matches!(n, lockstep_nbody::NbodyError::RefusedByPeer { .. });
+        return n.is_agreed().then_some(!by_peer);
+    }
+    None
 }
 
 #[cfg(test)]

@@ -21,16 +21,26 @@ pub struct NbodyArgs {
     /// Print only the final summary.
     #[arg(long)]
     pub quiet: bool,
+    /// For a quick try: the particle count (initial_conditions.n of generated initial
+    /// conditions).
+    #[arg(allow_negative_numbers = true, long)]
+    pub n: Option<u64>,
+    /// For a quick try: run only the first STEPS steps of the config's time array (the same
+    /// step size, an earlier end).
+    #[arg(allow_negative_numbers = true, long)]
+    pub steps: Option<u64>,
 }
 
 /// Runs the simulation on every rank of the world.
 pub fn run(args: &NbodyArgs, world: &World) -> Result<()> {
-    use std::io::IsTerminal;
     let opts = RunOptions {
-        progress: world.comm().is_chief() && !args.quiet && std::io::stderr().is_terminal(),
+        // A bar on a terminal, else a progress line about every tenth of the run.
+        progress: world.comm().is_chief() && !args.quiet,
         quiet: args.quiet || !world.comm().is_chief(),
         output_dir: args.output_dir.clone(),
         overwrite: args.overwrite,
+        n: crate::flags::positive("--n", args.n)?,
+        steps: crate::flags::positive("--steps", args.steps)?.map(|k| k as usize),
     };
     let s = run_nbody_config_on(world.comm(), &args.config, &opts)?;
     // Without --quiet the library has printed the table and the summary already.

@@ -74,6 +74,13 @@ pub struct TrainArgs {
     /// Continue from this checkpoint, run directory or checkpoints/latest (any replica count).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// For a quick try: simulations in the data set (`data.num_samples` of the settings;
+    /// stored with the run as if the file said so).
+    #[arg(allow_negative_numbers = true, long)]
+    pub num_samples: Option<u64>,
+    /// For a quick try: epochs of every training stage (`training.stage_N.epochs`).
+    #[arg(allow_negative_numbers = true, long)]
+    pub epochs: Option<u64>,
 }
 
 /// Options of `lockstep npe sample`.
@@ -86,7 +93,8 @@ pub struct SampleArgs {
     #[arg(long, conflicts_with = "injection", allow_hyphen_values = true)]
     pub observation: Option<String>,
     /// Instead of --observation: simulate injection number N of the P-P stream (its true
-    /// parameters are written next to the samples).
+    /// parameters are written next to the samples: `injection_parameters` in a .h5 file,
+    /// `NAME.injection.csv` beside a `NAME.csv`).
     #[arg(allow_negative_numbers = true, long)]
     pub injection: Option<u64>,
     /// Posterior samples to draw (any count: drawn and written in chunks; refused before
@@ -256,6 +264,10 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
         overwrite: args.overwrite,
         resume: args.resume.clone(),
         force_cpu: crate::flags::cpu_only(),
+        overrides: lockstep_npe::settings::Overrides {
+            num_samples: crate::flags::positive("--num-samples", args.num_samples)?,
+            epochs: crate::flags::positive("--epochs", args.epochs)?,
+        },
     };
     train_stages(&request, world).map_err(|e| match e {
         // The engine's errors stay a TrainError, so that `main` ends the ranks that agreed on
@@ -537,7 +549,12 @@ fn draw(
     Ok(filter)
 }
 
-fn sample(args: &SampleArgs) -> Result<()> {
+/// Checks `npe sample`'s options that need no run; returns the output's extension
+/// (lowercase).
+///
+/// Errors: an output that is neither .h5/.hdf5 nor .csv, a corner plot of an unknown format
+/// or of one sample, no samples, `--cpu` with a GPU `--device`.
+fn check_sample_args(args: &SampleArgs) -> Result<String> {
     let ext = args
         .output
         .extension()
@@ -563,6 +580,11 @@ fn sample(args: &SampleArgs) -> Result<()> {
         );
     }
     crate::flags::check_cpu_flag(&args.device)?;
+    Ok(ext)
+}
+
+fn sample(args: &SampleArgs) -> Result<()> {
+    let ext = check_sample_args(args)?;
     let t = trained::load(&args.checkpoint)?;
     let model = model_on(&t, &args.device)?;
     let (x, truth, source) = match (&args.observation, args.injection) {
@@ -616,6 +638,14 @@ fn sample(args: &SampleArgs) -> Result<()> {
             &mut keep_for_corner,
         )?
     };
+    let truth_csv = match (&truth, csv) {
+        (Some(theta), true) => {
+            let path = args.output.with_extension("injection.csv");
+            write_truth_csv(&staged.path_for(&path)?, &names, theta)?;
+            Some(path)
+        }
+        _ => None,
+    };
     if let Some(plot) = &args.corner {
         let title = match args.injection {
             Some(i) => format!("{}, injection {i}", t.task.name()),
@@ -630,6 +660,26 @@ fn sample(args: &SampleArgs) -> Result<()> {
         )?;
     }
     staged.commit()?;
+    report_samples(args, &t, &names, truth_csv.as_deref(), &filter.report(n));
+    Ok(())
+}
+
+/// What `npe sample` wrote: the true parameters' file, the corner plot, the prior filter's
+/// report and the samples.
+fn report_samples(
+    args: &SampleArgs,
+    t: &Trained,
+    names: &[String],
+    truth_csv: Option<&Path>,
+    filter_report: &str,
+) {
+    let n = args.num_samples;
+    if let Some(path) = truth_csv {
+        println!(
+            "true parameters of the injection written to {}",
+            path.display()
+        );
+    }
     if let Some(plot) = &args.corner {
         if n > CORNER_MAX {
             println!(
@@ -640,7 +690,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
             println!("corner plot written to {}", plot.display());
         }
     }
-    println!("{}", filter.report(n));
+    println!("{filter_report}");
     println!(
         "{} posterior samples of {} ({}) from {} (update {}) written to {}{}",
         n,
@@ -654,7 +704,6 @@ fn sample(args: &SampleArgs) -> Result<()> {
             lockstep_core::memory::human_bytes(b)
         ))
     );
-    Ok(())
 }
 
 /// Writes the CSV samples file: a header of parameter names, then the samples drawn chunk
@@ -684,6 +733,13 @@ fn write_samples_csv(
     })?;
     w.flush()?;
     Ok(filter)
+}
+
+/// Writes an injection's true parameters as CSV: a header of parameter names and one row.
+fn write_truth_csv(path: &Path, names: &[String], theta: &[f64]) -> Result<()> {
+    let row: Vec<String> = theta.iter().map(|v| format!("{v}")).collect();
+    std::fs::write(path, format!("{}\n{}\n", names.join(","), row.join(",")))
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Writes the HDF5 samples file: `samples [n, d]` drawn chunk by chunk straight into the

@@ -388,3 +388,123 @@ fn nbody_writes_into_the_working_directory_and_says_where() {
     assert!(written.join("diagnostics.csv").is_file());
     assert!(!configs.join("nbody_output").exists());
 }
+
+/// A refusal every rank learns before the work begins ends an MPI job cleanly: the reason
+/// printed once, by rank 0, first, and no `MPI_ABORT` report from the launcher.
+fn refused_cleanly(out: &lockstep_comm::launch::JobOutput, reason: &str) {
+    let all = out.all_output();
+    assert!(!out.success() && !out.timed_out, "{all}");
+    assert!(!all.contains("MPI_ABORT"), "aborted:\n{all}");
+    assert_eq!(all.matches("lockstep: error on rank").count(), 1, "{all}");
+    let first = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("lockstep:"))
+        .unwrap_or("");
+    assert!(
+        first.contains("lockstep: error on rank 0") && first.contains(reason),
+        "{all}"
+    );
+}
+
+/// Issue 60: `mpirun -n 2 lockstep nbody` into an existing output folder and
+/// `mpirun -n 2 lockstep train --resume` of a finished run are refused without an abort.
+#[test]
+fn refusals_under_mpirun_end_without_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cube.json");
+    let out_dir = dir.path().join("snapshots");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "units": {"gravitational_constant": 1.0},
+            "initial_conditions": {"kind": "uniform_cube", "n": 200, "box_size": 1.0,
+                                   "velocity_dispersion": 0.1, "seed": 3},
+            "forces": {"method": "fmm", "softening": 0.05},
+            "time": {"t_start": 0.0, "t_end": 0.01, "steps": 2},
+            "output": {"every": 2, "dir": out_dir.to_str().unwrap()}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let nbody = || {
+        let mut cmd = mpirun_command(2);
+        cmd.arg(LOCKSTEP).arg("nbody").arg(&cfg);
+        run_with_limit(cmd, Duration::from_secs(60)).unwrap()
+    };
+    let first = nbody();
+    assert!(first.success(), "{}", first.all_output());
+    refused_cleanly(&nbody(), "exists and is not empty");
+
+    let run = dir.path().join("glif");
+    let config = repo().join("examples/glif_all2all/config.mpi.json");
+    let train = |extra: &[&str]| {
+        let mut cmd = mpirun_command(2);
+        cmd.arg(LOCKSTEP)
+            .arg("train")
+            .arg(&config)
+            .args(["--updates", "1", "--output-dir", run.to_str().unwrap()])
+            .args(extra);
+        run_with_limit(cmd, Duration::from_secs(120)).unwrap()
+    };
+    let done = train(&[]);
+    assert!(done.success(), "{}", done.all_output());
+    refused_cleanly(
+        &train(&["--resume", run.to_str().unwrap()]),
+        "already has 1 update",
+    );
+}
+
+/// Quick-try overrides of `lockstep nbody` (`--n`, `--steps`: the first steps of the time
+/// array), and progress lines on stderr when it is not a terminal (issue 60).
+#[test]
+fn nbody_quick_try_overrides_and_progress_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cube.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "units": {"gravitational_constant": 1.0},
+            "initial_conditions": {"kind": "uniform_cube", "n": 5000, "box_size": 1.0,
+                                   "velocity_dispersion": 0.1, "seed": 3},
+            "forces": {"method": "fmm", "softening": 0.05},
+            "time": {"t_start": 0.0, "t_end": 1.0, "steps": 1000},
+            "output": {"every": 100}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.current_dir(dir.path())
+        .arg("nbody")
+        .arg(&cfg)
+        .args(["--n", "300", "--steps", "20"]);
+    let out = run_with_limit(cmd, Duration::from_secs(60)).unwrap();
+    assert!(out.success(), "{}", out.all_output());
+    assert!(
+        out.stdout
+            .contains("lockstep nbody: 300 particles on 1 rank(s), 20 steps"),
+        "{}",
+        out.stdout
+    );
+    for k in [2, 10, 18] {
+        assert!(
+            out.stderr
+                .contains(&format!("lockstep nbody: step {k}/20 (")),
+            "{}",
+            out.stderr
+        );
+    }
+    // The last step (20 < every 100) is an output: the time reached is 20 steps of 1e-3.
+    let csv = std::fs::read_to_string(dir.path().join("nbody_output/diagnostics.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let bad = Command::new(LOCKSTEP)
+        .current_dir(dir.path())
+        .arg("nbody")
+        .arg(&cfg)
+        .args(["--steps", "0"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--steps 0"));
+}

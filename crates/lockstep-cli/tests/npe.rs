@@ -197,6 +197,31 @@ fn train_sample_and_pp_from_dingo_settings() {
     assert_eq!(f.dataset("samples").unwrap().shape(), vec![100, 2]);
     assert_eq!(f.dataset("injection_parameters").unwrap().shape(), vec![2]);
     assert_eq!(f.dataset("observation").unwrap().shape(), vec![2]);
+    // With a .csv output the true parameters go beside it, the same values.
+    let truth: Vec<f64> = f
+        .dataset("injection_parameters")
+        .unwrap()
+        .read_raw()
+        .unwrap();
+    let csv = d.join("injected.csv");
+    let o = ok(lockstep(&[
+        "npe",
+        "sample",
+        s(&run),
+        "--injection",
+        "4",
+        "--num-samples",
+        "10",
+        "--output",
+        s(&csv),
+    ]));
+    let beside = d.join("injected.injection.csv");
+    assert!(o.stdout.contains("injected.injection.csv"), "{}", o.stdout);
+    let text = std::fs::read_to_string(&beside).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "theta_0,theta_1", "{text}");
+    let row: Vec<f64> = lines[1].split(',').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(row, truth);
     // A wrong observation width is refused naming both numbers.
     let bad = lockstep(&[
         "npe",
@@ -1471,4 +1496,57 @@ fn npe_train_messages_name_its_settings_keys_and_flags() {
         out.stderr
     );
     assert!(foreign.join("notes.txt").exists());
+}
+
+/// Quick-try overrides of `npe train` (`--num-samples`, `--epochs`): the run trains and
+/// stores what they say, and every epoch logs its train and validation loss (issue 60).
+#[test]
+fn quick_try_overrides_and_a_loss_line_per_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = write(d, "gl.yaml", &settings(2, "none", 4000, 3, 100, ""));
+    let run = d.join("run");
+    let out = ok(lockstep(&[
+        "npe",
+        "train",
+        s(&cfg),
+        "--train-dir",
+        s(&run),
+        "--num-samples",
+        "1000",
+        "--epochs",
+        "2",
+    ]));
+    // 900 training simulations / 100 = 9 updates per epoch, 2 epochs.
+    assert!(
+        out.stdout.contains("Completed 18 optimizer updates."),
+        "{}",
+        out.stdout
+    );
+    let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+    for e in [1, 2] {
+        assert!(
+            log.contains(&format!("epoch {e}: train loss ")) && log.contains("validation loss"),
+            "{log}"
+        );
+    }
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
+    assert_eq!(c["npe"]["data"]["num_samples"], 1000);
+    assert_eq!(c["npe"]["training"]["stage_0"]["epochs"], 2);
+    let e = lockstep(&[
+        "npe",
+        "train",
+        s(&cfg),
+        "--train-dir",
+        s(&d.join("x")),
+        "--epochs",
+        "0",
+    ]);
+    assert!(
+        !e.success() && e.stderr.contains("--epochs 0"),
+        "{}",
+        e.all_output()
+    );
+    assert!(!d.join("x").exists());
 }

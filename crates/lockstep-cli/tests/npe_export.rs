@@ -215,6 +215,7 @@ fn export_writes_an_nflows_state_dict_and_refuses_what_nflows_lacks() {
     );
 
     // LayerNorm has no nflows counterpart: refused naming the key and the run's config.
+    // (BatchNorm exports: batch_norm_runs_use_dingos_eps_export_their_statistics_and_...)
     let ln = train(d, "layer", "layer_norm", 1);
     let e = lockstep(&["npe", "export", s(&ln), "--output-dir", s(&bad)]);
     assert!(!e.success(), "{}", e.all_output());
@@ -276,4 +277,101 @@ fn samples_and_resumed_stages_use_the_stored_permutations() {
     resume();
     assert_eq!(stored_permutations(&last), Some(other));
     assert_ne!(sample(&run, &d.join("e.csv")), before);
+}
+
+/// The int64 scalar `name` of a safetensors file.
+fn int64_scalar(path: &Path, name: &str) -> i64 {
+    let data = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
+    let h = header(path);
+    let e = &h[name];
+    assert_eq!(e["dtype"], "I64", "{name}: {e}");
+    assert_eq!(e["shape"], serde_json::json!([]), "{name}: {e}");
+    let start = 8 + n + e["data_offsets"][0].as_u64().unwrap() as usize;
+    i64::from_le_bytes(data[start..start + 8].try_into().unwrap())
+}
+
+/// `run`'s config.json with `model.batch_norm_eps` of its `npe` section set to `eps`
+/// (`None`: removed, as runs stored before the key).
+fn set_stored_eps(run: &Path, eps: Option<f64>) {
+    let path = run.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let model = c["npe"]["model"].as_object_mut().unwrap();
+    match eps {
+        Some(e) => model.insert("batch_norm_eps".into(), serde_json::json!(e)),
+        None => model.remove("batch_norm_eps"),
+    };
+    std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
+}
+
+#[test]
+fn batch_norm_runs_use_dingos_eps_export_their_statistics_and_old_runs_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = train(d, "bn", "batch_norm", 1);
+    // A new run stores the eps it trained with: nflows'/Dingo's 1e-3.
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
+    assert_eq!(c["npe"]["model"]["batch_norm_eps"], 1e-3);
+
+    let out = d.join("export");
+    ok(lockstep(&[
+        "npe",
+        "export",
+        s(&run),
+        "--output-dir",
+        s(&out),
+    ]));
+    let state = out.join("posterior.nflows.safetensors");
+    let h = header(&state);
+    for layer in [
+        "embedding_net.0.blocks.1.batch_norm_layers.0",
+        "flow._transform._transforms.2._transforms.1.transform_net.blocks.0.batch_norm_layers.1",
+    ] {
+        for buffer in ["weight", "bias", "running_mean", "running_var"] {
+            assert_eq!(
+                h[format!("{layer}.{buffer}")]["dtype"],
+                "F32",
+                "{layer}.{buffer}"
+            );
+        }
+        // 450 training simulations in batches of 50, one epoch: 9 forward passes.
+        assert_eq!(
+            int64_scalar(&state, &format!("{layer}.num_batches_tracked")),
+            9
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("posterior.nflows.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["embedding_kwargs"]["batch_norm"], true);
+    assert_eq!(
+        json["posterior_kwargs"]["base_transform_kwargs"]["batch_norm"],
+        true
+    );
+    assert_eq!(json["batch_norm"]["eps"], 1e-3);
+
+    // A run stored before the key was trained with eps 1e-5 and keeps it: its samples are
+    // those of the key set to 1e-5, not 1e-3's, and it does not export (nflows has 1e-3).
+    let new_samples = sample(&run, &d.join("new.csv"));
+    set_stored_eps(&run, None);
+    let old_samples = sample(&run, &d.join("old.csv"));
+    assert_ne!(old_samples, new_samples);
+    set_stored_eps(&run, Some(1e-5));
+    assert_eq!(sample(&run, &d.join("legacy.csv")), old_samples);
+    set_stored_eps(&run, None);
+    let bad = d.join("bad");
+    let e = lockstep(&["npe", "export", s(&run), "--output-dir", s(&bad)]);
+    assert!(
+        !e.success()
+            && e.stderr.contains("model.batch_norm_eps")
+            && e.stderr.contains("1e-5")
+            && e.stderr.contains("config.json"),
+        "{}",
+        e.all_output()
+    );
+    assert!(!bad.exists());
+    set_stored_eps(&run, Some(1e-3));
+    assert_eq!(sample(&run, &d.join("again.csv")), new_samples);
 }

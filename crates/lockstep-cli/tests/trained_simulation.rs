@@ -48,7 +48,13 @@ fn a_trained_network_simulates_with_one_command() {
     assert_eq!(cfg["run"]["tstop"], 500.0);
     assert_eq!(cfg["run"]["dt"], 1.0);
     assert_eq!(cfg["run"]["seed"], 3000);
-    assert_eq!(cfg["inputs"]["lgn_poisson"]["rate"], 20.0);
+    // lockstep's Poisson input, which BMTK's pointnet lacks, becomes the spike trains it
+    // draws, as a SONATA spike file BMTK reads (issue 60 item 4).
+    assert_eq!(
+        cfg["inputs"]["lgn_poisson"],
+        serde_json::json!({"input_type": "spikes", "module": "h5",
+            "input_file": "$BASE_DIR/inputs/lgn_poisson.h5", "node_set": "lgn"})
+    );
     assert_eq!(cfg["output"]["output_dir"], "$BASE_DIR/simulation");
     let edges: Vec<&str> = cfg["networks"]["edges"]
         .as_array()
@@ -85,6 +91,28 @@ fn a_trained_network_simulates_with_one_command() {
     assert!(run.join("simulation/spikes.h5").is_file());
     assert!(run.join("simulation/spikes.csv").is_file());
 
+    // The drawn trains are what lockstep's Poisson input draws with the run's seed: the
+    // config with the Poisson input put back simulates the same spikes.
+    let mut poisson = cfg.clone();
+    poisson["inputs"]["lgn_poisson"] =
+        serde_json::json!({"input_type": "poisson", "rate": 20.0, "node_set": "lgn"});
+    poisson["output"]["output_dir"] = serde_json::json!("$BASE_DIR/simulation_poisson");
+    let poisson_path = run.join("config.poisson.json");
+    std::fs::write(&poisson_path, poisson.to_string()).unwrap();
+    let out = Command::new(LOCKSTEP)
+        .arg("simulate")
+        .arg(&poisson_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spikes = |d: &str| std::fs::read_to_string(run.join(d).join("spikes.csv")).unwrap();
+    assert!(spikes("simulation").lines().count() > 10);
+    assert_eq!(spikes("simulation"), spikes("simulation_poisson"));
+
     // BMTK's resolution (bmtk.utils.sonata.config): `${configdir}` is the config's folder,
     // manifest variables are substituted, and what stays relative is taken against the
     // working directory. Started in another folder, every file the config names is found.
@@ -113,10 +141,17 @@ print("ok")
     assert_eq!(out.trim(), "ok");
 
     // libsonata reads the training spikes (update 0), the spikes of the simulation, and
-    // queries the exported edges' indices.
+    // queries the exported edges' indices; the drawn input holds about 20 Hz of the 100 LGN
+    // nodes over 500 ms, on the 1 ms grid.
     let script = r#"
 import sys, libsonata, h5py, numpy as np
 run = sys.argv[1]
+lgn = libsonata.SpikeReader(run + "/inputs/lgn_poisson.h5")["lgn"]
+assert lgn.sorting == "by_time", lgn.sorting
+drawn = lgn.get()
+assert 700 < len(drawn) < 1300, len(drawn)
+ts = np.array([t for _, t in drawn])
+assert np.all(ts > 0) and np.all(ts <= 500) and np.all(ts == np.round(ts)), ts[:10]
 for name in ["spikes/update_000000.h5", "simulation/spikes.h5"]:
     with h5py.File(run + "/" + name, "r") as f:
         ids = f["spikes/v1/node_ids"][...]

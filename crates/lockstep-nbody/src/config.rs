@@ -156,6 +156,11 @@ pub struct RunOptions {
     pub output_dir: Option<PathBuf>,
     /// Set `output.overwrite_output_dir` to true.
     pub overwrite: bool,
+    /// Quick-try override of `initial_conditions.n` (generated initial conditions only).
+    pub n: Option<u64>,
+    /// Quick-try override: run only the first `steps` steps of the time array (the same step
+    /// sizes, an earlier end; the last step is an output).
+    pub steps: Option<usize>,
 }
 
 /// Result of a run.
@@ -351,8 +356,29 @@ fn plan_run(path: &Path, opts: &RunOptions, ranks: usize) -> Result<Plan, NbodyE
         }
         o.overwrite_output_dir |= opts.overwrite;
     }
+    if let Some(n) = opts.n {
+        match &mut cfg.initial_conditions {
+            InitialConditions::Plummer { n: count, .. }
+            | InitialConditions::Clumps { n: count, .. }
+            | InitialConditions::UniformCube { n: count, .. } => *count = n,
+            InitialConditions::GadgetHdf5 { .. } => {
+                return Err(ConfigError::new(
+                    "initial_conditions",
+                    "--n sets the particle count of generated initial conditions, but these are read from a GADGET file (its NumPart_Total is the count)",
+                )
+                .in_file(path)
+                .into())
+            }
+        }
+    }
     cfg.validate(path)?;
-    let ts = cfg.time.times()?;
+    let mut ts = cfg.time.times()?;
+    if let Some(k) = opts.steps {
+        if k == 0 {
+            return Err(NbodyError::param("--steps", k, "run at least one step"));
+        }
+        ts.truncate(k + 1);
+    }
     let steps = ts.len() - 1;
     let every = cfg.output.as_ref().map(|o| o.every).unwrap_or(steps.max(1));
     let mut outputs: Vec<usize> = (0..=steps).filter(|k| k % every == 0).collect();
@@ -382,9 +408,10 @@ fn plan_run(path: &Path, opts: &RunOptions, ranks: usize) -> Result<Plan, NbodyE
     })
 }
 
-/// Makes every rank return an error when any rank's `result` is one: the failing rank its
-/// own, the others one naming the first failing rank (so no rank waits in a collective for a
-/// rank that has given up). `what` says what failed.
+/// Makes every rank return an error when any rank's `result` is one (so no rank waits in a
+/// collective for a rank that has given up), agreed by all ([`NbodyError::is_agreed`]): the
+/// lowest failing rank its own as [`NbodyError::Refused`], the others
+/// [`NbodyError::RefusedByPeer`] naming it and `what` failed there.
 fn agree<T, C: Communicator + ?Sized>(
     comm: &C,
     result: Result<T, NbodyError>,
@@ -398,10 +425,16 @@ fn agree<T, C: Communicator + ?Sized>(
     };
     let first = comm.all_reduce_scalar(mine, ReduceOp::Min)?;
     match result {
-        Ok(_) if first < size => Err(NbodyError::Comm(format!(
-            "{what} failed on rank {first} (its message says why); nothing was written"
-        ))),
-        r => r,
+        Ok(v) if first == size => Ok(v),
+        Err(e) if first == comm.rank() as u64 => Err(if e.is_agreed() {
+            e
+        } else {
+            NbodyError::Refused(Box::new(e))
+        }),
+        _ => Err(NbodyError::RefusedByPeer {
+            rank: first as usize,
+            what: what.to_string(),
+        }),
     }
 }
 
@@ -503,11 +536,17 @@ fn integrate<C: Communicator + ?Sized>(
             "output", "time", "K", "W", "E", "dE/E0", "|dP|/P"
         );
     }
-    let bar = if opts.progress && !opts.quiet {
+    // A bar on a terminal; otherwise (a log file, a batch job) a line about every tenth
+    // of the run, as the training commands log.
+    use std::io::IsTerminal;
+    let show = opts.progress && !opts.quiet;
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if show && terminal {
         indicatif::ProgressBar::new(steps as u64)
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let mut lines = ProgressLines::new(show && !terminal, steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {pos}/{len} steps {elapsed_precise} eta {eta}",
@@ -568,10 +607,52 @@ fn integrate<C: Communicator + ?Sized>(
             out_index += 1;
             Ok(())
         },
-        |_| bar.inc(1),
+        |_| {
+            bar.inc(1);
+            lines.step();
+        },
     )?;
     bar.finish_and_clear();
     Ok((diags, files))
+}
+
+/// Progress as plain lines on stderr where no terminal shows a bar: `step K/N (P%), elapsed
+/// E s, eta R s` after about every tenth of the steps.
+struct ProgressLines {
+    on: bool,
+    steps: usize,
+    done: usize,
+    every: usize,
+    start: Instant,
+}
+
+impl ProgressLines {
+    fn new(on: bool, steps: usize) -> Self {
+        ProgressLines {
+            on,
+            steps,
+            done: 0,
+            every: steps.div_ceil(10).max(1),
+            start: Instant::now(),
+        }
+    }
+
+    /// One step done; prints a line every `every` steps (not after the last: the table
+    /// and summary follow).
+    fn step(&mut self) {
+        self.done += 1;
+        if !self.on || self.done >= self.steps || !self.done.is_multiple_of(self.every) {
+            return;
+        }
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let eta = elapsed / self.done as f64 * (self.steps - self.done) as f64;
+        eprintln!(
+            "lockstep nbody: step {}/{} ({:.0}%), elapsed {elapsed:.1} s, eta {eta:.1} s",
+            self.done,
+            self.steps,
+            100.0 * self.done as f64 / self.steps as f64
+        );
+    }
 }
 
 /// The end of a run: `diagnostics.csv` (chief), the summary, and where the outputs are.

@@ -65,6 +65,20 @@ pub enum NbodyError {
     /// A collective operation failed (a peer rank failed or the arguments disagree).
     #[error("collective communication failed: {0}")]
     Comm(String),
+    /// Every rank stopped before the run began (validation, initial conditions, the output
+    /// folder), each knowing it; this is this rank's own reason (only the lowest-numbered
+    /// refusing rank carries one).
+    #[error(transparent)]
+    Refused(Box<NbodyError>),
+    /// Every rank stopped before the run began because rank `rank` refused it while `what`
+    /// (that rank reports why).
+    #[error("rank {rank} refused the run ({what})")]
+    RefusedByPeer {
+        /// The rank that reports the reason.
+        rank: usize,
+        /// The step that failed there, e.g. `preparing the output folder`.
+        what: String,
+    },
 }
 
 impl NbodyError {
@@ -88,6 +102,17 @@ impl NbodyError {
             NbodyError::Config(e) => NbodyError::Config(e.in_file(file)),
             other => NbodyError::Config(ConfigError::new("", other.to_string()).in_file(file)),
         }
+    }
+
+    /// True for errors that every rank returns at the same point before the run began,
+    /// each knowing the job failed ([`NbodyError::Refused`], [`NbodyError::RefusedByPeer`]):
+    /// the process may leave through `MPI_Finalize` with a non-zero status instead of
+    /// aborting the job.
+    pub fn is_agreed(&self) -> bool {
+        matches!(
+            self,
+            NbodyError::Refused(_) | NbodyError::RefusedByPeer { .. }
+        )
     }
 
     /// Shorthand for [`NbodyError::Io`].

@@ -218,6 +218,7 @@ mod tests {
                 tail_bound: 3.0,
                 norm: Default::default(),
             },
+            batch_norm_eps: crate::layers::DINGO_BATCH_NORM_EPS,
         };
         let net = NpeNetwork::new(config, 2, 2, Standardization::identity(2, 2), 1).unwrap();
         let model = NpeModel::<CpuAutodiff>::new(net, 1, Default::default());

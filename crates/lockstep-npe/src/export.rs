@@ -29,14 +29,19 @@
 //! `log q(θ|x) = flow.log_prob((θ - θ_mean)/θ_std, context=embedding_net((x - x_mean)/x_std))
 //! - Σ log θ_std`.
 //!
-//! Only networks without normalization layers are exported: nflows' and Dingo's residual
-//! blocks have no LayerNorm, and their BatchNorm layers use eps 1e-3 where lockstep's use
-//! 1e-5, which changes the log-probabilities; such settings are refused naming the key
-//! ([`check_settings`]).
+//! With BatchNorm (Dingo's default, `batch_norm: true`) the blocks' `batch_norm_layers.{j}`
+//! carry `weight`, `bias`, `running_mean`, `running_var` (float32) and
+//! `num_batches_tracked` (int64, the training forward passes behind the statistics), as
+//! `BatchNorm1d(features, eps=1e-3)` in nflows' `ResidualBlock` has them; load the model in
+//! evaluation mode (`model.eval()`), where BatchNorm uses the running statistics as
+//! lockstep's evaluation does. Networks without a counterpart are refused naming the key
+//! ([`check_settings`]): LayerNorm (nflows' and Dingo's residual blocks have none), and
+//! BatchNorm with another eps than 1e-3 (runs stored before `model.batch_norm_eps` existed
+//! used 1e-5).
 
 use crate::error::NpeError;
 use crate::flow::NpeNetwork;
-use crate::layers::Norm;
+use crate::layers::{Norm, DINGO_BATCH_NORM_EPS};
 use crate::settings::NpeSettings;
 use crate::tasks::TaskSource;
 use crate::trained::Trained;
@@ -120,11 +125,13 @@ pub struct NflowsExport {
 }
 
 /// Refuses settings whose network has no nflows counterpart, naming the key as the
-/// settings file writes it: a LayerNorm or BatchNorm in the embedding network
+/// settings file writes it: a LayerNorm in the embedding network
 /// (`model.embedding_kwargs`) or in the coupling conditioners
-/// (`model.posterior_kwargs.base_transform_kwargs`).
+/// (`model.posterior_kwargs.base_transform_kwargs`), or BatchNorm with an eps other than
+/// nflows' 1e-3 (`model.batch_norm_eps`).
 ///
-/// Errors: [`ConfigError`] for `...norm` or `...batch_norm`, whichever the settings give.
+/// Errors: [`ConfigError`] for `...norm` or `...batch_norm`, whichever the settings give, or
+/// `model.batch_norm_eps`.
 pub fn check_settings(settings: &NpeSettings) -> Result<(), ConfigError> {
     let m = &settings.model;
     let e = &m.embedding_kwargs;
@@ -153,20 +160,32 @@ pub fn check_settings(settings: &NpeSettings) -> Result<(), ConfigError> {
             return Err(ConfigError::new(written, why));
         }
     }
+    if let Some(why) = eps_refusal(&net) {
+        return Err(ConfigError::new("model.batch_norm_eps", why));
+    }
     Ok(())
+}
+
+/// Why a BatchNorm network's eps has no nflows counterpart (`None` when it has).
+fn eps_refusal(net: &crate::flow::NetworkConfig) -> Option<String> {
+    let eps = net.batch_norm_eps;
+    (net.uses_batch_norm() && eps != DINGO_BATCH_NORM_EPS).then(|| {
+        let stored = if eps == crate::layers::LEGACY_BATCH_NORM_EPS {
+            " (runs stored before model.batch_norm_eps existed used 1e-5)"
+        } else {
+            ""
+        };
+        format!("is {eps}{stored}, but the BatchNorm1d layers of nflows' ResidualBlock (Dingo's networks) use eps 1e-3, which changes the log-probabilities; only BatchNorm networks trained with batch_norm_eps 1e-3 (the default) can be exported")
+    })
 }
 
 /// Why a network with `norm` (given as `written`, e.g. `true` for `batch_norm: true`) has
 /// no nflows counterpart (`None` for no normalization).
 fn norm_refusal(norm: Norm, written: &str, network: &str) -> Option<String> {
-    let only = "only networks trained with norm: none (batch_norm: false) can be exported";
     match norm {
-        Norm::None => None,
+        Norm::None | Norm::BatchNorm => None,
         Norm::LayerNorm => Some(format!(
-            "is {written}, but {network} has no LayerNorm (its residual blocks normalize with BatchNorm or not at all), so no nflows/Dingo model computes this network; {only}"
-        )),
-        Norm::BatchNorm => Some(format!(
-            "is {written}, but lockstep's BatchNorm uses eps 1e-5 where the BatchNorm1d layers of {network} use eps 1e-3, which changes the log-probabilities; {only}"
+            "is {written}, but {network} has no LayerNorm (its residual blocks normalize with BatchNorm or not at all), so no nflows/Dingo model computes this network; only networks trained with norm: batch_norm (Dingo's default, batch_norm: true) or none can be exported"
         )),
     }
 }
@@ -185,8 +204,11 @@ fn strip<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
     name.strip_prefix(prefix)?.strip_prefix('.')
 }
 
-/// The nflows/Dingo name of lockstep's parameter `name`.
+/// The nflows/Dingo name of lockstep's parameter or state buffer `name` (a residual block's
+/// `norm_layers.{j}` are nflows' `batch_norm_layers.{j}`).
 fn nflows_name(name: &str, projection: bool) -> Result<String, NpeError> {
+    let bn = name.replace(".norm_layers.", ".batch_norm_layers.");
+    let name = bn.as_str();
     let flow_step = |rest: &str| -> Option<String> {
         let (step, rest) = rest.split_once('.')?;
         step.parse::<usize>().ok()?;
@@ -218,16 +240,20 @@ fn indices(v: &[usize]) -> Values {
 }
 
 /// The network `net` with parameter values `params` (layout order, all of them) and
-/// running statistics `state` in the nflows/Dingo layout, with `checks` and θ's
-/// `parameter_names` in the settings.
+/// BatchNorm running statistics `state` (state layout order; empty without BatchNorm) in the
+/// nflows/Dingo layout, with `checks` and θ's `parameter_names` in the settings.
+/// `batches_tracked` is each BatchNorm layer's `num_batches_tracked`: the training forward
+/// passes behind the running statistics (PyTorch counts them; with momentum 0.1 they change
+/// nothing computed).
 ///
-/// Errors: a network with normalization layers (no nflows counterpart, see
-/// [`check_settings`] for the error that names the settings key), values of the wrong
-/// lengths.
+/// Errors: a network without nflows counterpart (LayerNorm, or BatchNorm with an eps other
+/// than 1e-3; see [`check_settings`] for the error that names the settings key), values of
+/// the wrong lengths.
 pub fn nflows_export(
     net: &NpeNetwork,
     params: &[f32],
     state: &[f32],
+    batches_tracked: u64,
     checks: &CheckPairs,
     parameter_names: &[String],
 ) -> Result<NflowsExport, NpeError> {
@@ -244,13 +270,20 @@ pub fn nflows_export(
             return Err(NpeError::Invalid(format!("the network's {key} {why}")));
         }
     }
-    let layout = net.layout();
-    if params.len() != layout.len() || !state.is_empty() {
+    if let Some(why) = eps_refusal(cfg) {
         return Err(NpeError::Invalid(format!(
-            "{} parameter and {} state values for a network of {} and 0",
+            "the network's batch_norm_eps {why}"
+        )));
+    }
+    let layout = net.layout();
+    let state_layout = net.state_layout();
+    if params.len() != layout.len() || state.len() != state_layout.len() {
+        return Err(NpeError::Invalid(format!(
+            "{} parameter and {} state values for a network of {} and {}",
             params.len(),
             state.len(),
-            layout.len()
+            layout.len(),
+            state_layout.len()
         )));
     }
     let (d, xd) = (net.theta_dim, net.x_dim);
@@ -262,6 +295,25 @@ pub fn nflows_export(
             checks.x.len()
         )));
     }
+    let tensors = state_dict(net, params, state, batches_tracked)?;
+    let settings = settings_json(net, checks, parameter_names);
+    Ok(NflowsExport { tensors, settings })
+}
+
+/// The state dict of [`nflows_export`]: the parameters and BatchNorm buffers under their
+/// nflows/Dingo names, the permutations and coupling features, Dingo's final linear
+/// transform as the identity. The lengths are checked by the caller.
+///
+/// Errors: a parameter without a place in the layout.
+fn state_dict(
+    net: &NpeNetwork,
+    params: &[f32],
+    state: &[f32],
+    batches_tracked: u64,
+) -> Result<Vec<ExportTensor>, NpeError> {
+    let cfg = &net.config;
+    let (layout, state_layout) = (net.layout(), net.state_layout());
+    let d = net.theta_dim;
     let projection = cfg.embedding.projection.is_some();
     let mut tensors = Vec::new();
     for (i, spec) in layout.specs().iter().enumerate() {
@@ -269,6 +321,21 @@ pub fn nflows_export(
             name: nflows_name(&spec.name, projection)?,
             shape: spec.shape.clone(),
             values: Values::F32(layout.slice(params, i).to_vec()),
+        });
+    }
+    for (i, spec) in state_layout.specs().iter().enumerate() {
+        let name = nflows_name(&spec.name, projection)?;
+        if let Some(layer) = name.strip_suffix(".running_mean") {
+            tensors.push(ExportTensor {
+                name: format!("{layer}.num_batches_tracked"),
+                shape: vec![],
+                values: Values::I64(vec![batches_tracked as i64]),
+            });
+        }
+        tensors.push(ExportTensor {
+            name,
+            shape: spec.shape.clone(),
+            values: Values::F32(state_layout.slice(state, i).to_vec()),
         });
     }
     let perms = net.permutations();
@@ -310,6 +377,15 @@ pub fn nflows_export(
             values: Values::F32(vec![v; len]),
         });
     }
+    Ok(tensors)
+}
+
+/// The settings file of [`nflows_export`]: the module arguments, standardization,
+/// permutations and the check pairs.
+fn settings_json(net: &NpeNetwork, checks: &CheckPairs, parameter_names: &[String]) -> Value {
+    let cfg = &net.config;
+    let (d, xd) = (net.theta_dim, net.x_dim);
+    let perms = net.permutations();
     let s = &net.standardization;
     let f = &cfg.flow;
     let e = &cfg.embedding;
@@ -330,7 +406,7 @@ pub fn nflows_export(
             "note": "layers_rb.{k} maps x[:, k*block_inputs:(k+1)*block_inputs] (x flattened as lockstep lays it out; for complex data that is Dingo's [num_blocks, 2, num_bins] flattened) to block_outputs values; the blocks' outputs are concatenated",
         })
     });
-    let settings = json!({
+    json!({
         "format": NFLOWS_FORMAT,
         "producer": format!("lockstep {}", env!("CARGO_PKG_VERSION")),
         "state_dict": NFLOWS_STATE_FILE,
@@ -347,7 +423,7 @@ pub fn nflows_export(
                 "num_transform_blocks": f.num_transform_blocks,
                 "activation": "elu",
                 "dropout_probability": 0.0,
-                "batch_norm": false,
+                "batch_norm": f.norm == Norm::BatchNorm,
                 "num_bins": f.num_bins,
                 "tail_bound": f.tail_bound,
                 "apply_unconditional_transform": false,
@@ -367,7 +443,7 @@ pub fn nflows_export(
             "hidden_dims": e.hidden_dims,
             "activation": "elu",
             "dropout": 0.0,
-            "batch_norm": false,
+            "batch_norm": e.norm == Norm::BatchNorm,
             "projection": projection,
         },
         "standardization": {
@@ -376,6 +452,11 @@ pub fn nflows_export(
             "x_mean": s.x_mean,
             "x_std": s.x_std,
         },
+        "batch_norm": if cfg.uses_batch_norm() {
+            json!({"eps": cfg.batch_norm_eps, "momentum": 0.1, "mode": "evaluation: load the model and call model.eval() (BatchNorm then uses running_mean/running_var, as lockstep's sampling and log_prob do)"})
+        } else {
+            Value::Null
+        },
         "log_prob": "log q(theta|x) = flow.log_prob((theta - theta_mean) / theta_std, context=embedding_net((x - x_mean) / x_std)) - sum(log(theta_std))",
         "permutations": perms,
         "check": {
@@ -383,8 +464,7 @@ pub fn nflows_export(
             "x": rows(&checks.x, xd),
             "log_prob": checks.log_prob,
         },
-    });
-    Ok(NflowsExport { tensors, settings })
+    })
 }
 
 /// The posterior `t` in the nflows/Dingo layout, with `pairs` check pairs `(θ, x)` of its
@@ -413,9 +493,22 @@ pub fn export_trained(t: &Trained, pairs: usize) -> Result<NflowsExport, NpeErro
         &t.model.network,
         &t.model.parameters(),
         t.model.state(),
+        training_forward_passes(t),
         &checks,
         &t.task.parameter_names(),
     )
+}
+
+/// The training forward passes of one replica behind `t`'s running statistics (PyTorch's
+/// `num_batches_tracked`): every update of the earlier stages (epochs × updates per epoch)
+/// and `t.update` of its own stage, each `gradient_updates_per_optimizer_step` micro-batches.
+fn training_forward_passes(t: &Trained) -> u64 {
+    let stages = t.settings.stages();
+    let micro = |k: usize| stages[k].gradient_updates_per_optimizer_step.unwrap_or(1) as u64;
+    let earlier: u64 = (0..t.stage)
+        .map(|k| stages[k].epochs * t.settings.steps_per_epoch(k) * micro(k))
+        .sum();
+    earlier + t.update * micro(t.stage)
 }
 
 impl NflowsExport {

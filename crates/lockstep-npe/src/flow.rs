@@ -68,6 +68,23 @@ pub struct NetworkConfig {
     pub embedding: EmbeddingConfig,
     /// Conditional flow over θ.
     pub flow: FlowConfig,
+    /// The eps of every BatchNorm layer (settings key `model.batch_norm_eps`; default
+    /// [`crate::layers::DINGO_BATCH_NORM_EPS`], 1e-3 as nflows/Dingo). A network stored
+    /// without it (`posterior.safetensors` of earlier runs) used
+    /// [`crate::layers::LEGACY_BATCH_NORM_EPS`]. Unused without BatchNorm.
+    #[serde(default = "legacy_batch_norm_eps")]
+    pub batch_norm_eps: f64,
+}
+
+fn legacy_batch_norm_eps() -> f64 {
+    crate::layers::LEGACY_BATCH_NORM_EPS
+}
+
+impl NetworkConfig {
+    /// True when the embedding or the flow normalizes with BatchNorm.
+    pub fn uses_batch_norm(&self) -> bool {
+        self.embedding.norm == Norm::BatchNorm || self.flow.norm == Norm::BatchNorm
+    }
 }
 
 /// The reduced-basis layer of a network: its basis size and the input layout.
@@ -418,7 +435,14 @@ impl NpeNetwork {
                 "the standardization has the wrong widths".into(),
             ));
         }
+        if !(config.batch_norm_eps.is_finite() && config.batch_norm_eps > 0.0) {
+            return Err(NpeError::Invalid(format!(
+                "batch_norm_eps: {} is not a positive number",
+                config.batch_norm_eps
+            )));
+        }
         let mut b = Builder::default();
+        b.batch_norm_eps = config.batch_norm_eps;
         let projection = match &e.projection {
             None => None,
             Some(pc) => {

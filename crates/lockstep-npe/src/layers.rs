@@ -29,9 +29,11 @@ pub enum Norm {
     /// communication between replicas (`layer_norm`, also `LayerNorm`).
     #[serde(alias = "LayerNorm")]
     LayerNorm,
-    /// `BatchNorm1d` over the batch (eps 1e-5, momentum 0.1, affine, running statistics used
-    /// in evaluation). Couples the samples of a batch, so it is not sample-separable; under
-    /// replicas it runs as SyncBatchNorm over the global batch
+    /// `BatchNorm1d` over the batch as nflows' `ResidualBlock` (and so Dingo) builds it: eps
+    /// [`DINGO_BATCH_NORM_EPS`] (1e-3; runs stored before `model.batch_norm_eps` existed used
+    /// [`LEGACY_BATCH_NORM_EPS`]), momentum 0.1, affine, running statistics updated by every
+    /// training-mode forward pass and used in evaluation. Couples the samples of a batch, so it
+    /// is not sample-separable; under replicas it runs as SyncBatchNorm over the global batch
     /// ([`crate::sync_batch_norm`]) (`batch_norm`, also `BatchNorm`).
     #[serde(alias = "BatchNorm")]
     BatchNorm,
@@ -46,16 +48,38 @@ pub enum Init {
     Constant(f32),
 }
 
+/// The BatchNorm eps of nflows' `ResidualBlock` (`nn.BatchNorm1d(features, eps=1e-3)`,
+/// nflows `nn/nets/resnet.py`), which Dingo's networks use: lockstep's default.
+pub const DINGO_BATCH_NORM_EPS: f64 = 1e-3;
+/// The BatchNorm eps of runs stored before `model.batch_norm_eps` existed (PyTorch's
+/// `BatchNorm1d` default): a stored run's settings without the key mean this value.
+pub const LEGACY_BATCH_NORM_EPS: f64 = 1e-5;
+
 /// Builds a network's parameter [`Layout`] (trainable), its state layout (BatchNorm running
 /// statistics) and the initial values of both.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Builder {
     /// Trainable parameters in buffer order.
     pub params: Layout,
     /// Non-trainable state (running statistics) in buffer order.
     pub state: Layout,
+    /// The eps of the BatchNorm layers built from here on (default
+    /// [`DINGO_BATCH_NORM_EPS`]).
+    pub batch_norm_eps: f64,
     param_init: Vec<Init>,
     state_init: Vec<Init>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            params: Layout::default(),
+            state: Layout::default(),
+            batch_norm_eps: DINGO_BATCH_NORM_EPS,
+            param_init: Vec::new(),
+            state_init: Vec::new(),
+        }
+    }
 }
 
 impl Builder {
@@ -254,9 +278,12 @@ pub enum NormLayer {
         running_mean: usize,
         /// State handle of the running (unbiased) variance.
         running_var: usize,
+        /// The eps added to the variance.
+        eps: f64,
     },
 }
 
+/// LayerNorm's eps (PyTorch's `LayerNorm` default).
 const NORM_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f32 = 0.1;
 
@@ -282,6 +309,7 @@ impl NormLayer {
                     &[features],
                     Init::Constant(1.0),
                 ),
+                eps: b.batch_norm_eps,
             },
         }
     }
@@ -300,10 +328,10 @@ impl NormLayer {
                 bias,
                 running_mean,
                 running_var,
+                eps,
             } => {
                 if let (true, Some(reducer)) = (pass.training, pass.sync) {
-                    let (xhat, stats) =
-                        B::sync_batch_norm(x, reducer, running_mean as u64, NORM_EPS);
+                    let (xhat, stats) = B::sync_batch_norm(x, reducer, running_mean as u64, eps);
                     let handles = (running_mean, running_var);
                     update_running(pass, handles, &stats.mean, &stats.variance, stats.count);
                     return xhat * pass.params.row(weight) + pass.params.row(bias);
@@ -330,7 +358,7 @@ impl NormLayer {
                         Tensor::from_data(TensorData::new(v, [1, f]), &device),
                     )
                 };
-                let y = (x - mean) / var.add_scalar(NORM_EPS).sqrt();
+                let y = (x - mean) / var.add_scalar(eps).sqrt();
                 y * pass.params.row(weight) + pass.params.row(bias)
             }
         }

@@ -63,7 +63,7 @@
 //! does.
 
 use crate::flow::{EmbeddingConfig, FlowConfig, NetworkConfig, ProjectionConfig};
-use crate::layers::Norm;
+use crate::layers::{Norm, DINGO_BATCH_NORM_EPS, LEGACY_BATCH_NORM_EPS};
 use crate::svd::SvdSettings;
 use crate::task::Task;
 use crate::tasks::TaskSpec;
@@ -145,6 +145,12 @@ pub struct ModelSettings {
     pub posterior_kwargs: PosteriorKwargs,
     /// The embedding network.
     pub embedding_kwargs: EmbeddingKwargs,
+    /// lockstep's key: the eps of the BatchNorm layers. A settings file without it gets
+    /// nflows'/Dingo's 1e-3 ([`DINGO_BATCH_NORM_EPS`]), written into the run's `config.json`
+    /// when some network uses BatchNorm; a stored run without it was trained with 1e-5
+    /// ([`LEGACY_BATCH_NORM_EPS`]) and keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_norm_eps: Option<f64>,
 }
 
 /// `model.posterior_kwargs`.
@@ -813,15 +819,133 @@ pub enum Launch {
     Mpi(usize),
 }
 
+/// Command-line overrides of a settings file for a quick try (`lockstep npe train
+/// --num-samples N --epochs E`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `data.num_samples`: simulations in the data set.
+    pub num_samples: Option<u64>,
+    /// `training.stage_N.epochs` of every stage.
+    pub epochs: Option<u64>,
+}
+
+impl Overrides {
+    /// Writes the overrides into the settings `value` (the keys as the file spells them).
+    pub fn apply(&self, value: &mut Value) {
+        if let Some(n) = self.num_samples {
+            if let Some(d) = value.get_mut("data").and_then(Value::as_object_mut) {
+                d.insert("num_samples".into(), json!(n));
+            }
+        }
+        if let Some(e) = self.epochs {
+            if let Some(t) = value.get_mut("training").and_then(Value::as_object_mut) {
+                for (k, stage) in t.iter_mut() {
+                    if let (true, Some(st)) = (k.starts_with("stage_"), stage.as_object_mut()) {
+                        st.insert("epochs".into(), json!(e));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A stored run's `npe` section (its `config.json`) as the run was trained: a BatchNorm
+/// network stored without `model.batch_norm_eps` was trained with
+/// [`LEGACY_BATCH_NORM_EPS`], which is written in (settings that do not parse are returned
+/// as they are, for the caller's own error).
+pub fn stored_npe_section(npe: &Value) -> Value {
+    let mut v = npe.clone();
+    let Ok(s) = NpeSettings::from_value(npe) else {
+        return v;
+    };
+    if s.model.batch_norm_eps.is_none() && s.network_config().uses_batch_norm() {
+        if let Some(m) = v.get_mut("model").and_then(Value::as_object_mut) {
+            m.insert("batch_norm_eps".into(), json!(LEGACY_BATCH_NORM_EPS));
+        }
+    }
+    v
+}
+
+/// The engine's `training.optimizer` of stage settings `st` with `steps` updates per epoch:
+/// the optimizer and its schedule, epochs converted to updates.
+fn optimizer_json(st: &StageSettings, steps: u64) -> Value {
+    let mut optimizer = match &st.optimizer {
+        OptimizerSettings::Adam { lr, betas, eps, .. } => {
+            let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
+            json!({"name": "adam", "learning_rate": lr, "beta1": b1, "beta2": b2,
+                   "epsilon": eps.unwrap_or(1e-8)})
+        }
+        OptimizerSettings::AdamW {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            ..
+        } => {
+            let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
+            json!({"name": "adamw", "learning_rate": lr, "beta1": b1, "beta2": b2,
+                   "epsilon": eps.unwrap_or(1e-8), "weight_decay": weight_decay.unwrap_or(0.01)})
+        }
+        OptimizerSettings::Sgd { lr, momentum } => {
+            json!({"name": "sgd", "learning_rate": lr, "momentum": momentum.unwrap_or(0.0)})
+        }
+    };
+    match &st.scheduler {
+        Some(SchedulerSettings::Cosine { t_max, eta_min }) => {
+            let t = t_max.unwrap_or(st.epochs);
+            optimizer["schedule"] = json!({"name": "warmup_cosine", "warmup_updates": 0,
+                "total_updates": t * steps, "min_learning_rate": eta_min});
+        }
+        Some(SchedulerSettings::Step { step_size, gamma }) => {
+            optimizer["schedule"] =
+                json!({"name": "step", "step_updates": step_size * steps, "gamma": gamma});
+        }
+        Some(SchedulerSettings::ReduceOnPlateau {
+            factor,
+            patience,
+            threshold,
+            cooldown,
+            min_lr,
+        }) => {
+            optimizer["schedule"] = json!({"name": "reduce_on_plateau", "factor": factor,
+                "patience": patience, "threshold": threshold, "cooldown": cooldown,
+                "min_learning_rate": min_lr});
+        }
+        _ => {}
+    }
+    optimizer
+}
+
 impl NpeSettings {
     /// Parses YAML settings text (Dingo's `True`/`False` are booleans) and checks them.
     ///
     /// Errors: not YAML (line and column), a key given twice in one mapping (its line), a
     /// non-finite number (`.nan`, `.inf`: its key), unknown keys (with the nearest key), values out
     /// of range, or keys of features not implemented yet ([`NpeSettings::from_value`]).
+    ///
+    /// These are a user's settings for a new run: when a network uses BatchNorm and
+    /// `model.batch_norm_eps` is not given, it is set to Dingo's 1e-3 in both the settings and
+    /// the returned value (which the run stores), so that stored runs say which eps they use.
     pub fn from_yaml(text: &str) -> Result<(NpeSettings, Value), ConfigError> {
-        let value = yaml_to_json(text)?;
-        let s = Self::from_value(&value)?;
+        Self::from_yaml_with(text, &Overrides::default())
+    }
+
+    /// [`NpeSettings::from_yaml`] with `overrides` written in first.
+    ///
+    /// Errors: as [`NpeSettings::from_yaml`].
+    pub fn from_yaml_with(
+        text: &str,
+        overrides: &Overrides,
+    ) -> Result<(NpeSettings, Value), ConfigError> {
+        let mut value = yaml_to_json(text)?;
+        overrides.apply(&mut value);
+        let mut s = Self::from_value(&value)?;
+        if s.model.batch_norm_eps.is_none() && s.network_config().uses_batch_norm() {
+            s.model.batch_norm_eps = Some(DINGO_BATCH_NORM_EPS);
+            if let Some(m) = value.get_mut("model").and_then(Value::as_object_mut) {
+                m.insert("batch_norm_eps".into(), json!(DINGO_BATCH_NORM_EPS));
+            }
+        }
         Ok((s, value))
     }
 
@@ -829,10 +953,20 @@ impl NpeSettings {
     ///
     /// Errors: as [`NpeSettings::from_yaml`], naming `path`.
     pub fn from_yaml_file(path: &Path) -> Result<(NpeSettings, Value), ConfigError> {
+        Self::from_yaml_file_with(path, &Overrides::default())
+    }
+
+    /// [`NpeSettings::from_yaml_file`] with `overrides` written in first.
+    ///
+    /// Errors: as [`NpeSettings::from_yaml`], naming `path`.
+    pub fn from_yaml_file_with(
+        path: &Path,
+        overrides: &Overrides,
+    ) -> Result<(NpeSettings, Value), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("", format!("cannot read the file: {e}")).in_file(path)
         })?;
-        Self::from_yaml(&text).map_err(|e| e.in_file(path))
+        Self::from_yaml_with(&text, overrides).map_err(|e| e.in_file(path))
     }
 
     /// Deserializes and checks settings from a JSON value (a bare task name is its
@@ -897,6 +1031,14 @@ impl NpeSettings {
         let task = self.task()?;
         self.check_posterior_kwargs(task.as_ref())?;
         self.check_embedding_kwargs(task.as_ref())?;
+        if let Some(eps) = self.model.batch_norm_eps {
+            if !(eps.is_finite() && eps > 0.0) {
+                return Err(ConfigError::new(
+                    "model.batch_norm_eps",
+                    format!("{eps} is not a positive number (nflows and Dingo use 1e-3)"),
+                ));
+            }
+        }
         self.check_training()?;
         self.check_local()
     }
@@ -1193,6 +1335,7 @@ impl NpeSettings {
                 tail_bound: b.tail_bound,
                 norm: resolve_norm("", b.batch_norm, b.norm).unwrap_or_default(),
             },
+            batch_norm_eps: m.batch_norm_eps.unwrap_or(LEGACY_BATCH_NORM_EPS),
         }
     }
 
@@ -1279,51 +1422,7 @@ impl NpeSettings {
                 ),
             ));
         }
-        let optimizer = match &st.optimizer {
-            OptimizerSettings::Adam { lr, betas, eps, .. } => {
-                let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
-                json!({"name": "adam", "learning_rate": lr, "beta1": b1, "beta2": b2,
-                       "epsilon": eps.unwrap_or(1e-8)})
-            }
-            OptimizerSettings::AdamW {
-                lr,
-                betas,
-                eps,
-                weight_decay,
-                ..
-            } => {
-                let [b1, b2] = betas.unwrap_or([0.9, 0.999]);
-                json!({"name": "adamw", "learning_rate": lr, "beta1": b1, "beta2": b2,
-                       "epsilon": eps.unwrap_or(1e-8), "weight_decay": weight_decay.unwrap_or(0.01)})
-            }
-            OptimizerSettings::Sgd { lr, momentum } => {
-                json!({"name": "sgd", "learning_rate": lr, "momentum": momentum.unwrap_or(0.0)})
-            }
-        };
-        let mut optimizer = optimizer;
-        match &st.scheduler {
-            Some(SchedulerSettings::Cosine { t_max, eta_min }) => {
-                let t = t_max.unwrap_or(st.epochs);
-                optimizer["schedule"] = json!({"name": "warmup_cosine", "warmup_updates": 0,
-                    "total_updates": t * steps, "min_learning_rate": eta_min});
-            }
-            Some(SchedulerSettings::Step { step_size, gamma }) => {
-                optimizer["schedule"] =
-                    json!({"name": "step", "step_updates": step_size * steps, "gamma": gamma});
-            }
-            Some(SchedulerSettings::ReduceOnPlateau {
-                factor,
-                patience,
-                threshold,
-                cooldown,
-                min_lr,
-            }) => {
-                optimizer["schedule"] = json!({"name": "reduce_on_plateau", "factor": factor,
-                    "patience": patience, "threshold": threshold, "cooldown": cooldown,
-                    "min_learning_rate": min_lr});
-            }
-            _ => {}
-        }
+        let optimizer = optimizer_json(st, steps);
         let mut run = json!({"batch_size": st.batch_size / replicas, "seed": self.data.seed});
         match launch {
             Launch::Mpi(n) if n > 1 => {
@@ -1453,6 +1552,41 @@ local:
                 && e.contains("3 replicas"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn batch_norm_gets_dingos_eps_and_stored_runs_without_it_keep_1e5() {
+        // No BatchNorm: nothing is added (earlier runs' settings compare equal on resume).
+        let (s, raw) = NpeSettings::from_yaml(GOOD).unwrap();
+        assert_eq!(s.model.batch_norm_eps, None);
+        assert!(raw["model"].get("batch_norm_eps").is_none());
+        // A new BatchNorm run: Dingo's 1e-3 in the settings and in what the run stores.
+        let bn = GOOD.replace("batch_norm: False", "batch_norm: True");
+        let (s, raw) = NpeSettings::from_yaml(&bn).unwrap();
+        assert_eq!(s.model.batch_norm_eps, Some(DINGO_BATCH_NORM_EPS));
+        assert_eq!(s.network_config().batch_norm_eps, 1e-3);
+        assert_eq!(raw["model"]["batch_norm_eps"], 1e-3);
+        // Given: kept.
+        let text = bn.replace("model:\n", "model:\n  batch_norm_eps: 1.0e-4\n");
+        let (s, _) = NpeSettings::from_yaml(&text).unwrap();
+        assert_eq!(s.network_config().batch_norm_eps, 1e-4);
+        let e = err(&bn.replace("model:\n", "model:\n  batch_norm_eps: 0\n"));
+        assert!(
+            e.contains("model.batch_norm_eps") && e.contains("positive"),
+            "{e}"
+        );
+        // A stored BatchNorm run without the key (written before it existed) used 1e-5.
+        let mut stored = raw.clone();
+        stored["model"]
+            .as_object_mut()
+            .unwrap()
+            .remove("batch_norm_eps");
+        let resolved = stored_npe_section(&stored);
+        assert_eq!(resolved["model"]["batch_norm_eps"], 1e-5);
+        let s = NpeSettings::from_value(&resolved).unwrap();
+        assert_eq!(s.network_config().batch_norm_eps, LEGACY_BATCH_NORM_EPS);
+        // ... and one that has it keeps it.
+        assert_eq!(stored_npe_section(&raw), raw);
     }
 
     #[test]

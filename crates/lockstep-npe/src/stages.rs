@@ -76,6 +76,9 @@ pub struct TrainRequest {
     pub resume: Option<PathBuf>,
     /// `--cpu`: compute on the CPU whatever `local.device` says (the run says so).
     pub force_cpu: bool,
+    /// Quick-try overrides of the settings file (`--num-samples`, `--epochs`), applied
+    /// before it is checked and stored with the run as if the file said so.
+    pub overrides: crate::settings::Overrides,
 }
 
 /// A checked run: the settings, the network, one engine config per stage, where each
@@ -200,7 +203,8 @@ fn check_resume_settings(
         o.remove("local");
     }
     let mut keys = Vec::new();
-    differing_keys(old.get("npe"), Some(&new), "", &mut keys);
+    let old_npe = old.get("npe").map(crate::settings::stored_npe_section);
+    differing_keys(old_npe.as_ref(), Some(&new), "", &mut keys);
     if !keys.is_empty() {
         return Err(NpeError::Invalid(format!(
             "--resume {}: {} differs from the settings of the run that wrote the checkpoint ({}) in {}; on resume only {} may change: resume with that run's settings, or train with these into another --train-dir",
@@ -263,7 +267,7 @@ fn resume_point(
         // The keys as the settings files spell them (the typed settings decide).
         let old_raw = lockstep_core::config::read_json(&run_dir.join("config.json"))
             .ok()
-            .and_then(|c| c.get("npe").cloned());
+            .and_then(|c| c.get("npe").map(crate::settings::stored_npe_section));
         let mut keys = Vec::new();
         let parts = ["data".to_string(), "model".to_string()]
             .into_iter()
@@ -312,7 +316,7 @@ fn resume_point(
 /// blocks), and finds where a `--resume` checkpoint continues; no output is touched.
 fn prepare(request: &TrainRequest, world: &World) -> Result<Prepared, NpeError> {
     let file = &request.settings_file;
-    let (settings, raw) = NpeSettings::from_yaml_file(file)?;
+    let (settings, raw) = NpeSettings::from_yaml_file_with(file, &request.overrides)?;
     let launch = if world.launch.is_mpi_launch() && world.launch.size > 1 {
         Launch::Mpi(world.launch.size)
     } else {
@@ -527,19 +531,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     let task = settings.task()?;
     let (seed, n_train) = (settings.data.seed, settings.train_samples());
     let chief = world.comm().is_chief();
-    if let Some(dir) = &p.stages_dir {
-        let inside = p
-            .resume
-            .iter()
-            .chain(&p.start_from)
-            .any(|f| f.starts_with(dir));
-        let made = if chief {
-            for_agreement(create_stages_dir(dir, request.overwrite, inside))
-        } else {
-            Ok(())
-        };
-        agree_on_validation(world.comm(), made)?;
-    }
+    make_stages_dir(request, &p, world)?;
     // Stage 0 starts from the initial parameters, with the reduced basis computed from keyed
     // inputs in every process (deterministic; the startup broadcast makes the replicas equal
     // in any case). A resumed stage takes its parameters from the checkpoint instead.
@@ -549,80 +541,9 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     if chief {
         svd_report.iter().for_each(|l| println!("{l}"));
     }
-    // The device each replica computes on, said by the chief and by any replica that shares
-    // its GPU with another one of its node.
-    let threads = matches!(p.placements.len(), n if n > 1);
-    let slot_of = |rank: usize| {
-        if threads {
-            rank
-        } else {
-            world.launch.local_rank
-        }
-    };
-    let mut device_notes = Vec::new();
-    if request.force_cpu && settings.device() != crate::device::DeviceKind::Cpu {
-        let line = format!(
-            "--cpu: computes on the CPU, in place of local.device: {} in {}",
-            settings.local.device.as_deref().unwrap_or("gpu"),
-            request.settings_file.display()
-        );
-        if chief {
-            println!("{line}");
-            device_notes.push(line);
-        }
-    }
-    for (i, placement) in p.placements.iter().enumerate() {
-        let rank = if threads { i } else { world.launch.rank };
-        let slot = slot_of(rank);
-        if placement.kind() != crate::device::DeviceKind::Cpu
-            && (rank == 0 || placement.shared(slot))
-        {
-            let shared = if placement.shared(slot) {
-                " (shared with another replica of this node)"
-            } else {
-                ""
-            };
-            let line = format!("rank {rank}: computes on {}{shared}", placement.describe());
-            eprintln!("{line}");
-            if chief {
-                device_notes.push(line);
-            }
-        }
-        if rank == 0 {
-            if let Some(warning) = placement.software_warning() {
-                eprintln!("{warning}");
-                device_notes.push(warning.to_string());
-            }
-        }
-    }
-    if let Some(file) = &p.start_from {
-        // A checkpoint that ends the previous stage: the chief reads its values, the
-        // startup broadcast hands them to every replica.
-        let next = if chief {
-            for_agreement(stage_result(file))
-        } else {
-            Ok(values.clone())
-        };
-        values = agree_on_validation(world.comm(), next)?;
-        if chief {
-            let line = format!(
-                "training.stage_{} starts from {}, the end of training.stage_{}",
-                p.first_stage,
-                file.display(),
-                p.first_stage - 1
-            );
-            println!("{line}");
-            svd_report.push(line);
-        }
-    } else if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
-        let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
-        basis.initialize(network, &mut values.0)?;
-        let report = basis.report();
-        if chief {
-            report.iter().for_each(|l| println!("{l}"));
-        }
-        svd_report.extend(report);
-    }
+    let mut device_notes = device_notes(request, &p, world);
+    let threads = p.placements.len() > 1;
+    starting_values(&p, world, &mut values, &mut svd_report)?;
     let n = p.configs.len();
     let mut last_dir = PathBuf::new();
     for stage in p.first_stage..n {
@@ -705,22 +626,159 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         }
     }
     if chief {
-        let log = last_dir.join(&p.configs[n - 1].1.log_file);
-        if let Some(dir) = &p.stages_dir {
-            let export = last_dir.join(EXPORT_FILE);
-            let bytes = std::fs::read(&export)
-                .map_err(|e| NpeError::io(format!("cannot read {}", export.display()), e))?;
-            lockstep_train::checkpoint::write_atomic(&dir.join(EXPORT_FILE), &bytes)?;
+        finish_run(&p, &last_dir)?;
+    }
+    Ok(())
+}
+
+/// What the run says about its devices: `--cpu` overriding `local.device` (chief), the
+/// device of rank 0 and of every replica that shares its GPU (printed on stderr by that
+/// rank), a software adapter's warning. Returns the chief's lines for `run.log`.
+fn device_notes(request: &TrainRequest, p: &Prepared, world: &World) -> Vec<String> {
+    let settings = &p.settings;
+    let chief = world.comm().is_chief();
+    // The device each replica computes on, said by the chief and by any replica that shares
+    // its GPU with another one of its node.
+    let threads = matches!(p.placements.len(), n if n > 1);
+    let slot_of = |rank: usize| {
+        if threads {
+            rank
+        } else {
+            world.launch.local_rank
         }
-        let t = trained::load(&last_dir)?;
-        if let Some(loss) = t.test_loss() {
-            let held_out = settings.data.num_samples - n_train;
+    };
+    let mut device_notes = Vec::new();
+    if request.force_cpu && settings.device() != crate::device::DeviceKind::Cpu {
+        let line = format!(
+            "--cpu: computes on the CPU, in place of local.device: {} in {}",
+            settings.local.device.as_deref().unwrap_or("gpu"),
+            request.settings_file.display()
+        );
+        if chief {
+            println!("{line}");
+            device_notes.push(line);
+        }
+    }
+    for (i, placement) in p.placements.iter().enumerate() {
+        let rank = if threads { i } else { world.launch.rank };
+        let slot = slot_of(rank);
+        if placement.kind() != crate::device::DeviceKind::Cpu
+            && (rank == 0 || placement.shared(slot))
+        {
+            let shared = if placement.shared(slot) {
+                " (shared with another replica of this node)"
+            } else {
+                ""
+            };
+            let line = format!("rank {rank}: computes on {}{shared}", placement.describe());
+            eprintln!("{line}");
+            if chief {
+                device_notes.push(line);
+            }
+        }
+        if rank == 0 {
+            if let Some(warning) = placement.software_warning() {
+                eprintln!("{warning}");
+                device_notes.push(warning.to_string());
+            }
+        }
+    }
+    device_notes
+}
+
+/// The chief creates the folder of a run of several stages (see [`create_stages_dir`]),
+/// every rank learning the outcome.
+///
+/// Errors: the folder's (agreed on every rank).
+fn make_stages_dir(request: &TrainRequest, p: &Prepared, world: &World) -> Result<(), NpeError> {
+    let Some(dir) = &p.stages_dir else {
+        return Ok(());
+    };
+    let inside = p
+        .resume
+        .iter()
+        .chain(&p.start_from)
+        .any(|f| f.starts_with(dir));
+    let made = if world.comm().is_chief() {
+        for_agreement(create_stages_dir(dir, request.overwrite, inside))
+    } else {
+        Ok(())
+    };
+    agree_on_validation(world.comm(), made)?;
+    Ok(())
+}
+
+/// The chief's end of a run: a run of several stages gets the last stage's
+/// `posterior.safetensors` in its folder, and the test loss over the held-out simulations is
+/// printed and logged.
+///
+/// Errors: reading or writing the posterior, loading the last checkpoint.
+fn finish_run(p: &Prepared, last_dir: &Path) -> Result<(), NpeError> {
+    let settings = &p.settings;
+    let n = p.configs.len();
+    let n_train = settings.train_samples();
+    let log = last_dir.join(&p.configs[n - 1].1.log_file);
+    if let Some(dir) = &p.stages_dir {
+        let export = last_dir.join(EXPORT_FILE);
+        let bytes = std::fs::read(&export)
+            .map_err(|e| NpeError::io(format!("cannot read {}", export.display()), e))?;
+        lockstep_train::checkpoint::write_atomic(&dir.join(EXPORT_FILE), &bytes)?;
+    }
+    let t = trained::load(last_dir)?;
+    if let Some(loss) = t.test_loss() {
+        let held_out = settings.data.num_samples - n_train;
+        let line = format!(
+            "test loss (mean negative log-probability over {held_out} held-out simulations): {loss:.6}"
+        );
+        println!("{line}");
+        append_log(&log, &[line])?;
+    }
+    Ok(())
+}
+
+/// Where the first stage trained here starts (`values`: parameters and state): a
+/// checkpoint that ends the previous stage (the chief reads it, the startup broadcast hands
+/// it to every replica), or for a fresh run with a reduced-basis layer the basis computed
+/// from keyed inputs. The lines said about it are printed (chief) and added to `notes`.
+///
+/// Errors: reading the checkpoint (agreed on every rank), computing the basis.
+fn starting_values(
+    p: &Prepared,
+    world: &World,
+    values: &mut (Vec<f32>, Vec<f32>),
+    notes: &mut Vec<String>,
+) -> Result<(), NpeError> {
+    let (settings, network) = (&p.settings, &p.network);
+    let chief = world.comm().is_chief();
+    let seed = settings.data.seed;
+    if let Some(file) = &p.start_from {
+        // A checkpoint that ends the previous stage: the chief reads its values, the
+        // startup broadcast hands them to every replica.
+        let next = if chief {
+            for_agreement(stage_result(file))
+        } else {
+            Ok(values.clone())
+        };
+        *values = agree_on_validation(world.comm(), next)?;
+        if chief {
             let line = format!(
-                "test loss (mean negative log-probability over {held_out} held-out simulations): {loss:.6}"
+                "training.stage_{} starts from {}, the end of training.stage_{}",
+                p.first_stage,
+                file.display(),
+                p.first_stage - 1
             );
             println!("{line}");
-            append_log(&log, &[line])?;
+            notes.push(line);
         }
+    } else if let (Some(svd), None) = (&settings.model.embedding_kwargs.svd, &p.resume) {
+        let task = settings.task()?;
+        let basis = ReducedBasis::compute(task.as_ref(), seed, svd, &network.standardization)?;
+        basis.initialize(network, &mut values.0)?;
+        let report = basis.report();
+        if chief {
+            report.iter().for_each(|l| println!("{l}"));
+        }
+        notes.extend(report);
     }
     Ok(())
 }
@@ -749,6 +807,15 @@ fn stage_failure(
     );
     let e = match e {
         TrainError::OutputDir(o) => return output_dir_error(o),
+        // The chief's output folder, refused before training: every rank knows it.
+        TrainError::Refused(inner) if matches!(*inner, TrainError::OutputDir(_)) => {
+            let TrainError::OutputDir(o) = *inner else {
+                unreachable!("matched above")
+            };
+            return NpeError::Train(TrainError::Refused(Box::new(TrainError::Build(
+                anyhow::Error::new(output_dir_error(o)),
+            ))));
+        }
         e => e,
     };
     let message = match &e {

@@ -176,8 +176,9 @@ pub fn run_settings(file: &Path) -> Result<(PathBuf, NpeSettings, usize), NpeErr
             config_path.display()
         )));
     };
+    let npe = crate::settings::stored_npe_section(npe);
     let settings =
-        NpeSettings::from_value(npe).map_err(|e| e.under("npe").in_file(&config_path))?;
+        NpeSettings::from_value(&npe).map_err(|e| e.under("npe").in_file(&config_path))?;
     let stage = config
         .get("npe_stage")
         .and_then(|v| v.as_u64())

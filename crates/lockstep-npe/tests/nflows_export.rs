@@ -4,14 +4,18 @@
 //! with a reduced-basis layer, an odd θ width, a non-trivial standardization and parameters
 //! far from their initial values exports the state dict names, shapes and dtypes nflows'
 //! modules expect, and lockstep's log-probabilities equal nflows' for the stored pairs (to
-//! 1e-5). Settings nflows has no counterpart for are refused naming the key. The
+//! 1e-5); the same flow with BatchNorm (Dingo's default, eps 1e-3) against its own
+//! reference (`reference_batch_norm.json`), running statistics far from their initial
+//! values and `num_batches_tracked` included. Settings nflows has no counterpart for are
+//! refused naming the key. The
 //! permutations `posterior.safetensors` stores rebuild the flow (sampling gives the same
 //! draws); files without them draw them from the seed as before.
 //!
-//! To remake the reference: `LOCKSTEP_NFLOWS_EXPORT_DIR=DIR cargo test --release -p
-//! lockstep-npe --test nflows_export` writes the export into DIR, then
-//! `python scripts/peers/nflows_export_check.py DIR --write-reference
-//! crates/lockstep-npe/tests/data/nflows_export/reference.json` (torch + nflows installed).
+//! To remake the references: `LOCKSTEP_NFLOWS_EXPORT_DIR=DIR cargo test --release
+//! --workspace --test nflows_export` writes the exports into `DIR/none` and
+//! `DIR/batch_norm`, then `python scripts/peers/nflows_export_check.py DIR/none
+//! --write-reference crates/lockstep-npe/tests/data/nflows_export/reference.json` (and
+//! `DIR/batch_norm` into `reference_batch_norm.json`; torch + nflows installed).
 
 use lockstep_core::rng::SplitMix64;
 use lockstep_npe::export::{check_settings, nflows_export, CheckPairs, NflowsExport};
@@ -34,9 +38,10 @@ const BINS: usize = 5;
 const X: usize = BLOCKS * 2 * BINS;
 const PAIRS: usize = 12;
 
-fn reference() -> Value {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nflows_export/reference.json");
+fn reference(file: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/nflows_export")
+        .join(file);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -64,6 +69,7 @@ fn network(norm: Norm) -> NpeNetwork {
             tail_bound: 2.0,
             norm,
         },
+        batch_norm_eps: lockstep_npe::layers::DINGO_BATCH_NORM_EPS,
     };
     let standardization = Standardization {
         theta_mean: vec![0.5, -1.0, 2.0],
@@ -82,9 +88,29 @@ fn parameters(net: &NpeNetwork) -> Vec<f32> {
     p
 }
 
+/// Running statistics far from their initial values: means N(0, 0.5²), variances in
+/// [0.3, 1.8] (empty without BatchNorm).
+fn running_statistics(net: &NpeNetwork) -> Vec<f32> {
+    let layout = net.state_layout();
+    let mut state = vec![0.0f32; layout.len()];
+    let mut rng = SplitMix64::new(29);
+    for (i, spec) in layout.specs().iter().enumerate() {
+        let var = spec.name.ends_with("running_var");
+        for v in layout.slice_mut(&mut state, i) {
+            *v = if var {
+                (0.3 + 1.5 * rng.uniform()) as f32
+            } else {
+                (0.5 * rng.normal()) as f32
+            };
+        }
+    }
+    state
+}
+
 fn model(net: &NpeNetwork, params: &[f32]) -> NpeModel<CpuAutodiff> {
     let mut m = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
     m.set_parameters(params).unwrap();
+    m.set_state(&running_statistics(net)).unwrap();
     m
 }
 
@@ -107,7 +133,8 @@ fn export(net: &NpeNetwork, params: &[f32]) -> NflowsExport {
     let log_prob = model(net, params).log_prob(&theta, &x, PAIRS);
     let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
     let checks = CheckPairs { theta, x, log_prob };
-    nflows_export(net, params, &[], &checks, &names).unwrap()
+    let state = running_statistics(net);
+    nflows_export(net, params, &state, 41, &checks, &names).unwrap()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -124,14 +151,60 @@ fn floats(v: &Value) -> Vec<f32> {
 
 #[test]
 fn export_matches_the_stored_nflows_reference() {
-    let net = network(Norm::None);
+    let ex = matches_reference(Norm::None, "none", "reference.json");
+    assert!(!ex.tensors.iter().any(|t| t.name.contains("batch_norm")));
+}
+
+#[test]
+fn batch_norm_export_matches_the_stored_nflows_reference() {
+    let ex = matches_reference(Norm::BatchNorm, "batch_norm", "reference_batch_norm.json");
+    let named = |suffix: &str| {
+        ex.tensors
+            .iter()
+            .filter(|t| t.name.ends_with(suffix))
+            .count()
+    };
+    // Two BatchNorm1d per residual block: 3 embedding blocks, 3 steps of 2 conditioner blocks.
+    for buffer in [
+        "running_mean",
+        "running_var",
+        "weight",
+        "num_batches_tracked",
+    ] {
+        let n = ex
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains(".batch_norm_layers.") && t.name.ends_with(buffer))
+            .count();
+        assert_eq!(n, 2 * (3 + 3 * 2), "{buffer}");
+    }
+    assert!(named(".norm_layers.0.weight") == 0);
+    let tracked = ex
+        .tensors
+        .iter()
+        .find(|t| t.name.ends_with("num_batches_tracked"))
+        .unwrap();
+    assert_eq!(tracked.values, lockstep_npe::export::Values::I64(vec![41]));
+    assert!(tracked.shape.is_empty());
+    let bk = &ex.settings["posterior_kwargs"]["base_transform_kwargs"];
+    assert_eq!(bk["batch_norm"], true);
+    assert_eq!(ex.settings["embedding_kwargs"]["batch_norm"], true);
+    assert_eq!(ex.settings["batch_norm"]["eps"], 1e-3);
+}
+
+/// The export of the reference's flow with `norm` equals the stored nflows reference
+/// `file`: names, shapes, dtypes and log-probabilities (written into
+/// `$LOCKSTEP_NFLOWS_EXPORT_DIR/folder` when set, to remake the reference).
+fn matches_reference(norm: Norm, folder: &str, file: &str) -> NflowsExport {
+    let net = network(norm);
     let params = parameters(&net);
     let ex = export(&net, &params);
     if let Ok(dir) = std::env::var("LOCKSTEP_NFLOWS_EXPORT_DIR") {
+        let dir = Path::new(&dir).join(folder);
         std::fs::create_dir_all(&dir).unwrap();
-        ex.write(Path::new(&dir)).unwrap();
+        ex.write(&dir).unwrap();
     }
-    let reference = reference();
+    let reference = reference(file);
 
     // The names, shapes and dtypes of the written state dict are those nflows expects.
     let bytes = ex.state_dict_bytes().unwrap();
@@ -196,6 +269,7 @@ fn export_matches_the_stored_nflows_reference() {
         ex.settings["permutations"],
         serde_json::to_value(net.permutations()).unwrap()
     );
+    ex
 }
 
 fn settings(base_norm: &str, embedding_norm: &str) -> NpeSettings {
@@ -241,18 +315,17 @@ fn settings_without_an_nflows_counterpart_are_refused_naming_the_key() {
         e.contains("model.posterior_kwargs.base_transform_kwargs.norm") && e.contains("LayerNorm"),
         "{e}"
     );
-    let e = check_settings(&settings("batch_norm: false", "batch_norm: true"))
-        .unwrap_err()
-        .to_string();
+    // Dingo's default batch norm exports; a settings file without batch_norm_eps gets 1e-3.
+    let bn = settings("batch_norm: false", "batch_norm: true");
+    assert_eq!(bn.model.batch_norm_eps, Some(1e-3));
+    check_settings(&bn).unwrap();
+    check_settings(&settings("norm: batch_norm", "norm: none")).unwrap();
+    // Another eps (as runs stored before the key, with 1e-5) has no nflows counterpart.
+    let mut legacy = settings("norm: batch_norm", "norm: none");
+    legacy.model.batch_norm_eps = Some(1e-5);
+    let e = check_settings(&legacy).unwrap_err().to_string();
     assert!(
-        e.contains("model.embedding_kwargs.batch_norm: is true") && e.contains("eps 1e-3"),
-        "{e}"
-    );
-    let e = check_settings(&settings("norm: batch_norm", "norm: none"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("model.posterior_kwargs.base_transform_kwargs.norm: is batch_norm"),
+        e.contains("model.batch_norm_eps: is 0.00001") && e.contains("eps 1e-3"),
         "{e}"
     );
     // The library call refuses the network itself too.
@@ -263,7 +336,7 @@ fn settings_without_an_nflows_counterpart_are_refused_naming_the_key() {
         x: vec![],
         log_prob: vec![],
     };
-    let e = nflows_export(&net, &params, &[], &checks, &[])
+    let e = nflows_export(&net, &params, &[], 0, &checks, &[])
         .unwrap_err()
         .to_string();
     assert!(

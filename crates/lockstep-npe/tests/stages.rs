@@ -59,6 +59,7 @@ fn train(settings: &Path, train_dir: &Path, resume: Option<&Path>) -> Result<(),
             overwrite: false,
             resume: resume.map(Path::to_path_buf),
             force_cpu: false,
+            overrides: Default::default(),
         },
         &world,
     )

@@ -31,6 +31,7 @@ fn network(task: &dyn Task, size: usize) -> NpeNetwork {
             tail_bound: 3.0,
             norm: Norm::None,
         },
+        batch_norm_eps: lockstep_npe::layers::DINGO_BATCH_NORM_EPS,
     };
     NpeNetwork::new(
         config,

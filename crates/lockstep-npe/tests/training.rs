@@ -36,6 +36,7 @@ fn network(
             tail_bound,
             norm,
         },
+        batch_norm_eps: lockstep_npe::layers::DINGO_BATCH_NORM_EPS,
     };
     NpeNetwork::new(
         config,
@@ -386,6 +387,52 @@ fn density_of_a_trained_2d_flow_integrates_to_one() {
     assert!((total - 1.0).abs() <= 1e-2, "∫ q(θ|x) dθ = {total}");
     // Trained: the mass sits inside the prior's support [-1, 1]².
     assert!(prior_box > 0.9, "mass in the prior box {prior_box}");
+}
+
+/// Every epoch logs its mean training loss and the validation loss over the held-out
+/// simulations, whatever the schedule (Dingo and sbi users read both each epoch); the last
+/// epoch's validation loss is the model's loss on the held-out set.
+#[test]
+fn every_epoch_logs_its_train_and_validation_loss() {
+    let task: Arc<dyn Task> = Arc::new(GaussianLinear::new(2));
+    let net = network(task.as_ref(), Norm::None, 16, 2, 3.0);
+    let dir = tempfile::tempdir().unwrap();
+    let adam = json!({"name": "adam", "learning_rate": 3e-3});
+    let c = config(dir.path(), "epochs", 16, Value::Null, 12, adam);
+    let source = |seed| TaskSource::dataset(task.clone(), seed, 64).with_validation(64, 40);
+    let summary = train_on(&c, &net, source, None).unwrap();
+    let log = std::fs::read_to_string(dir.path().join("epochs/run.log")).unwrap();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("validation loss"))
+        .collect();
+    // 64 training simulations in batches of 16: 4 updates per epoch, 3 epochs.
+    assert_eq!(lines.len(), 3, "{log}");
+    let number = |l: &str, key: &str| -> f64 {
+        let rest = l.split(key).nth(1).unwrap();
+        rest.split([',', ';'])
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for (e, l) in lines.iter().enumerate() {
+        assert!(l.contains(&format!("epoch {}: train loss", e + 1)), "{l}");
+        assert!(number(l, "train loss").is_finite() && number(l, "validation loss").is_finite());
+        assert!(l.contains("learning rate 3e-3"), "{l}");
+    }
+    // The train loss is the mean of the epoch's logged losses.
+    let last: f64 = summary.loss_history[8..12]
+        .iter()
+        .map(|l| l.iter().sum::<f64>())
+        .sum::<f64>()
+        / 4.0;
+    let logged = number(lines[2], "train loss");
+    assert!(
+        (logged - last).abs() <= 1e-6 * last.abs().max(1.0),
+        "{logged} vs {last}"
+    );
 }
 
 /// `training.optimizer.schedule` reduce_on_plateau steps on the validation loss (the

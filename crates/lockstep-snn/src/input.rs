@@ -199,6 +199,14 @@ impl Inputs {
         for (v, c) in self.file_events(step) {
             f(v, c);
         }
+        self.poisson_events(sample, step, f);
+    }
+
+    /// Call `f(node, count)` for every Poisson-driven virtual node drawing `count >= 1`
+    /// spikes in update step `step` of global sample `sample` (nodes ascending): the draws of
+    /// [`Inputs::for_each`] without the file spikes.
+    #[inline]
+    pub fn poisson_events(&self, sample: u64, step: usize, mut f: impl FnMut(u32, u32)) {
         for (i, &(v, mean)) in self.poisson.iter().enumerate() {
             let u = keyed_uniform(self.seed, sample, v as u64, step as u64);
             let mut p = self.poisson_p0[i];

@@ -173,7 +173,12 @@ impl Model for SnnReplica {
         let out = dir.join("network");
         std::fs::create_dir_all(&out)?;
         let mut files = export_trained_weights(&self.circuit, &rec, &input, &out)?;
-        files.push(write_trained_simulation_config(&self.circuit, dir)?);
+        files.push(write_trained_simulation_config(
+            &self.circuit,
+            &self.model.net,
+            &self.model.inputs,
+            dir,
+        )?);
         Ok(files)
     }
 

@@ -3,12 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
-use lockstep_sonata::{Circuit, CONFIG_DIR_MANIFEST};
+use lockstep_sonata::{Circuit, PopulationSpikes, SpikeSorting, SpikeTrains, CONFIG_DIR_MANIFEST};
 use serde_json::{json, Map, Value};
 
 use crate::config::SnnRun;
 use crate::error::{Result, SnnError};
+use crate::input::Inputs;
+use crate::network::Network;
+use crate::simulation::config::stamp_to_ms;
 use lockstep_core::config::ConfigError;
+
+/// Folder of the run directory that holds the drawn Poisson inputs as SONATA spike files.
+pub const TRAINED_SIMULATION_INPUTS_DIR: &str = "inputs";
 
 /// File name of the generated config inside the run directory.
 pub const TRAINED_SIMULATION_CONFIG: &str = "config.simulate.json";
@@ -18,14 +24,28 @@ pub const TRAINED_SIMULATION_CONFIG: &str = "config.simulate.json";
 /// (absolute paths), the trained edges files in `run_dir/network/` (through the manifest
 /// `"$BASE_DIR": "${configdir}"`, so the run directory can move and BMTK, which resolves
 /// paths without a manifest against the working directory, finds them from any folder),
-/// `run.tstop = run.seq_len x run.dt` (ms) at the training `run.dt` and `run.seed` (so
-/// Poisson inputs draw as sample 0 of a training batch does with that seed), and outputs
-/// (`spikes.h5`, `spikes.csv`) in `run_dir/simulation/` (`$BASE_DIR/simulation`), which a
-/// later simulation replaces. Written atomically (temporary file, rename).
+/// `run.tstop = run.seq_len x run.dt` (ms) at the training `run.dt` and `run.seed`, and
+/// outputs (`spikes.h5`, `spikes.csv`) in `run_dir/simulation/` (`$BASE_DIR/simulation`),
+/// which a later simulation replaces. Written atomically (temporary file, rename).
 ///
-/// Errors: the training config lacks `run.dt` or `run.seq_len`, or the file cannot be
-/// written ([`SnnError::Io`]).
-pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Result<PathBuf> {
+/// Inputs are ones BMTK reads: spike-file inputs as the training config has them; each of
+/// lockstep's own Poisson inputs (`"input_type": "poisson"`, which BMTK's pointnet does not
+/// have) becomes the spike trains it draws for sample 0 with the run's seed over the
+/// `inputs.n_steps()` steps of `inputs` (compiled for `net`) — what `lockstep simulate` of the
+/// training config draws — written as the SONATA spike file
+/// `run_dir/inputs/NAME.h5` (population = the input's `node_set`, sorted by time, a spike of
+/// step `s` at the grid time `(s + 1) dt`, several at once repeated) and referenced as
+/// `{"input_type": "spikes", "module": "h5", "input_file": "$BASE_DIR/inputs/NAME.h5"}`.
+/// So BMTK and lockstep simulate the same input spikes.
+///
+/// Errors: the training config lacks `run.dt` or `run.seq_len`, or a file cannot be
+/// written ([`SnnError::Io`], [`SnnError::Sonata`]).
+pub fn write_trained_simulation_config(
+    circuit: &Circuit,
+    net: &Network,
+    inputs: &Inputs,
+    run_dir: &Path,
+) -> Result<PathBuf> {
     let cfg = &circuit.config;
     let run: SnnRun = cfg.section("run")?;
     let (dt, seq_len) = match (run.dt, run.seq_len) {
@@ -69,7 +89,7 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
     let sim = json!({
         "manifest": {"$BASE_DIR": CONFIG_DIR_MANIFEST},
         "run": run_out,
-        "inputs": cfg.json.get("inputs").cloned().unwrap_or_else(|| json!({})),
+        "inputs": bmtk_inputs(cfg.json.get("inputs"), net, inputs, run_dir)?,
         "components": components,
         "networks": {"nodes": nodes, "edges": edges},
         "output": {
@@ -91,4 +111,88 @@ pub fn write_trained_simulation_config(circuit: &Circuit, run_dir: &Path) -> Res
     std::fs::write(&tmp, text + "\n").map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(path)
+}
+
+/// The training config's `inputs` table with each Poisson input replaced by the spike file
+/// of its draws (see [`write_trained_simulation_config`]); the files are written into
+/// `run_dir/inputs/` (each through a temporary file renamed into place). A second Poisson
+/// input of the same `node_set` is dropped: its draws are in the first one's file (lockstep
+/// draws one train per virtual node).
+fn bmtk_inputs(
+    table: Option<&Value>,
+    net: &Network,
+    inputs: &Inputs,
+    run_dir: &Path,
+) -> Result<Value> {
+    let Some(table) = table.and_then(Value::as_object) else {
+        return Ok(json!({}));
+    };
+    let is_poisson = |v: &Value| {
+        v.get("input_type").and_then(Value::as_str) == Some("poisson")
+            || v.get("module").and_then(Value::as_str) == Some("poisson")
+    };
+    let mut out = Map::new();
+    let mut drawn: Vec<String> = Vec::new();
+    for (name, entry) in table {
+        if !is_poisson(entry) {
+            out.insert(name.clone(), entry.clone());
+            continue;
+        }
+        let Some(node_set) = entry.get("node_set").and_then(Value::as_str) else {
+            out.insert(name.clone(), entry.clone());
+            continue;
+        };
+        if drawn.iter().any(|d| d == node_set) {
+            continue;
+        }
+        drawn.push(node_set.to_string());
+        let trains = SpikeTrains {
+            populations: vec![poisson_draws(net, inputs, node_set)],
+        };
+        let folder = run_dir.join(TRAINED_SIMULATION_INPUTS_DIR);
+        let io = |path: &Path, cause: std::io::Error| SnnError::Io {
+            what: format!("cannot write the drawn spikes of input {name}"),
+            path: path.to_path_buf(),
+            cause,
+        };
+        std::fs::create_dir_all(&folder).map_err(|e| io(&folder, e))?;
+        let file = format!("{name}.h5");
+        let (path, tmp) = (folder.join(&file), folder.join(format!(".{file}.tmp")));
+        lockstep_sonata::write_spikes(&tmp, &trains)?;
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        out.insert(
+            name.clone(),
+            json!({
+                "input_type": "spikes",
+                "module": "h5",
+                "input_file": format!("$BASE_DIR/{TRAINED_SIMULATION_INPUTS_DIR}/{file}"),
+                "node_set": node_set,
+            }),
+        );
+    }
+    Ok(Value::Object(out))
+}
+
+/// The Poisson spikes of the virtual nodes of population `node_set` in sample 0 of
+/// `inputs`, over its steps: a spike of step `s` at `(s + 1) dt` ms (the grid time whose
+/// stamp maps it back to step `s`), sorted by time, ties by node id.
+fn poisson_draws(net: &Network, inputs: &Inputs, node_set: &str) -> PopulationSpikes {
+    let mut p = PopulationSpikes {
+        population: node_set.to_string(),
+        sorting: SpikeSorting::ByTime,
+        ..Default::default()
+    };
+    for step in 0..inputs.n_steps() {
+        let t = stamp_to_ms(net, step as u64 + 1);
+        inputs.poisson_events(0, step, |v, count| {
+            let node = &net.virtual_nodes[v as usize];
+            if node.population == node_set {
+                for _ in 0..count {
+                    p.node_ids.push(node.node_id);
+                    p.timestamps.push(t);
+                }
+            }
+        });
+    }
+    p
 }

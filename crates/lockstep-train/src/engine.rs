@@ -226,6 +226,38 @@ fn agree_with_chief<T>(
     }
 }
 
+/// [`agree_with_chief`] for a chief-only step before any training (restoring the
+/// checkpoint, setting up the outputs): every rank learns from the broadcast that the chief
+/// refused the run, so the failure is agreed ([`TrainError::is_agreed`]) and the job ends
+/// without an abort, the chief's reason printed once: the chief returns its error as
+/// [`TrainError::Refused`], the peers [`TrainError::RefusedByPeer`].
+///
+/// Errors: as described; failed collectives.
+fn chief_may_refuse<T>(
+    comm: &dyn Communicator,
+    chief: Option<Result<T, TrainError>>,
+) -> Result<Option<T>, TrainError> {
+    let mut flag = [u64::from(matches!(chief, Some(Err(_))))];
+    comm.broadcast(&mut flag, 0)?;
+    match chief {
+        Some(Ok(v)) => Ok(Some(v)),
+        Some(Err(e)) if e.is_agreed() => Err(e),
+        Some(Err(e)) => Err(TrainError::Refused(Box::new(e))),
+        None if flag[0] != 0 => Err(TrainError::RefusedByPeer { rank: 0 }),
+        None => Ok(None),
+    }
+}
+
+/// `1 optimizer update`, `N optimizer updates`.
+fn optimizer_updates(n: u64) -> String {
+    plural(n, "optimizer update")
+}
+
+/// `1 thing`, `N things`.
+fn plural(n: u64, thing: &str) -> String {
+    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Where update `u`'s first sample lies (finite sources restart at a multiple of their size
 /// each epoch and drop the partial remainder).
 fn first_sample_of(u: u64, per_update: u64, steps_per_epoch: u64, dataset: Option<u64>) -> u64 {
@@ -261,7 +293,7 @@ pub fn train(
     while t.update < cfg.updates {
         let step = t.run_update()?;
         let metrics = t.reduce_metrics(step)?;
-        t.end_of_epoch()?;
+        t.end_of_epoch(&metrics)?;
         t.callbacks(&metrics)?;
         if t.early_stop(&metrics)? {
             break;
@@ -460,7 +492,7 @@ impl<'a> Trainer<'a> {
                 self.scaler.as_mut(),
             )
         });
-        if let Some(update) = agree_with_chief(self.comm, restored, "checkpoint restore")? {
+        if let Some(update) = chief_may_refuse(self.comm, restored)? {
             self.start_update = update;
         }
         Ok(())
@@ -473,7 +505,7 @@ impl<'a> Trainer<'a> {
     /// [`TrainError::PeerFailed`] (peers).
     fn set_up_outputs(&mut self) -> Result<(), TrainError> {
         let chief = self.comm.is_chief().then(|| self.open_run_dir());
-        self.rundir = agree_with_chief(self.comm, chief, "output setup")?;
+        self.rundir = chief_may_refuse(self.comm, chief)?;
         Ok(())
     }
 
@@ -947,18 +979,23 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// At the end of an epoch, with a schedule that needs it (reduce-on-plateau): the chief
-    /// computes the validation loss ([`BatchSource::validation_batch`] in chunks of 1024,
+    /// At the end of an epoch, when the source has a validation set (lockstep npe: the
+    /// held-out simulations) or the schedule needs one (reduce-on-plateau): the chief computes
+    /// the validation loss ([`BatchSource::validation_batch`] in chunks of 1024,
     /// [`Model::validation_loss`], the sample-weighted mean of the summed terms) and
-    /// broadcasts it; every replica steps the schedule with it, so the learning rates stay
-    /// identical; the chief logs the loss and any reduction. Runs before the update's
-    /// checkpoint, which therefore holds the stepped state.
+    /// broadcasts it; with reduce-on-plateau every replica steps the schedule with it, so the
+    /// learning rates stay identical. The chief logs `epoch N: train loss T, validation loss
+    /// V; learning rate R` (T: the mean reduced loss of the epoch's updates of this run, the
+    /// current one's `metrics` included), as Dingo and sbi report every epoch. Runs before the
+    /// update's checkpoint, which therefore holds the stepped state.
     ///
     /// Errors: the chief's source or model errors ([`TrainError::Model`]; the peers get
     /// [`TrainError::PeerFailed`]), a non-finite validation loss, failed collectives.
-    fn end_of_epoch(&mut self) -> Result<(), TrainError> {
+    fn end_of_epoch(&mut self, metrics: &Metrics) -> Result<(), TrainError> {
         let spe = self.checkpointer.steps_per_epoch.max(1);
-        if !self.optimizer.steps_on_validation() || !self.update.is_multiple_of(spe) {
+        let plateau = self.optimizer.steps_on_validation();
+        let validates = plateau || self.source.validation_samples() > 0;
+        if !validates || !self.update.is_multiple_of(spe) {
             return Ok(());
         }
         let update = self.update;
@@ -983,12 +1020,26 @@ impl<'a> Trainer<'a> {
                 value: loss,
             });
         }
-        let reduced = self.optimizer.end_epoch(loss);
+        let reduced = if plateau {
+            self.optimizer.end_epoch(loss)
+        } else {
+            None
+        };
+        // This epoch's updates in this run: the earlier ones are in the history, the current
+        // one is `metrics` (the callbacks record it after this).
+        let in_epoch = (update - self.start_update).min(spe) as usize;
+        let earlier = in_epoch.saturating_sub(1).min(self.history.len());
+        let train = (self.history[self.history.len() - earlier..]
+            .iter()
+            .map(|l| l.iter().sum::<f64>())
+            .sum::<f64>()
+            + metrics.total)
+            / (earlier + 1) as f64;
+        let rate = self.optimizer.learning_rate(update);
         if let Some(d) = self.rundir.as_mut() {
             let epoch = update / spe;
-            let rate = self.optimizer.plateau.learning_rate;
             d.log(&format!(
-                "epoch {epoch}: validation loss {loss:.6}; learning rate {rate:e}{}",
+                "epoch {epoch}: train loss {train:.6}, validation loss {loss:.6}; learning rate {rate:e}{}",
                 if reduced.is_some() {
                     " (reduced on plateau)"
                 } else {
@@ -1156,11 +1207,13 @@ impl<'a> Trainer<'a> {
             }
             if self.scaler.is_some() {
                 d.log(&format!(
-                    "Completed {update} optimizer updates; this run applied {} and skipped {} (the gradient overflowed at the loss scale).",
-                    self.applied, self.skipped
+                    "Completed {}; this run applied {} and skipped {} (the gradient overflowed at the loss scale).",
+                    optimizer_updates(update),
+                    self.applied,
+                    self.skipped
                 ))?;
             } else {
-                d.log(&format!("Completed {update} optimizer updates."))?;
+                d.log(&format!("Completed {}.", optimizer_updates(update)))?;
             }
             d.log(&format!("Outputs in {}", d.root().display()))?;
             Ok(exported)
@@ -1348,11 +1401,11 @@ fn restore(
         return Err(TrainError::config(
             "training.optimizer_updates",
             format!(
-                "is {} but the checkpoint {} already has {} updates, so there is nothing to train; ask for more than {} updates in total (lockstep train --updates N) to continue it",
+                "is {} but the checkpoint {} already has {}, so there is nothing to train; ask for more than {} in total (lockstep train --updates N) to continue it",
                 cfg.updates,
                 path.display(),
-                state.update,
-                state.update
+                plural(state.update, "update"),
+                plural(state.update, "update")
             ),
         ));
     }

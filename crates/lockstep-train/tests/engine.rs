@@ -501,6 +501,30 @@ fn existing_output_dir_is_left_untouched() {
     );
 }
 
+/// Refusals before training (the chief's output folder, a finished checkpoint) are agreed
+/// errors ([`TrainError::is_agreed`]): under MPI every rank learns them from the chief and
+/// the job ends without an abort, the reason told once (2 ranks: `tests/mpi.rs`).
+#[test]
+fn refusals_before_training_are_agreed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), "t", 4, Value::Null, 1, json!({}));
+    run(&c, None, false, None).unwrap();
+    // One update: the summary says so in the singular.
+    let log = std::fs::read_to_string(dir.path().join("t/run.log")).unwrap();
+    assert!(log.contains("Completed 1 optimizer update."), "{log}");
+    let ckpt = dir.path().join("t/checkpoints/latest");
+    let e = run(&c, Some(&ckpt), false, None).unwrap_err();
+    assert!(e.is_agreed(), "{e:?}");
+    assert!(e.to_string().contains("already has 1 update, so"), "{e}");
+    let mut c2 = config(dir.path(), "t", 4, Value::Null, 2, json!({}));
+    c2["output"]["overwrite_output_dir"] = json!(false);
+    let e = run(&c2, None, false, None).unwrap_err();
+    assert!(
+        e.is_agreed() && e.to_string().contains("overwrite_output_dir"),
+        "{e:?}"
+    );
+}
+
 /// overwrite_output_dir never deletes a directory lockstep did not write.
 #[test]
 fn overwrite_refuses_foreign_directories() {

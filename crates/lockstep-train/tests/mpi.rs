@@ -210,6 +210,7 @@ fn existing_output_dir_stops_the_job_and_is_untouched() {
         out.all_output()
     );
     assert!(out.all_output().contains("overwrite_output_dir"));
+    refused_once(&out);
     assert_eq!(
         std::fs::read_dir(dir.path().join("out")).unwrap().count(),
         1
@@ -218,6 +219,42 @@ fn existing_output_dir_stops_the_job_and_is_untouched() {
         std::fs::read_to_string(dir.path().join("out/results.csv")).unwrap(),
         "precious"
     );
+}
+
+/// A refusal every rank learns before training (here the chief's output folder or resume
+/// point): the reason printed once, by rank 0, and the ranks leave through `MPI_Finalize`
+/// (no `MPI_ABORT` report from the launcher).
+fn refused_once(out: &JobOutput) {
+    let all = out.all_output();
+    assert!(!all.contains("MPI_ABORT"), "aborted:\n{all}");
+    assert_eq!(all.matches(": error on rank").count(), 1, "{all}");
+    assert!(
+        all.contains("lockstep-train-check: error on rank 0"),
+        "{all}"
+    );
+}
+
+/// Resuming a finished run (the checkpoint already has every update) is refused on every
+/// rank without an abort, naming the key and the fix.
+#[test]
+fn resuming_a_finished_run_is_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "done", 4, json!({"strategy": "mpi"}), true);
+    let out = mpirun(2, &cfg, &[]);
+    assert!(out.success(), "{}", out.all_output());
+    let ckpt = dir.path().join("done/checkpoints/latest");
+    let out = mpirun(2, &cfg, &["--resume", ckpt.to_str().unwrap()]);
+    assert!(
+        out.code != Some(0) && out.elapsed < LIMIT,
+        "{}",
+        out.all_output()
+    );
+    assert!(
+        out.all_output().contains("already has 3 updates"),
+        "{}",
+        out.all_output()
+    );
+    refused_once(&out);
 }
 
 /// Issue 13 item 3 over real MPI: 2 ranks x 2 accumulated micro-batches of 2 log the loss

@@ -544,6 +544,24 @@ fn row_update_s_per_edge(
 /// cannot use: each block re-reads the adjoint rows of every target).
 const L1_BLOCK_BYTES: usize = 8 * 1024;
 
+/// The best of 5 copies of the SpMV's edge arrays (target offsets `off`, weights `w`) on
+/// one thread and on `threads` threads: seconds `[one, threads]`.
+fn memcpy_seconds(off: &[u32], w: &[f32], threads: usize) -> [f64; 2] {
+    let mut off_dst = vec![0u32; off.len()];
+    let mut w_dst = vec![0f32; w.len()];
+    let mut best = [f64::INFINITY; 2];
+    for _ in 0..5 {
+        for (k, parts) in [1, threads].into_iter().enumerate() {
+            let clock = std::time::Instant::now();
+            par_copy(&mut off_dst, off, parts);
+            par_copy(&mut w_dst, w, parts);
+            best[k] = best[k].min(clock.elapsed().as_secs_f64());
+            std::hint::black_box((&off_dst, &w_dst));
+        }
+    }
+    best
+}
+
 /// Measures one training config: `warmup` untimed steps, then `repeats` timed steps.
 ///
 /// `device` replaces the config's `run.device` when given.
@@ -607,21 +625,9 @@ pub fn bench_config(
     // thread and on all of the pool's threads (the SpMV's).
     let off = &model.net.recurrent.target_off;
     let w = &params[..model.n_recurrent_params()];
-    let mut off_dst = vec![0u32; off.len()];
-    let mut w_dst = vec![0f32; w.len()];
     let threads = rayon::current_num_threads();
-    let mut best = [f64::INFINITY; 2];
-    for _ in 0..5 {
-        for (k, parts) in [1, threads].into_iter().enumerate() {
-            let clock = std::time::Instant::now();
-            par_copy(&mut off_dst, off, parts);
-            par_copy(&mut w_dst, w, parts);
-            best[k] = best[k].min(clock.elapsed().as_secs_f64());
-            std::hint::black_box((&off_dst, &w_dst));
-        }
-    }
+    let best = memcpy_seconds(off, w, threads);
     let bytes = 4.0 * (off.len() + w.len()) as f64;
-    drop((off_dst, w_dst));
     let row_update = scatter.then(|| {
         let l1_rows = (L1_BLOCK_BYTES / (4 * batch.max(1))).max(1);
         [lockstep_snn::SCATTER_BLOCK, l1_rows]
@@ -760,6 +766,73 @@ pub fn check_against_cpu(
     })
 }
 
+/// The GPU lines of a config's report: the device, the backward pass's edge bandwidth
+/// against a device copy, and the agreement with the CPU engine when checked.
+fn print_gpu_report(r: &ConfigBenchReport, g: &GpuBench, check: Option<&CpuCheck>) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "  on {}: forward and backward are each one submission; device memory {:.3} GiB ({:.0} bytes per recurrent edge)",
+        g.adapter,
+        gib(g.device_bytes),
+        g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64
+    );
+    println!(
+        "  the backward pass reads the recurrent edge arrays at {:.2} GB/s or more ({:.3e} bytes per step over its {:.3} s, its other kernels included); device-to-device copy of them {:.2} GB/s (ratio {:.3})",
+        g.adjoint_edge_bytes / r.split_s[2] / 1e9,
+        g.adjoint_edge_bytes,
+        r.split_s[2],
+        g.copy_bytes_per_s / 1e9,
+        g.adjoint_edge_bytes / r.split_s[2] / g.copy_bytes_per_s
+    );
+    if let Some(k) = check {
+        println!(
+            "  against the float32 CPU engine, {} samples of {} steps: {:.5}% of (sample, neuron, step) spike states agree ({} of {} differ); gradient relative L2 {}",
+            k.samples,
+            r.seq_len,
+            100.0 * k.agree_fraction,
+            k.differing,
+            k.states,
+            k.grad_rel_l2_where_equal
+                .map(|d| format!("{d:.3e} over the {} samples whose spikes all agree", k.equal_samples))
+                .unwrap_or_else(|| "n/a (no sample's spikes agree throughout)".into())
+        );
+    }
+}
+
+/// The CPU lines of a config's report: the adjoint SpMV's bandwidth against memcpy, and its
+/// scatter against the per-edge floor.
+fn print_cpu_report(r: &ConfigBenchReport, threads: usize) {
+    println!(
+        "  adjoint SpMV ({} form) streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s on {} threads, {:.2} GB/s on one (ratio to {} threads {:.2})",
+        if r.spmv_scatter { "scatter" } else { "gather" },
+        r.spmv_bytes_per_s / 1e9,
+        r.memcpy_bytes_per_s / 1e9,
+        threads,
+        r.memcpy_1_bytes_per_s / 1e9,
+        threads,
+        r.spmv_bytes_per_s / r.memcpy_bytes_per_s
+    );
+    if let Some([l2, l1]) = r.row_update_s_per_edge {
+        let floor = r.adjoint_edges_per_step * l2.min(l1);
+        println!(
+            "  adjoint SpMV {:.3} s = scatter {:.3} s + windowed weight gradient {:.3} s; the scatter's work per edge alone (a random read-modify-write of a {}-byte row, the edges streamed) {:.3} ns/edge in {} KB blocks (the kernel's), {:.3} ns/edge in {} KB blocks, on {} threads: at least {:.3} s for the step's {:.4e} edge visits (scatter / that {:.2}; / the kernel's blocks' {:.2})",
+            r.split_s[3],
+            r.spmv_alone_s,
+            r.weight_grad_s,
+            4 * r.batch,
+            l2 * 1e9,
+            lockstep_snn::SCATTER_BLOCK * 4 * r.batch / 1024,
+            l1 * 1e9,
+            L1_BLOCK_BYTES / 1024,
+            threads,
+            floor,
+            r.adjoint_edges_per_step,
+            r.spmv_alone_s / floor,
+            r.spmv_alone_s / (r.adjoint_edges_per_step * l2)
+        );
+    }
+}
+
 fn run_configs(args: &BpttArgs) -> Result<()> {
     // --cpu wins over the configs' run.device and is refused with a --device of a GPU.
     let device = match (crate::flags::cpu_only(), args.device) {
@@ -832,69 +905,9 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
                 gib(r.estimate_bytes)
             ),
         }
-        if let Some(g) = &r.gpu {
-            println!(
-                "  on {}: forward and backward are each one submission; device memory {:.3} GiB ({:.0} bytes per recurrent edge)",
-                g.adapter,
-                gib(g.device_bytes),
-                g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64
-            );
-            println!(
-                "  the backward pass reads the recurrent edge arrays at {:.2} GB/s or more ({:.3e} bytes per step over its {:.3} s, its other kernels included); device-to-device copy of them {:.2} GB/s (ratio {:.3})",
-                g.adjoint_edge_bytes / r.split_s[2] / 1e9,
-                g.adjoint_edge_bytes,
-                r.split_s[2],
-                g.copy_bytes_per_s / 1e9,
-                g.adjoint_edge_bytes / r.split_s[2] / g.copy_bytes_per_s
-            );
-            if let Some(k) = &check {
-                println!(
-                    "  against the float32 CPU engine, {} samples of {} steps: {:.5}% of (sample, neuron, step) spike states agree ({} of {} differ); gradient relative L2 {}",
-                    k.samples,
-                    r.seq_len,
-                    100.0 * k.agree_fraction,
-                    k.differing,
-                    k.states,
-                    k.grad_rel_l2_where_equal
-                        .map(|d| format!("{d:.3e} over the {} samples whose spikes all agree", k.equal_samples))
-                        .unwrap_or_else(|| "n/a (no sample's spikes agree throughout)".into())
-                );
-            }
-            println!(
-                "  last step: loss {:.6}, mean rate {:.2} Hz",
-                r.loss, r.mean_rate_hz
-            );
-            print_peer();
-            continue;
-        }
-        println!(
-            "  adjoint SpMV ({} form) streams the edge arrays at {:.2} GB/s; memcpy of them {:.2} GB/s on {} threads, {:.2} GB/s on one (ratio to {} threads {:.2})",
-            if r.spmv_scatter { "scatter" } else { "gather" },
-            r.spmv_bytes_per_s / 1e9,
-            r.memcpy_bytes_per_s / 1e9,
-            threads,
-            r.memcpy_1_bytes_per_s / 1e9,
-            threads,
-            r.spmv_bytes_per_s / r.memcpy_bytes_per_s
-        );
-        if let Some([l2, l1]) = r.row_update_s_per_edge {
-            let floor = r.adjoint_edges_per_step * l2.min(l1);
-            println!(
-                "  adjoint SpMV {:.3} s = scatter {:.3} s + windowed weight gradient {:.3} s; the scatter's work per edge alone (a random read-modify-write of a {}-byte row, the edges streamed) {:.3} ns/edge in {} KB blocks (the kernel's), {:.3} ns/edge in {} KB blocks, on {} threads: at least {:.3} s for the step's {:.4e} edge visits (scatter / that {:.2}; / the kernel's blocks' {:.2})",
-                r.split_s[3],
-                r.spmv_alone_s,
-                r.weight_grad_s,
-                4 * r.batch,
-                l2 * 1e9,
-                lockstep_snn::SCATTER_BLOCK * 4 * r.batch / 1024,
-                l1 * 1e9,
-                L1_BLOCK_BYTES / 1024,
-                threads,
-                floor,
-                r.adjoint_edges_per_step,
-                r.spmv_alone_s / floor,
-                r.spmv_alone_s / (r.adjoint_edges_per_step * l2)
-            );
+        match &r.gpu {
+            Some(g) => print_gpu_report(&r, g, check.as_ref()),
+            None => print_cpu_report(&r, threads),
         }
         println!(
             "  last step: loss {:.6}, mean rate {:.2} Hz",

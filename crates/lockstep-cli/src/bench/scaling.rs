@@ -205,6 +205,90 @@ fn measure_independent(args: &ScalingArgs, n: usize) -> Result<Measured> {
     Ok(combine_concurrent(&runs))
 }
 
+/// Prints the scaling table of the measured runs (1 replica, the independent bound, thread
+/// and MPI replicas, as `args` asked), each against 1 replica, and the bound's lines.
+fn print_table(
+    args: &ScalingArgs,
+    one: &Measured,
+    bound: &Measured,
+    threads: &Measured,
+    mpi: &Measured,
+) {
+    let n = args.replicas;
+    let mut rows = vec![("1 replica", one)];
+    if !args.no_independent {
+        rows.push(("independent", bound));
+    }
+    if !args.no_threads {
+        rows.push(("threads", threads));
+    }
+    if !args.no_mpi {
+        rows.push(("mpi", mpi));
+    }
+    let one_sps = one.global_batch as f64 / median(one.step_s.clone());
+    let per_round = args.updates as usize;
+    let one_rounds = round_medians(&one.step_s, per_round);
+    println!(
+        "local batch {} per replica, median of {} rounds x {} updates (after {} warm-up each), one core per replica",
+        one.global_batch, args.rounds.max(1), args.updates, args.warmup
+    );
+    println!(
+        "{:>11} {:>8} {:>12} {:>12} {:>12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}",
+        "run",
+        "replicas",
+        "global batch",
+        "updates/s",
+        "samples/s",
+        "ratio",
+        "ratio min",
+        "ratio max",
+        "spread",
+        "data %",
+        "comm %",
+        "compute s"
+    );
+    for (name, m) in &rows {
+        let step = median(m.step_s.clone());
+        let ups = 1.0 / step;
+        let sps = m.global_batch as f64 / step;
+        let ratio = sps / one_sps;
+        let rounds = round_medians(&m.step_s, per_round);
+        let (lo, hi) = paired_ratio_range(&rounds, m.global_batch, &one_rounds, one.global_batch);
+        println!(
+            "{:>11} {:>8} {:>12} {:>12.4} {:>12.2} {:>8.3} {:>9.3} {:>9.3} {:>8.3} {:>8.2} {:>8.2} {:>10.4}",
+            name,
+            m.replicas,
+            m.global_batch,
+            ups,
+            sps,
+            ratio,
+            lo,
+            hi,
+            spread(&rounds),
+            100.0 * median(m.data_s.clone()) / step,
+            100.0 * median(m.comm_s.clone()) / step,
+            median(m.compute_s.clone())
+        );
+    }
+    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time); data, comm and compute are each the slowest rank's (data: the chief drawing the global batch and the scatter; comm: the gradient all-reduce, including the wait for the slower replica)");
+    if !args.no_independent {
+        let bound_sps = bound.global_batch as f64 / median(bound.step_s.clone());
+        println!(
+            "independent = {n} 1-replica processes at once that never communicate, each update the slowest of the {n}: the machine's bound for {n} replicas ({:.3}x)",
+            bound_sps / one_sps
+        );
+        for (name, m) in rows.iter().filter(|(r, _)| *r == "threads" || *r == "mpi") {
+            let sps = m.global_batch as f64 / median(m.step_s.clone());
+            println!(
+                "{name}: {:.1}% of the bound ({:.3}x of {:.3}x)",
+                100.0 * sps / bound_sps,
+                sps / one_sps,
+                bound_sps / one_sps
+            );
+        }
+    }
+}
+
 /// Runs the benchmark and prints the table.
 pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
     if args.updates == 0 {
@@ -271,78 +355,7 @@ pub fn run(args: &ScalingArgs, world: &World) -> Result<()> {
             )?);
         }
     }
-    let mut rows = vec![("1 replica", &one)];
-    if !args.no_independent {
-        rows.push(("independent", &bound));
-    }
-    if !args.no_threads {
-        rows.push(("threads", &threads));
-    }
-    if !args.no_mpi {
-        rows.push(("mpi", &mpi));
-    }
-    let one_sps = one.global_batch as f64 / median(one.step_s.clone());
-    let per_round = args.updates as usize;
-    let one_rounds = round_medians(&one.step_s, per_round);
-    println!(
-        "local batch {} per replica, median of {} rounds x {} updates (after {} warm-up each), one core per replica",
-        one.global_batch, args.rounds.max(1), args.updates, args.warmup
-    );
-    println!(
-        "{:>11} {:>8} {:>12} {:>12} {:>12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}",
-        "run",
-        "replicas",
-        "global batch",
-        "updates/s",
-        "samples/s",
-        "ratio",
-        "ratio min",
-        "ratio max",
-        "spread",
-        "data %",
-        "comm %",
-        "compute s"
-    );
-    for (name, m) in &rows {
-        let step = median(m.step_s.clone());
-        let ups = 1.0 / step;
-        let sps = m.global_batch as f64 / step;
-        let ratio = sps / one_sps;
-        let rounds = round_medians(&m.step_s, per_round);
-        let (lo, hi) = paired_ratio_range(&rounds, m.global_batch, &one_rounds, one.global_batch);
-        println!(
-            "{:>11} {:>8} {:>12} {:>12.4} {:>12.2} {:>8.3} {:>9.3} {:>9.3} {:>8.3} {:>8.2} {:>8.2} {:>10.4}",
-            name,
-            m.replicas,
-            m.global_batch,
-            ups,
-            sps,
-            ratio,
-            lo,
-            hi,
-            spread(&rounds),
-            100.0 * median(m.data_s.clone()) / step,
-            100.0 * median(m.comm_s.clone()) / step,
-            median(m.compute_s.clone())
-        );
-    }
-    println!("ratio = samples/s of the run / samples/s of 1 replica (same local batch); ratio min/max: the same per round, against that round's 1-replica run; spread = slowest / fastest round (median update time); data, comm and compute are each the slowest rank's (data: the chief drawing the global batch and the scatter; comm: the gradient all-reduce, including the wait for the slower replica)");
-    if !args.no_independent {
-        let bound_sps = bound.global_batch as f64 / median(bound.step_s.clone());
-        println!(
-            "independent = {n} 1-replica processes at once that never communicate, each update the slowest of the {n}: the machine's bound for {n} replicas ({:.3}x)",
-            bound_sps / one_sps
-        );
-        for (name, m) in rows.iter().filter(|(r, _)| *r == "threads" || *r == "mpi") {
-            let sps = m.global_batch as f64 / median(m.step_s.clone());
-            println!(
-                "{name}: {:.1}% of the bound ({:.3}x of {:.3}x)",
-                100.0 * sps / bound_sps,
-                sps / one_sps,
-                bound_sps / one_sps
-            );
-        }
-    }
+    print_table(args, &one, &bound, &threads, &mpi);
     Ok(())
 }
 

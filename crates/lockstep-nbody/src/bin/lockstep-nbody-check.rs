@@ -46,6 +46,7 @@ fn main() {
         progress: true,
         output_dir: None,
         overwrite: args.iter().any(|a| a == "--overwrite"),
+        ..Default::default()
     };
     if let Err(e) = run_nbody_config_on(world.comm(), &path, &opts) {
         world.fail(&format!("rank {}: {e}", world.comm().rank()));

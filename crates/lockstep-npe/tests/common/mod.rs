@@ -68,6 +68,7 @@ pub fn small_network(theta_dim: usize, x_dim: usize, norm: Norm, tail_bound: f64
             tail_bound,
             norm,
         },
+        batch_norm_eps: lockstep_npe::layers::DINGO_BATCH_NORM_EPS,
     };
     NpeNetwork::new(
         config,
