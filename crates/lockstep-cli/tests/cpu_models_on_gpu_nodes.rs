@@ -45,7 +45,7 @@ fn mpi_training_runs_on_cpu_with_one_visible_gpu() {
     assert!(!out.timed_out, "timed out:\n{}", out.all_output());
     assert!(out.success(), "{}", out.all_output());
     assert!(
-        out.stdout.contains("Completed 1 optimizer updates."),
+        out.stdout.contains("Completed 1 optimizer update."),
         "{}",
         out.all_output()
     );

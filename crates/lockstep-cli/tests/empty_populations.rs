@@ -190,7 +190,7 @@ fn node_type_without_nodes_and_node_populations_without_nodes() {
         assert!(out.is_file(), "{table}");
         let (ok, all) = train(&cfg);
         assert!(ok, "the recurrent weights are still there to train: {all}");
-        assert!(all.contains("Completed 1 optimizer updates"), "{all}");
+        assert!(all.contains("Completed 1 optimizer update"), "{all}");
     }
 }
 
