@@ -70,7 +70,7 @@ fn _finalize() {
 /// loaded by Python (`RTLD_LOCAL`) does not export. `RTLD_NOLOAD` only promotes the copy
 /// this module already linked; nothing is loaded when it is absent.
 fn promote_libmpi() {
-    #[cfg(all(feature = "mpi", target_os = "linux"))]
+    #[cfg(target_os = "linux")]
     for name in [
         c"libmpi.so.40",
         c"libmpi.so.20",
