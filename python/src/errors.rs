@@ -72,6 +72,29 @@ fn kind_of(chain: &mut dyn Iterator<Item = &(dyn std::error::Error + 'static)>) 
             Some(Sk::Io { .. } | Sk::Hdf5 { .. }) | None => {}
             Some(_) => kind = Kind::Invalid,
         }
+        // The engine shows the model's and its own validation errors transparently: look
+        // inside them.
+        match e.downcast_ref::<lockstep_train::TrainError>() {
+            Some(lockstep_train::TrainError::Build(inner)) => match kind_of(&mut inner.chain()) {
+                Kind::Run => {}
+                k => return k,
+            },
+            Some(lockstep_train::TrainError::Refused(inner)) => {
+                let inner: &(dyn std::error::Error + 'static) = &**inner;
+                match kind_of(&mut std::iter::successors(Some(inner), |e| e.source())) {
+                    Kind::Run => {}
+                    k => return k,
+                }
+            }
+            _ => {}
+        }
+        if let Some(lockstep_npe::NpeError::Train(t)) = e.downcast_ref::<lockstep_npe::NpeError>() {
+            let inner: &(dyn std::error::Error + 'static) = t;
+            match kind_of(&mut std::iter::once(inner)) {
+                Kind::Run => {}
+                k => return k,
+            }
+        }
         if matches!(
             e.downcast_ref::<SnnError>(),
             Some(

@@ -4,6 +4,7 @@ reports and losses as the `lockstep simulate` / `lockstep train` commands."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -92,9 +93,16 @@ def test_train_equals_the_command(glif_example):
     # updates= overrides training.optimizer_updates, as --updates does.
     short = lockstep.train(cfg, updates=1, output_dir=glif_example / "py1")
     assert len(short.loss_history) == 1 and short.loss_history[0] == result.loss_history[0]
-    with pytest.raises(lockstep.LockstepError) as e:
-        lockstep.train(cfg, output_dir=glif_example / "py")
-    assert "overwrite" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        lockstep.train(cfg, updates=-1)
+    assert "updates=-1" in str(e.value)
+    bad = json.loads(cfg.read_text())
+    bad["training"]["optimiser"] = bad["training"].pop("optimizer")
+    bad_path = glif_example / "bad_train.json"
+    bad_path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError) as e:
+        lockstep.train(bad_path)
+    assert "optimiser" in str(e.value) and "optimizer" in str(e.value), str(e.value)
 
 
 MPI_SCRIPT = """
@@ -116,6 +124,7 @@ def test_mpi_job_with_mpi4py(glif_example, tmp_path):
     pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
     cfg = json.loads((glif_example / "config.mpi.json").read_text())
     cfg["run"].update({"seq_len": 100, "batch_size": 2})
+    cfg["run"]["distribution"]["global_batch_size"] = 4
     path = glif_example / "mpi.json"
     path.write_text(json.dumps(cfg))
     script = tmp_path / "job.py"
@@ -124,6 +133,8 @@ def test_mpi_job_with_mpi4py(glif_example, tmp_path):
         ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable, str(script),
          str(path), str(glif_example / "mpi_run")],
         capture_output=True, text=True, timeout=600,
+        # mpirun refuses to run as root (CI, containers) unless told; harmless otherwise.
+        env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 of 2 updates 4" in proc.stdout and "rank 1 of 2 updates 4" in proc.stdout, proc.stdout
