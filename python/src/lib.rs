@@ -6,9 +6,10 @@
 //! re-exported there.
 //!
 //! What the bindings guarantee:
-//! - errors become Python exceptions carrying the library's message ([`errors`]), never a
-//!   crash of the interpreter (panics become `lockstep.LockstepError` too);
-//! - long calls release the GIL ([`detached`]); sampling and log-probabilities stop at the
+//! - errors become Python exceptions carrying the library's message (module `errors`), never a
+//!   crash of the interpreter (a panic becomes PyO3's `PanicException`; under MPI a panic
+//!   aborts the job, as in the command, so that no rank waits forever);
+//! - long calls release the GIL (`detached`); sampling and log-probabilities stop at the
 //!   next chunk on Ctrl-C (`KeyboardInterrupt`);
 //! - arrays cross without copies where the layout allows: inputs are read in place, results
 //!   are written straight into the NumPy arrays returned.

@@ -12,6 +12,9 @@ use numpy::{
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
+/// Accelerations `[N, 3]` and potentials `[N]`, as NumPy arrays.
+type ForcesOut<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>);
+
 /// Acceleration `[N, 3]` and potential `[N]` of the particles `pos` (`[N, 3]`, float64,
 /// C order) with masses `mass` (`[N]`, float64) on themselves: the library's
 /// `Gravity::forces` with the given settings (validated by `Gravity::new` and
@@ -31,7 +34,7 @@ fn _nbody_forces<'py>(
     theta: f64,
     leaf_size: usize,
     near_field: &str,
-) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>)> {
+) -> PyResult<ForcesOut<'py>> {
     let method = match method {
         "fmm" => Method::Fmm,
         "direct" => Method::Direct,
