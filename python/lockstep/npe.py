@@ -54,10 +54,17 @@ class Posterior:
         Optimizer updates behind the parameters.
     device : str
         What the network computes on.
+    last_report : str or None
+        After :meth:`sample`: the fraction of the samples drawn outside the prior's
+        support, in the words ``lockstep npe sample`` prints (``last_drawn`` and
+        ``last_outside`` hold the counts).
     """
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self.last_report: Optional[str] = None
+        self.last_drawn: Optional[int] = None
+        self.last_outside: Optional[int] = None
 
     @classmethod
     def load(cls, path: PathLike, device: str = "cpu") -> "Posterior":
@@ -92,34 +99,42 @@ class Posterior:
 
     @property
     def parameter_names(self) -> List[str]:
+        """The parameter names, in the column order of samples and ``theta``."""
         return list(self._inner.parameter_names)
 
     @property
     def prior(self) -> List[PriorBound]:
+        """The prior's support: one :class:`PriorBound` ``(low, high, periodic)`` per parameter."""
         return [PriorBound(*b) for b in self._inner.prior_bounds]
 
     @property
     def task(self) -> str:
+        """The task's name (``two_moons``, ``gaussian_linear``, ``gw_chirp``, ...)."""
         return self._inner.task
 
     @property
     def x_dim(self) -> int:
+        """Length of an observation ``x``."""
         return self._inner.x_dim
 
     @property
     def run_dir(self) -> str:
+        """The run directory of the checkpoint."""
         return os.fspath(self._inner.run_dir)
 
     @property
     def checkpoint(self) -> str:
+        """The checkpoint file read."""
         return os.fspath(self._inner.checkpoint)
 
     @property
     def update(self) -> int:
+        """Optimizer updates behind the parameters."""
         return self._inner.update
 
     @property
     def device(self) -> str:
+        """What the network computes on (``cpu``, the GPU adapter, the CUDA device)."""
         return self._inner.device
 
     def __repr__(self) -> str:
