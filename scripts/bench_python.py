@@ -1,6 +1,6 @@
 """Python vs command-line time for the same sampling work (a benchmark, not a test).
 
-    python3 python/bench.py RUN_DIR [N_SAMPLES]
+    python3 scripts/bench_python.py RUN_DIR [N_SAMPLES]   (the package installed: make python)
 
 `lockstep npe sample RUN_DIR --num-samples N --output x.h5` (the whole command: start, load,
 sample, write HDF5) against `Posterior.load(RUN_DIR).sample(N)` in Python (load and sample),
