@@ -4,6 +4,7 @@
 #               2 updates and every test (among them MPI jobs across two hosts simulated with
 #               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
 #               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
+#   make python builds and installs the Python package (python/) from the release build
 #   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles,
 #               no two files of a crate import each other (scripts/check_layout.py), and
 #               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py)
@@ -15,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # The Vulkan loader complains on every start when XDG_RUNTIME_DIR is unset (CI, containers).
 export XDG_RUNTIME_DIR ?= /tmp
 
-.PHONY: setup build lint test demo
+.PHONY: setup build lint test demo python
 
 setup:
 	bash scripts/setup.sh
@@ -41,7 +42,14 @@ lint: setup
 	# recompiles every crate above it (10 minutes on CI). This builds the tests (`--no-run`,
 	# which `make test` needs anyway) and fails, naming the crate and features, when a library
 	# of the test build differs from the release build's.
-	python3 scripts/check_one_compile.py --profile release
+	python3 scripts/check_one_compile.py --profile release --package lockstep-py
+
+# The Python package (python/: PyO3 bindings built by maturin), installed into python3. Run
+# after `build`, it compiles only the bindings crate: the library crates come from the release
+# build (lockstep-py asks for the same features; scripts/check_one_compile.py --package
+# lockstep-py checks it in `make lint`).
+python: build
+	python3 -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=
@@ -53,3 +61,5 @@ test: build
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
 	cargo test --release --workspace
+	$(MAKE) --no-print-directory python
+	python3 -m pytest -q python/tests

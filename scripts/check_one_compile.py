@@ -14,7 +14,12 @@ of a package the release build has, compiled under another hash for the tests, i
 features of each build. Libraries the test build
 adds (dev-dependencies such as tempfile or lockstep-testkit) are fine.
 
-Usage: python3 scripts/check_one_compile.py [--profile release]   (from the repository root)
+With `--package PKG` (repeatable) it also compares the build of that package alone
+(`cargo build -p PKG`, as maturin builds the Python package's crate lockstep-py) with the
+workspace build: cargo unifies features over the packages it builds, so a crate the other
+members give more features would be compiled a second time, with everything above it.
+
+Usage: python3 scripts/check_one_compile.py [--profile release] [--package PKG]   (from the repository root)
 Side effect: the test binaries are compiled (`cargo test --no-run`), as `make test` needs anyway.
 Exit 0: one compile; 1: a library would be compiled twice (listed); 2: cargo failed.
 """
@@ -69,9 +74,35 @@ def package_name(package_id):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="release")
+    parser.add_argument("--package", action="append", default=[])
     args = parser.parse_args()
     profile = ["--profile", args.profile]
     build = library_artifacts(["cargo", "build", "--workspace"] + profile)
+    failed = False
+    for pkg in args.package:
+        alone = library_artifacts(["cargo", "build", "-p", pkg] + profile)
+        built_packages = {package for package, _ in build.values()}
+        twice = []
+        for name, (package, features) in sorted(alone.items()):
+            if name not in build and package in built_packages:
+                others = sorted({f for n, (p, f) in build.items() if p == package})
+                twice.append((package, name, others, features))
+        if twice:
+            failed = True
+            print(
+                f"check_one_compile: `cargo build -p {pkg}` compiles these libraries again with other "
+                "features than the workspace build (give the package the features the other members "
+                "switch on, as python/Cargo.toml does):",
+                file=sys.stderr,
+            )
+            for package, name, built, tested in twice:
+                print(
+                    f"  {package_name(package)} ({name}): {pkg} build features {list(tested)}; "
+                    f"workspace build features {[list(f) for f in built]}",
+                    file=sys.stderr,
+                )
+        else:
+            print(f"check_one_compile: ok, `cargo build -p {pkg}` reuses all its libraries of the workspace build")
     test = library_artifacts(["cargo", "test", "--workspace", "--no-run"] + profile)
     built_packages = {package for package, _ in build.values()}
     twice = []
@@ -92,6 +123,8 @@ def main():
                 f"release build features {[list(f) for f in built]}",
                 file=sys.stderr,
             )
+        return 1
+    if failed:
         return 1
     print(f"check_one_compile: ok, `cargo test` reuses all {len(build)} libraries of `cargo build`")
     return 0

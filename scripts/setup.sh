@@ -5,7 +5,8 @@
 #     Mesa's Vulkan drivers (libvulkan1, mesa-vulkan-drivers: lavapipe, the software GPU
 #     adapter every GPU test runs on without a GPU)
 #   Python (pip, for the tests' cross-checks with h5py/numpy and the SONATA reference reader):
-#     h5py, numpy, libsonata (pinned: LIBSONATA below)
+#     h5py, numpy, libsonata (pinned: LIBSONATA below); for the Python package (python/):
+#     maturin (its build backend), pytest and mpi4py (its tests; pinned below)
 # Run as root or with sudo available. Exits non-zero with a message saying what to install by
 # hand when it cannot install.
 set -euo pipefail
@@ -56,6 +57,21 @@ if command -v python3 >/dev/null 2>&1; then
     say "installing the Python package libsonata==$LIBSONATA (the SONATA reference reader the tests open our files with)"
     python3 -m pip install --quiet "libsonata==$LIBSONATA" \
       || say "warning: pip could not install libsonata==$LIBSONATA; the tests that read our files with it will fail until it is installed"
+  fi
+fi
+# The Python package's build backend and the tools of its tests (`make test` builds it with
+# `pip install --no-build-isolation ./python`, reusing the release build).
+PY_TOOLS=("maturin==1.16.0" "pytest==9.2.0" "mpi4py==4.1.2")
+if command -v python3 >/dev/null 2>&1; then
+  missing_py=()
+  for spec in "${PY_TOOLS[@]}"; do
+    name=${spec%%==*}; version=${spec##*==}
+    python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('$name') != '$version')" >/dev/null 2>&1 || missing_py+=("$spec")
+  done
+  if [ ${#missing_py[@]} -gt 0 ]; then
+    say "installing the Python packages ${missing_py[*]} (the Python package's build and tests)"
+    python3 -m pip install --quiet "${missing_py[@]}" \
+      || say "warning: pip could not install ${missing_py[*]}; make test cannot build or test the Python package until they are installed"
   fi
 fi
 say "ok: $(mpirun --version 2>/dev/null | head -n1), HDF5 $(pkg-config --modversion hdf5 2>/dev/null || echo '?'), $(cargo --version)"

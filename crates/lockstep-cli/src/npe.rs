@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 use lockstep_comm::World;
 use lockstep_npe::calibration::injection;
 use lockstep_npe::export::{export_trained, ExportFormat};
+use lockstep_npe::sampling::{self, PriorFilter, SampleRequest, SAMPLE_CHUNK};
 use lockstep_npe::stages::{train_stages, TrainRequest};
-use lockstep_npe::task::PriorBound;
 use lockstep_npe::trained::{self, Trained};
 use lockstep_npe::{DeviceKind, DeviceModel, NpeError, NpeSettings, Placement};
 use std::path::{Path, PathBuf};
@@ -269,12 +269,14 @@ fn train(args: &TrainArgs, world: &World) -> Result<()> {
             epochs: crate::flags::positive("--epochs", args.epochs)?,
         },
     };
-    train_stages(&request, world).map_err(|e| match e {
-        // The engine's errors stay a TrainError, so that `main` ends the ranks that agreed on
-        // a failure cleanly (`TrainError::is_agreed`).
-        NpeError::Train(t) => anyhow::Error::new(t),
-        other => anyhow::Error::new(other),
-    })
+    train_stages(&request, world)
+        .map(drop)
+        .map_err(|e| match e {
+            // The engine's errors stay a TrainError, so that `main` ends the ranks that agreed on
+            // a failure cleanly (`TrainError::is_agreed`).
+            NpeError::Train(t) => anyhow::Error::new(t),
+            other => anyhow::Error::new(other),
+        })
 }
 
 /// Parses an observation: comma/whitespace-separated numbers, or a file holding them.
@@ -304,25 +306,6 @@ fn read_observation(spec: &str) -> Result<(Vec<f64>, String)> {
         })
         .collect::<Result<Vec<f64>>>()?;
     Ok((values, source))
-}
-
-/// The observation `x` as the network's float32 values: the task's length, every value
-/// finite and within float32's range, standardized too (see
-/// `Standardization::observation`); messages name `source` and the position from 1.
-fn checked_observation(t: &Trained, x: &[f64], source: &str) -> Result<Vec<f32>> {
-    if x.len() != t.task.x_dim() {
-        bail!(
-            "{source}: the observation has {} values; the task {} expects {}",
-            x.len(),
-            t.task.name(),
-            t.task.x_dim()
-        );
-    }
-    t.model
-        .network
-        .standardization
-        .observation(x)
-        .map_err(|m| anyhow::anyhow!("{source}: {m}; give finite values within float32's range"))
 }
 
 /// The files of one command, written under hidden temporary names next to their final
@@ -379,8 +362,6 @@ impl Drop for Staged {
     }
 }
 
-/// Rows drawn and written at a time by `npe sample` (bounded memory for any count).
-const SAMPLE_CHUNK: usize = 65_536;
 /// The corner plot of `npe sample --corner` shows at most this many samples (the first).
 const CORNER_MAX: u64 = 1_000_000;
 
@@ -429,77 +410,12 @@ fn check_sample_size(args: &SampleArgs, d: usize, csv: bool) -> Result<()> {
     Ok(())
 }
 
-/// Draws at most this many samples per sample kept with `--inside-prior`.
-const MAX_DRAWS_PER_KEPT: u64 = 100;
-
-/// Posterior samples on their way to the file: periodic components wrapped onto their
-/// circle, samples outside the prior's support counted and, with `--inside-prior`, dropped.
-struct PriorFilter {
-    bounds: Vec<PriorBound>,
-    inside_only: bool,
-    /// Samples drawn, and of them outside the support.
-    drawn: u64,
-    outside: u64,
-}
-
-impl PriorFilter {
-    /// The rows of `chunk` to write.
-    fn apply(&mut self, chunk: &[f32]) -> Vec<f32> {
-        let d = self.bounds.len();
-        let mut out = Vec::with_capacity(chunk.len());
-        for row in chunk.chunks_exact(d) {
-            self.drawn += 1;
-            let start = out.len();
-            let mut inside = true;
-            for (&v, b) in row.iter().zip(&self.bounds) {
-                let w = b.wrap(v as f64);
-                inside &= b.contains(w);
-                out.push(w as f32);
-            }
-            if !inside {
-                self.outside += 1;
-                if self.inside_only {
-                    out.truncate(start);
-                }
-            }
-        }
-        out
-    }
-
-    fn outside_fraction(&self) -> f64 {
-        self.outside as f64 / self.drawn.max(1) as f64
-    }
-
-    /// What the sampling found, for the output.
-    fn report(&self, kept: u64) -> String {
-        let pct = 100.0 * self.outside_fraction();
-        if self.inside_only {
-            format!(
-                "kept the {kept} samples inside the prior's support: {} drawn, {} ({pct:.2}%) outside, acceptance rate {:.2}%",
-                self.drawn,
-                self.outside,
-                100.0 - pct
-            )
-        } else {
-            format!(
-                "{} of {} samples ({pct:.2}%) lie outside the prior's support{}",
-                self.outside,
-                self.drawn,
-                if self.outside > 0 {
-                    " (--inside-prior keeps only those inside)"
-                } else {
-                    ""
-                }
-            )
-        }
-    }
-}
-
-/// Draws `n` samples (all, or with `--inside-prior` the first `n` inside the prior) in
-/// chunks, each chunk's rows handed to `sink`, and returns the filter's counts.
+/// Draws `--num-samples` samples (all, or with `--inside-prior` the first ones inside the
+/// prior) in chunks of [`SAMPLE_CHUNK`], each chunk's rows handed to `sink`
+/// ([`lockstep_npe::sampling::draw`]), and returns the filter's counts.
 ///
-/// Errors: `sink`'s errors; with `--inside-prior`, an acceptance rate too low to keep `n`
-/// samples within 100 draws each (said as soon as the rate shows it).
+/// Errors: `sink`'s errors; with `--inside-prior`, an acceptance rate too low to keep the
+/// samples within 100 draws each.
 fn draw(
     t: &Trained,
     model: &DeviceModel,
@@ -507,46 +423,14 @@ fn draw(
     args: &SampleArgs,
     sink: &mut dyn FnMut(&[f32]) -> Result<()>,
 ) -> Result<PriorFilter> {
-    let n = args.num_samples;
-    let mut filter = PriorFilter {
-        bounds: t.task.prior_bounds(),
-        inside_only: args.inside_prior,
-        drawn: 0,
-        outside: 0,
+    let request = SampleRequest {
+        num_samples: args.num_samples,
+        seed: args.seed,
+        inside_prior: args.inside_prior,
+        chunk: SAMPLE_CHUNK,
+        inside_prior_name: "--inside-prior",
     };
-    let d = filter.bounds.len() as u64;
-    let cap = if args.inside_prior {
-        n.saturating_mul(MAX_DRAWS_PER_KEPT)
-    } else {
-        n
-    };
-    let mut kept = 0u64;
-    let too_few = |f: &PriorFilter, kept: u64| {
-        anyhow::anyhow!(
-            "--inside-prior: only {:.3}% of the samples lie inside the prior's support ({} of {} drawn), so keeping {n} would take more than {MAX_DRAWS_PER_KEPT} draws per sample; the observation may lie outside the training data: sample without --inside-prior to see where the posterior lies",
-            100.0 * (1.0 - f.outside_fraction()),
-            kept,
-            f.drawn
-        )
-    };
-    model.sample_chunks(xf, cap, args.seed, SAMPLE_CHUNK, |chunk| {
-        let rows = filter.apply(chunk);
-        let take = ((n - kept) * d).min(rows.len() as u64) as usize;
-        sink(&rows[..take])?;
-        kept += take as u64 / d;
-        if kept < n && args.inside_prior {
-            // Stop as soon as the acceptance rate shows the cap cannot be reached.
-            let rate = (filter.drawn - filter.outside) as f64 / filter.drawn as f64;
-            if rate * (cap - filter.drawn) as f64 + (kept as f64) < 0.5 * n as f64 {
-                return Err(too_few(&filter, kept));
-            }
-        }
-        Ok(kept < n)
-    })?;
-    if kept < n {
-        return Err(too_few(&filter, kept));
-    }
-    Ok(filter)
+    sampling::draw(t, model, xf, &request, sink)
 }
 
 /// Checks `npe sample`'s options that need no run; returns the output's extension
@@ -598,7 +482,7 @@ fn sample(args: &SampleArgs) -> Result<()> {
         }
         (None, None) => bail!("give --observation VALUES|FILE or --injection N"),
     };
-    let xf = checked_observation(&t, &x, &source)?;
+    let xf = t.checked_observation(&x, &source)?;
     let names = t.task.parameter_names();
     let d = names.len();
     let csv = ext == "csv";
@@ -660,7 +544,13 @@ fn sample(args: &SampleArgs) -> Result<()> {
         )?;
     }
     staged.commit()?;
-    report_samples(args, &t, &names, truth_csv.as_deref(), &filter.report(n));
+    report_samples(
+        args,
+        &t,
+        &names,
+        truth_csv.as_deref(),
+        &filter.report(n, "--inside-prior"),
+    );
     Ok(())
 }
 

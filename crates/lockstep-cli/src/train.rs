@@ -1,16 +1,11 @@
 //! `lockstep train CONFIG`: trains a SONATA point-neuron network with BPTT, serially or
-//! sample-parallel (threads or MPI), as `run.distribution` says.
+//! sample-parallel (threads or MPI), as `run.distribution` says. The job itself is
+//! [`lockstep_snn::train_config`] (shared with the Python package).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lockstep_comm::World;
-use lockstep_core::config::{check_keys, field_names, from_value, ConfigError};
-use lockstep_snn::{PoissonTrials, SnnOutput, SnnReplica, SnnRun, SnnTrainConfig, SnnTraining};
-use lockstep_sonata::{SonataConfig, CIRCUIT_KEYS};
-use lockstep_train::config::{EngineConfig, EngineOutput, EngineRun, EngineTraining};
-use lockstep_train::job::{agree_on_validation, run_job};
-use lockstep_train::{EngineOptions, TrainError};
-use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+pub use lockstep_snn::{asks_for_gpu, prepare, Overrides};
+use std::path::PathBuf;
 
 /// Options of `lockstep train`.
 #[derive(Debug, clap::Args)]
@@ -31,117 +26,11 @@ pub struct TrainArgs {
     pub overwrite: bool,
 }
 
-/// Rejects unknown keys (with the nearest known key) and unsupported values: the top level
-/// against the circuit's and the model's sections, the shared sections (`run`, `training`,
-/// `output`) against the union of the engine's and the model's keys, and the model's
-/// sections by reading them.
-///
-/// Errors: a [`ConfigError`] naming the key (no file; the caller adds it).
-pub fn check_config(json: &Value) -> Result<(), ConfigError> {
-    let obj = json
-        .as_object()
-        .ok_or_else(|| ConfigError::new("", "the config must be a JSON object"))?;
-    check_keys(
-        obj,
-        &[CIRCUIT_KEYS, field_names::<SnnTrainConfig>()].concat(),
-        "",
-    )?;
-    let sections: [(&str, &[&str], &[&str]); 3] = [
-        ("run", field_names::<EngineRun>(), field_names::<SnnRun>()),
-        (
-            "training",
-            field_names::<EngineTraining>(),
-            field_names::<SnnTraining>(),
-        ),
-        (
-            "output",
-            field_names::<EngineOutput>(),
-            field_names::<SnnOutput>(),
-        ),
-    ];
-    for (name, engine, model) in sections {
-        if let Some(sec) = json.get(name).and_then(Value::as_object) {
-            check_keys(sec, &[engine, model].concat(), name)?;
-        }
-    }
-    from_value::<SnnTrainConfig>(json, "").map(drop)
-}
-
-/// Command-line overrides of a training config.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    /// training.optimizer_updates.
-    pub updates: Option<u64>,
-    /// output.output_dir.
-    pub output_dir: Option<PathBuf>,
-    /// output.overwrite_output_dir = true.
-    pub overwrite: bool,
-    /// run.distribution (`Some(Value::Null)` removes it: a serial run).
-    pub distribution: Option<Value>,
-    /// training.checkpoint_every.
-    pub checkpoint_every: Option<u64>,
-    /// training.optimizer (replaces the whole object).
-    pub optimizer: Option<Value>,
-}
-
-/// Reads and checks a training config, applies `overrides`, and returns the resolved JSON
-/// (manifest substituted, paths resolved) with the engine's part of it.
-///
-/// Errors: unreadable config, unknown keys, invalid engine settings.
-pub fn prepare(config: &Path, overrides: &Overrides) -> Result<(Value, EngineConfig)> {
-    let sonata = SonataConfig::from_file(config)?;
-    let mut json = sonata.json.clone();
-    check_config(&json).map_err(|e| e.in_file(config))?;
-    let root = json.as_object_mut().context("config")?;
-    if let Some(u) = overrides.updates {
-        let t = root.entry("training").or_insert(json!({}));
-        t["optimizer_updates"] = json!(u);
-        if let Some(t) = t.as_object_mut() {
-            t.remove("epochs");
-        }
-    }
-    if let Some(o) = &overrides.optimizer {
-        root.entry("training").or_insert(json!({}))["optimizer"] = o.clone();
-    }
-    if let Some(k) = overrides.checkpoint_every {
-        root.entry("training").or_insert(json!({}))["checkpoint_every"] = json!(k);
-    }
-    if let Some(d) = &overrides.distribution {
-        let run = root.entry("run").or_insert(json!({}));
-        match d {
-            Value::Null => {
-                if let Some(r) = run.as_object_mut() {
-                    r.remove("distribution");
-                }
-            }
-            d => run["distribution"] = d.clone(),
-        }
-    }
-    if let Some(dir) = &overrides.output_dir {
-        root.entry("output").or_insert(json!({}))["output_dir"] =
-            json!(std::path::absolute(dir)?.to_string_lossy());
-    }
-    if overrides.overwrite {
-        root.entry("output").or_insert(json!({}))["overwrite_output_dir"] = json!(true);
-    }
-    let cfg = EngineConfig::from_json(&json, &sonata.dir).map_err(|e| match e {
-        TrainError::Config(c) => TrainError::Config(c.in_file(config)),
-        other => other,
-    })?;
-    let model: SnnTrainConfig = from_value(&json, "").map_err(|e| e.in_file(config))?;
-    if let Some(spikes) = &model.output.training_spikes {
-        spikes
-            .validate(cfg.updates)
-            .map_err(|e| e.in_file(config))?;
-    }
-    Ok((json, cfg))
-}
-
 /// Reads the config, applies the command-line overrides, and trains. Under MPI every rank
 /// reads the config and the ranks agree on any error before anything is written.
 ///
-/// Errors: config errors (agreed across ranks, see [`TrainError::is_agreed`]) and every
-/// error of the run.
+/// Errors: config errors (agreed across ranks, see [`lockstep_train::TrainError::is_agreed`])
+/// and every error of the run.
 pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
     let overrides = Overrides {
         updates: args.updates,
@@ -149,55 +38,20 @@ pub fn run(args: &TrainArgs, world: &World) -> Result<()> {
         overwrite: args.overwrite,
         ..Overrides::default()
     };
-    let prepared = prepare(&args.config, &overrides).map_err(TrainError::Build);
-    let (json, cfg) = agree_on_validation(world.comm(), prepared)?;
-    // Serial runs use every core for the trials of a batch; replicas compute on one core each.
-    let parallel = cfg.distribution.is_none();
-    let opts = EngineOptions {
-        resolved_config: json,
-        resume: args.resume.clone(),
-        ..EngineOptions::default()
-    };
-    let config: &Path = &args.config;
-    // The GPU slot of a replica: its index among thread replicas, or under MPI its
-    // node-local rank (each rank binds the GPU its launcher allocated on its node).
-    let threads = cfg
-        .distribution
-        .as_ref()
-        .is_some_and(|d| d.strategy == lockstep_train::config::Strategy::Threads);
-    let local_rank = world.launch.local_rank;
     // --cpu wins over run.device (the run says so).
-    let force_cpu = crate::flags::cpu_only() && asks_for_gpu(config);
+    let force_cpu = crate::flags::cpu_only() && asks_for_gpu(&args.config);
     if force_cpu && world.comm().is_chief() {
         println!(
             "--cpu: computes on the CPU, in place of run.device in {}",
-            config.display()
+            args.config.display()
         );
     }
-    run_job(world, &cfg, &opts, |rank| {
-        let slot = if threads { rank } else { local_rank };
-        let device = force_cpu.then_some(lockstep_snn::DeviceRequest::Cpu);
-        let replica = SnnReplica::from_config_on_device(config, parallel, slot, device)?;
-        let device = replica.model().device_description();
-        if device != "cpu" && (rank == 0 || device.contains("shared")) {
-            eprintln!("rank {rank}: computes on {device}");
-        }
-        if rank == 0 {
-            if let Some(warning) = replica.model().software_adapter_warning() {
-                eprintln!("{warning}");
-            }
-        }
-        Ok((replica, PoissonTrials))
-    })?;
+    lockstep_snn::train_config(
+        world,
+        &args.config,
+        &overrides,
+        args.resume.clone(),
+        force_cpu,
+    )?;
     Ok(())
-}
-
-/// Whether the training config at `path` sets `run.device` to a GPU (read leniently: any
-/// error leaves it to the real reading of the config).
-pub fn asks_for_gpu(path: &Path) -> bool {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .and_then(|v| v["run"]["device"].as_str().map(|d| d.starts_with("gpu")))
-        .unwrap_or(false)
 }

@@ -350,6 +350,25 @@ fn bench_simulate_runs_from_a_lone_copy_of_the_examples() {
     assert!(out.stdout.contains("v1_scale tenth: not built"));
 }
 
+/// Writes an N-body config of `n` particles in a uniform cube (G = 1, FMM, softening 0.05)
+/// over `(t_end, steps)` with the `output` section.
+fn write_cube(
+    path: &std::path::Path,
+    n: u64,
+    (t_end, steps): (f64, u64),
+    output: serde_json::Value,
+) {
+    let cfg = serde_json::json!({
+        "units": {"gravitational_constant": 1.0},
+        "initial_conditions": {"kind": "uniform_cube", "n": n, "box_size": 1.0,
+                               "velocity_dispersion": 0.1, "seed": 3},
+        "forces": {"method": "fmm", "softening": 0.05},
+        "time": {"t_start": 0.0, "t_end": t_end, "steps": steps},
+        "output": output
+    });
+    std::fs::write(path, cfg.to_string()).unwrap();
+}
+
 /// `lockstep nbody` without `output.dir` writes into `./nbody_output` of the working
 /// directory (not beside the config, which may sit in the source tree) and ends by printing
 /// where it wrote.
@@ -361,19 +380,7 @@ fn nbody_writes_into_the_working_directory_and_says_where() {
     std::fs::create_dir_all(&configs).unwrap();
     std::fs::create_dir_all(&work).unwrap();
     let cfg = configs.join("cube.json");
-    std::fs::write(
-        &cfg,
-        serde_json::json!({
-            "units": {"gravitational_constant": 1.0},
-            "initial_conditions": {"kind": "uniform_cube", "n": 200, "box_size": 1.0,
-                                   "velocity_dispersion": 0.1, "seed": 3},
-            "forces": {"method": "fmm", "softening": 0.05},
-            "time": {"t_start": 0.0, "t_end": 0.01, "steps": 4},
-            "output": {"every": 2}
-        })
-        .to_string(),
-    )
-    .unwrap();
+    write_cube(&cfg, 200, (0.01, 4), serde_json::json!({"every": 2}));
     let mut cmd = Command::new(LOCKSTEP);
     cmd.current_dir(&work).arg("nbody").arg(&cfg);
     let out = run_with_limit(cmd, Duration::from_secs(60)).unwrap();
@@ -414,19 +421,12 @@ fn refusals_under_mpirun_end_without_an_abort() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cube.json");
     let out_dir = dir.path().join("snapshots");
-    std::fs::write(
+    write_cube(
         &cfg,
-        serde_json::json!({
-            "units": {"gravitational_constant": 1.0},
-            "initial_conditions": {"kind": "uniform_cube", "n": 200, "box_size": 1.0,
-                                   "velocity_dispersion": 0.1, "seed": 3},
-            "forces": {"method": "fmm", "softening": 0.05},
-            "time": {"t_start": 0.0, "t_end": 0.01, "steps": 2},
-            "output": {"every": 2, "dir": out_dir.to_str().unwrap()}
-        })
-        .to_string(),
-    )
-    .unwrap();
+        200,
+        (0.01, 2),
+        serde_json::json!({"every": 2, "dir": out_dir.to_str().unwrap()}),
+    );
     let nbody = || {
         let mut cmd = mpirun_command(2);
         cmd.arg(LOCKSTEP).arg("nbody").arg(&cfg);
@@ -461,19 +461,7 @@ fn refusals_under_mpirun_end_without_an_abort() {
 fn nbody_quick_try_overrides_and_progress_lines() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cube.json");
-    std::fs::write(
-        &cfg,
-        serde_json::json!({
-            "units": {"gravitational_constant": 1.0},
-            "initial_conditions": {"kind": "uniform_cube", "n": 5000, "box_size": 1.0,
-                                   "velocity_dispersion": 0.1, "seed": 3},
-            "forces": {"method": "fmm", "softening": 0.05},
-            "time": {"t_start": 0.0, "t_end": 1.0, "steps": 1000},
-            "output": {"every": 100}
-        })
-        .to_string(),
-    )
-    .unwrap();
+    write_cube(&cfg, 5000, (1.0, 1000), serde_json::json!({"every": 100}));
     let mut cmd = Command::new(LOCKSTEP);
     cmd.current_dir(dir.path())
         .arg("nbody")

@@ -56,6 +56,7 @@ pub mod gw;
 pub mod layers;
 pub mod model;
 pub mod params;
+pub mod sampling;
 pub mod sbibm;
 pub mod settings;
 pub mod spline;

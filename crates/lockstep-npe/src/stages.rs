@@ -56,7 +56,7 @@ use lockstep_comm::World;
 use lockstep_core::config::ConfigError;
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::{agree_on_validation, run_job};
-use lockstep_train::{EngineOptions, TrainError};
+use lockstep_train::{EngineOptions, TrainError, TrainSummary};
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -524,7 +524,10 @@ fn for_agreement<T>(result: Result<T, NpeError>) -> Result<T, TrainError> {
 /// all ranks cleanly with one message); otherwise a settings error (`FILE: KEY: PROBLEM`),
 /// an existing `train_dir` without `overwrite`, a checkpoint that cannot be resumed, a failed
 /// reduced-basis SVD, or I/O on the run's files.
-pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeError> {
+///
+/// Returns the engine's summary of each stage this call ran, in order (the run directory and
+/// loss history of each; from the resumed stage on for a resumed run).
+pub fn train_stages(request: &TrainRequest, world: &World) -> Result<Vec<TrainSummary>, NpeError> {
     let p = agree_on_validation(world.comm(), for_agreement(prepare(request, world)))?;
     same_on_every_rank(request, &p, world)?;
     let (settings, network) = (&p.settings, &p.network);
@@ -546,6 +549,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
     starting_values(&p, world, &mut values, &mut svd_report)?;
     let n = p.configs.len();
     let mut last_dir = PathBuf::new();
+    let mut summaries = Vec::new();
     for stage in p.first_stage..n {
         let (json, cfg) = &p.configs[stage];
         let frozen = settings.frozen_blocks(stage);
@@ -611,6 +615,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<(), NpeErro
         })
         .map_err(|e| stage_failure(e, request, &p, stage, chief))?;
         last_dir = summary.output_dir.clone();
+        summaries.push(summary);
         if chief {
             append_log(&last_dir.join(&cfg.log_file), &notes)?;
         }
@@ -780,7 +785,7 @@ fn starting_values(
         }
         notes.extend(report);
     }
-    Ok(())
+    Ok(summaries)
 }
 
 /// What a stage's failure means in the settings' terms: a loss or parameter that became

@@ -63,6 +63,7 @@ fn train(settings: &Path, train_dir: &Path, resume: Option<&Path>) -> Result<(),
         },
         &world,
     )
+    .map(drop)
 }
 
 /// An error with all its causes, as `lockstep` prints it.

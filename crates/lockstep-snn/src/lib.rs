@@ -39,6 +39,7 @@ mod replica;
 mod scalar;
 mod simulation;
 mod sonata;
+mod train_job;
 mod trained_simulation;
 mod training;
 
@@ -72,6 +73,7 @@ pub use simulation::nest::{TimeGrid, TICS_PER_MS};
 pub use sonata::{
     export_trained_weights, network_spec_from_circuit, spike_trains_for_virtual_nodes,
 };
+pub use train_job::{asks_for_gpu, check_config, prepare, train_config, Overrides};
 pub use trained_simulation::{write_trained_simulation_config, TRAINED_SIMULATION_CONFIG};
 pub use training::{
     BpttOptions, DeviceRequest, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming, SCATTER_BLOCK,

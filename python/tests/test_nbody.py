@@ -1,0 +1,147 @@
+"""lockstep.nbody: forces equal the library's bit for bit (checked against a run of the
+`lockstep nbody` command: one drift-kick-drift step from rest gives velocities a * dt,
+computed by the same library function), bad input raises with the library's message."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import lockstep
+from conftest import run_cli
+
+
+def nbody_config(tmp_path, method, n=600, name="run"):
+    cfg = {
+        "units": {"gravitational_constant": 1.0},
+        "initial_conditions": {
+            "kind": "clumps", "n": n, "clumps": 3, "total_mass": 1.0, "box_size": 4.0,
+            "clump_radius": 0.3, "velocity_dispersion": 0.0, "seed": 11,
+        },
+        "forces": {"method": method, "softening": 0.05, "order": 5, "theta": 0.5},
+        "integrator": "dkd",
+        "time": {"t_start": 0.0, "t_end": 0.125, "steps": 1},
+        "output": {"dir": name, "every": 1},
+    }
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def snapshot(path):
+    with h5py.File(path, "r") as f:
+        g = f["PartType1"]
+        return {k: g[k][()] for k in ("Coordinates", "Velocities", "Masses", "ParticleIDs")}
+
+
+@pytest.mark.parametrize("method", ["fmm", "direct"])
+def test_forces_equal_the_library_bit_for_bit(tmp_path, method):
+    cfg = nbody_config(tmp_path, method)
+    run_cli("nbody", cfg, "--quiet", cwd=tmp_path)
+    files = sorted((tmp_path / "run").glob("*.hdf5"))
+    assert len(files) == 2, files
+    s0, s1 = snapshot(files[0]), snapshot(files[1])
+    assert np.all(s0["Velocities"] == 0.0)
+    assert np.array_equal(s0["ParticleIDs"], s1["ParticleIDs"])
+    acc, pot = lockstep.nbody.forces(
+        s0["Coordinates"], s0["Masses"], G=1.0, softening=0.05, method=method, order=5, theta=0.5
+    )
+    assert acc.shape == (600, 3) and acc.dtype == np.float64
+    assert pot.shape == (600,) and pot.dtype == np.float64
+    # From rest, DKD's kick gives v = 0 + a * dt exactly (dt = 0.125).
+    assert np.array_equal(s1["Velocities"], acc * 0.125), np.abs(s1["Velocities"] - acc * 0.125).max()
+    assert np.all(pot < 0)
+
+
+def test_fmm_is_close_to_direct_and_inputs_convert():
+    rng = np.random.default_rng(3)
+    pos = rng.normal(size=(2000, 3))
+    mass = rng.uniform(0.5, 1.5, 2000) / 2000
+    a_f, p_f = lockstep.nbody.forces(pos, mass, softening=0.01)
+    a_d, p_d = lockstep.nbody.forces(pos, mass, softening=0.01, method="direct")
+    rel = np.linalg.norm(a_f - a_d, axis=1) / np.linalg.norm(a_d, axis=1)
+    assert np.percentile(rel, 99) < 1e-3
+    # Lists, Fortran order, non-contiguous views and float32 give the float64 C-order result.
+    a_l, _ = lockstep.nbody.forces(pos.tolist(), mass.tolist(), softening=0.01, method="direct")
+    a_fo, _ = lockstep.nbody.forces(np.asfortranarray(pos), mass, softening=0.01, method="direct")
+    wide = np.zeros((2000, 6))
+    wide[:, ::2] = pos
+    a_v, _ = lockstep.nbody.forces(wide[:, ::2], mass, softening=0.01, method="direct")
+    for a in (a_l, a_fo, a_v):
+        assert np.array_equal(a, a_d)
+    a32, _ = lockstep.nbody.forces(pos.astype(np.float32), mass, softening=0.01, method="direct")
+    a_ref, _ = lockstep.nbody.forces(pos.astype(np.float32).astype(np.float64), mass, softening=0.01, method="direct")
+    assert np.array_equal(a32, a_ref)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(pos=np.zeros(5), mass=np.ones(5)), ["pos has shape (5,)"]),
+        (dict(pos=np.zeros((5, 2)), mass=np.ones(5)), ["pos has shape (5, 2)", "(N, 3)"]),
+        (dict(pos=np.zeros((5, 3)), mass=np.ones(4)), ["mass has 4 values", "5 rows"]),
+        (dict(pos=[[0, 0, "a"]], mass=[1.0]), ["pos is not an array of real numbers"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), order=9), ["order", "9", "1..=6"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), theta=1.5), ["theta", "1.5"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), G=-1.0), ["G", "-1"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), softening=np.nan), ["softening", "NaN"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), method="tree"), ['method="tree"', "fmm", "direct"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.ones(2), device="gpu"), ["device='gpu'", "CPU only"]),
+        (dict(pos=np.array([[0, 0, np.nan], [1, 1, 1]]), mass=np.ones(2)), ["finite"]),
+        (dict(pos=np.zeros((2, 3)), mass=np.array([1.0, -1.0])), ["mass", "-1"]),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(kwargs, words):
+    with pytest.raises(ValueError) as e:
+        lockstep.nbody.forces(**kwargs)
+    assert isinstance(e.value, lockstep.LockstepError)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_forces_release_the_gil():
+    rng = np.random.default_rng(0)
+    pos = rng.normal(size=(6000, 3))
+    mass = np.full(6000, 1.0 / 6000)
+    ticks = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t0 = time.perf_counter()
+    lockstep.nbody.forces(pos, mass, method="direct")
+    alone = time.perf_counter() - t0
+    th = threading.Thread(target=count)
+    th.start()
+    t0 = time.perf_counter()
+    lockstep.nbody.forces(pos, mass, method="direct")
+    t1 = time.perf_counter()
+    stop.set()
+    th.join()
+    during = [t for t in ticks if t0 < t < t1]
+    # With the GIL held the thread could not tick at all during the call.
+    assert alone > 0.05 and len(during) >= 10, (alone, len(during))
+
+
+def test_simulate_equals_the_command(tmp_path):
+    cfg = nbody_config(tmp_path, "fmm", name="cli")
+    run_cli("nbody", cfg, "--quiet", cwd=tmp_path)
+    summary = lockstep.nbody.simulate(cfg, output_dir=tmp_path / "py")
+    assert summary["steps"] == 1 and summary["num_total"] == 600
+    a = sorted((tmp_path / "cli").glob("*.hdf5"))
+    b = sorted((tmp_path / "py").glob("*.hdf5"))
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2
+    for fa, fb in zip(a, b):
+        sa, sb = snapshot(fa), snapshot(fb)
+        for k in sa:
+            assert np.array_equal(sa[k], sb[k]), k
+    with pytest.raises(FileNotFoundError):
+        lockstep.nbody.simulate(tmp_path / "missing.json")
