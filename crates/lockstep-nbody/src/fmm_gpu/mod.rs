@@ -21,7 +21,8 @@
 //! their own size; derivative tensors are evaluated at a power-of-two-scaled separation; sums
 //! over sources are compensated (hi, lo) accumulators. No atomics: every sum runs in a fixed
 //! order, so two runs give the same bits. The accelerations agree with the CPU FMM's to
-//! about 1e-6 relative (`tests/gpu.rs`).
+//! about 1e-6 relative (`tests/nbody_gpu.rs`) at orders 1..=3; higher orders are refused
+//! ([`MAX_ORDER`]).
 //!
 //! Limits: workgroup counts above 65,535 go to a second dispatch dimension; every buffer is
 //! checked against the adapter's storage-binding limit and a buffer over it is refused,
@@ -49,6 +50,23 @@ const PARAM_BYTES: u64 = 128;
 /// Longest wait for one submission or read-back; a device that has not finished by then
 /// is reported as hung, naming the phase.
 pub const GPU_TIMEOUT: Duration = Duration::from_secs(300);
+/// The highest expansion order the GPU FMM accepts. Orders 4..=6 disagree with the CPU FMM
+/// on lavapipe once the M2L lists grow long (Plummer spheres of a few thousand particles at
+/// theta 0.6-0.9: errors of order 1 on a tenth of the particles, not yet understood), so they
+/// are refused, naming `forces.order`, instead of giving wrong forces.
+pub const MAX_ORDER: usize = 3;
+
+/// The error of an FMM order the GPU path does not run ([`MAX_ORDER`]).
+pub fn order_error(order: usize) -> NbodyError {
+    NbodyError::param(
+        "forces.order",
+        order,
+        &format!(
+            "the FMM on the GPU (forces.device: \"gpu\") runs orders 1..={MAX_ORDER} for now (higher orders disagree with the CPU FMM and are refused); set forces.order <= {MAX_ORDER} or forces.device: \"cpu\""
+        ),
+    )
+}
+
 /// What shrinks the buffers of one evaluation, for the messages of buffers too large.
 const REDUCE: &str = "the particles per rank (run more ranks or GPUs: mpirun -n R) or forces.order";
 
@@ -479,6 +497,9 @@ impl ForceDevice for GpuForces {
         g: f64,
         softening: f64,
     ) -> Result<(Forces, FmmStats), NbodyError> {
+        if fmm.params().order > MAX_ORDER {
+            return Err(order_error(fmm.params().order));
+        }
         let n_local = sources.pos.len();
         let mut split_t = GpuSplit::default();
         let clock = Instant::now();
