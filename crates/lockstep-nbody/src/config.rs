@@ -452,12 +452,13 @@ pub fn run_nbody_config_on<C: Communicator + ?Sized>(
         Gravity::new_in_slot(plan.cfg.forces, g, slot),
         "checking the forces",
     )?;
-    if let (Some(d), false) = (gravity.solver().device(), opts.quiet && !chief) {
+    // Which GPU computes (the chief; every rank that shares its GPU says so).
+    if let Some(d) = gravity.solver().device() {
         let text = d.describe();
-        if chief || text.contains("shared") {
+        if (chief && !opts.quiet) || text.contains("shared") {
             eprintln!("rank {}: forces on {text}", comm.rank());
         }
-        if let Some(w) = d.software_warning().filter(|_| chief) {
+        if let Some(w) = d.software_warning().filter(|_| chief && !opts.quiet) {
             eprintln!("{w}");
         }
     }

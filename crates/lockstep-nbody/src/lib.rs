@@ -44,11 +44,13 @@ pub mod units;
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;
-pub use fmm::{fmm, Fmm, FmmParams, ForceDevice, FmmStats, NearField, PhaseSeconds, RemoteCell, SourceSet};
+pub use fmm::{
+    fmm, Fmm, FmmParams, FmmStats, ForceDevice, NearField, PhaseSeconds, RemoteCell, SourceSet,
+};
 pub use ic::InitialConditions;
-pub use lockstep_gpu::DeviceRequest;
 pub use integrate::{
     simulate, Diagnostics, ForceSettings, Gravity, Integrator, Method, NbodySimulateOptions,
 };
+pub use lockstep_gpu::DeviceRequest;
 pub use particles::Particles;
 pub use units::Units;

@@ -4,6 +4,8 @@
 //! the GPU, edge cases, determinism, sharded forces, a short simulation's energy drift and
 //! the errors. Small N: the large cases belong to `lockstep bench nbody --device gpu`.
 
+#![allow(clippy::needless_range_loop)] // forces are compared index by index
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
