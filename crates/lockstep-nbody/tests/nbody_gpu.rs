@@ -291,7 +291,7 @@ fn gpu_sharded_forces_match_one_rank() {
     }
     let (da, dp) = max_rel(&f, &reference);
     assert!(
-        da <= 1e-6 && dp <= 1e-6,
+        da <= 5e-6 && dp <= 5e-6,
         "sharded direct on the GPU: {da:e} {dp:e}"
     );
 }
