@@ -90,8 +90,8 @@ impl ForceSettings {
     pub fn solver(&self, slot: usize) -> Result<Fmm, NbodyError> {
         let fmm = Fmm::new(self.fmm_params())?;
         let gpu = matches!(self.device, DeviceRequest::Gpu(_));
-        if gpu && self.method == Method::Fmm && self.order > crate::fmm_gpu::MAX_ORDER {
-            return Err(crate::fmm_gpu::order_error(self.order));
+        if gpu && self.method == Method::Fmm {
+            return Err(crate::fmm_gpu::fmm_refused());
         }
         Ok(match crate::fmm_gpu::open_device(self.device, slot)? {
             Some(d) => fmm.on_device(d),
