@@ -3,7 +3,9 @@
 # and of the NPE on GPUs, on a machine with a GPU but no Rust toolchain, in one call of at most
 # 10 minutes. The NPE runs first: the spline kernels' test, the npe_gpu tests, `lockstep bench
 # npe --device gpu` (and `--device cuda` for a GPU_CHECK_FEATURES=cuda bundle), PyTorch on
-# cuda beside it when python3 has torch; GPU_CHECK_ONLY=npe|snn runs one part.
+# cuda beside it when python3 has torch; then the N-body (issue 56: the nbody_gpu tests and
+# `lockstep bench nbody --device gpu` at N = 1e6 and 1e7 beside the CPU FMM, direct sums at
+# 1e5); GPU_CHECK_ONLY=npe|nbody|snn runs one part.
 #
 #   scripts/gpu-check.sh bundle [TARBALL]   here, with Rust: builds the release binaries, strips
 #                                           them and packs them with the shared libraries `ldd`
@@ -35,11 +37,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The GPU test binaries: `cargo test --no-run` names each test executable.
 test_binaries() {
-  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-npe -p lockstep-cli \
+  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-npe -p lockstep-nbody -p lockstep-cli \
     ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} 2>/dev/null |
     python3 -c '
 import json, sys
-want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "spline_kernel"}
+want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "spline_kernel", "nbody_gpu"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -155,7 +157,7 @@ run() {
   step "lockstep info" 60 "$L" info
   local only=${GPU_CHECK_ONLY:-all} bench=$out/bench
   mkdir -p "$bench"
-  if [ "$only" != snn ]; then
+  if [ "$only" != snn ] && [ "$only" != nbody ]; then
     local mpi_skip=()
     command -v mpirun >/dev/null || mpi_skip=(--skip two_mpi_ranks)
     [ -x "$work/tests/spline_kernel" ] && step "test spline_kernel" 60 "$work/tests/spline_kernel" --nocapture
@@ -168,6 +170,12 @@ run() {
     fi
   fi
   [ "$only" = npe ] && { npe_table steps >"$md"; cat "$md"; say "done in $((SECONDS - start)) s; log $log"; return 0; }
+  if [ "$only" != snn ]; then
+    # The N-body on the GPU: its tests, then the FMM at 1e6 and 1e7 beside the CPU FMM.
+    [ -x "$work/tests/nbody_gpu" ] && step "test nbody_gpu" 120 "$work/tests/nbody_gpu" --test-threads=1
+    step "bench nbody gpu" 240 sh -c "'$L' bench nbody --device gpu --order 3 --theta 0.5 --sizes 1000000,10000000 --direct-sizes 100000 --repeats 2 | tee '$bench/nbody_gpu.txt'"
+  fi
+  [ "$only" = nbody ] && { cat "$bench/nbody_gpu.txt" >"$md" 2>/dev/null; cat "$md"; say "done in $((SECONDS - start)) s; log $log"; return 0; }
   local t
   for t in device gpu_engine edge_cases_every_engine; do
     [ -x "$work/tests/$t" ] && step "test $t" 240 "$work/tests/$t" --test-threads=1

@@ -479,11 +479,22 @@ pub fn run_nbody_config_on<C: Communicator + ?Sized>(
             .generate(g, comm.rank(), comm.size(), plan.cfg.capacity_factor);
     let mut particles = agree(comm, particles, "reading the initial conditions")?;
     // Validates the force settings on every rank before anything is written.
-    agree(
+    let slot = crate::fmm_gpu::device_slot(comm.rank());
+    let gravity = agree(
         comm,
-        Gravity::new(plan.cfg.forces, g),
+        Gravity::new_in_slot(plan.cfg.forces, g, slot),
         "checking the forces",
     )?;
+    // Which GPU computes (the chief; every rank that shares its GPU says so).
+    if let Some(d) = gravity.solver().device() {
+        let text = d.describe();
+        if (chief && !opts.quiet) || text.contains("shared") {
+            eprintln!("rank {}: forces on {text}", comm.rank());
+        }
+        if let Some(w) = d.software_warning().filter(|_| chief && !opts.quiet) {
+            eprintln!("{w}");
+        }
+    }
     let prepared = match (&plan.output, chief) {
         (Some((dir, o)), true) => crate::output::plan(dir, o.overwrite_output_dir)
             .and_then(|p| crate::output::prepare(dir, &p)),

@@ -62,6 +62,10 @@ pub enum NbodyError {
         /// Underlying error.
         cause: std::io::Error,
     },
+    /// The GPU of `forces.device` cannot be used (no adapter, a buffer over its limits, a
+    /// device error or timeout); the message names the adapter, the buffer or the phase.
+    #[error("forces.device: {0}")]
+    Gpu(String),
     /// A collective operation failed (a peer rank failed or the arguments disagree).
     #[error("collective communication failed: {0}")]
     Comm(String),

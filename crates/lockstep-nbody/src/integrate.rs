@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use lockstep_gpu::DeviceRequest;
+
 use crate::direct::{direct, Forces};
 use crate::fmm::{Fmm, FmmParams, FmmStats, NearField, SourceSet};
 use crate::{NbodyError, Particles};
@@ -52,6 +54,22 @@ pub struct ForceSettings {
     /// FMM near-field arithmetic: `"f32"` (default) or `"f64"` ([`NearField`]).
     #[serde(default)]
     pub near_field: NearField,
+    /// Where the forces are evaluated: `"cpu"` (default), `"gpu"` (the adapter of the
+    /// node-local rank, as `run.device`) or `"gpu:N"` (adapter N of `lockstep info`); both
+    /// methods run on the GPU ([`crate::fmm_gpu`]).
+    #[serde(default, deserialize_with = "de_device")]
+    pub device: DeviceRequest,
+}
+
+/// `forces.device`: `"cpu"`, `"gpu"` or `"gpu:N"`, with a message that names the accepted
+/// values.
+fn de_device<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DeviceRequest, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not a device; use \"cpu\", \"gpu\" or \"gpu:N\" (N from `lockstep info`)"
+        ))
+    })
 }
 
 fn d_order() -> usize {
@@ -65,6 +83,22 @@ fn d_leaf() -> usize {
 }
 
 impl ForceSettings {
+    /// The FMM solver of these settings, on the GPU of `slot` when `device` asks for one
+    /// ([`crate::fmm_gpu::open_device`]).
+    ///
+    /// Errors: bad FMM parameters, or [`NbodyError::Gpu`].
+    pub fn solver(&self, slot: usize) -> Result<Fmm, NbodyError> {
+        let fmm = Fmm::new(self.fmm_params())?;
+        let gpu = matches!(self.device, DeviceRequest::Gpu(_));
+        if gpu && self.method == Method::Fmm {
+            return Err(crate::fmm_gpu::fmm_refused());
+        }
+        Ok(match crate::fmm_gpu::open_device(self.device, slot)? {
+            Some(d) => fmm.on_device(d),
+            None => fmm,
+        })
+    }
+
     /// The FMM parameters of these settings.
     pub fn fmm_params(&self) -> FmmParams {
         FmmParams {
@@ -85,6 +119,7 @@ impl Default for ForceSettings {
             theta: d_theta(),
             leaf_size: d_leaf(),
             near_field: NearField::F32,
+            device: DeviceRequest::Cpu,
         }
     }
 }
@@ -100,8 +135,16 @@ pub struct Gravity {
 }
 
 impl Gravity {
-    /// Validated gravity with G = `g`.
+    /// Validated gravity with G = `g`; `forces.device: "gpu"` binds the node-local rank's
+    /// adapter (slot 0 outside a launcher; [`Gravity::new_in_slot`] for thread ranks).
+    ///
+    /// Errors: a bad setting, or [`NbodyError::Gpu`] when the GPU cannot be opened.
     pub fn new(settings: ForceSettings, g: f64) -> Result<Self, NbodyError> {
+        Self::new_in_slot(settings, g, crate::fmm_gpu::device_slot(0))
+    }
+
+    /// [`Gravity::new`] binding the GPU of `slot` (node-local rank or thread replica).
+    pub fn new_in_slot(settings: ForceSettings, g: f64, slot: usize) -> Result<Self, NbodyError> {
         if !(settings.softening.is_finite() && settings.softening >= 0.0) {
             return Err(NbodyError::param(
                 "forces.softening",
@@ -115,7 +158,7 @@ impl Gravity {
         Ok(Gravity {
             settings,
             g,
-            fmm: Fmm::new(settings.fmm_params())?,
+            fmm: settings.solver(slot)?,
             last_stats: FmmStats::default(),
         })
     }
@@ -130,9 +173,26 @@ impl Gravity {
         self.g
     }
 
+    /// The FMM solver (with its device, if any).
+    pub fn solver(&self) -> &Fmm {
+        &self.fmm
+    }
+
     /// Acceleration `[num][3]` and potential `[num]` of the valid particles.
     pub fn forces(&mut self, p: &Particles) -> Result<Forces, NbodyError> {
         match self.settings.method {
+            Method::Direct if self.fmm.device().is_some() => {
+                let d = self.fmm.device().expect("checked");
+                let pos = p.valid_pos();
+                d.direct_forces(
+                    pos,
+                    Some(0),
+                    pos,
+                    p.valid_mass(),
+                    self.g,
+                    self.settings.softening,
+                )
+            }
             Method::Direct => Ok(direct(
                 p.valid_pos(),
                 p.valid_mass(),

@@ -31,6 +31,7 @@ pub mod config;
 pub mod direct;
 pub mod error;
 pub mod fmm;
+pub mod fmm_gpu;
 pub mod ic;
 pub mod integrate;
 pub mod output;
@@ -43,10 +44,13 @@ pub mod units;
 pub use config::{run_nbody_config, NbodyConfig, RunOptions, Summary};
 pub use direct::{direct, direct_on, Forces};
 pub use error::NbodyError;
-pub use fmm::{fmm, Fmm, FmmParams, FmmStats, NearField, PhaseSeconds, RemoteCell, SourceSet};
+pub use fmm::{
+    fmm, Fmm, FmmParams, FmmStats, ForceDevice, NearField, PhaseSeconds, RemoteCell, SourceSet,
+};
 pub use ic::InitialConditions;
 pub use integrate::{
     simulate, Diagnostics, ForceSettings, Gravity, Integrator, Method, NbodySimulateOptions,
 };
+pub use lockstep_gpu::DeviceRequest;
 pub use particles::Particles;
 pub use units::Units;

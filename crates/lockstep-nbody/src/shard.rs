@@ -450,14 +450,24 @@ pub fn sharded_gravity<C: Communicator + ?Sized>(
                     mass.push(e[3]);
                 }
             }
-            let f = crate::direct::direct_on(
-                p.valid_pos(),
-                Some(offset),
-                &pos,
-                &mass,
-                g,
-                settings.softening,
-            );
+            let f = match fmm.device() {
+                Some(d) => d.direct_forces(
+                    p.valid_pos(),
+                    Some(offset),
+                    &pos,
+                    &mass,
+                    g,
+                    settings.softening,
+                )?,
+                None => crate::direct::direct_on(
+                    p.valid_pos(),
+                    Some(offset),
+                    &pos,
+                    &mass,
+                    g,
+                    settings.softening,
+                ),
+            };
             Ok((
                 f,
                 ShardForceStats {
@@ -483,7 +493,7 @@ pub fn simulate_sharded<C: Communicator + ?Sized>(
     on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     on_step: impl FnMut(usize),
 ) -> Result<Vec<Diagnostics>, NbodyError> {
-    let fmm = Fmm::new(settings.fmm_params())?;
+    let fmm = settings.solver(crate::fmm_gpu::device_slot(comm.rank()))?;
     redistribute(comm, particles)?;
     simulate_with(
         particles,

@@ -633,7 +633,7 @@ pub fn train_stages(request: &TrainRequest, world: &World) -> Result<Vec<TrainSu
     if chief {
         finish_run(&p, &last_dir)?;
     }
-    Ok(())
+    Ok(summaries)
 }
 
 /// What the run says about its devices: `--cpu` overriding `local.device` (chief), the
@@ -785,7 +785,7 @@ fn starting_values(
         }
         notes.extend(report);
     }
-    Ok(summaries)
+    Ok(())
 }
 
 /// What a stage's failure means in the settings' terms: a loss or parameter that became

@@ -8,6 +8,7 @@ mod bptt;
 mod c2st;
 mod mpi_worker;
 mod nbody;
+mod nbody_gpu;
 mod npe;
 mod npy;
 mod scaling;
@@ -26,7 +27,7 @@ pub enum BenchCommand {
     Bptt(bptt::BpttArgs),
     /// Training throughput of 1 vs N replicas (threads and MPI), one core per replica.
     Scaling(scaling::ScalingArgs),
-    /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), or sharded over --ranks 1,2.
+    /// N-body force evaluations/s (FMM, direct, vs fmm3dpy), on the GPU with --device gpu, or sharded over --ranks 1,2.
     Nbody(nbody::BenchNbodyArgs),
     /// Forward simulation of the 450-cell BMTK network: neuron-steps/s, synaptic events/s, ratio to NEST.
     Simulate(simulate::BenchSimulateArgs),
@@ -62,6 +63,15 @@ impl BenchCommand {
             BenchCommand::Simulate(args) => simulate::run(args),
             BenchCommand::Scaling(args) => scaling::run(args, world),
             BenchCommand::Bptt(args) => bptt::run(args),
+            BenchCommand::Nbody(args) if args.device != lockstep_nbody::DeviceRequest::Cpu => {
+                nbody_gpu::run(
+                    &args.sizes,
+                    &args.direct_sizes,
+                    nbody::params_of(args),
+                    args.repeats,
+                    args.device,
+                )
+            }
             BenchCommand::Nbody(args) => nbody::run(args),
             BenchCommand::Npe(args) => npe::run(args, world),
             BenchCommand::C2st(args) => c2st::run(args, world),

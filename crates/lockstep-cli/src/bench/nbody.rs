@@ -84,6 +84,10 @@ pub struct BenchNbodyArgs {
         default_value = "1e-2,1e-3,1e-4"
     )]
     pub fmm3d_eps: Vec<f64>,
+    /// Where the FMM runs: `cpu` (default) or `gpu` / `gpu:N` (`forces.device`): the GPU
+    /// FMM next to the CPU FMM, its split and the H200 model (`bench/nbody_gpu.rs`).
+    #[arg(long, default_value = "cpu")]
+    pub device: lockstep_nbody::DeviceRequest,
 }
 
 /// `--near-field` values (`forces.near_field` of an N-body config).
@@ -95,9 +99,9 @@ pub enum NearFieldArg {
     F64,
 }
 
-/// Runs the benchmark selected by `args` and prints its table.
-pub fn run(args: &BenchNbodyArgs) -> Result<()> {
-    let params = FmmParams {
+/// The FMM parameters of the arguments.
+pub(super) fn params_of(args: &BenchNbodyArgs) -> FmmParams {
+    FmmParams {
         order: args.order,
         theta: args.theta,
         leaf_size: args.leaf_size,
@@ -105,7 +109,12 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
             NearFieldArg::F32 => NearField::F32,
             NearFieldArg::F64 => NearField::F64,
         },
-    };
+    }
+}
+
+/// Runs the benchmark selected by `args` and prints its table.
+pub fn run(args: &BenchNbodyArgs) -> Result<()> {
+    let params = params_of(args);
     if let Some(n) = args.accuracy_table {
         return accuracy_table(n);
     }
@@ -228,7 +237,7 @@ for k, e in enumerate(sys.argv[2:]):
 print(json.dumps({"seconds": secs, "cpu_seconds": cpus, "version": getattr(fmm3dpy, "__version__", "unknown")}))
 "#;
 
-fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+pub(super) fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
     let p = InitialConditions::Plummer {
         n: n as u64,
         total_mass: 1.0,

@@ -258,6 +258,37 @@ pub struct Tables {
     sign: Vec<f64>,
 }
 
+/// [`Tables`] flattened for the GPU kernels ([`Tables::flat`]); `nt = nterms(p)`.
+#[derive(Debug, Clone)]
+pub(crate) struct FlatTables {
+    /// `[nt]` index of `n - e_axis` (the monomial recursion's parent).
+    pub parent: Vec<u32>,
+    /// `[nt]` the axis of that step.
+    pub axis: Vec<u32>,
+    /// `[nt]` degree `|n|`.
+    pub degree: Vec<u32>,
+    /// `[nt]` `1 / n_axis`.
+    pub inv_step: Vec<f64>,
+    /// `[nt]` `(-1)^{|n|}`.
+    pub sign: Vec<f64>,
+    /// `[3 * shifts]` `(n, k, n - k)` triples of M2M and L2L.
+    pub shift: Vec<u32>,
+    /// Derivative terms: coefficient, monomial index, order of `h`.
+    pub deriv_c: Vec<f64>,
+    /// See `deriv_c`.
+    pub deriv_rest: Vec<u32>,
+    /// See `deriv_c`.
+    pub deriv_j: Vec<u32>,
+    /// `[nt + 1]` row offsets of the derivative terms.
+    pub deriv_rows: Vec<u32>,
+    /// The full contraction's `n + m` indices, row `n` over `m` in degree order.
+    pub rows: Vec<u32>,
+    /// `[nt + 1]` row offsets of `rows`.
+    pub row_start: Vec<u32>,
+    /// `[3 * nt(p-1)]` indices of `m + e_x, m + e_y, m + e_z` for `|m| <= p - 1`.
+    pub grad: Vec<u32>,
+}
+
 /// Number of Cartesian coefficients with `|n| <= p`.
 pub fn nterms(p: usize) -> usize {
     (p + 1) * (p + 2) * (p + 3) / 6
@@ -359,6 +390,33 @@ impl Tables {
             shift,
             deriv,
             deriv_rows,
+        }
+    }
+
+    /// The index tables of order `p` flattened for the GPU kernels (`crate::fmm_gpu`): the
+    /// monomial recursion, the derivative rows, the M2M/L2L shifts, the full contraction's
+    /// rows and gradient entries, as plain integer and float arrays (the same tables the
+    /// CPU functions above read).
+    pub(crate) fn flat(&self) -> FlatTables {
+        let c = &self.full;
+        FlatTables {
+            parent: self.parent.iter().map(|&(q, _)| q as u32).collect(),
+            axis: self.parent.iter().map(|&(_, a)| a as u32).collect(),
+            degree: self.degree.iter().map(|&d| d as u32).collect(),
+            inv_step: self.inv_step.clone(),
+            sign: self.sign.clone(),
+            shift: self
+                .shift
+                .iter()
+                .flat_map(|&(n, k, d)| [n as u32, k as u32, d as u32])
+                .collect(),
+            deriv_c: self.deriv.iter().map(|d| d.0).collect(),
+            deriv_rest: self.deriv.iter().map(|d| d.1 as u32).collect(),
+            deriv_j: self.deriv.iter().map(|d| d.2 as u32).collect(),
+            deriv_rows: self.deriv_rows.iter().map(|&r| r as u32).collect(),
+            rows: c.rows.iter().map(|&r| r as u32).collect(),
+            row_start: c.row_start.iter().map(|&r| r as u32).collect(),
+            grad: c.grad.iter().flat_map(|g| g.map(u32::from)).collect(),
         }
     }
 

@@ -213,6 +213,41 @@ impl PhaseSeconds {
     }
 }
 
+/// A device that evaluates forces in place of the CPU code (`forces.device: "gpu"`: the
+/// WGSL kernels of `crate::fmm_gpu`). The tree and the interaction lists are the host's
+/// ([`Fmm::build_tree_nodes`], [`Fmm::walk_lists`]); the device does the arithmetic.
+pub trait ForceDevice: std::fmt::Debug + Send + Sync {
+    /// [`Fmm::forces`] of `fmm` on the device: acceleration `[n][3]` (kpc (km/s)^2 per kpc
+    /// with G = `g`) and potential `[n]` of the local particles of `sources`, with the work
+    /// counts and phase times.
+    fn fmm_forces(
+        &self,
+        fmm: &Fmm,
+        sources: &SourceSet,
+        g: f64,
+        softening: f64,
+    ) -> Result<(Forces, FmmStats), NbodyError>;
+
+    /// Direct summation on the device ([`crate::direct::direct_on`]): the field at
+    /// `targets` (`[n][3]`) of all `pos`/`mass`; `offset` says where the targets sit among
+    /// the sources (each skips itself there).
+    fn direct_forces(
+        &self,
+        targets: &[[f64; 3]],
+        offset: Option<usize>,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        g: f64,
+        softening: f64,
+    ) -> Result<Forces, NbodyError>;
+
+    /// The adapter, for logs (`[index] name`, and whether other ranks share it).
+    fn describe(&self) -> String;
+
+    /// A warning when the device is a software emulation (lavapipe), else None.
+    fn software_warning(&self) -> Option<String>;
+}
+
 /// The FMM solver: parameters and precomputed expansion tables.
 #[derive(Debug, Clone)]
 pub struct Fmm {
@@ -224,6 +259,8 @@ pub struct Fmm {
     /// The harmonic M2L/M2P contraction without softening ([`Tables::contraction`]); the
     /// full one always when false (tests compare the two).
     harmonic_far_field: bool,
+    /// The GPU that evaluates the forces (`forces.device: "gpu"`), or None for the CPU.
+    device: Option<std::sync::Arc<dyn ForceDevice>>,
 }
 
 #[derive(Default)]
@@ -232,6 +269,21 @@ struct Lists {
     m2p: Vec<(usize, usize)>,
     p2p: Vec<(usize, usize)>,
     forced: usize,
+}
+
+/// The interaction lists of one walk for the GPU ([`Fmm::walk_lists`]): compressed rows
+/// `(offsets [nodes + 1], items)` per target node; sources `>= nodes` are imported cells.
+pub(crate) struct WalkLists {
+    /// Multipole-to-local pairs.
+    pub m2l: (Vec<u32>, Vec<u32>),
+    /// Multipole-to-particle pairs (target leaves).
+    pub m2p: (Vec<u32>, Vec<u32>),
+    /// Particle-particle pairs (target leaves; sources are node particle ranges).
+    pub p2p: (Vec<u32>, Vec<u32>),
+    /// Imported cells that failed the opening test at a target leaf.
+    pub forced: usize,
+    /// Particle pairs of the P2P list, one-sided.
+    pub p2p_pairs: u64,
 }
 
 /// Compressed rows: `items[offsets[t]..offsets[t+1]]` are the sources of target `t`.
@@ -283,7 +335,91 @@ impl Fmm {
             tables: Tables::new(params.order),
             mutual_p2p: true,
             harmonic_far_field: true,
+            device: None,
         })
+    }
+
+    /// This solver with its force evaluations on `device` (the GPU, `crate::fmm_gpu`): the tree
+    /// and the interaction lists are still built here, on the host.
+    pub fn on_device(mut self, device: std::sync::Arc<dyn ForceDevice>) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The GPU this solver evaluates on, if any.
+    pub fn device(&self) -> Option<&std::sync::Arc<dyn ForceDevice>> {
+        self.device.as_ref()
+    }
+
+    /// The expansion tables.
+    pub(crate) fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// The interaction lists of the dual tree walk of `tree` (local plus imported
+    /// particles) and the imported cells `remote`, without evaluating anything: the same
+    /// walk, tasks and order as [`Fmm::forces`], for the GPU path. Each list is grouped by
+    /// target node (stable: a target's sources keep the walk's order).
+    pub(crate) fn walk_lists(&self, tree: &Tree, remote: &[RemoteCell]) -> WalkLists {
+        let nodes = &tree.nodes;
+        let mut level = 0;
+        while level + 1 < tree.level_start.len() - 1 {
+            let count = tree.level_start[level + 1] - tree.level_start[level];
+            if count >= TASKS {
+                break;
+            }
+            level += 1;
+        }
+        let mut tasks: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].level == level || (nodes[i].level < level && nodes[i].is_leaf()))
+            .collect();
+        tasks.sort_by_key(|&t| nodes[t].start);
+        let lists = tasks
+            .into_par_iter()
+            .map(|t| {
+                let w = Walker {
+                    nodes,
+                    remote,
+                    theta: self.params.theta,
+                    task: nodes[t],
+                    direct_max: DIRECT_PER_TERM * self.tables.nterms,
+                    m2p_ratio: 1.0,
+                    p2p_node_max: P2P_NODE_LEAVES * self.params.leaf_size,
+                    m2p_max: usize::MAX,
+                };
+                let mut out = Lists::default();
+                w.walk(0, 0, &mut out);
+                for (k, c) in remote.iter().enumerate() {
+                    w.walk_remote(0, nodes.len() + k, c, &mut out);
+                }
+                out
+            })
+            .reduce(Lists::default, |mut a, mut b| {
+                a.m2l.append(&mut b.m2l);
+                a.m2p.append(&mut b.m2p);
+                a.p2p.append(&mut b.p2p);
+                a.forced += b.forced;
+                a
+            });
+        let nn = nodes.len();
+        let pairs = lists
+            .p2p
+            .iter()
+            .map(|&(a, b)| (nodes[a].count() * nodes[b].count()) as u64)
+            .sum();
+        let flat = |c: Csr| {
+            (
+                c.offsets.iter().map(|&o| o as u32).collect(),
+                c.items.iter().map(|&i| i as u32).collect(),
+            )
+        };
+        WalkLists {
+            m2l: flat(csr(lists.m2l, nn)),
+            m2p: flat(csr(lists.m2p, nn)),
+            p2p: flat(csr(lists.p2p, nn)),
+            forced: lists.forced,
+            p2p_pairs: pairs,
+        }
     }
 
     /// Parameters.
@@ -322,6 +458,9 @@ impl Fmm {
         let n_local = sources.pos.len();
         if n_local == 0 {
             return Ok((Forces::zeros(0), FmmStats::default()));
+        }
+        if let Some(device) = &self.device {
+            return device.fmm_forces(self, sources, g, softening);
         }
         let eps2 = softening * softening;
         let mut clock = PhaseClock::new();
@@ -372,7 +511,7 @@ impl Fmm {
     }
 
     /// The nodes of the tree of local plus imported particles, without multipoles.
-    fn build_tree_nodes(&self, sources: &SourceSet) -> Tree {
+    pub(crate) fn build_tree_nodes(&self, sources: &SourceSet) -> Tree {
         let leaf = self.params.leaf_size;
         if sources.remote_pos.is_empty() {
             Tree::build_nodes(sources.pos, sources.mass, sources.pos.len(), leaf)

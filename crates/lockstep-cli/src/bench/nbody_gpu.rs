@@ -1,0 +1,220 @@
+//! `lockstep bench nbody --device gpu`: the FMM force evaluation on the GPU
+//! (`forces.device: "gpu"`) next to the CPU FMM in the same invocation, on the same Plummer
+//! points: evaluations and particles per second, the accuracy against direct sums on a
+//! subset of targets, the split of the GPU evaluation (host tree and lists, transfers,
+//! P2P, M2L, the rest), direct summation on the GPU, and a labelled traffic and flop model
+//! of P2P and M2L per particle on an H200 (4.8 TB/s, about 67 TFLOP/s FP32) from the
+//! interaction counts measured here. The fmm3dpy rows belong to `lockstep bench nbody`
+//! without `--device`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use lockstep_nbody::accuracy::compare;
+use lockstep_nbody::fmm::expansion::{nterms, Tables};
+use lockstep_nbody::fmm_gpu::GpuForces;
+use lockstep_nbody::{direct_on, DeviceRequest, Fmm, FmmParams, FmmStats, ForceDevice, SourceSet};
+
+use super::nbody::plummer_points;
+
+/// H200 memory bandwidth, bytes/s (NVIDIA's data sheet).
+const H200_BYTES_PER_S: f64 = 4.8e12;
+/// H200 FP32 peak, flop/s (SXM, non-tensor; NVIDIA's data sheet).
+const H200_FLOPS: f64 = 67e12;
+/// Flops of one P2P pair in `fmm.wgsl` (3 differences, r^2 with softening and floor, one
+/// reciprocal square root counted as 4, m/r, m/r^3, 3 multiply-adds and the potential).
+const P2P_FLOPS: f64 = 23.0;
+/// Bytes of one staged source (hi and lo vec4 of f32).
+const SOURCE_BYTES: f64 = 32.0;
+
+/// The GPU benchmark: FMM rows for `sizes`, direct rows for `direct_sizes`, `repeats` timed
+/// evaluations each (the best reported, after one untimed warm-up on the GPU).
+pub fn run(
+    sizes: &[usize],
+    direct_sizes: &[usize],
+    params: FmmParams,
+    repeats: usize,
+    device: DeviceRequest,
+) -> Result<()> {
+    let index = match device {
+        DeviceRequest::Gpu(i) => i,
+        DeviceRequest::Cpu => None,
+    };
+    let dev = Arc::new(GpuForces::open(index, 0)?);
+    let threads = rayon::current_num_threads();
+    println!(
+        "lockstep bench nbody --device gpu: Plummer sphere, G = 1, no softening, FMM p = {}, theta = {}, leaf_size = {}; GPU: {}; CPU FMM on {threads} threads",
+        params.order,
+        params.theta,
+        params.leaf_size,
+        dev.describe()
+    );
+    if let Some(w) = dev.software_warning() {
+        println!("{w}");
+    }
+    println!(
+        "{:<9} {:>9} {:>11} {:>10} {:>12} {:>10} {:>10} {:>10}",
+        "method", "N", "s/eval", "evals/s", "particles/s", "acc p50", "acc p99", "acc p99.9"
+    );
+    let cpu = Fmm::new(params)?;
+    let gpu = cpu.clone().on_device(dev.clone());
+    for &n in sizes {
+        let (pos, mass) = plummer_points(n, 2024)?;
+        let k = 2000.min(n);
+        let reference = direct_on(&pos[..k], Some(0), &pos, &mass, 1.0, 0.0);
+        let src = SourceSet::local(&pos, &mass);
+        // One untimed GPU evaluation: shader compilation and first touch of the buffers.
+        gpu.forces(&src, 1.0, 0.0)?;
+        let mut best: Option<(f64, FmmStats, lockstep_nbody::fmm_gpu::GpuSplit)> = None;
+        let mut last = None;
+        for _ in 0..repeats.max(1) {
+            let t = Instant::now();
+            let (f, st) = gpu.forces(&src, 1.0, 0.0)?;
+            let s = t.elapsed().as_secs_f64();
+            if best.as_ref().is_none_or(|b| s < b.0) {
+                best = Some((s, st, dev.last_split()));
+            }
+            last = Some(f);
+        }
+        let (secs, stats, split) = best.context("one evaluation")?;
+        let f = last.context("one evaluation")?;
+        let sub = lockstep_nbody::Forces {
+            acc: f.acc[..k].to_vec(),
+            pot: f.pot[..k].to_vec(),
+        };
+        let acc = compare(&sub, &reference).acc;
+        row("fmm gpu", n, secs, acc.p50, acc.p99, acc.p999);
+        println!(
+            "  split (s): host tree {:.4}, host lists {:.4}, upload {:.4} ({:.1} MB), P2M+M2M {:.4}, M2L+L2L {:.4}, P2P {:.4}, L2P+M2P {:.4}, read-back {:.4} ({:.1} MB)",
+            split.tree,
+            split.lists,
+            split.upload,
+            split.bytes_up as f64 / 1e6,
+            split.upward,
+            split.m2l,
+            split.p2p,
+            split.far,
+            split.download,
+            split.bytes_down as f64 / 1e6
+        );
+        println!(
+            "  counts: {} nodes, {} M2L, {} M2P, {} P2P blocks, {:.0} P2P pairs per particle",
+            stats.nodes,
+            stats.m2l,
+            stats.m2p,
+            stats.p2p_blocks,
+            stats.p2p_pairs as f64 / n as f64
+        );
+        let mut cbest = f64::INFINITY;
+        let mut cf = None;
+        for _ in 0..repeats.max(1) {
+            let t = Instant::now();
+            let (f, _) = cpu.forces(&src, 1.0, 0.0)?;
+            cbest = cbest.min(t.elapsed().as_secs_f64());
+            cf = Some(f);
+        }
+        let cf = cf.context("one evaluation")?;
+        let csub = lockstep_nbody::Forces {
+            acc: cf.acc[..k].to_vec(),
+            pot: cf.pot[..k].to_vec(),
+        };
+        let cacc = compare(&csub, &reference).acc;
+        row("fmm cpu", n, cbest, cacc.p50, cacc.p99, cacc.p999);
+        println!(
+            "  GPU / CPU speed: {:.2}x (accuracy on the first {k} particles against direct sums in f64)",
+            cbest / secs
+        );
+        model(&stats, n, params);
+    }
+    for &n in direct_sizes {
+        let (pos, mass) = plummer_points(n, 2024)?;
+        dev.direct_forces(&pos, Some(0), &pos, &mass, 1.0, 0.0)?;
+        let t = Instant::now();
+        let f = dev.direct_forces(&pos, Some(0), &pos, &mass, 1.0, 0.0)?;
+        let secs = t.elapsed().as_secs_f64();
+        let k = 500.min(n);
+        let reference = direct_on(&pos[..k], Some(0), &pos, &mass, 1.0, 0.0);
+        let sub = lockstep_nbody::Forces {
+            acc: f.acc[..k].to_vec(),
+            pot: f.pot[..k].to_vec(),
+        };
+        let acc = compare(&sub, &reference).acc;
+        row("direct gpu", n, secs, acc.p50, acc.p99, acc.p999);
+        println!(
+            "  {:.3e} pair interactions/s",
+            (n as f64) * (n as f64 - 1.0) / secs
+        );
+    }
+    Ok(())
+}
+
+fn row(method: &str, n: usize, secs: f64, p50: f64, p99: f64, p999: f64) {
+    println!(
+        "{:<9} {:>9} {:>11.4} {:>10.3} {:>12.3e} {:>10.2e} {:>10.2e} {:>10.2e}",
+        method,
+        n,
+        secs,
+        1.0 / secs,
+        n as f64 / secs,
+        p50,
+        p99,
+        p999
+    );
+}
+
+/// Derivative-tensor terms of order `p` (the `D_n` recursion of `fmm.wgsl`: one term per
+/// `k <= n/2` componentwise, per coefficient `n`).
+fn derivative_terms(p: usize) -> usize {
+    let mut t = 0;
+    for d in 0..=p {
+        for nx in 0..=d {
+            for ny in 0..=d - nx {
+                let nz = d - nx - ny;
+                t += (nx / 2 + 1) * (ny / 2 + 1) * (nz / 2 + 1);
+            }
+        }
+    }
+    t
+}
+
+/// The modelled H200 cost of P2P and M2L per particle from this run's interaction counts:
+/// flops and device-memory bytes per particle, and the time per particle at the H200's
+/// peak rate of whichever bounds it. A model, not a measurement.
+fn model(stats: &FmmStats, n: usize, params: FmmParams) {
+    let nt = nterms(params.order) as f64;
+    let tables = Tables::new(params.order);
+    // Products of the full contraction, the derivative terms (3 flops each), the monomials
+    // (2 flops each), the scalings (3 per coefficient), the compensated sums (4 per
+    // coefficient).
+    let m2l_flops = 2.0 * tables.full.m2l_products() as f64
+        + 3.0 * derivative_terms(params.order) as f64
+        + 2.0 * nt
+        + 7.0 * nt;
+    // The source's multipole and centre, its index in the list.
+    let m2l_bytes = 4.0 * nt + 32.0 + 4.0;
+    let pairs = stats.p2p_pairs as f64 / n as f64;
+    // A source is read once per target leaf and serves the leaf's targets (about
+    // N / leaves of them; leaves are about 7/8 of the nodes of an octree).
+    let per_leaf = (n as f64 / (0.875 * stats.nodes.max(1) as f64)).max(1.0);
+    let p2p = (pairs * P2P_FLOPS, pairs * SOURCE_BYTES / per_leaf);
+    let m2l_per = stats.m2l as f64 / n as f64;
+    let m2l = (m2l_per * m2l_flops, m2l_per * m2l_bytes);
+    let time = |(f, b): (f64, f64)| (f / H200_FLOPS).max(b / H200_BYTES_PER_S);
+    let total = time(p2p) + time(m2l);
+    println!(
+        "  H200 model (not measured; FP32 {:.0} TFLOP/s, {:.1} TB/s, at peak): P2P {:.0} pairs/particle = {:.0} flop + {:.1} B per particle; M2L {:.2} translations/particle x {:.0} flop, {:.0} B = {:.0} flop + {:.0} B per particle; bound {:.2e} s/particle -> {:.2e} particles/s for P2P + M2L",
+        H200_FLOPS / 1e12,
+        H200_BYTES_PER_S / 1e12,
+        pairs,
+        p2p.0,
+        p2p.1,
+        m2l_per,
+        m2l_flops,
+        m2l_bytes,
+        m2l.0,
+        m2l.1,
+        total,
+        1.0 / total
+    );
+}

@@ -1,0 +1,372 @@
+// The FMM force evaluation and direct summation of lockstep-nbody as WGSL compute kernels
+// (docs/nbody.md, "Forces on the GPU"). Cartesian Taylor expansions of the Plummer-softened
+// kernel (Dehnen 2014, Comput. Astrophys. Cosmol. 1:1), the same index tables as the CPU
+// code (fmm/expansion.rs), in f32 arithmetic:
+//
+// - every point (particle, node centre, imported cell centre) is stored as a pair of f32
+//   (hi, lo) with hi + lo its position relative to the tree's cube centre; differences of
+//   points are formed as (hi_a - hi_b) + (lo_a - lo_b), which keeps about 1e-7 of the
+//   difference itself (not of the box) for nearby points;
+// - derivative tensors are evaluated at R / s with s a power of two near |R| and scaled
+//   back per degree (D_n(R) = s^-(|n|+1) D_n(R/s)), so no intermediate over- or underflows;
+// - sums over sources are f32 per source (P2P: per source node), added into (hi, lo)
+//   compensated accumulators; no atomics, a fixed order: the same bits on every run.
+//
+// Outputs per sorted particle: out[2 i] = hi, out[2 i + 1] = lo of (grad Phi, -Phi) (G = 1,
+// the host scales by G and adds hi + lo in f64).
+
+const WG: u32 = 64u;
+const MAXT: u32 = 84u; // nterms(6)
+
+struct Params {
+    first: u32, count: u32, n_all: u32, nn: u32,
+    nt: u32, p: u32, ngrad: u32, eps2: f32,
+    r2min: f32, o_parent: u32, o_axis: u32, o_degree: u32,
+    o_shift: u32, n_shift: u32, o_drest: u32, o_dj: u32,
+    o_drow: u32, o_rows: u32, o_rstart: u32, o_grad: u32,
+    o_p2p_off: u32, o_p2p_items: u32, o_m2l_off: u32, o_m2l_items: u32,
+    o_m2p_off: u32, o_m2p_items: u32, o_leafof: u32, o_list: u32,
+    f_inv: u32, f_dc: u32, f_sign: u32, target0: u32,
+}
+
+// Particles, sorted: pts[2 i] = (hi.xyz, mass), pts[2 i + 1] = (lo.xyz, 0).
+@group(0) @binding(0) var<storage, read> pts: array<vec4<f32>>;
+// Centres of the tree nodes then the imported cells: cen[2 k] = hi, cen[2 k + 1] = lo.
+@group(0) @binding(1) var<storage, read> cen: array<vec4<f32>>;
+// Nodes: nodes[2 k] = (start, end, first_child, nchild), nodes[2 k + 1] = (parent, 0, 0, 0).
+@group(0) @binding(2) var<storage, read> nodes: array<vec4<u32>>;
+// Index tables, interaction lists (compressed rows per target node), node lists.
+@group(0) @binding(3) var<storage, read> lists: array<u32>;
+// Float tables: 1 / n_axis, derivative coefficients, (-1)^|n|.
+@group(0) @binding(4) var<storage, read> tabf: array<f32>;
+// Multipoles [nodes + cells][nt].
+@group(0) @binding(5) var<storage, read_write> mp: array<f32>;
+// Local expansions [nodes][nt].
+@group(0) @binding(6) var<storage, read_write> loc: array<f32>;
+// Field per sorted particle (hi, lo).
+@group(0) @binding(7) var<storage, read_write> outp: array<vec4<f32>>;
+@group(1) @binding(0) var<uniform> P: Params;
+
+var<workgroup> sh: array<vec4<f32>, 64>;
+var<workgroup> sh_lo: array<vec4<f32>, 64>;
+
+fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
+    return (wg.x + wg.y * 65535u) * WG + lid;
+}
+
+fn pt_hi(i: u32) -> vec3<f32> { return pts[2u * i].xyz; }
+fn pt_lo(i: u32) -> vec3<f32> { return pts[2u * i + 1u].xyz; }
+fn cen_hi(k: u32) -> vec3<f32> { return cen[2u * k].xyz; }
+fn cen_lo(k: u32) -> vec3<f32> { return cen[2u * k + 1u].xyz; }
+
+// a - b for points given as (hi, lo) pairs.
+fn dd(ah: vec3<f32>, al: vec3<f32>, bh: vec3<f32>, bl: vec3<f32>) -> vec3<f32> {
+    return (ah - bh) + (al - bl);
+}
+
+// Compensated addition of x into (hi, lo) (Knuth's two-sum).
+struct Acc { hi: vec4<f32>, lo: vec4<f32> }
+fn acc_add(a: Acc, x: vec4<f32>) -> Acc {
+    let s = a.hi + x;
+    let bb = s - a.hi;
+    let e = (a.hi - (s - bb)) + (x - bb);
+    return Acc(s, a.lo + e);
+}
+fn two_sum1(hi: f32, lo: f32, x: f32) -> vec2<f32> {
+    let s = hi + x;
+    let bb = s - hi;
+    let e = (hi - (s - bb)) + (x - bb);
+    return vec2<f32>(s, lo + e);
+}
+
+// Scaled monomials x^n / n! for the nt coefficients.
+fn monomials(x: vec3<f32>, out: ptr<function, array<f32, 84>>) {
+    (*out)[0] = 1.0;
+    for (var i = 1u; i < P.nt; i++) {
+        let q = lists[P.o_parent + i];
+        let ax = lists[P.o_axis + i];
+        (*out)[i] = (*out)[q] * x[ax] * tabf[P.f_inv + i];
+    }
+}
+
+// The derivative tensor of psi = (r^2 + eps^2)^(-1/2) at r / s, s = 2^floor(log2 |r|)
+// (and eps / s); returns 1 / s. D_n(r) = d[n] * (1/s)^(|n| + 1).
+fn derivs(r: vec3<f32>, d: ptr<function, array<f32, 84>>) -> f32 {
+    let len = sqrt(dot(r, r) + P.eps2);
+    let s = exp2(floor(log2(max(len, 1e-30))));
+    let inv_s = 1.0 / s;
+    let rs = r * inv_s;
+    var mono: array<f32, 84>;
+    monomials(rs, &mono);
+    let q = 1.0 / (dot(rs, rs) + P.eps2 * inv_s * inv_s);
+    var h: array<f32, 8>;
+    h[0] = sqrt(q);
+    for (var j = 1u; j <= P.p; j++) {
+        h[j] = -f32(2u * j - 1u) * q * h[j - 1u];
+    }
+    for (var n = 0u; n < P.nt; n++) {
+        var a = 0.0;
+        for (var t = lists[P.o_drow + n]; t < lists[P.o_drow + n + 1u]; t++) {
+            a += tabf[P.f_dc + t] * mono[lists[P.o_drest + t]] * h[lists[P.o_dj + t]];
+        }
+        (*d)[n] = a;
+    }
+    return inv_s;
+}
+
+// Powers (1/s)^k, k = 0..p+1.
+fn powers(inv_s: f32, pw: ptr<function, array<f32, 9>>) {
+    (*pw)[0] = 1.0;
+    for (var k = 1u; k <= P.p + 1u; k++) {
+        (*pw)[k] = (*pw)[k - 1u] * inv_s;
+    }
+}
+
+// P2M: the multipole of each leaf (list at o_list) about its centre.
+@compute @workgroup_size(64)
+fn p2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let a = lists[P.o_list + id];
+    let nd = nodes[2u * a];
+    let zh = cen_hi(a);
+    let zl = cen_lo(a);
+    var acc: array<f32, 84>;
+    for (var i = 0u; i < P.nt; i++) { acc[i] = 0.0; }
+    var mono: array<f32, 84>;
+    for (var s = nd.x; s < nd.y; s++) {
+        monomials(dd(pt_hi(s), pt_lo(s), zh, zl), &mono);
+        let m = pts[2u * s].w;
+        for (var i = 0u; i < P.nt; i++) { acc[i] += m * mono[i]; }
+    }
+    for (var i = 0u; i < P.nt; i++) { mp[a * P.nt + i] = acc[i]; }
+}
+
+// M2M: the internal nodes first..first+count (one level) from their children.
+@compute @workgroup_size(64)
+fn m2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let a = P.first + id;
+    let nd = nodes[2u * a];
+    if nd.w == 0u { return; }
+    let zh = cen_hi(a);
+    let zl = cen_lo(a);
+    var acc: array<f32, 84>;
+    for (var i = 0u; i < P.nt; i++) { acc[i] = 0.0; }
+    var mono: array<f32, 84>;
+    for (var c = nd.z; c < nd.z + nd.w; c++) {
+        monomials(dd(cen_hi(c), cen_lo(c), zh, zl), &mono);
+        for (var t = 0u; t < P.n_shift; t++) {
+            let n = lists[P.o_shift + 3u * t];
+            let k = lists[P.o_shift + 3u * t + 1u];
+            let d = lists[P.o_shift + 3u * t + 2u];
+            acc[n] += mp[c * P.nt + k] * mono[d];
+        }
+    }
+    for (var i = 0u; i < P.nt; i++) { mp[a * P.nt + i] = acc[i]; }
+}
+
+// M2L: the local expansion of every node first..first+count from its M2L row.
+@compute @workgroup_size(64)
+fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let a = P.first + id;
+    let r0 = lists[P.o_m2l_off + a];
+    let r1 = lists[P.o_m2l_off + a + 1u];
+    var hi: array<f32, 84>;
+    var lo: array<f32, 84>;
+    for (var i = 0u; i < P.nt; i++) { hi[i] = 0.0; lo[i] = 0.0; }
+    let zh = cen_hi(a);
+    let zl = cen_lo(a);
+    var d: array<f32, 84>;
+    var ms: array<f32, 84>;
+    var pw: array<f32, 9>;
+    for (var r = r0; r < r1; r++) {
+        let b = lists[P.o_m2l_items + r];
+        let inv_s = derivs(dd(zh, zl, cen_hi(b), cen_lo(b)), &d);
+        powers(inv_s, &pw);
+        for (var i = 0u; i < P.nt; i++) {
+            ms[i] = tabf[P.f_sign + i] * mp[b * P.nt + i] * pw[lists[P.o_degree + i]];
+        }
+        for (var n = 0u; n < P.nt; n++) {
+            let k0 = lists[P.o_rstart + n];
+            let k1 = lists[P.o_rstart + n + 1u];
+            var s = 0.0;
+            for (var k = k0; k < k1; k++) {
+                s += ms[k - k0] * d[lists[P.o_rows + k]];
+            }
+            let v = two_sum1(hi[n], lo[n], s * pw[lists[P.o_degree + n] + 1u]);
+            hi[n] = v.x;
+            lo[n] = v.y;
+        }
+    }
+    for (var i = 0u; i < P.nt; i++) { loc[a * P.nt + i] = hi[i] + lo[i]; }
+}
+
+// L2L: adds the parent's local expansion, shifted, to the nodes first..first+count.
+@compute @workgroup_size(64)
+fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let a = P.first + id;
+    let par = nodes[2u * a + 1u].x;
+    var mono: array<f32, 84>;
+    monomials(dd(cen_hi(a), cen_lo(a), cen_hi(par), cen_lo(par)), &mono);
+    var acc: array<f32, 84>;
+    for (var i = 0u; i < P.nt; i++) { acc[i] = 0.0; }
+    for (var t = 0u; t < P.n_shift; t++) {
+        let n = lists[P.o_shift + 3u * t];
+        let k = lists[P.o_shift + 3u * t + 1u];
+        let d = lists[P.o_shift + 3u * t + 2u];
+        acc[k] += loc[par * P.nt + n] * mono[d];
+    }
+    for (var i = 0u; i < P.nt; i++) { loc[a * P.nt + i] += acc[i]; }
+}
+
+// P2P: one workgroup per target leaf (list at o_list); the sources of each node of the
+// leaf's P2P row are staged in workgroup memory, 64 at a time, relative to the leaf centre.
+@compute @workgroup_size(64)
+fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = wg.x + wg.y * 65535u;
+    if w >= P.count { return; }
+    let a = lists[P.o_list + w];
+    let nd = nodes[2u * a];
+    let zh = cen_hi(a);
+    let zl = cen_lo(a);
+    let r0 = lists[P.o_p2p_off + a];
+    let r1 = lists[P.o_p2p_off + a + 1u];
+    for (var c0 = nd.x; c0 < nd.y; c0 += WG) {
+        let i = c0 + lid;
+        let valid = i < nd.y;
+        var xi = vec3<f32>(0.0);
+        if valid { xi = dd(pt_hi(i), pt_lo(i), zh, zl); }
+        var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var r = r0; r < r1; r++) {
+            let b = lists[P.o_p2p_items + r];
+            let sb = nodes[2u * b];
+            var part = vec4<f32>(0.0);
+            for (var t0 = sb.x; t0 < sb.y; t0 += WG) {
+                let j = t0 + lid;
+                if j < sb.y {
+                    sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts[2u * j].w);
+                } else {
+                    sh[lid] = vec4<f32>(0.0);
+                }
+                workgroupBarrier();
+                let cnt = min(WG, sb.y - t0);
+                for (var k = 0u; k < cnt; k++) {
+                    let src = sh[k];
+                    let dx = src.xyz - xi;
+                    let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
+                    let inv = inverseSqrt(r2);
+                    var mi = src.w * inv;
+                    if t0 + k == i { mi = 0.0; }
+                    let mi3 = mi * inv * inv;
+                    part += vec4<f32>(dx * mi3, mi);
+                }
+                workgroupBarrier();
+            }
+            acc = acc_add(acc, part);
+        }
+        if valid {
+            outp[2u * i] = vec4<f32>(acc.hi.xyz, -acc.hi.w);
+            outp[2u * i + 1u] = vec4<f32>(acc.lo.xyz, -acc.lo.w);
+        }
+    }
+}
+
+// Far field at the particles first..first+count: L2P of their leaf's local expansion
+// and M2P of the leaf's M2P row, added to what P2P wrote.
+@compute @workgroup_size(64)
+fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let i = P.first + id;
+    let a = lists[P.o_leafof + i];
+    let xh = pt_hi(i);
+    let xl = pt_lo(i);
+    var acc = Acc(outp[2u * i], outp[2u * i + 1u]);
+    var mono: array<f32, 84>;
+    monomials(dd(xh, xl, cen_hi(a), cen_lo(a)), &mono);
+    var phi = 0.0;
+    var g = vec3<f32>(0.0);
+    for (var k = 0u; k < P.nt; k++) { phi += loc[a * P.nt + k] * mono[k]; }
+    for (var k = 0u; k < P.ngrad; k++) {
+        let s = mono[k];
+        g.x += loc[a * P.nt + lists[P.o_grad + 3u * k]] * s;
+        g.y += loc[a * P.nt + lists[P.o_grad + 3u * k + 1u]] * s;
+        g.z += loc[a * P.nt + lists[P.o_grad + 3u * k + 2u]] * s;
+    }
+    acc = acc_add(acc, vec4<f32>(g, -phi));
+    let r0 = lists[P.o_m2p_off + a];
+    let r1 = lists[P.o_m2p_off + a + 1u];
+    var d: array<f32, 84>;
+    var pw: array<f32, 9>;
+    for (var r = r0; r < r1; r++) {
+        let b = lists[P.o_m2p_items + r];
+        let inv_s = derivs(dd(xh, xl, cen_hi(b), cen_lo(b)), &d);
+        powers(inv_s, &pw);
+        var ph = 0.0;
+        var gb = vec3<f32>(0.0);
+        for (var k = 0u; k < P.nt; k++) {
+            let sm = tabf[P.f_sign + k] * mp[b * P.nt + k];
+            let deg = lists[P.o_degree + k];
+            ph += sm * d[k] * pw[deg + 1u];
+            if k < P.ngrad {
+                let f = sm * pw[deg + 2u];
+                gb.x += f * d[lists[P.o_grad + 3u * k]];
+                gb.y += f * d[lists[P.o_grad + 3u * k + 1u]];
+                gb.z += f * d[lists[P.o_grad + 3u * k + 2u]];
+            }
+        }
+        acc = acc_add(acc, vec4<f32>(gb, -ph));
+    }
+    outp[2u * i] = acc.hi;
+    outp[2u * i + 1u] = acc.lo;
+}
+
+// Direct summation: targets target0..target0+count among the n_all sources, 64 targets per
+// workgroup, the sources staged 64 at a time; (hi, lo) differences, a compensated sum per
+// tile.
+@compute @workgroup_size(64)
+fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = wg.x + wg.y * 65535u;
+    if w * WG >= P.count { return; }
+    let t = w * WG + lid;
+    let valid = t < P.count;
+    let i = P.target0 + t;
+    var xh = vec3<f32>(0.0);
+    var xl = vec3<f32>(0.0);
+    if valid { xh = pt_hi(i); xl = pt_lo(i); }
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var t0 = 0u; t0 < P.n_all; t0 += WG) {
+        let j = t0 + lid;
+        if j < P.n_all {
+            sh[lid] = pts[2u * j];
+            sh_lo[lid] = pts[2u * j + 1u];
+        } else {
+            sh[lid] = vec4<f32>(0.0);
+            sh_lo[lid] = vec4<f32>(0.0);
+        }
+        workgroupBarrier();
+        let cnt = min(WG, P.n_all - t0);
+        var part = vec4<f32>(0.0);
+        for (var k = 0u; k < cnt; k++) {
+            let dx = dd(sh[k].xyz, sh_lo[k].xyz, xh, xl);
+            let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
+            let inv = inverseSqrt(r2);
+            var mi = sh[k].w * inv;
+            if t0 + k == i { mi = 0.0; }
+            let mi3 = mi * inv * inv;
+            part += vec4<f32>(dx * mi3, mi);
+        }
+        acc = acc_add(acc, part);
+        workgroupBarrier();
+    }
+    if valid {
+        outp[2u * t] = vec4<f32>(acc.hi.xyz, -acc.hi.w);
+        outp[2u * t + 1u] = vec4<f32>(acc.lo.xyz, -acc.lo.w);
+    }
+}

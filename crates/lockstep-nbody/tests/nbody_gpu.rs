@@ -1,0 +1,475 @@
+//! The N-body's GPU path (`forces.device: "gpu"`, issue 56) on the machine's adapter
+//! (Mesa's lavapipe in CI; no adapter is a failure here, never a skip): the GPU FMM against
+//! the CPU FMM with the same tree and parameters, against direct sums, direct summation on
+//! the GPU, edge cases, determinism, sharded forces, a short simulation's energy drift and
+//! the errors. Small N: the large cases belong to `lockstep bench nbody --device gpu`.
+
+#![allow(clippy::needless_range_loop)] // forces are compared index by index
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lockstep_comm::{run_replicas, Communicator};
+use lockstep_nbody::accuracy::compare;
+use lockstep_nbody::config::run_nbody_config_on;
+use lockstep_nbody::fmm_gpu::GpuForces;
+use lockstep_nbody::shard::{redistribute, sharded_forces, sharded_gravity};
+use lockstep_nbody::snapshot::read_gadget_hdf5;
+use lockstep_nbody::{
+    direct, simulate, DeviceRequest, Fmm, FmmParams, ForceDevice, ForceSettings, Forces, Gravity,
+    InitialConditions, Integrator, Method, NbodyError, NbodySimulateOptions, NearField, Particles,
+    RunOptions, SourceSet,
+};
+
+/// The GPU (adapter of slot 0): its absence fails the test.
+fn gpu() -> Arc<GpuForces> {
+    Arc::new(GpuForces::open(None, 0).unwrap_or_else(|e| {
+        panic!("the GPU N-body tests need a GPU adapter (lavapipe: mesa-vulkan-drivers): {e}")
+    }))
+}
+
+fn plummer(n: u64, seed: u64) -> InitialConditions {
+    InitialConditions::Plummer {
+        n,
+        total_mass: 1.0,
+        scale_radius: 1.0,
+        max_radius: 30.0,
+        seed,
+    }
+}
+
+fn clumps(n: u64, seed: u64) -> InitialConditions {
+    InitialConditions::Clumps {
+        n,
+        clumps: 8,
+        total_mass: 1.0,
+        box_size: 10.0,
+        clump_radius: 0.15,
+        velocity_dispersion: 0.5,
+        seed,
+    }
+}
+
+fn make(ic: &InitialConditions) -> Particles {
+    ic.generate(1.0, 0, 1, 1.0).unwrap()
+}
+
+/// The largest per-particle relative difference of the accelerations (to `|a_want|`) and
+/// of the potentials.
+fn max_rel(got: &Forces, want: &Forces) -> (f64, f64) {
+    let mut worst = (0.0f64, 0.0f64);
+    for i in 0..want.pot.len() {
+        let (a, b) = (got.acc[i], want.acc[i]);
+        let norm = b.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let err = (0..3).map(|c| (a[c] - b[c]).powi(2)).sum::<f64>().sqrt();
+        worst.0 = worst.0.max(err / norm);
+        worst.1 = worst
+            .1
+            .max((got.pot[i] - want.pot[i]).abs() / want.pot[i].abs());
+    }
+    worst
+}
+
+/// The CPU FMM's parameters at the highest order the GPU runs, near field in f64.
+fn params() -> FmmParams {
+    FmmParams {
+        order: lockstep_nbody::fmm_gpu::MAX_ORDER,
+        near_field: NearField::F64,
+        ..FmmParams::default()
+    }
+}
+
+/// The CPU FMM and the same solver on the GPU.
+fn solvers(params: FmmParams) -> (Fmm, Fmm) {
+    let cpu = Fmm::new(params).unwrap();
+    let on_gpu = cpu.clone().on_device(gpu());
+    (cpu, on_gpu)
+}
+
+/// GPU FMM = CPU FMM (same tree, lists and parameters) to 1e-5 relative per particle, on a
+/// Plummer sphere and clumps, with and without softening, at orders 2 and 3 (the orders the
+/// GPU runs) and opening angles 0.6 and 0.9; and the same error table against direct sums.
+#[test]
+fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
+    for (name, ic) in [("plummer", plummer(3000, 1)), ("clumps", clumps(3000, 2))] {
+        let p = make(&ic);
+        let src = SourceSet::local(p.valid_pos(), p.valid_mass());
+        for eps in [0.0, 0.01] {
+            let reference = direct(p.valid_pos(), p.valid_mass(), 1.0, eps);
+            for (order, theta) in [(2, 0.6), (3, 0.6), (3, 0.9)] {
+                let (cpu, on_gpu) = solvers(FmmParams {
+                    order,
+                    theta,
+                    ..params()
+                });
+                let (fc, sc) = cpu.forces(&src, 1.0, eps).unwrap();
+                let (fg, sg) = on_gpu.forces(&src, 1.0, eps).unwrap();
+                assert!(sg.m2l > 0 && sg.p2p_pairs > 0, "{sg:?}");
+                assert_eq!((sc.m2l, sc.m2p, sc.nodes), (sg.m2l, sg.m2p, sg.nodes));
+                let (da, dp) = max_rel(&fg, &fc);
+                let (ec, eg) = (compare(&fc, &reference), compare(&fg, &reference));
+                println!(
+                    "{name} eps {eps} p {order}: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}\n  CPU vs direct {:?}\n  GPU vs direct {:?}",
+                    ec.acc, eg.acc
+                );
+                assert!(
+                    da <= 1e-5 && dp <= 1e-5,
+                    "{name} eps {eps} p {order}: {da:e} {dp:e}"
+                );
+                for (c, g) in [
+                    (ec.acc.p50, eg.acc.p50),
+                    (ec.acc.p99, eg.acc.p99),
+                    (ec.acc.p999, eg.acc.p999),
+                ] {
+                    assert!(
+                        (g - c).abs() <= 0.1 * c,
+                        "{name} eps {eps} p {order}: {ec:?} {eg:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Direct summation on the GPU = the CPU's to 5e-6 relative (f32 pairs, compensated sums) (targets a slice of the
+/// sources, and targets that are not sources).
+#[test]
+fn gpu_direct_matches_cpu_direct() {
+    let dev = gpu();
+    let p = make(&clumps(2000, 3));
+    for eps in [0.0, 0.01] {
+        let want = direct(p.valid_pos(), p.valid_mass(), 1.0, eps);
+        let got = dev
+            .direct_forces(
+                p.valid_pos(),
+                Some(0),
+                p.valid_pos(),
+                p.valid_mass(),
+                1.0,
+                eps,
+            )
+            .unwrap();
+        let (da, dp) = max_rel(&got, &want);
+        println!("direct eps {eps}: max rel acc {da:.2e} pot {dp:.2e}");
+        assert!(da <= 5e-6 && dp <= 5e-6, "{da:e} {dp:e}");
+        // The last 500 particles as targets outside the sources.
+        let (src, tgt) = (&p.valid_pos()[..1500], &p.valid_pos()[1500..]);
+        let want = lockstep_nbody::direct_on(tgt, None, src, &p.valid_mass()[..1500], 1.0, eps);
+        let got = dev
+            .direct_forces(tgt, None, src, &p.valid_mass()[..1500], 1.0, eps)
+            .unwrap();
+        let (da, dp) = max_rel(&got, &want);
+        assert!(da <= 5e-6 && dp <= 5e-6, "{da:e} {dp:e}");
+    }
+}
+
+/// Edge cases: no particle, one particle, coincident particles, a particle at the corner of
+/// the bounding cube far from the rest; two runs give the same bits.
+#[test]
+fn gpu_edge_cases_and_determinism() {
+    let (cpu, on_gpu) = solvers(params());
+    let empty = on_gpu
+        .forces(&SourceSet::local(&[], &[]), 1.0, 0.0)
+        .unwrap();
+    assert!(empty.0.pot.is_empty());
+    let one = on_gpu
+        .forces(&SourceSet::local(&[[1.0, 2.0, 3.0]], &[1.0]), 1.0, 0.01)
+        .unwrap()
+        .0;
+    assert_eq!((one.acc[0], one.pot[0]), ([0.0; 3], 0.0));
+    let p = make(&plummer(1500, 4));
+    let (mut pos, mut mass) = (p.valid_pos().to_vec(), p.valid_mass().to_vec());
+    // 40 coincident particles, and one far out at a corner.
+    for _ in 0..40 {
+        pos.push([0.25, -0.5, 0.125]);
+        mass.push(1e-3);
+    }
+    pos.push([200.0, 200.0, -200.0]);
+    mass.push(1e-3);
+    let src = SourceSet::local(&pos, &mass);
+    for eps in [0.01, 0.0] {
+        let (fg, _) = on_gpu.forces(&src, 1.0, eps).unwrap();
+        assert!(fg
+            .acc
+            .iter()
+            .flatten()
+            .chain(&fg.pot)
+            .all(|v| v.is_finite()));
+        if eps > 0.0 {
+            let (fc, _) = cpu.forces(&src, 1.0, eps).unwrap();
+            let (da, dp) = max_rel(&fg, &fc);
+            println!("coincident and corner particles: max rel acc {da:.2e} pot {dp:.2e}");
+            assert!(da <= 1e-5 && dp <= 1e-5, "{da:e} {dp:e}");
+        }
+        let (again, _) = on_gpu.forces(&src, 1.0, eps).unwrap();
+        assert!(
+            again.acc == fg.acc && again.pot == fg.pot,
+            "two runs differ"
+        );
+    }
+}
+
+/// Sharded forces on the GPU (2 and 3 thread ranks, the locally essential tree exchanged on
+/// the host) = one rank on the GPU to the method's accuracy: their error against direct sums
+/// is the one-rank run's (within 1.5x at the 99th percentile).
+#[test]
+fn gpu_sharded_forces_match_one_rank() {
+    let n = 3000usize;
+    let ic = clumps(n as u64, 5);
+    let all = make(&ic);
+    let eps = 0.01;
+    let (_, on_gpu) = solvers(params());
+    let reference = direct(all.valid_pos(), all.valid_mass(), 1.0, eps);
+    let (one, _) = on_gpu
+        .forces(
+            &SourceSet::local(all.valid_pos(), all.valid_mass()),
+            1.0,
+            eps,
+        )
+        .unwrap();
+    for size in [2usize, 3] {
+        let parts = run_replicas(size, |comm| -> Result<_, NbodyError> {
+            // Everything starts on rank 0 and is redistributed.
+            let mut p = if comm.rank() == 0 {
+                let mut p = Particles::with_capacity(n, n as u64);
+                for i in 0..n {
+                    p.push(all.pos[i], all.vel[i], all.mass[i], all.id[i], 0)?;
+                }
+                p
+            } else {
+                Particles::with_capacity(n, n as u64)
+            };
+            redistribute(&comm, &mut p)?;
+            let (f, _) = sharded_forces(&comm, &p, &on_gpu, 1.0, eps)?;
+            Ok((0..p.num)
+                .map(|i| (p.id[i], f.acc[i], f.pot[i]))
+                .collect::<Vec<_>>())
+        })
+        .unwrap();
+        let mut f = Forces::zeros(n);
+        for (id, a, phi) in parts.into_iter().flatten() {
+            f.acc[id as usize] = a;
+            f.pot[id as usize] = phi;
+        }
+        let (vs_one, vs_direct) = (compare(&f, &one), compare(&f, &reference));
+        println!(
+            "{size} GPU ranks: vs one rank {:?}\n  vs direct {:?}",
+            vs_one.acc, vs_direct.acc
+        );
+        // The one-rank run's own error against direct sums sets the scale (order 3).
+        let own = compare(&one, &reference);
+        assert!(
+            vs_direct.acc.p99 <= 1.5 * own.acc.p99 && vs_one.acc.p99 <= 2.0 * own.acc.p99,
+            "{vs_one:?} {vs_direct:?} {own:?}"
+        );
+        assert!(
+            vs_direct.pot.p99 <= 1.5 * own.pot.p99,
+            "{vs_direct:?} {own:?}"
+        );
+    }
+    // Direct summation sharded on the GPU.
+    let settings = ForceSettings {
+        method: Method::Direct,
+        softening: eps,
+        device: DeviceRequest::Gpu(None),
+        ..Default::default()
+    };
+    let parts = run_replicas(2, |comm| -> Result<_, NbodyError> {
+        let mut p = ic.generate(1.0, comm.rank(), 2, 2.0)?;
+        redistribute(&comm, &mut p)?;
+        let fmm = settings.solver(comm.rank())?;
+        let (f, _) = sharded_gravity(&comm, &p, &settings, &fmm, 1.0)?;
+        Ok((0..p.num)
+            .map(|i| (p.id[i], f.acc[i], f.pot[i]))
+            .collect::<Vec<_>>())
+    })
+    .unwrap();
+    let mut f = Forces::zeros(n);
+    for (id, a, phi) in parts.into_iter().flatten() {
+        f.acc[id as usize] = a;
+        f.pot[id as usize] = phi;
+    }
+    let (da, dp) = max_rel(&f, &reference);
+    assert!(
+        da <= 5e-6 && dp <= 5e-6,
+        "sharded direct on the GPU: {da:e} {dp:e}"
+    );
+}
+
+/// 20 leapfrog steps of a Plummer sphere with direct forces on the GPU: the energy drifts by
+/// at most twice the CPU run's drift (and at most 1e-3).
+#[test]
+fn gpu_simulation_conserves_energy_as_the_cpu_does() {
+    let ic = plummer(2000, 6);
+    let ts: Vec<f64> = (0..=20).map(|k| k as f64 * 2e-3).collect();
+    let opts = NbodySimulateOptions {
+        integrator: Integrator::Kdk,
+        outputs: vec![0, 20],
+    };
+    let drift = |device: DeviceRequest| {
+        let settings = ForceSettings {
+            softening: 0.01,
+            method: Method::Direct,
+            device,
+            ..Default::default()
+        };
+        let mut g = Gravity::new(settings, 1.0).unwrap();
+        let mut p = make(&ic);
+        let d = simulate(&mut p, &ts, &mut g, &opts, |_, _, _| Ok(()), |_| {}).unwrap();
+        (d[1].energy() / d[0].energy() - 1.0).abs()
+    };
+    let (cpu, on_gpu) = (drift(DeviceRequest::Cpu), drift(DeviceRequest::Gpu(None)));
+    println!("energy drift over 20 steps: CPU {cpu:.3e}, GPU {on_gpu:.3e}");
+    assert!(
+        on_gpu <= 2.0 * cpu.max(1e-9) && on_gpu <= 1e-3,
+        "{on_gpu:e} vs {cpu:e}"
+    );
+}
+
+/// `forces.device` in a config: bad values name the file and key; a missing adapter ends
+/// the run at once naming the cause.
+#[test]
+fn device_key_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.json");
+    std::fs::write(
+        &path,
+        r#"{"initial_conditions": {"kind": "plummer", "n": 10}, "time": {"ts": [0, 1]},
+            "forces": {"device": "cuda"}}"#,
+    )
+    .unwrap();
+    let e = lockstep_nbody::NbodyConfig::load(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bad.json") && e.contains("forces.device") && e.contains("gpu:N"),
+        "{e}"
+    );
+    // The FMM on the GPU is refused for runs (known defect), naming the keys.
+    let settings = ForceSettings {
+        order: 6,
+        device: DeviceRequest::Gpu(None),
+        ..Default::default()
+    };
+    let e = Gravity::new(settings, 1.0).unwrap_err().to_string();
+    assert!(
+        e.contains("forces.method") && e.contains("forces.device"),
+        "{e}"
+    );
+    // gpu:N beyond the adapters.
+    let e = GpuForces::open(Some(999), 0).unwrap_err().to_string();
+    assert!(e.contains("forces.device") && e.contains("999"), "{e}");
+}
+
+fn run_config(dir: &Path, name: &str, steps: usize) -> PathBuf {
+    let cfg = serde_json::json!({
+        "units": {"gravitational_constant": 1.0},
+        "initial_conditions": {"kind": "clumps", "n": 1000, "clumps": 4, "total_mass": 1.0,
+                               "box_size": 4.0, "clump_radius": 0.3, "velocity_dispersion": 0.2, "seed": 5},
+        "capacity_factor": 1.5,
+        "forces": {"method": "direct", "softening": 0.05, "device": "gpu"},
+        "time": {"t_start": 0.0, "t_end": 0.002 * steps as f64, "steps": steps},
+        "output": {"dir": name, "every": steps}
+    });
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    path
+}
+
+/// The union of the final snapshot files, sorted by id.
+fn final_snapshot(dir: &Path) -> Particles {
+    let p = read_gadget_hdf5(&dir.join("snap_001.0.hdf5"), 0, 1, 1.0).unwrap();
+    let mut order: Vec<usize> = (0..p.num).collect();
+    order.sort_by_key(|&i| p.id[i]);
+    Particles::from_arrays(
+        order.iter().map(|&i| p.pos[i]).collect(),
+        order.iter().map(|&i| p.vel[i]).collect(),
+        order.iter().map(|&i| p.mass[i]).collect(),
+        order.iter().map(|&i| p.id[i]).collect(),
+    )
+    .unwrap()
+}
+
+/// `lockstep-nbody-check` under `mpirun -n ranks` (at most 120 s), with `env`.
+fn mpirun(ranks: usize, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> std::process::Output {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_lockstep-nbody-check"));
+    assert!(
+        lockstep_testkit::have_mpirun() && bin.exists(),
+        "the mpirun tests need mpirun (found: {}) and {}",
+        lockstep_testkit::have_mpirun(),
+        bin.display()
+    );
+    let cmd = lockstep_comm::launch::mpirun_command(ranks);
+    std::process::Command::new("timeout")
+        .arg("120")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .envs(
+            cmd.get_envs()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+        )
+        .envs(env.iter().copied())
+        .arg(&bin)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// 2 MPI processes with `forces.device: "gpu"` (sharing the one adapter, which they log)
+/// end 20 steps where one process on the GPU does, to the FMM's accuracy.
+#[test]
+fn two_mpi_ranks_on_the_gpu_reproduce_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = run_config(dir.path(), "gpu_1", 20);
+    let quiet = RunOptions {
+        quiet: true,
+        ..Default::default()
+    };
+    run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &quiet).unwrap();
+    let reference = final_snapshot(&dir.path().join("gpu_1"));
+    let two = run_config(dir.path(), "gpu_2", 20);
+    let out = mpirun(2, &[two.as_os_str(), "--quiet".as_ref()], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "mpirun failed ({}):\n{stderr}",
+        out.status
+    );
+    assert!(
+        dir.path().join("gpu_2/snap_001.1.hdf5").exists(),
+        "rank 1 wrote its file"
+    );
+    let union = final_snapshot(&dir.path().join("gpu_2"));
+    assert_eq!(union.id, reference.id);
+    let (u, r) = (&union, &reference);
+    let diff = (0..u.num)
+        .flat_map(|i| (0..3).map(move |k| (u.pos[i][k] - r.pos[i][k]).abs()))
+        .fold(0.0, f64::max);
+    println!("2 MPI ranks on the GPU vs 1: max |dx| = {diff:e}\n{stderr}");
+    assert!(diff < 5e-5, "max |dx| = {diff:e}");
+}
+
+/// Without an adapter a GPU run ends within seconds, before any output, naming
+/// `forces.device` and what to install.
+#[test]
+fn no_adapter_ends_the_run_naming_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = run_config(dir.path(), "none", 5);
+    let start = std::time::Instant::now();
+    let out = mpirun(
+        1,
+        &[path.as_os_str(), "--quiet".as_ref()],
+        &[
+            ("VK_ICD_FILENAMES", "/nonexistent/icd.json"),
+            ("VK_DRIVER_FILES", "/nonexistent/icd.json"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("forces.device") && stderr.contains("no GPU adapter"),
+        "{stderr}"
+    );
+    assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+    assert!(!dir.path().join("none").exists(), "nothing written");
+}
