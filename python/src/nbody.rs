@@ -79,6 +79,8 @@ fn _nbody_forces<'py>(
         theta,
         leaf_size,
         near_field,
+        // The CPU: `device="gpu"` is refused by the Python wrapper for now.
+        device: Default::default(),
     };
     let mut gravity = Gravity::new(settings, g).map_err(from_error)?;
     let pos3: Vec<[f64; 3]> = flat.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
