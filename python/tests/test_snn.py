@@ -116,7 +116,9 @@ from mpi4py import MPI
 assert MPI.Is_initialized() and MPI.COMM_WORLD.Get_rank() == rank and MPI.COMM_WORLD.Get_size() == size
 result = lockstep.train(sys.argv[1], output_dir=sys.argv[2], updates=2)
 total = MPI.COMM_WORLD.allreduce(len(result.loss_history))
-print("rank", rank, "of", size, "updates", total, flush=True)
+# One write per line (atomic on a pipe), so the two ranks' lines do not interleave.
+sys.stdout.write(f"rank {rank} of {size} updates {total}\\n")
+sys.stdout.flush()
 """
 
 
