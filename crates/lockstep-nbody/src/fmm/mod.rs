@@ -215,7 +215,7 @@ impl PhaseSeconds {
 
 /// A device that evaluates forces in place of the CPU code (`forces.device: "gpu"`: the
 /// WGSL kernels of `crate::fmm_gpu`). The tree and the interaction lists are the host's
-/// ([`Fmm::build_tree_nodes`], [`Fmm::walk_lists`]); the device does the arithmetic.
+/// (`Fmm::build_tree_nodes`, `Fmm::walk_lists`); the device does the arithmetic.
 pub trait ForceDevice: std::fmt::Debug + Send + Sync {
     /// [`Fmm::forces`] of `fmm` on the device: acceleration `[n][3]` (kpc (km/s)^2 per kpc
     /// with G = `g`) and potential `[n]` of the local particles of `sources`, with the work
@@ -271,7 +271,7 @@ struct Lists {
     forced: usize,
 }
 
-/// The interaction lists of one walk for the GPU ([`Fmm::walk_lists`]): compressed rows
+/// The interaction lists of one walk for the GPU (`Fmm::walk_lists`): compressed rows
 /// `(offsets [nodes + 1], items)` per target node; sources `>= nodes` are imported cells.
 pub(crate) struct WalkLists {
     /// Multipole-to-local pairs.

@@ -4,8 +4,8 @@
 //!
 //! What runs where:
 //!
-//! - **Host** (rayon, as the CPU path): the Morton tree ([`Fmm::build_tree_nodes`]) and the
-//!   dual tree walk's interaction lists ([`Fmm::walk_lists`]), flattened into compressed
+//! - **Host** (rayon, as the CPU path): the Morton tree (`Fmm::build_tree_nodes`) and the
+//!   dual tree walk's interaction lists (`Fmm::walk_lists`), flattened into compressed
 //!   rows. Both are branchy, pointer-chasing work a GPU does poorly and that costs a small
 //!   share of a CPU evaluation (tree about 5%, walk about 10% at N = 1e6); the lists are
 //!   O(N) integers, so uploading them is cheaper than building them on the device would be
