@@ -16,6 +16,12 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # The Vulkan loader complains on every start when XDG_RUNTIME_DIR is unset (CI, containers).
 export XDG_RUNTIME_DIR ?= /tmp
 
+# Python by its own path, never through a pyenv shim: a shim puts pyenv's folders in front of
+# PATH for everything it starts, pyo3's build script reruns when PATH changes, and every cargo
+# under such a python (check_one_compile.py, pip building the package) compiled pyo3, numpy and
+# lockstep-py again, 2.5 minutes each time on CI (pyo3's other inputs: .cargo/config.toml).
+PYTHON := $(shell python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo python3)
+
 .PHONY: setup build lint test demo python
 
 setup:
@@ -30,7 +36,7 @@ build: setup
 # --skip-cycles CRATE (a crate being restructured) and --max-lines DIR=N (a file size limit).
 LAYOUT_ARGS ?= --max-lines crates/lockstep-snn/src=1000
 lint: setup
-	python3 scripts/check_layout.py crates $(LAYOUT_ARGS)
+	$(PYTHON) scripts/check_layout.py crates $(LAYOUT_ARGS)
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps
@@ -42,14 +48,14 @@ lint: setup
 	# recompiles every crate above it (10 minutes on CI). This builds the tests (`--no-run`,
 	# which `make test` needs anyway) and fails, naming the crate and features, when a library
 	# of the test build differs from the release build's.
-	python3 scripts/check_one_compile.py --profile release --package lockstep-py
+	$(PYTHON) scripts/check_one_compile.py --profile release --package lockstep-py
 
 # The Python package (python/: PyO3 bindings built by maturin), installed into python3. Run
 # after `build`, it compiles only the bindings crate: the library crates come from the release
 # build (lockstep-py asks for the same features; scripts/check_one_compile.py --package
 # lockstep-py checks it in `make lint`).
 python: build
-	python3 -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python
+	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=
@@ -62,4 +68,4 @@ test: build
 	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
 	cargo test --release --workspace
 	$(MAKE) --no-print-directory python
-	python3 -m pytest -q python/tests
+	$(PYTHON) -m pytest -q python/tests

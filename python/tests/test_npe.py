@@ -150,8 +150,12 @@ def test_sampling_releases_the_gil(npe_run):
     assert t1 - t0 > 0.1 and len(during) >= 20, (t1 - t0, len(during))
 
 
+# The child installs Python's Ctrl-C handler itself: a job started in the background by a
+# non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and Python then raises
+# no KeyboardInterrupt; at a terminal the handler is always there.
 SCRIPT = """
-import sys, time, numpy as np
+import signal, sys, time, numpy as np
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from lockstep.npe import Posterior
 post = Posterior.load(sys.argv[1])
 post.sample(1000, x=[0.3, -0.2])
@@ -167,13 +171,18 @@ except KeyboardInterrupt:
 
 def test_ctrl_c_stops_sampling(npe_run):
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(npe_run)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
-    t0 = time.perf_counter()
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert out.startswith("interrupted"), out
-    assert time.perf_counter() - t0 < 10
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert out.startswith("interrupted"), out
+        assert time.perf_counter() - t0 < 10
+    finally:
+        # A child that ignored the signal would go on sampling 50 million rows after a failure.
+        proc.kill()
+        proc.wait()
 
 
 MEMORY = """
