@@ -1,6 +1,6 @@
 //! `lockstep npe export RUN --format nflows`: a trained run is written as an nflows/Dingo
 //! state dict and settings (the log-probabilities are checked against nflows in
-//! lockstep-npe's `tests/nflows_export.rs` and `scripts/peers/nflows_export_check.py`);
+//! lockstep-npe's `tests/npe_library/nflows_export.rs` and `scripts/peers/nflows_export_check.py`);
 //! bad input and networks without an nflows counterpart are refused naming the file or key
 //! before anything is written. `sample` and a resumed stage rebuild the flow from the
 //! permutations `posterior.safetensors` stores, and runs written before they were stored

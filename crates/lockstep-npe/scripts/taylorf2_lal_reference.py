@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference values for lockstep-npe's GW chirp task, computed with LALSuite.
 
-Writes tests/data/taylorf2_lal.json (used by tests/gw_waveform.rs, which needs no LALSuite):
+Writes tests/data/taylorf2_lal.json (used by tests/npe_library/gw_waveform.rs, which needs no LALSuite):
 TaylorF2 plus/cross polarizations from lalsimulation.SimInspiralChooseFDWaveform (3.5PN
 phase, 0PN amplitude, zero spins, f_ref = 0, ending at the Schwarzschild ISCO) on the task's
 default grid, and the H1/L1 antenna patterns (lal.ComputeDetAMResponse) and arrival-time

@@ -24,7 +24,7 @@
 //!
 //! The test data `tests/data/taylorf2_lal.json` holds waveforms and detector responses
 //! computed with LALSuite (lal 7.7.1, lalsimulation 6.2.1; the `lalsuite` 7.26.16 wheel) by
-//! `scripts/taylorf2_lal_reference.py`; `tests/gw_waveform.rs` compares against them.
+//! `scripts/taylorf2_lal_reference.py`; `tests/npe_library/gw_waveform.rs` compares against them.
 
 use crate::task::{BasisLayout, PriorBound, Task};
 use lockstep_core::config::ConfigError;

@@ -2,6 +2,8 @@
 //! model's parameter gradient against finite differences, in f64
 //! (burn's ndarray backend with f64 elements; only f64 in this test binary).
 
+// The helpers of the npe_library test binary (this one stays apart: its ndarray device is f64).
+#[path = "npe_library/common.rs"]
 mod common;
 
 use common::{det3, random_params, random_splines, small_network, spline};

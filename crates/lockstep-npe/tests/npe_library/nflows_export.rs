@@ -12,7 +12,7 @@
 //! draws); files without them draw them from the seed as before.
 //!
 //! To remake the references: `LOCKSTEP_NFLOWS_EXPORT_DIR=DIR cargo test --release
-//! --workspace --test nflows_export` writes the exports into `DIR/none` and
+//! --workspace --test npe_library -- nflows_export::` writes the exports into `DIR/none` and
 //! `DIR/batch_norm`, then `python scripts/peers/nflows_export_check.py DIR/none
 //! --write-reference crates/lockstep-npe/tests/data/nflows_export/reference.json` (and
 //! `DIR/batch_norm` into `reference_batch_norm.json`; torch + nflows installed).

@@ -3,9 +3,7 @@
 //! ndarray backends share one device, whose float type is fixed by the first use in a
 //! process, so each test binary uses one precision.)
 
-mod common;
-
-use common::{random_params, random_splines, small_network, spline};
+use crate::common::{random_params, random_splines, small_network, spline};
 use lockstep_npe::layers::Pass;
 use lockstep_npe::params::{to_vec, Params};
 use lockstep_npe::spline::SplineParams;

@@ -4,9 +4,7 @@
 //! (their BatchNorm input then carries no gradient); and replicas that disagree fail with a
 //! message instead of hanging.
 
-mod common;
-
-use common::small_network;
+use crate::common::small_network;
 use lockstep_comm::{run_replicas, Communicator, SelfComm};
 use lockstep_core::rng::SplitMix64;
 use lockstep_npe::{CpuAutodiff, Norm, NpeModel, NpeNetwork};
