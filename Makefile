@@ -51,11 +51,18 @@ lint: setup
 	$(PYTHON) scripts/check_one_compile.py --profile release --package lockstep-py
 
 # The Python package (python/: PyO3 bindings built by maturin), installed into python3. Run
-# after `build`, it compiles only the bindings crate: the library crates come from the release
-# build (lockstep-py asks for the same features; scripts/check_one_compile.py --package
-# lockstep-py checks it in `make lint`).
+# after `build`, it compiles nothing: the workspace build compiled the bindings crate
+# lockstep-py with the features of the other members (scripts/check_one_compile.py --package
+# lockstep-py checks it in `make lint`) and the build inputs pyo3 takes from maturin (PYTHON
+# above, .cargo/config.toml), so maturin finds the extension up to date and packages it. It
+# fails when maturin compiled the extension again all the same.
+EXTENSION := target/release/lib_lockstep.so
 python: build
-	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python
+	@before=$$(stat -c %Y $(EXTENSION)); \
+	echo "$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python"; \
+	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python || exit 1; \
+	if [ "$$(stat -c %Y $(EXTENSION))" != "$$before" ]; then \
+	  echo "make python: maturin compiled lockstep-py again instead of reusing $(EXTENSION) of the workspace build (the package is installed; pyo3's build inputs differ: PATH, PYO3_* in .cargo/config.toml)" >&2; exit 1; fi
 
 # The main job: train the bundled 300-cell GLIF3 network with 2 MPI replicas.
 DEMO_ARGS ?=

@@ -650,7 +650,10 @@ fn mixed_precision_on_the_gpu_scales_the_loss_and_skips_overflows() {
 }
 
 /// gaussian_linear (dim 2) trained for the posterior checks: a 3-step flow of width 32,
-/// 300 updates of batch 256 on fresh simulations, Adam at 5e-3.
+/// 75 updates of batch 1024 on fresh simulations, Adam at 1.5e-2. (Was 300 updates of batch
+/// 256 at 5e-3: the same 76,800 simulations in a quarter of the updates, which lavapipe
+/// trains in less time; the worst errors of the checks below stay about half their limits,
+/// mean 0.053 sd and covariance 0.100, on the CPU, the GPU in float32 and in mixed precision.)
 fn posterior_settings(device: &str, amp: bool) -> String {
     let amp = if amp {
         "    automatic_mixed_precision: true\n"
@@ -685,8 +688,8 @@ model:
 training:
   stage_0:
     epochs: 1
-    batch_size: 256
-{amp}    optimizer: {{type: adam, lr: 0.005}}
+    batch_size: 1024
+{amp}    optimizer: {{type: adam, lr: 0.015}}
     scheduler: {{type: cosine, T_max: 1}}
 local:
   device: {device}
