@@ -66,18 +66,6 @@ pub const GPU_TIMEOUT: Duration = Duration::from_secs(300);
 /// ([`GpuForces::with_loop_budget`]) splits more, with the same results to rounding.
 pub const LOOP_BUDGET: u32 = 32_768;
 
-/// The error of `forces.method: "fmm"` with `forces.device: "gpu"` in a config: the GPU FMM
-/// ([`GpuForces`] through [`Fmm::on_device`]) agrees with the CPU FMM on a few thousand
-/// particles but not beyond (Plummer N = 20,000 at p = 3: median error 0.45 against direct
-/// sums; a known defect of issue 56), so runs refuse it rather than compute wrong forces.
-pub fn fmm_refused() -> NbodyError {
-    NbodyError::param(
-        "forces.method",
-        "\"fmm\" with forces.device \"gpu\"",
-        "the FMM on the GPU is not enabled for runs yet (it disagrees with the CPU FMM beyond a few thousand particles); use forces.method: \"direct\" on the GPU or forces.device: \"cpu\" for the FMM",
-    )
-}
-
 /// What shrinks the buffers of one evaluation, for the messages of buffers too large.
 const REDUCE: &str = "the particles per rank (run more ranks or GPUs: mpirun -n R) or forces.order";
 
