@@ -89,10 +89,6 @@ impl ForceSettings {
     /// Errors: bad FMM parameters, or [`NbodyError::Gpu`].
     pub fn solver(&self, slot: usize) -> Result<Fmm, NbodyError> {
         let fmm = Fmm::new(self.fmm_params())?;
-        let gpu = matches!(self.device, DeviceRequest::Gpu(_));
-        if gpu && self.method == Method::Fmm {
-            return Err(crate::fmm_gpu::fmm_refused());
-        }
         Ok(match crate::fmm_gpu::open_device(self.device, slot)? {
             Some(d) => fmm.on_device(d),
             None => fmm,

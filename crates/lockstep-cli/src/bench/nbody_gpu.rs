@@ -127,7 +127,8 @@ pub fn run(
         );
         model(&stats, n, params);
     }
-    for &n in direct_sizes {
+    // `--direct-sizes 0` means no direct rows, as without `--device`.
+    for &n in direct_sizes.iter().filter(|&&n| n > 0) {
         let (pos, mass) = plummer_points(n, 2024)?;
         dev.direct_forces(&pos, Some(0), &pos, &mass, 1.0, 0.0)?;
         let t = Instant::now();

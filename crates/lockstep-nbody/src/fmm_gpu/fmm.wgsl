@@ -14,6 +14,13 @@
 //
 // Outputs per sorted particle: out[2 i] = hi, out[2 i + 1] = lo of (grad Phi, -Phi) (G = 1,
 // the host scales by G and adds hi + lo in f64).
+//
+// Bounded work per invocation: Mesa's llvmpipe (lavapipe) ends every loop of an invocation
+// once all its loops together have iterated 65,535 times (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS,
+// counted per SIMD group of invocations), silently. So no dispatch gives an invocation more
+// than the host's LOOP_BUDGET (half that) loop iterations: long lists, big leaves and many
+// sources are split into passes (`chunk` = the pass, `chunk_len` = items per pass), each
+// pass adding to what the previous one wrote, in a fixed order.
 
 const WG: u32 = 64u;
 const MAXT: u32 = 84u; // nterms(6)
@@ -24,24 +31,28 @@ struct Params {
     r2min: f32, o_parent: u32, o_axis: u32, o_degree: u32,
     o_shift: u32, n_shift: u32, o_drest: u32, o_dj: u32,
     o_drow: u32, o_rows: u32, o_rstart: u32, o_grad: u32,
-    o_p2p_off: u32, o_p2p_items: u32, o_m2l_off: u32, o_m2l_items: u32,
+    unused20: u32, o_p2p_items: u32, o_m2l_off: u32, o_m2l_items: u32,
     o_m2p_off: u32, o_m2p_items: u32, o_leafof: u32, o_list: u32,
     f_inv: u32, f_dc: u32, f_sign: u32, target0: u32,
+    chunk: u32, chunk_len: u32, src0: u32, src1: u32,
 }
 
 // Particles, sorted: pts[2 i] = (hi.xyz, mass), pts[2 i + 1] = (lo.xyz, 0).
 @group(0) @binding(0) var<storage, read> pts: array<vec4<f32>>;
 // Centres of the tree nodes then the imported cells: cen[2 k] = hi, cen[2 k + 1] = lo.
 @group(0) @binding(1) var<storage, read> cen: array<vec4<f32>>;
-// Nodes: nodes[2 k] = (start, end, first_child, nchild), nodes[2 k + 1] = (parent, 0, 0, 0).
+// Nodes: nodes[2 k] = (start, end, first_child, nchild), nodes[2 k + 1] = (parent,
+// ntargets, level, 0).
 @group(0) @binding(2) var<storage, read> nodes: array<vec4<u32>>;
-// Index tables, interaction lists (compressed rows per target node), node lists.
+// Index tables, interaction lists (compressed rows per target node), P2P source particle
+// ranges (s0, s1), leaf lists and P2P tasks (leaf, first target, q0, q1).
 @group(0) @binding(3) var<storage, read> lists: array<u32>;
 // Float tables: 1 / n_axis, derivative coefficients, (-1)^|n|.
 @group(0) @binding(4) var<storage, read> tabf: array<f32>;
 // Multipoles [nodes + cells][nt].
 @group(0) @binding(5) var<storage, read_write> mp: array<f32>;
-// Local expansions [nodes][nt].
+// Local expansions [nodes][nt], then the low parts [nodes][nt] of the M2L's compensated sums
+// between its passes.
 @group(0) @binding(6) var<storage, read_write> loc: array<f32>;
 // Field per sorted particle (hi, lo).
 @group(0) @binding(7) var<storage, read_write> outp: array<vec4<f32>>;
@@ -122,19 +133,26 @@ fn powers(inv_s: f32, pw: ptr<function, array<f32, 9>>) {
     }
 }
 
-// P2M: the multipole of each leaf (list at o_list) about its centre.
+// P2M: the multipole of each leaf (list at o_list) about its centre, from the leaf's
+// particles chunk * chunk_len .. (chunk + 1) * chunk_len (pass 0 starts from zero, later
+// passes add to the multipole).
 @compute @workgroup_size(64)
 fn p2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let a = lists[P.o_list + id];
     let nd = nodes[2u * a];
+    let s0 = nd.x + P.chunk * P.chunk_len;
+    if P.chunk > 0u && s0 >= nd.y { return; }
+    let s1 = min(nd.y, s0 + P.chunk_len);
     let zh = cen_hi(a);
     let zl = cen_lo(a);
     var acc: array<f32, 84>;
-    for (var i = 0u; i < P.nt; i++) { acc[i] = 0.0; }
+    for (var i = 0u; i < P.nt; i++) {
+        if P.chunk == 0u { acc[i] = 0.0; } else { acc[i] = mp[a * P.nt + i]; }
+    }
     var mono: array<f32, 84>;
-    for (var s = nd.x; s < nd.y; s++) {
+    for (var s = s0; s < s1; s++) {
         monomials(dd(pt_hi(s), pt_lo(s), zh, zl), &mono);
         let m = pts[2u * s].w;
         for (var i = 0u; i < P.nt; i++) { acc[i] += m * mono[i]; }
@@ -167,23 +185,37 @@ fn m2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     for (var i = 0u; i < P.nt; i++) { mp[a * P.nt + i] = acc[i]; }
 }
 
-// M2L: the local expansion of every node first..first+count from its M2L row.
+// M2L: the local expansion of every node first..first+count from the entries
+// chunk * chunk_len .. (chunk + 1) * chunk_len of its M2L row. A pass whose part of the row
+// is not its last keeps the compensated sum's (hi, lo) in loc; the pass that ends the row
+// writes hi + lo.
 @compute @workgroup_size(64)
 fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let a = P.first + id;
-    let r0 = lists[P.o_m2l_off + a];
     let r1 = lists[P.o_m2l_off + a + 1u];
+    let r0 = lists[P.o_m2l_off + a] + P.chunk * P.chunk_len;
+    if P.chunk > 0u && r0 >= r1 { return; }
+    let rend = min(r1, r0 + P.chunk_len);
+    let lo_at = (P.nn + a) * P.nt;
     var hi: array<f32, 84>;
     var lo: array<f32, 84>;
-    for (var i = 0u; i < P.nt; i++) { hi[i] = 0.0; lo[i] = 0.0; }
+    for (var i = 0u; i < P.nt; i++) {
+        if P.chunk == 0u {
+            hi[i] = 0.0;
+            lo[i] = 0.0;
+        } else {
+            hi[i] = loc[a * P.nt + i];
+            lo[i] = loc[lo_at + i];
+        }
+    }
     let zh = cen_hi(a);
     let zl = cen_lo(a);
     var d: array<f32, 84>;
     var ms: array<f32, 84>;
     var pw: array<f32, 9>;
-    for (var r = r0; r < r1; r++) {
+    for (var r = r0; r < rend; r++) {
         let b = lists[P.o_m2l_items + r];
         let inv_s = derivs(dd(zh, zl, cen_hi(b), cen_lo(b)), &d);
         powers(inv_s, &pw);
@@ -202,7 +234,14 @@ fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
             lo[n] = v.y;
         }
     }
-    for (var i = 0u; i < P.nt; i++) { loc[a * P.nt + i] = hi[i] + lo[i]; }
+    for (var i = 0u; i < P.nt; i++) {
+        if rend == r1 {
+            loc[a * P.nt + i] = hi[i] + lo[i];
+        } else {
+            loc[a * P.nt + i] = hi[i];
+            loc[lo_at + i] = lo[i];
+        }
+    }
 }
 
 // L2L: adds the parent's local expansion, shifted, to the nodes first..first+count.
@@ -225,69 +264,62 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     for (var i = 0u; i < P.nt; i++) { loc[a * P.nt + i] += acc[i]; }
 }
 
-// P2P: one workgroup per target leaf (list at o_list); the sources of each node of the
-// leaf's P2P row are staged in workgroup memory, 64 at a time, relative to the leaf centre.
+// P2P: one workgroup per task (list at o_list: leaf, first target, source ranges q0..q1),
+// its up to 64 targets (the leaf's particles from the first target) against the source
+// particle ranges q0..q1 (pairs of o_p2p_items), staged 64 at a time in workgroup memory,
+// relative to the leaf centre. Pass 0 (chunk) writes the targets' fields, later passes add.
 @compute @workgroup_size(64)
 fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = wg.x + wg.y * 65535u;
     if w >= P.count { return; }
-    let a = lists[P.o_list + w];
+    let task = P.o_list + 4u * w;
+    let a = lists[task];
     let nd = nodes[2u * a];
     let zh = cen_hi(a);
     let zl = cen_lo(a);
-    let r0 = lists[P.o_p2p_off + a];
-    let r1 = lists[P.o_p2p_off + a + 1u];
-    for (var c0 = nd.x; c0 < nd.y; c0 += WG) {
-        let i = c0 + lid;
-        let valid = i < nd.y;
-        var xi = vec3<f32>(0.0);
-        if valid { xi = dd(pt_hi(i), pt_lo(i), zh, zl); }
-        var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-        for (var r = r0; r < r1; r++) {
-            let b = lists[P.o_p2p_items + r];
-            let sb = nodes[2u * b];
-            var part = vec4<f32>(0.0);
-            for (var t0 = sb.x; t0 < sb.y; t0 += WG) {
-                let j = t0 + lid;
-                if j < sb.y {
-                    sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts[2u * j].w);
-                } else {
-                    sh[lid] = vec4<f32>(0.0);
-                }
-                workgroupBarrier();
-                let cnt = min(WG, sb.y - t0);
-                for (var k = 0u; k < cnt; k++) {
-                    let src = sh[k];
-                    let dx = src.xyz - xi;
-                    let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
-                    let inv = inverseSqrt(r2);
-                    var mi = src.w * inv;
-                    if t0 + k == i { mi = 0.0; }
-                    let mi3 = mi * inv * inv;
-                    part += vec4<f32>(dx * mi3, mi);
-                }
-                workgroupBarrier();
+    let i = lists[task + 1u] + lid;
+    let valid = i < nd.y;
+    var xi = vec3<f32>(0.0);
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+    if valid {
+        xi = dd(pt_hi(i), pt_lo(i), zh, zl);
+        if P.chunk > 0u { acc = Acc(outp[2u * i], outp[2u * i + 1u]); }
+    }
+    for (var q = lists[task + 2u]; q < lists[task + 3u]; q++) {
+        let s0 = lists[P.o_p2p_items + 2u * q];
+        let s1 = lists[P.o_p2p_items + 2u * q + 1u];
+        var part = vec4<f32>(0.0);
+        for (var t0 = s0; t0 < s1; t0 += WG) {
+            let j = t0 + lid;
+            if j < s1 {
+                sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts[2u * j].w);
+            } else {
+                sh[lid] = vec4<f32>(0.0);
             }
-            acc = acc_add(acc, part);
+            workgroupBarrier();
+            let cnt = min(WG, s1 - t0);
+            for (var k = 0u; k < cnt; k++) {
+                let src = sh[k];
+                let dx = src.xyz - xi;
+                let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
+                let inv = inverseSqrt(r2);
+                var mi = src.w * inv;
+                if t0 + k == i { mi = 0.0; }
+                let mi3 = mi * inv * inv;
+                part += vec4<f32>(dx * mi3, -mi);
+            }
+            workgroupBarrier();
         }
-        if valid {
-            outp[2u * i] = vec4<f32>(acc.hi.xyz, -acc.hi.w);
-            outp[2u * i + 1u] = vec4<f32>(acc.lo.xyz, -acc.lo.w);
-        }
+        acc = acc_add(acc, part);
+    }
+    if valid {
+        outp[2u * i] = acc.hi;
+        outp[2u * i + 1u] = acc.lo;
     }
 }
 
-// Far field at the particles first..first+count: L2P of their leaf's local expansion
-// and M2P of the leaf's M2P row, added to what P2P wrote.
-@compute @workgroup_size(64)
-fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let id = flat_id(wg, lid);
-    if id >= P.count { return; }
-    let i = P.first + id;
-    let a = lists[P.o_leafof + i];
-    let xh = pt_hi(i);
-    let xl = pt_lo(i);
-    var acc = Acc(outp[2u * i], outp[2u * i + 1u]);
+// L2P: `acc` plus the field of node a's local expansion at the point (xh, xl).
+fn l2p(a: u32, xh: vec3<f32>, xl: vec3<f32>, acc: Acc) -> Acc {
     var mono: array<f32, 84>;
     monomials(dd(xh, xl, cen_hi(a), cen_lo(a)), &mono);
     var phi = 0.0;
@@ -299,12 +331,29 @@ fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
         g.y += loc[a * P.nt + lists[P.o_grad + 3u * k + 1u]] * s;
         g.z += loc[a * P.nt + lists[P.o_grad + 3u * k + 2u]] * s;
     }
-    acc = acc_add(acc, vec4<f32>(g, -phi));
-    let r0 = lists[P.o_m2p_off + a];
+    return acc_add(acc, vec4<f32>(g, -phi));
+}
+
+// Far field at the particles first..first+count, added to what P2P wrote: pass 0 (chunk)
+// the L2P of their leaf's local expansion, every pass the M2P of the entries
+// chunk * chunk_len .. (chunk + 1) * chunk_len of the leaf's M2P row.
+@compute @workgroup_size(64)
+fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    if id >= P.count { return; }
+    let i = P.first + id;
+    let a = lists[P.o_leafof + i];
     let r1 = lists[P.o_m2p_off + a + 1u];
+    let r0 = lists[P.o_m2p_off + a] + P.chunk * P.chunk_len;
+    if P.chunk > 0u && r0 >= r1 { return; }
+    let rend = min(r1, r0 + P.chunk_len);
+    let xh = pt_hi(i);
+    let xl = pt_lo(i);
+    var acc = Acc(outp[2u * i], outp[2u * i + 1u]);
+    if P.chunk == 0u { acc = l2p(a, xh, xl, acc); }
     var d: array<f32, 84>;
     var pw: array<f32, 9>;
-    for (var r = r0; r < r1; r++) {
+    for (var r = r0; r < rend; r++) {
         let b = lists[P.o_m2p_items + r];
         let inv_s = derivs(dd(xh, xl, cen_hi(b), cen_lo(b)), &d);
         powers(inv_s, &pw);
@@ -327,9 +376,10 @@ fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     outp[2u * i + 1u] = acc.lo;
 }
 
-// Direct summation: targets target0..target0+count among the n_all sources, 64 targets per
-// workgroup, the sources staged 64 at a time; (hi, lo) differences, a compensated sum per
-// tile.
+// Direct summation: targets target0..target0+count against the sources src0..src1 (of the
+// n_all), 64 targets per workgroup, the sources staged 64 at a time; (hi, lo) differences, a
+// compensated sum per tile. Pass 0 (chunk) writes the fields, later passes (the following
+// source ranges) add.
 @compute @workgroup_size(64)
 fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = wg.x + wg.y * 65535u;
@@ -339,11 +389,15 @@ fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let i = P.target0 + t;
     var xh = vec3<f32>(0.0);
     var xl = vec3<f32>(0.0);
-    if valid { xh = pt_hi(i); xl = pt_lo(i); }
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var t0 = 0u; t0 < P.n_all; t0 += WG) {
+    if valid {
+        xh = pt_hi(i);
+        xl = pt_lo(i);
+        if P.chunk > 0u { acc = Acc(outp[2u * t], outp[2u * t + 1u]); }
+    }
+    for (var t0 = P.src0; t0 < P.src1; t0 += WG) {
         let j = t0 + lid;
-        if j < P.n_all {
+        if j < P.src1 {
             sh[lid] = pts[2u * j];
             sh_lo[lid] = pts[2u * j + 1u];
         } else {
@@ -351,7 +405,7 @@ fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             sh_lo[lid] = vec4<f32>(0.0);
         }
         workgroupBarrier();
-        let cnt = min(WG, P.n_all - t0);
+        let cnt = min(WG, P.src1 - t0);
         var part = vec4<f32>(0.0);
         for (var k = 0u; k < cnt; k++) {
             let dx = dd(sh[k].xyz, sh_lo[k].xyz, xh, xl);
@@ -360,13 +414,13 @@ fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             var mi = sh[k].w * inv;
             if t0 + k == i { mi = 0.0; }
             let mi3 = mi * inv * inv;
-            part += vec4<f32>(dx * mi3, mi);
+            part += vec4<f32>(dx * mi3, -mi);
         }
         acc = acc_add(acc, part);
         workgroupBarrier();
     }
     if valid {
-        outp[2u * t] = vec4<f32>(acc.hi.xyz, -acc.hi.w);
-        outp[2u * t + 1u] = vec4<f32>(acc.lo.xyz, -acc.lo.w);
+        outp[2u * t] = acc.hi;
+        outp[2u * t + 1u] = acc.lo;
     }
 }

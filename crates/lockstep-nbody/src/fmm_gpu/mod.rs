@@ -11,18 +11,26 @@
 //!   O(N) integers, so uploading them is cheaper than building them on the device would be
 //!   to write. The host also does the locally essential tree exchange of sharded runs (MPI).
 //! - **Device**, in four submissions per evaluation: P2M at the leaves and M2M level by
-//!   level (one dispatch per level); M2L (one thread per target node over its whole list)
-//!   and L2L level by level; P2P (one workgroup per target leaf, the sources of each node
-//!   of its list staged 64 at a time in workgroup memory); L2P and M2P per particle, then
-//!   the copy of the results into a read-back buffer.
+//!   level (one dispatch per level); M2L (one thread per target node over its list) and L2L
+//!   level by level; P2P (one workgroup per 64 targets of a leaf, the source particles of
+//!   its list staged 64 at a time in workgroup memory); L2P and M2P per particle, then the
+//!   copy of the results into a read-back buffer.
+//!
+//! Bounded work per invocation: no dispatch gives one invocation more than
+//! [`LOOP_BUDGET`] loop iterations (`LoopCost` counts them from the kernels' loops).
+//! Mesa's llvmpipe (lavapipe, the CI adapter) silently ends every loop of an invocation once
+//! its loops together have iterated 65,535 times (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`),
+//! which truncated long M2L lists and gave wrong forces (orders 4-6 at a few thousand
+//! particles, order 3 at N = 20,000). Longer work is split into passes, each adding to what
+//! the previous one wrote in a fixed order: M2L rows and M2P rows by entries, P2M by the
+//! leaf's particles, P2P by source particles, direct sums by source ranges.
 //!
 //! Precision: f32 arithmetic only (no `SHADER_F64` needed). Points are (hi, lo) pairs of f32
 //! relative to the tree's cube centre, so differences of nearby points keep about 1e-7 of
 //! their own size; derivative tensors are evaluated at a power-of-two-scaled separation; sums
 //! over sources are compensated (hi, lo) accumulators. No atomics: every sum runs in a fixed
-//! order, so two runs give the same bits. The accelerations agree with the CPU FMM's to
-//! about 1e-6 relative (`tests/nbody_gpu.rs`) at orders 1..=3; higher orders are refused
-//! ([`MAX_ORDER`]).
+//! order, so two runs give the same bits. The accelerations agree with the CPU FMM's to a
+//! few 1e-6 relative at orders 1..=6 (`tests/nbody_gpu.rs`: at most 7.5e-6 per particle).
 //!
 //! Limits: workgroup counts above 65,535 go to a second dispatch dimension; every buffer is
 //! checked against the adapter's storage-binding limit and a buffer over it is refused,
@@ -35,7 +43,9 @@ use std::time::{Duration, Instant};
 use lockstep_gpu::{wgpu, DeviceRequest, GpuContext, GpuError, Selected};
 
 use crate::direct::Forces;
-use crate::fmm::{Fmm, FmmStats, ForceDevice, PhaseSeconds, SourceSet};
+use crate::fmm::expansion::FlatTables;
+use crate::fmm::tree::Tree;
+use crate::fmm::{Fmm, FmmStats, ForceDevice, PhaseSeconds, RemoteCell, SourceSet, WalkLists};
 use crate::NbodyError;
 
 /// The kernels' source.
@@ -45,39 +55,16 @@ const WG: u32 = 64;
 /// Bytes of one dispatch's parameter record in the uniform buffer (the dynamic-offset
 /// alignment wgpu guarantees).
 const PARAM_STRIDE: u64 = 256;
-/// Bytes of the `Params` struct of `fmm.wgsl` (32 words).
-const PARAM_BYTES: u64 = 128;
+/// Bytes of the `Params` struct of `fmm.wgsl` (36 words).
+const PARAM_BYTES: u64 = 144;
 /// Longest wait for one submission or read-back; a device that has not finished by then
 /// is reported as hung, naming the phase.
 pub const GPU_TIMEOUT: Duration = Duration::from_secs(300);
-/// The highest expansion order the GPU FMM accepts. Orders 4..=6 disagree with the CPU FMM
-/// on lavapipe once the M2L lists grow long (Plummer spheres of a few thousand particles at
-/// theta 0.6-0.9: errors of order 1 on a tenth of the particles, not yet understood), so they
-/// are refused, naming `forces.order`, instead of giving wrong forces.
-pub const MAX_ORDER: usize = 3;
-
-/// The error of an FMM order the GPU path does not run ([`MAX_ORDER`]).
-pub fn order_error(order: usize) -> NbodyError {
-    NbodyError::param(
-        "forces.order",
-        order,
-        &format!(
-            "the FMM on the GPU (forces.device: \"gpu\") runs orders 1..={MAX_ORDER} for now (higher orders disagree with the CPU FMM and are refused); set forces.order <= {MAX_ORDER} or forces.device: \"cpu\""
-        ),
-    )
-}
-
-/// The error of `forces.method: "fmm"` with `forces.device: "gpu"` in a config: the GPU FMM
-/// ([`GpuForces`] through [`Fmm::on_device`]) agrees with the CPU FMM on a few thousand
-/// particles but not beyond (Plummer N = 20,000 at p = 3: median error 0.45 against direct
-/// sums; a known defect of issue 56), so runs refuse it rather than compute wrong forces.
-pub fn fmm_refused() -> NbodyError {
-    NbodyError::param(
-        "forces.method",
-        "\"fmm\" with forces.device \"gpu\"",
-        "the FMM on the GPU is not enabled for runs yet (it disagrees with the CPU FMM beyond a few thousand particles); use forces.method: \"direct\" on the GPU or forces.device: \"cpu\" for the FMM",
-    )
-}
+/// Loop iterations one invocation of a kernel runs at most per dispatch (half of llvmpipe's
+/// 65,535: gallivm ends every loop of an invocation, silently, once its loops together have
+/// iterated that often). Work beyond it is split into passes (module docs); a smaller budget
+/// ([`GpuForces::with_loop_budget`]) splits more, with the same results to rounding.
+pub const LOOP_BUDGET: u32 = 32_768;
 
 /// What shrinks the buffers of one evaluation, for the messages of buffers too large.
 const REDUCE: &str = "the particles per rank (run more ranks or GPUs: mpirun -n R) or forces.order";
@@ -140,6 +127,7 @@ pub struct GpuForces {
     layout0: wgpu::BindGroupLayout,
     layout1: wgpu::BindGroupLayout,
     last: Mutex<GpuSplit>,
+    loop_budget: u32,
 }
 
 impl std::fmt::Debug for GpuForces {
@@ -260,7 +248,17 @@ impl GpuForces {
             layout0,
             layout1,
             last: Mutex::new(GpuSplit::default()),
+            loop_budget: LOOP_BUDGET,
         })
+    }
+
+    /// This engine with at most `budget` (at least 1) loop iterations per kernel invocation
+    /// and dispatch instead of [`LOOP_BUDGET`]: a smaller budget runs more passes over the
+    /// same work, the same forces to rounding (the tests split small problems this way); a
+    /// budget over 65,535 gives wrong forces on llvmpipe (lavapipe).
+    pub fn with_loop_budget(mut self, budget: u32) -> GpuForces {
+        self.loop_budget = budget.max(1);
+        self
     }
 
     /// The adapter this engine computes on.
@@ -397,9 +395,9 @@ impl GpuForces {
     }
 }
 
-/// One dispatch's `Params` record of `fmm.wgsl` (32 words; floats as bits).
+/// One dispatch's `Params` record of `fmm.wgsl` (36 words; floats as bits).
 #[derive(Debug, Clone, Copy)]
-struct Params([u32; 32]);
+struct Params([u32; 36]);
 
 /// Word positions in [`Params`], as `fmm.wgsl` declares them.
 mod w {
@@ -423,7 +421,7 @@ mod w {
     pub const O_ROWS: usize = 17;
     pub const O_RSTART: usize = 18;
     pub const O_GRAD: usize = 19;
-    pub const O_P2P_OFF: usize = 20;
+    // Word 20 is unused.
     pub const O_P2P_ITEMS: usize = 21;
     pub const O_M2L_OFF: usize = 22;
     pub const O_M2L_ITEMS: usize = 23;
@@ -435,6 +433,10 @@ mod w {
     pub const F_DC: usize = 29;
     pub const F_SIGN: usize = 30;
     pub const TARGET0: usize = 31;
+    pub const CHUNK: usize = 32;
+    pub const CHUNK_LEN: usize = 33;
+    pub const SRC0: usize = 34;
+    pub const SRC1: usize = 35;
 }
 
 impl Params {
@@ -444,6 +446,152 @@ impl Params {
         p.0[w::COUNT] = count as u32;
         p.0[w::O_LIST] = list;
         p
+    }
+
+    /// This record for pass `chunk` of a kernel that does `len` items per pass.
+    fn pass(&self, chunk: usize, len: u32) -> Params {
+        let mut p = *self;
+        p.0[w::CHUNK] = chunk as u32;
+        p.0[w::CHUNK_LEN] = len;
+        p
+    }
+}
+
+/// Loop iterations of the kernels of `fmm.wgsl` per unit of work at one expansion order,
+/// counted from their loops (`nt` coefficients, order `p`) as llvmpipe counts them: a loop
+/// that runs `k` times costs `k + 1` (its SIMD loop ends at the bottom, once more after the
+/// last iteration), to split work into passes of at most a loop budget ([`LOOP_BUDGET`]) per
+/// invocation.
+#[derive(Debug, Clone, Copy)]
+struct LoopCost {
+    /// P2M per particle (monomials, accumulation).
+    p2m_particle: u32,
+    /// P2M per pass besides the particles (load and store of the multipole).
+    p2m_fixed: u32,
+    /// M2L per list entry (derivative tensor, powers, signed multipole, contraction).
+    m2l_entry: u32,
+    /// M2L per pass besides the entries (load and store of the expansion).
+    m2l_fixed: u32,
+    /// M2P per list entry (derivative tensor, powers, contraction).
+    m2p_entry: u32,
+    /// Far-field kernel per pass besides the M2P entries (the L2P).
+    far_fixed: u32,
+}
+
+impl LoopCost {
+    fn new(ft: &FlatTables, nt: usize, p: usize) -> LoopCost {
+        let nt = nt as u32;
+        let p = p as u32;
+        // monomials (nt - 1 + 1), the h recursion (p + 1), the rows (nt + 1) and their
+        // terms (each row once more).
+        let derivs = nt + (p + 1) + (nt + 1) + ft.deriv_c.len() as u32 + nt;
+        let powers = p + 2;
+        let ngrad = (ft.grad.len() / 3) as u32;
+        LoopCost {
+            p2m_particle: 1 + nt + (nt + 1),
+            p2m_fixed: 2 * (nt + 1) + 1,
+            m2l_entry: 1 + derivs + powers + (nt + 1) + (nt + 1) + ft.rows.len() as u32 + nt,
+            m2l_fixed: 2 * (nt + 1) + 1,
+            m2p_entry: 1 + derivs + powers + (nt + 1),
+            far_fixed: nt + (nt + 1) + (ngrad + 1) + 1,
+        }
+    }
+
+    /// Items per pass when one pass costs `fixed` plus `per_item` per item (at least 1).
+    fn per_pass(budget: u32, fixed: u32, per_item: u32) -> u32 {
+        (budget.saturating_sub(fixed) / per_item.max(1)).max(1)
+    }
+}
+
+/// Passes of `per_pass` items each over rows of at most `longest` items (at least 1 pass).
+fn passes(longest: usize, per_pass: u32) -> usize {
+    longest.div_ceil(per_pass as usize).max(1)
+}
+
+/// The longest row of compressed-row offsets `off` (`[rows + 1]`).
+fn longest_row(off: &[u32]) -> usize {
+    off.windows(2)
+        .map(|w| (w[1] - w[0]) as usize)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The P2P work of the compressed rows `p2p` (target leaf -> source nodes) of `tree` as tasks
+/// of the `p2p` kernel, each within `budget` loop iterations: returns the tasks by pass
+/// (`[leaf, first target, q0, q1]` each, one per 64 targets of a leaf and piece of its row)
+/// and the source particle ranges (`[s0, s1]` pairs) that `q0..q1` index. A row is cut into
+/// pieces of whole ranges, ranges longer than a piece allows are cut first; pass `j` holds
+/// the `j`-th piece of every leaf, so each target's sources are summed in row order.
+fn p2p_tasks(tree: &Tree, p2p: &(Vec<u32>, Vec<u32>), budget: u32) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let wg = WG as usize;
+    // Loop iterations of one range of n sources (module `LoopCost`'s counting): the range
+    // loop, the staging loop over tiles and each tile's pairs; 2 for the range loop's end.
+    let cost = |n: usize| n + 2 * n.div_ceil(wg) + 2;
+    let budget = (budget as usize).saturating_sub(1);
+    let longest = (budget.saturating_sub(4) * wg / (wg + 2)).max(1);
+    let mut ranges: Vec<u32> = Vec::new();
+    let mut by_pass: Vec<Vec<u32>> = Vec::new();
+    for a in 0..tree.nodes.len() {
+        let row = &p2p.1[p2p.0[a] as usize..p2p.0[a + 1] as usize];
+        if row.is_empty() {
+            continue;
+        }
+        // The pieces (q0, q1) of this row.
+        let mut pieces = Vec::new();
+        let (mut q0, mut spent) = ((ranges.len() / 2) as u32, 0);
+        for &b in row {
+            let nb = &tree.nodes[b as usize];
+            let mut s = nb.start;
+            while s < nb.end {
+                let e = nb.end.min(s + longest);
+                let c = cost(e - s);
+                let q = (ranges.len() / 2) as u32;
+                if spent + c > budget && q > q0 {
+                    pieces.push((q0, q));
+                    (q0, spent) = (q, 0);
+                }
+                ranges.extend([s as u32, e as u32]);
+                spent += c;
+                s = e;
+            }
+        }
+        pieces.push((q0, (ranges.len() / 2) as u32));
+        if by_pass.len() < pieces.len() {
+            by_pass.resize(pieces.len(), Vec::new());
+        }
+        let nd = &tree.nodes[a];
+        for first in (nd.start..nd.end).step_by(wg) {
+            for (j, &(q0, q1)) in pieces.iter().enumerate() {
+                by_pass[j].extend([a as u32, first as u32, q0, q1]);
+            }
+        }
+    }
+    (by_pass, ranges)
+}
+
+/// The kernels of an FMM evaluation.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    P2m,
+    M2m,
+    M2l,
+    L2l,
+    P2p,
+    Far,
+}
+
+/// The submissions of one FMM evaluation: the parameter records and, per submission (upward,
+/// far field, near field, particles), its dispatches `(kernel, record, workgroups)` in order.
+#[derive(Default)]
+struct Plan {
+    params: Vec<Params>,
+    phases: [Vec<(Kernel, usize, u32)>; 4],
+}
+
+impl Plan {
+    fn push(&mut self, phase: usize, kernel: Kernel, params: Params, groups: u32) {
+        self.phases[phase].push((kernel, self.params.len(), groups));
+        self.params.push(params);
     }
 }
 
@@ -501,6 +649,229 @@ fn dispatch(
 /// the CPU's f32 near field does relative to its source extent.
 const R2MIN_REL: f64 = 1e-20;
 
+/// The kernels' inputs of one FMM evaluation, packed on the host.
+struct Packed {
+    /// Sorted particles: (hi, lo) pairs relative to the cube centre, the mass in hi's 4th.
+    pts: Vec<[f32; 4]>,
+    /// Node then imported-cell centres, (hi, lo) pairs.
+    cen: Vec<[f32; 4]>,
+    /// Per node `[start, end, first_child, nchild]` then `[parent, ntargets, level, 0]`.
+    nodes: Vec<[u32; 4]>,
+    /// The `lists` binding: index tables, interaction lists, then leaf and task lists.
+    u: Vec<u32>,
+    /// The `tabf` binding: float tables.
+    f: Vec<f32>,
+    /// Initial multipoles `[nodes + cells][nt]`: zero for the nodes, the imported cells'.
+    mp0: Vec<f32>,
+    /// The leaves, in node order.
+    leaves: Vec<u32>,
+    /// The parameter words every dispatch shares.
+    base: Params,
+}
+
+/// Packs `tree`, its `lists`, the order-`p` tables `ft` (`nt` coefficients) and the imported
+/// cells `remote` for the kernels (softening `softening` kpc).
+fn pack(
+    tree: &Tree,
+    lists: &WalkLists,
+    (ft, p, nt): (&FlatTables, usize, usize),
+    remote: &[RemoteCell],
+    softening: f64,
+) -> Packed {
+    let nn = tree.nodes.len();
+    let n_all = tree.perm.len();
+    let origin = [
+        tree.lo[0] + 0.5 * tree.side,
+        tree.lo[1] + 0.5 * tree.side,
+        tree.lo[2] + 0.5 * tree.side,
+    ];
+    let soa = &tree.soa;
+    let pts: Vec<[f32; 4]> = (0..n_all)
+        .flat_map(|s| split(soa.point(s), origin, soa.m[s]))
+        .collect();
+    let cen: Vec<[f32; 4]> = tree
+        .nodes
+        .iter()
+        .map(|n| n.center)
+        .chain(remote.iter().map(|c| c.center))
+        .flat_map(|c| split(c, origin, 0.0))
+        .collect();
+    let nodes: Vec<[u32; 4]> = tree
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            [
+                [
+                    n.start as u32,
+                    n.end as u32,
+                    n.first_child as u32,
+                    n.nchild as u32,
+                ],
+                [n.parent as u32, n.ntargets as u32, n.level as u32, 0],
+            ]
+        })
+        .collect();
+    let mut leaf_of = vec![0u32; n_all];
+    let mut leaves = Vec::new();
+    for (k, n) in tree.nodes.iter().enumerate() {
+        if n.is_leaf() {
+            leaves.push(k as u32);
+            for s in n.start..n.end {
+                leaf_of[s] = k as u32;
+            }
+        }
+    }
+    let mut u = Vec::new();
+    let mut f = Vec::new();
+    let mut base = Params([0; 36]);
+    let b = &mut base.0;
+    b[w::N_ALL] = n_all as u32;
+    b[w::NN] = nn as u32;
+    b[w::NT] = nt as u32;
+    b[w::P] = p as u32;
+    b[w::NGRAD] = (ft.grad.len() / 3) as u32;
+    b[w::EPS2] = ((softening * softening) as f32).to_bits();
+    b[w::R2MIN] = ((R2MIN_REL * tree.side * tree.side) as f32)
+        .max(f32::MIN_POSITIVE)
+        .to_bits();
+    b[w::O_PARENT] = push(&mut u, &ft.parent);
+    b[w::O_AXIS] = push(&mut u, &ft.axis);
+    b[w::O_DEGREE] = push(&mut u, &ft.degree);
+    b[w::O_SHIFT] = push(&mut u, &ft.shift);
+    b[w::N_SHIFT] = (ft.shift.len() / 3) as u32;
+    b[w::O_DREST] = push(&mut u, &ft.deriv_rest);
+    b[w::O_DJ] = push(&mut u, &ft.deriv_j);
+    b[w::O_DROW] = push(&mut u, &ft.deriv_rows);
+    b[w::O_ROWS] = push(&mut u, &ft.rows);
+    b[w::O_RSTART] = push(&mut u, &ft.row_start);
+    b[w::O_GRAD] = push(&mut u, &ft.grad);
+    b[w::O_M2L_OFF] = push(&mut u, &lists.m2l.0);
+    b[w::O_M2L_ITEMS] = push(&mut u, &lists.m2l.1);
+    b[w::O_M2P_OFF] = push(&mut u, &lists.m2p.0);
+    b[w::O_M2P_ITEMS] = push(&mut u, &lists.m2p.1);
+    b[w::O_LEAFOF] = push(&mut u, &leaf_of);
+    b[w::F_INV] = pushf(&mut f, &ft.inv_step);
+    b[w::F_DC] = pushf(&mut f, &ft.deriv_c);
+    b[w::F_SIGN] = pushf(&mut f, &ft.sign);
+    let mut mp0 = vec![0f32; (nn + remote.len()) * nt];
+    for (k, c) in remote.iter().enumerate() {
+        for (o, &v) in mp0[(nn + k) * nt..(nn + k + 1) * nt]
+            .iter_mut()
+            .zip(&c.multipole)
+        {
+            *o = v as f32;
+        }
+    }
+    Packed {
+        pts,
+        cen,
+        nodes,
+        u,
+        f,
+        mp0,
+        leaves,
+        base,
+    }
+}
+
+/// The names of the four submissions of an FMM evaluation, for errors and timeouts.
+const PHASES: [&str; 4] = [
+    "the upward pass (P2M, M2M)",
+    "the far field (M2L, L2L)",
+    "the near field (P2P)",
+    "the far field at the particles (L2P, M2P)",
+];
+
+impl GpuForces {
+    /// The dispatches of one evaluation of `tree` with `lists` (the P2P ranges and the leaf
+    /// and task lists appended to `packed.u`), no invocation over this engine's loop budget.
+    fn plan(&self, tree: &Tree, lists: &WalkLists, packed: &mut Packed, cost: LoopCost) -> Plan {
+        let budget = self.loop_budget;
+        let groups = |n: usize| (n as u32).div_ceil(WG);
+        let (tasks, ranges) = p2p_tasks(tree, &lists.p2p, budget);
+        let mut base = packed.base;
+        base.0[w::O_P2P_ITEMS] = push(&mut packed.u, &ranges);
+        let o_leaves = push(&mut packed.u, &packed.leaves);
+        let mut plan = Plan::default();
+        // Upward: P2M in passes over the leaves' particles, then M2M level by level.
+        let nl = packed.leaves.len();
+        let per = LoopCost::per_pass(budget, cost.p2m_fixed, cost.p2m_particle);
+        let biggest = packed.leaves.iter();
+        let biggest = biggest.map(|&a| tree.nodes[a as usize].count()).max();
+        for c in 0..passes(biggest.unwrap_or(0), per) {
+            let p = base.with(0, nl, o_leaves).pass(c, per);
+            plan.push(0, Kernel::P2m, p, groups(nl));
+        }
+        let levels = tree.level_start.len() - 1;
+        for l in (0..levels).rev() {
+            let (a, b) = (tree.level_start[l], tree.level_start[l + 1]);
+            plan.push(0, Kernel::M2m, base.with(a, b - a, 0), groups(b - a));
+        }
+        // Far field: M2L in passes over the rows, then L2L level by level.
+        let nn = tree.nodes.len();
+        let per = LoopCost::per_pass(budget, cost.m2l_fixed, cost.m2l_entry);
+        for c in 0..passes(longest_row(&lists.m2l.0), per) {
+            plan.push(1, Kernel::M2l, base.with(0, nn, 0).pass(c, per), groups(nn));
+        }
+        for l in 1..levels {
+            let (a, b) = (tree.level_start[l], tree.level_start[l + 1]);
+            plan.push(1, Kernel::L2l, base.with(a, b - a, 0), groups(b - a));
+        }
+        // Near field: one dispatch per pass of P2P tasks, a workgroup per task.
+        for (c, t) in tasks.iter().enumerate() {
+            let o = push(&mut packed.u, t);
+            let n = t.len() / 4;
+            plan.push(2, Kernel::P2p, base.with(0, n, o).pass(c, 0), n as u32);
+        }
+        // Particles: L2P, and M2P in passes over the rows.
+        let n_all = tree.perm.len();
+        let per = LoopCost::per_pass(budget, cost.far_fixed, cost.m2p_entry);
+        for c in 0..passes(longest_row(&lists.m2p.0), per) {
+            let p = base.with(0, n_all, 0).pass(c, per);
+            plan.push(3, Kernel::Far, p, groups(n_all));
+        }
+        plan
+    }
+
+    fn pipeline(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
+        let k = &self.kernels;
+        match kernel {
+            Kernel::P2m => &k.p2m,
+            Kernel::M2m => &k.m2m,
+            Kernel::M2l => &k.m2l,
+            Kernel::L2l => &k.l2l,
+            Kernel::P2p => &k.p2p,
+            Kernel::Far => &k.far,
+        }
+    }
+
+    /// Records `dispatches` `(kernel, record, workgroups)` in one compute pass, then the
+    /// `copy` `(from, to, bytes)` if any; submits and waits, naming `what` in errors. Returns
+    /// the seconds it took.
+    fn submit(
+        &self,
+        groups: (&wgpu::BindGroup, &wgpu::BindGroup),
+        dispatches: &[(Kernel, usize, u32)],
+        copy: Option<(&wgpu::Buffer, &wgpu::Buffer, u64)>,
+        what: &str,
+    ) -> Result<f64, NbodyError> {
+        let clock = Instant::now();
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_bind_group(0, groups.0, &[]);
+            for &(kernel, slot, n) in dispatches {
+                dispatch(&mut pass, self.pipeline(kernel), groups.1, slot, n);
+            }
+        }
+        if let Some((from, to, bytes)) = copy {
+            enc.copy_buffer_to_buffer(from, 0, to, 0, bytes);
+        }
+        self.run(enc, what)?;
+        Ok(clock.elapsed().as_secs_f64())
+    }
+}
+
 impl ForceDevice for GpuForces {
     fn fmm_forces(
         &self,
@@ -509,9 +880,6 @@ impl ForceDevice for GpuForces {
         g: f64,
         softening: f64,
     ) -> Result<(Forces, FmmStats), NbodyError> {
-        if fmm.params().order > MAX_ORDER {
-            return Err(order_error(fmm.params().order));
-        }
         let n_local = sources.pos.len();
         let mut split_t = GpuSplit::default();
         let clock = Instant::now();
@@ -527,127 +895,21 @@ impl ForceDevice for GpuForces {
         let nt = tables.nterms;
         let nn = tree.nodes.len();
         let n_all = tree.perm.len();
-        let remote = sources.remote_cells;
-        let origin = [
-            tree.lo[0] + 0.5 * tree.side,
-            tree.lo[1] + 0.5 * tree.side,
-            tree.lo[2] + 0.5 * tree.side,
-        ];
-        let soa = &tree.soa;
-        let pts: Vec<[f32; 4]> = (0..n_all)
-            .flat_map(|s| split(soa.point(s), origin, soa.m[s]))
-            .collect();
-        let cen: Vec<[f32; 4]> = tree
-            .nodes
-            .iter()
-            .map(|n| n.center)
-            .chain(remote.iter().map(|c| c.center))
-            .flat_map(|c| split(c, origin, 0.0))
-            .collect();
-        let nodes: Vec<[u32; 4]> = tree
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                [
-                    [
-                        n.start as u32,
-                        n.end as u32,
-                        n.first_child as u32,
-                        n.nchild as u32,
-                    ],
-                    [n.parent as u32, n.ntargets as u32, n.level as u32, 0],
-                ]
-            })
-            .collect();
-        let mut leaf_of = vec![0u32; n_all];
-        let mut leaves = Vec::new();
-        for (k, n) in tree.nodes.iter().enumerate() {
-            if n.is_leaf() {
-                leaves.push(k as u32);
-                for s in n.start..n.end {
-                    leaf_of[s] = k as u32;
-                }
-            }
-        }
-        let p2p_targets: Vec<u32> = (0..nn as u32)
-            .filter(|&a| lists.p2p.0[a as usize + 1] > lists.p2p.0[a as usize])
-            .collect();
-        let mut u = Vec::new();
-        let mut f = Vec::new();
-        let mut base = Params([0; 32]);
-        {
-            let b = &mut base.0;
-            b[w::N_ALL] = n_all as u32;
-            b[w::NN] = nn as u32;
-            b[w::NT] = nt as u32;
-            b[w::P] = tables.p as u32;
-            b[w::NGRAD] = (ft.grad.len() / 3) as u32;
-            b[w::EPS2] = ((softening * softening) as f32).to_bits();
-            b[w::R2MIN] = ((R2MIN_REL * tree.side * tree.side) as f32)
-                .max(f32::MIN_POSITIVE)
-                .to_bits();
-            b[w::O_PARENT] = push(&mut u, &ft.parent);
-            b[w::O_AXIS] = push(&mut u, &ft.axis);
-            b[w::O_DEGREE] = push(&mut u, &ft.degree);
-            b[w::O_SHIFT] = push(&mut u, &ft.shift);
-            b[w::N_SHIFT] = (ft.shift.len() / 3) as u32;
-            b[w::O_DREST] = push(&mut u, &ft.deriv_rest);
-            b[w::O_DJ] = push(&mut u, &ft.deriv_j);
-            b[w::O_DROW] = push(&mut u, &ft.deriv_rows);
-            b[w::O_ROWS] = push(&mut u, &ft.rows);
-            b[w::O_RSTART] = push(&mut u, &ft.row_start);
-            b[w::O_GRAD] = push(&mut u, &ft.grad);
-            b[w::O_P2P_OFF] = push(&mut u, &lists.p2p.0);
-            b[w::O_P2P_ITEMS] = push(&mut u, &lists.p2p.1);
-            b[w::O_M2L_OFF] = push(&mut u, &lists.m2l.0);
-            b[w::O_M2L_ITEMS] = push(&mut u, &lists.m2l.1);
-            b[w::O_M2P_OFF] = push(&mut u, &lists.m2p.0);
-            b[w::O_M2P_ITEMS] = push(&mut u, &lists.m2p.1);
-            b[w::O_LEAFOF] = push(&mut u, &leaf_of);
-            b[w::F_INV] = pushf(&mut f, &ft.inv_step);
-            b[w::F_DC] = pushf(&mut f, &ft.deriv_c);
-            b[w::F_SIGN] = pushf(&mut f, &ft.sign);
-        }
-        let o_leaves = push(&mut u, &leaves);
-        let o_targets = push(&mut u, &p2p_targets);
-        let mut mp0 = vec![0f32; (nn + remote.len()) * nt];
-        for (k, c) in remote.iter().enumerate() {
-            for (o, &v) in mp0[(nn + k) * nt..(nn + k + 1) * nt]
-                .iter_mut()
-                .zip(&c.multipole)
-            {
-                *o = v as f32;
-            }
-        }
-        // The dispatch records, in the order of the submissions below.
-        let levels = tree.level_start.len() - 1;
-        let mut params = vec![base.with(0, leaves.len(), o_leaves)];
-        for l in (0..levels).rev() {
-            let (a, b) = (tree.level_start[l], tree.level_start[l + 1]);
-            params.push(base.with(a, b - a, 0));
-        }
-        let m2l_slot = params.len();
-        params.push(base.with(0, nn, 0));
-        let l2l_slot = params.len();
-        for l in 1..levels {
-            let (a, b) = (tree.level_start[l], tree.level_start[l + 1]);
-            params.push(base.with(a, b - a, 0));
-        }
-        let p2p_slot = params.len();
-        params.push(base.with(0, p2p_targets.len(), o_targets));
-        let far_slot = params.len();
-        params.push(base.with(0, n_all, 0));
-
-        let b_pts = self.storage("particles (positions and masses)", &pts)?;
-        let b_cen = self.storage("node and imported cell centres", &cen)?;
-        let b_nodes = self.storage("tree nodes", &nodes)?;
-        let b_lists = self.storage("interaction lists and index tables", &u)?;
-        let b_tabf = self.storage("expansion coefficient tables", &f)?;
-        let b_mp = self.storage("multipoles", &mp0)?;
+        let order = (&ft, tables.p, nt);
+        let mut packed = pack(&tree, &lists, order, sources.remote_cells, softening);
+        let plan = self.plan(&tree, &lists, &mut packed, LoopCost::new(&ft, nt, tables.p));
+        let pk = &packed;
+        let b_pts = self.storage("particles (positions and masses)", &pk.pts)?;
+        let b_cen = self.storage("node and imported cell centres", &pk.cen)?;
+        let b_nodes = self.storage("tree nodes", &pk.nodes)?;
+        let b_lists = self.storage("interaction lists and index tables", &pk.u)?;
+        let b_tabf = self.storage("expansion coefficient tables", &pk.f)?;
+        let b_mp = self.storage("multipoles", &pk.mp0)?;
         let out_bytes = (2 * n_all * 16) as u64;
+        // Local expansions, then the low parts of the M2L's sums between its passes.
         let b_loc = self
             .ctx
-            .storage("local expansions", (nn * nt * 4) as u64, REDUCE)
+            .storage("local expansions", (2 * nn * nt * 4) as u64, REDUCE)
             .map_err(gpu_error)?;
         let b_out = self
             .ctx
@@ -657,60 +919,18 @@ impl ForceDevice for GpuForces {
         let group0 = self.bind0([
             &b_pts, &b_cen, &b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
         ]);
-        let group1 = self.params_group(&params);
-        split_t.bytes_up = 4
-            * (pts.len() * 4 + cen.len() * 4 + nodes.len() * 4 + u.len() + f.len() + mp0.len())
-                as u64;
+        let group1 = self.params_group(&plan.params);
+        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + pk.nodes.len() * 4;
+        split_t.bytes_up = 4 * (words + pk.u.len() + pk.f.len() + pk.mp0.len()) as u64;
         split_t.bytes_down = out_bytes;
         split_t.upload = clock.elapsed().as_secs_f64();
 
-        let k = &self.kernels;
-        let groups = |n: usize| (n as u32).div_ceil(WG);
-        let phase = |record: &dyn Fn(&mut wgpu::ComputePass), copy: bool, what: &str| {
-            let clock = Instant::now();
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_bind_group(0, &group0, &[]);
-                record(&mut pass);
-            }
-            if copy {
-                enc.copy_buffer_to_buffer(&b_out, 0, &staging, 0, out_bytes.max(16));
-            }
-            self.run(enc, what).map(|_| clock.elapsed().as_secs_f64())
-        };
-        split_t.upward = phase(
-            &|pass| {
-                dispatch(pass, &k.p2m, &group1, 0, groups(leaves.len()));
-                for (s, l) in (0..levels).rev().enumerate() {
-                    let count = tree.level_start[l + 1] - tree.level_start[l];
-                    dispatch(pass, &k.m2m, &group1, 1 + s, groups(count));
-                }
-            },
-            false,
-            "the upward pass (P2M, M2M)",
-        )?;
-        split_t.m2l = phase(
-            &|pass| {
-                dispatch(pass, &k.m2l, &group1, m2l_slot, groups(nn));
-                for (s, l) in (1..levels).enumerate() {
-                    let count = tree.level_start[l + 1] - tree.level_start[l];
-                    dispatch(pass, &k.l2l, &group1, l2l_slot + s, groups(count));
-                }
-            },
-            false,
-            "the far field (M2L, L2L)",
-        )?;
-        split_t.p2p = phase(
-            &|pass| dispatch(pass, &k.p2p, &group1, p2p_slot, p2p_targets.len() as u32),
-            false,
-            "the near field (P2P)",
-        )?;
-        split_t.far = phase(
-            &|pass| dispatch(pass, &k.far, &group1, far_slot, groups(n_all)),
-            true,
-            "the far field at the particles (L2P, M2P)",
-        )?;
+        let mut seconds = [0.0; 4];
+        for (k, dispatches) in plan.phases.iter().enumerate() {
+            let copy = (k == 3).then_some((&b_out, &staging, out_bytes.max(16)));
+            seconds[k] = self.submit((&group0, &group1), dispatches, copy, PHASES[k])?;
+        }
+        [split_t.upward, split_t.m2l, split_t.p2p, split_t.far] = seconds;
         let clock = Instant::now();
         let raw = self.read(&staging, 2 * n_all)?;
         let mut out = Forces::zeros(n_local);
@@ -776,7 +996,7 @@ impl ForceDevice for GpuForces {
                 pos.len()
             }
         };
-        let mut base = Params([0; 32]);
+        let mut base = Params([0; 36]);
         base.0[w::N_ALL] = pos.len() as u32;
         base.0[w::COUNT] = n as u32;
         base.0[w::TARGET0] = target0 as u32;
@@ -798,18 +1018,25 @@ impl ForceDevice for GpuForces {
             .map_err(gpu_error)?;
         let staging = self.staging(out_bytes);
         let group0 = self.bind0([&b_pts, &dummy, &dummy, &dummy, &dummy, &d5, &d6, &b_out]);
-        let group1 = self.params_group(&[base]);
+        // Passes over source ranges: a tile of 64 sources costs 66 loop iterations.
+        let per = ((self.loop_budget.saturating_sub(1)) / (WG + 2) * WG).max(WG) as usize;
+        let params: Vec<Params> = (0..passes(pos.len(), per as u32))
+            .map(|c| {
+                let mut p = base.pass(c, per as u32);
+                p.0[w::SRC0] = (c * per) as u32;
+                p.0[w::SRC1] = ((c + 1) * per).min(pos.len()) as u32;
+                p
+            })
+            .collect();
+        let group1 = self.params_group(&params);
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.set_bind_group(0, &group0, &[]);
-            dispatch(
-                &mut pass,
-                &self.kernels.direct,
-                &group1,
-                0,
-                (n as u32).div_ceil(WG),
-            );
+            for slot in 0..params.len() {
+                let groups = (n as u32).div_ceil(WG);
+                dispatch(&mut pass, &self.kernels.direct, &group1, slot, groups);
+            }
         }
         enc.copy_buffer_to_buffer(&b_out, 0, &staging, 0, out_bytes);
         let upload = clock.elapsed().as_secs_f64();
