@@ -18,10 +18,11 @@ type ForcesOut<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>);
 /// Acceleration `[N, 3]` and potential `[N]` of the particles `pos` (`[N, 3]`, float64,
 /// C order) with masses `mass` (`[N]`, float64) on themselves: the library's
 /// `Gravity::forces` with the given settings (validated by `Gravity::new` and
-/// `Particles::validate`, as a run validates its config). The Python wrapper
-/// (`lockstep.nbody.forces`) converts lists, dtypes and orders first.
+/// `Particles::validate`, as a run validates its config), on `device`: `"cpu"`, `"gpu"` or
+/// `"gpu:N"` (adapter N of `lockstep info`), as `forces.device` of a config. The Python
+/// wrapper (`lockstep.nbody.forces`) converts lists, dtypes and orders first.
 #[pyfunction]
-#[pyo3(signature = (pos, mass, g, softening, method, order, theta, leaf_size, near_field))]
+#[pyo3(signature = (pos, mass, g, softening, method, order, theta, leaf_size, near_field, device))]
 #[allow(clippy::too_many_arguments)]
 fn _nbody_forces<'py>(
     py: Python<'py>,
@@ -34,7 +35,13 @@ fn _nbody_forces<'py>(
     theta: f64,
     leaf_size: usize,
     near_field: &str,
+    device: &str,
 ) -> PyResult<ForcesOut<'py>> {
+    let device = device.parse().map_err(|_| {
+        invalid(format!(
+            "device={device:?}: use \"cpu\", \"gpu\" or \"gpu:N\" (N from `lockstep info`)"
+        ))
+    })?;
     let method = match method {
         "fmm" => Method::Fmm,
         "direct" => Method::Direct,
@@ -79,8 +86,7 @@ fn _nbody_forces<'py>(
         theta,
         leaf_size,
         near_field,
-        // The CPU: `device="gpu"` is refused by the Python wrapper for now.
-        device: Default::default(),
+        device,
     };
     let mut gravity = Gravity::new(settings, g).map_err(from_error)?;
     let pos3: Vec<[f64; 3]> = flat.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
