@@ -2,7 +2,7 @@
 //! force evaluation of `lockstep nbody`'s runs) and whole runs from a config file
 //! ([`lockstep_nbody::config::run_nbody_config_on`], as `lockstep nbody` runs them).
 
-use crate::errors::{from_error, invalid};
+use crate::errors::{exception, from_error, invalid, Kind};
 use crate::world;
 use lockstep_nbody::{ForceSettings, Gravity, Method, NearField, Particles, RunOptions};
 use numpy::{
@@ -37,6 +37,7 @@ fn _nbody_forces<'py>(
     near_field: &str,
     device: &str,
 ) -> PyResult<ForcesOut<'py>> {
+    let device_text = device;
     let device = device.parse().map_err(|_| {
         invalid(format!(
             "device={device:?}: use \"cpu\", \"gpu\" or \"gpu:N\" (N from `lockstep info`)"
@@ -88,7 +89,14 @@ fn _nbody_forces<'py>(
         near_field,
         device,
     };
-    let mut gravity = Gravity::new(settings, g).map_err(from_error)?;
+    let named = format!("device={device_text:?}");
+    let mut gravity = Gravity::new(settings, g).map_err(|e| match e {
+        // The library names its config key; here the user wrote the argument.
+        lockstep_nbody::NbodyError::Gpu(m) => {
+            exception(Kind::Run, m.replace("forces.device", &named))
+        }
+        e => from_error(e),
+    })?;
     let pos3: Vec<[f64; 3]> = flat.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
     let particles = Particles::from_arrays(
         pos3,
