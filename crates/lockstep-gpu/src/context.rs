@@ -3,7 +3,9 @@
 //! adapter's limits and blocking read-back.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use wgpu::util::DeviceExt;
 
@@ -21,6 +23,57 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F64
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
 
+/// The environment variable that sets how long a host waits for the GPU (seconds, a positive
+/// number): a wait past it ends the job with [`GpuError::Timeout`] naming the adapter.
+pub const TIMEOUT_VAR: &str = "LOCKSTEP_GPU_TIMEOUT_S";
+
+/// The default wait limit on a hardware adapter: a whole forward or backward pass of full V1
+/// takes well under a second on an H200, so a minute means the device stopped answering.
+const DEFAULT_TIMEOUT_GPU: Duration = Duration::from_secs(60);
+/// The default wait limit on a software adapter (lavapipe), where one pass of a large network
+/// takes minutes.
+const DEFAULT_TIMEOUT_CPU: Duration = Duration::from_secs(3600);
+
+/// How often a context made the host wait for its device, since it was opened: the counts
+/// that `lockstep bench` prints per step and tests assert (they transfer to any GPU, unlike
+/// lavapipe's wall time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuCounters {
+    /// Command buffers submitted (each [`GpuContext::submit_and_wait`] or read-back).
+    pub submits: u64,
+    /// Blocking waits of the host for the device (host synchronisations).
+    pub host_syncs: u64,
+    /// Bytes read back to the host.
+    pub bytes_read: u64,
+    /// Bytes uploaded with [`GpuContext::write`].
+    pub bytes_written: u64,
+}
+
+impl std::ops::Sub for GpuCounters {
+    type Output = GpuCounters;
+
+    /// The counts between two snapshots (`later - earlier`).
+    fn sub(self, o: GpuCounters) -> GpuCounters {
+        GpuCounters {
+            submits: self.submits - o.submits,
+            host_syncs: self.host_syncs - o.host_syncs,
+            bytes_read: self.bytes_read - o.bytes_read,
+            bytes_written: self.bytes_written - o.bytes_written,
+        }
+    }
+}
+
+/// One range to read back by [`GpuContext::submit_and_read`]: `bytes` of `buffer` from byte
+/// `offset` (both multiples of 4).
+pub struct ReadRange<'a> {
+    /// The buffer (needs `COPY_SRC`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset.
+    pub offset: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
 /// An open adapter: its device and queue, limits, features and the errors the device
 /// reported since the last [`GpuContext::check`].
 pub struct GpuContext {
@@ -35,6 +88,11 @@ pub struct GpuContext {
     /// The features the device was opened with.
     pub features: wgpu::Features,
     errors: Arc<Mutex<Vec<String>>>,
+    /// The wait limit in milliseconds ([`GpuContext::wait_timeout`]).
+    timeout_ms: AtomicU64,
+    counters: Mutex<GpuCounters>,
+    /// The read-back buffer, kept and grown as needed (one per context).
+    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -95,6 +153,7 @@ impl GpuContext {
             message,
         })?;
         let features = crate::adapter::features(adapter) & WANTED_FEATURES;
+        let timeout = timeout_from_env(summary)?;
         let (device, queue) =
             futures_lite::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("lockstep"),
@@ -120,6 +179,9 @@ impl GpuContext {
             limits,
             features,
             errors,
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
+            counters: Mutex::default(),
+            staging: Mutex::default(),
         });
         open.insert(index, ctx.clone());
         Ok(ctx)
@@ -251,32 +313,72 @@ impl GpuContext {
     /// submission's commands).
     pub fn write<T: bytemuck::Pod>(&self, buffer: &wgpu::Buffer, offset: u64, data: &[T]) {
         if !data.is_empty() {
-            self.queue
-                .write_buffer(buffer, offset, bytemuck::cast_slice(data));
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            self.count(|c| c.bytes_written += bytes.len() as u64);
+            self.queue.write_buffer(buffer, offset, bytes);
         }
     }
 
-    /// Submits `commands`, waits for the device to finish them and reports any device error.
-    ///
-    /// Errors: [`GpuError::Device`].
-    pub fn submit_and_wait(&self, commands: wgpu::CommandBuffer) -> Result<()> {
-        let index = self.queue.submit([commands]);
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: None,
-            })
-            .map_err(|e| GpuError::Device {
+    /// How long the host waits for this device before it gives up with
+    /// [`GpuError::Timeout`]: [`TIMEOUT_VAR`] if set, else 60 s on a hardware adapter and an
+    /// hour on a software one (lavapipe).
+    pub fn wait_timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets the wait limit of this device for the whole process (every model that shares it).
+    pub fn set_wait_timeout(&self, limit: Duration) {
+        self.timeout_ms
+            .store(limit.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// The counts of submissions, host waits and bytes moved since the device was opened
+    /// (take the difference of two snapshots for one step).
+    pub fn counters(&self) -> GpuCounters {
+        *self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut GpuCounters)) {
+        f(&mut self.counters.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Waits at most [`GpuContext::wait_timeout`] for submission `index` (and the callbacks
+    /// it triggers, such as a buffer mapping).
+    fn wait(&self, index: wgpu::SubmissionIndex, what: &str) -> Result<()> {
+        let limit = self.wait_timeout();
+        self.count(|c| c.host_syncs += 1);
+        match self.device.poll(wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: Some(limit),
+        }) {
+            Ok(_) => Ok(()),
+            Err(wgpu::PollError::Timeout) => Err(GpuError::Timeout {
+                adapter: self.adapter.name.clone(),
+                what: what.to_string(),
+                seconds: limit.as_secs_f64(),
+            }),
+            Err(e) => Err(GpuError::Device {
                 adapter: self.adapter.name.clone(),
                 message: e.to_string(),
-            })?;
+            }),
+        }
+    }
+
+    /// Submits `commands`, waits for the device to finish them (at most
+    /// [`GpuContext::wait_timeout`]) and reports any device error.
+    ///
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
+    pub fn submit_and_wait(&self, commands: wgpu::CommandBuffer) -> Result<()> {
+        let index = self.queue.submit([commands]);
+        self.count(|c| c.submits += 1);
+        self.wait(index, "a submitted pass")?;
         self.check()
     }
 
-    /// Reads `len` elements of type `T` from `buffer` at byte `offset` (copies through a
-    /// staging buffer, blocks until done).
+    /// Reads `len` elements of type `T` from `buffer` at byte `offset` (one submission and
+    /// one wait; see [`GpuContext::submit_and_read`]).
     ///
-    /// Errors: [`GpuError::Device`].
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
     pub fn read<T: bytemuck::Pod>(
         &self,
         buffer: &wgpu::Buffer,
@@ -287,47 +389,85 @@ impl GpuContext {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let padded = bytes.next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read-back"),
-            size: padded,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
-        self.submit_and_wait(enc.finish())?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Device {
-                adapter: self.adapter.name.clone(),
-                message: e.to_string(),
-            })?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(GpuError::Device {
-                    adapter: self.adapter.name.clone(),
-                    message: format!("cannot map the read-back buffer: {e}"),
-                })
+        let enc = self.device.create_command_encoder(&Default::default());
+        let mut out = self.submit_and_read(
+            enc,
+            &[ReadRange {
+                buffer,
+                offset,
+                bytes: bytes.next_multiple_of(4),
+            }],
+        )?;
+        let raw = out.pop().expect("one range");
+        Ok(bytemuck::pod_collect_to_vec::<u8, T>(
+            &raw[..bytes as usize],
+        ))
+    }
+
+    /// Submits `enc` with copies of `ranges` appended into this context's read-back buffer
+    /// (reused between calls, grown when too small), waits once (at most
+    /// [`GpuContext::wait_timeout`]) and returns each range's bytes: a pass and the numbers
+    /// the host needs from it in one host synchronisation.
+    ///
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
+    pub fn submit_and_read(
+        &self,
+        mut enc: wgpu::CommandEncoder,
+        ranges: &[ReadRange<'_>],
+    ) -> Result<Vec<Vec<u8>>> {
+        let total: u64 = ranges.iter().map(|r| r.bytes.next_multiple_of(4)).sum();
+        let mut slot = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|b| b.size() < total.max(4)) {
+            *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read-back"),
+                size: total.max(4).next_power_of_two(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let staging = slot.as_ref().expect("read-back buffer");
+        let mut at = 0u64;
+        for r in ranges {
+            let b = r.bytes.next_multiple_of(4);
+            if b > 0 {
+                enc.copy_buffer_to_buffer(r.buffer, r.offset, staging, at, b);
             }
-            Err(_) => {
-                return Err(GpuError::Device {
-                    adapter: self.adapter.name.clone(),
-                    message: "the read-back buffer was never mapped".into(),
-                })
+            at += b;
+        }
+        let index = self.queue.submit([enc.finish()]);
+        self.count(|c| c.submits += 1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mapped = total > 0;
+        if mapped {
+            staging.map_async(wgpu::MapMode::Read, ..total, move |r| {
+                let _ = tx.send(r);
+            });
+        }
+        self.wait(index, "a pass and its read-back")?;
+        self.check()?;
+        if !mapped {
+            return Ok(ranges.iter().map(|_| Vec::new()).collect());
+        }
+        let fail = |message: String| GpuError::Device {
+            adapter: self.adapter.name.clone(),
+            message,
+        };
+        match rx.recv_timeout(self.wait_timeout()) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(fail(format!("cannot map the read-back buffer: {e}"))),
+            Err(_) => return Err(fail("the read-back buffer was never mapped".into())),
+        }
+        let mut out = Vec::with_capacity(ranges.len());
+        {
+            let view = staging.get_mapped_range(..total);
+            let mut at = 0usize;
+            for r in ranges {
+                out.push(view[at..at + r.bytes as usize].to_vec());
+                at += r.bytes.next_multiple_of(4) as usize;
             }
         }
-        let out = {
-            let view = staging.get_mapped_range(..);
-            bytemuck::pod_collect_to_vec::<u8, T>(&view[..bytes as usize])
-        };
         staging.unmap();
-        self.check()?;
+        self.count(|c| c.bytes_read += total);
         Ok(out)
     }
 
@@ -361,5 +501,24 @@ impl GpuContext {
             }
         }
         Ok(bytes as f64 / best)
+    }
+}
+
+/// The wait limit of `adapter`: [`TIMEOUT_VAR`] if set, else the default of its kind.
+///
+/// Errors: [`GpuError::RequestDevice`] when the variable is not a positive number of seconds.
+fn timeout_from_env(adapter: &AdapterSummary) -> Result<Duration> {
+    match std::env::var(TIMEOUT_VAR) {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(GpuError::RequestDevice {
+                adapter: adapter.name.clone(),
+                message: format!(
+                    "{TIMEOUT_VAR}={v:?} is not a positive number of seconds (how long to wait for the GPU)"
+                ),
+            }),
+        },
+        Err(_) if adapter.device_type == "Cpu" => Ok(DEFAULT_TIMEOUT_CPU),
+        Err(_) => Ok(DEFAULT_TIMEOUT_GPU),
     }
 }

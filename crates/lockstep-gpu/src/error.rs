@@ -68,6 +68,16 @@ pub enum GpuError {
         /// wgpu's message.
         message: String,
     },
+    /// A submission did not finish within the wait limit ([`crate::GpuContext::wait_timeout`]).
+    #[error("GPU adapter {adapter:?} did not finish {what} within {seconds} s; the device may have stopped answering (the limit is {TIMEOUT_VAR} = seconds; check `nvidia-smi` or the driver's log)", TIMEOUT_VAR = crate::context::TIMEOUT_VAR)]
+    Timeout {
+        /// The adapter's name.
+        adapter: String,
+        /// What was waited for.
+        what: String,
+        /// The limit in seconds.
+        seconds: f64,
+    },
     /// A bad `run.device` value.
     #[error("run.device: {value:?} is not a device; use \"cpu\", \"gpu\" or \"gpu:N\" (N from `lockstep info`)")]
     BadDevice {

@@ -21,7 +21,7 @@ pub use adapter::{
     candidates, hidden_features, list_adapters, select_adapter, AdapterSummary, Selected,
     HIDE_FEATURES_VAR,
 };
-pub use context::{process_adapters, GpuContext};
+pub use context::{process_adapters, GpuContext, GpuCounters, ReadRange, TIMEOUT_VAR};
 pub use error::{GpuError, Result};
 pub use wgpu;
 

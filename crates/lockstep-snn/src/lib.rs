@@ -76,5 +76,6 @@ pub use sonata::{
 pub use train_job::{asks_for_gpu, check_config, prepare, train_config, Overrides};
 pub use trained_simulation::{write_trained_simulation_config, TRAINED_SIMULATION_CONFIG};
 pub use training::{
-    BpttOptions, DeviceRequest, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming, SCATTER_BLOCK,
+    BpttOptions, DeviceCounts, DeviceRequest, Dtype, LossAndGrad, SnnModel, SpmvForm, StepTiming,
+    SCATTER_BLOCK,
 };

@@ -4,7 +4,7 @@
 //!
 //! Covered: GLIF3 with after-spike currents, GLIF1 and iaf_psc_alpha cells, every receptor
 //! port, delays of 1..4 steps, file and Poisson inputs, both surrogates, both losses,
-//! trained input weights, batches of 1, 5 and 40 samples (two 32-lane mask words),
+//! trained input weights, batches of 1, 3, 5, 16, 33 and 40 samples (two 32-lane mask words),
 //! segmented recompute, the initial state at rest and NEST's, repeated calls.
 
 #![allow(clippy::needless_range_loop)] // the shared test network indexes parallel arrays
@@ -139,6 +139,67 @@ fn gpu_matches_with_two_mask_words() {
     let a = cpu.loss_and_grad(&p, 100, 40).unwrap();
     let b = gpu.loss_and_grad(&p, 100, 40).unwrap();
     check_close(&a, &b, "batch 40");
+}
+
+/// Batches of 3, 16 and 33 samples (16: four whole neurons per workgroup of the update; 33:
+/// a second mask word holding one lane) with and without trained input weights, against the
+/// CPU engine; and the work of one call, which does not depend on the adapter: two dispatches
+/// per step forward and two backward (one more draw per chunk with trained input weights, the
+/// recomputed forward steps and the draws before each chunk when segmented), and two host
+/// synchronisations (the loss sums after the forward pass, the gradient after the backward).
+#[test]
+fn gpu_matches_at_batches_3_16_33_with_two_launches_per_step() {
+    let spec = small_network(6);
+    let input = small_input();
+    let t_len = 40usize;
+    for (batch, train_in) in [(3usize, true), (16, false), (33, true)] {
+        let o = BpttOptions {
+            train_input_weights: train_in,
+            ..opts(DeviceRequest::Cpu, t_len, None)
+        };
+        compare(&spec, &input, o.clone(), batch, &format!("batch {batch}"));
+        let gpu = model(
+            &spec,
+            &input,
+            BpttOptions {
+                device: DeviceRequest::Gpu(None),
+                ..o
+            },
+        );
+        let p = gpu.initial_params();
+        let (_, timing) = gpu.loss_and_grad_timed(&p, 0, batch).unwrap();
+        let d = timing.device.expect("a GPU call counts its work");
+        assert_eq!(
+            d.launches,
+            4 * t_len as u64 + train_in as u64,
+            "batch {batch}: launches"
+        );
+        assert_eq!(d.host_syncs, 2, "batch {batch}: host synchronisations");
+        let params = p.len() as u64;
+        assert!(
+            d.bytes_to_host >= 8 * params && d.bytes_to_host < 8 * params + 4096 * batch as u64,
+            "batch {batch}: {} bytes read back for {params} parameters",
+            d.bytes_to_host
+        );
+    }
+    // Segmented: per chunk of 10 steps, at most 4 draws before it (delays of at most 4
+    // steps), its 10 steps recomputed, one draw, 20 backward dispatches.
+    let gpu = model(
+        &spec,
+        &input,
+        opts(DeviceRequest::Gpu(None), t_len, Some(10)),
+    );
+    let p = gpu.initial_params();
+    let (_, timing) = gpu.loss_and_grad_timed(&p, 0, 4).unwrap();
+    let d = timing.device.expect("a GPU call counts its work");
+    let chunks = t_len as u64 / 10;
+    assert!(
+        d.launches >= 2 * t_len as u64 + chunks * (20 + 1 + 20)
+            && d.launches <= 2 * t_len as u64 + chunks * (4 + 20 + 1 + 20),
+        "segmented: {} launches",
+        d.launches
+    );
+    assert_eq!(d.host_syncs, 2, "segmented: host synchronisations");
 }
 
 /// Segmented recompute gives the unsegmented pass's bits on the GPU, and repeated calls

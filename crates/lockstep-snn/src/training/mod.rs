@@ -17,4 +17,6 @@ mod reference;
 
 pub use cpu_f32::SCATTER_BLOCK;
 pub use model::SnnModel;
-pub use options::{BpttOptions, DeviceRequest, Dtype, LossAndGrad, SpmvForm, StepTiming};
+pub use options::{
+    BpttOptions, DeviceCounts, DeviceRequest, Dtype, LossAndGrad, SpmvForm, StepTiming,
+};

@@ -152,4 +152,21 @@ pub struct StepTiming {
     pub adjoint_edge_bytes: u64,
     /// Whether the SpMV took the scatter form ([`SpmvForm`]).
     pub adjoint_scatter: bool,
+    /// On a GPU, the call's kernel launches, host synchronisations and transfers (counted
+    /// by the engine as it records them); `None` on CPU cores.
+    pub device: Option<DeviceCounts>,
+}
+
+/// The device work of one GPU call ([`StepTiming::device`]): the numbers that transfer from
+/// lavapipe to any GPU (unlike its wall time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Compute dispatches (kernel launches).
+    pub launches: u64,
+    /// Blocking waits of the host for the device.
+    pub host_syncs: u64,
+    /// Bytes read back to the host (spike counts, loss sums, gradient).
+    pub bytes_to_host: u64,
+    /// Bytes uploaded (weights, initial state, per-step uniforms, the rate loss's adjoint).
+    pub bytes_to_device: u64,
 }

@@ -6,23 +6,29 @@
 // fused multiply-add (Mesa's lavapipe) the forward pass has the CPU engine's bits:
 //
 // * `draw`: the Poisson counts of one step, keyed by (seed, global sample, node, step) as
-//   `Inputs::for_each` draws them (splitmix64 in u64, inversion in f64);
+//   `Inputs::for_each` draws them (splitmix64 in u64, inversion in f64); also the tail of
+//   `update_draw` and `spmv_in` (one dispatch each: the host's workgroup ranges, `*_WG`);
 // * `deliver`: the arrivals of one step, pulled per (target, port, sample) over the target's
 //   in-edges in the order the CPU ring receives them (steps ascending, i.e. delays
 //   descending; within a step the recurrent sources ascending, then the file events, then the
 //   Poisson events of the input nodes ascending);
-// * `update`: one neuron and sample through one step (membrane, spike, reset, refractory
-//   counter, after-spike currents, alpha PSCs), writing the tape and the spike masks;
-// * `spmv`: the spike adjoint of one source and sample, `gz = sum_e w_e mu[target_e]`, with
-//   the four partial sums per segment of the CPU's gather form, and the recurrent weight
-//   gradient of the source's edges (each edge owned by one invocation; f64 accumulator);
-// * `input_grad`: the input weight gradient, one invocation per input edge;
-// * `local_backward` and `arrivals_adjoint`: the adjoint of one neuron and sample through one
-//   step, and the adjoint of that step's arrivals.
+// * `update_draw`: one neuron and sample through one step (membrane, spike, reset,
+//   refractory counter, after-spike currents, alpha PSCs), writing the tape and the spike
+//   masks, then the step's Poisson draws; the workgroups of the update hold whole 32-lane
+//   words of the masks, which one invocation per word assembles from workgroup memory;
+// * `spmv_in`: the spike adjoint of one source and sample, `gz = sum_e w_e mu[target_e]`,
+//   with the four partial sums per segment of the CPU's gather form, and the recurrent weight
+//   gradient of the source's edges (edge k of the source, counted over its segments, owned by
+//   the invocation of lane k mod B: all lanes busy; f64 accumulator); with trained input
+//   weights also the input weight gradient (one invocation per input edge) and the previous
+//   step's Poisson draws;
+// * `neuron_backward`: the voltage-regularization derivative of one neuron and sample at a
+//   step, its adjoint through the step, and the adjoint of the previous step's arrivals.
 //
-// No float atomics: every value has one writer per dispatch and every sum a fixed order,
-// so the results do not depend on scheduling. The spike masks are set with atomicOr on u32
-// (order-independent).
+// Two dispatches per step forward (`deliver`, `update_draw`) and two backward (`spmv_in`,
+// `neuron_backward`). No atomics: every value has one writer per dispatch and every sum a
+// fixed order, so the results do not depend on scheduling; the spike masks are read with
+// plain loads.
 
 struct Step {
     // The step.
@@ -42,7 +48,7 @@ struct Step {
 @group(0) @binding(3) var<storage, read> weights: array<f32>;
 @group(0) @binding(4) var<storage, read_write> state: array<f32>;
 @group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
-@group(0) @binding(6) var<storage, read_write> masks: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> masks: array<u32>;
 @group(0) @binding(7) var<storage, read_write> vreg: array<f64>;
 @group(0) @binding(8) var<storage, read_write> adj: array<f32>;
 @group(0) @binding(9) var<storage, read_write> grad: array<f64>;
@@ -117,11 +123,8 @@ fn keyed_uniform(seed: u64, sample: u64, node: u64, t: u64) -> f64 {
     return f64(x >> 11u) * (1.0lf / 9007199254740992.0lf);
 }
 
-// Poisson counts of step `step.t`: one invocation per (Poisson node, sample).
-@compute @workgroup_size(64)
-fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let idx = linear(wg, nwg, li);
+// Poisson counts of step `t`: invocation `idx` of (Poisson node, sample), sample fastest.
+fn draw_one(idx: u32, t: u32) {
     if (idx >= NPOIS * B) {
         return;
     }
@@ -129,7 +132,7 @@ fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let p = idx / B;
     let v = net_u32[O_PNODE + p];
     let seed = (u64(net_u32[O_SEED + 1u]) << 32u) | u64(net_u32[O_SEED]);
-    let u = keyed_uniform(seed, sample_of(l), u64(v), u64(step.t));
+    let u = keyed_uniform(seed, sample_of(l), u64(v), u64(t));
     let mean = net_f64[O_PMEAN + p];
     var pr = net_f64[O_PP0 + p];
     var cdf = pr;
@@ -145,14 +148,21 @@ fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             break;
         }
     }
-    state_u32[O_PRING + ((step.t % RL) * NV + v) * B + l] = k;
+    state_u32[O_PRING + ((t % RL) * NV + v) * B + l] = k;
+}
+
+// The Poisson counts of step `step.t` alone (the steps before a recomputed chunk).
+@compute @workgroup_size(64)
+fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    draw_one(linear(wg, nwg, li), step.t);
 }
 
 // ---------------------------------------------------------------------------------------
 // Forward.
 
 fn fired_bit(t: u32, s: u32, l: u32) -> bool {
-    let m = atomicLoad(&masks[(t * N + s) * W + l / 32u]);
+    let m = masks[(t * N + s) * W + l / 32u];
     return ((m >> (l % 32u)) & 1u) != 0u;
 }
 
@@ -216,16 +226,65 @@ fn vreg_r(v: f64) -> vec2<f64> {
     return vec2<f64>(0.0lf, 0.0lf);
 }
 
-// One neuron i and sample l through step `step.t`: one invocation per (i, l), l fastest.
+// The (neuron, sample) of invocation `li` of workgroup `g` in the kernels that assemble
+// spike words: with B <= 32 a workgroup holds NPW whole neurons (B lanes each), else two
+// 32-lane words of one neuron's samples; `ok` is false for the lanes past them.
+struct NeuronLane {
+    i: u32,
+    l: u32,
+    ok: bool,
+}
+
+fn neuron_lane(g: u32, li: u32) -> NeuronLane {
+    if (B <= 32u) {
+        let i = g * NPW + li / B;
+        return NeuronLane(i, li % B, li < NPW * B && i < N);
+    }
+    let gw = g * 2u + li / 32u;
+    let i = gw / W;
+    let l = (gw % W) * 32u + li % 32u;
+    return NeuronLane(i, l, i < N && l < B);
+}
+
+// Fired (bit 0) and active (bit 1) of each invocation of a workgroup of `update_draw`.
+var<workgroup> lane_bits: array<u32, 64>;
+
+// Step `step.t` for the neurons and samples of the first NEURON_WG workgroups, then the
+// step's Poisson draws in the next DRAW_WG.
 @compute @workgroup_size(64)
-fn update(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
-    let idx = linear(wg, nwg, li);
-    if (idx >= N * B) {
+fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) li: u32) {
+    let g = wg.y * nwg.x + wg.x;
+    if (g >= NEURON_WG) {
+        draw_one((g - NEURON_WG) * WG + li, step.t);
         return;
     }
-    let l = idx % B;
-    let i = idx / B;
+    let ln = neuron_lane(g, li);
+    var bits = 0u;
+    if (ln.ok) {
+        bits = update_one(ln.i, ln.l);
+    }
+    lane_bits[li] = bits;
+    workgroupBarrier();
+    // The first lane of each word assembles it from its word's lanes, in lane order.
+    let j = ln.l % 32u;
+    if (ln.ok && j == 0u) {
+        let len = min(32u, B - ln.l);
+        var fired_word = 0u;
+        var active_word = 0u;
+        for (var k = 0u; k < len; k = k + 1u) {
+            let v = lane_bits[li + k];
+            fired_word = fired_word | ((v & 1u) << k);
+            active_word = active_word | (((v >> 1u) & 1u) << k);
+        }
+        let word = (step.t * N + ln.i) * W + ln.l / 32u;
+        masks[word] = fired_word;
+        masks[O_ACTIVE + word] = active_word;
+    }
+}
+
+// One neuron i and sample l through step `step.t`; returns fired (bit 0) and active (bit 1).
+fn update_one(i: u32, l: u32) -> u32 {
     let g = net_u32[O_GROUP_OF + i];
     let glif = gu(g, 0u) != 0u;
     let na = gu(g, 2u);
@@ -297,15 +356,6 @@ fn update(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     } else if (!act) {
         state_u32[ri] = refr - 1u;
     }
-    let t = step.t;
-    let word = (t * N + i) * W + l / 32u;
-    let bit = 1u << (l % 32u);
-    if (act) {
-        atomicOr(&masks[O_ACTIVE + word], bit);
-    }
-    if (fired) {
-        atomicOr(&masks[word], bit);
-    }
     for (var a = 0u; a < na; a = a + 1u) {
         let ai = O_ASC + (i * NA + a) * B + l;
         let ad = adec[a];
@@ -336,23 +386,41 @@ fn update(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             vreg[i * B + l] = vreg[i * B + l] + r.x * r.x;
         }
     }
+    return u32(fired) | (u32(act) << 1u);
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward.
 
-// The spike adjoint of source s in sample l at step `step.t` from the adjoint ring, with
-// the recurrent weight gradient of its edges: one invocation per (s, l), l fastest.
+// Step `step.t` of the backward pass's first dispatch: the spike adjoints and recurrent
+// weight gradient (the first SPMV_WG workgroups); with trained input weights (TRAIN_IN) the
+// input weight gradient (the next INGRAD_WG) and the Poisson draws of step t - 1 that the
+// next step's input gradient reads (the next DRAW_WG; slot t - 1 of the ring is not the
+// slot t that this dispatch's input gradient reads).
 @compute @workgroup_size(64)
-fn spmv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let idx = linear(wg, nwg, li);
+fn spmv_in(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let g = wg.y * nwg.x + wg.x;
+    let t = step.t;
+    if (g < SPMV_WG) {
+        spmv_one(g * WG + li, t);
+    } else if (TRAIN_IN) {
+        if (g < SPMV_WG + INGRAD_WG) {
+            input_grad_one((g - SPMV_WG) * WG + li, t);
+        } else if (t > 0u) {
+            draw_one((g - SPMV_WG - INGRAD_WG) * WG + li, t - 1u);
+        }
+    }
+}
+
+// The spike adjoint of source s in sample l at step t from the adjoint ring, with the
+// recurrent weight gradient of its edges: invocation `idx` of (s, l), l fastest.
+fn spmv_one(idx: u32, t: u32) {
     if (idx >= N * B) {
         return;
     }
     let l = idx % B;
     let s = idx / B;
-    let t = step.t;
     let g0 = net_u32[O_SEGPTR + s];
     let g1 = net_u32[O_SEGPTR + s + 1u];
     var acc = 0.0f;
@@ -383,54 +451,55 @@ fn spmv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         acc = acc + ((p0 + p1) + (p2 + p3) + tail);
     }
     adj[O_GZ + s * B + l] = acc + adj[O_GZRATE + s * B + l];
-    // The weight gradient of the source's edges where it spiked: edge e (counted from the
-    // source's first) belongs to the invocation of lane e mod B.
+    // The weight gradient of the source's edges where it spiked: edge k (counted from the
+    // source's first over its segments) belongs to the invocation of lane k mod B, which
+    // visits only its own edges (every lane busy), summing the adjoints of the samples
+    // where the source fired in sample order.
     var spiked = false;
     for (var w = 0u; w < W; w = w + 1u) {
-        if (atomicLoad(&masks[(t * N + s) * W + w]) != 0u) {
+        if (masks[(t * N + s) * W + w] != 0u) {
             spiked = true;
         }
     }
     if (!spiked) {
         return;
     }
-    var k = 0u;
+    let words = (t * N + s) * W;
+    var k0 = 0u;
     for (var g = g0; g < g1; g = g + 1u) {
         let start = net_u32[O_SEG + 4u * g];
         let end = net_u32[O_SEG + 4u * g + 1u];
         let d = net_u32[O_SEG + 4u * g + 2u];
         let port = net_u32[O_SEG + 4u * g + 3u];
-        if (t + d >= T) {
-            k = k + (end - start);
-            continue;
-        }
-        let base = ((t + d) % RL) * N * NP + port;
-        for (var e = start; e < end; e = e + 1u) {
-            if (k % B == l) {
+        if (t + d < T) {
+            let base = ((t + d) % RL) * N * NP + port;
+            // This lane's first edge of the segment: the first k >= k0 with k mod B == l.
+            let first = (l + B - k0 % B) % B;
+            for (var e = start + first; e < end; e = e + B) {
                 let row = O_MU + (base + edges_u32[O_TOFF + e]) * B;
                 var sum = 0.0lf;
+                var bits = 0u;
                 for (var m = 0u; m < B; m = m + 1u) {
-                    if (fired_bit(t, s, m)) {
+                    if (m % 32u == 0u) {
+                        bits = masks[words + m / 32u];
+                    }
+                    if (((bits >> (m % 32u)) & 1u) != 0u) {
                         sum = sum + f64(adj[row + m]);
                     }
                 }
                 grad[e] = grad[e] + sum;
             }
-            k = k + 1u;
         }
+        k0 = k0 + (end - start);
     }
 }
 
-// The input weight gradient of step `step.t`: one invocation per input edge (CSR slot e);
-// per sample, the file event's term, then the Poisson draw's, as the CPU adds them.
-@compute @workgroup_size(64)
-fn input_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) li: u32) {
-    let e = linear(wg, nwg, li);
+// The input weight gradient of step t at input edge (CSR slot) e; per sample, the file
+// event's term, then the Poisson draw's, as the CPU adds them.
+fn input_grad_one(e: u32, t: u32) {
     if (e >= E_IN) {
         return;
     }
-    let t = step.t;
     let v = net_u32[O_INV + e];
     let dp = net_u32[O_INDP + e];
     let d = dp & 0xffffu;
@@ -479,22 +548,35 @@ const ACTIVE_BIT: u32 = 1u;
 fn flags_of(t: u32, i: u32, l: u32) -> u32 {
     let word = (t * N + i) * W + l / 32u;
     let sh = l % 32u;
-    let a = (atomicLoad(&masks[O_ACTIVE + word]) >> sh) & 1u;
-    let f = (atomicLoad(&masks[word]) >> sh) & 1u;
+    let a = (masks[O_ACTIVE + word] >> sh) & 1u;
+    let f = (masks[word] >> sh) & 1u;
     return a | (f << 1u);
 }
 
-// The adjoint of neuron i in sample l through step `step.t` (tape index `step.tl`) from the
-// spike adjoints `gz`: one invocation per (i, l).
+// Step `step.t` (tape index `step.tl`) of the backward pass's second dispatch for neuron i
+// and sample l, one invocation per (i, l): the voltage-regularization derivative on U after
+// the step, the adjoint through the step from the spike adjoints `gz`, then the adjoint of
+// step t - 1's arrivals (`mu = psc_init * y1` into ring slot (t - 1) mod RL, which this
+// dispatch's invocation alone writes and the next step's `spmv_in` reads). The slot of the
+// last step is never written: its arrivals' adjoint is zero, as the cleared ring holds.
 @compute @workgroup_size(64)
-fn local_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) li: u32) {
+fn neuron_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
     let idx = linear(wg, nwg, li);
     if (idx >= N * B) {
         return;
     }
     let l = idx % B;
     let i = idx / B;
+    voltage_reg_adjoint(i, l);
+    local_backward(i, l);
+    if (step.t > 0u) {
+        arrivals_adjoint(i, l, step.t - 1u);
+    }
+}
+
+// The adjoint of neuron i in sample l through step `step.t` (tape index `step.tl`).
+fn local_backward(i: u32, l: u32) {
     let g = net_u32[O_GROUP_OF + i];
     let glif = gu(g, 0u) != 0u;
     let na = gu(g, 2u);
@@ -562,20 +644,9 @@ fn local_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// The voltage-regularization derivative on U after step `step.t` (tape index `step.tl`),
-// and the adjoint of that step's arrivals, `mu = psc_init * y1`, into ring slot t mod RL:
-// one invocation per (i, l).
-@compute @workgroup_size(64)
-fn arrivals_adjoint(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) li: u32) {
-    let idx = linear(wg, nwg, li);
-    if (idx >= N * B) {
-        return;
-    }
-    let l = idx % B;
-    let i = idx / B;
+// The voltage-regularization derivative on U after step `step.t` (tape index `step.tl`).
+fn voltage_reg_adjoint(i: u32, l: u32) {
     let g = net_u32[O_GROUP_OF + i];
-    let live = gu(g, 3u);
     if (VREG_ON) {
         let f = flags_of(step.t, i, l);
         var u_post = tape_x[step.tl * N * B + i * B + l];
@@ -589,7 +660,14 @@ fn arrivals_adjoint(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
             adj[ui] = adj[ui] + f32(net_f64[O_VCOEF] * 2.0lf * r.x * r.y / th);
         }
     }
-    let slot = step.t % RL;
+}
+
+// The adjoint of step t's arrivals at neuron i, sample l: `mu = psc_init * y1` into ring
+// slot t mod RL.
+fn arrivals_adjoint(i: u32, l: u32, t: u32) {
+    let g = net_u32[O_GROUP_OF + i];
+    let live = gu(g, 3u);
+    let slot = t % RL;
     for (var k = 0u; k < NP; k = k + 1u) {
         if (((live >> k) & 1u) == 0u) {
             continue;

@@ -5,19 +5,17 @@
 use std::sync::{Arc, Mutex};
 
 use lockstep_core::memory::MemoryEstimate;
-use lockstep_gpu::{wgpu, GpuContext, Selected};
+use lockstep_gpu::{wgpu, GpuContext, ReadRange, Selected};
 
 use crate::error::{Result, SnnError};
 use crate::scalar::PseudoDerivative;
 use crate::simulation::model::InitialState;
 use crate::training::gpu::layout::{tape_step_bytes, Layout};
-use crate::training::options::{LossAndGrad, StepTiming};
+use crate::training::options::{DeviceCounts, LossAndGrad, StepTiming};
 use crate::training::problem::Problem;
 
 /// The kernels' source (constants prepended per model and batch).
 const SHADER: &str = include_str!("bptt.wgsl");
-/// Invocations per workgroup (`WG` in the shader).
-const WG: u32 = 64;
 /// Bytes between two per-step uniforms (every adapter's dynamic-offset alignment divides it).
 const STEP_STRIDE: u64 = 256;
 /// Bytes of one per-step uniform (`Step` in the shader, rounded to 16).
@@ -54,11 +52,9 @@ type ShapeKey = (usize, usize, Option<usize>, bool);
 struct Kernels {
     draw: wgpu::ComputePipeline,
     deliver: wgpu::ComputePipeline,
-    update: wgpu::ComputePipeline,
-    spmv: wgpu::ComputePipeline,
-    input_grad: wgpu::ComputePipeline,
-    local_backward: wgpu::ComputePipeline,
-    arrivals_adjoint: wgpu::ComputePipeline,
+    update_draw: wgpu::ComputePipeline,
+    spmv_in: wgpu::ComputePipeline,
+    neuron_backward: wgpu::ComputePipeline,
 }
 
 /// The buffers and kernels of one model and batch shape, kept between calls.
@@ -102,10 +98,10 @@ struct StepArgs {
 /// A pass's dispatches with their uniform slots, and the chunk boundary it restores first.
 type Pass = (Option<usize>, Vec<(Call, usize)>);
 
-/// A recorded dispatch: which kernel, how many invocations, which step uniform.
+/// A recorded dispatch: which kernel, how many workgroups, which step uniform.
 struct Call {
     kernel: fn(&Kernels) -> &wgpu::ComputePipeline,
-    threads: usize,
+    groups: u32,
     args: StepArgs,
 }
 
@@ -289,128 +285,13 @@ impl GpuEngine {
         }
 
         let chunk = p.opts.gradient_checkpointing.map(|k| k.min(t_len).max(1));
-        let mut steps: Vec<StepArgs> = Vec::new();
-        let mut fwd: Vec<Vec<Call>> = Vec::new();
-        let n_pois_threads = l.n_pois * b;
-        let forward_step = |calls: &mut Vec<Call>, args: StepArgs| {
-            calls.push(Call {
-                kernel: |k| &k.deliver,
-                threads: n * l.np * b,
-                args,
-            });
-            calls.push(Call {
-                kernel: |k| &k.update,
-                threads: n * b,
-                args,
-            });
-            calls.push(Call {
-                kernel: |k| &k.draw,
-                threads: n_pois_threads,
-                args,
-            });
-        };
-        // The forward pass, cut at chunk boundaries (their state is copied out in between).
-        let bounds: Vec<usize> = match chunk {
-            Some(k) => (0..t_len).step_by(k).collect(),
-            None => vec![0],
-        };
-        for (ci, &t0) in bounds.iter().enumerate() {
-            let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
-            let mut calls = Vec::new();
-            for t in t0..t1 {
-                let args = StepArgs {
-                    t: t as u32,
-                    tape: if chunk.is_some() { t - t0 } else { t },
-                    accumulate: true,
-                };
-                forward_step(&mut calls, args);
-            }
-            fwd.push(calls);
-        }
-        // The backward pass, chunk by chunk from the last (recomputing each when segmented).
-        let mut bwd: Vec<(Option<usize>, Vec<Call>)> = Vec::new();
-        for (ci, &t0) in bounds.iter().enumerate().rev() {
-            let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
-            let tape_of = |t: usize| if chunk.is_some() { t - t0 } else { t };
-            let mut calls = Vec::new();
-            if chunk.is_some() {
-                // The Poisson counts of the steps before the chunk that its arrivals read.
-                for t in t0.saturating_sub(l.d)..t0 {
-                    calls.push(Call {
-                        kernel: |k| &k.draw,
-                        threads: n_pois_threads,
-                        args: StepArgs {
-                            t: t as u32,
-                            tape: 0,
-                            accumulate: false,
-                        },
-                    });
-                }
-                for t in t0..t1 {
-                    forward_step(
-                        &mut calls,
-                        StepArgs {
-                            t: t as u32,
-                            tape: tape_of(t),
-                            accumulate: false,
-                        },
-                    );
-                }
-            }
-            let at = |t: usize| StepArgs {
-                t: t as u32,
-                tape: tape_of(t),
-                accumulate: false,
-            };
-            calls.push(Call {
-                kernel: |k| &k.arrivals_adjoint,
-                threads: n * b,
-                args: at(t1 - 1),
-            });
-            for t in (t0..t1).rev() {
-                calls.push(Call {
-                    kernel: |k| &k.spmv,
-                    threads: n * b,
-                    args: at(t),
-                });
-                if l.train_in {
-                    calls.push(Call {
-                        kernel: |k| &k.draw,
-                        threads: n_pois_threads,
-                        args: at(t),
-                    });
-                    calls.push(Call {
-                        kernel: |k| &k.input_grad,
-                        threads: l.e_in,
-                        args: at(t),
-                    });
-                }
-                calls.push(Call {
-                    kernel: |k| &k.local_backward,
-                    threads: n * b,
-                    args: at(t),
-                });
-                if t > t0 {
-                    calls.push(Call {
-                        kernel: |k| &k.arrivals_adjoint,
-                        threads: n * b,
-                        args: at(t - 1),
-                    });
-                }
-            }
-            bwd.push((chunk.map(|_| ci), calls));
-        }
-        // One uniform slot per distinct step record, in order of use.
-        let mut with_slots = |cs: Vec<Call>| -> Vec<(Call, usize)> {
-            cs.into_iter()
-                .map(|c| {
-                    steps.push(c.args);
-                    (c, steps.len() - 1)
-                })
-                .collect()
-        };
-        let fwd: Vec<Vec<(Call, usize)>> = fwd.into_iter().map(&mut with_slots).collect();
-        let bwd: Vec<Pass> = bwd.into_iter().map(|(k, cs)| (k, with_slots(cs))).collect();
+        let (fwd, bwd, steps) = plan_passes(l, chunk);
+        let launches = fwd
+            .iter()
+            .chain(bwd.iter().map(|(_, c)| c))
+            .flatten()
+            .filter(|(c, _)| c.groups > 0)
+            .count();
         if steps.len() > r.step_slots {
             r.steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("per-step uniforms"),
@@ -434,8 +315,10 @@ impl GpuEngine {
             uni[o..o + 20].copy_from_slice(bytemuck::cast_slice(&words));
         }
         ctx.queue.write_buffer(&r.steps, 0, &uni);
+        let mut uploaded = (4 * (w.len() + 3 + init.len()) + 8 + uni.len()) as u64;
 
-        // Forward.
+        // Forward, and in the same submission the spike counts and loss sums it leaves (one
+        // host synchronisation).
         let clock = std::time::Instant::now();
         ctx.write(&r.state, 0, &init);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -450,18 +333,38 @@ impl GpuEngine {
             }
             r.record(&mut enc, calls);
         }
-        ctx.submit_and_wait(enc.finish())?;
+        let mut reads = vec![
+            ReadRange {
+                buffer: &r.state_u32,
+                offset: 4 * l.o_counts as u64,
+                bytes: 4 * (n * b) as u64,
+            },
+            ReadRange {
+                buffer: &r.vreg,
+                offset: 0,
+                bytes: 8 * (n * b) as u64,
+            },
+        ];
+        if p.opts.record_first_sample {
+            reads.push(ReadRange {
+                buffer: &r.masks,
+                offset: 0,
+                bytes: 4 * (t_len * n * l.w) as u64,
+            });
+        }
+        let back = ctx.submit_and_read(enc, &reads)?;
+        let mut read_bytes: u64 = reads.iter().map(|x| x.bytes).sum();
         timing.forward_s = clock.elapsed().as_secs_f64();
 
         // Loss terms from the spike counts and the voltage-regularization sums.
-        let counts: Vec<u32> = ctx.read(&r.state_u32, 4 * l.o_counts as u64, n * b)?;
-        let vreg: Vec<f64> = ctx.read(&r.vreg, 0, n * b)?;
+        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(&back[0]);
+        let vreg: Vec<f64> = bytemuck::pod_collect_to_vec(&back[1]);
         let vsum: Vec<f64> = (0..b)
             .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
             .collect();
         let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
-        let first_spikes = if p.opts.record_first_sample {
-            let fired: Vec<u32> = ctx.read(&r.masks, 0, t_len * n * l.w)?;
+        let first_spikes = back.get(2).map(|raw| {
+            let fired: Vec<u32> = bytemuck::pod_collect_to_vec(raw);
             let mut s = Vec::new();
             for t in 0..t_len {
                 for i in 0..n {
@@ -471,13 +374,12 @@ impl GpuEngine {
                 }
             }
             s.sort_unstable();
-            Some(s)
-        } else {
-            None
-        };
+            s
+        });
         ctx.write(&r.adj, 4 * l.o_gzrate as u64, &gz_rate);
+        uploaded += 4 * gz_rate.len() as u64;
 
-        // Backward.
+        // Backward, and the gradient read back in the same submission.
         let clock = std::time::Instant::now();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         for (k, calls) in &bwd {
@@ -488,14 +390,140 @@ impl GpuEngine {
             }
             r.record(&mut enc, calls);
         }
-        ctx.submit_and_wait(enc.finish())?;
-        let g64: Vec<f64> = ctx.read(&r.grad, 0, l.e_rec + if l.train_in { l.e_in } else { 0 })?;
+        let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
+        let grad_range = [ReadRange {
+            buffer: &r.grad,
+            offset: 0,
+            bytes: 8 * n_grad as u64,
+        }];
+        let back = ctx.submit_and_read(enc, &grad_range)?;
+        read_bytes += grad_range[0].bytes;
+        let g64: &[f64] = bytemuck::cast_slice(&back[0]);
         timing.backward_s = clock.elapsed().as_secs_f64();
         let grad: Vec<f32> = g64.iter().map(|&x| x as f32).collect();
+        timing.device = Some(DeviceCounts {
+            launches: launches as u64,
+            host_syncs: 2,
+            bytes_to_host: read_bytes,
+            bytes_to_device: uploaded,
+        });
         let mut out = p.finish(terms, grad, n_spikes, batch);
         out.first_spikes = first_spikes;
         Ok((out, timing))
     }
+}
+
+/// The dispatches of one call: the forward pass per chunk, the backward pass per chunk (from
+/// the last, with the chunk boundary it restores first when segmented), and the per-step
+/// uniforms they use (one slot per dispatch, in order of use). Two dispatches per step
+/// forward (`deliver`, `update_draw`) and two backward (`spmv_in`, `neuron_backward`);
+/// segmented BPTT adds the recomputed chunk's forward steps and the Poisson draws of the
+/// `max_delay` steps before it, trained input weights one draw per chunk.
+fn plan_passes(
+    l: &Layout,
+    chunk: Option<usize>,
+) -> (Vec<Vec<(Call, usize)>>, Vec<Pass>, Vec<StepArgs>) {
+    let t_len = l.t;
+    let wg = l.wg;
+    let forward_step = |calls: &mut Vec<Call>, args: StepArgs| {
+        calls.push(Call {
+            kernel: |k| &k.deliver,
+            groups: wg.deliver,
+            args,
+        });
+        calls.push(Call {
+            kernel: |k| &k.update_draw,
+            groups: wg.update_draw(),
+            args,
+        });
+    };
+    let draw = |t: usize| Call {
+        kernel: |k| &k.draw,
+        groups: wg.draw,
+        args: StepArgs {
+            t: t as u32,
+            tape: 0,
+            accumulate: false,
+        },
+    };
+    // The forward pass, cut at chunk boundaries (their state is copied out in between).
+    let bounds: Vec<usize> = match chunk {
+        Some(k) => (0..t_len).step_by(k).collect(),
+        None => vec![0],
+    };
+    let mut fwd: Vec<Vec<Call>> = Vec::new();
+    for (ci, &t0) in bounds.iter().enumerate() {
+        let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
+        let mut calls = Vec::new();
+        for t in t0..t1 {
+            let args = StepArgs {
+                t: t as u32,
+                tape: if chunk.is_some() { t - t0 } else { t },
+                accumulate: true,
+            };
+            forward_step(&mut calls, args);
+        }
+        fwd.push(calls);
+    }
+    // The backward pass, chunk by chunk from the last (recomputing each when segmented).
+    let mut bwd: Vec<(Option<usize>, Vec<Call>)> = Vec::new();
+    for (ci, &t0) in bounds.iter().enumerate().rev() {
+        let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
+        let tape_of = |t: usize| if chunk.is_some() { t - t0 } else { t };
+        let mut calls = Vec::new();
+        if chunk.is_some() {
+            // The Poisson counts of the steps before the chunk that its arrivals read.
+            for t in t0.saturating_sub(l.d)..t0 {
+                calls.push(draw(t));
+            }
+            for t in t0..t1 {
+                forward_step(
+                    &mut calls,
+                    StepArgs {
+                        t: t as u32,
+                        tape: tape_of(t),
+                        accumulate: false,
+                    },
+                );
+            }
+        }
+        if l.train_in && t1 > t0 {
+            // The Poisson counts of the chunk's last step, which its input gradient reads
+            // first (each `spmv_in` then draws the step before its own).
+            calls.push(draw(t1 - 1));
+        }
+        let at = |t: usize| StepArgs {
+            t: t as u32,
+            tape: tape_of(t),
+            accumulate: false,
+        };
+        for t in (t0..t1).rev() {
+            calls.push(Call {
+                kernel: |k| &k.spmv_in,
+                groups: wg.spmv_in(l.train_in),
+                args: at(t),
+            });
+            calls.push(Call {
+                kernel: |k| &k.neuron_backward,
+                groups: wg.neuron_backward,
+                args: at(t),
+            });
+        }
+        bwd.push((chunk.map(|_| ci), calls));
+    }
+    // One uniform slot per dispatch, in order of use.
+    let mut steps: Vec<StepArgs> = Vec::new();
+    let mut with_slots = |cs: Vec<Call>| -> Vec<(Call, usize)> {
+        cs.into_iter()
+            .map(|c| {
+                steps.push(c.args);
+                (c, steps.len() - 1)
+            })
+            .collect()
+    };
+    let fwd: Vec<Vec<(Call, usize)>> = fwd.into_iter().map(&mut with_slots).collect();
+    let bwd: Vec<Pass> = bwd.into_iter().map(|(k, cs)| (k, with_slots(cs))).collect();
+    (fwd, bwd, steps)
 }
 
 /// The bind group of the per-step uniforms (group 2, dynamic offset).
@@ -744,11 +772,9 @@ impl Resident {
         let kernels = Kernels {
             draw: kernel("draw"),
             deliver: kernel("deliver"),
-            update: kernel("update"),
-            spmv: kernel("spmv"),
-            input_grad: kernel("input_grad"),
-            local_backward: kernel("local_backward"),
-            arrivals_adjoint: kernel("arrivals_adjoint"),
+            update_draw: kernel("update_draw"),
+            spmv_in: kernel("spmv_in"),
+            neuron_backward: kernel("neuron_backward"),
         };
         ctx.check()?;
         Ok(Resident {
@@ -782,7 +808,7 @@ impl Resident {
         let max_x = 65_535u32;
         let mut tape_bound = usize::MAX;
         for (c, s) in calls {
-            if c.threads == 0 {
+            if c.groups == 0 {
                 continue;
             }
             let tb = c.args.tape / self.layout.tape_steps;
@@ -792,9 +818,8 @@ impl Resident {
             }
             pass.set_bind_group(2, &self.group2, &[(*s as u64 * STEP_STRIDE) as u32]);
             pass.set_pipeline((c.kernel)(&self.kernels));
-            let groups = (c.threads as u64).div_ceil(WG as u64) as u32;
-            let x = groups.min(max_x);
-            pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
+            let x = c.groups.min(max_x);
+            pass.dispatch_workgroups(x, c.groups.div_ceil(x), 1);
         }
     }
 }

@@ -20,16 +20,12 @@ pub(super) struct Layout {
     pub t: usize,
     /// Neurons.
     pub n: usize,
-    /// Receptor ports (at least 1).
-    pub np: usize,
     /// After-spike currents per neuron (array width).
     pub na: usize,
     /// 32-lane words per spike mask.
     pub w: usize,
     /// Largest delay (steps).
     pub d: usize,
-    /// Poisson nodes.
-    pub n_pois: usize,
     /// Recurrent edges (the first parameters).
     pub e_rec: usize,
     /// Input edges.
@@ -65,6 +61,8 @@ pub(super) struct Layout {
     pub o_gzrate: usize,
     /// Steps per tape buffer.
     pub tape_steps: usize,
+    /// Workgroups of each kernel and of each part of the fused ones (`*_WG` in the shader).
+    pub wg: Workgroups,
     /// The WGSL constants (prepended to `bptt.wgsl`).
     pub header: String,
 }
@@ -88,6 +86,59 @@ fn f32_at_or_above(th: f64) -> f32 {
         f.next_up()
     } else {
         f
+    }
+}
+
+/// Workgroups (of 64 invocations) per dispatch of each kernel, and of the parts of the two
+/// fused ones, for one model and batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Workgroups {
+    /// `deliver`: one invocation per (target, port, sample).
+    pub deliver: u32,
+    /// The update part of `update_draw`: whole neurons (B <= 32) or pairs of 32-lane words.
+    pub neuron: u32,
+    /// `draw` and the draw parts: one invocation per (Poisson node, sample).
+    pub draw: u32,
+    /// The SpMV part of `spmv_in`: one invocation per (source, sample).
+    pub spmv: u32,
+    /// The input-gradient part of `spmv_in`: one invocation per input edge.
+    pub input_grad: u32,
+    /// `neuron_backward`: one invocation per (neuron, sample).
+    pub neuron_backward: u32,
+}
+
+impl Workgroups {
+    /// The counts for `n` neurons, `np` ports, `b` samples, `n_pois` Poisson nodes and
+    /// `e_in` input edges.
+    pub fn new(n: usize, np: usize, b: usize, n_pois: usize, e_in: usize) -> Workgroups {
+        let wg = |threads: usize| threads.div_ceil(64) as u32;
+        let neuron = if b <= 32 {
+            n.div_ceil(64 / b)
+        } else {
+            (n * b.div_ceil(32)).div_ceil(2)
+        } as u32;
+        Workgroups {
+            deliver: wg(n * np * b),
+            neuron,
+            draw: wg(n_pois * b),
+            spmv: wg(n * b),
+            input_grad: wg(e_in),
+            neuron_backward: wg(n * b),
+        }
+    }
+
+    /// `update_draw`'s workgroups.
+    pub fn update_draw(&self) -> u32 {
+        self.neuron + self.draw
+    }
+
+    /// `spmv_in`'s workgroups (with the input parts when the input weights are trained).
+    pub fn spmv_in(&self, train_in: bool) -> u32 {
+        if train_in {
+            self.spmv + self.input_grad + self.draw
+        } else {
+            self.spmv
+        }
     }
 }
 
@@ -375,17 +426,21 @@ impl Layout {
         ] {
             c(name, o);
         }
+        let wgs = Workgroups::new(n, np, b, n_pois, e_in);
+        c("NPW", (64 / b.max(1)).max(1));
+        c("NEURON_WG", wgs.neuron as usize);
+        c("SPMV_WG", wgs.spmv as usize);
+        c("INGRAD_WG", wgs.input_grad as usize);
+        let _ = writeln!(h, "const TRAIN_IN: bool = {};", p.opts.train_input_weights);
         let _ = writeln!(h, "const HAS_FILE: bool = {has_file};");
         let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
         Ok(Layout {
             b,
             t: t_len,
             n,
-            np,
             na,
             w,
             d,
-            n_pois,
             e_rec,
             e_in,
             train_in: p.opts.train_input_weights,
@@ -403,6 +458,7 @@ impl Layout {
             adj_len,
             o_gzrate,
             tape_steps,
+            wg: wgs,
             header: h,
         })
     }
