@@ -63,6 +63,16 @@ pub struct BpttArgs {
     /// CUDA when lockstep measured a GPU, on CPU cores otherwise, and prints the ratio.
     #[arg(long)]
     pub python: Option<String>,
+    /// With a GPU: the DRAM bandwidth (bytes/s) of the printed traffic model (default an
+    /// H200's 4.8 TB/s; the model is labelled as one, beside the measured time).
+    #[arg(long, default_value_t = 4.8e12)]
+    pub bandwidth: f64,
+    /// With a GPU: the L2 size of the traffic model (MB; an H200's 50).
+    #[arg(long, default_value_t = 50.0)]
+    pub l2_mb: f64,
+    /// With a GPU: the GPU time the traffic model charges per kernel launch (microseconds).
+    #[arg(long, default_value_t = 4.0)]
+    pub launch_us: f64,
 }
 
 /// The PyTorch peer (`scripts/peers/bptt_torch.py`), embedded so the binary runs it anywhere.
@@ -410,6 +420,12 @@ pub struct GpuBench {
     /// source's out-edges (4-byte target, 4-byte weight) once per backward step. Over the
     /// whole backward time this gives a lower bound of the adjoint pass's bandwidth.
     pub adjoint_edge_bytes: f64,
+    /// The last step's kernel launches, host synchronisations and transfers, as the engine
+    /// counted them (the same on any adapter).
+    pub counts: Option<lockstep_snn::DeviceCounts>,
+    /// The step's shape for the traffic model ([`super::gpu_traffic`]), with the last step's
+    /// measured spike probability.
+    pub traffic: super::gpu_traffic::Shape,
 }
 
 /// `dst.copy_from_slice(src)` in `parts` equal pieces, one rayon task each (`parts` 1: on
@@ -589,6 +605,7 @@ pub fn bench_config(
     let (mut edge_bytes, mut spmv_s, mut scatter) = (0u64, 0.0f64, false);
     let (mut edge_visits, mut weight_grad, mut spmv_alone) = (0u64, Vec::new(), Vec::new());
     let mut last = None;
+    let mut device_counts = None;
     for r in 0..warmup + repeats.max(1) {
         let clock = std::time::Instant::now();
         let (lg, t) = model.loss_and_grad_timed(&params, (r * batch) as u64, batch)?;
@@ -596,6 +613,7 @@ pub fn bench_config(
         opt.update(&mut params, &lg.grad);
         model.constrain(&mut params);
         let opt_s = opt_clock.elapsed().as_secs_f64();
+        device_counts = t.device;
         if r >= warmup {
             steps.push(clock.elapsed().as_secs_f64());
             for (v, x) in split.iter_mut().zip([
@@ -643,6 +661,13 @@ pub fn bench_config(
             adjoint_edge_bytes: 8.0
                 * model.n_recurrent_params() as f64
                 * model.options().seq_len as f64,
+            counts: device_counts,
+            traffic: super::gpu_traffic::shape_of(
+                model,
+                batch,
+                last.n_spikes as f64
+                    / (model.net.n_neurons() * model.options().seq_len * batch).max(1) as f64,
+            ),
         }),
         None => None,
     };
@@ -768,7 +793,12 @@ pub fn check_against_cpu(
 
 /// The GPU lines of a config's report: the device, the backward pass's edge bandwidth
 /// against a device copy, and the agreement with the CPU engine when checked.
-fn print_gpu_report(r: &ConfigBenchReport, g: &GpuBench, check: Option<&CpuCheck>) {
+fn print_gpu_report(
+    r: &ConfigBenchReport,
+    g: &GpuBench,
+    check: Option<&CpuCheck>,
+    args: &BpttArgs,
+) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
         "  on {}: forward and backward are each one submission; device memory {:.3} GiB ({:.0} bytes per recurrent edge)",
@@ -783,6 +813,23 @@ fn print_gpu_report(r: &ConfigBenchReport, g: &GpuBench, check: Option<&CpuCheck
         r.split_s[2],
         g.copy_bytes_per_s / 1e9,
         g.adjoint_edge_bytes / r.split_s[2] / g.copy_bytes_per_s
+    );
+    if let Some(c) = &g.counts {
+        println!(
+            "  per optimizer step (counted, the same on any adapter): {} kernel launches ({:.2} per time step), {} host synchronisations, {:.3} MB read back, {:.3} MB uploaded",
+            c.launches,
+            c.launches as f64 / r.seq_len.max(1) as f64,
+            c.host_syncs,
+            c.bytes_to_host as f64 / 1e6,
+            c.bytes_to_device as f64 / 1e6
+        );
+    }
+    super::gpu_traffic::print(
+        &g.traffic,
+        args.l2_mb * 1e6,
+        args.bandwidth,
+        args.launch_us * 1e-6,
+        r.s_per_step,
     );
     if let Some(k) = check {
         println!(
@@ -906,7 +953,7 @@ fn run_configs(args: &BpttArgs) -> Result<()> {
             ),
         }
         match &r.gpu {
-            Some(g) => print_gpu_report(&r, g, check.as_ref()),
+            Some(g) => print_gpu_report(&r, g, check.as_ref(), args),
             None => print_cpu_report(&r, threads),
         }
         println!(

@@ -6,6 +6,7 @@
 mod allreduce;
 mod bptt;
 mod c2st;
+mod gpu_traffic;
 mod mpi_worker;
 mod nbody;
 mod nbody_gpu;

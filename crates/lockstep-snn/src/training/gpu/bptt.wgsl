@@ -8,6 +8,7 @@
 // * `draw`: the Poisson counts of one step, keyed by (seed, global sample, node, step) as
 //   `Inputs::for_each` draws them (splitmix64 in u64, inversion in f64); also the tail of
 //   `update_draw` and `spmv_in` (one dispatch each: the host's workgroup ranges, `*_WG`);
+// * `permute_weights` (once per call): the recurrent weights in the in-edge lists' order;
 // * `deliver`: the arrivals of one step, pulled per (target, port, sample) over the target's
 //   in-edges in the order the CPU ring receives them (steps ascending, i.e. delays
 //   descending; within a step the recurrent sources ascending, then the file events, then the
@@ -45,7 +46,7 @@ struct Step {
 @group(0) @binding(0) var<storage, read> net_u32: array<u32>;
 @group(0) @binding(1) var<storage, read> net_f32: array<f32>;
 @group(0) @binding(2) var<storage, read> net_f64: array<f64>;
-@group(0) @binding(3) var<storage, read> weights: array<f32>;
+@group(0) @binding(3) var<storage, read_write> weights: array<f32>;
 @group(0) @binding(4) var<storage, read_write> state: array<f32>;
 @group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
 @group(0) @binding(6) var<storage, read_write> masks: array<u32>;
@@ -161,6 +162,20 @@ fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // ---------------------------------------------------------------------------------------
 // Forward.
 
+// Once per call, before the forward pass: the recurrent weights in the order of the
+// in-edge lists (`weights[O_WPERM + e]`), so that `deliver` streams them with the edges'
+// sources instead of gathering one sector per edge from the parameters' order at every
+// step. One invocation per in-edge slot e.
+@compute @workgroup_size(64)
+fn permute_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let e = linear(wg, nwg, li);
+    if (e >= E_REC) {
+        return;
+    }
+    weights[O_WPERM + e] = weights[edges_u32[O_RW + e]];
+}
+
 fn fired_bit(t: u32, s: u32, l: u32) -> bool {
     let m = masks[(t * N + s) * W + l / 32u];
     return ((m >> (l % 32u)) & 1u) != 0u;
@@ -190,7 +205,7 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         let r1 = net_u32[O_RPTR + r + 1u];
         for (var e = r0; e < r1; e = e + 1u) {
             if (fired_bit(t, edges_u32[O_RSRC + e], l)) {
-                acc = acc + weights[edges_u32[O_RW + e]];
+                acc = acc + weights[O_WPERM + e];
             }
         }
         let i0 = net_u32[O_IPTR + r];
@@ -428,11 +443,10 @@ fn spmv_one(idx: u32, t: u32) {
         let start = net_u32[O_SEG + 4u * g];
         let end = net_u32[O_SEG + 4u * g + 1u];
         let d = net_u32[O_SEG + 4u * g + 2u];
-        let port = net_u32[O_SEG + 4u * g + 3u];
         if (t + d >= T || start == end) {
             continue;
         }
-        let base = ((t + d) % RL) * N * NP + port;
+        let base = ((t + d) % RL) * LIVE_ROWS;
         var p0 = 0.0f;
         var p1 = 0.0f;
         var p2 = 0.0f;
@@ -470,9 +484,8 @@ fn spmv_one(idx: u32, t: u32) {
         let start = net_u32[O_SEG + 4u * g];
         let end = net_u32[O_SEG + 4u * g + 1u];
         let d = net_u32[O_SEG + 4u * g + 2u];
-        let port = net_u32[O_SEG + 4u * g + 3u];
         if (t + d < T) {
-            let base = ((t + d) % RL) * N * NP + port;
+            let base = ((t + d) % RL) * LIVE_ROWS;
             // This lane's first edge of the segment: the first k >= k0 with k mod B == l.
             let first = (l + B - k0 % B) % B;
             for (var e = start + first; e < end; e = e + B) {
@@ -503,11 +516,10 @@ fn input_grad_one(e: u32, t: u32) {
     let v = net_u32[O_INV + e];
     let dp = net_u32[O_INDP + e];
     let d = dp & 0xffffu;
-    let port = dp >> 16u;
     if (t + d >= T) {
         return;
     }
-    let row = O_MU + (((t + d) % RL) * N * NP + port + net_u32[O_INOFF + e]) * B;
+    let row = O_MU + (((t + d) % RL) * LIVE_ROWS + net_u32[O_INOFF + e]) * B;
     var file = 0u;
     if (HAS_FILE) {
         file = net_u32[O_FILE + t * NV + v];
@@ -663,16 +675,19 @@ fn voltage_reg_adjoint(i: u32, l: u32) {
 }
 
 // The adjoint of step t's arrivals at neuron i, sample l: `mu = psc_init * y1` into ring
-// slot t mod RL.
+// slot t mod RL, in the neuron's rows of its live ports (`O_MUROW`; the ring holds no rows
+// for ports no edge reaches).
 fn arrivals_adjoint(i: u32, l: u32, t: u32) {
     let g = net_u32[O_GROUP_OF + i];
     let live = gu(g, 3u);
-    let slot = t % RL;
+    let row0 = (t % RL) * LIVE_ROWS + net_u32[O_MUROW + i];
+    var kc = 0u;
     for (var k = 0u; k < NP; k = k + 1u) {
         if (((live >> k) & 1u) == 0u) {
             continue;
         }
         let yi = (i * NP + k) * B + l;
-        adj[O_MU + slot * N * NP * B + yi] = adj[O_A1 + yi] * port_c(g, k, 5u);
+        adj[O_MU + (row0 + kc) * B + l] = adj[O_A1 + yi] * port_c(g, k, 5u);
+        kc = kc + 1u;
     }
 }

@@ -51,6 +51,7 @@ type ShapeKey = (usize, usize, Option<usize>, bool);
 /// The kernels of one shape.
 struct Kernels {
     draw: wgpu::ComputePipeline,
+    permute_weights: wgpu::ComputePipeline,
     deliver: wgpu::ComputePipeline,
     update_draw: wgpu::ComputePipeline,
     spmv_in: wgpu::ComputePipeline,
@@ -398,9 +399,13 @@ impl GpuEngine {
         }];
         let back = ctx.submit_and_read(enc, &grad_range)?;
         read_bytes += grad_range[0].bytes;
-        let g64: &[f64] = bytemuck::cast_slice(&back[0]);
         timing.backward_s = clock.elapsed().as_secs_f64();
-        let grad: Vec<f32> = g64.iter().map(|&x| x as f32).collect();
+        // The f64 accumulators in float32 (read from the bytes: the staging copy need not be
+        // aligned for f64).
+        let grad: Vec<f32> = back[0]
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect();
         timing.device = Some(DeviceCounts {
             launches: launches as u64,
             host_syncs: 2,
@@ -415,7 +420,8 @@ impl GpuEngine {
 
 /// The dispatches of one call: the forward pass per chunk, the backward pass per chunk (from
 /// the last, with the chunk boundary it restores first when segmented), and the per-step
-/// uniforms they use (one slot per dispatch, in order of use). Two dispatches per step
+/// uniforms they use (one slot per dispatch, in order of use). First the weights in in-edge
+/// order (`permute_weights`), then two dispatches per step
 /// forward (`deliver`, `update_draw`) and two backward (`spmv_in`, `neuron_backward`);
 /// segmented BPTT adds the recomputed chunk's forward steps and the Poisson draws of the
 /// `max_delay` steps before it, trained input weights one draw per chunk.
@@ -455,6 +461,17 @@ fn plan_passes(
     for (ci, &t0) in bounds.iter().enumerate() {
         let t1 = bounds.get(ci + 1).copied().unwrap_or(t_len);
         let mut calls = Vec::new();
+        if ci == 0 {
+            calls.push(Call {
+                kernel: |k| &k.permute_weights,
+                groups: wg.permute,
+                args: StepArgs {
+                    t: 0,
+                    tape: 0,
+                    accumulate: false,
+                },
+            });
+        }
         for t in t0..t1 {
             let args = StepArgs {
                 t: t as u32,
@@ -566,7 +583,7 @@ fn layouts(
     };
     // Bindings of group 0, read-only or not, as `bptt.wgsl` declares them.
     let g0: Vec<wgpu::BindGroupLayoutEntry> = [
-        true, true, true, true, false, false, false, false, false, false, true,
+        true, true, true, false, false, false, false, false, false, false, true,
     ]
     .iter()
     .enumerate()
@@ -628,8 +645,8 @@ impl Resident {
         )?;
         count(&edges_u32);
         let weights = ctx.storage(
-            "weights",
-            4 * (l.e_rec + l.e_in) as u64,
+            "weights (parameters' order, then the recurrent ones in in-edge order)",
+            4 * (2 * l.e_rec + l.e_in) as u64,
             "the number of edges",
         )?;
         count(&weights);
@@ -771,6 +788,7 @@ impl Resident {
         };
         let kernels = Kernels {
             draw: kernel("draw"),
+            permute_weights: kernel("permute_weights"),
             deliver: kernel("deliver"),
             update_draw: kernel("update_draw"),
             spmv_in: kernel("spmv_in"),

@@ -38,8 +38,8 @@ pub(super) struct Layout {
     pub net_f32: Vec<f32>,
     /// `net_f64` (binding 2), with the voltage-regularization coefficient at `o_vcoef`.
     pub net_f64: Vec<f64>,
-    /// `edges_u32` (binding 10): recurrent in-edge sources and weight slots, out-edge
-    /// target offsets.
+    /// `edges_u32` (binding 10): recurrent in-edge sources and weight slots, the out-edges'
+    /// rows of the adjoint ring (a row per neuron and live port).
     pub edges_u32: Vec<u32>,
     /// The surrogate's three f32 slots in `net_f32` (kind, gain, width).
     pub o_sg: usize,
@@ -105,12 +105,21 @@ pub(super) struct Workgroups {
     pub input_grad: u32,
     /// `neuron_backward`: one invocation per (neuron, sample).
     pub neuron_backward: u32,
+    /// `permute_weights`: one invocation per recurrent edge.
+    pub permute: u32,
 }
 
 impl Workgroups {
-    /// The counts for `n` neurons, `np` ports, `b` samples, `n_pois` Poisson nodes and
-    /// `e_in` input edges.
-    pub fn new(n: usize, np: usize, b: usize, n_pois: usize, e_in: usize) -> Workgroups {
+    /// The counts for `n` neurons, `np` ports, `b` samples, `n_pois` Poisson nodes, `e_in`
+    /// input edges and `e_rec` recurrent edges.
+    pub fn new(
+        n: usize,
+        np: usize,
+        b: usize,
+        n_pois: usize,
+        e_in: usize,
+        e_rec: usize,
+    ) -> Workgroups {
         let wg = |threads: usize| threads.div_ceil(64) as u32;
         let neuron = if b <= 32 {
             n.div_ceil(64 / b)
@@ -124,6 +133,7 @@ impl Workgroups {
             spmv: wg(n * b),
             input_grad: wg(e_in),
             neuron_backward: wg(n * b),
+            permute: wg(e_rec),
         }
     }
 
@@ -175,7 +185,6 @@ impl Layout {
             Ok(())
         };
         big("the spike masks", 2 * t_len * n * w)?;
-        big("the adjoint ring", rl * n * np * b)?;
         big("the edges", e_rec.max(e_in))?;
 
         // In-edge lists per (class c = target * np + port, delay slot q = d - delay): the
@@ -233,7 +242,31 @@ impl Layout {
                 "the GPU engine handles up to 32 receptor ports per cell, the network has {np}"
             )));
         }
+        // The adjoint ring's rows: per neuron, one per live port of its group (compact port
+        // index: the port's rank among the group's live ports).
+        let live_masks: Vec<u32> = p
+            .live_ports
+            .iter()
+            .map(|live| live.iter().fold(0u32, |m, &k| m | (1u32 << k)))
+            .collect();
+        let mut mu_row = Vec::with_capacity(n + 1);
+        let mut rows = 0u64;
+        for &g in &group_of {
+            mu_row.push(rows);
+            rows += live_masks[g as usize].count_ones() as u64;
+        }
+        mu_row.push(rows);
+        let live_rows = rows as usize;
+        big("the adjoint ring", rl * live_rows * b)?;
+        let mu_row: Vec<u32> = mu_row.iter().map(|&r| r as u32).collect();
+        // The ring row of an edge into target offset `off` (`target * np`) on `port`.
+        let ring_row = |off: u32, port: u32| -> u32 {
+            let j = (off as usize) / np;
+            let m = live_masks[group_of[j] as usize];
+            mu_row[j] + (m & ((1u32 << port) - 1)).count_ones()
+        };
         push("O_GROUP_OF", &mut net_u32, &group_of);
+        push("O_MUROW", &mut net_u32, &mu_row);
         push("O_GU", &mut net_u32, &gu);
         push("O_RPTR", &mut net_u32, &rptr);
         push("O_IPTR", &mut net_u32, &iptr);
@@ -249,7 +282,8 @@ impl Layout {
             .flat_map(|s| [s.start, s.end, s.delay, s.port])
             .collect();
         push("O_SEG", &mut net_u32, &seg);
-        // Per input edge (CSR slot): virtual node, delay | port << 16, target offset.
+        // Per input edge (CSR slot): virtual node, delay | port << 16, the target's adjoint
+        // ring row.
         let inp = &net.input;
         let mut inv = vec![0u32; e_in];
         let mut indp = vec![0u32; e_in];
@@ -263,7 +297,10 @@ impl Layout {
         }
         push("O_INV", &mut net_u32, &inv);
         push("O_INDP", &mut net_u32, &indp);
-        push("O_INOFF", &mut net_u32, &inp.target_off);
+        let inrow: Vec<u32> = (0..e_in)
+            .map(|e| ring_row(inp.target_off[e], indp[e] >> 16))
+            .collect();
+        push("O_INOFF", &mut net_u32, &inrow);
         let pnode: Vec<u32> = pois.iter().map(|&(v, _)| v).collect();
         push("O_PNODE", &mut net_u32, &pnode);
         let seed = p.inputs.poisson_seed();
@@ -289,7 +326,13 @@ impl Layout {
         e_off.push(("O_RW", edges_u32.len()));
         edges_u32.extend(rin.iter().map(|&(_, e)| e));
         e_off.push(("O_TOFF", edges_u32.len()));
-        edges_u32.extend_from_slice(&rec.target_off);
+        let mut rec_rows = vec![0u32; e_rec];
+        for seg in &rec.segments {
+            for e in seg.start as usize..seg.end as usize {
+                rec_rows[e] = ring_row(rec.target_off[e], seg.port);
+            }
+        }
+        edges_u32.extend_from_slice(&rec_rows);
         big("the edge index array", edges_u32.len())?;
 
         // Group constants: float32 (`G_*` slots of bptt.wgsl), float64 (threshold and the
@@ -362,7 +405,7 @@ impl Layout {
         let o_a1 = o_aa + n * na * b;
         let o_a2 = o_a1 + n * np * b;
         let o_mu = o_a2 + n * np * b;
-        let o_gz = o_mu + rl * n * np * b;
+        let o_gz = o_mu + rl * live_rows * b;
         let o_gzrate = o_gz + nb;
         let adj_len = o_gzrate + nb;
         big("the state", state_len)?;
@@ -402,6 +445,8 @@ impl Layout {
         c("GF", gf);
         c("GD", gd);
         c("O_WIN", e_rec);
+        c("O_WPERM", e_rec + e_in);
+        c("LIVE_ROWS", live_rows);
         for (name, o) in offsets.iter().chain(&e_off).chain(&f64_off) {
             c(name, *o);
         }
@@ -426,7 +471,7 @@ impl Layout {
         ] {
             c(name, o);
         }
-        let wgs = Workgroups::new(n, np, b, n_pois, e_in);
+        let wgs = Workgroups::new(n, np, b, n_pois, e_in, e_rec);
         c("NPW", (64 / b.max(1)).max(1));
         c("NEURON_WG", wgs.neuron as usize);
         c("SPMV_WG", wgs.spmv as usize);
