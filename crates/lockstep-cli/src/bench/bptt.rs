@@ -67,6 +67,11 @@ pub struct BpttArgs {
     /// H200's 4.8 TB/s; the model is labelled as one, beside the measured time).
     #[arg(long, default_value_t = 4.8e12)]
     pub bandwidth: f64,
+    /// With a GPU: the L2 bandwidth (bytes/s) for the traffic model's second figure, which
+    /// adds the L2 traffic's time (default 7 TB/s, about what microbenchmarks report for
+    /// H100-class parts; an assumption, not an NVIDIA figure).
+    #[arg(long, default_value_t = 7e12)]
+    pub l2_bandwidth: f64,
     /// With a GPU: the L2 size of the traffic model (MB; an H200's 50).
     #[arg(long, default_value_t = 50.0)]
     pub l2_mb: f64,
@@ -828,6 +833,7 @@ fn print_gpu_report(
         &g.traffic,
         args.l2_mb * 1e6,
         args.bandwidth,
+        args.l2_bandwidth,
         args.launch_us * 1e-6,
         r.s_per_step,
     );
