@@ -64,18 +64,81 @@ fn compare(spec: &NetworkSpec, input: &InputSpec, o: BpttOptions, batch: usize, 
     for (i, w) in p.iter_mut().enumerate() {
         *w *= 1.0 + 0.05 * ((i % 7) as f32 - 3.0);
     }
+    let exact = exact_adapter(&gpu);
+    let states = (gpu.net.n_neurons() * gpu.options().seq_len) as u64;
     for s in 0..batch as u64 {
         let a = cpu.loss_and_grad(&p, 7 + s, 1).unwrap();
         let b = gpu.loss_and_grad(&p, 7 + s, 1).unwrap();
-        assert_eq!(
-            a.first_spikes, b.first_spikes,
-            "{what}: spikes of sample {s} differ"
-        );
+        if exact {
+            assert_eq!(
+                a.first_spikes, b.first_spikes,
+                "{what}: spikes of sample {s} differ"
+            );
+        } else {
+            let d = differing_spikes(&a, &b);
+            assert!(
+                d as f64 <= 1e-3 * states as f64,
+                "{what}: {d} of {states} spike states of sample {s} differ"
+            );
+        }
     }
     let a = cpu.loss_and_grad(&p, 7, batch).unwrap();
     let b = gpu.loss_and_grad(&p, 7, batch).unwrap();
-    check_close(&a, &b, what);
+    if exact {
+        check_close(&a, &b, what);
+    } else {
+        check_tolerant(&a, &b, states, batch as u64, what);
+    }
     assert!(a.n_spikes > 10, "{what}: the network must spike");
+}
+
+/// Whether the GPU model runs on a software adapter (lavapipe): no fused multiply-adds and a
+/// correctly rounded `exp`, so its forward pass has the CPU engine's bits and the tests
+/// compare exactly. On a hardware adapter (the GPU script) the compilers contract
+/// multiply-adds and approximate `exp`, and the tests compare with tolerances
+/// ([`check_tolerant`]).
+fn exact_adapter(gpu: &SnnModel) -> bool {
+    let exact = gpu.software_adapter_warning().is_some();
+    if !exact {
+        eprintln!(
+            "{}: a hardware adapter; spikes compared at >= 99.9% of (neuron, step) states, gradients to 1e-4 relative L2 where every spike agrees",
+            gpu.device_description()
+        );
+    }
+    exact
+}
+
+/// (step, neuron) spike states of the first sample that differ between two calls.
+fn differing_spikes(a: &LossAndGrad, b: &LossAndGrad) -> u64 {
+    let sa: std::collections::BTreeSet<_> = a.first_spikes.iter().flatten().collect();
+    let sb: std::collections::BTreeSet<_> = b.first_spikes.iter().flatten().collect();
+    sa.symmetric_difference(&sb).count() as u64
+}
+
+/// The comparison on a hardware adapter (issue 57): at least 99.9% of the first sample's
+/// `states` (neuron, step) spike states identical, the spike counts within 0.1% of the
+/// `batch` samples' states, and where every spike of the first sample agrees, the gradient within 1e-4
+/// relative L2 (the check made is printed).
+fn check_tolerant(cpu: &LossAndGrad, gpu: &LossAndGrad, states: u64, batch: u64, what: &str) {
+    let d = differing_spikes(cpu, gpu);
+    assert!(
+        d as f64 <= 1e-3 * states as f64,
+        "{what}: {d} of {states} spike states differ"
+    );
+    let dn = cpu.n_spikes.abs_diff(gpu.n_spikes);
+    assert!(
+        dn as f64 <= 1e-3 * (states * batch) as f64,
+        "{what}: spike counts {} vs {}",
+        cpu.n_spikes,
+        gpu.n_spikes
+    );
+    if d == 0 && dn == 0 {
+        let g = rel_l2(&gpu.grad, &cpu.grad);
+        assert!(g <= 1e-4, "{what}: gradient rel. L2 {g:e}");
+        eprintln!("{what}: spikes equal; gradient rel. L2 {g:e} (<= 1e-4)");
+    } else {
+        eprintln!("{what}: {d} spike states differ; gradient not compared");
+    }
 }
 
 fn check_close(cpu: &LossAndGrad, gpu: &LossAndGrad, what: &str) {
@@ -138,7 +201,12 @@ fn gpu_matches_with_two_mask_words() {
     let p = cpu.initial_params();
     let a = cpu.loss_and_grad(&p, 100, 40).unwrap();
     let b = gpu.loss_and_grad(&p, 100, 40).unwrap();
-    check_close(&a, &b, "batch 40");
+    if exact_adapter(&gpu) {
+        check_close(&a, &b, "batch 40");
+    } else {
+        let states = (gpu.net.n_neurons() * 50) as u64;
+        check_tolerant(&a, &b, states, 40, "batch 40");
+    }
 }
 
 /// Batches of 3, 16 and 33 samples (16: four whole neurons per workgroup of the update; 33:

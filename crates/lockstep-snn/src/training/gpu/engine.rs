@@ -99,6 +99,9 @@ struct StepArgs {
 /// A pass's dispatches with their uniform slots, and the chunk boundary it restores first.
 type Pass = (Option<usize>, Vec<(Call, usize)>);
 
+/// One call's plan: the forward pass per chunk, the backward passes, the per-step uniforms.
+type Plan = (Vec<Vec<(Call, usize)>>, Vec<Pass>, Vec<StepArgs>);
+
 /// A recorded dispatch: which kernel, how many workgroups, which step uniform.
 struct Call {
     kernel: fn(&Kernels) -> &wgpu::ComputePipeline,
@@ -425,10 +428,7 @@ impl GpuEngine {
 /// forward (`deliver`, `update_draw`) and two backward (`spmv_in`, `neuron_backward`);
 /// segmented BPTT adds the recomputed chunk's forward steps and the Poisson draws of the
 /// `max_delay` steps before it, trained input weights one draw per chunk.
-fn plan_passes(
-    l: &Layout,
-    chunk: Option<usize>,
-) -> (Vec<Vec<(Call, usize)>>, Vec<Pass>, Vec<StepArgs>) {
+fn plan_passes(l: &Layout, chunk: Option<usize>) -> Plan {
     let t_len = l.t;
     let wg = l.wg;
     let forward_step = |calls: &mut Vec<Call>, args: StepArgs| {

@@ -328,8 +328,9 @@ impl Layout {
         e_off.push(("O_TOFF", edges_u32.len()));
         let mut rec_rows = vec![0u32; e_rec];
         for seg in &rec.segments {
-            for e in seg.start as usize..seg.end as usize {
-                rec_rows[e] = ring_row(rec.target_off[e], seg.port);
+            let (a, b) = (seg.start as usize, seg.end as usize);
+            for (row, &off) in rec_rows[a..b].iter_mut().zip(&rec.target_off[a..b]) {
+                *row = ring_row(off, seg.port);
             }
         }
         edges_u32.extend_from_slice(&rec_rows);
