@@ -10,7 +10,7 @@ use std::time::Duration;
 use wgpu::util::DeviceExt;
 
 use crate::adapter::{ordered_adapters, AdapterSummary};
-use crate::error::{GpuError, Result};
+use crate::error::{GpuError, Result, TIMEOUT_VAR};
 
 /// The shader features lockstep's engines use, requested wherever the adapter has them
 /// (each engine checks the ones it needs with [`GpuContext::require`]). Subgroups and float32
@@ -22,10 +22,6 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F64
     .union(wgpu::Features::SHADER_F16)
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
-
-/// The environment variable that sets how long a host waits for the GPU (seconds, a positive
-/// number): a wait past it ends the job with [`GpuError::Timeout`] naming the adapter.
-pub const TIMEOUT_VAR: &str = "LOCKSTEP_GPU_TIMEOUT_S";
 
 /// The default wait limit on a hardware adapter: a whole forward or backward pass of full V1
 /// takes well under a second on an H200, so a minute means the device stopped answering.

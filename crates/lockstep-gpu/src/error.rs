@@ -1,5 +1,9 @@
 //! Errors of the device layer. Each says what to install, set or change.
 
+/// The environment variable that sets how long a host waits for the GPU (seconds, a positive
+/// number): a wait past it ends the job with [`GpuError::Timeout`] naming the adapter.
+pub const TIMEOUT_VAR: &str = "LOCKSTEP_GPU_TIMEOUT_S";
+
 /// What can go wrong when finding, opening or using a GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -69,7 +73,7 @@ pub enum GpuError {
         message: String,
     },
     /// A submission did not finish within the wait limit ([`crate::GpuContext::wait_timeout`]).
-    #[error("GPU adapter {adapter:?} did not finish {what} within {seconds} s; the device may have stopped answering (the limit is {TIMEOUT_VAR} = seconds; check `nvidia-smi` or the driver's log)", TIMEOUT_VAR = crate::context::TIMEOUT_VAR)]
+    #[error("GPU adapter {adapter:?} did not finish {what} within {seconds} s; the device may have stopped answering (the limit is {TIMEOUT_VAR} = seconds; check `nvidia-smi` or the driver's log)", TIMEOUT_VAR = TIMEOUT_VAR)]
     Timeout {
         /// The adapter's name.
         adapter: String,

@@ -21,8 +21,8 @@ pub use adapter::{
     candidates, hidden_features, list_adapters, select_adapter, AdapterSummary, Selected,
     HIDE_FEATURES_VAR,
 };
-pub use context::{process_adapters, GpuContext, GpuCounters, ReadRange, TIMEOUT_VAR};
-pub use error::{GpuError, Result};
+pub use context::{process_adapters, GpuContext, GpuCounters, ReadRange};
+pub use error::{GpuError, Result, TIMEOUT_VAR};
 pub use wgpu;
 
 /// Where a model computes (`run.device` of a training config).
