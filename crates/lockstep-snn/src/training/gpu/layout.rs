@@ -152,6 +152,95 @@ impl Workgroups {
     }
 }
 
+/// The in-edge lists of `csr` per (class `c = target * np + port`, delay slot `q = d -
+/// delay`), each in the CSR's own order (sources ascending, slots ascending): the lists'
+/// pointers `[n * np * d + 1]` and per in-edge its (source, CSR slot).
+fn in_edge_lists(
+    csr: &crate::network::Csr,
+    n: usize,
+    np: usize,
+    d: usize,
+) -> (Vec<u32>, Vec<(u32, u32)>) {
+    let classes = n * np * d.max(1);
+    let mut count = vec![0u32; classes + 1];
+    let mut items: Vec<(usize, u32, u32)> = Vec::with_capacity(csr.len());
+    for s in 0..csr.seg_ptr.len().saturating_sub(1) {
+        for seg in csr.segments_of(s) {
+            let q = d - seg.delay as usize;
+            for e in seg.start..seg.end {
+                let j = csr.target_off[e as usize] as usize / np;
+                let key = (j * np + seg.port as usize) * d + q;
+                count[key + 1] += 1;
+                items.push((key, s as u32, e));
+            }
+        }
+    }
+    for k in 0..classes {
+        count[k + 1] += count[k];
+    }
+    let mut fill = count.clone();
+    let mut out = vec![(0u32, 0u32); items.len()];
+    for (key, s, e) in items {
+        out[fill[key] as usize] = (s, e);
+        fill[key] += 1;
+    }
+    (count, out)
+}
+
+/// The group constants: float32 (`G_*` slots of `bptt.wgsl`, `gf` per group) and float64
+/// (the threshold and the after-spike jumps the CPU computes in f64, `gd` per group), for
+/// `np` ports and `na` after-spike currents. Returns `(gf, gd, f32 constants, f64 constants)`.
+fn group_constants(
+    groups: &[crate::network::Group],
+    np: usize,
+    na: usize,
+) -> (usize, usize, Vec<f32>, Vec<f64>) {
+    let gf = G_PORTS + 6 * np + 5 * na;
+    let gd = 1 + 2 * na;
+    let mut net_f32 = vec![0.0f32; gf * groups.len()];
+    let mut net_f64 = vec![0.0f64; gd * groups.len()];
+    for (gi, g) in groups.iter().enumerate() {
+        let c = &g.consts;
+        let f = &mut net_f32[gi * gf..(gi + 1) * gf];
+        f[0] = c.p33 as f32;
+        f[1] = c.p30 as f32;
+        f[2] = c.expm1_tau_m as f32;
+        f[3] = c.i_e as f32;
+        f[4] = (0.0 + c.i_e) as f32 * c.p30 as f32;
+        f[5] = f32_at_or_below(c.th);
+        f[6] = f32_at_or_above(c.th);
+        f[7] = c.th as f32;
+        f[8] = c.v_reset as f32;
+        f[9] = (c.th - c.v_reset) as f32;
+        f[10] = c.lower_bound as f32;
+        f[11] = f32_at_or_above(c.lower_bound);
+        for (k, pc) in c.ports.iter().enumerate().take(np) {
+            let o = G_PORTS + 6 * k;
+            f[o] = pc.p11 as f32;
+            f[o + 1] = pc.p21 as f32;
+            f[o + 2] = pc.p22 as f32;
+            f[o + 3] = pc.p31 as f32;
+            f[o + 4] = pc.p32 as f32;
+            f[o + 5] = pc.psc_init as f32;
+        }
+        for (a, ac) in c.asc.iter().enumerate() {
+            let o = G_PORTS + 6 * np + 5 * a;
+            f[o] = ac.stable as f32;
+            f[o + 1] = ac.decay as f32;
+            f[o + 2] = ac.amp as f32;
+            f[o + 3] = ac.refr_decay as f32;
+            f[o + 4] = (1.0 + (ac.refr_decay - 1.0)) as f32;
+        }
+        let d64 = &mut net_f64[gi * gd..(gi + 1) * gd];
+        d64[0] = c.th;
+        for (a, ac) in c.asc.iter().enumerate() {
+            d64[1 + 2 * a] = ac.amp;
+            d64[2 + 2 * a] = ac.refr_decay;
+        }
+    }
+    (gf, gd, net_f32, net_f64)
+}
+
 /// Bytes of float32 after-spike currents and potentials one step of the tape takes.
 pub(super) fn tape_step_bytes(n: usize, na: usize, b: usize) -> (u64, u64) {
     (4 * (n * b) as u64, 4 * (n * na.max(1) * b) as u64)
@@ -187,36 +276,8 @@ impl Layout {
         big("the spike masks", 2 * t_len * n * w)?;
         big("the edges", e_rec.max(e_in))?;
 
-        // In-edge lists per (class c = target * np + port, delay slot q = d - delay): the
-        // CSR's own order (sources ascending, slots ascending) within each list.
-        let classes = n * np * d.max(1);
-        let bucket = |csr: &crate::network::Csr| -> (Vec<u32>, Vec<(u32, u32)>) {
-            let mut count = vec![0u32; classes + 1];
-            let mut items: Vec<(usize, u32, u32)> = Vec::with_capacity(csr.len());
-            for s in 0..csr.seg_ptr.len().saturating_sub(1) {
-                for seg in csr.segments_of(s) {
-                    let q = d - seg.delay as usize;
-                    for e in seg.start..seg.end {
-                        let j = csr.target_off[e as usize] as usize / np;
-                        let key = (j * np + seg.port as usize) * d + q;
-                        count[key + 1] += 1;
-                        items.push((key, s as u32, e));
-                    }
-                }
-            }
-            for k in 0..classes {
-                count[k + 1] += count[k];
-            }
-            let mut fill = count.clone();
-            let mut out = vec![(0u32, 0u32); items.len()];
-            for (key, s, e) in items {
-                out[fill[key] as usize] = (s, e);
-                fill[key] += 1;
-            }
-            (count, out)
-        };
-        let (rptr, rin) = bucket(&net.recurrent);
-        let (iptr, iin) = bucket(&net.input);
+        let (rptr, rin) = in_edge_lists(&net.recurrent, n, np, d);
+        let (iptr, iin) = in_edge_lists(&net.input, n, np, d);
 
         let mut net_u32: Vec<u32> = Vec::new();
         let mut offsets: Vec<(&str, usize)> = Vec::new();
@@ -336,51 +397,7 @@ impl Layout {
         edges_u32.extend_from_slice(&rec_rows);
         big("the edge index array", edges_u32.len())?;
 
-        // Group constants: float32 (`G_*` slots of bptt.wgsl), float64 (threshold and the
-        // after-spike jumps the CPU computes in f64).
-        let gf = G_PORTS + 6 * np + 5 * na;
-        let gd = 1 + 2 * na;
-        let mut net_f32 = vec![0.0f32; gf * groups.len()];
-        let mut net_f64 = vec![0.0f64; gd * groups.len()];
-        for (gi, g) in groups.iter().enumerate() {
-            let c = &g.consts;
-            let f = &mut net_f32[gi * gf..(gi + 1) * gf];
-            f[0] = c.p33 as f32;
-            f[1] = c.p30 as f32;
-            f[2] = c.expm1_tau_m as f32;
-            f[3] = c.i_e as f32;
-            f[4] = (0.0 + c.i_e) as f32 * c.p30 as f32;
-            f[5] = f32_at_or_below(c.th);
-            f[6] = f32_at_or_above(c.th);
-            f[7] = c.th as f32;
-            f[8] = c.v_reset as f32;
-            f[9] = (c.th - c.v_reset) as f32;
-            f[10] = c.lower_bound as f32;
-            f[11] = f32_at_or_above(c.lower_bound);
-            for (k, pc) in c.ports.iter().enumerate().take(np) {
-                let o = G_PORTS + 6 * k;
-                f[o] = pc.p11 as f32;
-                f[o + 1] = pc.p21 as f32;
-                f[o + 2] = pc.p22 as f32;
-                f[o + 3] = pc.p31 as f32;
-                f[o + 4] = pc.p32 as f32;
-                f[o + 5] = pc.psc_init as f32;
-            }
-            for (a, ac) in c.asc.iter().enumerate() {
-                let o = G_PORTS + 6 * np + 5 * a;
-                f[o] = ac.stable as f32;
-                f[o + 1] = ac.decay as f32;
-                f[o + 2] = ac.amp as f32;
-                f[o + 3] = ac.refr_decay as f32;
-                f[o + 4] = (1.0 + (ac.refr_decay - 1.0)) as f32;
-            }
-            let d64 = &mut net_f64[gi * gd..(gi + 1) * gd];
-            d64[0] = c.th;
-            for (a, ac) in c.asc.iter().enumerate() {
-                d64[1 + 2 * a] = ac.amp;
-                d64[2 + 2 * a] = ac.refr_decay;
-            }
-        }
+        let (gf, gd, mut net_f32, mut net_f64) = group_constants(groups, np, na);
         let o_sg = net_f32.len();
         net_f32.extend_from_slice(&[0.0; 3]);
         let mut f64_off: Vec<(&str, usize)> = Vec::new();
