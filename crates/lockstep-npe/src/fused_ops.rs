@@ -96,6 +96,21 @@ pub trait FusedOps: Backend {
         sigmoid_backward_composed(s, grad)
     }
 
+    /// Tensors `[len]` on `device` holding `values` (one per slice), for a pass's parameters.
+    /// The default makes each with `Tensor::from_data`; burn's GPU backends place them all
+    /// in one allocation with one transfer and no kernel
+    /// ([`ComputeClient::create_tensors`](cubecl::client::ComputeClient::create_tensors)), where
+    /// cutting one uploaded buffer into parameters (`narrow`) launches a copy kernel for
+    /// every parameter whose offset is not a multiple of the device's alignment.
+    fn upload_vectors(values: &[&[f32]], device: &Self::Device) -> Vec<Tensor<Self, 1>> {
+        values
+            .iter()
+            .map(|v| {
+                Tensor::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), device)
+            })
+            .collect()
+    }
+
     /// Whether this backend runs the coupling spline as kernels
     /// ([`FusedOps::spline_kernel_forward`], [`FusedOps::spline_kernel_backward`]: burn's
     /// CubeCL backends, wgpu and CUDA); `Autodiff` over it then records one node per
@@ -314,7 +329,7 @@ impl FusedOps for NdArray<f64> {
 
 /// burn's GPU backends (`local.device: gpu` is wgpu's, `cuda` CUDA's): the linear layer
 /// and the activations composed from burn's operations, the coupling spline as lockstep's
-/// two kernels ([`crate::spline_kernel`]).
+/// two kernels ([`crate::spline_kernel`]); the parameters placed in one allocation.
 impl<R, F, I, BT> FusedOps for burn_cubecl::CubeBackend<R, F, I, BT>
 where
     R: burn_cubecl::CubeRuntime,
@@ -323,6 +338,51 @@ where
     BT: burn_cubecl::BoolElement,
 {
     const SPLINE_KERNEL: bool = true;
+
+    fn upload_vectors(values: &[&[f32]], device: &Self::Device) -> Vec<Tensor<Self, 1>> {
+        use burn::tensor::DType;
+        use cubecl::server::{MemoryLayoutDescriptor, MemoryLayoutStrategy};
+        // The parameters are float32 values; a backend of another float type converts them
+        // through `from_data`.
+        let empty = values.iter().any(|v| v.is_empty());
+        if F::dtype() != DType::F32 || empty {
+            return values
+                .iter()
+                .map(|v| {
+                    Tensor::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), device)
+                })
+                .collect();
+        }
+        let client = R::client(device);
+        let descriptors = values
+            .iter()
+            .map(|v| {
+                (
+                    MemoryLayoutDescriptor::new(
+                        MemoryLayoutStrategy::Contiguous,
+                        [v.len()].into(),
+                        std::mem::size_of::<f32>(),
+                    ),
+                    cubecl::bytes::Bytes::from_elems(v.to_vec()),
+                )
+            })
+            .collect();
+        client
+            .create_tensors(descriptors)
+            .into_iter()
+            .zip(values)
+            .map(|(layout, v)| {
+                let t = burn_cubecl::tensor::CubeTensor::new_contiguous(
+                    client.clone(),
+                    device.clone(),
+                    [v.len()].into(),
+                    layout.memory,
+                    DType::F32,
+                );
+                Tensor::from_primitive(TensorPrimitive::Float(t))
+            })
+            .collect()
+    }
 
     fn spline(
         x: Tensor<Self, 2>,

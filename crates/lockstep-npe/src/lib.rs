@@ -74,7 +74,7 @@ pub use device_model::DeviceModel;
 pub use error::NpeError;
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;
-pub use model::NpeModel;
+pub use model::{NpeModel, StepTimes};
 pub use settings::NpeSettings;
 pub use task::Task;
 pub use tasks::{GaussianLinear, Slcp, TaskSource, TaskSpec, TwoMoons};

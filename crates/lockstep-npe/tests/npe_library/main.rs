@@ -9,6 +9,7 @@
 //! `tests/stages.rs` (it changes the working directory).
 
 mod common;
+mod device_step;
 mod gw_waveform;
 mod nflows_export;
 mod sbibm_reference;
