@@ -43,6 +43,7 @@
 //! linear layers and activations in float16 ([`fused_ops::Precision`]) with the engine's
 //! dynamic loss scaling (`lockstep_train::grad_scaler`).
 
+pub mod activation_kernel;
 pub mod backend;
 pub mod c2st;
 pub mod calibration;

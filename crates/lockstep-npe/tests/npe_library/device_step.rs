@@ -27,7 +27,7 @@ fn a_gpu_step_reads_back_once_and_packs_the_cpu_gradient() {
         .find(|name| name.contains("steps.0."))
         .map(|name| name.split("steps.0.").next().unwrap().to_string() + "steps.0")
         .expect("a flow step 0");
-    let frozen = cpu.freeze(&[frozen_block.clone()]).unwrap();
+    let frozen = cpu.freeze(std::slice::from_ref(&frozen_block)).unwrap();
     assert!(frozen > 0 && cpu.trainable().len() + frozen == values.len());
     let mut gpu = cpu.on::<WgpuAutodiff>(wgpu_device(0).expect("a Vulkan adapter (lavapipe)"));
 
