@@ -280,6 +280,28 @@ pub fn log_kernel_launches(path: &std::path::Path) -> Result<(), NpeError> {
     Ok(())
 }
 
+/// Read-backs from a device to the host made by this crate on the calling thread since it
+/// started: every tensor read (`into_data`, burn's `Transaction`) in lockstep-npe's passes
+/// goes through [`crate::params::to_vec`], [`crate::params::read_together`], the
+/// host-memory gradient copy or SyncBatchNorm's statistics, and each counts one. On a GPU
+/// backend each is a host synchronisation: the host waits for the queued kernels and the
+/// copy. What is not counted: reads inside burn or CubeCL themselves (burn's matmul
+/// autotuning times kernels on the first pass of each shape; no other operation the passes
+/// use reads back) and reads by other crates. On the CPU backends a read is a copy, not a
+/// wait. Per thread, so each replica thread (and each test) sees its own passes' reads.
+pub fn host_reads() -> u64 {
+    HOST_READS.with(|c| c.get())
+}
+
+thread_local! {
+    static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one read-back for [`host_reads`].
+pub(crate) fn count_host_read() {
+    HOST_READS.with(|c| c.set(c.get() + 1));
+}
+
 /// The fix for a CUDA run that cannot start, appended to each CUDA error.
 const CUDA_FIX: &str = "install the NVIDIA driver (libcuda.so.1) and NVRTC (the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` with its lib folder on LD_LIBRARY_PATH), or set local.device to gpu (wgpu) or cpu";
 

@@ -19,14 +19,17 @@
 //! the bias as the initial output; the activations are one pass over the data with
 //! [`exp_f32`], a branch-free exponential (Cephes `expf`'s range reduction and polynomial,
 //! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
-//! multiplications (no fused multiply-add), so every CPU computes the same bits. Other
-//! backends (wgpu, CUDA, f64) compose the same formulas from burn's tensor operations.
+//! multiplications (no fused multiply-add), so every CPU computes the same bits. On burn's
+//! GPU backends (wgpu, CUDA) ELU and the sigmoid are one kernel forward and one backward
+//! each in float32 ([`crate::activation_kernel`]); the linear layer, float16 activations and
+//! the f64 backend compose the same formulas from burn's tensor operations.
 //!
 //! The coupling spline ([`FusedOps::spline`], the density direction that training and
 //! log-probabilities run) is one operation on burn's GPU backends: a forward and a backward
 //! kernel ([`crate::spline_kernel`]), where the composed operations launch about 240 small
 //! kernels per coupling and step. The CPU backends compose it (there a launch costs nothing).
 
+use crate::activation_kernel::Activation;
 use crate::spline::SplineParams;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -94,6 +97,21 @@ pub trait FusedOps: Backend {
     /// gradient: `grad s (1 - s)`.
     fn fused_sigmoid_backward(s: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
         sigmoid_backward_composed(s, grad)
+    }
+
+    /// Tensors `[len]` on `device` holding `values` (one per slice), for a pass's parameters.
+    /// The default makes each with `Tensor::from_data`; burn's GPU backends place them all
+    /// in one allocation with one transfer and no kernel
+    /// ([`ComputeClient::create_tensors`](cubecl::client::ComputeClient::create_tensors)), where
+    /// cutting one uploaded buffer into parameters (`narrow`) launches a copy kernel for
+    /// every parameter whose offset is not a multiple of the device's alignment.
+    fn upload_vectors(values: &[&[f32]], device: &Self::Device) -> Vec<Tensor<Self, 1>> {
+        values
+            .iter()
+            .map(|v| {
+                Tensor::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), device)
+            })
+            .collect()
     }
 
     /// Whether this backend runs the coupling spline as kernels
@@ -313,8 +331,9 @@ impl FusedOps for NdArray<f64> {
 }
 
 /// burn's GPU backends (`local.device: gpu` is wgpu's, `cuda` CUDA's): the linear layer
-/// and the activations composed from burn's operations, the coupling spline as lockstep's
-/// two kernels ([`crate::spline_kernel`]).
+/// composed from burn's operations; ELU and the sigmoid (float32) and the coupling spline
+/// as lockstep's kernels ([`crate::activation_kernel`], [`crate::spline_kernel`]); the
+/// parameters placed in one allocation.
 impl<R, F, I, BT> FusedOps for burn_cubecl::CubeBackend<R, F, I, BT>
 where
     R: burn_cubecl::CubeRuntime,
@@ -323,6 +342,67 @@ where
     BT: burn_cubecl::BoolElement,
 {
     const SPLINE_KERNEL: bool = true;
+
+    fn upload_vectors(values: &[&[f32]], device: &Self::Device) -> Vec<Tensor<Self, 1>> {
+        use burn::tensor::DType;
+        use cubecl::server::{MemoryLayoutDescriptor, MemoryLayoutStrategy};
+        // The parameters are float32 values; a backend of another float type converts them
+        // through `from_data`.
+        let empty = values.iter().any(|v| v.is_empty());
+        if F::dtype() != DType::F32 || empty {
+            return values
+                .iter()
+                .map(|v| {
+                    Tensor::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), device)
+                })
+                .collect();
+        }
+        let client = R::client(device);
+        let descriptors = values
+            .iter()
+            .map(|v| {
+                (
+                    MemoryLayoutDescriptor::new(
+                        MemoryLayoutStrategy::Contiguous,
+                        [v.len()].into(),
+                        std::mem::size_of::<f32>(),
+                    ),
+                    cubecl::bytes::Bytes::from_elems(v.to_vec()),
+                )
+            })
+            .collect();
+        client
+            .create_tensors(descriptors)
+            .into_iter()
+            .zip(values)
+            .map(|(layout, v)| {
+                let t = burn_cubecl::tensor::CubeTensor::new_contiguous(
+                    client.clone(),
+                    device.clone(),
+                    [v.len()].into(),
+                    layout.memory,
+                    DType::F32,
+                );
+                Tensor::from_primitive(TensorPrimitive::Float(t))
+            })
+            .collect()
+    }
+
+    fn fused_elu(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        activation_on_device(Activation::Elu, x, elu_composed)
+    }
+
+    fn fused_elu_backward(y: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        activation_backward_on_device(Activation::Elu, y, grad, elu_backward_composed)
+    }
+
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        activation_on_device(Activation::Sigmoid, x, sigmoid_composed)
+    }
+
+    fn fused_sigmoid_backward(s: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        activation_backward_on_device(Activation::Sigmoid, s, grad, sigmoid_backward_composed)
+    }
 
     fn spline(
         x: Tensor<Self, 2>,
@@ -367,6 +447,57 @@ where
             Tensor::from_primitive(TensorPrimitive::Float(draw)),
         )
     }
+}
+
+/// A `[rows, cols]` tensor of a CubeCL backend.
+type CubeMatrix<R, F, I, BT> = Tensor<burn_cubecl::CubeBackend<R, F, I, BT>, 2>;
+
+/// An activation on a CubeCL backend: one kernel ([`crate::activation_kernel`]) for
+/// float32, `composed` for another dtype (float16 under mixed precision).
+fn activation_on_device<R, F, I, BT, C>(
+    activation: Activation,
+    x: CubeMatrix<R, F, I, BT>,
+    composed: C,
+) -> CubeMatrix<R, F, I, BT>
+where
+    C: FnOnce(CubeMatrix<R, F, I, BT>) -> CubeMatrix<R, F, I, BT>,
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+    if x.dtype() != burn::tensor::DType::F32 {
+        return composed(x);
+    }
+    let y = crate::activation_kernel::forward(activation, x.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// An activation's gradient on a CubeCL backend from its output `y` and the incoming
+/// `grad`: one kernel for float32, `composed` otherwise.
+fn activation_backward_on_device<R, F, I, BT, C>(
+    activation: Activation,
+    y: CubeMatrix<R, F, I, BT>,
+    grad: CubeMatrix<R, F, I, BT>,
+    composed: C,
+) -> CubeMatrix<R, F, I, BT>
+where
+    C: FnOnce(CubeMatrix<R, F, I, BT>, CubeMatrix<R, F, I, BT>) -> CubeMatrix<R, F, I, BT>,
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+    let f32 = burn::tensor::DType::F32;
+    if y.dtype() != f32 || grad.dtype() != f32 {
+        return composed(y, grad);
+    }
+    let dx = crate::activation_kernel::backward(
+        activation,
+        y.into_primitive().tensor(),
+        grad.into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(dx))
 }
 
 impl FusedOps for NdArray<f32> {

@@ -43,6 +43,7 @@
 //! linear layers and activations in float16 ([`fused_ops::Precision`]) with the engine's
 //! dynamic loss scaling (`lockstep_train::grad_scaler`).
 
+pub mod activation_kernel;
 pub mod backend;
 pub mod c2st;
 pub mod calibration;
@@ -74,7 +75,7 @@ pub use device_model::DeviceModel;
 pub use error::NpeError;
 pub use flow::{EmbeddingConfig, FlowConfig, NetworkConfig, NpeNetwork, Standardization};
 pub use layers::Norm;
-pub use model::NpeModel;
+pub use model::{NpeModel, StepTimes};
 pub use settings::NpeSettings;
 pub use task::Task;
 pub use tasks::{GaussianLinear, Slcp, TaskSource, TaskSpec, TwoMoons};

@@ -48,6 +48,22 @@ pub struct NpeModel<B: TrainBackend> {
     /// The factor the training loss is multiplied by before the backward pass (dynamic loss
     /// scaling, [`Model::set_loss_scale`]); 1 without mixed precision.
     loss_scale: f32,
+    /// The host's times in the last training pass.
+    last_step: StepTimes,
+}
+
+/// Where the host's time in one training pass went ([`NpeModel::last_step_times`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// From the pass's start to the end of the backward pass's recording: uploading the
+    /// parameters, building the autodiff graph and (on a device) queuing every kernel of the
+    /// forward and the backward pass. On a device the kernels run meanwhile; with CubeCL's
+    /// default of a submission every 32 tasks the host waits only if the device's queue
+    /// pushes back.
+    pub recording: std::time::Duration,
+    /// Reading the gradient and the log-probabilities back (on a device: waiting for the
+    /// queued kernels to finish, then the copy; on the CPU backends the copy alone).
+    pub reading: std::time::Duration,
 }
 
 impl<B: TrainBackend> NpeModel<B> {
@@ -62,6 +78,7 @@ impl<B: TrainBackend> NpeModel<B> {
             device,
             precision: Precision::F32,
             loss_scale: 1.0,
+            last_step: StepTimes::default(),
         }
     }
 
@@ -94,6 +111,7 @@ impl<B: TrainBackend> NpeModel<B> {
             device,
             precision: self.precision,
             loss_scale: self.loss_scale,
+            last_step: StepTimes::default(),
         }
     }
 
@@ -287,6 +305,7 @@ impl<B: TrainBackend> NpeModel<B> {
         grad: &mut [f32],
         sync: Option<&StatsReducer>,
     ) -> Vec<f32> {
+        let start = std::time::Instant::now();
         let layout = self.network.layout();
         let part = &self.partition;
         let (frozen, state) = self.fixed.split_at_mut(part.frozen_len());
@@ -306,22 +325,39 @@ impl<B: TrainBackend> NpeModel<B> {
             sync,
         };
         let lp = self.network.log_prob(&mut pass, theta, x, n);
-        let values = to_vec(lp.clone().detach());
         // With loss scaling the gradient is that of the scaled loss (the engine unscales the
         // reduced gradient); the returned log-probabilities are unscaled.
-        let loss = lp.mean().neg();
+        let loss = lp.clone().mean().neg();
         let loss = if self.loss_scale == 1.0 {
             loss
         } else {
             loss.mul_scalar(self.loss_scale)
         };
         let mut grads = loss.backward();
-        if B::HOST_MEMORY {
+        // log q stays on the device until here: on a device it is read with the gradients,
+        // in one transfer and one wait, after every kernel of the step is queued.
+        let lp = lp.inner();
+        let recorded = start.elapsed();
+        let values = if B::HOST_MEMORY {
             p.write_partitioned_gradients(layout, part, &mut grads, grad);
+            to_vec(lp)
         } else {
-            p.write_partitioned_gradients_packed(layout, part, &mut grads, grad);
-        }
+            p.read_partitioned_gradients_with(layout, part, &mut grads, grad, vec![lp])
+                .pop()
+                .unwrap_or_default()
+        };
+        self.last_step = StepTimes {
+            recording: recorded,
+            reading: start.elapsed() - recorded,
+        };
         values
+    }
+
+    /// The host's time in the last training pass ([`NpeModel::train_pass`],
+    /// [`NpeModel::nll_and_grad`], the engine's loss): recording it (building the graph,
+    /// queuing every forward and backward kernel) and then reading its results back.
+    pub fn last_step_times(&self) -> StepTimes {
+        self.last_step
     }
 }
 

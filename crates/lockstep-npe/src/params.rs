@@ -10,7 +10,7 @@
 
 use crate::fused_ops::Precision;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, Transaction};
 
 /// One named parameter: `shape` (row-major) stored at `offset .. offset + numel` of the flat
 /// buffer. Names follow PyTorch's `module.submodule.weight` convention (nflows/Dingo names).
@@ -299,38 +299,32 @@ impl<B: AutodiffBackend> Params<B> {
         }
     }
 
-    /// [`Params::partitioned_leaves`] for a device backend: the trainable and the frozen
-    /// buffer each cross to the device in one transfer and are cut into parameters there
-    /// (`narrow`), instead of one transfer per parameter.
+    /// [`Params::partitioned_leaves`] for a device backend: every parameter crosses to the
+    /// device in one call, without kernels ([`crate::fused_ops::FusedOps::upload_vectors`]:
+    /// one allocation and one transfer on burn's GPU backends), instead of one transfer per
+    /// parameter or a copy kernel per parameter cut out of one uploaded buffer.
     pub fn partitioned_leaves_packed(
         layout: &Layout,
         partition: &Partition,
         trainable: &[f32],
         frozen: &[f32],
         device: &B::Device,
-    ) -> Self {
-        let upload = |v: &[f32]| {
-            (!v.is_empty()).then(|| {
-                Tensor::<B::InnerBackend, 1>::from_data(
-                    TensorData::new(v.to_vec(), [v.len()]),
-                    device,
-                )
-            })
-        };
-        let (t_all, f_all) = (upload(trainable), upload(frozen));
-        let tensors = layout
+    ) -> Self
+    where
+        B::InnerBackend: crate::fused_ops::FusedOps,
+    {
+        use crate::fused_ops::FusedOps;
+        let slices: Vec<&[f32]> = layout
             .specs()
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                let o = partition.offsets[i];
-                let all = if partition.is_trainable(i) {
-                    &t_all
-                } else {
-                    &f_all
-                };
-                let all = all.clone().expect("a parameter lies in a non-empty buffer");
-                let t = Tensor::<B, 1>::from_inner(all.narrow(0, o, s.numel()));
+            .map(|(i, s)| partition.slice(i, s.numel(), trainable, frozen))
+            .collect();
+        let tensors = B::InnerBackend::upload_vectors(&slices, device)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let t = Tensor::<B, 1>::from_inner(t);
                 if partition.is_trainable(i) {
                     t.require_grad()
                 } else {
@@ -345,33 +339,44 @@ impl<B: AutodiffBackend> Params<B> {
         }
     }
 
-    /// [`Params::write_partitioned_gradients`] for a device backend: the trainable
-    /// parameters' gradients are concatenated on the device, in the trainable buffer's
-    /// order, and read back in one transfer (zeros for a parameter the loss does not depend
-    /// on).
-    pub fn write_partitioned_gradients_packed(
+    /// [`Params::write_partitioned_gradients`] for a device backend, with whatever else the
+    /// step needs from the device read in the same transfer: the trainable parameters'
+    /// gradients and every tensor of `also` are read back together ([`read_together`]: one
+    /// host synchronisation, and no packing kernels: each buffer is copied to the host as it
+    /// is) and the gradients are written at their offsets in `grad` (length
+    /// `partition.trainable_len()`; zeros, written on the host, for a parameter the loss
+    /// does not depend on). Returns the values of `also`, in order, as f32.
+    pub fn read_partitioned_gradients_with(
         &self,
         layout: &Layout,
         partition: &Partition,
         grads: &mut B::Gradients,
         grad: &mut [f32],
-    ) {
-        let parts: Vec<Tensor<B::InnerBackend, 1>> = self
-            .tensors
-            .iter()
-            .zip(layout.specs())
-            .enumerate()
-            .filter(|(i, _)| partition.is_trainable(*i))
-            .map(|(_, (t, s))| {
-                t.grad_remove(grads)
-                    .unwrap_or_else(|| Tensor::zeros([s.numel()], &t.device()))
-            })
-            .collect();
-        if parts.is_empty() {
-            return;
+        also: Vec<Tensor<B::InnerBackend, 1>>,
+    ) -> Vec<Vec<f32>> {
+        let mut read = Vec::new();
+        let mut slots = Vec::new();
+        for (i, (t, s)) in self.tensors.iter().zip(layout.specs()).enumerate() {
+            if !partition.is_trainable(i) {
+                continue;
+            }
+            let o = partition.offsets[i];
+            match t.grad_remove(grads) {
+                Some(g) => {
+                    read.push(g);
+                    slots.push(o..o + s.numel());
+                }
+                None => grad[o..o + s.numel()].fill(0.0),
+            }
         }
-        let data = Tensor::cat(parts, 0).into_data().convert::<f32>();
-        grad.copy_from_slice(data.as_slice::<f32>().expect("f32 after convert"));
+        let n_grads = read.len();
+        read.extend(also);
+        let mut values = read_together(read);
+        let rest = values.split_off(n_grads);
+        for (slot, v) in slots.into_iter().zip(values) {
+            grad[slot].copy_from_slice(&v);
+        }
+        rest
     }
 
     /// Moves the gradients of the `partition`'s trainable parameters out of `grads` into the
@@ -409,6 +414,7 @@ impl<B: AutodiffBackend> Params<B> {
 fn move_gradient<B: AutodiffBackend>(t: &Tensor<B, 1>, grads: &mut B::Gradients, out: &mut [f32]) {
     match t.grad_remove(grads) {
         Some(g) => {
+            crate::device::count_host_read();
             let data = g.into_data();
             match data.as_slice::<f32>() {
                 Ok(v) => out.copy_from_slice(v),
@@ -422,8 +428,33 @@ fn move_gradient<B: AutodiffBackend>(t: &Tensor<B, 1>, grads: &mut B::Gradients,
     }
 }
 
-/// Reads a tensor back to the host as f32 values (row-major).
+/// Reads a tensor back to the host as f32 values (row-major): one host synchronisation on
+/// a device backend, counted by [`crate::device::host_reads`].
 pub fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    crate::device::count_host_read();
     let data = t.into_data().convert::<f32>();
     data.to_vec::<f32>().unwrap_or_default()
+}
+
+/// Reads the 1-D `tensors` back to the host in one transfer (burn's [`Transaction`]: on the
+/// CubeCL backends every buffer is queued for copying and the host waits once), as f32
+/// values in the order given; `[]` without a read for no tensors. One host synchronisation,
+/// counted by [`crate::device::host_reads`]; a tensor that is not contiguous is made so by
+/// one kernel first.
+pub fn read_together<B: Backend>(tensors: Vec<Tensor<B, 1>>) -> Vec<Vec<f32>> {
+    if tensors.is_empty() {
+        return Vec::new();
+    }
+    crate::device::count_host_read();
+    let transaction = tensors
+        .into_iter()
+        .fold(Transaction::<B>::default(), |tr, t| tr.register(t));
+    transaction
+        .execute()
+        .into_iter()
+        .map(|d| match d.as_slice::<f32>() {
+            Ok(v) => v.to_vec(),
+            Err(_) => d.convert::<f32>().to_vec::<f32>().unwrap_or_default(),
+        })
+        .collect()
 }

@@ -204,6 +204,7 @@ fn global_statistics<B: Backend>(
 
 /// The values of a tensor as f64.
 fn f64s<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    crate::device::count_host_read();
     t.into_data()
         .convert::<f64>()
         .to_vec::<f64>()

@@ -42,7 +42,14 @@
 //! each in turn): lavapipe's time is mostly arithmetic, where a GPU's would be launches. burn's
 //! `fusion` feature cut a gaussian_linear step from about 1,960 to 1,060 launches but made
 //! it about twice as slow there (its per-operation host work), so it is not enabled; on an
-//! NVIDIA GPU neither is measured yet.
+//! NVIDIA GPU neither is measured yet. With the parameters placed in one allocation (no
+//! slice kernels), the gradients and log q read back together after the backward pass (no
+//! `cat`; one host synchronisation per step instead of two) and ELU and the sigmoid as a
+//! kernel each way: 1,346 launches per float32 step and 2,323 in mixed precision (whose
+//! float16 activations stay composed). The bench prints the host synchronisations per step
+//! (`lockstep_npe::device::host_reads`) and the host's time recording the step and
+//! waiting for its read-back; on lavapipe the device is the CPU itself, so the recording
+//! time there includes most of the arithmetic and says little about a GPU.
 
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -339,9 +346,11 @@ fn device_step<B: TrainBackend>(
     let mut opt = Optimizer::new(OptimizerConfig::default(), params);
     let mut grad = vec![0.0f32; params];
     let mut step_s = Vec::new();
+    let mut host = HostCost::default();
     let first = Instant::now();
     for i in 0..args.warmup + args.steps {
         let t = Instant::now();
+        let reads = lockstep_npe::device::host_reads();
         let loss = model.nll_and_grad(theta, x, n, &mut grad);
         if !loss.is_finite() {
             bail!("the loss is {loss}");
@@ -355,8 +364,10 @@ fn device_step<B: TrainBackend>(
         }
         if i >= args.warmup {
             step_s.push(t.elapsed().as_secs_f64());
+            host.add(&model, lockstep_npe::device::host_reads() - reads);
         }
     }
+    println!("{}", host.line("float32"));
     let mut memory: Option<(u64, u64)> = None;
     let phases = phases::<B>(
         &model.network,
@@ -413,7 +424,8 @@ fn device_step<B: TrainBackend>(
     // Mixed precision: the same step with float16 linear layers and activations.
     match placement.half_precision() {
         Ok(()) => {
-            let amp = amp_steps(args, &mut model, &initial, batch)?;
+            let (amp, host) = amp_steps(args, &mut model, &initial, batch)?;
+            println!("{}", host.line("mixed precision"));
             println!(
                 "mixed precision (automatic_mixed_precision: float16 linear layers and activations, float32 weights, loss scale {AMP_SCALE}): {:.4} s/step, {:.0} samples/s; float32/mixed time ratio {:.2}",
                 amp,
@@ -491,14 +503,48 @@ fn torch_on_device(
 /// The loss scale of the bench's mixed-precision steps (PyTorch GradScaler's initial scale).
 const AMP_SCALE: f32 = 65536.0;
 
+/// The host's side of the timed device steps: read-backs (host synchronisations) and the
+/// host's time recording the step and waiting for its results
+/// ([`NpeModel::last_step_times`]).
+#[derive(Debug, Default)]
+struct HostCost {
+    /// Read-backs per timed step ([`lockstep_npe::device::host_reads`]).
+    syncs: Vec<f64>,
+    /// Seconds recording per timed step.
+    recording: Vec<f64>,
+    /// Seconds waiting for the read-back per timed step.
+    reading: Vec<f64>,
+}
+
+impl HostCost {
+    /// Adds one timed step of `model` that made `syncs` read-backs.
+    fn add<B: TrainBackend>(&mut self, model: &NpeModel<B>, syncs: u64) {
+        let t = model.last_step_times();
+        self.syncs.push(syncs as f64);
+        self.recording.push(t.recording.as_secs_f64());
+        self.reading.push(t.reading.as_secs_f64());
+    }
+
+    /// The bench's line for the steps in `precision`.
+    fn line(&self, precision: &str) -> String {
+        let mean = self.syncs.iter().sum::<f64>() / self.syncs.len().max(1) as f64;
+        format!(
+            "host per step ({precision}, NpeModel::nll_and_grad): {mean:.1} host synchronisations (read-backs by lockstep-npe; the gradient and log q together), {:.2} ms recording (parameter upload, autodiff graph, queuing every kernel), {:.2} ms waiting for the read-back (medians)",
+            1e3 * median(&self.recording),
+            1e3 * median(&self.reading)
+        )
+    }
+}
+
 /// Median seconds per step of `model` in mixed precision from `initial` (the gradient is
-/// unscaled before Adam, as the engine does; an overflowing step is skipped).
+/// unscaled before Adam, as the engine does; an overflowing step is skipped), and the host's
+/// side of those steps.
 fn amp_steps<B: TrainBackend>(
     args: &BenchNpeArgs,
     model: &mut NpeModel<B>,
     initial: &[f32],
     batch: &lockstep_train::Batch,
-) -> Result<f64> {
+) -> Result<(f64, HostCost)> {
     let (theta, x, n) = (&batch.targets, &batch.inputs, args.batch);
     model.trainable_mut().copy_from_slice(initial);
     model.set_mixed_precision(true);
@@ -508,9 +554,12 @@ fn amp_steps<B: TrainBackend>(
     let mut opt = Optimizer::new(OptimizerConfig::default(), initial.len());
     let mut grad = vec![0.0f32; initial.len()];
     let mut times = Vec::new();
+    let mut host = HostCost::default();
     for i in 0..args.warmup + args.steps {
         let t = Instant::now();
+        let reads = lockstep_npe::device::host_reads();
         let loss = model.nll_and_grad(theta, x, n, &mut grad);
+        let reads = lockstep_npe::device::host_reads() - reads;
         if !loss.is_finite() {
             bail!("the mixed-precision loss is {loss}");
         }
@@ -525,10 +574,11 @@ fn amp_steps<B: TrainBackend>(
         }
         if i >= args.warmup {
             times.push(t.elapsed().as_secs_f64());
+            host.add(model, reads);
         }
     }
     model.set_mixed_precision(false);
-    Ok(median(&times))
+    Ok((median(&times), host))
 }
 
 /// Kernel launches per step of the model's training step, float32 and mixed precision, by
@@ -539,6 +589,9 @@ struct LaunchCount {
     precision: String,
     /// Launches per step (mean over the counted steps).
     per_step: f64,
+    /// Host synchronisations per step ([`lockstep_npe::device::host_reads`], mean over the
+    /// counted steps).
+    syncs: f64,
     /// (kernel kind, launches per step), most launched first.
     kinds: Vec<(String, f64)>,
 }
@@ -582,10 +635,11 @@ fn launches_child(args: &BenchNpeArgs) -> Result<String> {
         };
         let spline = list(&mut c.kinds.iter().filter(|(k, _)| k.starts_with("Spline")));
         text += &format!(
-            "kernel launches per step ({}, forward, backward, parameter upload and gradient packing): {:.0}; by kernel: {}; the spline couplings' kernels: {}\n",
+            "kernel launches per step ({}, forward, backward, parameter upload and gradient read-back): {:.0}; host synchronisations per step: {:.1}; by kernel: {}; the spline couplings' kernels: {}\n",
             c.precision,
             c.per_step,
-            list(&mut c.kinds.iter().take(10)),
+            c.syncs,
+            list(&mut c.kinds.iter()),
             if spline.is_empty() { "none (composed)".to_string() } else { spline },
         );
     }
@@ -640,9 +694,11 @@ fn count_launches<B: TrainBackend>(
         }
         model.nll_and_grad(theta, x, n, &mut grad);
         let before = settled_launches::<B>(model.device(), log)?.len();
+        let reads = lockstep_npe::device::host_reads();
         for _ in 0..args.steps {
             model.nll_and_grad(theta, x, n, &mut grad);
         }
+        let reads = lockstep_npe::device::host_reads() - reads;
         let lines = settled_launches::<B>(model.device(), log)?;
         let steps = args.steps as f64;
         let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
@@ -658,6 +714,7 @@ fn count_launches<B: TrainBackend>(
         counts.push(LaunchCount {
             precision: precision.to_string(),
             per_step: (lines.len() - before.min(lines.len())) as f64 / steps,
+            syncs: reads as f64 / steps,
             kinds,
         });
     }
@@ -887,7 +944,7 @@ fn phases<B: TrainBackend>(
         if B::HOST_MEMORY {
             p.write_gradients(layout, &mut grads, &mut grad);
         } else {
-            p.write_partitioned_gradients_packed(layout, &all, &mut grads, &mut grad);
+            p.read_partitioned_gradients_with(layout, &all, &mut grads, &mut grad, Vec::new());
         }
         t[4] = c.elapsed().as_secs_f64();
         let c = Instant::now();

@@ -8,7 +8,9 @@
 //! from its first use in a process, and that test runs in f64 while these run in f32) and
 //! `tests/stages.rs` (it changes the working directory).
 
+mod activation_kernel;
 mod common;
+mod device_step;
 mod gw_waveform;
 mod nflows_export;
 mod sbibm_reference;
