@@ -65,18 +65,18 @@ pub struct BpttArgs {
     pub python: Option<String>,
     /// With a GPU: the DRAM bandwidth (bytes/s) of the printed traffic model (default an
     /// H200's 4.8 TB/s; the model is labelled as one, beside the measured time).
-    #[arg(long, default_value_t = 4.8e12)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4.8e12)]
     pub bandwidth: f64,
     /// With a GPU: the L2 bandwidth (bytes/s) for the traffic model's second figure, which
     /// adds the L2 traffic's time (default 7 TB/s, about what microbenchmarks report for
     /// H100-class parts; an assumption, not an NVIDIA figure).
-    #[arg(long, default_value_t = 7e12)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 7e12)]
     pub l2_bandwidth: f64,
     /// With a GPU: the L2 size of the traffic model (MB; an H200's 50).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 50.0)]
     pub l2_mb: f64,
     /// With a GPU: the GPU time the traffic model charges per kernel launch (microseconds).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4.0)]
     pub launch_us: f64,
 }
 
