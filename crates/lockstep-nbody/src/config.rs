@@ -459,8 +459,11 @@ pub fn run_nbody_config(path: &Path, opts: &RunOptions) -> Result<Summary, Nbody
 ///
 /// Errors: as [`run_nbody_config`]; an error on one rank before the run starts is an error
 /// on every rank.
-pub fn run_nbody_config_on<C: Communicator + ?Sized>(
-    comm: &C,
+///
+/// `comm` is a `dyn Communicator` (not a generic) so that the run compiles once, in this
+/// crate, and not again in each program that starts one (the CLI, the Python extension).
+pub fn run_nbody_config_on(
+    comm: &dyn Communicator,
     path: &Path,
     opts: &RunOptions,
 ) -> Result<Summary, NbodyError> {

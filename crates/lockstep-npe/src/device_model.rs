@@ -133,17 +133,55 @@ impl DeviceModel {
         each!(self, m => m.sample(x, n, seed))
     }
 
-    /// See [`NpeModel::sample_chunks`].
+    /// See [`NpeModel::nll_and_grad`].
+    pub fn nll_and_grad(&mut self, theta: &[f32], x: &[f32], n: usize, grad: &mut [f32]) -> f64 {
+        each!(self, m => m.nll_and_grad(theta, x, n, grad))
+    }
+
+    /// See [`NpeModel::train_pass`].
     ///
-    /// Errors: the first error of `write`.
-    pub fn sample_chunks<E>(
+    /// Errors: those of [`NpeModel::train_pass`].
+    pub fn train_pass(
+        &mut self,
+        theta: &[f32],
+        x: &[f32],
+        n: usize,
+        grad: &mut [f32],
+        replicas: &ReplicaContext<'_>,
+    ) -> Result<Vec<f32>, NpeError> {
+        each!(self, m => m.train_pass(theta, x, n, grad, replicas))
+    }
+
+    /// See [`NpeModel::last_step_times`].
+    pub fn last_step_times(&self) -> crate::model::StepTimes {
+        each!(self, m => m.last_step_times())
+    }
+
+    /// Waits until the device has run every queued kernel (nothing to wait for on the CPU).
+    ///
+    /// Errors: [`NpeError::Invalid`] naming the device's failure.
+    pub fn sync(&self) -> Result<(), NpeError> {
+        use burn::tensor::backend::Backend;
+        fn on<B: Backend>(device: &B::Device) -> Result<(), NpeError> {
+            B::sync(device).map_err(|e| NpeError::Invalid(format!("the device failed: {e:?}")))
+        }
+        match self {
+            DeviceModel::Cpu(m) => on::<CpuAutodiff>(m.device()),
+            DeviceModel::Gpu(m) => on::<WgpuAutodiff>(m.device()),
+            #[cfg(feature = "cuda")]
+            DeviceModel::Cuda(m) => on::<crate::CudaAutodiff>(m.device()),
+        }
+    }
+
+    /// See [`NpeModel::sample_chunks`].
+    pub fn sample_chunks(
         &self,
         x: &[f32],
         n: u64,
         seed: u64,
         chunk: usize,
-        write: impl FnMut(&[f32]) -> Result<bool, E>,
-    ) -> Result<(), E> {
+        write: &mut dyn FnMut(&[f32]) -> bool,
+    ) {
         each!(self, m => m.sample_chunks(x, n, seed, chunk, write))
     }
 

@@ -63,6 +63,7 @@ pub mod settings;
 pub mod spline;
 pub mod spline_kernel;
 pub mod stages;
+pub mod step_phases;
 pub mod submit;
 pub mod svd;
 pub mod sync_batch_norm;

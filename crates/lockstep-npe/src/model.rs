@@ -212,18 +212,21 @@ impl<B: TrainBackend> NpeModel<B> {
 
     /// Up to `n` posterior samples for the observation `x` drawn `chunk` rows at a time, each
     /// chunk (`[rows * theta_dim]`) handed to `write` as soon as it is drawn, so memory stays
-    /// bounded by the chunk whatever `n` is; `write` returns whether to go on. The rows equal
-    /// those of [`NpeModel::sample`] with the same seed (one base stream, consumed in order).
+    /// bounded by the chunk whatever `n` is; `write` returns whether to go on (a caller that
+    /// stops on an error keeps it in its own state). The rows equal those of
+    /// [`NpeModel::sample`] with the same seed (one base stream, consumed in order).
     ///
-    /// Errors: the first error `write` returns (drawing stops there).
-    pub fn sample_chunks<E>(
+    /// `write` is a `dyn` callback, not a generic one, so that the sampling code (every layer
+    /// of the flow on this backend) compiles once, in this crate, and not again in every crate
+    /// that draws samples (the CLI and the Python extension took 5 minutes each that way).
+    pub fn sample_chunks(
         &self,
         x: &[f32],
         n: u64,
         seed: u64,
         chunk: usize,
-        mut write: impl FnMut(&[f32]) -> Result<bool, E>,
-    ) -> Result<(), E> {
+        write: &mut dyn FnMut(&[f32]) -> bool,
+    ) {
         let p = Params::<B::InnerBackend>::from_flat(
             self.network.layout(),
             &self.parameters(),
@@ -237,11 +240,10 @@ impl<B: TrainBackend> NpeModel<B> {
             let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
             let s = self.network.sample_from(&mut pass, x, rows, &mut rng);
             done += rows as u64;
-            if !write(&s)? {
+            if !write(&s) {
                 break;
             }
         }
-        Ok(())
     }
 
     /// The memory one replica needs to train on `local_batch` samples: the flat parameters,

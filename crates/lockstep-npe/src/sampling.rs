@@ -142,20 +142,30 @@ pub fn draw<E: From<NpeError>>(
             f.drawn
         )))
     };
-    model.sample_chunks(xf, cap, request.seed, request.chunk, |chunk| {
+    // The sampling code takes a `dyn` callback (it compiles once, in this crate): the first
+    // error of `sink` or of the acceptance rate is kept here and stops the draw.
+    let mut failure: Option<E> = None;
+    model.sample_chunks(xf, cap, request.seed, request.chunk, &mut |chunk| {
         let rows = filter.apply(chunk);
         let take = ((n - kept) * d).min(rows.len() as u64) as usize;
-        sink(&rows[..take])?;
+        if let Err(e) = sink(&rows[..take]) {
+            failure = Some(e);
+            return false;
+        }
         kept += take as u64 / d;
         if kept < n && request.inside_prior {
             // Stop as soon as the acceptance rate shows the cap cannot be reached.
             let rate = (filter.drawn - filter.outside) as f64 / filter.drawn as f64;
             if rate * (cap - filter.drawn) as f64 + (kept as f64) < 0.5 * n as f64 {
-                return Err(too_few(&filter, kept));
+                failure = Some(too_few(&filter, kept));
+                return false;
             }
         }
-        Ok(kept < n)
-    })?;
+        kept < n
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
     if kept < n {
         return Err(too_few(&filter, kept));
     }

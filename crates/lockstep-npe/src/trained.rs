@@ -258,6 +258,13 @@ pub fn load(path: &Path) -> Result<Trained, NpeError> {
 }
 
 impl Trained {
+    /// `n` posterior samples (`[n * theta_dim]`, float32) at the standardized observation
+    /// `x` from `seed` on the CPU ([`NpeModel::sample`]): a non-generic entry, so that the
+    /// sampling code compiles in this crate and not again in each program that calls it.
+    pub fn sample(&self, x: &[f32], n: usize, seed: u64) -> Vec<f32> {
+        self.model.sample(x, n, seed)
+    }
+
     /// The mean negative log-probability over the test set (simulations
     /// `train_samples .. num_samples`), in chunks of 1024; `None` when the test set is empty.
     ///

@@ -19,7 +19,7 @@ use lockstep_comm::World;
 use lockstep_npe::c2st::{c2st, C2stOptions};
 use lockstep_npe::sbibm::reference;
 use lockstep_npe::settings::Launch;
-use lockstep_npe::{trained, CpuAutodiff, NpeModel, NpeSettings, TaskSource};
+use lockstep_npe::{trained, NpeSettings, TaskSource};
 use lockstep_train::BatchSource;
 use std::process::Command;
 use std::time::Instant;
@@ -144,7 +144,7 @@ local:
 /// `n` posterior samples inside the prior box `[lo, hi]` (rejection, at most 200 rounds of
 /// `n` draws), and the fraction of all draws that fell inside.
 fn sample_in_prior(
-    model: &NpeModel<CpuAutodiff>,
+    model: &trained::Trained,
     x: &[f32],
     n: usize,
     seed: u64,
@@ -215,7 +215,7 @@ pub fn run(args: &BenchC2stArgs, world: &World) -> Result<()> {
             };
             for (k, r) in refs.iter().enumerate() {
                 let (ours, accept) = sample_in_prior(
-                    &trained.model,
+                    &trained,
                     &r.x,
                     args.samples,
                     args.seed ^ 0x5A3 ^ k as u64,

@@ -54,14 +54,11 @@
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_comm::World;
-use lockstep_npe::backend::TrainBackend;
-use lockstep_npe::layers::Pass;
-use lockstep_npe::params::{to_vec, Params};
 use lockstep_npe::settings::Launch;
+use lockstep_npe::step_phases::{phase_names, PhaseRun};
 use lockstep_npe::Task;
 use lockstep_npe::{
-    trained, CpuAutodiff, DeviceKind, DeviceModel, NpeModel, NpeNetwork, NpeSettings, Placement,
-    TaskSource,
+    trained, DeviceKind, DeviceModel, NpeNetwork, NpeSettings, Placement, TaskSource,
 };
 use lockstep_train::config::EngineConfig;
 use lockstep_train::job::run_job;
@@ -259,7 +256,7 @@ fn single_core(
     let n = args.batch;
     let updates = args.warmup + args.steps;
     let params = network.layout().len();
-    let mut model = NpeModel::<CpuAutodiff>::new(network.clone(), seed, Default::default());
+    let mut model = DeviceModel::new(network.clone(), seed, &Placement::Cpu)?;
     let initial = model.trainable().to_vec();
     let lp = model.log_prob(theta, x, n);
     let initial_loss = -lp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
@@ -274,29 +271,14 @@ fn single_core(
             step_s.push(t.elapsed().as_secs_f64());
         }
     }
-    let phases = phases::<CpuAutodiff>(
-        network,
-        &initial,
-        theta,
-        x,
-        args,
-        &Default::default(),
-        &mut || {},
-    )?;
+    let phases = model.step_phases(&initial, &phase_run(args, theta, x), &mut || {})?;
     let step = median(&step_s);
     println!(
         "\n1 replica, 1 core (burn ndarray backend, f32): median of {} steps after {} warm-up",
         args.steps, args.warmup
     );
     println!("{:>28} {:>10} {:>8}", "phase", "ms", "% step");
-    let names = [
-        "unpack params -> tensors",
-        "forward: embedding",
-        "forward: flow + loss",
-        "backward",
-        "pack grads -> flat",
-        "Adam update",
-    ];
+    let names = phase_names(true);
     let sum: f64 = phases.iter().sum();
     for (name, t) in names.iter().zip(&phases) {
         println!("{:>28} {:>10.2} {:>8.1}", name, 1e3 * t, 100.0 * t / sum);
@@ -322,18 +304,17 @@ fn on_device(
     placement: &Placement,
 ) -> Result<()> {
     println!("device: {}", placement.describe());
-    match DeviceModel::new(network.clone(), seed, placement)? {
-        DeviceModel::Gpu(m) => device_step(args, m, batch, placement),
-        #[cfg(feature = "cuda")]
-        DeviceModel::Cuda(m) => device_step(args, m, batch, placement),
-        DeviceModel::Cpu(_) => bail!("on_device runs on a GPU"),
+    let model = DeviceModel::new(network.clone(), seed, placement)?;
+    if matches!(model, DeviceModel::Cpu(_)) {
+        bail!("on_device runs on a GPU");
     }
+    device_step(args, model, batch, placement)
 }
 
 /// [`on_device`] for the model's backend.
-fn device_step<B: TrainBackend>(
+fn device_step(
     args: &BenchNpeArgs,
-    mut model: NpeModel<B>,
+    mut model: DeviceModel,
     batch: &lockstep_train::Batch,
     placement: &Placement,
 ) -> Result<()> {
@@ -369,20 +350,12 @@ fn device_step<B: TrainBackend>(
     }
     println!("{}", host.line("float32"));
     let mut memory: Option<(u64, u64)> = None;
-    let phases = phases::<B>(
-        &model.network,
-        &initial,
-        theta,
-        x,
-        args,
-        model.device(),
-        &mut || {
-            if let Some((u, r)) = placement.memory() {
-                let (pu, pr) = memory.unwrap_or((0, 0));
-                memory = Some((pu.max(u), pr.max(r)));
-            }
-        },
-    )?;
+    let phases = model.step_phases(&initial, &phase_run(args, theta, x), &mut || {
+        if let Some((u, r)) = placement.memory() {
+            let (pu, pr) = memory.unwrap_or((0, 0));
+            memory = Some((pu.max(u), pr.max(r)));
+        }
+    })?;
     let step = median(&step_s);
     println!(
         "\n1 replica on {} (burn, f32): median of {} steps after {} warm-up",
@@ -391,14 +364,7 @@ fn device_step<B: TrainBackend>(
         args.warmup
     );
     println!("{:>28} {:>10} {:>8}", "phase", "ms", "% step");
-    let names = [
-        "copy params host -> device",
-        "forward: embedding",
-        "forward: flow + loss",
-        "backward",
-        "copy grads device -> flat",
-        "Adam update (host)",
-    ];
+    let names = phase_names(false);
     let sum: f64 = phases.iter().sum();
     for (name, t) in names.iter().zip(&phases) {
         println!("{:>28} {:>10.2} {:>8.1}", name, 1e3 * t, 100.0 * t / sum);
@@ -440,7 +406,7 @@ fn device_step<B: TrainBackend>(
         Err(e) => println!("kernel launches: not counted: {e:#}"),
     }
     if !args.no_torch {
-        torch_on_device(args, &model.network, &initial, batch, step);
+        torch_on_device(args, model.network(), &initial, batch, step);
     }
     Ok(())
 }
@@ -505,7 +471,7 @@ const AMP_SCALE: f32 = 65536.0;
 
 /// The host's side of the timed device steps: read-backs (host synchronisations) and the
 /// host's time recording the step and waiting for its results
-/// ([`NpeModel::last_step_times`]).
+/// ([`DeviceModel::last_step_times`]).
 #[derive(Debug, Default)]
 struct HostCost {
     /// Read-backs per timed step ([`lockstep_npe::device::host_reads`]).
@@ -518,7 +484,7 @@ struct HostCost {
 
 impl HostCost {
     /// Adds one timed step of `model` that made `syncs` read-backs.
-    fn add<B: TrainBackend>(&mut self, model: &NpeModel<B>, syncs: u64) {
+    fn add(&mut self, model: &DeviceModel, syncs: u64) {
         let t = model.last_step_times();
         self.syncs.push(syncs as f64);
         self.recording.push(t.recording.as_secs_f64());
@@ -539,9 +505,9 @@ impl HostCost {
 /// Median seconds per step of `model` in mixed precision from `initial` (the gradient is
 /// unscaled before Adam, as the engine does; an overflowing step is skipped), and the host's
 /// side of those steps.
-fn amp_steps<B: TrainBackend>(
+fn amp_steps(
     args: &BenchNpeArgs,
-    model: &mut NpeModel<B>,
+    model: &mut DeviceModel,
     initial: &[f32],
     batch: &lockstep_train::Batch,
 ) -> Result<(f64, HostCost)> {
@@ -648,8 +614,8 @@ fn launches_child(args: &BenchNpeArgs) -> Result<String> {
 
 /// The lines CubeCL has written to the launch log `log` once the device has run every
 /// queued kernel and the logging task has caught up (the count is unchanged for 0.3 s).
-fn settled_launches<B: TrainBackend>(device: &B::Device, log: &Path) -> Result<Vec<String>> {
-    B::sync(device).map_err(|e| anyhow!("the device failed: {e:?}"))?;
+fn settled_launches(model: &DeviceModel, log: &Path) -> Result<Vec<String>> {
+    model.sync()?;
     let read = || -> Vec<String> {
         std::fs::read_to_string(log)
             .unwrap_or_default()
@@ -673,9 +639,9 @@ fn settled_launches<B: TrainBackend>(device: &B::Device, log: &Path) -> Result<V
 /// `--count-launches`: one warm-up step, then the launches of `--steps` steps, in float32
 /// and (where the device computes in float16) in mixed precision; prints them as one JSON
 /// line.
-fn count_launches<B: TrainBackend>(
+fn count_launches(
     args: &BenchNpeArgs,
-    mut model: NpeModel<B>,
+    mut model: DeviceModel,
     batch: &lockstep_train::Batch,
     placement: &Placement,
     log: &Path,
@@ -693,13 +659,13 @@ fn count_launches<B: TrainBackend>(
             Model::set_loss_scale(&mut model, AMP_SCALE);
         }
         model.nll_and_grad(theta, x, n, &mut grad);
-        let before = settled_launches::<B>(model.device(), log)?.len();
+        let before = settled_launches(&model, log)?.len();
         let reads = lockstep_npe::device::host_reads();
         for _ in 0..args.steps {
             model.nll_and_grad(theta, x, n, &mut grad);
         }
         let reads = lockstep_npe::device::host_reads() - reads;
-        let lines = settled_launches::<B>(model.device(), log)?;
+        let lines = settled_launches(&model, log)?;
         let steps = args.steps as f64;
         let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
         for l in &lines[before.min(lines.len())..] {
@@ -883,80 +849,15 @@ fn replica_table(
     Ok(())
 }
 
-/// Median seconds of each phase: unpack, embedding forward, flow forward + loss, backward,
-/// pack, Adam.
-fn phases<B: TrainBackend>(
-    network: &NpeNetwork,
-    initial: &[f32],
-    theta: &[f32],
-    x: &[f32],
-    args: &BenchNpeArgs,
-    device: &B::Device,
-    probe: &mut dyn FnMut(),
-) -> Result<Vec<f64>> {
-    let n = args.batch;
-    // A phase ends when its kernels have run (a no-op on the CPU backend).
-    let sync = || B::sync(device).map_err(|e| anyhow!("the device failed: {e:?}"));
-    let layout = network.layout();
-    let all = lockstep_npe::params::Partition::all_trainable(layout);
-    let mut params = initial.to_vec();
-    let (_, mut state) = network.initial_values(0);
-    let mut grad = vec![0.0f32; params.len()];
-    let mut opt = Optimizer::new(OptimizerConfig::default(), params.len());
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 6];
-    for i in 0..args.warmup + args.steps {
-        let mut t = [0.0f64; 6];
-        let c = Instant::now();
-        // As NpeModel does: on a device one upload and one packed gradient read-back.
-        let p = if B::HOST_MEMORY {
-            Params::<B>::leaves(layout, &params, device)
-        } else {
-            Params::<B>::partitioned_leaves_packed(layout, &all, &params, &[], device)
-        };
-        sync()?;
-        t[0] = c.elapsed().as_secs_f64();
-        let mut pass = Pass {
-            params: &p,
-            state: &mut state,
-            state_layout: network.state_layout(),
-            training: true,
-            sync: None,
-        };
-        let c = Instant::now();
-        let context = network.context(&mut pass, x, n);
-        sync()?;
-        t[1] = c.elapsed().as_secs_f64();
-        let c = Instant::now();
-        let lp = network.log_prob_with_context(&mut pass, theta, &context, n);
-        let loss = lp.mean().neg();
-        let value = to_vec(loss.clone().detach())[0];
-        t[2] = c.elapsed().as_secs_f64();
-        if !value.is_finite() {
-            bail!("the loss is {value}");
-        }
-        let c = Instant::now();
-        let mut grads = loss.backward();
-        sync()?;
-        t[3] = c.elapsed().as_secs_f64();
-        // The activations and every gradient are alive here: the step's peak memory.
-        probe();
-        let c = Instant::now();
-        if B::HOST_MEMORY {
-            p.write_gradients(layout, &mut grads, &mut grad);
-        } else {
-            p.read_partitioned_gradients_with(layout, &all, &mut grads, &mut grad, Vec::new());
-        }
-        t[4] = c.elapsed().as_secs_f64();
-        let c = Instant::now();
-        opt.update(&mut params, &grad);
-        t[5] = c.elapsed().as_secs_f64();
-        if i >= args.warmup {
-            for (v, x) in times.iter_mut().zip(t) {
-                v.push(x);
-            }
-        }
+/// The batch and steps of the bench's phase timing ([`DeviceModel::step_phases`]).
+fn phase_run<'a>(args: &BenchNpeArgs, theta: &'a [f32], x: &'a [f32]) -> PhaseRun<'a> {
+    PhaseRun {
+        theta,
+        x,
+        n: args.batch,
+        warmup: args.warmup,
+        steps: args.steps,
     }
-    Ok(times.iter().map(|v| median(v)).collect())
 }
 
 /// Part 4: LayerNorm, BatchNorm, SyncBatchNorm and BatchNorm with local statistics in every
@@ -1103,7 +1004,7 @@ fn engine(
 
 /// The NPE model with BatchNorm over each replica's own slice: the engine's replicas do not
 /// reach its pass (what PyTorch DDP trains without SyncBatchNorm). Bench only.
-struct LocalStatistics(NpeModel<CpuAutodiff>);
+struct LocalStatistics(DeviceModel);
 
 impl Model for LocalStatistics {
     fn trainable(&self) -> &[f32] {
@@ -1173,7 +1074,7 @@ fn train_quietly_as<T, M: Model>(
     s: &NpeSettings,
     raw: &serde_json::Value,
     launch: Launch,
-    wrap: impl Fn(NpeModel<CpuAutodiff>) -> M + Sync,
+    wrap: impl Fn(DeviceModel) -> M + Sync,
     inspect: impl FnOnce(&TrainSummary, &Arc<dyn Task>, &NpeNetwork) -> Result<T>,
 ) -> Result<T> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
@@ -1189,11 +1090,7 @@ fn train_quietly_as<T, M: Model>(
     let (seed, n) = (s.data.seed, s.train_samples());
     let summary = run_job(world, &cfg, &opts, |_rank| {
         Ok((
-            wrap(NpeModel::<CpuAutodiff>::new(
-                network.clone(),
-                seed,
-                Default::default(),
-            )),
+            wrap(DeviceModel::new(network.clone(), seed, &Placement::Cpu)?),
             TaskSource::dataset(task.clone(), seed, n)
                 .with_workers(s.local.num_workers.unwrap_or(1)),
         ))

@@ -4,11 +4,15 @@
 //! packed gradient and the loss must still be the CPU's, with frozen parameters in the
 //! middle of the layout (so the trainable buffer's offsets differ from the layout's) and a
 //! batch that is no multiple of a workgroup.
+//!
+//! The models are [`DeviceModel`]s, whose (non-generic) methods run the network code compiled
+//! in lockstep-npe: an `NpeModel<WgpuAutodiff>` here would compile every layer on the GPU
+//! backend again in this test binary (minutes of `make test`).
 
 use crate::common::{random_params, small_network};
-use lockstep_npe::device::{host_reads, wgpu_device, WgpuAutodiff};
+use lockstep_npe::device::{host_reads, DeviceKind, Placement};
 use lockstep_npe::layers::Norm;
-use lockstep_npe::{CpuAutodiff, NpeModel};
+use lockstep_npe::DeviceModel;
 use lockstep_train::Model;
 
 #[test]
@@ -16,7 +20,7 @@ fn a_gpu_step_reads_back_once_and_packs_the_cpu_gradient() {
     let (td, xd, n) = (3, 6, 37);
     let net = small_network(td, xd, Norm::LayerNorm, 3.0);
     let (values, _) = random_params(&net, 0.1, 11);
-    let mut cpu = NpeModel::<CpuAutodiff>::new(net.clone(), 3, Default::default());
+    let mut cpu = DeviceModel::new(net.clone(), 3, &Placement::Cpu).unwrap();
     cpu.set_parameters(&values).unwrap();
     // Freeze the first flow step's parameters: trainable ones sit on both sides of them.
     let frozen_block = net
@@ -29,7 +33,12 @@ fn a_gpu_step_reads_back_once_and_packs_the_cpu_gradient() {
         .expect("a flow step 0");
     let frozen = cpu.freeze(std::slice::from_ref(&frozen_block)).unwrap();
     assert!(frozen > 0 && cpu.trainable().len() + frozen == values.len());
-    let mut gpu = cpu.on::<WgpuAutodiff>(wgpu_device(0).expect("a Vulkan adapter (lavapipe)"));
+    let DeviceModel::Cpu(on_cpu) = &cpu else {
+        unreachable!("a model placed on the CPU")
+    };
+    let placement = Placement::for_slot(DeviceKind::Gpu, 0).expect("a Vulkan adapter (lavapipe)");
+    let mut gpu = DeviceModel::from_model(on_cpu, &placement).unwrap();
+    assert!(matches!(gpu, DeviceModel::Gpu(_)));
 
     let mut rng = lockstep_core::rng::SplitMix64::new(5);
     let mut draw = |k: usize| -> Vec<f32> { (0..k).map(|_| rng.normal() as f32).collect() };

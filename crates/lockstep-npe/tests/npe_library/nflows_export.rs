@@ -23,8 +23,8 @@ use lockstep_npe::flow::ProjectionConfig;
 use lockstep_npe::task::BasisLayout;
 use lockstep_npe::trained::{restore_permutations, stored_permutations};
 use lockstep_npe::{
-    CpuAutodiff, EmbeddingConfig, FlowConfig, NetworkConfig, Norm, NpeModel, NpeNetwork,
-    NpeSettings, Standardization,
+    DeviceModel, EmbeddingConfig, FlowConfig, NetworkConfig, Norm, NpeNetwork, NpeSettings,
+    Placement, Standardization,
 };
 use lockstep_train::Model;
 use safetensors::SafeTensors;
@@ -107,8 +107,8 @@ fn running_statistics(net: &NpeNetwork) -> Vec<f32> {
     state
 }
 
-fn model(net: &NpeNetwork, params: &[f32]) -> NpeModel<CpuAutodiff> {
-    let mut m = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+fn model(net: &NpeNetwork, params: &[f32]) -> DeviceModel {
+    let mut m = DeviceModel::new(net.clone(), 0, &Placement::Cpu).unwrap();
     m.set_parameters(params).unwrap();
     m.set_state(&running_statistics(net)).unwrap();
     m

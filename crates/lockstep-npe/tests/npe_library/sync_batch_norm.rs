@@ -7,7 +7,7 @@
 use crate::common::small_network;
 use lockstep_comm::{run_replicas, Communicator, SelfComm};
 use lockstep_core::rng::SplitMix64;
-use lockstep_npe::{CpuAutodiff, Norm, NpeModel, NpeNetwork};
+use lockstep_npe::{DeviceModel, Norm, NpeNetwork, Placement};
 use lockstep_train::{Model, ReplicaContext};
 
 const THETA: usize = 3;
@@ -25,14 +25,14 @@ fn data(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
 /// `(per-sample log q, gradient, running statistics)` after one training pass.
 type PassResult = (Vec<f32>, Vec<f32>, Vec<f32>);
 
-fn model(net: &NpeNetwork, frozen: &[String]) -> NpeModel<CpuAutodiff> {
-    let mut m = NpeModel::<CpuAutodiff>::new(net.clone(), 11, Default::default());
+fn model(net: &NpeNetwork, frozen: &[String]) -> DeviceModel {
+    let mut m = DeviceModel::new(net.clone(), 11, &Placement::Cpu).unwrap();
     m.freeze(frozen).unwrap();
     m
 }
 
 fn one_pass(
-    m: &mut NpeModel<CpuAutodiff>,
+    m: &mut DeviceModel,
     theta: &[f32],
     x: &[f32],
     n: usize,

@@ -3,10 +3,9 @@
 //! replicas and BatchNorm's running statistics across a checkpoint resume.
 
 use lockstep_comm::World;
-use lockstep_npe::calibration::pp_test;
 use lockstep_npe::{
-    CpuAutodiff, EmbeddingConfig, FlowConfig, GaussianLinear, NetworkConfig, Norm, NpeModel,
-    NpeNetwork, Task, TaskSource, TwoMoons,
+    DeviceModel, EmbeddingConfig, FlowConfig, GaussianLinear, NetworkConfig, Norm, NpeNetwork,
+    Placement, Task, TaskSource, TwoMoons,
 };
 use lockstep_train::job::run_job;
 use lockstep_train::{checkpoint, EngineConfig, EngineOptions, Model, TrainError, TrainSummary};
@@ -102,7 +101,7 @@ fn train_on(
     let seed = cfg.seed;
     run_job(&world, &cfg, &opts, |_rank| {
         Ok((
-            NpeModel::<CpuAutodiff>::new(net.clone(), seed, Default::default()),
+            DeviceModel::new(net.clone(), seed, &Placement::Cpu).unwrap(),
             source(seed),
         ))
     })
@@ -258,7 +257,7 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
         t0.elapsed().as_secs_f64()
     );
     let state = final_state(&dir.path().join("gl"), updates);
-    let mut model = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+    let mut model = DeviceModel::new(net.clone(), 0, &Placement::Cpu).unwrap();
     model.trainable_mut().copy_from_slice(&state.trainable);
     model.frozen_mut().copy_from_slice(&state.frozen);
 
@@ -324,7 +323,7 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
         );
     }
     // Calibration over 100 injections from the prior (500 posterior samples each).
-    let r = pp_test(&model, &gl, 2024, 100, 500).unwrap();
+    let r = model.pp_test(&gl, 2024, 100, 500).unwrap();
     eprintln!(
         "P-P KS p-values {:?}; first injections {:?}",
         r.p_values,
@@ -341,7 +340,7 @@ fn gaussian_linear_posterior_matches_the_analytic_one() {
         simulator_scale: 0.4,
         ..gl.clone()
     };
-    let bad = pp_test(&model, &wider, 2024, 100, 500).unwrap();
+    let bad = model.pp_test(&wider, 2024, 100, 500).unwrap();
     assert!(
         bad.min_p_value() < 0.01,
         "a mismatched task passed the P-P test: {:?}",
@@ -360,7 +359,7 @@ fn density_of_a_trained_2d_flow_integrates_to_one() {
     let c = config(dir.path(), "tm", 256, Value::Null, 300, adam);
     train(&c, &net, task.clone(), None).unwrap();
     let state = final_state(&dir.path().join("tm"), 300);
-    let mut model = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+    let mut model = DeviceModel::new(net.clone(), 0, &Placement::Cpu).unwrap();
     model.trainable_mut().copy_from_slice(&state.trainable);
     let x = [0.0f32, 0.1];
     let (l, g) = (4.0f64, 400usize);
@@ -527,7 +526,7 @@ fn a_posterior_on_a_tiny_absolute_scale_has_the_right_width() {
         let c = config(dir.path(), name, 128, Value::Null, updates, adam);
         train(&c, &net, task.clone(), None).unwrap();
         let state = final_state(&dir.path().join(name), updates);
-        let mut model = NpeModel::<CpuAutodiff>::new(net.clone(), 0, Default::default());
+        let mut model = DeviceModel::new(net.clone(), 0, &Placement::Cpu).unwrap();
         model.trainable_mut().copy_from_slice(&state.trainable);
         model.frozen_mut().copy_from_slice(&state.frozen);
         let sd = variance.sqrt();
