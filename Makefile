@@ -5,7 +5,7 @@
 #               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
 #               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
 #   make python builds and installs the Python package (python/) from the release build
-#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied, the cuda feature compiles,
+#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied (with the cuda feature),
 #               no two files of a crate import each other (scripts/check_layout.py), and
 #               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py)
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
@@ -35,14 +35,16 @@ build: setup
 # scripts/check_layout.py: no circle of imports between the files of a crate; LAYOUT_ARGS adds
 # --skip-cycles CRATE (a crate being restructured) and --max-lines DIR=N (a file size limit).
 LAYOUT_ARGS ?= --max-lines crates/lockstep-snn/src=1000
+CUDA_FEATURE := lockstep-cli/cuda
 lint: setup
 	$(PYTHON) scripts/check_layout.py crates $(LAYOUT_ARGS)
 	cargo fmt --all --check
-	cargo clippy --release --workspace --all-targets -- -D warnings
-	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps
-	# The NPE crate's CUDA backend compiles without a CUDA toolkit (burn 0.21 loads the CUDA
-	# libraries at run time); it runs only where a GPU exists.
-	cargo check --release -p lockstep-npe --features cuda
+	# Clippy and rustdoc see the `cuda` feature too: the NPE crate's CUDA backend compiles
+	# without a CUDA toolkit (burn 0.21 loads the CUDA libraries at run time) and runs only
+	# where a GPU exists. Both take the same features, so rustdoc reuses clippy's check of the
+	# dependencies (a separate `cargo check --features cuda` checked burn and its stack again).
+	cargo clippy --release --workspace --all-targets --features $(CUDA_FEATURE) -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --features $(CUDA_FEATURE)
 	# One compile per `make test`: no dev-dependency may switch on a feature of a library (test
 	# helpers live in lockstep-testkit, a crate only [dev-dependencies] name), or `cargo test`
 	# recompiles every crate above it (10 minutes on CI). This builds the tests (`--no-run`,

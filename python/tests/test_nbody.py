@@ -128,8 +128,10 @@ def test_bad_input_raises_value_error_naming_it(kwargs, words):
 
 def test_forces_release_the_gil():
     rng = np.random.default_rng(0)
-    pos = rng.normal(size=(6000, 3))
-    mass = np.full(6000, 1.0 / 6000)
+    # 12,000 bodies: a call of about 0.2 s on 2 cores, long enough for the ticking thread to
+    # run ten times while the force threads keep both cores busy (6,000 failed now and then).
+    pos = rng.normal(size=(12000, 3))
+    mass = np.full(12000, 1.0 / 12000)
     ticks = []
     stop = threading.Event()
 

@@ -704,9 +704,28 @@ local:
 /// device it trained on: for four observations x the mean of 4000 samples lies within 0.1
 /// posterior standard deviations of the analytic x/2 and the covariance within 15%
 /// (Frobenius) of 0.05·I (prior and noise variances 0.1); `npe pp` over 100 injections gives
-/// every parameter a KS p-value above 0.01.
+/// every parameter a KS p-value above 0.01. One test per run, so that the test threads run
+/// them side by side (the GPU runs are the slowest tests of `make test` on lavapipe).
 #[test]
-fn posteriors_trained_on_the_gpu_match_the_analytic_one() {
+fn a_posterior_trained_on_the_cpu_matches_the_analytic_one() {
+    check_trained_posterior("cpu", "cpu", false);
+}
+
+/// See [`a_posterior_trained_on_the_cpu_matches_the_analytic_one`].
+#[test]
+fn a_posterior_trained_on_the_gpu_in_float32_matches_the_analytic_one() {
+    check_trained_posterior("gpu_f32", "gpu", false);
+}
+
+/// See [`a_posterior_trained_on_the_cpu_matches_the_analytic_one`].
+#[test]
+fn a_posterior_trained_on_the_gpu_in_mixed_precision_matches_the_analytic_one() {
+    check_trained_posterior("gpu_amp", "gpu", true);
+}
+
+/// Trains the run `name` on `device` (`amp`: mixed precision) and checks its posterior (see
+/// [`a_posterior_trained_on_the_cpu_matches_the_analytic_one`]).
+fn check_trained_posterior(name: &str, device: &str, amp: bool) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (var, dim, n) = (0.05f64, 2usize, 4000usize);
@@ -716,96 +735,88 @@ fn posteriors_trained_on_the_gpu_match_the_analytic_one() {
         cmd.args(args);
         ok(run_with_limit(cmd, Duration::from_secs(600)).unwrap())
     };
-    for (name, device, amp) in [
-        ("cpu", "cpu", false),
-        ("gpu_f32", "gpu", false),
-        ("gpu_amp", "gpu", true),
-    ] {
-        let cfg = write(d, &format!("{name}.yaml"), &posterior_settings(device, amp));
-        let run = d.join(name);
-        let out = long(&["npe", "train", s(&cfg), "--train-dir", s(&run)]);
-        assert_eq!(
-            out.stdout.contains("mixed precision"),
-            amp,
-            "{}",
-            out.all_output()
-        );
-        for (k, x) in [[0.0, 0.0], [0.5, -0.3], [-0.6, 0.4], [0.3, 0.9]]
-            .iter()
-            .enumerate()
-        {
-            let csv = d.join(format!("{name}_{k}.csv"));
-            let obs = format!("--observation={},{}", x[0], x[1]);
-            long(&[
-                "npe",
-                "sample",
-                s(&run),
-                &obs,
-                "--num-samples",
-                &n.to_string(),
-                "--output",
-                s(&csv),
-                "--device",
-                device,
-                "--seed",
-                "7",
-            ]);
-            let text = std::fs::read_to_string(&csv).unwrap();
-            let rows: Vec<Vec<f64>> = text
-                .lines()
-                .skip(1)
-                .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
-                .collect();
-            assert_eq!(rows.len(), n);
-            let m: Vec<f64> = (0..dim)
-                .map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / n as f64)
-                .collect();
-            let mut err2 = 0.0;
-            for a in 0..dim {
-                for b in 0..dim {
-                    let c = rows
-                        .iter()
-                        .map(|r| (r[a] - m[a]) * (r[b] - m[b]))
-                        .sum::<f64>()
-                        / (n - 1) as f64;
-                    let exact = if a == b { var } else { 0.0 };
-                    err2 += (c - exact).powi(2);
-                }
-            }
-            let cov_err = err2.sqrt() / (var * (dim as f64).sqrt());
-            let mean_err = (0..dim)
-                .map(|j| (m[j] - x[j] / 2.0).abs() / sd)
-                .fold(0.0, f64::max);
-            eprintln!(
-                "{name}, x {x:?}: mean error {mean_err:.3} sd, covariance error {cov_err:.3}"
-            );
-            assert!(
-                mean_err < 0.1 && cov_err < 0.15,
-                "{name}, x {x:?}: mean {m:?} (error {mean_err:.3} sd), covariance error {cov_err:.3}"
-            );
-        }
-        let pp = d.join(format!("{name}_pp"));
+    let cfg = write(d, &format!("{name}.yaml"), &posterior_settings(device, amp));
+    let run = d.join(name);
+    let out = long(&["npe", "train", s(&cfg), "--train-dir", s(&run)]);
+    assert_eq!(
+        out.stdout.contains("mixed precision"),
+        amp,
+        "{}",
+        out.all_output()
+    );
+    for (k, x) in [[0.0, 0.0], [0.5, -0.3], [-0.6, 0.4], [0.3, 0.9]]
+        .iter()
+        .enumerate()
+    {
+        let csv = d.join(format!("{name}_{k}.csv"));
+        let obs = format!("--observation={},{}", x[0], x[1]);
         long(&[
             "npe",
-            "pp",
+            "sample",
             s(&run),
-            "--injections",
-            "100",
+            &obs,
             "--num-samples",
-            "500",
+            &n.to_string(),
+            "--output",
+            s(&csv),
             "--device",
             device,
-            "--output-dir",
-            s(&pp),
+            "--seed",
+            "7",
         ]);
-        let ks = std::fs::read_to_string(pp.join("ks.csv")).unwrap();
-        for line in ks.lines().skip(1) {
-            let p: f64 = line.rsplit(',').next().unwrap().parse().unwrap();
-            eprintln!("{name}: {line}");
-            assert!(p > 0.01, "{name}: P-P KS {line}");
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let rows: Vec<Vec<f64>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), n);
+        let m: Vec<f64> = (0..dim)
+            .map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / n as f64)
+            .collect();
+        let mut err2 = 0.0;
+        for a in 0..dim {
+            for b in 0..dim {
+                let c = rows
+                    .iter()
+                    .map(|r| (r[a] - m[a]) * (r[b] - m[b]))
+                    .sum::<f64>()
+                    / (n - 1) as f64;
+                let exact = if a == b { var } else { 0.0 };
+                err2 += (c - exact).powi(2);
+            }
         }
-        assert_eq!(ks.lines().count(), 1 + dim, "{ks}");
+        let cov_err = err2.sqrt() / (var * (dim as f64).sqrt());
+        let mean_err = (0..dim)
+            .map(|j| (m[j] - x[j] / 2.0).abs() / sd)
+            .fold(0.0, f64::max);
+        eprintln!("{name}, x {x:?}: mean error {mean_err:.3} sd, covariance error {cov_err:.3}");
+        assert!(
+            mean_err < 0.1 && cov_err < 0.15,
+            "{name}, x {x:?}: mean {m:?} (error {mean_err:.3} sd), covariance error {cov_err:.3}"
+        );
     }
+    let pp = d.join(format!("{name}_pp"));
+    long(&[
+        "npe",
+        "pp",
+        s(&run),
+        "--injections",
+        "100",
+        "--num-samples",
+        "500",
+        "--device",
+        device,
+        "--output-dir",
+        s(&pp),
+    ]);
+    let ks = std::fs::read_to_string(pp.join("ks.csv")).unwrap();
+    for line in ks.lines().skip(1) {
+        let p: f64 = line.rsplit(',').next().unwrap().parse().unwrap();
+        eprintln!("{name}: {line}");
+        assert!(p > 0.01, "{name}: P-P KS {line}");
+    }
+    assert_eq!(ks.lines().count(), 1 + dim, "{ks}");
 }
 
 /// `lockstep bench npe --device gpu` (small batch, one timed step): the device step, its
