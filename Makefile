@@ -1,13 +1,14 @@
 # lockstep: one-command entry points (see README.md).
 #   make demo   installs what is missing, builds, and trains the bundled example with 2 MPI replicas
-#   make test   installs what is missing, builds once (release), runs make lint, the main job on
+#   make test   installs what is missing, builds once (release, every target), runs make lint, the main job on
 #               2 updates and every test (among them MPI jobs across two hosts simulated with
 #               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
 #               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
 #   make python builds and installs the Python package (python/) from the release build
 #   make lint   cargo fmt --check, clippy and rustdoc with warnings denied (with the cuda feature),
 #               no two files of a crate import each other (scripts/check_layout.py), and
-#               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py)
+#               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py),
+#               the programs name no burn backend type (scripts/check_generic_entries.py)
 # mpirun refuses to run as root unless told; these variables allow it (harmless otherwise).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -22,13 +23,20 @@ export XDG_RUNTIME_DIR ?= /tmp
 # lockstep-py again, 2.5 minutes each time on CI (pyo3's other inputs: .cargo/config.toml).
 PYTHON := $(shell python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo python3)
 
-.PHONY: setup build lint test demo python
+.PHONY: setup build build-all lint test demo python
 
 setup:
 	bash scripts/setup.sh
 
 build: setup
 	cargo build --release --workspace
+
+# `make test` builds every target in one cargo run (libraries, binaries, test binaries): the
+# tests that do not need lockstep-npe compile on the second core while lockstep-npe, the
+# longest crate (about 3 minutes on 2 cores), compiles alone; built after the workspace,
+# they waited for it. The libraries are the same as `build`'s (scripts/check_one_compile.py).
+build-all: setup
+	cargo build --release --workspace --all-targets
 
 # Guardrails: formatting, clippy and rustdoc with warnings denied (the workspace lints in
 # Cargo.toml: missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks).
@@ -51,6 +59,11 @@ lint: setup
 	# which `make test` needs anyway) and fails, naming the crate and features, when a library
 	# of the test build differs from the release build's.
 	$(PYTHON) scripts/check_one_compile.py --profile release --package lockstep-py
+	# The programs reach burn's backends through lockstep-npe's non-generic entries
+	# (DeviceModel, Trained, sampling::draw): release builds share no generic instantiations
+	# between crates, so a program naming NpeModel<B> compiles the network again (4-5 minutes
+	# each for the CLI and the Python extension).
+	$(PYTHON) scripts/check_generic_entries.py crates/lockstep-cli/src python/src
 
 # The Python package (python/: PyO3 bindings built by maturin), installed into python3. Run
 # after `build`, it compiles nothing: the workspace build compiled the bindings crate
@@ -72,7 +85,7 @@ demo: build
 	mpirun -n 2 --oversubscribe --bind-to none target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
 
 # The guardrails, the main job itself on a reduced schedule (2 updates), then every test.
-test: build
+test: build-all
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
 	cargo test --release --workspace
