@@ -94,6 +94,11 @@ def simulate(config: PathLike, trials: int = 1, progress: Optional[bool] = None)
         command prints: ``n_neurons``, ``n_steps``, ``dt``, ``tstop``, ``n_spikes``,
         ``syn_events``, ``rates`` (rows ``(group, name, cells, spikes, rate_hz)``),
         ``build_s``, ``simulate_s``, ``spikes_file``, ``output_dir``, ``warnings``.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        On Ctrl-C, within 1024 time steps; nothing is written.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise InvalidInputError(f"trials={trials!r}: give an integer >= 1")
@@ -142,6 +147,13 @@ def train(
     -------
     TrainResult
         The run directory and the loss history (the values the command logs).
+
+    Raises
+    ------
+    KeyboardInterrupt
+        On Ctrl-C: every replica stops after the update under way, a checkpoint of it is
+        written (its path is in the message) and ``resume=`` the run directory continues
+        exactly where it stopped.
     """
     if updates is not None and (isinstance(updates, bool) or not isinstance(updates, int) or updates < 0):
         raise InvalidInputError(f"updates={updates!r}: give a non-negative integer")

@@ -82,8 +82,10 @@ def forces(
 
     Notes
     -----
-    The GIL is released while the forces are computed (other Python threads run). One
-    evaluation is not interruptible: Ctrl-C takes effect when it returns.
+    The GIL is released while the forces are computed (other Python threads run). Ctrl-C
+    raises ``KeyboardInterrupt`` at the end of the FMM phase under way (tree, upward pass,
+    traversal, M2L, L2L/L2P, M2P), within a block of targets of the direct sums, or after
+    a GPU evaluation.
 
     Examples
     --------
@@ -138,6 +140,12 @@ def simulate(
         Print nothing (no diagnostics table, no summary); ``False`` prints as the command.
     progress : bool, optional
         A progress bar on stderr; default: only where stderr is a terminal.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        On Ctrl-C, before the next step (or the next phase of a force evaluation); the
+        snapshots already written stay.
 
     Returns
     -------

@@ -302,6 +302,12 @@ def train(
     -------
     TrainResult
         The run directory and the loss history (the same values the command logs).
+
+    Raises
+    ------
+    KeyboardInterrupt
+        On Ctrl-C: every replica stops after the update under way and a checkpoint of it is
+        written (its path is in the message); ``resume=`` continues from it.
     """
     stages = _lockstep._npe_train(
         existing_path(settings, "the NPE settings file"),

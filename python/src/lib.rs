@@ -9,8 +9,9 @@
 //! - errors become Python exceptions carrying the library's message (module `errors`), never a
 //!   crash of the interpreter (a panic becomes PyO3's `PanicException`; under MPI a panic
 //!   aborts the job, as in the command, so that no rank waits forever);
-//! - long calls release the GIL (`detached`); sampling and log-probabilities stop at the
-//!   next chunk on Ctrl-C (`KeyboardInterrupt`);
+//! - long calls release the GIL (`detached`) and stop on Ctrl-C with `KeyboardInterrupt`:
+//!   sampling and log-probabilities at the next chunk, training, simulations and forces at the
+//!   library's next check (`interruptible`);
 //! - arrays cross without copies where the layout allows: inputs are read in place, results
 //!   are written straight into the NumPy arrays returned.
 
@@ -40,6 +41,99 @@ pub(crate) fn detached<T, F: FnOnce() -> T>(py: Python<'_>, f: F) -> T {
         AssertSend((call.0)())
     });
     out.0
+}
+
+/// Runs `f` with the GIL released (as [`detached`]) so that Ctrl-C stops it cleanly: while
+/// `f` runs, SIGINT sets lockstep's interrupt flag ([`lockstep_core::interrupt`]) instead of
+/// Python's, the library stops at its next check (training after the update, with a
+/// checkpoint; a simulation before writing; the N-body between force phases and steps), and
+/// the call raises `KeyboardInterrupt` carrying the library's message. `f`'s own result
+/// otherwise (`Ok(result)`).
+///
+/// Only where Python itself would raise `KeyboardInterrupt`: on the main thread, with
+/// `signal.default_int_handler` installed for SIGINT. Elsewhere (another thread, a handler
+/// of the user's, SIGINT ignored) `f` runs as with [`detached`] and the user's handling
+/// applies when it returns.
+///
+/// Errors: `KeyboardInterrupt` when SIGINT arrived during the call.
+pub(crate) fn interruptible<T, E: std::fmt::Display, F: FnOnce() -> Result<T, E>>(
+    py: Python<'_>,
+    f: F,
+) -> PyResult<Result<T, E>> {
+    let guard = sigint::Guard::install(py);
+    if guard.is_some() {
+        lockstep_core::interrupt::clear();
+    }
+    let out = detached(py, f);
+    let Some(guard) = guard else {
+        return Ok(out);
+    };
+    drop(guard);
+    if !lockstep_core::interrupt::requested() {
+        return Ok(out);
+    }
+    lockstep_core::interrupt::clear();
+    let message = match &out {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => "interrupted (Ctrl-C); the call had just finished, its result is dropped".into(),
+    };
+    Err(pyo3::exceptions::PyKeyboardInterrupt::new_err(message))
+}
+
+/// SIGINT routed to [`lockstep_core::interrupt::request`] for the length of a call.
+mod sigint {
+    use pyo3::prelude::*;
+
+    /// The signal handler: one atomic store (async-signal-safe).
+    extern "C" fn on_sigint(_signal: libc::c_int) {
+        lockstep_core::interrupt::request();
+    }
+
+    /// Python's SIGINT disposition, put back when dropped.
+    pub(crate) struct Guard {
+        previous: libc::sigaction,
+    }
+
+    impl Guard {
+        /// Installs [`on_sigint`] when this is Python's main thread and SIGINT has Python's
+        /// default handler (which raises `KeyboardInterrupt`); `None` otherwise.
+        pub(crate) fn install(py: Python<'_>) -> Option<Guard> {
+            let python_would_raise = || -> PyResult<bool> {
+                let threading = py.import("threading")?;
+                let main = threading
+                    .call_method0("main_thread")?
+                    .is(&threading.call_method0("current_thread")?);
+                let signal = py.import("signal")?;
+                let handler = signal.call_method1("getsignal", (libc::SIGINT,))?;
+                Ok(main && handler.is(&signal.getattr("default_int_handler")?))
+            };
+            if !python_would_raise().unwrap_or(false) {
+                return None;
+            }
+            // SAFETY: sigaction with zero-initialised structs (a valid empty mask and no
+            // flags but SA_RESTART); the handler only stores an atomic.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_sigint as *const () as libc::sighandler_t;
+                libc::sigemptyset(&mut action.sa_mask);
+                action.sa_flags = libc::SA_RESTART;
+                let mut previous: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGINT, &action, &mut previous) != 0 {
+                    return None;
+                }
+                Some(Guard { previous })
+            }
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            // SAFETY: restores the disposition saved by `install`.
+            unsafe {
+                libc::sigaction(libc::SIGINT, &self.previous, std::ptr::null_mut());
+            }
+        }
+    }
 }
 
 /// Whether Python has a pending signal (Ctrl-C): reacquires the GIL for a moment and runs

@@ -105,10 +105,10 @@ fn _nbody_forces<'py>(
         (0..n as u64).collect(),
     )
     .map_err(from_error)?;
-    let forces = crate::detached(py, || {
+    let forces = crate::interruptible(py, || {
         particles.validate()?;
         gravity.forces(&particles)
-    })
+    })?
     .map_err(from_error)?;
     let acc: Vec<f64> = forces.acc.into_iter().flatten().collect();
     let acc = acc
@@ -139,9 +139,9 @@ fn _nbody_simulate(
             overwrite,
             ..Default::default()
         };
-        let summary = crate::detached(py, || {
+        let summary = crate::interruptible(py, || {
             lockstep_nbody::config::run_nbody_config_on(world.comm(), &config, &opts)
-        })
+        })?
         .map_err(from_error)?;
         serde_json::to_string(&summary)
             .map_err(|e| crate::errors::exception(crate::errors::Kind::Run, e.to_string()))

@@ -316,7 +316,7 @@ fn _npe_train(
     };
     crate::world::with_world(py, |world| {
         let summaries =
-            crate::detached(py, || train_stages(&request, world)).map_err(from_error)?;
+            crate::interruptible(py, || train_stages(&request, world))?.map_err(from_error)?;
         Ok(summaries
             .into_iter()
             .map(|s| (s.output_dir, s.loss_history))

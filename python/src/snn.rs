@@ -58,7 +58,7 @@ fn _simulate<'py>(
         progress: bar,
         ..SimulateOptions::default()
     };
-    let (s, spikes, reports) = crate::detached(py, || -> anyhow::Result<_> {
+    let (s, spikes, reports) = crate::interruptible(py, || -> anyhow::Result<_> {
         let s = lockstep_snn::simulate_config(&config, &opts)?;
         let spikes = lockstep_sonata::read_spikes(&s.spikes_file)?;
         let reports = s
@@ -67,7 +67,7 @@ fn _simulate<'py>(
             .map(|r| Ok((r.name.clone(), lockstep_sonata::read_report(&r.file)?)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok((s, spikes, reports))
-    })
+    })?
     .map_err(from_anyhow)?;
     let d = PyDict::new(py);
     d.set_item("output_dir", &s.output_dir)?;
@@ -151,9 +151,9 @@ fn _train(
     };
     let force_cpu = cpu && lockstep_snn::asks_for_gpu(&config);
     crate::world::with_world(py, |world| {
-        let s = crate::detached(py, || {
+        let s = crate::interruptible(py, || {
             lockstep_snn::train_config(world, &config, &overrides, resume, force_cpu)
-        })
+        })?
         .map_err(from_anyhow)?;
         Ok((s.output_dir, s.loss_history))
     })

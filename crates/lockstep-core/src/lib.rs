@@ -12,15 +12,18 @@
 //!   touched, and for the benchmarks.
 //! - [`output_dir`]: the `.lockstep-output` marker and the one rule deciding whether an
 //!   existing output folder may be replaced (only what lockstep wrote is ever deleted).
+//! - [`interrupt`]: the process-wide Ctrl-C flag a front end sets and the libraries poll at
+//!   points where stopping leaves nothing half done.
 //!
 //! - `testing` (feature `testing`, tests only): running the Python checks of the
 //!   workspace's tests.
 //!
 //! Guarantees: no I/O beyond reading the files and `/proc`/cgroup entries named in the docs,
 //! and writing the output-folder marker when asked ([`output_dir::write_marker`]); no global
-//! state; every function is deterministic given its inputs.
+//! state but the [`interrupt`] flag; every function is deterministic given its inputs.
 
 pub mod config;
+pub mod interrupt;
 pub mod memory;
 pub mod output_dir;
 pub mod rng;

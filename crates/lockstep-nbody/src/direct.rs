@@ -231,6 +231,10 @@ pub fn direct_on(
         .zip(out.pot.par_chunks_mut(TARGET_BLOCK))
         .enumerate()
         .for_each(|(b, (acc, pot))| {
+            // A stop asked for leaves the remaining blocks zero; the callers check it.
+            if lockstep_core::interrupt::requested() {
+                return;
+            }
             let t0 = b * TARGET_BLOCK;
             let tg = &targets[t0..t0 + acc.len()];
             let skip = self_offset.map(|o| o + t0);

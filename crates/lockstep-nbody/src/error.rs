@@ -83,6 +83,11 @@ pub enum NbodyError {
         /// The step that failed there, e.g. `preparing the output folder`.
         what: String,
     },
+    /// A stop was asked for ([`lockstep_core::interrupt`], Ctrl-C in the Python package):
+    /// the force evaluation or the run stopped at its next check; the snapshots already
+    /// written stay, nothing else is.
+    #[error("interrupted (Ctrl-C)")]
+    Interrupted,
 }
 
 impl NbodyError {
@@ -117,6 +122,14 @@ impl NbodyError {
             self,
             NbodyError::Refused(_) | NbodyError::RefusedByPeer { .. }
         )
+    }
+
+    /// `Err(NbodyError::Interrupted)` once a stop was asked for
+    /// ([`lockstep_core::interrupt`]).
+    ///
+    /// Errors: [`NbodyError::Interrupted`].
+    pub fn check_interrupt() -> Result<(), NbodyError> {
+        lockstep_core::interrupt::check().map_err(|_| NbodyError::Interrupted)
     }
 
     /// Shorthand for [`NbodyError::Io`].

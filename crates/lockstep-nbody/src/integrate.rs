@@ -175,26 +175,36 @@ impl Gravity {
     }
 
     /// Acceleration `[num][3]` and potential `[num]` of the valid particles.
+    ///
+    /// Errors: the solver's; [`NbodyError::Interrupted`] once a stop was asked for
+    /// ([`lockstep_core::interrupt`]), checked between the FMM's phases, between blocks of
+    /// targets of the direct sums and after a GPU evaluation.
     pub fn forces(&mut self, p: &Particles) -> Result<Forces, NbodyError> {
         match self.settings.method {
             Method::Direct if self.fmm.device().is_some() => {
                 let d = self.fmm.device().expect("checked");
                 let pos = p.valid_pos();
-                d.direct_forces(
+                let f = d.direct_forces(
                     pos,
                     Some(0),
                     pos,
                     p.valid_mass(),
                     self.g,
                     self.settings.softening,
-                )
+                )?;
+                NbodyError::check_interrupt()?;
+                Ok(f)
             }
-            Method::Direct => Ok(direct(
-                p.valid_pos(),
-                p.valid_mass(),
-                self.g,
-                self.settings.softening,
-            )),
+            Method::Direct => {
+                let f = direct(
+                    p.valid_pos(),
+                    p.valid_mass(),
+                    self.g,
+                    self.settings.softening,
+                );
+                NbodyError::check_interrupt()?;
+                Ok(f)
+            }
             Method::Fmm => {
                 let (f, st) = self.fmm.forces(
                     &SourceSet::local(p.valid_pos(), p.valid_mass()),
@@ -352,6 +362,12 @@ pub fn simulate_with(
     for &k in &opts.outputs {
         want[k] = true;
     }
+    // A stop asked for ends the run before any force it may have cut short is used.
+    let mut forces_of = |p: &Particles| {
+        let f = forces_of(p)?;
+        NbodyError::check_interrupt()?;
+        Ok::<_, NbodyError>(f)
+    };
     let mut diags = Vec::new();
     let n = particles.num;
     let mut forces: Option<Forces> = None;
@@ -365,6 +381,7 @@ pub fn simulate_with(
         diags.push(d);
     }
     for k in 1..ts.len() {
+        NbodyError::check_interrupt()?;
         let dt = ts[k] - ts[k - 1];
         match opts.integrator {
             Integrator::Dkd => {

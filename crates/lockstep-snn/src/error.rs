@@ -119,6 +119,10 @@ pub enum SnnError {
     /// error.
     #[error(transparent)]
     Gpu(#[from] lockstep_gpu::GpuError),
+    /// A stop was asked for ([`lockstep_core::interrupt`], Ctrl-C in the Python package)
+    /// during the simulation; nothing was written.
+    #[error("the simulation was interrupted (Ctrl-C) before its end; nothing was written")]
+    Interrupted,
 }
 
 impl From<lockstep_sonata::SonataError> for SnnError {

@@ -295,6 +295,9 @@ pub fn train(
         let metrics = t.reduce_metrics(step)?;
         t.end_of_epoch(&metrics)?;
         t.callbacks(&metrics)?;
+        if metrics.interrupted {
+            return Err(t.stop_interrupted());
+        }
         if t.early_stop(&metrics)? {
             break;
         }
@@ -321,6 +324,8 @@ struct Metrics {
     total: f64,
     /// Seconds of data, compute, communication and the whole update, the slowest rank's.
     times: [f64; 4],
+    /// Some rank was asked to stop ([`lockstep_core::interrupt`]) by the end of the update.
+    interrupted: bool,
 }
 
 /// One rank's training run: the state shared by the phases of [`train`].
@@ -922,8 +927,13 @@ impl<'a> Trainer<'a> {
         let samples = sums.pop().unwrap_or(1.0);
         let losses: Vec<f64> = sums.iter().map(|t| t / samples).collect();
         let [d, c, m] = step.times;
-        let mut times = [d, c, m, step.start.elapsed().as_secs_f64()];
-        self.comm.all_reduce(&mut times, ReduceOp::Max)?;
+        // The fifth value is this rank's interrupt flag: the maximum tells every replica
+        // whether any was asked to stop, at no extra collective.
+        let stop = f64::from(u8::from(lockstep_core::interrupt::requested()));
+        let mut reduced = [d, c, m, step.start.elapsed().as_secs_f64(), stop];
+        self.comm.all_reduce(&mut reduced, ReduceOp::Max)?;
+        let [d, c, m, u, stop] = reduced;
+        let times = [d, c, m, u];
         let total: f64 = losses.iter().sum();
         if !total.is_finite() {
             return Err(TrainError::NonFinite {
@@ -935,6 +945,7 @@ impl<'a> Trainer<'a> {
             losses,
             total,
             times,
+            interrupted: stop > 0.0,
         })
     }
 
@@ -1167,6 +1178,45 @@ impl<'a> Trainer<'a> {
                 Ok(true)
             }
             _ => Ok(false),
+        }
+    }
+
+    /// After an update at whose end some rank was asked to stop (every rank takes this
+    /// path after the same update): the chief writes a checkpoint of the update (unless the
+    /// update's own checkpoint was just written) and logs the stop; nothing is exported.
+    /// Returns [`TrainError::Interrupted`] on every rank, or the failure of writing it.
+    fn stop_interrupted(mut self) -> TrainError {
+        let update = self.update;
+        let saved = self.rundir.as_mut().map(|d| {
+            d.finish_progress();
+            let path = d
+                .root()
+                .join(format!("checkpoints/update_{update:06}.safetensors"));
+            let every = self.cfg.checkpoint_every;
+            if every == 0 || update % every != 0 {
+                self.checkpointer.save(
+                    d.root(),
+                    update,
+                    &*self.model,
+                    &self.optimizer,
+                    self.scaler.as_ref(),
+                )?;
+            }
+            d.log(&format!(
+                "Interrupted (Ctrl-C) after {}; checkpoint {}; resume with --resume {}",
+                optimizer_updates(update),
+                path.display(),
+                d.root().display()
+            ))?;
+            Ok(path)
+        });
+        match agree_with_chief(
+            self.comm,
+            saved,
+            "writing the checkpoint of the interrupted run",
+        ) {
+            Ok(checkpoint) => TrainError::Interrupted { update, checkpoint },
+            Err(e) => e,
         }
     }
 

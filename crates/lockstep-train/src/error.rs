@@ -123,6 +123,16 @@ pub enum TrainError {
         /// Every update of this run was skipped (found at its end, before any export).
         whole_run: bool,
     },
+    /// A stop was asked for ([`lockstep_core::interrupt`], Ctrl-C in the Python package):
+    /// every replica stopped after update `update`, and the chief wrote a checkpoint there
+    /// (`checkpoint`, when the run has a run directory) that `--resume` continues from.
+    #[error("interrupted (Ctrl-C) after update {update}{}", match checkpoint { Some(c) => format!("; checkpoint {}, resume from it with --resume (Python: resume=...)", c.display()), None => String::new() })]
+    Interrupted {
+        /// Updates completed in total.
+        update: u64,
+        /// The checkpoint written at the stop (chief, with a run directory).
+        checkpoint: Option<PathBuf>,
+    },
     /// A failure injected by a [`crate::testing::Fault`] (failure tests only).
     #[error("injected failure ({what}) on rank {rank}")]
     Injected {
@@ -149,13 +159,16 @@ impl TrainError {
     }
 
     /// True for errors that every rank of the job returns at the same point, each knowing the
-    /// job failed (validation agreed across ranks, the chief's output setup broadcast to all):
+    /// job failed (validation agreed across ranks, the chief's output setup broadcast to all,
+    /// an interruption agreed through the update's metrics):
     /// the process may then leave through `MPI_Finalize` and a non-zero exit instead of
     /// aborting the job. Anything else (a model error on one rank, a lost peer) must abort.
     pub fn is_agreed(&self) -> bool {
         matches!(
             self,
-            TrainError::Refused(_) | TrainError::RefusedByPeer { .. }
+            TrainError::Refused(_)
+                | TrainError::RefusedByPeer { .. }
+                | TrainError::Interrupted { .. }
         )
     }
 }

@@ -447,7 +447,9 @@ impl Fmm {
     /// dual tree traversal, M2L, L2L, then per target leaf L2P, M2P and P2P.
     ///
     /// Errors: [`NbodyError::InvalidParameter`] when the masses do not match the positions, an
-    /// imported multipole has the wrong number of coefficients, or a position is not finite.
+    /// imported multipole has the wrong number of coefficients, or a position is not finite;
+    /// [`NbodyError::Interrupted`] at the end of a phase once a stop was asked for
+    /// ([`lockstep_core::interrupt`]).
     pub fn forces(
         &self,
         sources: &SourceSet,
@@ -460,12 +462,15 @@ impl Fmm {
             return Ok((Forces::zeros(0), FmmStats::default()));
         }
         if let Some(device) = &self.device {
-            return device.fmm_forces(self, sources, g, softening);
+            let out = device.fmm_forces(self, sources, g, softening)?;
+            NbodyError::check_interrupt()?;
+            return Ok(out);
         }
         let eps2 = softening * softening;
         let mut clock = PhaseClock::new();
         let mut tree = self.build_tree_nodes(sources);
         clock.lap(&mut |s| &mut s.tree);
+        NbodyError::check_interrupt()?;
         tree.upward_pass(&self.tables);
         let scheme = if self.harmonic_far_field {
             self.tables.contraction(eps2)
@@ -474,6 +479,7 @@ impl Fmm {
         };
         let coeffs = self.source_coefficients(&tree, sources.remote_cells, scheme);
         clock.lap(&mut |s| &mut s.upward);
+        NbodyError::check_interrupt()?;
         let n_all = tree.perm.len();
         let mut acc_s = vec![[0.0f64; 3]; n_all];
         let mut pot_s = vec![0.0f64; n_all];
@@ -481,6 +487,7 @@ impl Fmm {
         clock.split_lap(walked.p2p_share(), &mut |s| &mut s.traversal, &mut |s| {
             &mut s.p2p
         });
+        NbodyError::check_interrupt()?;
         let lists = interaction_lists(walked.lists, tree.nodes.len());
         let sources_far = FarSources {
             tree: &tree,
@@ -490,12 +497,14 @@ impl Fmm {
         };
         let mut locals = self.m2l_pass(&sources_far, &lists.m2l, eps2);
         clock.lap(&mut |s| &mut s.m2l);
+        NbodyError::check_interrupt()?;
         self.l2l_pass(&tree, &mut locals);
         clock.lap(&mut |s| &mut s.l2l);
         self.l2p_pass(&tree, &locals, &mut acc_s, &mut pot_s);
         clock.lap(&mut |s| &mut s.l2p);
         self.m2p_pass(&sources_far, &lists.m2p, eps2, &mut acc_s, &mut pot_s);
         clock.lap(&mut |s| &mut s.m2p);
+        NbodyError::check_interrupt()?;
         let out = unsort_scaled(&tree, n_local, g, &acc_s, &pot_s);
         let stats = FmmStats {
             nodes: tree.nodes.len(),
@@ -560,7 +569,8 @@ impl Fmm {
             || (expansion::BatchWork::default(), Vec::new()),
             |(w, srcs), (a, loc)| {
                 let row = m2l.row(a);
-                if row.is_empty() {
+                // A stop asked for skips the rest; `forces` returns the error after the pass.
+                if row.is_empty() || lockstep_core::interrupt::requested() {
                     return;
                 }
                 srcs.clear();
@@ -714,6 +724,10 @@ impl Fmm {
         let mutual = self.mutual_p2p && nodes[0].ntargets == nodes[0].count();
         work.into_par_iter()
             .map_init(NearBuffers::default, |(buf32, buf64), (t, acc, pot)| {
+                // A stop asked for skips the remaining tasks; `forces` returns the error.
+                if lockstep_core::interrupt::requested() {
+                    return Traversal::default();
+                }
                 let clock = std::time::Instant::now();
                 let mut out = Lists::default();
                 let w = walker(t);

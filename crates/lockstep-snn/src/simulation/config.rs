@@ -554,6 +554,9 @@ pub fn simulate_config(config: &Path, opts: &SimulateOptions) -> Result<Simulati
 
     let t1 = Instant::now();
     let result = run_trials(&prep, opts);
+    if lockstep_core::interrupt::requested() {
+        return Err(SnnError::Interrupted);
+    }
     let simulate_s = t1.elapsed().as_secs_f64();
     let trial = &result.trials[0];
     let trains = to_spike_trains(&prep.network, &trial.spikes);
@@ -691,6 +694,7 @@ fn run_trials(prep: &PreparedSimulation, opts: &SimulateOptions) -> SimOutput {
         &SimExtras {
             record_vm: &recorders,
             progress: progress.map(|_| &advance as &(dyn Fn(u64) + Sync)),
+            stop_on_interrupt: true,
         },
     );
     if let Some(p) = progress {

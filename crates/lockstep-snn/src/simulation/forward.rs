@@ -242,6 +242,10 @@ pub struct SimExtras<'a> {
     /// completed (in chunks of at most [`PROGRESS_CHUNK`] steps); a run makes
     /// `batch * n_steps` in all.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// Stop every trial at its next chunk of [`PROGRESS_CHUNK`] steps once a stop is asked
+    /// for ([`lockstep_core::interrupt`]); the output then holds the steps run so far, and
+    /// the caller must discard it. Off for training, whose passes must complete.
+    pub stop_on_interrupt: bool,
 }
 
 impl std::fmt::Debug for SimExtras<'_> {
@@ -249,6 +253,7 @@ impl std::fmt::Debug for SimExtras<'_> {
         f.debug_struct("SimExtras")
             .field("record_vm", &self.record_vm)
             .field("progress", &self.progress.is_some())
+            .field("stop_on_interrupt", &self.stop_on_interrupt)
             .finish()
     }
 }
@@ -375,6 +380,9 @@ pub fn simulate_with(
                     p(since_report as u64);
                 }
                 since_report = 0;
+                if extras.stop_on_interrupt && lockstep_core::interrupt::requested() {
+                    break;
+                }
             }
         }
         (out, vm)
