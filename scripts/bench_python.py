@@ -1,6 +1,7 @@
 """The Python package against the `lockstep` command for the same work (issue 59's
 performance criterion: a benchmark, not a test). Needs the package installed (`make python`)
-and the release build.
+and the release build
+(`LOCKSTEP_BIN` names another `lockstep` binary).
 
     python3 scripts/bench_python.py [--rounds 5] [--samples 1000000] [--bodies 300000]
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +38,7 @@ import numpy as np
 import lockstep
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCKSTEP = ROOT / "target" / "release" / "lockstep"
+LOCKSTEP = Path(os.environ.get("LOCKSTEP_BIN", ROOT / "target" / "release" / "lockstep"))
 
 NPE_SETTINGS = """data:
   task: {name: gaussian_linear, dim: 2}

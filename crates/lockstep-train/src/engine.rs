@@ -1193,7 +1193,7 @@ impl<'a> Trainer<'a> {
                 .root()
                 .join(format!("checkpoints/update_{update:06}.safetensors"));
             let every = self.cfg.checkpoint_every;
-            if every == 0 || update % every != 0 {
+            if every == 0 || !update.is_multiple_of(every) {
                 self.checkpointer.save(
                     d.root(),
                     update,
