@@ -161,6 +161,139 @@ pub trait FusedOps: Backend {
         panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
     }
 
+    /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
+    /// ELU after it and the gated residual block's tail as kernels
+    /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
+    /// layers then call [`FusedOps::layer_norm`], [`FusedOps::linear_elu`] and
+    /// [`FusedOps::gated_residual`], and `Autodiff` over such a backend records one node for
+    /// each. Elsewhere the layers compose them as before.
+    const LAYER_KERNELS: bool = false;
+
+    /// LayerNorm over the features of each row (PyTorch `nn.LayerNorm`: biased variance,
+    /// `eps` added to it, affine), followed by ELU (α = 1) when `elu`: `x: [rows, cols]`,
+    /// `weight`, `bias: [cols]` -> `[rows, cols]`. The default composes burn's operations.
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        layer_norm_composed(x, weight, bias, eps, elu)
+    }
+
+    /// [`FusedOps::layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
+    /// `stats` holding each row's mean and `1 / sqrt(var + eps)` for the backward kernel.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn layer_norm_kernel_forward(
+        _x: Tensor<Self, 2>,
+        _weight: Tensor<Self, 1>,
+        _bias: Tensor<Self, 1>,
+        _eps: f64,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dx [rows, cols], dweight [cols], dbias [cols])` of
+    /// [`FusedOps::layer_norm_kernel_forward`] from its input `x`, `weight`, output `y`,
+    /// `stats` and the incoming gradient `grad: [rows, cols]`, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn layer_norm_kernel_backward(
+        _x: Tensor<Self, 2>,
+        _weight: Tensor<Self, 1>,
+        _y: Tensor<Self, 2>,
+        _stats: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>, Tensor<Self, 1>) {
+        no_layer_kernels()
+    }
+
+    /// `elu(x Wᵀ + b)` (arguments as [`FusedOps::fused_linear`]); on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] the matrix product and one kernel for the bias and ELU.
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        Self::fused_elu(Self::fused_linear(x, weight, bias))
+    }
+
+    /// `a + bias` (`a: [rows, cols]`, `bias: [cols]`), followed by ELU when `elu`, as one
+    /// kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn bias_kernel_forward(
+        _a: Tensor<Self, 2>,
+        _bias: Tensor<Self, 1>,
+        _elu: bool,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(da [rows, cols], dbias [cols])` of [`FusedOps::bias_kernel_forward`]
+    /// from its output `y` and the incoming gradient, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn bias_kernel_backward(
+        _y: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        no_layer_kernels()
+    }
+
+    /// The tail of a context-gated residual block (nflows' `ResidualBlock` with a context
+    /// layer): `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`, `x: [rows, features]`,
+    /// `t: [rows, features]` (the block's second linear layer's input), `w1` flat
+    /// `[features * features]`, `context: [rows, context_features]`, `wc` flat
+    /// `[features * context_features]`, `b1`, `bc: [features]`. On a backend with
+    /// [`FusedOps::LAYER_KERNELS`] the two matrix products and one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        x + Self::fused_linear(t, w1, b1) * Self::fused_sigmoid(Self::fused_linear(context, wc, bc))
+    }
+
+    /// `x + (a + b1) sigmoid(c + bc)` (`x`, `a`, `c`: `[rows, features]`; `b1`, `bc`:
+    /// `[features]`) as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn gated_kernel_forward(
+        _x: Tensor<Self, 2>,
+        _a: Tensor<Self, 2>,
+        _b1: Tensor<Self, 1>,
+        _c: Tensor<Self, 2>,
+        _bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(da, dc [rows, features], db1, dbc [features])` of
+    /// [`FusedOps::gated_kernel_forward`] for the incoming gradient (that of `x` is the
+    /// incoming gradient itself), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn gated_kernel_backward(
+        _a: Tensor<Self, 2>,
+        _b1: Tensor<Self, 1>,
+        _c: Tensor<Self, 2>,
+        _bc: Tensor<Self, 1>,
+        _grad: Tensor<Self, 2>,
+    ) -> GatedGradients<Self> {
+        no_layer_kernels()
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
@@ -271,6 +404,41 @@ pub type LinearGradients<B> = (
     Option<Tensor<B, 1>>,
     Option<Tensor<B, 1>>,
 );
+
+/// The gradients of the gated tail's kernel: `(da, dc, db1, dbc)` (see
+/// [`FusedOps::gated_kernel_backward`]).
+pub type GatedGradients<B> = (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 1>);
+
+fn no_layer_kernels() -> ! {
+    panic!("this backend has no layer kernels (FusedOps::LAYER_KERNELS is false)")
+}
+
+/// LayerNorm composed from burn's operations (as `layers::NormLayer` computes it), then
+/// [`FusedOps::fused_elu`] when `elu`.
+fn layer_norm_composed<B: FusedOps>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    elu: bool,
+) -> Tensor<B, 2> {
+    let (var, mean) = x.clone().var_mean_bias(1);
+    let y = (x - mean) / var.add_scalar(eps).sqrt();
+    let y = y * weight.unsqueeze_dim(0) + bias.unsqueeze_dim(0);
+    if elu {
+        B::fused_elu(y)
+    } else {
+        y
+    }
+}
+
+/// The matrix product `x Wᵀ` of a linear layer without its bias (`weight` flat
+/// `[outputs * inputs]`).
+fn product<B: Backend>(x: Tensor<B, 2>, weight: Tensor<B, 1>) -> Tensor<B, 2> {
+    let [_, inputs] = x.dims();
+    let [len] = weight.dims();
+    x.matmul(weight.reshape([len / inputs, inputs]).transpose())
+}
 
 fn linear_composed<B: Backend>(
     x: Tensor<B, 2>,
@@ -413,6 +581,145 @@ where
         split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
     }
 
+    const LAYER_KERNELS: bool = true;
+
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) {
+            return layer_norm_composed(x, weight, bias, eps, elu);
+        }
+        Self::layer_norm_kernel_forward(x, weight, bias, eps, elu).0
+    }
+
+    fn layer_norm_kernel_forward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (y, stats) = crate::layer_kernel::layer_norm_forward_launch(
+            prim(x),
+            prim(weight),
+            prim(bias),
+            eps,
+            elu,
+        );
+        (wrap(y), wrap(stats))
+    }
+
+    fn layer_norm_kernel_backward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        y: Tensor<Self, 2>,
+        stats: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>, Tensor<Self, 1>) {
+        let (dx, dw, db) = crate::layer_kernel::layer_norm_backward_launch(
+            prim(x),
+            prim(weight),
+            prim(y),
+            prim(stats),
+            prim(grad),
+            elu,
+        );
+        (wrap(dx), wrap(dw), wrap(db))
+    }
+
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) {
+            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        }
+        Self::bias_kernel_forward(product(x, weight), bias, true)
+    }
+
+    fn bias_kernel_forward(
+        a: Tensor<Self, 2>,
+        bias: Tensor<Self, 1>,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::layer_kernel::bias_forward_launch(
+            prim(a),
+            prim(bias),
+            elu,
+        ))
+    }
+
+    fn bias_kernel_backward(
+        y: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        let (da, db) = crate::layer_kernel::bias_backward_launch(prim(y), prim(grad), elu);
+        (wrap(da), wrap(db))
+    }
+
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let dtypes = [
+            x.dtype(),
+            t.dtype(),
+            w1.dtype(),
+            b1.dtype(),
+            context.dtype(),
+        ];
+        if !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
+            return x + Self::fused_linear(t, w1, b1) * gate;
+        }
+        Self::gated_kernel_forward(x, product(t, w1), b1, product(context, wc), bc)
+    }
+
+    fn gated_kernel_forward(
+        x: Tensor<Self, 2>,
+        a: Tensor<Self, 2>,
+        b1: Tensor<Self, 1>,
+        c: Tensor<Self, 2>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::layer_kernel::gated_forward_launch(
+            prim(x),
+            prim(a),
+            prim(b1),
+            prim(c),
+            prim(bc),
+        ))
+    }
+
+    fn gated_kernel_backward(
+        a: Tensor<Self, 2>,
+        b1: Tensor<Self, 1>,
+        c: Tensor<Self, 2>,
+        bc: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+    ) -> GatedGradients<Self> {
+        let [da, dc, db1, dbc] = crate::layer_kernel::gated_backward_launch(
+            prim(a),
+            prim(b1),
+            prim(c),
+            prim(bc),
+            prim(grad),
+        );
+        (wrap(da), wrap(dc), wrap(db1), wrap(dbc))
+    }
+
     fn spline_kernel_forward(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
@@ -447,6 +754,21 @@ where
             Tensor::from_primitive(TensorPrimitive::Float(draw)),
         )
     }
+}
+
+/// Whether every dtype is float32 (what the layer kernels take).
+fn all_f32(dtypes: &[burn::tensor::DType]) -> bool {
+    dtypes.iter().all(|d| *d == burn::tensor::DType::F32)
+}
+
+/// The float primitive of a tensor.
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
+    t.into_primitive().tensor()
+}
+
+/// A tensor of a float primitive.
+fn wrap<B: Backend, const D: usize>(t: B::FloatTensorPrimitive) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
 /// A `[rows, cols]` tensor of a CubeCL backend.
@@ -855,6 +1177,124 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
     }
 }
 
+/// The backward step of [`FusedOps::layer_norm`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the input, the scale, the output and the row statistics.
+#[derive(Debug)]
+struct LayerNormBackward {
+    elu: bool,
+}
+
+/// The inner-backend tensors a LayerNorm node keeps: `(x, weight, y, stats)`.
+type LayerNormState<B> = (Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>, Tensor<B, 2>);
+
+impl<B: FusedOps> Backward<B, 3> for LayerNormBackward {
+    type State = LayerNormState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, w, y, stats) = ops.state;
+        let (dx, dw, db) = B::layer_norm_kernel_backward(x, w, y, stats, g, self.elu);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(dx));
+        }
+        for (p, d) in [(pw, dw), (pb, db)] {
+            if let Some(p) = p {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::linear_elu`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the input, the flat weight and the output.
+#[derive(Debug)]
+struct LinearEluBackward;
+
+impl<B: FusedOps> Backward<B, 3> for LinearEluBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, w, y) = ops.state;
+        let (da, db) = B::bias_kernel_backward(y, g, true);
+        let (dx, dw, _) = linear_backward_composed(x, w, da, [px.is_some(), pw.is_some(), false]);
+        if let (Some(p), Some(d)) = (px, dx) {
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let (Some(p), Some(d)) = (pw, dw) {
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pb {
+            grads.register::<B>(p.id, prim(db));
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::gated_residual`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `x, t, w1, b1, context, wc, bc`); its state is `t`, `w1`,
+/// `b1`, `context`, `wc`, `bc` and the two products `a = t W₁ᵀ`, `c = context W_cᵀ`.
+#[derive(Debug)]
+struct GatedBackward;
+
+/// The inner-backend tensors a gated tail's node keeps (see [`GatedBackward`]).
+#[derive(Debug, Clone)]
+struct GatedState<B: Backend> {
+    t: Tensor<B, 2>,
+    w1: Tensor<B, 1>,
+    b1: Tensor<B, 1>,
+    context: Tensor<B, 2>,
+    wc: Tensor<B, 1>,
+    bc: Tensor<B, 1>,
+    a: Tensor<B, 2>,
+    c: Tensor<B, 2>,
+}
+
+impl<B: FusedOps> Backward<B, 7> for GatedBackward {
+    type State = GatedState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 7>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pt, pw1, pb1, pctx, pwc, pbc] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let s = ops.state;
+        let (da, dc, db1, dbc) =
+            B::gated_kernel_backward(s.a, s.b1, s.c, s.bc, wrap::<B, 2>(g.clone()));
+        if let Some(p) = px {
+            grads.register::<B>(p.id, g);
+        }
+        let (dt, dw1, _) =
+            linear_backward_composed(s.t, s.w1, da, [pt.is_some(), pw1.is_some(), false]);
+        let (dctx, dwc, _) =
+            linear_backward_composed(s.context, s.wc, dc, [pctx.is_some(), pwc.is_some(), false]);
+        for (p, d) in [(pt, dt), (pctx, dctx)] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+        for (p, d) in [(pw1, dw1), (pwc, dwc), (pb1, Some(db1)), (pbc, Some(dbc))] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -972,6 +1412,113 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
         activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    }
+
+    const LAYER_KERNELS: bool = B::LAYER_KERNELS;
+
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        let f32s = all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]);
+        if !B::LAYER_KERNELS || !f32s {
+            return layer_norm_composed(x, weight, bias, eps, elu);
+        }
+        let (x, w, b) = (prim(x), prim(weight), prim(bias));
+        let xi = wrap::<B, 2>(x.primitive.clone());
+        let wi = wrap::<B, 1>(w.primitive.clone());
+        let bi = wrap::<B, 1>(b.primitive.clone());
+        let (y, stats) = B::layer_norm_kernel_forward(xi.clone(), wi.clone(), bi, eps, elu);
+        let output = prim(y.clone());
+        let tracked = match (LayerNormBackward { elu })
+            .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi, y, stats), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let f32s = all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]);
+        if !B::LAYER_KERNELS || !f32s {
+            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        }
+        let (x, w, b) = (prim(x), prim(weight), prim(bias));
+        let xi = wrap::<B, 2>(x.primitive.clone());
+        let wi = wrap::<B, 1>(w.primitive.clone());
+        let bi = wrap::<B, 1>(b.primitive.clone());
+        let y = B::bias_kernel_forward(product(xi.clone(), wi.clone()), bi, true);
+        let output = prim(y.clone());
+        let tracked = match LinearEluBackward
+            .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi, y), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let dtypes = [
+            x.dtype(),
+            t.dtype(),
+            w1.dtype(),
+            b1.dtype(),
+            context.dtype(),
+        ];
+        if !B::LAYER_KERNELS || !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
+            return x + Self::fused_linear(t, w1, b1) * gate;
+        }
+        let [x, t, context] = [prim(x), prim(t), prim(context)];
+        let [w1, b1, wc, bc] = [prim(w1), prim(b1), prim(wc), prim(bc)];
+        type Prim<B, C> = burn::tensor::ops::FloatTensor<Autodiff<B, C>>;
+        let inner2 = |v: &Prim<B, C>| wrap::<B, 2>(v.primitive.clone());
+        let inner1 = |v: &Prim<B, C>| wrap::<B, 1>(v.primitive.clone());
+        let state = GatedState {
+            t: inner2(&t),
+            w1: inner1(&w1),
+            b1: inner1(&b1),
+            context: inner2(&context),
+            wc: inner1(&wc),
+            bc: inner1(&bc),
+            a: product(inner2(&t), inner1(&w1)),
+            c: product(inner2(&context), inner1(&wc)),
+        };
+        let y = B::gated_kernel_forward(
+            inner2(&x),
+            state.a.clone(),
+            state.b1.clone(),
+            state.c.clone(),
+            state.bc.clone(),
+        );
+        let output = prim(y);
+        let nodes = [&x, &t, &w1, &b1, &context, &wc, &bc].map(|v| v.node.clone());
+        let tracked = match GatedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(state, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
     }
 
     fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {

@@ -54,6 +54,7 @@ pub mod export;
 pub mod flow;
 pub mod fused_ops;
 pub mod gw;
+pub mod layer_kernel;
 pub mod layers;
 pub mod model;
 pub mod params;

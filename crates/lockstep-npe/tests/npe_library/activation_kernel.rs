@@ -7,7 +7,7 @@
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Tensor, TensorData};
-use lockstep_npe::device::{wgpu_device, WgpuAutodiff};
+use lockstep_npe::device::{wgpu_device, WgpuAutodiff, WgpuBackend};
 use lockstep_npe::fused_ops::FusedOps;
 
 /// `(act(x), dL/dx)` for `L = Σ a act(x)`, `x` and `a` `[rows, cols]`.
@@ -75,5 +75,183 @@ fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
                 }
             }
         }
+    }
+}
+
+/// Which layer kernel a comparison runs ([`FusedOps::LAYER_KERNELS`]).
+#[derive(Debug, Clone, Copy)]
+enum Layer {
+    /// LayerNorm, then ELU when true.
+    Norm(bool),
+    /// `elu(x Wᵀ + b)`.
+    LinearElu,
+    /// The gated residual tail `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`.
+    Gated,
+}
+
+/// The output and the gradient of every input for `L = Σ a y`: `inputs` are the layer's
+/// inputs in its argument order, each `(values, shape)` (a 1-element shape for a vector).
+fn eval_layer<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    layer: Layer,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    let m = |i: usize| {
+        let (v, s) = &inputs[i];
+        Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [s[0], s[1]]), device)
+            .cast(dtype)
+            .require_grad()
+    };
+    let v = |i: usize| {
+        let (v, s) = &inputs[i];
+        Tensor::<B, 1>::from_data(TensorData::new(v.clone(), [s[0]]), device)
+            .cast(dtype)
+            .require_grad()
+    };
+    let v64 = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
+    let (y, mats, vecs) = match layer {
+        Layer::Norm(elu) => {
+            let (x, w, b) = (m(0), v(1), v(2));
+            let y = B::fused_layer_norm(x.clone(), w.clone(), b.clone(), 1e-5, elu);
+            (y, vec![x], vec![w, b])
+        }
+        Layer::LinearElu => {
+            let (x, w, b) = (m(0), v(1), v(2));
+            (
+                B::linear_elu(x.clone(), w.clone(), b.clone()),
+                vec![x],
+                vec![w, b],
+            )
+        }
+        Layer::Gated => {
+            let (x, t, w1, b1, c, wc, bc) = (m(0), m(1), v(2), v(3), m(4), v(5), v(6));
+            let y = B::gated_residual(
+                x.clone(),
+                t.clone(),
+                w1.clone(),
+                b1.clone(),
+                c.clone(),
+                wc.clone(),
+                bc.clone(),
+            );
+            (y, vec![x, t, c], vec![w1, b1, wc, bc])
+        }
+    };
+    let [rows, cols] = y.dims();
+    let at =
+        Tensor::<B, 2>::from_data(TensorData::new(a.to_vec(), [rows, cols]), device).cast(dtype);
+    let grads = (y.clone() * at).sum().backward();
+    let mut out = vec![v64(y.into_data())];
+    out.extend(
+        mats.iter()
+            .map(|t| v64(t.grad(&grads).unwrap().into_data())),
+    );
+    out.extend(
+        vecs.iter()
+            .map(|t| v64(t.grad(&grads).unwrap().into_data())),
+    );
+    out
+}
+
+/// Asserts `got` within 1e-4 of `want` relative to `max(|want_i|, mean |want|)`: the mean
+/// magnitude floors the scale where an entry is a cancellation's small remainder (a
+/// LayerNorm gradient's entries sum to zero over a row).
+fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mean = want.iter().map(|w| w.abs()).sum::<f64>() / want.len().max(1) as f64;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let scale = w.abs().max(mean).max(1e-30);
+        assert!(
+            (g - w).abs() <= 1e-4 * scale,
+            "{what} [{i}]: GPU {g}, f64 {w} (scale {scale:e})"
+        );
+    }
+}
+
+/// The layer kernels (`layer_kernel.rs`: LayerNorm with and without ELU, the bias with
+/// ELU after a product, the gated residual tail) against burn's autodiff of the composed
+/// forms in f64: values and every input's gradient, for a batch of 1, a batch that is no
+/// multiple of a workgroup, a LayerNorm row of equal values and pre-activations up to ±100.
+#[test]
+fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
+    const {
+        assert!(<WgpuAutodiff as FusedOps>::LAYER_KERNELS);
+        assert!(!<Autodiff<NdArray<f64>> as FusedOps>::LAYER_KERNELS);
+    }
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    let cpu = Default::default();
+    let mut seed = 10;
+    let mut noise_of = |n: usize, scale: f32| {
+        seed += 1;
+        noise(n, seed)
+            .iter()
+            .map(|v| v * scale)
+            .collect::<Vec<f32>>()
+    };
+    // (rows, features, inputs): a batch of one, 67 rows (no multiple of a workgroup).
+    for (rows, f, k) in [(1, 7, 5), (67, 19, 11)] {
+        let mut x = noise_of(rows * f, 3.0);
+        if rows > 1 {
+            // A row of equal values (variance 0), and one of large values.
+            x[f..2 * f].fill(2.5);
+            x[2 * f..3 * f].iter_mut().for_each(|v| *v *= 40.0);
+        }
+        let w = noise_of(f, 1.5);
+        let b = noise_of(f, 1.0);
+        let a = noise_of(rows * f, 1.0);
+        let norm = vec![
+            (x.clone(), vec![rows, f]),
+            (w.clone(), vec![f]),
+            (b.clone(), vec![f]),
+        ];
+        // Products up to about ±100: ELU's and the sigmoid's saturated ends.
+        let xin = noise_of(rows * k, 10.0);
+        let lin = vec![
+            (xin.clone(), vec![rows, k]),
+            (noise_of(f * k, 2.0), vec![f * k]),
+            (noise_of(f, 1.0), vec![f]),
+        ];
+        let gated = vec![
+            (x.clone(), vec![rows, f]),
+            (noise_of(rows * f, 6.0), vec![rows, f]),
+            (noise_of(f * f, 1.0), vec![f * f]),
+            (noise_of(f, 1.0), vec![f]),
+            (xin, vec![rows, k]),
+            (noise_of(f * k, 2.0), vec![f * k]),
+            (noise_of(f, 1.0), vec![f]),
+        ];
+        let cases = [
+            (Layer::Norm(true), &norm),
+            (Layer::Norm(false), &norm),
+            (Layer::LinearElu, &lin),
+            (Layer::Gated, &gated),
+        ];
+        for (layer, inputs) in cases {
+            let gpu = eval_layer::<WgpuAutodiff>(&device, FloatDType::F32, layer, inputs, &a);
+            let want =
+                eval_layer::<Autodiff<NdArray<f64>>>(&cpu, FloatDType::F64, layer, inputs, &a);
+            for (i, (g, w)) in gpu.iter().zip(&want).enumerate() {
+                let what = if i == 0 {
+                    "value".into()
+                } else {
+                    format!("gradient {i}")
+                };
+                assert_close(&format!("{layer:?} [{rows} x {f}] {what}"), g, w);
+            }
+        }
+        // Without autodiff (evaluation passes) LayerNorm gives the same values.
+        let t = |v: &[f32], s: [usize; 2]| {
+            Tensor::<WgpuBackend, 2>::from_data(TensorData::new(v.to_vec(), s), &device)
+        };
+        let vct = |v: &[f32]| {
+            Tensor::<WgpuBackend, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device)
+        };
+        let y = WgpuBackend::fused_layer_norm(t(&x, [rows, f]), vct(&w), vct(&b), 1e-5, true);
+        let y: Vec<f64> = y.into_data().convert::<f64>().to_vec().unwrap();
+        let want =
+            eval_layer::<WgpuAutodiff>(&device, FloatDType::F32, Layer::Norm(true), &norm, &a);
+        assert_eq!(y, want[0]);
     }
 }
