@@ -37,6 +37,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ndarray::{NdArray, NdArrayTensor};
 use burn::backend::Autodiff;
+use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
@@ -294,6 +295,78 @@ pub trait FusedOps: Backend {
         no_layer_kernels()
     }
 
+    /// The transposed weight `Wᵀ: [n, n]` of a flow step's LU-factorized linear map
+    /// (nflows' `LULinear`, `W = L U`, see [`lu_weight_composed`]) from its strictly lower
+    /// and strictly upper entries (`[n(n-1)/2]` each, row-major) and its unconstrained
+    /// diagonal `diag: [n]` (`u_jj = softplus(diag_j) + eps`). On a backend with
+    /// [`FusedOps::LAYER_KERNELS`] one kernel each way ([`crate::lu_kernel`]).
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        lu_weight_composed(lower, upper, diag, eps).0.transpose()
+    }
+
+    /// [`FusedOps::lu_weight_t`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_weight_kernel_forward(
+        _lower: Tensor<Self, 1>,
+        _upper: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dlower, dupper, ddiag)` of [`FusedOps::lu_weight_kernel_forward`]
+    /// for the gradient `dwt: [n, n]` of `Wᵀ`, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_weight_kernel_backward(
+        _lower: Tensor<Self, 1>,
+        _upper: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _dwt: Tensor<Self, 2>,
+        _eps: f64,
+    ) -> [Tensor<Self, 1>; 3] {
+        no_layer_kernels()
+    }
+
+    /// The running log-determinant `acc: [rows]` plus the LU map's `Σ_j ln u_jj`
+    /// (`u_jj = softplus(diag_j) + eps`); one kernel each way on a backend with
+    /// [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        let [rows] = acc.dims();
+        let u = softplus(diag, 1.0).add_scalar(eps);
+        acc + u.log().sum().expand([rows])
+    }
+
+    /// [`FusedOps::lu_logdet`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet_kernel_forward(
+        _acc: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// The gradient of [`FusedOps::lu_logdet_kernel_forward`] with respect to `diag` for
+    /// the incoming gradient `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet_kernel_backward(
+        _grad: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
@@ -430,6 +503,72 @@ fn layer_norm_composed<B: FusedOps>(
     } else {
         y
     }
+}
+
+/// Where each entry of an LU map's `L` and `U` (`n x n`, row-major) comes from: `L`'s from
+/// `[0, 1, lower...]`, `U`'s from `[0, u_00..u_{n-1,n-1}, upper...]` (numpy's
+/// `tril_indices(n, -1)` and `triu_indices(n, 1)` order for the strict triangles).
+pub fn lu_indices(n: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut l_index = vec![0usize; n * n];
+    let mut u_index = vec![0usize; n * n];
+    let (mut kl, mut ku) = (0, 0);
+    for i in 0..n {
+        for j in 0..n {
+            if j < i {
+                l_index[i * n + j] = 2 + kl;
+                kl += 1;
+            } else if i == j {
+                l_index[i * n + j] = 1;
+                u_index[i * n + j] = 1 + i;
+            } else {
+                u_index[i * n + j] = 1 + n + ku;
+                ku += 1;
+            }
+        }
+    }
+    (l_index, u_index)
+}
+
+/// nflows' `LULinear` weight composed from burn's operations: `(W = L U [n, n],
+/// diag(U) [n])`, `L` unit lower-triangular with the strictly lower entries `lower`, `U`
+/// upper-triangular with diagonal `softplus(diag) + eps` and strictly upper entries
+/// `upper` (see [`lu_indices`]).
+pub fn lu_weight_composed<B: Backend>(
+    lower: Tensor<B, 1>,
+    upper: Tensor<B, 1>,
+    diag: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    let device = diag.device();
+    let [n] = diag.dims();
+    let (l_index, u_index) = lu_indices(n);
+    let index = |idx: &[usize]| {
+        let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
+        Tensor::<B, 1, burn::tensor::Int>::from_data(
+            burn::tensor::TensorData::new(v, [idx.len()]),
+            &device,
+        )
+    };
+    let diag = softplus(diag, 1.0).add_scalar(eps);
+    let lv = Tensor::cat(
+        vec![
+            diag.clone().narrow(0, 0, 1).zeros_like(),
+            diag.clone().narrow(0, 0, 1).ones_like(),
+            lower,
+        ],
+        0,
+    );
+    let uv = Tensor::cat(
+        vec![
+            diag.clone().narrow(0, 0, 1).zeros_like(),
+            diag.clone(),
+            upper,
+        ],
+        0,
+    );
+    let l = lv.select(0, index(&l_index)).reshape([n, n]);
+    let u = uv.select(0, index(&u_index)).reshape([n, n]);
+    (l.matmul(u), diag)
 }
 
 /// The matrix product `x Wᵀ` of a linear layer without its bias (`weight` flat
@@ -582,6 +721,72 @@ where
     }
 
     const LAYER_KERNELS: bool = true;
+
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
+            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+        }
+        Self::lu_weight_kernel_forward(lower, upper, diag, eps)
+    }
+
+    fn lu_weight_kernel_forward(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::lu_kernel::weight_forward(
+            prim(lower),
+            prim(upper),
+            prim(diag),
+            eps,
+        ))
+    }
+
+    fn lu_weight_kernel_backward(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        dwt: Tensor<Self, 2>,
+        eps: f64,
+    ) -> [Tensor<Self, 1>; 3] {
+        crate::lu_kernel::weight_backward(prim(lower), prim(upper), prim(diag), prim(dwt), eps)
+            .map(wrap)
+    }
+
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        if !all_f32(&[acc.dtype(), diag.dtype()]) {
+            let [rows] = acc.dims();
+            let u = softplus(diag, 1.0).add_scalar(eps);
+            return acc + u.log().sum().expand([rows]);
+        }
+        Self::lu_logdet_kernel_forward(acc, diag, eps)
+    }
+
+    fn lu_logdet_kernel_forward(
+        acc: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::lu_kernel::logdet_forward(prim(acc), prim(diag), eps))
+    }
+
+    fn lu_logdet_kernel_backward(
+        grad: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::lu_kernel::logdet_backward(
+            prim(grad),
+            prim(diag),
+            eps,
+        ))
+    }
 
     fn fused_layer_norm(
         x: Tensor<Self, 2>,
@@ -1295,6 +1500,61 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
     }
 }
 
+/// The backward step of [`FusedOps::lu_weight_t`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the three parameter vectors.
+#[derive(Debug)]
+struct LuWeightBackward {
+    eps: f64,
+}
+
+impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
+    type State = (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (lower, upper, diag) = ops.state;
+        let d = B::lu_weight_kernel_backward(lower, upper, diag, g, self.eps);
+        for (p, d) in ops.parents.into_iter().zip(d) {
+            if let Some(p) = p {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::lu_logdet`] on `Autodiff<B>` for a backend with the
+/// layer kernels (parents `acc`, `diag`); its state is `diag`.
+#[derive(Debug)]
+struct LuLogdetBackward {
+    eps: f64,
+}
+
+impl<B: FusedOps> Backward<B, 2> for LuLogdetBackward {
+    type State = Tensor<B, 1>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [pacc, pdiag] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(p) = pdiag {
+            let d = B::lu_logdet_kernel_backward(wrap(g.clone()), ops.state, self.eps);
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pacc {
+            grads.register::<B>(p.id, g);
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -1415,6 +1675,54 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     const LAYER_KERNELS: bool = B::LAYER_KERNELS;
+
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        if !B::LAYER_KERNELS || !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
+            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+        }
+        let (l, u, d) = (prim(lower), prim(upper), prim(diag));
+        let inner = |v: &burn::tensor::ops::FloatTensor<Self>| wrap::<B, 1>(v.primitive.clone());
+        let state = (inner(&l), inner(&u), inner(&d));
+        let wt =
+            B::lu_weight_kernel_forward(state.0.clone(), state.1.clone(), state.2.clone(), eps);
+        let output = prim(wt);
+        let nodes = [&l, &u, &d].map(|v| v.node.clone());
+        let tracked = match (LuWeightBackward { eps })
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), diag.dtype()]) {
+            let [rows] = acc.dims();
+            let u = softplus(diag, 1.0).add_scalar(eps);
+            return acc + u.log().sum().expand([rows]);
+        }
+        let (a, d) = (prim(acc), prim(diag));
+        let di = wrap::<B, 1>(d.primitive.clone());
+        let out = B::lu_logdet_kernel_forward(wrap(a.primitive.clone()), di.clone(), eps);
+        let output = prim(out);
+        let tracked = match (LuLogdetBackward { eps })
+            .prepare::<C>([a.node.clone(), d.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(di, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
 
     fn fused_layer_norm(
         x: Tensor<Self, 2>,

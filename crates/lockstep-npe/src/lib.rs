@@ -56,6 +56,7 @@ pub mod fused_ops;
 pub mod gw;
 pub mod layer_kernel;
 pub mod layers;
+pub mod lu_kernel;
 pub mod model;
 pub mod params;
 pub mod sampling;
