@@ -20,7 +20,7 @@ use crate::spline::{coupling_spline, SplineParams};
 use crate::task::BasisLayout;
 pub use crate::task::Standardization;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use serde::{Deserialize, Serialize};
 
@@ -344,6 +344,41 @@ impl Coupling {
         let ld = ld.reshape([n, t]).sum_dim(1).reshape([n]);
         let out = Tensor::cat(vec![x_id, y], 1).select(1, index_tensor::<B>(&self.order, &device));
         (out, ld)
+    }
+
+    /// The density direction: `x: [N, features]`, the running log-determinant `logdet:
+    /// [N]` -> `(y, logdet + log|det|)`. On a backend with the spline and layer kernels
+    /// (float32) the spline's `[M, 2]` output goes to
+    /// [`crate::fused_ops::FusedOps::coupling_place`] and
+    /// [`crate::fused_ops::FusedOps::coupling_logdet`] (a kernel each way each) instead of
+    /// being sliced,
+    /// summed, concatenated and gathered.
+    fn forward_logdet<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+        logdet: Tensor<B, 1>,
+    ) -> (Tensor<B, 2>, Tensor<B, 1>) {
+        let f32s = x.dtype() == DType::F32 && logdet.dtype() == DType::F32;
+        if !(B::LAYER_KERNELS && B::SPLINE_KERNEL && f32s) {
+            let (y, ld) = self.apply(pass, x, context, false);
+            return (y, logdet + ld);
+        }
+        let device = x.device();
+        let n = x.dims()[0];
+        let t = self.transform.len();
+        let k = self.spline.num_bins;
+        let x_id = x
+            .clone()
+            .select(1, index_tensor::<B>(&self.identity, &device));
+        let x_tr = x.select(1, index_tensor::<B>(&self.transform, &device));
+        let raw = self.net.forward(pass, x_id.clone(), context);
+        let raw = raw.reshape([n * t, 3 * k - 1]);
+        let scale = 1.0 / (self.net.hidden as f64).sqrt();
+        let both = B::spline_joint(x_tr.reshape([n * t, 1]), raw, scale, &self.spline);
+        let logdet = B::coupling_logdet(logdet, both.clone());
+        (B::coupling_place(x_id, both, self.transform[0]), logdet)
     }
 }
 
@@ -742,9 +777,9 @@ impl NpeNetwork {
             let (y, ld) = step.lu.forward(pass.params, z, logdet);
             z = y;
             logdet = ld;
-            let (y, ld) = step.coupling.apply(pass, z, context, false);
+            let (y, ld) = step.coupling.forward_logdet(pass, z, context, logdet);
             z = y;
-            logdet = logdet + ld;
+            logdet = ld;
         }
         (z, logdet)
     }

@@ -28,6 +28,18 @@
 //! log-probabilities run) is one operation on burn's GPU backends: a forward and a backward
 //! kernel ([`crate::spline_kernel`]), where the composed operations launch about 240 small
 //! kernels per coupling and step. The CPU backends compose it (there a launch costs nothing).
+//!
+//! On the GPU backends ([`FusedOps::LAYER_KERNELS`]) the layers also call single operations
+//! of one kernel each way, float32: LayerNorm with the ELU after it
+//! ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
+//! ([`FusedOps::linear_elu`]), the gated residual block's tail
+//! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]), the LU map's weight and
+//! log-determinant ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`];
+//! [`crate::lu_kernel`]) and the coupling's end ([`FusedOps::coupling_place`],
+//! [`FusedOps::coupling_logdet`]; [`crate::coupling_kernel`]). Their backward kernels sum
+//! the bias and scale gradients over the batch in the same launch. The default methods
+//! compose burn's operations (the CPU backends never call them: the layers keep their
+//! composed code there, so CPU results are unchanged).
 
 use crate::activation_kernel::Activation;
 use crate::spline::SplineParams;
@@ -367,6 +379,81 @@ pub trait FusedOps: Backend {
         no_layer_kernels()
     }
 
+    /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`), differentiable: one
+    /// node (one kernel each way) on `Autodiff` over a backend with
+    /// [`FusedOps::SPLINE_KERNEL`].
+    fn spline_joint(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        Self::spline_kernel_forward(x, raw, scale, sp)
+    }
+
+    /// A coupling step's output `[rows, d]` in feature order from its untransformed
+    /// features `x_id: [rows, d - t]` and the spline's `both: [rows t, 2]`
+    /// ([`FusedOps::spline_joint`] of the `t` transformed ones), Dingo's alternating mask at
+    /// `start` (0 or 1: feature `f` is transformed when `f >= start` and `f - start` is
+    /// even). One kernel each way on a backend with [`FusedOps::LAYER_KERNELS`]
+    /// ([`crate::coupling_kernel`]).
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        coupling_place_composed(x_id, both, start)
+    }
+
+    /// [`FusedOps::coupling_place`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_place_kernel_forward(
+        _x_id: Tensor<Self, 2>,
+        _both: Tensor<Self, 2>,
+        _start: usize,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dx_id [rows, d - t], dboth [rows t, 2])` of
+    /// [`FusedOps::coupling_place_kernel_forward`] for the incoming `grad: [rows, d]`, as one
+    /// kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_place_kernel_backward(
+        _grad: Tensor<Self, 2>,
+        _t: usize,
+        _start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        no_layer_kernels()
+    }
+
+    /// The running log-determinant `acc: [rows]` plus each row's sum of the spline's
+    /// log-derivatives (`both: [rows t, 2]`, column 1). One kernel each way on a backend
+    /// with [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        coupling_logdet_composed(acc, both)
+    }
+
+    /// [`FusedOps::coupling_logdet`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet_kernel_forward(
+        _acc: Tensor<Self, 1>,
+        _both: Tensor<Self, 2>,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// The gradient `dboth: [rows t, 2]` of [`FusedOps::coupling_logdet_kernel_forward`]
+    /// for the incoming `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet_kernel_backward(_grad: Tensor<Self, 1>, _t: usize) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
@@ -407,7 +494,9 @@ pub trait FusedOps: Backend {
 /// significand, largest finite value 65504), the matrix products (forward and backward),
 /// bias additions and activations run in float16, and the results return to float32; the
 /// parameters (master weights), the spline and LU transforms, the normalizations, the
-/// log-determinants, the log-probability and the loss stay float32. Only GPU backends run
+/// log-determinants, the log-probability and the loss stay float32 (on the GPU backends the
+/// ELU after a LayerNorm is computed in float32 inside the LayerNorm's kernel, whose input
+/// and output are float32). Only GPU backends run
 /// it (wgpu with `SHADER_F16`, CUDA); the training passes of `automatic_mixed_precision`
 /// use it, evaluation passes (validation, sampling) compute in float32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -571,6 +660,47 @@ pub fn lu_weight_composed<B: Backend>(
     (l.matmul(u), diag)
 }
 
+/// [`FusedOps::coupling_place`] composed from burn's operations (a column slice, a
+/// concatenation, a gather).
+fn coupling_place_composed<B: Backend>(
+    x_id: Tensor<B, 2>,
+    both: Tensor<B, 2>,
+    start: usize,
+) -> Tensor<B, 2> {
+    let [rows, ids] = x_id.dims();
+    let m = both.dims()[0];
+    let t = m / rows;
+    let d = ids + t;
+    // Where feature f sits in cat(identity, transform).
+    let order: Vec<i64> = (0..d)
+        .map(|f| {
+            let pos = if f >= start && (f - start) % 2 == 0 {
+                ids + (f - start) / 2
+            } else {
+                (f + start - 1) / 2
+            };
+            pos as i64
+        })
+        .collect();
+    let order = Tensor::<B, 1, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new(order, [d]),
+        &x_id.device(),
+    );
+    let y = both.slice([0..m, 0..1]).reshape([rows, t]);
+    Tensor::cat(vec![x_id, y], 1).select(1, order)
+}
+
+/// [`FusedOps::coupling_logdet`] composed from burn's operations.
+fn coupling_logdet_composed<B: Backend>(acc: Tensor<B, 1>, both: Tensor<B, 2>) -> Tensor<B, 1> {
+    let [rows] = acc.dims();
+    let m = both.dims()[0];
+    acc + both
+        .slice([0..m, 1..2])
+        .reshape([rows, m / rows])
+        .sum_dim(1)
+        .reshape([rows])
+}
+
 /// The matrix product `x Wᵀ` of a linear layer without its bias (`weight` flat
 /// `[outputs * inputs]`).
 fn product<B: Backend>(x: Tensor<B, 2>, weight: Tensor<B, 1>) -> Tensor<B, 2> {
@@ -721,6 +851,62 @@ where
     }
 
     const LAYER_KERNELS: bool = true;
+
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x_id.dtype(), both.dtype()]) {
+            return coupling_place_composed(x_id, both, start);
+        }
+        Self::coupling_place_kernel_forward(x_id, both, start)
+    }
+
+    fn coupling_place_kernel_forward(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::place_forward_launch(
+            prim(x_id),
+            prim(both),
+            start,
+        ))
+    }
+
+    fn coupling_place_kernel_backward(
+        grad: Tensor<Self, 2>,
+        t: usize,
+        start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (dx, db) = crate::coupling_kernel::place_backward_launch(prim(grad), t, start);
+        (wrap(dx), wrap(db))
+    }
+
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        if !all_f32(&[acc.dtype(), both.dtype()]) {
+            return coupling_logdet_composed(acc, both);
+        }
+        Self::coupling_logdet_kernel_forward(acc, both)
+    }
+
+    fn coupling_logdet_kernel_forward(
+        acc: Tensor<Self, 1>,
+        both: Tensor<Self, 2>,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::coupling_kernel::logdet_forward_launch(
+            prim(acc),
+            prim(both),
+        ))
+    }
+
+    fn coupling_logdet_kernel_backward(grad: Tensor<Self, 1>, t: usize) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::logdet_backward_launch(
+            prim(grad),
+            t,
+        ))
+    }
 
     fn lu_weight_t(
         lower: Tensor<Self, 1>,
@@ -1555,6 +1741,63 @@ impl<B: FusedOps> Backward<B, 2> for LuLogdetBackward {
     }
 }
 
+/// The backward step of [`FusedOps::coupling_place`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `x_id`, `both`); stateless.
+#[derive(Debug)]
+struct PlaceBackward {
+    t: usize,
+    start: usize,
+}
+
+impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pboth] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (dx, dboth) = B::coupling_place_kernel_backward(g, self.t, self.start);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(dx));
+        }
+        if let Some(p) = pboth {
+            grads.register::<B>(p.id, prim(dboth));
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::coupling_logdet`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `acc`, `both`); stateless.
+#[derive(Debug)]
+struct CouplingLogdetBackward {
+    t: usize,
+}
+
+impl<B: FusedOps> Backward<B, 2> for CouplingLogdetBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [pacc, pboth] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(p) = pboth {
+            let d = B::coupling_logdet_kernel_backward(wrap(g.clone()), self.t);
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pacc {
+            grads.register::<B>(p.id, g);
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -1649,6 +1892,29 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         if !B::SPLINE_KERNEL {
             return crate::spline::coupling_spline(x, raw, scale, false, sp);
         }
+        split_spline(Self::spline_joint(x, raw, scale, sp))
+    }
+
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        Self::sigmoid_at(x, Precision::F32)
+    }
+
+    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    }
+
+    const LAYER_KERNELS: bool = B::LAYER_KERNELS;
+
+    fn spline_joint(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        if !B::SPLINE_KERNEL {
+            let (y, ld) = crate::spline::coupling_spline(x, raw, scale, false, sp);
+            return Tensor::cat(vec![y, ld], 1);
+        }
         let x = x.into_primitive().tensor();
         let r = raw.into_primitive().tensor();
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
@@ -1663,18 +1929,55 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish((xi, ri), output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };
-        split_spline(Tensor::from_primitive(TensorPrimitive::Float(tracked)))
+        Tensor::from_primitive(TensorPrimitive::Float(tracked))
     }
 
-    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        Self::sigmoid_at(x, Precision::F32)
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !B::LAYER_KERNELS || !all_f32(&[x_id.dtype(), both.dtype()]) {
+            return coupling_place_composed(x_id, both, start);
+        }
+        let t = both.dims()[0] / x_id.dims()[0];
+        let (x, b) = (prim(x_id), prim(both));
+        let out = B::coupling_place_kernel_forward(
+            wrap(x.primitive.clone()),
+            wrap(b.primitive.clone()),
+            start,
+        );
+        let output = prim(out);
+        let tracked = match (PlaceBackward { t, start })
+            .prepare::<C>([x.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
     }
 
-    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
-        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), both.dtype()]) {
+            return coupling_logdet_composed(acc, both);
+        }
+        let t = both.dims()[0] / acc.dims()[0];
+        let (a, b) = (prim(acc), prim(both));
+        let out =
+            B::coupling_logdet_kernel_forward(wrap(a.primitive.clone()), wrap(b.primitive.clone()));
+        let output = prim(out);
+        let tracked = match (CouplingLogdetBackward { t })
+            .prepare::<C>([a.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
     }
-
-    const LAYER_KERNELS: bool = B::LAYER_KERNELS;
 
     fn lu_weight_t(
         lower: Tensor<Self, 1>,

@@ -47,6 +47,7 @@ pub mod activation_kernel;
 pub mod backend;
 pub mod c2st;
 pub mod calibration;
+pub mod coupling_kernel;
 pub mod device;
 pub mod device_model;
 pub mod error;
