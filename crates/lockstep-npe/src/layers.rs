@@ -368,9 +368,7 @@ impl NormLayer {
             }
         }
     }
-}
 
-impl NormLayer {
     /// `elu(norm(x))`: the block's normalization with the ELU after it. LayerNorm on a
     /// backend with [`FusedOps::LAYER_KERNELS`] is one operation (one kernel each way, the
     /// ELU in float32 also under mixed precision, where the normalization's output is
