@@ -33,14 +33,9 @@ pub enum Activation {
     Sigmoid,
 }
 
-/// `y[i] = elu(x[i])` for `i < n`.
-#[cube(launch)]
-fn elu_forward(x: &Array<f32>, y: &mut Array<f32>, n: u32) {
-    let i = ABSOLUTE_POS as u32;
-    if i >= n {
-        terminate!();
-    }
-    let v = x[i as usize];
+/// ELU (α = 1) of one value: `v` for `v > 0`, else `e^v - 1` (near 0 its Taylor series).
+#[cube]
+pub(crate) fn elu_value(v: f32) -> f32 {
     let mut out = v;
     if v <= 0.0 {
         out = f32::exp(v) - 1.0;
@@ -57,7 +52,17 @@ fn elu_forward(x: &Array<f32>, y: &mut Array<f32>, n: u32) {
             out = v * (v * p3 + 1.0);
         }
     }
-    y[i as usize] = out;
+    out
+}
+
+/// `y[i] = elu(x[i])` for `i < n`.
+#[cube(launch)]
+fn elu_forward(x: &Array<f32>, y: &mut Array<f32>, n: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i >= n {
+        terminate!();
+    }
+    y[i as usize] = elu_value(x[i as usize]);
 }
 
 /// `dx[i] = g[i]` where `y[i] > 0`, else `g[i] (y[i] + 1)`, for `i < n`.

@@ -11,6 +11,7 @@
 
 use crate::backend::NpeBackend;
 use crate::error::NpeError;
+use crate::fused_ops::lu_weight_composed;
 use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
@@ -18,9 +19,8 @@ use crate::params::{to_vec, Layout, Params, Partition};
 use crate::spline::{coupling_spline, SplineParams};
 use crate::task::BasisLayout;
 pub use crate::task::Standardization;
-use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use serde::{Deserialize, Serialize};
 
@@ -141,6 +141,9 @@ fn index_tensor<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, I
 /// nflows `LULinear`: `y = x Wᵀ + b` with `W = L U`, `L` unit lower-triangular (strictly lower
 /// entries `lower_entries`), `U` upper-triangular with diagonal `softplus(u) + 1e-3` and
 /// strictly upper entries `upper_entries`; `log|det W| = Σ log diag(U)`. Identity at start.
+/// The weight is built by [`lu_weight_composed`], or by one kernel on a backend with
+/// [`crate::fused_ops::FusedOps::LAYER_KERNELS`]
+/// ([`crate::fused_ops::FusedOps::lu_weight_t`]).
 #[derive(Debug, Clone)]
 struct LuLinear {
     n: usize,
@@ -148,10 +151,6 @@ struct LuLinear {
     upper: usize,
     diag: usize,
     bias: usize,
-    /// `n*n` indices into `[0, 1, lower_entries...]` building L row-major.
-    l_index: Vec<usize>,
-    /// `n*n` indices into `[0, diag..., upper_entries...]` building U row-major.
-    u_index: Vec<usize>,
 }
 
 const LU_EPS: f64 = 1e-3;
@@ -168,69 +167,51 @@ impl LuLinear {
             Init::Constant(c),
         );
         let bias = b.param(format!("{name}.bias"), &[n], Init::Constant(0.0));
-        // numpy tril_indices(n, -1) / triu_indices(n, 1): row-major order.
-        let mut l_index = vec![0usize; n * n];
-        let mut u_index = vec![0usize; n * n];
-        let (mut kl, mut ku) = (0, 0);
-        for i in 0..n {
-            for j in 0..n {
-                if j < i {
-                    l_index[i * n + j] = 2 + kl;
-                    kl += 1;
-                } else if i == j {
-                    l_index[i * n + j] = 1;
-                    u_index[i * n + j] = 1 + i;
-                } else {
-                    u_index[i * n + j] = 1 + n + ku;
-                    ku += 1;
-                }
-            }
-        }
         LuLinear {
             n,
             lower,
             upper,
             diag,
             bias,
-            l_index,
-            u_index,
         }
     }
 
     /// `(W [n, n], diag(U) [n])`.
     fn weight<B: Backend>(&self, p: &Params<B>) -> (Tensor<B, 2>, Tensor<B, 1>) {
-        let device = p.vector(self.bias).device();
-        let n = self.n;
-        let diag = softplus(p.vector(self.diag), 1.0).add_scalar(LU_EPS);
-        let lv = Tensor::cat(
-            vec![
-                diag.clone().narrow(0, 0, 1).zeros_like(),
-                diag.clone().narrow(0, 0, 1).ones_like(),
-                p.vector(self.lower),
-            ],
-            0,
+        let (l, u, d) = (
+            p.vector(self.lower),
+            p.vector(self.upper),
+            p.vector(self.diag),
         );
-        let uv = Tensor::cat(
-            vec![
-                diag.clone().narrow(0, 0, 1).zeros_like(),
-                diag.clone(),
-                p.vector(self.upper),
-            ],
-            0,
-        );
-        let l = lv
-            .select(0, index_tensor::<B>(&self.l_index, &device))
-            .reshape([n, n]);
-        let u = uv
-            .select(0, index_tensor::<B>(&self.u_index, &device))
-            .reshape([n, n]);
-        (l.matmul(u), diag)
+        lu_weight_composed(l, u, d, LU_EPS)
     }
 
-    /// `x: [N, n]` -> `(y [N, n], log|det| scalar [1])`.
-    fn forward<B: Backend>(&self, p: &Params<B>, x: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    /// `x: [N, n]`, the running log-determinant `logdet: [N]` -> `(y [N, n], logdet +
+    /// log|det W|)`.
+    fn forward<B: NpeBackend>(
+        &self,
+        p: &Params<B>,
+        x: Tensor<B, 2>,
+        logdet: Tensor<B, 1>,
+    ) -> (Tensor<B, 2>, Tensor<B, 1>) {
+        if B::LAYER_KERNELS {
+            let (l, u, d) = (
+                p.vector(self.lower),
+                p.vector(self.upper),
+                p.vector(self.diag),
+            );
+            let wt = B::lu_weight_t(l, u, d.clone(), LU_EPS);
+            return (
+                x.matmul(wt) + p.row(self.bias),
+                B::lu_logdet(logdet, d, LU_EPS),
+            );
+        }
         let (w, diag) = self.weight(p);
-        (x.matmul(w.transpose()) + p.row(self.bias), diag.log().sum())
+        let n = x.dims()[0];
+        (
+            x.matmul(w.transpose()) + p.row(self.bias),
+            logdet + diag.log().sum().expand([n]),
+        )
     }
 
     /// Inverse map (sampling; the weight is inverted on the host in f64).
@@ -363,6 +344,41 @@ impl Coupling {
         let ld = ld.reshape([n, t]).sum_dim(1).reshape([n]);
         let out = Tensor::cat(vec![x_id, y], 1).select(1, index_tensor::<B>(&self.order, &device));
         (out, ld)
+    }
+
+    /// The density direction: `x: [N, features]`, the running log-determinant `logdet:
+    /// [N]` -> `(y, logdet + log|det|)`. On a backend with the spline and layer kernels
+    /// (float32) the spline's `[M, 2]` output goes to
+    /// [`crate::fused_ops::FusedOps::coupling_place`] and
+    /// [`crate::fused_ops::FusedOps::coupling_logdet`] (a kernel each way each) instead of
+    /// being sliced,
+    /// summed, concatenated and gathered.
+    fn forward_logdet<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+        logdet: Tensor<B, 1>,
+    ) -> (Tensor<B, 2>, Tensor<B, 1>) {
+        let f32s = x.dtype() == DType::F32 && logdet.dtype() == DType::F32;
+        if !(B::LAYER_KERNELS && B::SPLINE_KERNEL && f32s) {
+            let (y, ld) = self.apply(pass, x, context, false);
+            return (y, logdet + ld);
+        }
+        let device = x.device();
+        let n = x.dims()[0];
+        let t = self.transform.len();
+        let k = self.spline.num_bins;
+        let x_id = x
+            .clone()
+            .select(1, index_tensor::<B>(&self.identity, &device));
+        let x_tr = x.select(1, index_tensor::<B>(&self.transform, &device));
+        let raw = self.net.forward(pass, x_id.clone(), context);
+        let raw = raw.reshape([n * t, 3 * k - 1]);
+        let scale = 1.0 / (self.net.hidden as f64).sqrt();
+        let both = B::spline_joint(x_tr.reshape([n * t, 1]), raw, scale, &self.spline);
+        let logdet = B::coupling_logdet(logdet, both.clone());
+        (B::coupling_place(x_id, both, self.transform[0]), logdet)
     }
 }
 
@@ -755,15 +771,15 @@ impl NpeNetwork {
         let device = context.device();
         let s = &self.standardization;
         let mut z = Self::standardize::<B>(theta, n, &s.theta_mean, &s.theta_std, &device);
-        let mut logdet = z.clone().slice([0..n, 0..1]).reshape([n]).zeros_like();
+        let mut logdet = Tensor::<B, 1>::zeros([n], &device);
         for step in &self.steps {
             z = z.select(1, index_tensor::<B>(&step.permutation.perm, &device));
-            let (y, ld) = step.lu.forward(pass.params, z);
+            let (y, ld) = step.lu.forward(pass.params, z, logdet);
             z = y;
-            logdet = logdet + ld.expand([n]);
-            let (y, ld) = step.coupling.apply(pass, z, context, false);
+            logdet = ld;
+            let (y, ld) = step.coupling.forward_logdet(pass, z, context, logdet);
             z = y;
-            logdet = logdet + ld;
+            logdet = ld;
         }
         (z, logdet)
     }

@@ -28,6 +28,18 @@
 //! log-probabilities run) is one operation on burn's GPU backends: a forward and a backward
 //! kernel ([`crate::spline_kernel`]), where the composed operations launch about 240 small
 //! kernels per coupling and step. The CPU backends compose it (there a launch costs nothing).
+//!
+//! On the GPU backends ([`FusedOps::LAYER_KERNELS`]) the layers also call single operations
+//! of one kernel each way, float32: LayerNorm with the ELU after it
+//! ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
+//! ([`FusedOps::linear_elu`]), the gated residual block's tail
+//! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]), the LU map's weight and
+//! log-determinant ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`];
+//! [`crate::lu_kernel`]) and the coupling's end ([`FusedOps::coupling_place`],
+//! [`FusedOps::coupling_logdet`]; [`crate::coupling_kernel`]). Their backward kernels sum
+//! the bias and scale gradients over the batch in the same launch. The default methods
+//! compose burn's operations (the CPU backends never call them: the layers keep their
+//! composed code there, so CPU results are unchanged).
 
 use crate::activation_kernel::Activation;
 use crate::spline::SplineParams;
@@ -37,6 +49,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ndarray::{NdArray, NdArrayTensor};
 use burn::backend::Autodiff;
+use burn::tensor::activation::softplus;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
@@ -161,6 +174,286 @@ pub trait FusedOps: Backend {
         panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
     }
 
+    /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
+    /// ELU after it and the gated residual block's tail as kernels
+    /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
+    /// layers then call [`FusedOps::layer_norm`], [`FusedOps::linear_elu`] and
+    /// [`FusedOps::gated_residual`], and `Autodiff` over such a backend records one node for
+    /// each. Elsewhere the layers compose them as before.
+    const LAYER_KERNELS: bool = false;
+
+    /// LayerNorm over the features of each row (PyTorch `nn.LayerNorm`: biased variance,
+    /// `eps` added to it, affine), followed by ELU (α = 1) when `elu`: `x: [rows, cols]`,
+    /// `weight`, `bias: [cols]` -> `[rows, cols]`. The default composes burn's operations.
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        layer_norm_composed(x, weight, bias, eps, elu)
+    }
+
+    /// [`FusedOps::layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
+    /// `stats` holding each row's mean and `1 / sqrt(var + eps)` for the backward kernel.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn layer_norm_kernel_forward(
+        _x: Tensor<Self, 2>,
+        _weight: Tensor<Self, 1>,
+        _bias: Tensor<Self, 1>,
+        _eps: f64,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dx [rows, cols], dweight [cols], dbias [cols])` of
+    /// [`FusedOps::layer_norm_kernel_forward`] from its input `x`, `weight`, output `y`,
+    /// `stats` and the incoming gradient `grad: [rows, cols]`, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn layer_norm_kernel_backward(
+        _x: Tensor<Self, 2>,
+        _weight: Tensor<Self, 1>,
+        _y: Tensor<Self, 2>,
+        _stats: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>, Tensor<Self, 1>) {
+        no_layer_kernels()
+    }
+
+    /// `elu(x Wᵀ + b)` (arguments as [`FusedOps::fused_linear`]); on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] the matrix product and one kernel for the bias and ELU.
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        Self::fused_elu(Self::fused_linear(x, weight, bias))
+    }
+
+    /// `a + bias` (`a: [rows, cols]`, `bias: [cols]`), followed by ELU when `elu`, as one
+    /// kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn bias_kernel_forward(
+        _a: Tensor<Self, 2>,
+        _bias: Tensor<Self, 1>,
+        _elu: bool,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(da [rows, cols], dbias [cols])` of [`FusedOps::bias_kernel_forward`]
+    /// from its output `y` and the incoming gradient, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn bias_kernel_backward(
+        _y: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+        _elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        no_layer_kernels()
+    }
+
+    /// The tail of a context-gated residual block (nflows' `ResidualBlock` with a context
+    /// layer): `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`, `x: [rows, features]`,
+    /// `t: [rows, features]` (the block's second linear layer's input), `w1` flat
+    /// `[features * features]`, `context: [rows, context_features]`, `wc` flat
+    /// `[features * context_features]`, `b1`, `bc: [features]`. On a backend with
+    /// [`FusedOps::LAYER_KERNELS`] the two matrix products and one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        x + Self::fused_linear(t, w1, b1) * Self::fused_sigmoid(Self::fused_linear(context, wc, bc))
+    }
+
+    /// `x + (a + b1) sigmoid(c + bc)` (`x`, `a`, `c`: `[rows, features]`; `b1`, `bc`:
+    /// `[features]`) as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn gated_kernel_forward(
+        _x: Tensor<Self, 2>,
+        _a: Tensor<Self, 2>,
+        _b1: Tensor<Self, 1>,
+        _c: Tensor<Self, 2>,
+        _bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(da, dc [rows, features], db1, dbc [features])` of
+    /// [`FusedOps::gated_kernel_forward`] for the incoming gradient (that of `x` is the
+    /// incoming gradient itself), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn gated_kernel_backward(
+        _a: Tensor<Self, 2>,
+        _b1: Tensor<Self, 1>,
+        _c: Tensor<Self, 2>,
+        _bc: Tensor<Self, 1>,
+        _grad: Tensor<Self, 2>,
+    ) -> GatedGradients<Self> {
+        no_layer_kernels()
+    }
+
+    /// The transposed weight `Wᵀ: [n, n]` of a flow step's LU-factorized linear map
+    /// (nflows' `LULinear`, `W = L U`, see [`lu_weight_composed`]) from its strictly lower
+    /// and strictly upper entries (`[n(n-1)/2]` each, row-major) and its unconstrained
+    /// diagonal `diag: [n]` (`u_jj = softplus(diag_j) + eps`). On a backend with
+    /// [`FusedOps::LAYER_KERNELS`] one kernel each way ([`crate::lu_kernel`]).
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        lu_weight_composed(lower, upper, diag, eps).0.transpose()
+    }
+
+    /// [`FusedOps::lu_weight_t`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_weight_kernel_forward(
+        _lower: Tensor<Self, 1>,
+        _upper: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dlower, dupper, ddiag)` of [`FusedOps::lu_weight_kernel_forward`]
+    /// for the gradient `dwt: [n, n]` of `Wᵀ`, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_weight_kernel_backward(
+        _lower: Tensor<Self, 1>,
+        _upper: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _dwt: Tensor<Self, 2>,
+        _eps: f64,
+    ) -> [Tensor<Self, 1>; 3] {
+        no_layer_kernels()
+    }
+
+    /// The running log-determinant `acc: [rows]` plus the LU map's `Σ_j ln u_jj`
+    /// (`u_jj = softplus(diag_j) + eps`); one kernel each way on a backend with
+    /// [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        let [rows] = acc.dims();
+        let u = softplus(diag, 1.0).add_scalar(eps);
+        acc + u.log().sum().expand([rows])
+    }
+
+    /// [`FusedOps::lu_logdet`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet_kernel_forward(
+        _acc: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// The gradient of [`FusedOps::lu_logdet_kernel_forward`] with respect to `diag` for
+    /// the incoming gradient `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn lu_logdet_kernel_backward(
+        _grad: Tensor<Self, 1>,
+        _diag: Tensor<Self, 1>,
+        _eps: f64,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`), differentiable: one
+    /// node (one kernel each way) on `Autodiff` over a backend with
+    /// [`FusedOps::SPLINE_KERNEL`].
+    fn spline_joint(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        Self::spline_kernel_forward(x, raw, scale, sp)
+    }
+
+    /// A coupling step's output `[rows, d]` in feature order from its untransformed
+    /// features `x_id: [rows, d - t]` and the spline's `both: [rows t, 2]`
+    /// ([`FusedOps::spline_joint`] of the `t` transformed ones), Dingo's alternating mask at
+    /// `start` (0 or 1: feature `f` is transformed when `f >= start` and `f - start` is
+    /// even). One kernel each way on a backend with [`FusedOps::LAYER_KERNELS`]
+    /// ([`crate::coupling_kernel`]).
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        coupling_place_composed(x_id, both, start)
+    }
+
+    /// [`FusedOps::coupling_place`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_place_kernel_forward(
+        _x_id: Tensor<Self, 2>,
+        _both: Tensor<Self, 2>,
+        _start: usize,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dx_id [rows, d - t], dboth [rows t, 2])` of
+    /// [`FusedOps::coupling_place_kernel_forward`] for the incoming `grad: [rows, d]`, as one
+    /// kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_place_kernel_backward(
+        _grad: Tensor<Self, 2>,
+        _t: usize,
+        _start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        no_layer_kernels()
+    }
+
+    /// The running log-determinant `acc: [rows]` plus each row's sum of the spline's
+    /// log-derivatives (`both: [rows t, 2]`, column 1). One kernel each way on a backend
+    /// with [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        coupling_logdet_composed(acc, both)
+    }
+
+    /// [`FusedOps::coupling_logdet`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet_kernel_forward(
+        _acc: Tensor<Self, 1>,
+        _both: Tensor<Self, 2>,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// The gradient `dboth: [rows t, 2]` of [`FusedOps::coupling_logdet_kernel_forward`]
+    /// for the incoming `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_logdet_kernel_backward(_grad: Tensor<Self, 1>, _t: usize) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
@@ -201,7 +494,9 @@ pub trait FusedOps: Backend {
 /// significand, largest finite value 65504), the matrix products (forward and backward),
 /// bias additions and activations run in float16, and the results return to float32; the
 /// parameters (master weights), the spline and LU transforms, the normalizations, the
-/// log-determinants, the log-probability and the loss stay float32. Only GPU backends run
+/// log-determinants, the log-probability and the loss stay float32 (on the GPU backends the
+/// ELU after a LayerNorm is computed in float32 inside the LayerNorm's kernel, whose input
+/// and output are float32). Only GPU backends run
 /// it (wgpu with `SHADER_F16`, CUDA); the training passes of `automatic_mixed_precision`
 /// use it, evaluation passes (validation, sampling) compute in float32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -271,6 +566,148 @@ pub type LinearGradients<B> = (
     Option<Tensor<B, 1>>,
     Option<Tensor<B, 1>>,
 );
+
+/// The gradients of the gated tail's kernel: `(da, dc, db1, dbc)` (see
+/// [`FusedOps::gated_kernel_backward`]).
+pub type GatedGradients<B> = (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 1>);
+
+fn no_layer_kernels() -> ! {
+    panic!("this backend has no layer kernels (FusedOps::LAYER_KERNELS is false)")
+}
+
+/// LayerNorm composed from burn's operations (as `layers::NormLayer` computes it), then
+/// [`FusedOps::fused_elu`] when `elu`.
+fn layer_norm_composed<B: FusedOps>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    elu: bool,
+) -> Tensor<B, 2> {
+    let (var, mean) = x.clone().var_mean_bias(1);
+    let y = (x - mean) / var.add_scalar(eps).sqrt();
+    let y = y * weight.unsqueeze_dim(0) + bias.unsqueeze_dim(0);
+    if elu {
+        B::fused_elu(y)
+    } else {
+        y
+    }
+}
+
+/// Where each entry of an LU map's `L` and `U` (`n x n`, row-major) comes from: `L`'s from
+/// `[0, 1, lower...]`, `U`'s from `[0, u_00..u_{n-1,n-1}, upper...]` (numpy's
+/// `tril_indices(n, -1)` and `triu_indices(n, 1)` order for the strict triangles).
+pub fn lu_indices(n: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut l_index = vec![0usize; n * n];
+    let mut u_index = vec![0usize; n * n];
+    let (mut kl, mut ku) = (0, 0);
+    for i in 0..n {
+        for j in 0..n {
+            if j < i {
+                l_index[i * n + j] = 2 + kl;
+                kl += 1;
+            } else if i == j {
+                l_index[i * n + j] = 1;
+                u_index[i * n + j] = 1 + i;
+            } else {
+                u_index[i * n + j] = 1 + n + ku;
+                ku += 1;
+            }
+        }
+    }
+    (l_index, u_index)
+}
+
+/// nflows' `LULinear` weight composed from burn's operations: `(W = L U [n, n],
+/// diag(U) [n])`, `L` unit lower-triangular with the strictly lower entries `lower`, `U`
+/// upper-triangular with diagonal `softplus(diag) + eps` and strictly upper entries
+/// `upper` (see [`lu_indices`]).
+pub fn lu_weight_composed<B: Backend>(
+    lower: Tensor<B, 1>,
+    upper: Tensor<B, 1>,
+    diag: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    let device = diag.device();
+    let [n] = diag.dims();
+    let (l_index, u_index) = lu_indices(n);
+    let index = |idx: &[usize]| {
+        let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
+        Tensor::<B, 1, burn::tensor::Int>::from_data(
+            burn::tensor::TensorData::new(v, [idx.len()]),
+            &device,
+        )
+    };
+    let diag = softplus(diag, 1.0).add_scalar(eps);
+    let lv = Tensor::cat(
+        vec![
+            diag.clone().narrow(0, 0, 1).zeros_like(),
+            diag.clone().narrow(0, 0, 1).ones_like(),
+            lower,
+        ],
+        0,
+    );
+    let uv = Tensor::cat(
+        vec![
+            diag.clone().narrow(0, 0, 1).zeros_like(),
+            diag.clone(),
+            upper,
+        ],
+        0,
+    );
+    let l = lv.select(0, index(&l_index)).reshape([n, n]);
+    let u = uv.select(0, index(&u_index)).reshape([n, n]);
+    (l.matmul(u), diag)
+}
+
+/// [`FusedOps::coupling_place`] composed from burn's operations (a column slice, a
+/// concatenation, a gather).
+fn coupling_place_composed<B: Backend>(
+    x_id: Tensor<B, 2>,
+    both: Tensor<B, 2>,
+    start: usize,
+) -> Tensor<B, 2> {
+    let [rows, ids] = x_id.dims();
+    let m = both.dims()[0];
+    let t = m / rows;
+    let d = ids + t;
+    // Where feature f sits in cat(identity, transform).
+    let order: Vec<i64> = (0..d)
+        .map(|f| {
+            let pos = if f >= start && (f - start) % 2 == 0 {
+                ids + (f - start) / 2
+            } else {
+                (f + start - 1) / 2
+            };
+            pos as i64
+        })
+        .collect();
+    let order = Tensor::<B, 1, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new(order, [d]),
+        &x_id.device(),
+    );
+    let y = both.slice([0..m, 0..1]).reshape([rows, t]);
+    Tensor::cat(vec![x_id, y], 1).select(1, order)
+}
+
+/// [`FusedOps::coupling_logdet`] composed from burn's operations.
+fn coupling_logdet_composed<B: Backend>(acc: Tensor<B, 1>, both: Tensor<B, 2>) -> Tensor<B, 1> {
+    let [rows] = acc.dims();
+    let m = both.dims()[0];
+    acc + both
+        .slice([0..m, 1..2])
+        .reshape([rows, m / rows])
+        .sum_dim(1)
+        .reshape([rows])
+}
+
+/// The matrix product `x Wᵀ` of a linear layer without its bias (`weight` flat
+/// `[outputs * inputs]`).
+fn product<B: Backend>(x: Tensor<B, 2>, weight: Tensor<B, 1>) -> Tensor<B, 2> {
+    let [_, inputs] = x.dims();
+    let [len] = weight.dims();
+    x.matmul(weight.reshape([len / inputs, inputs]).transpose())
+}
 
 fn linear_composed<B: Backend>(
     x: Tensor<B, 2>,
@@ -413,6 +850,267 @@ where
         split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
     }
 
+    const LAYER_KERNELS: bool = true;
+
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x_id.dtype(), both.dtype()]) {
+            return coupling_place_composed(x_id, both, start);
+        }
+        Self::coupling_place_kernel_forward(x_id, both, start)
+    }
+
+    fn coupling_place_kernel_forward(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::place_forward_launch(
+            prim(x_id),
+            prim(both),
+            start,
+        ))
+    }
+
+    fn coupling_place_kernel_backward(
+        grad: Tensor<Self, 2>,
+        t: usize,
+        start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (dx, db) = crate::coupling_kernel::place_backward_launch(prim(grad), t, start);
+        (wrap(dx), wrap(db))
+    }
+
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        if !all_f32(&[acc.dtype(), both.dtype()]) {
+            return coupling_logdet_composed(acc, both);
+        }
+        Self::coupling_logdet_kernel_forward(acc, both)
+    }
+
+    fn coupling_logdet_kernel_forward(
+        acc: Tensor<Self, 1>,
+        both: Tensor<Self, 2>,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::coupling_kernel::logdet_forward_launch(
+            prim(acc),
+            prim(both),
+        ))
+    }
+
+    fn coupling_logdet_kernel_backward(grad: Tensor<Self, 1>, t: usize) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::logdet_backward_launch(
+            prim(grad),
+            t,
+        ))
+    }
+
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
+            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+        }
+        Self::lu_weight_kernel_forward(lower, upper, diag, eps)
+    }
+
+    fn lu_weight_kernel_forward(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::lu_kernel::weight_forward(
+            prim(lower),
+            prim(upper),
+            prim(diag),
+            eps,
+        ))
+    }
+
+    fn lu_weight_kernel_backward(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        dwt: Tensor<Self, 2>,
+        eps: f64,
+    ) -> [Tensor<Self, 1>; 3] {
+        crate::lu_kernel::weight_backward(prim(lower), prim(upper), prim(diag), prim(dwt), eps)
+            .map(wrap)
+    }
+
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        if !all_f32(&[acc.dtype(), diag.dtype()]) {
+            let [rows] = acc.dims();
+            let u = softplus(diag, 1.0).add_scalar(eps);
+            return acc + u.log().sum().expand([rows]);
+        }
+        Self::lu_logdet_kernel_forward(acc, diag, eps)
+    }
+
+    fn lu_logdet_kernel_forward(
+        acc: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::lu_kernel::logdet_forward(prim(acc), prim(diag), eps))
+    }
+
+    fn lu_logdet_kernel_backward(
+        grad: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::lu_kernel::logdet_backward(
+            prim(grad),
+            prim(diag),
+            eps,
+        ))
+    }
+
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) {
+            return layer_norm_composed(x, weight, bias, eps, elu);
+        }
+        Self::layer_norm_kernel_forward(x, weight, bias, eps, elu).0
+    }
+
+    fn layer_norm_kernel_forward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (y, stats) = crate::layer_kernel::layer_norm_forward_launch(
+            prim(x),
+            prim(weight),
+            prim(bias),
+            eps,
+            elu,
+        );
+        (wrap(y), wrap(stats))
+    }
+
+    fn layer_norm_kernel_backward(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        y: Tensor<Self, 2>,
+        stats: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>, Tensor<Self, 1>) {
+        let (dx, dw, db) = crate::layer_kernel::layer_norm_backward_launch(
+            prim(x),
+            prim(weight),
+            prim(y),
+            prim(stats),
+            prim(grad),
+            elu,
+        );
+        (wrap(dx), wrap(dw), wrap(db))
+    }
+
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) {
+            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        }
+        Self::bias_kernel_forward(product(x, weight), bias, true)
+    }
+
+    fn bias_kernel_forward(
+        a: Tensor<Self, 2>,
+        bias: Tensor<Self, 1>,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::layer_kernel::bias_forward_launch(
+            prim(a),
+            prim(bias),
+            elu,
+        ))
+    }
+
+    fn bias_kernel_backward(
+        y: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+        elu: bool,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        let (da, db) = crate::layer_kernel::bias_backward_launch(prim(y), prim(grad), elu);
+        (wrap(da), wrap(db))
+    }
+
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let dtypes = [
+            x.dtype(),
+            t.dtype(),
+            w1.dtype(),
+            b1.dtype(),
+            context.dtype(),
+        ];
+        if !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
+            return x + Self::fused_linear(t, w1, b1) * gate;
+        }
+        Self::gated_kernel_forward(x, product(t, w1), b1, product(context, wc), bc)
+    }
+
+    fn gated_kernel_forward(
+        x: Tensor<Self, 2>,
+        a: Tensor<Self, 2>,
+        b1: Tensor<Self, 1>,
+        c: Tensor<Self, 2>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::layer_kernel::gated_forward_launch(
+            prim(x),
+            prim(a),
+            prim(b1),
+            prim(c),
+            prim(bc),
+        ))
+    }
+
+    fn gated_kernel_backward(
+        a: Tensor<Self, 2>,
+        b1: Tensor<Self, 1>,
+        c: Tensor<Self, 2>,
+        bc: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+    ) -> GatedGradients<Self> {
+        let [da, dc, db1, dbc] = crate::layer_kernel::gated_backward_launch(
+            prim(a),
+            prim(b1),
+            prim(c),
+            prim(bc),
+            prim(grad),
+        );
+        (wrap(da), wrap(dc), wrap(db1), wrap(dbc))
+    }
+
     fn spline_kernel_forward(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
@@ -447,6 +1145,21 @@ where
             Tensor::from_primitive(TensorPrimitive::Float(draw)),
         )
     }
+}
+
+/// Whether every dtype is float32 (what the layer kernels take).
+fn all_f32(dtypes: &[burn::tensor::DType]) -> bool {
+    dtypes.iter().all(|d| *d == burn::tensor::DType::F32)
+}
+
+/// The float primitive of a tensor.
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
+    t.into_primitive().tensor()
+}
+
+/// A tensor of a float primitive.
+fn wrap<B: Backend, const D: usize>(t: B::FloatTensorPrimitive) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
 /// A `[rows, cols]` tensor of a CubeCL backend.
@@ -855,6 +1568,236 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
     }
 }
 
+/// The backward step of [`FusedOps::layer_norm`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the input, the scale, the output and the row statistics.
+#[derive(Debug)]
+struct LayerNormBackward {
+    elu: bool,
+}
+
+/// The inner-backend tensors a LayerNorm node keeps: `(x, weight, y, stats)`.
+type LayerNormState<B> = (Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>, Tensor<B, 2>);
+
+impl<B: FusedOps> Backward<B, 3> for LayerNormBackward {
+    type State = LayerNormState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, w, y, stats) = ops.state;
+        let (dx, dw, db) = B::layer_norm_kernel_backward(x, w, y, stats, g, self.elu);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(dx));
+        }
+        for (p, d) in [(pw, dw), (pb, db)] {
+            if let Some(p) = p {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::linear_elu`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the input, the flat weight and the output.
+#[derive(Debug)]
+struct LinearEluBackward;
+
+impl<B: FusedOps> Backward<B, 3> for LinearEluBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, w, y) = ops.state;
+        let (da, db) = B::bias_kernel_backward(y, g, true);
+        let (dx, dw, _) = linear_backward_composed(x, w, da, [px.is_some(), pw.is_some(), false]);
+        if let (Some(p), Some(d)) = (px, dx) {
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let (Some(p), Some(d)) = (pw, dw) {
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pb {
+            grads.register::<B>(p.id, prim(db));
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::gated_residual`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `x, t, w1, b1, context, wc, bc`); its state is `t`, `w1`,
+/// `b1`, `context`, `wc`, `bc` and the two products `a = t W₁ᵀ`, `c = context W_cᵀ`.
+#[derive(Debug)]
+struct GatedBackward;
+
+/// The inner-backend tensors a gated tail's node keeps (see [`GatedBackward`]).
+#[derive(Debug, Clone)]
+struct GatedState<B: Backend> {
+    t: Tensor<B, 2>,
+    w1: Tensor<B, 1>,
+    b1: Tensor<B, 1>,
+    context: Tensor<B, 2>,
+    wc: Tensor<B, 1>,
+    bc: Tensor<B, 1>,
+    a: Tensor<B, 2>,
+    c: Tensor<B, 2>,
+}
+
+impl<B: FusedOps> Backward<B, 7> for GatedBackward {
+    type State = GatedState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 7>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pt, pw1, pb1, pctx, pwc, pbc] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let s = ops.state;
+        let (da, dc, db1, dbc) =
+            B::gated_kernel_backward(s.a, s.b1, s.c, s.bc, wrap::<B, 2>(g.clone()));
+        if let Some(p) = px {
+            grads.register::<B>(p.id, g);
+        }
+        let (dt, dw1, _) =
+            linear_backward_composed(s.t, s.w1, da, [pt.is_some(), pw1.is_some(), false]);
+        let (dctx, dwc, _) =
+            linear_backward_composed(s.context, s.wc, dc, [pctx.is_some(), pwc.is_some(), false]);
+        for (p, d) in [(pt, dt), (pctx, dctx)] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+        for (p, d) in [(pw1, dw1), (pwc, dwc), (pb1, Some(db1)), (pbc, Some(dbc))] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::lu_weight_t`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the three parameter vectors.
+#[derive(Debug)]
+struct LuWeightBackward {
+    eps: f64,
+}
+
+impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
+    type State = (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (lower, upper, diag) = ops.state;
+        let d = B::lu_weight_kernel_backward(lower, upper, diag, g, self.eps);
+        for (p, d) in ops.parents.into_iter().zip(d) {
+            if let Some(p) = p {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::lu_logdet`] on `Autodiff<B>` for a backend with the
+/// layer kernels (parents `acc`, `diag`); its state is `diag`.
+#[derive(Debug)]
+struct LuLogdetBackward {
+    eps: f64,
+}
+
+impl<B: FusedOps> Backward<B, 2> for LuLogdetBackward {
+    type State = Tensor<B, 1>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [pacc, pdiag] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(p) = pdiag {
+            let d = B::lu_logdet_kernel_backward(wrap(g.clone()), ops.state, self.eps);
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pacc {
+            grads.register::<B>(p.id, g);
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::coupling_place`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `x_id`, `both`); stateless.
+#[derive(Debug)]
+struct PlaceBackward {
+    t: usize,
+    start: usize,
+}
+
+impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pboth] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (dx, dboth) = B::coupling_place_kernel_backward(g, self.t, self.start);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(dx));
+        }
+        if let Some(p) = pboth {
+            grads.register::<B>(p.id, prim(dboth));
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::coupling_logdet`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `acc`, `both`); stateless.
+#[derive(Debug)]
+struct CouplingLogdetBackward {
+    t: usize,
+}
+
+impl<B: FusedOps> Backward<B, 2> for CouplingLogdetBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [pacc, pboth] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(p) = pboth {
+            let d = B::coupling_logdet_kernel_backward(wrap(g.clone()), self.t);
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = pacc {
+            grads.register::<B>(p.id, g);
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -949,6 +1892,29 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         if !B::SPLINE_KERNEL {
             return crate::spline::coupling_spline(x, raw, scale, false, sp);
         }
+        split_spline(Self::spline_joint(x, raw, scale, sp))
+    }
+
+    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        Self::sigmoid_at(x, Precision::F32)
+    }
+
+    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
+        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    }
+
+    const LAYER_KERNELS: bool = B::LAYER_KERNELS;
+
+    fn spline_joint(
+        x: Tensor<Self, 2>,
+        raw: Tensor<Self, 2>,
+        scale: f64,
+        sp: &SplineParams,
+    ) -> Tensor<Self, 2> {
+        if !B::SPLINE_KERNEL {
+            let (y, ld) = crate::spline::coupling_spline(x, raw, scale, false, sp);
+            return Tensor::cat(vec![y, ld], 1);
+        }
         let x = x.into_primitive().tensor();
         let r = raw.into_primitive().tensor();
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
@@ -963,15 +1929,207 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish((xi, ri), output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };
-        split_spline(Tensor::from_primitive(TensorPrimitive::Float(tracked)))
+        Tensor::from_primitive(TensorPrimitive::Float(tracked))
     }
 
-    fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        Self::sigmoid_at(x, Precision::F32)
+    fn coupling_place(
+        x_id: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !B::LAYER_KERNELS || !all_f32(&[x_id.dtype(), both.dtype()]) {
+            return coupling_place_composed(x_id, both, start);
+        }
+        let t = both.dims()[0] / x_id.dims()[0];
+        let (x, b) = (prim(x_id), prim(both));
+        let out = B::coupling_place_kernel_forward(
+            wrap(x.primitive.clone()),
+            wrap(b.primitive.clone()),
+            start,
+        );
+        let output = prim(out);
+        let tracked = match (PlaceBackward { t, start })
+            .prepare::<C>([x.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
     }
 
-    fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
-        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), both.dtype()]) {
+            return coupling_logdet_composed(acc, both);
+        }
+        let t = both.dims()[0] / acc.dims()[0];
+        let (a, b) = (prim(acc), prim(both));
+        let out =
+            B::coupling_logdet_kernel_forward(wrap(a.primitive.clone()), wrap(b.primitive.clone()));
+        let output = prim(out);
+        let tracked = match (CouplingLogdetBackward { t })
+            .prepare::<C>([a.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn lu_weight_t(
+        lower: Tensor<Self, 1>,
+        upper: Tensor<Self, 1>,
+        diag: Tensor<Self, 1>,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        if !B::LAYER_KERNELS || !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
+            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+        }
+        let (l, u, d) = (prim(lower), prim(upper), prim(diag));
+        let inner = |v: &burn::tensor::ops::FloatTensor<Self>| wrap::<B, 1>(v.primitive.clone());
+        let state = (inner(&l), inner(&u), inner(&d));
+        let wt =
+            B::lu_weight_kernel_forward(state.0.clone(), state.1.clone(), state.2.clone(), eps);
+        let output = prim(wt);
+        let nodes = [&l, &u, &d].map(|v| v.node.clone());
+        let tracked = match (LuWeightBackward { eps })
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), diag.dtype()]) {
+            let [rows] = acc.dims();
+            let u = softplus(diag, 1.0).add_scalar(eps);
+            return acc + u.log().sum().expand([rows]);
+        }
+        let (a, d) = (prim(acc), prim(diag));
+        let di = wrap::<B, 1>(d.primitive.clone());
+        let out = B::lu_logdet_kernel_forward(wrap(a.primitive.clone()), di.clone(), eps);
+        let output = prim(out);
+        let tracked = match (LuLogdetBackward { eps })
+            .prepare::<C>([a.node.clone(), d.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(di, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn fused_layer_norm(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        eps: f64,
+        elu: bool,
+    ) -> Tensor<Self, 2> {
+        let f32s = all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]);
+        if !B::LAYER_KERNELS || !f32s {
+            return layer_norm_composed(x, weight, bias, eps, elu);
+        }
+        let (x, w, b) = (prim(x), prim(weight), prim(bias));
+        let xi = wrap::<B, 2>(x.primitive.clone());
+        let wi = wrap::<B, 1>(w.primitive.clone());
+        let bi = wrap::<B, 1>(b.primitive.clone());
+        let (y, stats) = B::layer_norm_kernel_forward(xi.clone(), wi.clone(), bi, eps, elu);
+        let output = prim(y.clone());
+        let tracked = match (LayerNormBackward { elu })
+            .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi, y, stats), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn linear_elu(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let f32s = all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]);
+        if !B::LAYER_KERNELS || !f32s {
+            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        }
+        let (x, w, b) = (prim(x), prim(weight), prim(bias));
+        let xi = wrap::<B, 2>(x.primitive.clone());
+        let wi = wrap::<B, 1>(w.primitive.clone());
+        let bi = wrap::<B, 1>(b.primitive.clone());
+        let y = B::bias_kernel_forward(product(xi.clone(), wi.clone()), bi, true);
+        let output = prim(y.clone());
+        let tracked = match LinearEluBackward
+            .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi, y), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn gated_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        w1: Tensor<Self, 1>,
+        b1: Tensor<Self, 1>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
+        bc: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let dtypes = [
+            x.dtype(),
+            t.dtype(),
+            w1.dtype(),
+            b1.dtype(),
+            context.dtype(),
+        ];
+        if !B::LAYER_KERNELS || !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
+            return x + Self::fused_linear(t, w1, b1) * gate;
+        }
+        let [x, t, context] = [prim(x), prim(t), prim(context)];
+        let [w1, b1, wc, bc] = [prim(w1), prim(b1), prim(wc), prim(bc)];
+        type Prim<B, C> = burn::tensor::ops::FloatTensor<Autodiff<B, C>>;
+        let inner2 = |v: &Prim<B, C>| wrap::<B, 2>(v.primitive.clone());
+        let inner1 = |v: &Prim<B, C>| wrap::<B, 1>(v.primitive.clone());
+        let state = GatedState {
+            t: inner2(&t),
+            w1: inner1(&w1),
+            b1: inner1(&b1),
+            context: inner2(&context),
+            wc: inner1(&wc),
+            bc: inner1(&bc),
+            a: product(inner2(&t), inner1(&w1)),
+            c: product(inner2(&context), inner1(&wc)),
+        };
+        let y = B::gated_kernel_forward(
+            inner2(&x),
+            state.a.clone(),
+            state.b1.clone(),
+            state.c.clone(),
+            state.bc.clone(),
+        );
+        let output = prim(y);
+        let nodes = [&x, &t, &w1, &b1, &context, &wc, &bc].map(|v| v.node.clone());
+        let tracked = match GatedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(state, output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
     }
 
     fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {

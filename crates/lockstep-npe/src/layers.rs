@@ -9,7 +9,7 @@
 //! Dingo `core/nn/enets.py` (DenseResidualNet; Dax et al. 2021).
 
 use crate::backend::NpeBackend;
-use crate::fused_ops::FusedOps;
+use crate::fused_ops::{FusedOps, Precision};
 use crate::params::{to_vec, Layout, Params};
 use crate::sync_batch_norm::StatsReducer;
 use burn::tensor::backend::Backend;
@@ -190,6 +190,11 @@ impl Linear {
         B::linear_at(x, p.vector(self.weight), p.vector(self.bias), p.precision())
     }
 
+    /// `elu(x Wᵀ + b)` ([`FusedOps::linear_elu`]; float32).
+    pub fn forward_elu<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        B::linear_elu(x, p.vector(self.weight), p.vector(self.bias))
+    }
+
     /// The layout handles `(weight, bias)`.
     pub fn handles(&self) -> (usize, usize) {
         (self.weight, self.bias)
@@ -363,6 +368,24 @@ impl NormLayer {
             }
         }
     }
+
+    /// `elu(norm(x))`: the block's normalization with the ELU after it. LayerNorm on a
+    /// backend with [`FusedOps::LAYER_KERNELS`] is one operation (one kernel each way, the
+    /// ELU in float32 also under mixed precision, where the normalization's output is
+    /// float32 anyway); otherwise [`NormLayer::forward`] and then ELU at the pass's
+    /// precision.
+    pub fn forward_elu<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        x: Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        if let (NormLayer::Layer { weight, bias }, true) = (self, B::LAYER_KERNELS) {
+            let (w, b) = (pass.params.vector(*weight), pass.params.vector(*bias));
+            return B::fused_layer_norm(x, w, b, NORM_EPS, true);
+        }
+        let at = pass.params.precision();
+        B::elu_at(self.forward(pass, x), at)
+    }
 }
 
 /// Updates a BatchNorm layer's running statistics (state handles `(mean, var)`) from a
@@ -440,15 +463,31 @@ impl ResidualBlock {
         x: Tensor<B, 2>,
         context: Option<&Tensor<B, 2>>,
     ) -> Tensor<B, 2> {
-        let t = self.norm0.forward(pass, x.clone());
+        let t = self.norm0.forward_elu(pass, x.clone());
         let at = pass.params.precision();
-        let t = self.linear0.forward(pass.params, B::elu_at(t, at));
-        let t = self.norm1.forward(pass, t);
-        let mut t = self.linear1.forward(pass.params, B::elu_at(t, at));
+        // Float32 passes on a backend with the layer kernels: the second ELU with the first
+        // linear layer's bias in one kernel (without a normalization between them), the
+        // gated tail in one.
+        let kernels = B::LAYER_KERNELS && at == Precision::F32;
+        let t = match (&self.norm1, kernels) {
+            (NormLayer::None, true) => self.linear0.forward_elu(pass.params, t),
+            _ => {
+                let t = self.linear0.forward(pass.params, t);
+                self.norm1.forward_elu(pass, t)
+            }
+        };
         if let (Some(layer), Some(c)) = (&self.context, context) {
-            t = t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);
+            if kernels {
+                let p = pass.params;
+                let ((w1, b1), (wc, bc)) = (self.linear1.handles(), layer.handles());
+                let (w1, b1) = (p.vector(w1), p.vector(b1));
+                let (wc, bc) = (p.vector(wc), p.vector(bc));
+                return B::gated_residual(x, t, w1, b1, c.clone(), wc, bc);
+            }
+            let t = self.linear1.forward(pass.params, t);
+            return x + t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);
         }
-        x + t
+        x + self.linear1.forward(pass.params, t)
     }
 }
 

@@ -46,7 +46,13 @@
 //! slice kernels), the gradients and log q read back together after the backward pass (no
 //! `cat`; one host synchronisation per step instead of two) and ELU and the sigmoid as a
 //! kernel each way: 1,346 launches per float32 step and 2,323 in mixed precision (whose
-//! float16 activations stay composed). The bench prints the host synchronisations per step
+//! float16 activations stay composed). With LayerNorm (and the ELU after it), the bias and
+//! ELU after a gated block's first product, the gated tail, the LU map's weight and
+//! log-determinant and the coupling's end as a kernel each way
+//! (`lockstep_npe::{layer_kernel, lu_kernel, coupling_kernel}`): 551 launches per float32
+//! step (193 of them matrix products) and 1,552 in mixed precision (615 casts: its linear
+//! layers and activations keep the composed float16 forms). The bench prints the host
+//! synchronisations per step
 //! (`lockstep_npe::device::host_reads`) and the host's time recording the step and
 //! waiting for its read-back; on lavapipe the device is the CPU itself, so the recording
 //! time there includes most of the arithmetic and says little about a GPU.
