@@ -199,7 +199,7 @@ pub trait FusedOps: Backend {
     /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
     /// ELU after it and the gated residual block's tail as kernels
     /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
-    /// layers then call [`FusedOps::layer_norm`], [`FusedOps::linear_elu`] and
+    /// layers then call [`FusedOps::fused_layer_norm`], [`FusedOps::linear_elu`] and
     /// [`FusedOps::gated_residual`], and `Autodiff` over such a backend records one node for
     /// each. Elsewhere the layers compose them as before.
     const LAYER_KERNELS: bool = false;
@@ -217,7 +217,7 @@ pub trait FusedOps: Backend {
         layer_norm_composed(x, weight, bias, eps, elu)
     }
 
-    /// [`FusedOps::layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
+    /// [`FusedOps::fused_layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
     /// `stats` holding each row's mean and `1 / sqrt(var + eps)` for the backward kernel.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
@@ -696,7 +696,7 @@ fn coupling_place_composed<B: Backend>(
     // Where feature f sits in cat(identity, transform).
     let order: Vec<i64> = (0..d)
         .map(|f| {
-            let pos = if f >= start && (f - start) % 2 == 0 {
+            let pos = if f >= start && (f - start).is_multiple_of(2) {
                 ids + (f - start) / 2
             } else {
                 (f + start - 1) / 2
@@ -1621,7 +1621,7 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
     }
 }
 
-/// The backward step of [`FusedOps::layer_norm`] on `Autodiff<B>` for a backend with the
+/// The backward step of [`FusedOps::fused_layer_norm`] on `Autodiff<B>` for a backend with the
 /// layer kernels; its state is the input, the scale, the output and the row statistics.
 #[derive(Debug)]
 struct LayerNormBackward {
