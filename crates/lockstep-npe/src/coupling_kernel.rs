@@ -42,7 +42,8 @@ fn place_forward(
     let r = i / d;
     let f = i % d;
     let mut v = 0.0f32;
-    if f >= start && (f - start) % 2 == 0 {
+    // Transformed: `f - start` even (its lowest bit clear).
+    if f >= start && ((f - start) & 1) == 0 {
         v += both[((r * t + (f - start) / 2) * 2) as usize];
     } else {
         v += x_id[(r * (d - t) + (f + start - 1) / 2) as usize];
@@ -128,7 +129,7 @@ fn f32_only<R: CubeRuntime>(ts: &[&CubeTensor<R>]) {
 fn transformed<R: CubeRuntime>(both: &CubeTensor<R>, rows: usize) -> u32 {
     let shape = both.shape();
     assert!(
-        shape.num_dims() == 2 && shape[1] == 2 && rows > 0 && shape[0] % rows == 0,
+        shape.num_dims() == 2 && shape[1] == 2 && rows > 0 && shape[0].is_multiple_of(rows),
         "coupling kernel: the spline's output is not [rows t, 2]"
     );
     (shape[0] / rows) as u32

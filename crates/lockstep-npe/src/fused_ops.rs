@@ -21,8 +21,8 @@
 //! Moshier 1989) that the compiler vectorizes; it uses only IEEE additions and
 //! multiplications (no fused multiply-add), so every CPU computes the same bits. On burn's
 //! GPU backends (wgpu, CUDA) ELU and the sigmoid are one kernel forward and one backward
-//! each in float32 ([`crate::activation_kernel`]); the linear layer, float16 activations and
-//! the f64 backend compose the same formulas from burn's tensor operations.
+//! each in float32 and float16 ([`crate::activation_kernel`]); the linear layer and the f64
+//! backend compose the same formulas from burn's tensor operations.
 //!
 //! The coupling spline ([`FusedOps::spline`], the density direction that training and
 //! log-probabilities run) is one operation on burn's GPU backends: a forward and a backward
@@ -174,10 +174,32 @@ pub trait FusedOps: Backend {
         panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
     }
 
+    /// Mixed precision's activation of a float32 `x` in one launch, the casts inside:
+    /// `Some((y float32, y float16))` (the activation computed in float16 on `x` cast to
+    /// float16, and its float32 copy), `None` where the backend has no such kernel (then
+    /// the casts and the activation are separate operations).
+    fn activation_half(
+        _activation: Activation,
+        _x: Tensor<Self, 2>,
+    ) -> Option<(Tensor<Self, 2>, Tensor<Self, 2>)> {
+        None
+    }
+
+    /// The gradient of [`FusedOps::activation_half`] from its float16 output and the
+    /// float32 incoming gradient, computed in float16 and returned in float32 in one launch;
+    /// `None` where the backend has no such kernel.
+    fn activation_half_backward(
+        _activation: Activation,
+        _yh: Tensor<Self, 2>,
+        _grad: Tensor<Self, 2>,
+    ) -> Option<Tensor<Self, 2>> {
+        None
+    }
+
     /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
     /// ELU after it and the gated residual block's tail as kernels
     /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
-    /// layers then call [`FusedOps::layer_norm`], [`FusedOps::linear_elu`] and
+    /// layers then call [`FusedOps::fused_layer_norm`], [`FusedOps::linear_elu`] and
     /// [`FusedOps::gated_residual`], and `Autodiff` over such a backend records one node for
     /// each. Elsewhere the layers compose them as before.
     const LAYER_KERNELS: bool = false;
@@ -195,7 +217,7 @@ pub trait FusedOps: Backend {
         layer_norm_composed(x, weight, bias, eps, elu)
     }
 
-    /// [`FusedOps::layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
+    /// [`FusedOps::fused_layer_norm`] as one kernel launch: `(y [rows, cols], stats [rows, 2])`,
     /// `stats` holding each row's mean and `1 / sqrt(var + eps)` for the backward kernel.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
@@ -674,7 +696,7 @@ fn coupling_place_composed<B: Backend>(
     // Where feature f sits in cat(identity, transform).
     let order: Vec<i64> = (0..d)
         .map(|f| {
-            let pos = if f >= start && (f - start) % 2 == 0 {
+            let pos = if f >= start && (f - start).is_multiple_of(2) {
                 ids + (f - start) / 2
             } else {
                 (f + start - 1) / 2
@@ -768,9 +790,11 @@ impl FusedOps for NdArray<f64> {
 }
 
 /// burn's GPU backends (`local.device: gpu` is wgpu's, `cuda` CUDA's): the linear layer
-/// composed from burn's operations; ELU and the sigmoid (float32) and the coupling spline
-/// as lockstep's kernels ([`crate::activation_kernel`], [`crate::spline_kernel`]); the
-/// parameters placed in one allocation.
+/// composed from burn's operations; ELU and the sigmoid (float32, float16), the coupling
+/// spline and the layer kernels ([`FusedOps::LAYER_KERNELS`]) as lockstep's kernels
+/// ([`crate::activation_kernel`], [`crate::spline_kernel`], [`crate::layer_kernel`],
+/// [`crate::lu_kernel`], [`crate::coupling_kernel`]); the parameters placed in one
+/// allocation.
 impl<R, F, I, BT> FusedOps for burn_cubecl::CubeBackend<R, F, I, BT>
 where
     R: burn_cubecl::CubeRuntime,
@@ -851,6 +875,30 @@ where
     }
 
     const LAYER_KERNELS: bool = true;
+
+    fn activation_half(
+        activation: Activation,
+        x: Tensor<Self, 2>,
+    ) -> Option<(Tensor<Self, 2>, Tensor<Self, 2>)> {
+        if x.dtype() != burn::tensor::DType::F32 {
+            return None;
+        }
+        let (y, yh) = crate::activation_kernel::half_forward_launch(activation, prim(x));
+        Some((wrap(y), wrap(yh)))
+    }
+
+    fn activation_half_backward(
+        activation: Activation,
+        yh: Tensor<Self, 2>,
+        grad: Tensor<Self, 2>,
+    ) -> Option<Tensor<Self, 2>> {
+        use burn::tensor::DType;
+        if yh.dtype() != DType::F16 || grad.dtype() != DType::F32 {
+            return None;
+        }
+        let dx = crate::activation_kernel::half_backward_launch(activation, prim(yh), prim(grad));
+        Some(wrap(dx))
+    }
 
     fn coupling_place(
         x_id: Tensor<Self, 2>,
@@ -1166,7 +1214,7 @@ fn wrap<B: Backend, const D: usize>(t: B::FloatTensorPrimitive) -> Tensor<B, D> 
 type CubeMatrix<R, F, I, BT> = Tensor<burn_cubecl::CubeBackend<R, F, I, BT>, 2>;
 
 /// An activation on a CubeCL backend: one kernel ([`crate::activation_kernel`]) for
-/// float32, `composed` for another dtype (float16 under mixed precision).
+/// float32 and float16 (mixed precision), `composed` for another dtype.
 fn activation_on_device<R, F, I, BT, C>(
     activation: Activation,
     x: CubeMatrix<R, F, I, BT>,
@@ -1179,7 +1227,7 @@ where
     I: burn_cubecl::IntElement,
     BT: burn_cubecl::BoolElement,
 {
-    if x.dtype() != burn::tensor::DType::F32 {
+    if !crate::activation_kernel::supports_dtype(x.dtype()) {
         return composed(x);
     }
     let y = crate::activation_kernel::forward(activation, x.into_primitive().tensor());
@@ -1187,7 +1235,7 @@ where
 }
 
 /// An activation's gradient on a CubeCL backend from its output `y` and the incoming
-/// `grad`: one kernel for float32, `composed` otherwise.
+/// `grad`: one kernel for float32 or float16 (both of one dtype), `composed` otherwise.
 fn activation_backward_on_device<R, F, I, BT, C>(
     activation: Activation,
     y: CubeMatrix<R, F, I, BT>,
@@ -1201,8 +1249,7 @@ where
     I: burn_cubecl::IntElement,
     BT: burn_cubecl::BoolElement,
 {
-    let f32 = burn::tensor::DType::F32;
-    if y.dtype() != f32 || grad.dtype() != f32 {
+    if !crate::activation_kernel::supports_dtype(y.dtype()) || y.dtype() != grad.dtype() {
         return composed(y, grad);
     }
     let dx = crate::activation_kernel::backward(
@@ -1474,6 +1521,7 @@ dispatched!(
 /// the output.
 #[derive(Debug)]
 struct ActivationBackward<B: Backend> {
+    kind: Activation,
     gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
     precision: Precision,
 }
@@ -1493,7 +1541,12 @@ impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
             let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
             let dx = match self.precision {
                 Precision::F32 => (self.gradient)(ops.state, g),
-                Precision::Half => in_half2(ops.state, g, self.gradient),
+                Precision::Half => {
+                    match B::activation_half_backward(self.kind, ops.state.clone(), g.clone()) {
+                        Some(dx) => dx,
+                        None => in_half2(ops.state, g, self.gradient),
+                    }
+                }
             };
             grads.register::<B>(parent.id, dx.into_primitive().tensor());
         }
@@ -1568,7 +1621,7 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
     }
 }
 
-/// The backward step of [`FusedOps::layer_norm`] on `Autodiff<B>` for a backend with the
+/// The backward step of [`FusedOps::fused_layer_norm`] on `Autodiff<B>` for a backend with the
 /// layer kernels; its state is the input, the scale, the output and the row statistics.
 #[derive(Debug)]
 struct LayerNormBackward {
@@ -1801,6 +1854,7 @@ impl<B: FusedOps> Backward<B, 2> for CouplingLogdetBackward {
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
+    kind: Activation,
     x: Tensor<Autodiff<B, C>, 2>,
     forward: fn(Tensor<B, 2>) -> Tensor<B, 2>,
     gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
@@ -1815,14 +1869,18 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
             let y = forward(xi);
             (y.clone(), y)
         }
-        Precision::Half => {
-            let dtype = xi.dtype();
-            let yh = forward(xi.cast(FloatDType::F16));
-            (yh.clone().cast(dtype), yh)
-        }
+        Precision::Half => match B::activation_half(kind, xi.clone()) {
+            Some(both) => both,
+            None => {
+                let dtype = xi.dtype();
+                let yh = forward(xi.cast(FloatDType::F16));
+                (yh.clone().cast(dtype), yh)
+            }
+        },
     };
     let output = y.into_primitive().tensor();
     let tracked = match (ActivationBackward {
+        kind,
         gradient,
         precision,
     })
@@ -1900,7 +1958,13 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
-        activation(x, B::fused_elu, B::fused_elu_backward, precision)
+        activation(
+            Activation::Elu,
+            x,
+            B::fused_elu,
+            B::fused_elu_backward,
+            precision,
+        )
     }
 
     const LAYER_KERNELS: bool = B::LAYER_KERNELS;
@@ -2133,7 +2197,8 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
-        activation(x, B::fused_sigmoid, B::fused_sigmoid_backward, precision)
+        let (f, g) = (B::fused_sigmoid, B::fused_sigmoid_backward);
+        activation(Activation::Sigmoid, x, f, g, precision)
     }
 }
 

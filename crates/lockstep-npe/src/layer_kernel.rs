@@ -81,7 +81,7 @@ fn layer_norm_forward(
         let z = (x[(base + j) as usize] - mean) * rstd * w[j as usize] + b[j as usize];
         let mut out = z;
         if elu == 1 {
-            out = elu_value(z);
+            out = elu_value::<f32>(z);
         }
         y[(base + j) as usize] = out;
     }
@@ -169,7 +169,7 @@ fn bias_forward(a: &Array<f32>, b: &Array<f32>, y: &mut Array<f32>, n: u32, cols
     let z = a[i as usize] + b[(i % cols) as usize];
     let mut out = z;
     if elu == 1 {
-        out = elu_value(z);
+        out = elu_value::<f32>(z);
     }
     y[i as usize] = out;
 }

@@ -50,9 +50,10 @@
 //! ELU after a gated block's first product, the gated tail, the LU map's weight and
 //! log-determinant and the coupling's end as a kernel each way
 //! (`lockstep_npe::{layer_kernel, lu_kernel, coupling_kernel}`): 551 launches per float32
-//! step (193 of them matrix products) and 1,552 in mixed precision (615 casts: its linear
-//! layers and activations keep the composed float16 forms). The bench prints the host
-//! synchronisations per step
+//! step (193 of them matrix products) and 1,552 in mixed precision (615 casts); with mixed
+//! precision's float16 activations as a kernel each way, the casts inside: 1,144 (471 casts,
+//! those of the float16 linear layers' operands, results and gradients). The bench prints
+//! the host synchronisations per step
 //! (`lockstep_npe::device::host_reads`) and the host's time recording the step and
 //! waiting for its read-back; on lavapipe the device is the CPU itself, so the recording
 //! time there includes most of the arithmetic and says little about a GPU.

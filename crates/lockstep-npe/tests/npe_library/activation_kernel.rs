@@ -8,7 +8,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Tensor, TensorData};
 use lockstep_npe::device::{wgpu_device, WgpuAutodiff, WgpuBackend};
-use lockstep_npe::fused_ops::FusedOps;
+use lockstep_npe::fused_ops::{FusedOps, Precision};
 
 /// `(act(x), dL/dx)` for `L = Σ a act(x)`, `x` and `a` `[rows, cols]`.
 fn eval<B: AutodiffBackend + FusedOps>(
@@ -70,6 +70,79 @@ fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
                     assert!(
                         (g - w).abs() <= 1e-4 * w.abs() + 1e-30,
                         "{name} {what} [{rows} x {cols}] at x = {}: GPU {g}, f64 {w}",
+                        x[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The float16 kernels (float16 tensors throughout, and mixed precision's path: float32 in
+/// and out, the casts inside the kernels) against burn's autodiff of the composed forms in
+/// f64 on the same float16-rounded inputs, for a batch of 1 and 481 values, arguments out
+/// to ±10: values to `4e-3 |f64| + 1e-4` (float16 keeps 11
+/// significant bits, 4.9e-4 relative, and goes subnormal below 6.1e-5); gradients to
+/// `4e-3 |f64| + 1e-3 |a|` (`a` the incoming gradient), because the slope comes from the
+/// float16 output (`y + 1`, `s (1 - s)`, as the composed float16 forms compute it), whose
+/// error is an ulp of 1, not of the slope.
+#[test]
+fn gpu_float16_activation_kernels_match_the_composed_forms() {
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    let half = |v: Vec<f32>| -> Vec<f32> {
+        v.iter()
+            .map(|&x| burn::tensor::f16::from_f32(x).to_f32())
+            .collect()
+    };
+    for (rows, cols) in [(1, 7), (37, 13)] {
+        let n = rows * cols;
+        let mut x: Vec<f32> = noise(n, 5).iter().map(|v| v * 6.0).collect();
+        let edges = [-10.0, 10.0, 0.0, -1e-3, 1e-3, 5.0, -0.4];
+        let k = edges.len().min(n);
+        x[..k].copy_from_slice(&edges[..k]);
+        let (x, a) = (half(x), half(noise(n, 6)));
+        for (sigmoid, mixed) in [(false, false), (true, false), (false, true), (true, true)] {
+            // `mixed`: mixed precision's path, float32 in and out with the casts inside the
+            // kernels (`FusedOps::activation_half`); else float16 tensors throughout.
+            let gpu = if mixed {
+                let t = |v: &[f32]| {
+                    Tensor::<WgpuAutodiff, 2>::from_data(
+                        TensorData::new(v.to_vec(), [rows, cols]),
+                        &device,
+                    )
+                };
+                let xt = t(&x).require_grad();
+                let y = if sigmoid {
+                    WgpuAutodiff::sigmoid_at(xt.clone(), Precision::Half)
+                } else {
+                    WgpuAutodiff::elu_at(xt.clone(), Precision::Half)
+                };
+                assert_eq!(y.dtype(), burn::tensor::DType::F32);
+                let grads = (y.clone() * t(&a)).sum().backward();
+                let v = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
+                (v(y.into_data()), v(xt.grad(&grads).unwrap().into_data()))
+            } else {
+                eval::<WgpuAutodiff>(&device, FloatDType::F16, sigmoid, &x, &a, rows)
+            };
+            let want = eval::<Autodiff<NdArray<f64>>>(
+                &Default::default(),
+                FloatDType::F64,
+                sigmoid,
+                &x,
+                &a,
+                rows,
+            );
+            for (what, got, want) in [("value", &gpu.0, &want.0), ("gradient", &gpu.1, &want.1)] {
+                for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    let floor = if what == "value" {
+                        1e-4
+                    } else {
+                        1e-3 * a[i].abs() as f64
+                    };
+                    assert!(
+                        (g - w).abs() <= 4e-3 * w.abs() + floor,
+                        "float16 {} {what} at x = {}: GPU {g}, f64 {w}",
+                        if sigmoid { "sigmoid" } else { "ELU" },
                         x[i]
                     );
                 }
