@@ -43,6 +43,7 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
+    crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
     // 1 x 7 (a batch of one) and 37 x 13 = 481 values (no multiple of a workgroup).
     for (rows, cols) in [(1, 7), (37, 13)] {
@@ -88,6 +89,7 @@ fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
 /// error is an ulp of 1, not of the slope.
 #[test]
 fn gpu_float16_activation_kernels_match_the_composed_forms() {
+    crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
     let half = |v: Vec<f32>| -> Vec<f32> {
         v.iter()
@@ -249,6 +251,7 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
 /// multiple of a workgroup, a LayerNorm row of equal values and pre-activations up to ±100.
 #[test]
 fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
+    crate::common::cpu_default_f32();
     const {
         assert!(<WgpuAutodiff as FusedOps>::LAYER_KERNELS);
         assert!(!<Autodiff<NdArray<f64>> as FusedOps>::LAYER_KERNELS);
@@ -363,6 +366,7 @@ fn eval_lu<B: AutodiffBackend + FusedOps>(
 /// with unconstrained diagonal entries out to ±30 (softplus's saturated ends).
 #[test]
 fn gpu_lu_kernels_match_the_composed_forms_and_their_gradients() {
+    crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
     for (n, rows) in [(2usize, 1usize), (6, 67)] {
         let t = n * (n - 1) / 2;
@@ -430,6 +434,7 @@ fn eval_coupling<B: AutodiffBackend + FusedOps>(
 /// of 67.
 #[test]
 fn gpu_coupling_kernels_match_the_composed_forms_and_their_gradients() {
+    crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
     for (rows, d) in [(1usize, 5usize), (67, 5), (67, 2)] {
         for start in [0, 1] {

@@ -92,3 +92,16 @@ pub fn det3(a: &[f64]) -> f64 {
     a[0] * (a[4] * a[8] - a[5] * a[7]) - a[1] * (a[3] * a[8] - a[5] * a[6])
         + a[2] * (a[3] * a[7] - a[4] * a[6])
 }
+
+/// Makes float32 the CPU device's default float type before a test touches
+/// `NdArray<f64>`: burn fixes one default float dtype per device at its first use, and
+/// `NdArray<f32>` and `NdArray<f64>` share the CPU device, so a test whose f64 reference
+/// ran first made `Tensor::from_data` in the float32 tests of this binary (which run in
+/// parallel) build f64 tensors. The f64 references cast their tensors explicitly.
+pub fn cpu_default_f32() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let t = Tensor::<burn::backend::NdArray<f32>, 1>::from_data([0.0f32], &Default::default());
+        assert_eq!(t.dtype(), burn::tensor::DType::F32);
+    });
+}

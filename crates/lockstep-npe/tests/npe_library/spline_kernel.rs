@@ -88,6 +88,7 @@ fn worst(got: &[f64], want: &[f64]) -> f64 {
 
 #[test]
 fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
+    crate::common::cpu_default_f32();
     let sp = SplineParams::new(8, 3.0);
     let k = sp.num_bins;
     let width = 3 * k - 1;
