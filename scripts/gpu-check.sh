@@ -41,7 +41,7 @@ test_binaries() {
     ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} 2>/dev/null |
     python3 -c '
 import json, sys
-want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "spline_kernel", "nbody_gpu"}
+want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "npe_library", "nbody_gpu"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -160,7 +160,7 @@ run() {
   if [ "$only" != snn ] && [ "$only" != nbody ]; then
     local mpi_skip=()
     command -v mpirun >/dev/null || mpi_skip=(--skip two_mpi_ranks)
-    [ -x "$work/tests/spline_kernel" ] && step "test spline_kernel" 60 "$work/tests/spline_kernel" --nocapture
+    [ -x "$work/tests/npe_library" ] && step "test npe kernels" 60 "$work/tests/npe_library" activation_kernel:: spline_kernel:: --nocapture
     [ -x "$work/tests/npe_gpu" ] && step "test npe_gpu" 240 "$work/tests/npe_gpu" --test-threads=1 "${mpi_skip[@]}"
     local npe_peer="--no-torch"
     python3 -c 'import torch, numpy' 2>/dev/null && npe_peer="--python python3"
