@@ -5,7 +5,8 @@
 # npe --device gpu` (and `--device cuda` for a GPU_CHECK_FEATURES=cuda bundle), PyTorch on
 # cuda beside it when python3 has torch; then the N-body (issue 56: the nbody_gpu tests and
 # `lockstep bench nbody --device gpu` at N = 1e6 and 1e7 beside the CPU FMM, direct sums at
-# 1e5); GPU_CHECK_ONLY=npe|nbody|snn runs one part.
+# 1e5, and 4 steps of the Gaussian-clumps example at 2e6 particles kept on the GPU);
+# GPU_CHECK_ONLY=npe|nbody|snn runs one part.
 #
 #   scripts/gpu-check.sh bundle [TARBALL]   here, with Rust: builds the release binaries, strips
 #                                           them and packs them with the shared libraries `ldd`
@@ -174,6 +175,9 @@ run() {
     # The N-body on the GPU: its tests, then the FMM (order 6) at 1e6 and 1e7 beside the CPU FMM.
     [ -x "$work/tests/nbody_gpu" ] && step "test nbody_gpu" 120 "$work/tests/nbody_gpu" --test-threads=1
     step "bench nbody gpu" 240 sh -c "'$L' bench nbody --device gpu --sizes 1000000,10000000 --direct-sizes 100000 --repeats 2 | tee '$bench/nbody_gpu.txt'"
+    # The jz-fmm example at 2e6 particles, 4 steps: the particles stay on the GPU between steps.
+    mkdir -p "$out/nbody_clumps" && cp "$repo/examples/nbody_clumps/config.gpu.json" "$out/nbody_clumps/"
+    step "nbody clumps on the GPU" 120 sh -c "'$L' nbody '$out/nbody_clumps/config.gpu.json' --n 2000000 --steps 4 | tee '$bench/nbody_sim.txt'"
   fi
   [ "$only" = nbody ] && { cat "$bench/nbody_gpu.txt" >"$md" 2>/dev/null; cat "$md"; say "done in $((SECONDS - start)) s; log $log"; return 0; }
   local t

@@ -492,7 +492,10 @@ pub fn run_nbody_config_on(
     if let Some(d) = gravity.solver().device() {
         let text = d.describe();
         if (chief && !opts.quiet) || text.contains("shared") {
-            eprintln!("rank {}: forces on {text}", comm.rank());
+            eprintln!(
+                "rank {}: forces on {text}; the particles stay on the GPU between steps",
+                comm.rank()
+            );
         }
         if let Some(w) = d.software_warning().filter(|_| chief && !opts.quiet) {
             eprintln!("{w}");
@@ -574,6 +577,7 @@ fn integrate<C: Communicator + ?Sized>(
     let sim_opts = NbodySimulateOptions {
         integrator: cfg.integrator,
         outputs: plan.outputs.clone(),
+        keep_on_device: true,
     };
     let diags = simulate_sharded(
         comm,

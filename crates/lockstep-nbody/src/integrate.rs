@@ -8,6 +8,7 @@ use lockstep_gpu::DeviceRequest;
 
 use crate::direct::{direct, Forces};
 use crate::fmm::{Fmm, FmmParams, FmmStats, NearField, SourceSet};
+use crate::fmm_gpu::{gpu_error, DeviceField, ResidentShard};
 use crate::{NbodyError, Particles};
 
 /// Leapfrog variant.
@@ -128,6 +129,10 @@ pub struct Gravity {
     fmm: Fmm,
     /// Work counts of the last FMM evaluation.
     pub last_stats: FmmStats,
+    /// Read-backs of the last [`simulate`] that kept its particles on the GPU: host
+    /// synchronisations and bytes of its own (positions, velocities, fields at outputs;
+    /// not the force evaluations' internal waits).
+    pub last_reads: (u64, u64),
 }
 
 impl Gravity {
@@ -156,6 +161,7 @@ impl Gravity {
             g,
             fmm: settings.solver(slot)?,
             last_stats: FmmStats::default(),
+            last_reads: (0, 0),
         })
     }
 
@@ -215,6 +221,36 @@ impl Gravity {
                 Ok(f)
             }
         }
+    }
+}
+
+impl Gravity {
+    /// [`Gravity::forces`] on this gravity's GPU with the field left on the device for a
+    /// resident shard ([`crate::fmm_gpu::ResidentShard`]); with `shard` (holding `p`'s
+    /// particles) the FMM takes the positions from it ([`crate::fmm_gpu::GpuForces::fmm_field`]).
+    ///
+    /// Errors: [`NbodyError::Gpu`] (also when the forces do not run on a GPU);
+    /// [`NbodyError::Interrupted`].
+    pub fn field_on_device(
+        &mut self,
+        p: &Particles,
+        shard: Option<&mut ResidentShard>,
+    ) -> Result<DeviceField, NbodyError> {
+        let gpu = crate::fmm_gpu::gpu_of(&self.fmm)
+            .ok_or_else(|| NbodyError::Gpu("the forces do not run on a GPU".into()))?;
+        let (pos, mass) = (p.valid_pos(), p.valid_mass());
+        let (g, eps) = (self.g, self.settings.softening);
+        let field = match self.settings.method {
+            Method::Direct => gpu.direct_field(pos, Some(0), pos, mass, g, eps)?,
+            Method::Fmm => {
+                let src = SourceSet::local(pos, mass);
+                let (f, st) = gpu.fmm_field(&self.fmm, &src, g, eps, shard)?;
+                self.last_stats = st;
+                f
+            }
+        };
+        NbodyError::check_interrupt()?;
+        Ok(field)
     }
 }
 
@@ -284,6 +320,23 @@ pub struct NbodySimulateOptions {
     /// Indices into `ts` at which outputs (diagnostics and the output callback) happen.
     /// Index 0 is the initial state. Out-of-range indices are errors.
     pub outputs: Vec<usize>,
+    /// With forces on a GPU: keep the particles on the device between steps (drift and kick
+    /// as kernels, [`crate::fmm_gpu::ResidentShard`]; what the runs of `lockstep nbody` do).
+    /// False steps them on the host with the forces read back every step. No effect on the
+    /// CPU.
+    pub keep_on_device: bool,
+}
+
+impl NbodySimulateOptions {
+    /// The options of a run: `integrator`, outputs at `outputs`, particles kept on the GPU
+    /// when the forces run there.
+    pub fn new(integrator: Integrator, outputs: Vec<usize>) -> Self {
+        NbodySimulateOptions {
+            integrator,
+            outputs,
+            keep_on_device: true,
+        }
+    }
 }
 
 /// Checks a time array: at least two finite, strictly increasing entries.
@@ -314,6 +367,10 @@ pub fn validate_times(ts: &[f64]) -> Result<(), NbodyError> {
 /// so DKD pays one extra evaluation per output. `on_output(k, particles, diagnostics)` runs
 /// at each output (write snapshots there); `on_step(k)` after each step (progress).
 ///
+/// With forces on a GPU and `opts.keep_on_device`, the particles stay on the device between
+/// steps ([`crate::fmm_gpu::ResidentShard`]); `particles` is brought up to date at each
+/// output and at the end.
+///
 /// Returns the diagnostics at every output, in order.
 pub fn simulate(
     particles: &mut Particles,
@@ -323,6 +380,23 @@ pub fn simulate(
     on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     on_step: impl FnMut(usize),
 ) -> Result<Vec<Diagnostics>, NbodyError> {
+    if opts.keep_on_device {
+        if let Some(gpu) = crate::fmm_gpu::gpu_of(gravity.solver()) {
+            let ctx = gpu.context().clone();
+            let (diags, reads) = simulate_on_device(
+                particles,
+                ts,
+                opts,
+                &ctx,
+                |p, shard| gravity.field_on_device(p, Some(shard)),
+                |_| Ok(()),
+                on_output,
+                on_step,
+            )?;
+            gravity.last_reads = reads;
+            return Ok(diags);
+        }
+    }
     simulate_with(
         particles,
         ts,
@@ -336,12 +410,162 @@ pub fn simulate(
 
 /// [`simulate`] with the force evaluation and the diagnostics reduction supplied by the
 /// caller (sharded runs: forces through the locally essential tree, diagnostics summed
-/// over ranks by `reduce` before `on_output` sees them).
+/// over ranks by `reduce` before `on_output` sees them). Steps on the host.
 pub fn simulate_with(
     particles: &mut Particles,
     ts: &[f64],
     opts: &NbodySimulateOptions,
-    mut forces_of: impl FnMut(&Particles) -> Result<Forces, NbodyError>,
+    forces_of: impl FnMut(&Particles) -> Result<Forces, NbodyError>,
+    reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
+    on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
+    on_step: impl FnMut(usize),
+) -> Result<Vec<Diagnostics>, NbodyError> {
+    let mut stepper = HostStepper { forces_of };
+    run_steps(
+        particles,
+        ts,
+        opts,
+        &mut stepper,
+        reduce,
+        on_output,
+        on_step,
+    )
+}
+
+/// [`simulate_with`] with the particles kept on the GPU of `ctx` between steps
+/// ([`crate::fmm_gpu::ResidentShard`]: drift and kick as kernels); `field_of(p, shard)`
+/// evaluates the forces at the positions read back into `p` and leaves them on the device
+/// (the FMM takes the positions from `shard`, [`crate::fmm_gpu::GpuForces::fmm_field`]).
+/// `particles` is brought up to date at each output and at the end. Returns the diagnostics
+/// and the run's own read-backs ([`ResidentShard::reads`]: host synchronisations, bytes).
+///
+/// Errors: as [`simulate_with`]; [`NbodyError::Gpu`] from the device (a buffer over the
+/// adapter's limits, naming it; a device that failed or timed out).
+pub fn simulate_on_device(
+    particles: &mut Particles,
+    ts: &[f64],
+    opts: &NbodySimulateOptions,
+    ctx: &std::sync::Arc<lockstep_gpu::GpuContext>,
+    field_of: impl FnMut(&Particles, &mut ResidentShard) -> Result<DeviceField, NbodyError>,
+    reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
+    on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
+    on_step: impl FnMut(usize),
+) -> Result<(Vec<Diagnostics>, (u64, u64)), NbodyError> {
+    validate_times(ts)?;
+    particles.validate()?;
+    let shard = ResidentShard::new(ctx, particles).map_err(gpu_error)?;
+    let mut stepper = DeviceStepper {
+        shard,
+        field_of,
+        t: ts[0],
+    };
+    let diags = run_steps(
+        particles,
+        ts,
+        opts,
+        &mut stepper,
+        reduce,
+        on_output,
+        on_step,
+    )?;
+    stepper.shard.fetch(particles, true).map_err(gpu_error)?;
+    check_finite(particles, ts[ts.len() - 1])?;
+    Ok((diags, stepper.shard.reads()))
+}
+
+/// How [`run_steps`] evaluates forces and moves particles: on the host, or on a GPU that
+/// keeps the shard.
+trait Stepper {
+    /// A force evaluation's result.
+    type Field;
+    /// Forces at the current positions (brought into `p.pos` first where they live
+    /// elsewhere), `t` the time for error messages.
+    fn forces(&mut self, p: &mut Particles, t: f64) -> Result<Self::Field, NbodyError>;
+    /// `v += a dt`.
+    fn kick(&mut self, p: &mut Particles, f: &Self::Field, dt: f64);
+    /// `x += v dt`.
+    fn drift(&mut self, p: &mut Particles, dt: f64);
+    /// Brings `p` up to date for an output and returns the potential `[num]` of `f`.
+    fn output(&mut self, p: &mut Particles, f: &Self::Field) -> Result<Vec<f64>, NbodyError>;
+    /// Checks the state after the step that ended at `t`.
+    fn check(&mut self, p: &Particles, t: f64) -> Result<(), NbodyError>;
+}
+
+struct HostStepper<F> {
+    forces_of: F,
+}
+
+impl<F: FnMut(&Particles) -> Result<Forces, NbodyError>> Stepper for HostStepper<F> {
+    type Field = Forces;
+    fn forces(&mut self, p: &mut Particles, _t: f64) -> Result<Forces, NbodyError> {
+        (self.forces_of)(p)
+    }
+    fn kick(&mut self, p: &mut Particles, f: &Forces, dt: f64) {
+        for (v, a) in p.vel.iter_mut().zip(&f.acc) {
+            for c in 0..3 {
+                v[c] += a[c] * dt;
+            }
+        }
+    }
+    fn drift(&mut self, p: &mut Particles, dt: f64) {
+        for i in 0..p.num {
+            for c in 0..3 {
+                p.pos[i][c] += p.vel[i][c] * dt;
+            }
+        }
+    }
+    fn output(&mut self, _p: &mut Particles, f: &Forces) -> Result<Vec<f64>, NbodyError> {
+        Ok(f.pot.clone())
+    }
+    fn check(&mut self, p: &Particles, t: f64) -> Result<(), NbodyError> {
+        check_finite(p, t)
+    }
+}
+
+struct DeviceStepper<F> {
+    shard: ResidentShard,
+    field_of: F,
+    t: f64,
+}
+
+impl<F> Stepper for DeviceStepper<F>
+where
+    F: FnMut(&Particles, &mut ResidentShard) -> Result<DeviceField, NbodyError>,
+{
+    type Field = DeviceField;
+    fn forces(&mut self, p: &mut Particles, t: f64) -> Result<DeviceField, NbodyError> {
+        self.shard.fetch(p, false).map_err(gpu_error)?;
+        if p.pos[..p.num].iter().flatten().any(|x| !x.is_finite()) {
+            // The velocities too, for the message.
+            self.shard.fetch(p, true).map_err(gpu_error)?;
+            check_finite(p, self.t.max(t))?;
+        }
+        (self.field_of)(p, &mut self.shard)
+    }
+    fn kick(&mut self, _p: &mut Particles, f: &DeviceField, dt: f64) {
+        self.shard.kick(f, dt);
+    }
+    fn drift(&mut self, _p: &mut Particles, dt: f64) {
+        self.shard.drift(dt);
+    }
+    fn output(&mut self, p: &mut Particles, f: &DeviceField) -> Result<Vec<f64>, NbodyError> {
+        self.shard.fetch(p, true).map_err(gpu_error)?;
+        Ok(self.shard.read_field(f).map_err(gpu_error)?.pot)
+    }
+    fn check(&mut self, _p: &Particles, t: f64) -> Result<(), NbodyError> {
+        // Positions are checked when they are read back for the next evaluation, the whole
+        // state at outputs and at the end.
+        self.t = t;
+        Ok(())
+    }
+}
+
+/// The leapfrog of [`simulate`] over a [`Stepper`].
+fn run_steps<S: Stepper>(
+    particles: &mut Particles,
+    ts: &[f64],
+    opts: &NbodySimulateOptions,
+    stepper: &mut S,
     mut reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
     mut on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
     mut on_step: impl FnMut(usize),
@@ -363,19 +587,19 @@ pub fn simulate_with(
         want[k] = true;
     }
     // A stop asked for ends the run before any force it may have cut short is used.
-    let mut forces_of = |p: &Particles| {
-        let f = forces_of(p)?;
+    let forces_of = |s: &mut S, p: &mut Particles, t: f64| {
+        let f = s.forces(p, t)?;
         NbodyError::check_interrupt()?;
         Ok::<_, NbodyError>(f)
     };
     let mut diags = Vec::new();
-    let n = particles.num;
-    let mut forces: Option<Forces> = None;
+    let mut forces: Option<S::Field> = None;
     if opts.integrator == Integrator::Kdk || want[0] {
-        forces = Some(forces_of(particles)?);
+        forces = Some(forces_of(stepper, particles, ts[0])?);
     }
     if want[0] {
-        let mut d = Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[0]);
+        let pot = stepper.output(particles, forces.as_ref().expect("computed"))?;
+        let mut d = Diagnostics::measure(particles, &pot, ts[0]);
         reduce(&mut d)?;
         on_output(0, particles, &d)?;
         diags.push(d);
@@ -385,31 +609,31 @@ pub fn simulate_with(
         let dt = ts[k] - ts[k - 1];
         match opts.integrator {
             Integrator::Dkd => {
-                drift(particles, n, 0.5 * dt);
-                let f = forces_of(particles)?;
-                kick(particles, &f, dt);
-                drift(particles, n, 0.5 * dt);
+                stepper.drift(particles, 0.5 * dt);
+                let f = forces_of(stepper, particles, ts[k - 1])?;
+                stepper.kick(particles, &f, dt);
+                stepper.drift(particles, 0.5 * dt);
                 forces = None;
             }
             Integrator::Kdk => {
                 let f0 = match forces.take() {
                     Some(f) => f,
-                    None => forces_of(particles)?,
+                    None => forces_of(stepper, particles, ts[k - 1])?,
                 };
-                kick(particles, &f0, 0.5 * dt);
-                drift(particles, n, dt);
-                let f1 = forces_of(particles)?;
-                kick(particles, &f1, 0.5 * dt);
+                stepper.kick(particles, &f0, 0.5 * dt);
+                stepper.drift(particles, dt);
+                let f1 = forces_of(stepper, particles, ts[k])?;
+                stepper.kick(particles, &f1, 0.5 * dt);
                 forces = Some(f1);
             }
         }
-        check_finite(particles, ts[k])?;
+        stepper.check(particles, ts[k])?;
         if want[k] {
             if forces.is_none() {
-                forces = Some(forces_of(particles)?);
+                forces = Some(forces_of(stepper, particles, ts[k])?);
             }
-            let mut d =
-                Diagnostics::measure(particles, &forces.as_ref().expect("computed").pot, ts[k]);
+            let pot = stepper.output(particles, forces.as_ref().expect("computed"))?;
+            let mut d = Diagnostics::measure(particles, &pot, ts[k]);
             reduce(&mut d)?;
             on_output(k, particles, &d)?;
             diags.push(d);
@@ -420,22 +644,6 @@ pub fn simulate_with(
         on_step(k);
     }
     Ok(diags)
-}
-
-fn drift(p: &mut Particles, n: usize, dt: f64) {
-    for i in 0..n {
-        for c in 0..3 {
-            p.pos[i][c] += p.vel[i][c] * dt;
-        }
-    }
-}
-
-fn kick(p: &mut Particles, f: &Forces, dt: f64) {
-    for (v, a) in p.vel.iter_mut().zip(&f.acc) {
-        for c in 0..3 {
-            v[c] += a[c] * dt;
-        }
-    }
 }
 
 fn check_finite(p: &Particles, t: f64) -> Result<(), NbodyError> {

@@ -7,7 +7,10 @@ use lockstep_comm::{CommError, CommExt, Communicator, ReduceOp};
 
 use crate::fmm::tree::{cube_from_bounds, morton_key, Tree};
 use crate::fmm::{Fmm, FmmStats, RemoteCell, SourceSet};
-use crate::integrate::{simulate_with, Diagnostics, ForceSettings, Method, NbodySimulateOptions};
+use crate::fmm_gpu::{DeviceField, GpuForces, ResidentShard};
+use crate::integrate::{
+    simulate_on_device, simulate_with, Diagnostics, ForceSettings, Method, NbodySimulateOptions,
+};
 use crate::{Forces, NbodyError, Particles};
 
 impl From<CommError> for NbodyError {
@@ -229,6 +232,49 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
     g: f64,
     softening: f64,
 ) -> Result<(Forces, ShardForceStats), NbodyError> {
+    let imported = exchange_essential(comm, p, fmm)?;
+    let (forces, st) = fmm.forces(&imported.sources(p), g, softening)?;
+    Ok((forces, imported.stats(st)))
+}
+
+/// What a rank imports in the locally essential tree exchange, and what it sent.
+struct Imported {
+    cells: Vec<RemoteCell>,
+    pos: Vec<[f64; 3]>,
+    mass: Vec<f64>,
+    cells_sent: usize,
+    particles_sent: usize,
+    bytes_sent: usize,
+}
+
+impl Imported {
+    /// The sources of this rank's evaluation: its particles `p` and the imports.
+    fn sources<'a>(&'a self, p: &'a Particles) -> SourceSet<'a> {
+        SourceSet {
+            pos: p.valid_pos(),
+            mass: p.valid_mass(),
+            remote_pos: &self.pos,
+            remote_mass: &self.mass,
+            remote_cells: &self.cells,
+        }
+    }
+
+    fn stats(&self, fmm: FmmStats) -> ShardForceStats {
+        ShardForceStats {
+            fmm,
+            cells_sent: self.cells_sent,
+            particles_sent: self.particles_sent,
+            bytes_sent: self.bytes_sent,
+        }
+    }
+}
+
+/// The locally essential tree exchange of [`sharded_forces`] (two `all_to_all_v`).
+fn exchange_essential<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+    fmm: &Fmm,
+) -> Result<Imported, NbodyError> {
     let (rank, size) = (comm.rank(), comm.size());
     let (pos, mass) = (p.valid_pos(), p.valid_mass());
     let tree = if pos.is_empty() {
@@ -258,39 +304,26 @@ pub fn sharded_forces<C: Communicator + ?Sized>(
             }
         }
     }
-    let bytes_sent = 8 * (send.cells.len() + send.parts.len());
     let (cells_recv, _) = comm.all_to_all_v(&send.cells, &send.cell_counts)?;
     let (parts_recv, _) = comm.all_to_all_v(&send.parts, &send.part_counts)?;
-    let remote_cells: Vec<RemoteCell> = cells_recv
-        .chunks_exact(cell_len)
-        .map(|c| RemoteCell {
-            center: [c[0], c[1], c[2]],
-            radius: c[3],
-            multipole: c[4..].to_vec(),
-        })
-        .collect();
-    let remote_pos: Vec<[f64; 3]> = parts_recv
-        .chunks_exact(4)
-        .map(|c| [c[0], c[1], c[2]])
-        .collect();
-    let remote_mass: Vec<f64> = parts_recv.chunks_exact(4).map(|c| c[3]).collect();
-    let src = SourceSet {
-        pos,
-        mass,
-        remote_pos: &remote_pos,
-        remote_mass: &remote_mass,
-        remote_cells: &remote_cells,
-    };
-    let (forces, st) = fmm.forces(&src, g, softening)?;
-    Ok((
-        forces,
-        ShardForceStats {
-            fmm: st,
-            cells_sent: send.cells.len() / cell_len,
-            particles_sent: send.parts.len() / 4,
-            bytes_sent,
-        },
-    ))
+    Ok(Imported {
+        cells: cells_recv
+            .chunks_exact(cell_len)
+            .map(|c| RemoteCell {
+                center: [c[0], c[1], c[2]],
+                radius: c[3],
+                multipole: c[4..].to_vec(),
+            })
+            .collect(),
+        pos: parts_recv
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2]])
+            .collect(),
+        mass: parts_recv.chunks_exact(4).map(|c| c[3]).collect(),
+        cells_sent: send.cells.len() / cell_len,
+        particles_sent: send.parts.len() / 4,
+        bytes_sent: 8 * (send.cells.len() + send.parts.len()),
+    })
 }
 
 /// This rank's domain for the exchange, flattened: the bounding boxes
@@ -429,27 +462,7 @@ pub fn sharded_gravity<C: Communicator + ?Sized>(
     match settings.method {
         Method::Fmm => sharded_forces(comm, p, fmm, g, settings.softening),
         Method::Direct => {
-            let counts = comm.all_gather_vec(&[p.num as u64])?;
-            let maxn = *counts.iter().max().unwrap_or(&0) as usize;
-            let mut mine = vec![[0.0f64; 4]; maxn];
-            for i in 0..p.num {
-                mine[i] = [p.pos[i][0], p.pos[i][1], p.pos[i][2], p.mass[i]];
-            }
-            let flat: Vec<f64> = mine.iter().flatten().copied().collect();
-            let all = comm.all_gather_vec(&flat)?;
-            let mut pos = Vec::new();
-            let mut mass = Vec::new();
-            let mut offset = 0;
-            for (r, &c) in counts.iter().enumerate() {
-                if r == comm.rank() {
-                    offset = pos.len();
-                }
-                for k in 0..c as usize {
-                    let e = &all[(r * maxn + k) * 4..(r * maxn + k) * 4 + 4];
-                    pos.push([e[0], e[1], e[2]]);
-                    mass.push(e[3]);
-                }
-            }
+            let (pos, mass, offset, bytes_sent) = gather_all(comm, p)?;
             let f = match fmm.device() {
                 Some(d) => d.direct_forces(
                     p.valid_pos(),
@@ -471,7 +484,7 @@ pub fn sharded_gravity<C: Communicator + ?Sized>(
             Ok((
                 f,
                 ShardForceStats {
-                    bytes_sent: 8 * flat.len(),
+                    bytes_sent,
                     ..Default::default()
                 },
             ))
@@ -479,10 +492,73 @@ pub fn sharded_gravity<C: Communicator + ?Sized>(
     }
 }
 
+/// Every rank's particles for direct sums: positions and masses in rank order, where this
+/// rank's begin, and the bytes this rank sent.
+type Gathered = (Vec<[f64; 3]>, Vec<f64>, usize, usize);
+
+/// [`Gathered`] by one all-gather of the counts and one of the particles.
+fn gather_all<C: Communicator + ?Sized>(comm: &C, p: &Particles) -> Result<Gathered, NbodyError> {
+    let counts = comm.all_gather_vec(&[p.num as u64])?;
+    let maxn = *counts.iter().max().unwrap_or(&0) as usize;
+    let mut mine = vec![[0.0f64; 4]; maxn];
+    for i in 0..p.num {
+        mine[i] = [p.pos[i][0], p.pos[i][1], p.pos[i][2], p.mass[i]];
+    }
+    let flat: Vec<f64> = mine.iter().flatten().copied().collect();
+    let all = comm.all_gather_vec(&flat)?;
+    let mut pos = Vec::new();
+    let mut mass = Vec::new();
+    let mut offset = 0;
+    for (r, &c) in counts.iter().enumerate() {
+        if r == comm.rank() {
+            offset = pos.len();
+        }
+        for k in 0..c as usize {
+            let e = &all[(r * maxn + k) * 4..(r * maxn + k) * 4 + 4];
+            pos.push([e[0], e[1], e[2]]);
+            mass.push(e[3]);
+        }
+    }
+    Ok((pos, mass, offset, 8 * flat.len()))
+}
+
+/// [`sharded_gravity`] on the GPU of `gpu` with the field left on the device for a resident
+/// shard ([`crate::fmm_gpu::ResidentShard`]): the same exchange over host MPI, the imported
+/// multipoles and particles uploaded; with `shard` (holding `p`'s particles) the FMM takes
+/// the local positions from it ([`GpuForces::fmm_field`]).
+///
+/// Errors: as [`sharded_gravity`].
+pub fn sharded_field<C: Communicator + ?Sized>(
+    comm: &C,
+    p: &Particles,
+    settings: &ForceSettings,
+    fmm: &Fmm,
+    gpu: &GpuForces,
+    g: f64,
+    shard: Option<&mut ResidentShard>,
+) -> Result<DeviceField, NbodyError> {
+    let eps = settings.softening;
+    let field = match settings.method {
+        Method::Fmm => {
+            let imported = exchange_essential(comm, p, fmm)?;
+            gpu.fmm_field(fmm, &imported.sources(p), g, eps, shard)?.0
+        }
+        Method::Direct => {
+            let (pos, mass, offset, _) = gather_all(comm, p)?;
+            gpu.direct_field(p.valid_pos(), Some(offset), &pos, &mass, g, eps)?
+        }
+    };
+    NbodyError::check_interrupt()?;
+    Ok(field)
+}
+
 /// [`crate::simulate`] across the ranks of `comm`: the particles are first redistributed
 /// (z-ordered layout, they stay there), then every step evaluates globally correct forces
 /// with one locally essential tree exchange, and the diagnostics passed to `on_output` and
-/// returned are sums over all ranks.
+/// returned are sums over all ranks. With forces on a GPU and `opts.keep_on_device`, each
+/// rank keeps its shard on its device between steps
+/// ([`crate::integrate::simulate_on_device`]): the positions come to the host for the tree,
+/// the exchange and outputs, the velocities only for outputs.
 pub fn simulate_sharded<C: Communicator + ?Sized>(
     comm: &C,
     particles: &mut Particles,
@@ -495,6 +571,21 @@ pub fn simulate_sharded<C: Communicator + ?Sized>(
 ) -> Result<Vec<Diagnostics>, NbodyError> {
     let fmm = settings.solver(crate::fmm_gpu::device_slot(comm.rank()))?;
     redistribute(comm, particles)?;
+    if opts.keep_on_device {
+        if let Some(gpu) = crate::fmm_gpu::gpu_of(&fmm) {
+            return Ok(simulate_on_device(
+                particles,
+                ts,
+                opts,
+                gpu.context(),
+                |p, shard| sharded_field(comm, p, settings, &fmm, gpu, g, Some(shard)),
+                |d| reduce_diagnostics(comm, d),
+                on_output,
+                on_step,
+            )?
+            .0);
+        }
+    }
     simulate_with(
         particles,
         ts,

@@ -36,6 +36,7 @@ fn run(
         &NbodySimulateOptions {
             integrator,
             outputs,
+            keep_on_device: true,
         },
         |_, _, _| Ok(()),
         |_| {},
@@ -146,6 +147,7 @@ fn bad_times_and_outputs_are_errors() {
     let o = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: vec![0],
+        keep_on_device: true,
     };
     let e = simulate(
         &mut p,
@@ -161,6 +163,7 @@ fn bad_times_and_outputs_are_errors() {
     let o = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: vec![5],
+        keep_on_device: true,
     };
     let e = simulate(&mut p, &[0.0, 1.0], &mut g, &o, |_, _, _| Ok(()), |_| {})
         .unwrap_err()

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use lockstep_comm::{run_replicas, Communicator};
 use lockstep_nbody::accuracy::compare;
 use lockstep_nbody::config::run_nbody_config_on;
-use lockstep_nbody::fmm_gpu::GpuForces;
-use lockstep_nbody::shard::{redistribute, sharded_forces, sharded_gravity};
+use lockstep_nbody::fmm_gpu::{GpuForces, ResidentShard};
+use lockstep_nbody::shard::{redistribute, sharded_forces, sharded_gravity, simulate_sharded};
 use lockstep_nbody::snapshot::read_gadget_hdf5;
 use lockstep_nbody::{
     direct, simulate, DeviceRequest, Fmm, FmmParams, ForceDevice, ForceSettings, Forces, Gravity,
@@ -134,7 +134,8 @@ fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
 /// GPU FMM = CPU FMM (same tree, lists and parameters) to 1e-5 relative per particle where
 /// the trees are deep and the lists long: a Plummer sphere of 20,000 particles at order 3
 /// (`bench nbody --device gpu --order 3 --sizes 20000` measured a median error of 0.45
-/// against direct sums before the fix), with and without softening.
+/// against direct sums before the fix), with and without softening; to 5e-6 since the
+/// compensated sums are hidden from the compiler's rewrites (7.5e-6 before).
 #[test]
 fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
     let p = make(&plummer(20_000, 7));
@@ -152,7 +153,7 @@ fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
             "plummer 20000 p 3 eps {eps}: depth {}, {} nodes, {} M2L: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}",
             sg.depth, sg.nodes, sg.m2l
         );
-        assert!(da <= 1e-5 && dp <= 1e-5, "eps {eps}: {da:e} {dp:e}");
+        assert!(da <= 5e-6 && dp <= 5e-6, "eps {eps}: {da:e} {dp:e}");
     }
 }
 
@@ -219,7 +220,9 @@ fn gpu_direct_matches_cpu_direct() {
 /// Direct sums on the GPU with more sources than one kernel invocation may loop over on
 /// lavapipe (its loops end after 65,535 iterations in all; 70,000 sources take about 72,000,
 /// so they are summed in passes): 64 targets against 70,000 Plummer sources agree with the
-/// CPU's direct sums to 5e-6 relative.
+/// CPU's direct sums to 5e-7 relative. The compensated sums over the sources do that: while
+/// the compiler could rewrite their error terms to 0 (`opaque4` in `fmm.wgsl`), the error
+/// was 1.3e-6.
 #[test]
 fn gpu_direct_sums_over_70000_sources() {
     let dev = gpu();
@@ -235,7 +238,7 @@ fn gpu_direct_sums_over_70000_sources() {
             .unwrap();
         let (da, dp) = max_rel(&got, &want);
         println!("direct, 64 targets, 70000 sources, eps {eps}: max rel acc {da:.2e} pot {dp:.2e}");
-        assert!(da <= 5e-6 && dp <= 5e-6, "eps {eps}: {da:e} {dp:e}");
+        assert!(da <= 5e-7 && dp <= 5e-7, "eps {eps}: {da:e} {dp:e}");
     }
 }
 
@@ -420,6 +423,7 @@ fn gpu_simulation_conserves_energy_as_the_cpu_does() {
     let opts = NbodySimulateOptions {
         integrator: Integrator::Kdk,
         outputs: vec![0, 20],
+        keep_on_device: true,
     };
     let drift = |device: DeviceRequest| {
         let settings = ForceSettings {
@@ -608,4 +612,244 @@ fn no_adapter_ends_the_run_naming_the_cause() {
     );
     assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
     assert!(!dir.path().join("none").exists(), "nothing written");
+}
+
+/// The particles of `ic` in a padded shard (`capacity` = 1.3 x `num`, as
+/// `capacity_factor` makes them), the padding filled with values no step may touch.
+fn padded(ic: &InitialConditions) -> Particles {
+    let p = make(ic);
+    let mut q = Particles::with_capacity(p.num * 13 / 10, p.num_total);
+    for i in 0..p.num {
+        q.push(p.pos[i], p.vel[i], p.mass[i], p.id[i], 0).unwrap();
+    }
+    for i in p.num..q.capacity() {
+        q.pos[i] = [1e30; 3];
+        q.vel[i] = [-1e30; 3];
+    }
+    q
+}
+
+/// Particles kept on the GPU between steps (drift and kick as kernels, issue 56): the same
+/// trajectories and diagnostics as stepping on the host with the same GPU forces (to the
+/// double-float precision of the device state), for both leapfrogs and both methods; the
+/// padding is untouched; two runs give the same bits; and per step only the positions come
+/// back (the velocities and the field only at outputs).
+#[test]
+fn resident_particles_match_host_stepping() {
+    let ic = plummer(1500, 11);
+    let ts: Vec<f64> = (0..=8).map(|k| k as f64 * 4e-3).collect();
+    for (method, integrator) in [
+        (Method::Fmm, Integrator::Kdk),
+        (Method::Fmm, Integrator::Dkd),
+        (Method::Direct, Integrator::Kdk),
+    ] {
+        let run = |keep_on_device: bool| {
+            let settings = ForceSettings {
+                softening: 0.01,
+                method,
+                order: 3,
+                device: DeviceRequest::Gpu(None),
+                ..Default::default()
+            };
+            let mut g = Gravity::new(settings, 1.0).unwrap();
+            let opts = NbodySimulateOptions {
+                integrator,
+                outputs: vec![0, 4, 8],
+                keep_on_device,
+            };
+            let mut p = padded(&ic);
+            let mut seen = Vec::new();
+            let d = simulate(
+                &mut p,
+                &ts,
+                &mut g,
+                &opts,
+                |k, q, _| {
+                    seen.push((k, q.pos[q.num - 1], q.vel[q.num - 1]));
+                    Ok(())
+                },
+                |_| {},
+            )
+            .unwrap();
+            let up = lockstep_nbody::fmm_gpu::gpu_of(g.solver())
+                .unwrap()
+                .last_split()
+                .bytes_up;
+            (p, d, seen, g.last_reads, up)
+        };
+        let (host, dh, seen_h, none, up_host) = run(false);
+        let (dev, dd, seen_d, (reads, bytes), up) = run(true);
+        assert_eq!(none, (0, 0));
+        let (again, _, _, _, _) = run(true);
+        let label = format!("{method:?} {integrator:?}");
+        assert_eq!(dev, again, "{label}: two resident runs differ");
+        let mut worst = (0.0f64, 0.0f64);
+        for i in 0..host.num {
+            for c in 0..3 {
+                worst.0 = worst.0.max((dev.pos[i][c] - host.pos[i][c]).abs());
+                worst.1 = worst.1.max((dev.vel[i][c] - host.vel[i][c]).abs());
+            }
+        }
+        println!(
+            "{label}: resident vs host stepping: max |dx| {:.2e} kpc, |dv| {:.2e} km/s; {reads} read-backs, {bytes} B",
+            worst.0, worst.1
+        );
+        // Plummer radius 1 kpc, velocities about 1 km/s (G = 1).
+        assert!(worst.0 <= 1e-11 && worst.1 <= 1e-11, "{label}: {worst:?}");
+        for (a, b) in dd.iter().zip(&dh) {
+            assert!(
+                (a.energy() - b.energy()).abs() <= 1e-9 * b.energy().abs(),
+                "{label}: {a:?} {b:?}"
+            );
+        }
+        assert_eq!(seen_d.len(), 3, "{label}");
+        for (a, b) in seen_d.iter().zip(&seen_h) {
+            assert_eq!(a.0, b.0);
+            for c in 0..3 {
+                assert!((a.1[c] - b.1[c]).abs() <= 1e-11 && (a.2[c] - b.2[c]).abs() <= 1e-11);
+            }
+        }
+        for i in dev.num..dev.capacity() {
+            assert_eq!(
+                (dev.pos[i], dev.vel[i]),
+                ([1e30; 3], [-1e30; 3]),
+                "{label}: padding"
+            );
+        }
+        // Read back: the positions (32 B per particle) once per force evaluation, and the
+        // positions, velocities and the field (32 B per slot) at the 3 outputs and the end:
+        // one host synchronisation each (the field's its own).
+        let n = host.num as u64;
+        let evals = match integrator {
+            Integrator::Kdk => 9,
+            Integrator::Dkd => 1 + 8 + 2,
+        };
+        assert_eq!(reads, evals + 2 * 3 + 1, "{label}");
+        // The FMM takes the positions from the shard: an evaluation uploads 32 B per
+        // particle less (the sorted points are made on the device).
+        let saved = if method == Method::Fmm { 32 * n } else { 0 };
+        assert_eq!(
+            up_host - up,
+            saved,
+            "{label}: {up_host} B vs {up} B uploaded"
+        );
+        assert_eq!(
+            bytes,
+            evals * 32 * n + 3 * (64 * n + 32 * n) + 64 * n,
+            "{label}"
+        );
+    }
+}
+
+/// A drift on the device keeps double-float precision: `x + v dt` to about 1e-14 relative
+/// of the f64 result (Plummer sphere out to 30 kpc). Compilers that rewrite float
+/// expressions (Mesa's NIR: `(a + b) - a` into `b`) made the error terms 0 and the result
+/// f32's (1.3e-6 kpc here) before `resident.wgsl` hid its intermediates from them.
+#[test]
+fn resident_drift_keeps_double_float_precision() {
+    let gpu = gpu();
+    let p0 = padded(&plummer(1000, 3));
+    let mut shard = ResidentShard::new(gpu.context(), &p0).unwrap();
+    assert_eq!(
+        (shard.num(), shard.capacity(), shard.num_total()),
+        (1000, 1300, 1000)
+    );
+    let worst = |a: &Particles, b: &Particles| {
+        let mut w = (0.0f64, 0.0f64);
+        for i in 0..a.num {
+            for c in 0..3 {
+                w.0 = w.0.max((a.pos[i][c] - b.pos[i][c]).abs());
+                w.1 = w.1.max((a.vel[i][c] - b.vel[i][c]).abs());
+            }
+        }
+        w
+    };
+    let mut p = p0.clone();
+    shard.fetch(&mut p, true).unwrap();
+    let (dx, dv) = worst(&p, &p0);
+    assert!(
+        dx <= 1e-13 && dv <= 1e-14,
+        "upload and read back: {dx:e} {dv:e}"
+    );
+    let mut want = p0.clone();
+    for dt in [4e-3, -1.7e-3, 2.5e-2] {
+        shard.drift(dt);
+        for i in 0..want.num {
+            for c in 0..3 {
+                want.pos[i][c] += want.vel[i][c] * dt;
+            }
+        }
+    }
+    shard.fetch(&mut p, true).unwrap();
+    let (dx, dv) = worst(&p, &want);
+    println!("three drifts on the device vs f64: max |dx| {dx:.2e} kpc");
+    assert!(dx <= 2e-13 && dv <= 1e-14, "{dx:e} {dv:e}");
+}
+
+/// Sharded runs keep each rank's shard on its GPU: 3 ranks, one of them empty (two
+/// particles in all), and 2 ranks of clumps, give the host-stepped run's trajectories and
+/// diagnostics (FMM and direct sums).
+#[test]
+fn resident_sharded_runs_match_host_stepping_with_an_empty_rank() {
+    let ts: Vec<f64> = (0..=6).map(|k| k as f64 * 5e-3).collect();
+    for (ranks, n, method) in [
+        (3, 2, Method::Fmm),
+        (2, 1200, Method::Fmm),
+        (2, 600, Method::Direct),
+    ] {
+        let ic = clumps(n, 9);
+        let run = |keep_on_device: bool| {
+            let settings = ForceSettings {
+                softening: 0.01,
+                method,
+                order: 3,
+                device: DeviceRequest::Gpu(None),
+                ..Default::default()
+            };
+            let opts = NbodySimulateOptions {
+                integrator: Integrator::Kdk,
+                outputs: vec![0, 6],
+                keep_on_device,
+            };
+            run_replicas(ranks, |comm| -> Result<_, NbodyError> {
+                let mut p = ic.generate(1.0, comm.rank(), ranks, 3.0)?;
+                let d = simulate_sharded(
+                    &comm,
+                    &mut p,
+                    &ts,
+                    &settings,
+                    1.0,
+                    &opts,
+                    |_, _, _| Ok(()),
+                    |_| {},
+                )?;
+                let state: Vec<_> = (0..p.num).map(|i| (p.id[i], p.pos[i], p.vel[i])).collect();
+                Ok((p.num, state, d))
+            })
+            .unwrap()
+        };
+        let (host, dev) = (run(false), run(true));
+        let label = format!("{ranks} ranks, {n} particles, {method:?}");
+        if n == 2 {
+            assert!(dev.iter().any(|r| r.0 == 0), "{label}: no empty rank");
+        }
+        for (h, d) in host.iter().zip(&dev) {
+            assert_eq!(h.0, d.0, "{label}");
+            for (a, b) in h.1.iter().zip(&d.1) {
+                assert_eq!(a.0, b.0);
+                for c in 0..3 {
+                    assert!(
+                        (a.1[c] - b.1[c]).abs() <= 1e-11 && (a.2[c] - b.2[c]).abs() <= 1e-11,
+                        "{label}: {a:?} {b:?}"
+                    );
+                }
+            }
+            for (x, y) in h.2.iter().zip(&d.2) {
+                assert!(
+                    (x.energy() - y.energy()).abs() <= 1e-10 * x.energy().abs().max(1e-30),
+                    "{label}: {x:?} {y:?}"
+                );
+            }
+        }
+    }
 }

@@ -104,6 +104,7 @@ fn a_failing_rank_ends_the_run_within_seconds() {
     let opts = NbodySimulateOptions {
         integrator: Integrator::Dkd,
         outputs: (0..=200).step_by(10).collect(),
+        keep_on_device: true,
     };
     let settings = ForceSettings {
         method: Method::Fmm,

@@ -246,6 +246,10 @@ pub trait ForceDevice: std::fmt::Debug + Send + Sync {
 
     /// A warning when the device is a software emulation (lavapipe), else None.
     fn software_warning(&self) -> Option<String>;
+
+    /// The device as [`std::any::Any`], for the device-resident paths that need its concrete
+    /// type (`fmm_gpu::GpuForces`: a simulation keeping its particles on the GPU).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// The FMM solver: parameters and precomputed expansion tables.
@@ -1199,7 +1203,7 @@ fn dist(a: [f64; 3], b: [f64; 3]) -> f64 {
     ((a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2)).sqrt()
 }
 
-fn check_sources(s: &SourceSet, nterms: usize) -> Result<(), NbodyError> {
+pub(crate) fn check_sources(s: &SourceSet, nterms: usize) -> Result<(), NbodyError> {
     if s.pos.len() != s.mass.len() {
         return Err(NbodyError::param(
             "SourceSet",

@@ -31,7 +31,7 @@ struct Params {
     r2min: f32, o_parent: u32, o_axis: u32, o_degree: u32,
     o_shift: u32, n_shift: u32, o_drest: u32, o_dj: u32,
     o_drow: u32, o_rows: u32, o_rstart: u32, o_grad: u32,
-    unused20: u32, o_p2p_items: u32, o_m2l_off: u32, o_m2l_items: u32,
+    zero: u32, o_p2p_items: u32, o_m2l_off: u32, o_m2l_items: u32,
     o_m2p_off: u32, o_m2p_items: u32, o_leafof: u32, o_list: u32,
     f_inv: u32, f_dc: u32, f_sign: u32, target0: u32,
     chunk: u32, chunk_len: u32, src0: u32, src1: u32,
@@ -76,16 +76,26 @@ fn dd(ah: vec3<f32>, al: vec3<f32>, bh: vec3<f32>, bl: vec3<f32>) -> vec3<f32> {
 }
 
 // Compensated addition of x into (hi, lo) (Knuth's two-sum).
+// x with bits the compiler cannot relate to the expression that made x (an XOR with
+// `P.zero`, 0 from the host): shader compilers rewrite float expressions where the source
+// does not forbid it (Mesa's NIR turns `(a + b) - a` into `b` unless an operation is marked
+// exact, and WGSL cannot mark one), which would make the two-sums' error terms 0.
+fn opaque4(x: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(P.zero));
+}
+fn opaque1(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ P.zero);
+}
 struct Acc { hi: vec4<f32>, lo: vec4<f32> }
 fn acc_add(a: Acc, x: vec4<f32>) -> Acc {
-    let s = a.hi + x;
-    let bb = s - a.hi;
+    let s = opaque4(a.hi + x);
+    let bb = opaque4(s - a.hi);
     let e = (a.hi - (s - bb)) + (x - bb);
     return Acc(s, a.lo + e);
 }
 fn two_sum1(hi: f32, lo: f32, x: f32) -> vec2<f32> {
-    let s = hi + x;
-    let bb = s - hi;
+    let s = opaque1(hi + x);
+    let bb = opaque1(s - hi);
     let e = (hi - (s - bb)) + (x - bb);
     return vec2<f32>(s, lo + e);
 }

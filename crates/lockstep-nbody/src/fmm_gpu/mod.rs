@@ -28,7 +28,9 @@
 //! Precision: f32 arithmetic only (no `SHADER_F64` needed). Points are (hi, lo) pairs of f32
 //! relative to the tree's cube centre, so differences of nearby points keep about 1e-7 of
 //! their own size; derivative tensors are evaluated at a power-of-two-scaled separation; sums
-//! over sources are compensated (hi, lo) accumulators. No atomics: every sum runs in a fixed
+//! over sources are compensated (hi, lo) accumulators, their intermediate sums hidden from the
+//! shader compiler's algebraic rewrites (`opaque4` in `fmm.wgsl`; Mesa's NIR otherwise turns
+//! `(a + b) - a` into `b` and the compensation into nothing). No atomics: every sum runs in a fixed
 //! order, so two runs give the same bits. The accelerations agree with the CPU FMM's to a
 //! few 1e-6 relative at orders 1..=6 (`tests/nbody_gpu.rs`: at most 7.5e-6 per particle).
 //!
@@ -47,6 +49,9 @@ use crate::fmm::expansion::FlatTables;
 use crate::fmm::tree::Tree;
 use crate::fmm::{Fmm, FmmStats, ForceDevice, PhaseSeconds, RemoteCell, SourceSet, WalkLists};
 use crate::NbodyError;
+
+pub mod resident;
+pub use resident::{DeviceField, ResidentShard};
 
 /// The kernels' source.
 const SHADER: &str = include_str!("fmm.wgsl");
@@ -138,8 +143,14 @@ impl std::fmt::Debug for GpuForces {
 
 /// A device-layer error as an N-body error: its message with the N-body's key
 /// (`forces.device`) where the device layer names the training key.
-fn gpu_error(e: GpuError) -> NbodyError {
+pub(crate) fn gpu_error(e: GpuError) -> NbodyError {
     NbodyError::Gpu(e.to_string().replace("run.device", "forces.device"))
+}
+
+/// The GPU engine of `fmm`, if its forces run on one.
+pub fn gpu_of(fmm: &Fmm) -> Option<&GpuForces> {
+    fmm.device()
+        .and_then(|d| d.as_any().downcast_ref::<GpuForces>())
 }
 
 /// The slot a process binds its GPU by: the node-local rank under a launcher (mpirun,
@@ -302,41 +313,6 @@ impl GpuForces {
         self.ctx.check().map_err(gpu_error)
     }
 
-    /// Maps `staging` (already filled by a finished submission) and reads `len` vec4s.
-    fn read(&self, staging: &wgpu::Buffer, len: usize) -> Result<Vec<[f32; 4]>, NbodyError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.ctx
-            .device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(GPU_TIMEOUT),
-            })
-            .map_err(|e| self.err("reading the forces back", e))?;
-        match rx.recv_timeout(GPU_TIMEOUT) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(self.err("reading the forces back", e)),
-            Err(e) => return Err(self.err("reading the forces back", e)),
-        }
-        let out = {
-            let view = staging.get_mapped_range(..);
-            bytemuck::pod_collect_to_vec::<u8, [f32; 4]>(&view[..len * 16])
-        };
-        staging.unmap();
-        Ok(out)
-    }
-
-    fn staging(&self, bytes: u64) -> wgpu::Buffer {
-        self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("nbody read-back"),
-            size: bytes.max(16),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    }
-
     fn bind0(&self, buffers: [&wgpu::Buffer; 8]) -> wgpu::BindGroup {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
@@ -421,7 +397,7 @@ mod w {
     pub const O_ROWS: usize = 17;
     pub const O_RSTART: usize = 18;
     pub const O_GRAD: usize = 19;
-    // Word 20 is unused.
+    pub const ZERO: usize = 20;
     pub const O_P2P_ITEMS: usize = 21;
     pub const O_M2L_OFF: usize = 22;
     pub const O_M2L_ITEMS: usize = 23;
@@ -651,6 +627,8 @@ const R2MIN_REL: f64 = 1e-20;
 
 /// The kernels' inputs of one FMM evaluation, packed on the host.
 struct Packed {
+    /// The tree's cube centre, kpc: the points are relative to it.
+    origin: [f64; 3],
     /// Sorted particles: (hi, lo) pairs relative to the cube centre, the mass in hi's 4th.
     pts: Vec<[f32; 4]>,
     /// Node then imported-cell centres, (hi, lo) pairs.
@@ -670,13 +648,15 @@ struct Packed {
 }
 
 /// Packs `tree`, its `lists`, the order-`p` tables `ft` (`nt` coefficients) and the imported
-/// cells `remote` for the kernels (softening `softening` kpc).
+/// cells `remote` for the kernels (softening `softening` kpc); the sorted points too unless a
+/// resident shard makes them on the device (`points` false).
 fn pack(
     tree: &Tree,
     lists: &WalkLists,
     (ft, p, nt): (&FlatTables, usize, usize),
     remote: &[RemoteCell],
     softening: f64,
+    points: bool,
 ) -> Packed {
     let nn = tree.nodes.len();
     let n_all = tree.perm.len();
@@ -686,9 +666,13 @@ fn pack(
         tree.lo[2] + 0.5 * tree.side,
     ];
     let soa = &tree.soa;
-    let pts: Vec<[f32; 4]> = (0..n_all)
-        .flat_map(|s| split(soa.point(s), origin, soa.m[s]))
-        .collect();
+    let pts: Vec<[f32; 4]> = if points {
+        (0..n_all)
+            .flat_map(|s| split(soa.point(s), origin, soa.m[s]))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let cen: Vec<[f32; 4]> = tree
         .nodes
         .iter()
@@ -730,6 +714,8 @@ fn pack(
     b[w::NT] = nt as u32;
     b[w::P] = p as u32;
     b[w::NGRAD] = (ft.grad.len() / 3) as u32;
+    b[w::ZERO] = 0; // what `opaque4` XORs with: a zero the shader compiler cannot see
+
     b[w::EPS2] = ((softening * softening) as f32).to_bits();
     b[w::R2MIN] = ((R2MIN_REL * tree.side * tree.side) as f32)
         .max(f32::MIN_POSITIVE)
@@ -763,6 +749,7 @@ fn pack(
         }
     }
     Packed {
+        origin,
         pts,
         cen,
         nodes,
@@ -845,14 +832,12 @@ impl GpuForces {
         }
     }
 
-    /// Records `dispatches` `(kernel, record, workgroups)` in one compute pass, then the
-    /// `copy` `(from, to, bytes)` if any; submits and waits, naming `what` in errors. Returns
-    /// the seconds it took.
+    /// Records `dispatches` `(kernel, record, workgroups)` in one compute pass; submits and
+    /// waits, naming `what` in errors. Returns the seconds it took.
     fn submit(
         &self,
         groups: (&wgpu::BindGroup, &wgpu::BindGroup),
         dispatches: &[(Kernel, usize, u32)],
-        copy: Option<(&wgpu::Buffer, &wgpu::Buffer, u64)>,
         what: &str,
     ) -> Result<f64, NbodyError> {
         let clock = Instant::now();
@@ -864,23 +849,35 @@ impl GpuForces {
                 dispatch(&mut pass, self.pipeline(kernel), groups.1, slot, n);
             }
         }
-        if let Some((from, to, bytes)) = copy {
-            enc.copy_buffer_to_buffer(from, 0, to, 0, bytes);
-        }
         self.run(enc, what)?;
         Ok(clock.elapsed().as_secs_f64())
     }
 }
 
-impl ForceDevice for GpuForces {
-    fn fmm_forces(
+impl GpuForces {
+    /// The FMM evaluation of [`ForceDevice::fmm_forces`], its field left on the device for a
+    /// resident shard's kick ([`ResidentShard::kick`]) or read back ([`DeviceField::read`]).
+    ///
+    /// Errors: [`NbodyError::Gpu`] (a buffer over the adapter's limits, naming it; the
+    /// device failed or timed out, naming the phase).
+    ///
+    /// With `shard` (the resident shard whose particles are `sources.pos`, as last read
+    /// back), the sorted points are made on the device from the shard's positions
+    /// ([`ResidentShard::points`]): only the permutation and the imported particles cross
+    /// the bus for them.
+    pub fn fmm_field(
         &self,
         fmm: &Fmm,
         sources: &SourceSet,
         g: f64,
         softening: f64,
-    ) -> Result<(Forces, FmmStats), NbodyError> {
+        shard: Option<&mut ResidentShard>,
+    ) -> Result<(DeviceField, FmmStats), NbodyError> {
+        crate::fmm::check_sources(sources, fmm.tables().nterms)?;
         let n_local = sources.pos.len();
+        if n_local == 0 {
+            return Ok((self.empty_field(g)?, FmmStats::default()));
+        }
         let mut split_t = GpuSplit::default();
         let clock = Instant::now();
         let tree = fmm.build_tree_nodes(sources);
@@ -896,10 +893,32 @@ impl ForceDevice for GpuForces {
         let nn = tree.nodes.len();
         let n_all = tree.perm.len();
         let order = (&ft, tables.p, nt);
-        let mut packed = pack(&tree, &lists, order, sources.remote_cells, softening);
+        let remote = sources.remote_cells;
+        let mut packed = pack(&tree, &lists, order, remote, softening, shard.is_none());
         let plan = self.plan(&tree, &lists, &mut packed, LoopCost::new(&ft, nt, tables.p));
         let pk = &packed;
-        let b_pts = self.storage("particles (positions and masses)", &pk.pts)?;
+        let host_perm: Vec<u32> = tree.perm.iter().map(|&i| i as u32).collect();
+        let b_perm = self.storage("particle order", &host_perm)?;
+        let mut imported_words = 0;
+        let b_pts = match shard {
+            Some(shard) => {
+                if shard.num() != n_local {
+                    return Err(self.err(
+                        "making the sorted points",
+                        format!("the shard holds {} particles, not {n_local}", shard.num()),
+                    ));
+                }
+                let origin = pk.origin;
+                let imported: Vec<[f32; 4]> = (sources.remote_pos.iter().zip(sources.remote_mass))
+                    .flat_map(|(&x, &m)| split(x, origin, m))
+                    .collect();
+                imported_words = 4 * imported.len();
+                shard
+                    .points(&b_perm, &imported, origin, n_all)
+                    .map_err(gpu_error)?
+            }
+            None => self.storage("particles (positions and masses)", &pk.pts)?,
+        };
         let b_cen = self.storage("node and imported cell centres", &pk.cen)?;
         let b_nodes = self.storage("tree nodes", &pk.nodes)?;
         let b_lists = self.storage("interaction lists and index tables", &pk.u)?;
@@ -915,34 +934,20 @@ impl ForceDevice for GpuForces {
             .ctx
             .storage("particle fields", out_bytes, REDUCE)
             .map_err(gpu_error)?;
-        let staging = self.staging(out_bytes);
         let group0 = self.bind0([
             &b_pts, &b_cen, &b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
         ]);
         let group1 = self.params_group(&plan.params);
-        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + pk.nodes.len() * 4;
-        split_t.bytes_up = 4 * (words + pk.u.len() + pk.f.len() + pk.mp0.len()) as u64;
-        split_t.bytes_down = out_bytes;
+        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + pk.nodes.len() * 4 + imported_words;
+        let words = words + pk.u.len() + pk.f.len() + pk.mp0.len() + host_perm.len();
+        split_t.bytes_up = 4 * words as u64;
         split_t.upload = clock.elapsed().as_secs_f64();
 
         let mut seconds = [0.0; 4];
         for (k, dispatches) in plan.phases.iter().enumerate() {
-            let copy = (k == 3).then_some((&b_out, &staging, out_bytes.max(16)));
-            seconds[k] = self.submit((&group0, &group1), dispatches, copy, PHASES[k])?;
+            seconds[k] = self.submit((&group0, &group1), dispatches, PHASES[k])?;
         }
         [split_t.upward, split_t.m2l, split_t.p2p, split_t.far] = seconds;
-        let clock = Instant::now();
-        let raw = self.read(&staging, 2 * n_all)?;
-        let mut out = Forces::zeros(n_local);
-        for (s, &i) in tree.perm.iter().enumerate() {
-            if i < n_local {
-                let (hi, lo) = (raw[2 * s], raw[2 * s + 1]);
-                let v = |c: usize| g * (hi[c] as f64 + lo[c] as f64);
-                out.acc[i] = [v(0), v(1), v(2)];
-                out.pot[i] = v(3);
-            }
-        }
-        split_t.download = clock.elapsed().as_secs_f64();
         let stats = FmmStats {
             nodes: nn,
             depth: tree.depth(),
@@ -957,16 +962,49 @@ impl ForceDevice for GpuForces {
                 upward: split_t.upward,
                 m2l: split_t.m2l,
                 l2l: 0.0,
-                l2p: split_t.far + split_t.download,
+                l2p: split_t.far,
                 m2p: 0.0,
                 p2p: split_t.p2p,
             },
         };
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = split_t;
-        Ok((out, stats))
+        let field = DeviceField {
+            out: b_out,
+            perm: b_perm,
+            host_perm,
+            n_local,
+            g,
+        };
+        Ok((field, stats))
     }
 
-    fn direct_forces(
+    /// A field of no slots (an empty shard).
+    fn empty_field(&self, g: f64) -> Result<DeviceField, NbodyError> {
+        let none = |name| self.ctx.storage(name, 16, REDUCE).map_err(gpu_error);
+        Ok(DeviceField {
+            out: none("particle fields")?,
+            perm: none("particle order")?,
+            host_perm: Vec::new(),
+            n_local: 0,
+            g,
+        })
+    }
+
+    /// Reads `field` back (the read-back's time and bytes added to the last split).
+    fn read_field(&self, field: &DeviceField) -> Result<Forces, NbodyError> {
+        let clock = Instant::now();
+        let out = field.read(&self.ctx).map_err(gpu_error)?;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.download = clock.elapsed().as_secs_f64();
+        last.bytes_down = (32 * field.slots()) as u64;
+        Ok(out)
+    }
+
+    /// The direct sums of [`ForceDevice::direct_forces`], the field left on the device in
+    /// the targets' order (slot `i` is target `i`).
+    ///
+    /// Errors: [`NbodyError::Gpu`].
+    pub fn direct_field(
         &self,
         targets: &[[f64; 3]],
         offset: Option<usize>,
@@ -974,10 +1012,10 @@ impl ForceDevice for GpuForces {
         mass: &[f64],
         g: f64,
         softening: f64,
-    ) -> Result<Forces, NbodyError> {
+    ) -> Result<DeviceField, NbodyError> {
         let n = targets.len();
         if n == 0 {
-            return Ok(Forces::zeros(0));
+            return self.empty_field(g);
         }
         let clock = Instant::now();
         let (lo, side) =
@@ -1000,11 +1038,14 @@ impl ForceDevice for GpuForces {
         base.0[w::N_ALL] = pos.len() as u32;
         base.0[w::COUNT] = n as u32;
         base.0[w::TARGET0] = target0 as u32;
+        base.0[w::ZERO] = 0;
         base.0[w::EPS2] = ((softening * softening) as f32).to_bits();
         base.0[w::R2MIN] = ((R2MIN_REL * side * side) as f32)
             .max(f32::MIN_POSITIVE)
             .to_bits();
         let b_pts = self.storage("particles (positions and masses)", &pts)?;
+        let host_perm: Vec<u32> = (0..n as u32).collect();
+        let b_perm = self.storage("particle order", &host_perm)?;
         let unused = |name| self.ctx.storage(name, 16, REDUCE).map_err(gpu_error);
         let (dummy, d5, d6) = (
             unused("unused")?,
@@ -1016,7 +1057,6 @@ impl ForceDevice for GpuForces {
             .ctx
             .storage("particle fields", out_bytes, REDUCE)
             .map_err(gpu_error)?;
-        let staging = self.staging(out_bytes);
         let group0 = self.bind0([&b_pts, &dummy, &dummy, &dummy, &dummy, &d5, &d6, &b_out]);
         // Passes over source ranges: a tile of 64 sources costs 66 loop iterations.
         let per = ((self.loop_budget.saturating_sub(1)) / (WG + 2) * WG).max(WG) as usize;
@@ -1038,29 +1078,54 @@ impl ForceDevice for GpuForces {
                 dispatch(&mut pass, &self.kernels.direct, &group1, slot, groups);
             }
         }
-        enc.copy_buffer_to_buffer(&b_out, 0, &staging, 0, out_bytes);
         let upload = clock.elapsed().as_secs_f64();
         let clock = Instant::now();
         self.run(enc, "direct summation")?;
-        let kernel = clock.elapsed().as_secs_f64();
-        let clock = Instant::now();
-        let raw = self.read(&staging, 2 * n)?;
-        let mut out = Forces::zeros(n);
-        for i in 0..n {
-            let (hi, lo) = (raw[2 * i], raw[2 * i + 1]);
-            let v = |c: usize| g * (hi[c] as f64 + lo[c] as f64);
-            out.acc[i] = [v(0), v(1), v(2)];
-            out.pot[i] = v(3);
-        }
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = GpuSplit {
             upload,
-            p2p: kernel,
-            download: clock.elapsed().as_secs_f64(),
-            bytes_up: (pts.len() * 16) as u64,
-            bytes_down: out_bytes,
+            p2p: clock.elapsed().as_secs_f64(),
+            bytes_up: (pts.len() * 16 + host_perm.len() * 4) as u64,
             ..Default::default()
         };
-        Ok(out)
+        Ok(DeviceField {
+            out: b_out,
+            perm: b_perm,
+            host_perm,
+            n_local: n,
+            g,
+        })
+    }
+}
+
+impl ForceDevice for GpuForces {
+    fn fmm_forces(
+        &self,
+        fmm: &Fmm,
+        sources: &SourceSet,
+        g: f64,
+        softening: f64,
+    ) -> Result<(Forces, FmmStats), NbodyError> {
+        let (field, mut stats) = self.fmm_field(fmm, sources, g, softening, None)?;
+        let out = self.read_field(&field)?;
+        stats.seconds.l2p += self.last_split().download;
+        Ok((out, stats))
+    }
+
+    fn direct_forces(
+        &self,
+        targets: &[[f64; 3]],
+        offset: Option<usize>,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        g: f64,
+        softening: f64,
+    ) -> Result<Forces, NbodyError> {
+        let field = self.direct_field(targets, offset, pos, mass, g, softening)?;
+        self.read_field(&field)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn software_warning(&self) -> Option<String> {

@@ -1,0 +1,485 @@
+//! A shard's particles kept on the GPU between the steps of a simulation (issue 56,
+//! docs/nbody.md "Forces on the GPU"): positions and velocities live in padded device
+//! buffers of the shard's `capacity` (`num` valid, `num_total` over all ranks, as
+//! [`Particles`] and jz-fmm's per-device arrays), the leapfrog's drift and kick run as
+//! kernels (`resident.wgsl`), and a force evaluation leaves its field on the device
+//! ([`DeviceField`]) for the kick.
+//!
+//! What crosses the bus per step: the positions, once (32 B per particle), because the tree
+//! and the interaction lists are built on the host (`fmm_gpu` module docs); the velocities
+//! and the field only at outputs (the energy needs them) and at the end. Kicks and drifts are
+//! recorded as they come and submitted with the next read-back: one submission and one host
+//! synchronisation per step besides the force evaluation's own.
+//!
+//! Precision: positions and velocities are double-float pairs (hi, lo) of f32 (about 48
+//! significant bits; `resident.wgsl`), so the host's f64 state is kept to about 4e-15
+//! relative, and what the host reads back (hi + lo, exact in f64) is what the device holds.
+
+use std::sync::Arc;
+
+use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
+
+use crate::direct::Forces;
+use crate::particles::Particles;
+
+/// The kernels' source.
+const SHADER: &str = include_str!("resident.wgsl");
+/// Threads per workgroup (`WG` in `resident.wgsl`).
+const WG: u32 = 64;
+/// Bytes between two dispatch records of the uniform buffer (wgpu's dynamic-offset alignment).
+const STEP_STRIDE: u64 = 256;
+/// Bytes of `Step` in `resident.wgsl`.
+const STEP_BYTES: u64 = 64;
+/// What shrinks the shard's buffers, for the messages of buffers too large.
+const REDUCE: &str =
+    "the particles per rank (run more ranks or GPUs: mpirun -n R) or capacity_factor";
+
+/// A force evaluation's result left on the device: `(a / G, phi / G)` as (hi, lo) f32 pairs
+/// per slot of the evaluation's order, and which particle of the shard each slot is.
+#[derive(Debug)]
+pub struct DeviceField {
+    /// `[2 * slots]` vec4 of f32: (hi, lo) of (acceleration / G, potential / G).
+    pub(crate) out: wgpu::Buffer,
+    /// `[slots]` u32: the shard index of each slot (`>= n_local`: not a local particle).
+    pub(crate) perm: wgpu::Buffer,
+    /// The same on the host, for reading the field back in the shard's order.
+    pub(crate) host_perm: Vec<u32>,
+    /// Local particles (the shard's `num`).
+    pub(crate) n_local: usize,
+    /// G in code units.
+    pub(crate) g: f64,
+}
+
+impl DeviceField {
+    /// Slots of the evaluation (local and imported particles).
+    pub fn slots(&self) -> usize {
+        self.host_perm.len()
+    }
+
+    /// Reads the field back: acceleration `[n_local][3]` and potential `[n_local]` in the
+    /// shard's order, `G (hi + lo)` in f64 (one submission and host synchronisation).
+    ///
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
+    pub fn read(&self, ctx: &GpuContext) -> Result<Forces, GpuError> {
+        let mut out = Forces::zeros(self.n_local);
+        if self.slots() == 0 {
+            return Ok(out);
+        }
+        let bytes = (32 * self.slots()) as u64;
+        let enc = ctx.device.create_command_encoder(&Default::default());
+        let range = ReadRange {
+            buffer: &self.out,
+            offset: 0,
+            bytes,
+        };
+        let raw = ctx
+            .submit_and_read(enc, &[range])?
+            .pop()
+            .expect("one range");
+        let raw: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(&raw);
+        for (s, &i) in self.host_perm.iter().enumerate() {
+            let i = i as usize;
+            if i < self.n_local {
+                let (hi, lo) = (raw[2 * s], raw[2 * s + 1]);
+                let v = |c: usize| self.g * (hi[c] as f64 + lo[c] as f64);
+                out.acc[i] = [v(0), v(1), v(2)];
+                out.pot[i] = v(3);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One recorded kernel: a drift of every particle, or a kick by a field.
+enum Op {
+    Drift(f64),
+    Kick(wgpu::BindGroup, u32, f64, f64),
+}
+
+/// The words of one `Step` record of `resident.wgsl`.
+fn step_words(num: usize, slots: u32, dt: f64, g: f64, origin: [f64; 3]) -> [u32; 16] {
+    let [dt_hi, dt_lo] = pair(dt);
+    let [g_hi, g_lo] = pair(g);
+    let o = origin.map(pair);
+    let mut w = [0u32; 16];
+    w[0] = num as u32;
+    w[1] = slots;
+    // w[2] = 0: the zero `opaque` XORs with.
+    w[4..8].copy_from_slice(&[dt_hi, dt_lo, g_hi, g_lo].map(f32::to_bits));
+    for c in 0..3 {
+        w[8 + c] = o[c][0].to_bits();
+        w[12 + c] = o[c][1].to_bits();
+    }
+    w
+}
+
+/// A shard's positions and velocities on the device, with the drift and kick kernels.
+pub struct ResidentShard {
+    ctx: Arc<GpuContext>,
+    drift: wgpu::ComputePipeline,
+    kick: wgpu::ComputePipeline,
+    gather: wgpu::ComputePipeline,
+    layout0: wgpu::BindGroupLayout,
+    layout1: wgpu::BindGroupLayout,
+    /// `[2 * capacity]` vec4: (hi, lo) positions, kpc.
+    pos: wgpu::Buffer,
+    /// `[2 * capacity]` vec4: (hi, lo) velocities, km/s.
+    vel: wgpu::Buffer,
+    /// The drift's bind group (no field).
+    drift_group: wgpu::BindGroup,
+    capacity: usize,
+    num: usize,
+    num_total: u64,
+    pending: Vec<Op>,
+    /// Submissions and bytes read back since this shard was made (its own, not the forces').
+    reads: u64,
+    bytes_read: u64,
+}
+
+impl std::fmt::Debug for ResidentShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ResidentShard(num {}, capacity {}, num_total {})",
+            self.num, self.capacity, self.num_total
+        )
+    }
+}
+
+/// A value as the (hi, lo) f32 pair of `resident.wgsl`.
+fn pair(x: f64) -> [f32; 2] {
+    let hi = x as f32;
+    [hi, (x - hi as f64) as f32]
+}
+
+/// Vectors as (hi, lo) vec4 pairs, padded with zeros to `capacity` entries, with `w[i]`
+/// (the masses) in hi's 4th component where given.
+fn pairs(v: &[[f64; 3]], w: Option<&[f64]>, capacity: usize) -> Vec<[f32; 4]> {
+    let mut out = vec![[0f32; 4]; 2 * capacity.max(1)];
+    for (i, x) in v.iter().enumerate() {
+        for c in 0..3 {
+            [out[2 * i][c], out[2 * i + 1][c]] = pair(x[c]);
+        }
+        if let Some(w) = w {
+            out[2 * i][3] = w[i] as f32;
+        }
+    }
+    out
+}
+
+impl ResidentShard {
+    /// Uploads the shard `p` (its `capacity()` slots, `num` valid) to the device of `ctx`
+    /// and compiles the kernels.
+    ///
+    /// Errors: [`GpuError::BufferTooLarge`] naming the buffer (positions or velocities,
+    /// 32 B per slot) over the adapter's storage-binding limit; [`GpuError::Device`].
+    pub fn new(ctx: &Arc<GpuContext>, p: &Particles) -> Result<ResidentShard, GpuError> {
+        let capacity = p.capacity().max(p.num);
+        let pos = ctx.storage_from(
+            "resident particle positions",
+            &pairs(&p.pos[..p.num], Some(&p.mass[..p.num]), capacity),
+            REDUCE,
+        )?;
+        let vel = ctx.storage_from(
+            "resident particle velocities",
+            &pairs(&p.vel[..p.num], None, capacity),
+            REDUCE,
+        )?;
+        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let layout0 = ctx
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("resident shard"),
+                entries: &[
+                    storage(0, false),
+                    storage(1, false),
+                    storage(2, true),
+                    storage(3, true),
+                ],
+            });
+        let layout1 = ctx
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("resident shard step"),
+                entries: &[wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: wgpu::BufferSize::new(STEP_BYTES),
+                    },
+                    count: None,
+                }],
+            });
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("resident.wgsl"),
+                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+            });
+        let pl = ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("resident shard"),
+                bind_group_layouts: &[Some(&layout0), Some(&layout1)],
+                immediate_size: 0,
+            });
+        let kernel = |entry: &str| {
+            ctx.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+        };
+        let (drift, kick, gather) = (kernel("drift"), kernel("kick"), kernel("gather"));
+        let none = ctx.storage("no field", 16, REDUCE)?;
+        let drift_group = Self::group(ctx, &layout0, [&pos, &vel, &none, &none]);
+        ctx.check()?;
+        Ok(ResidentShard {
+            ctx: ctx.clone(),
+            drift,
+            kick,
+            gather,
+            layout0,
+            layout1,
+            pos,
+            vel,
+            drift_group,
+            capacity,
+            num: p.num,
+            num_total: p.num_total,
+            pending: Vec::new(),
+            reads: 0,
+            bytes_read: 0,
+        })
+    }
+
+    fn group(
+        ctx: &GpuContext,
+        layout: &wgpu::BindGroupLayout,
+        buffers: [&wgpu::Buffer; 4],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("resident shard"),
+            layout,
+            entries: &entries,
+        })
+    }
+
+    /// Slots of the padded device arrays.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Valid particles of this shard.
+    pub fn num(&self) -> usize {
+        self.num
+    }
+
+    /// Valid particles over all ranks.
+    pub fn num_total(&self) -> u64 {
+        self.num_total
+    }
+
+    /// Read-backs of this shard (each one submission and one host synchronisation) and
+    /// the bytes they moved, since it was made.
+    pub fn reads(&self) -> (u64, u64) {
+        (self.reads, self.bytes_read)
+    }
+
+    /// Reads `field` back in the shard's order ([`DeviceField::read`]).
+    ///
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
+    pub fn read_field(&mut self, field: &DeviceField) -> Result<Forces, GpuError> {
+        self.reads += 1;
+        self.bytes_read += (32 * field.slots()) as u64;
+        field.read(&self.ctx)
+    }
+
+    /// Records `x += v dt` (kpc; `dt` in kpc/(km/s)); it runs with the next read-back.
+    pub fn drift(&mut self, dt: f64) {
+        self.pending.push(Op::Drift(dt));
+    }
+
+    /// Records `v += a dt` with the acceleration of `field`; it runs with the next read-back.
+    pub fn kick(&mut self, field: &DeviceField, dt: f64) {
+        let group = Self::group(
+            &self.ctx,
+            &self.layout0,
+            [&self.pos, &self.vel, &field.out, &field.perm],
+        );
+        self.pending
+            .push(Op::Kick(group, field.slots() as u32, dt, field.g));
+    }
+
+    /// Records the dispatches of `ops` `(kernel, bind group, items, step words)` in one
+    /// compute pass of `enc`, each with its `Step` record.
+    fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        ops: &[(&wgpu::ComputePipeline, &wgpu::BindGroup, u32, [u32; 16])],
+    ) {
+        if ops.is_empty() {
+            return;
+        }
+        let mut bytes = vec![0u8; ops.len() * STEP_STRIDE as usize];
+        for (k, op) in ops.iter().enumerate() {
+            let at = k * STEP_STRIDE as usize;
+            bytes[at..at + STEP_BYTES as usize].copy_from_slice(bytemuck::cast_slice(&op.3));
+        }
+        let steps = wgpu::util::DeviceExt::create_buffer_init(
+            &self.ctx.device,
+            &wgpu::util::BufferInitDescriptor {
+                label: Some("resident shard steps"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            },
+        );
+        let group1 = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("resident shard steps"),
+                layout: &self.layout1,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &steps,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(STEP_BYTES),
+                    }),
+                }],
+            });
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for (k, (pipeline, group, items, _)) in ops.iter().enumerate() {
+            if *items == 0 {
+                continue;
+            }
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, *group, &[]);
+            pass.set_bind_group(1, &group1, &[(k as u64 * STEP_STRIDE) as u32]);
+            let groups = items.div_ceil(WG);
+            let x = groups.clamp(1, 65_535);
+            pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
+        }
+    }
+
+    /// The recorded drifts and kicks as dispatches for [`ResidentShard::record`].
+    fn pending_ops(&self) -> Vec<(&wgpu::ComputePipeline, &wgpu::BindGroup, u32, [u32; 16])> {
+        let num = self.num as u32;
+        self.pending
+            .iter()
+            .map(|op| match op {
+                Op::Drift(dt) => (
+                    &self.drift,
+                    &self.drift_group,
+                    num,
+                    step_words(self.num, 0, *dt, 0.0, [0.0; 3]),
+                ),
+                Op::Kick(group, slots, dt, g) => (
+                    &self.kick,
+                    group,
+                    if num == 0 { 0 } else { *slots },
+                    step_words(self.num, *slots, *dt, *g, [0.0; 3]),
+                ),
+            })
+            .collect()
+    }
+
+    /// The FMM's sorted points (`fmm.wgsl`'s particle buffer: `[2 * slots]` vec4, (hi, lo)
+    /// relative to `origin`, the tree's cube centre, with the mass) made on the device from
+    /// the shard's positions in the order `perm` (`[slots]`, the tree's permutation; the
+    /// recorded steps run first), the imported particles' points `imported` (packed so on
+    /// the host, in import order) filling their slots: 4 B per particle and the imports
+    /// cross the bus instead of 32 B per particle. Submitted without a wait; the evaluation's
+    /// first submission follows it on the queue.
+    ///
+    /// Errors: [`GpuError::BufferTooLarge`] naming the buffer; [`GpuError::Device`].
+    pub fn points(
+        &mut self,
+        perm: &wgpu::Buffer,
+        imported: &[[f32; 4]],
+        origin: [f64; 3],
+        slots: usize,
+    ) -> Result<wgpu::Buffer, GpuError> {
+        let out = self.ctx.storage(
+            "particles (positions and masses)",
+            (32 * slots) as u64,
+            REDUCE,
+        )?;
+        let inp = self
+            .ctx
+            .storage_from("imported particles", imported, REDUCE)?;
+        let group = Self::group(&self.ctx, &self.layout0, [&self.pos, &out, &inp, perm]);
+        let mut ops = self.pending_ops();
+        let words = step_words(self.num, slots as u32, 0.0, 0.0, origin);
+        ops.push((&self.gather, &group, slots as u32, words));
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.record(&mut enc, &ops);
+        self.ctx.queue.submit([enc.finish()]);
+        self.pending.clear();
+        self.ctx.check()?;
+        Ok(out)
+    }
+
+    /// Runs the recorded kernels and reads back the positions (and the velocities when
+    /// `velocities`) into `p` (entries `0..num`): one submission, one host synchronisation.
+    ///
+    /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
+    pub fn fetch(&mut self, p: &mut Particles, velocities: bool) -> Result<(), GpuError> {
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.record(&mut enc, &self.pending_ops());
+        self.pending.clear();
+        let bytes = (32 * self.num) as u64;
+        let mut ranges = vec![ReadRange {
+            buffer: &self.pos,
+            offset: 0,
+            bytes,
+        }];
+        if velocities {
+            ranges.push(ReadRange {
+                buffer: &self.vel,
+                offset: 0,
+                bytes,
+            });
+        }
+        let raw = self.ctx.submit_and_read(enc, &ranges)?;
+        self.reads += 1;
+        self.bytes_read += bytes * ranges.len() as u64;
+        let unpack = |raw: &[u8], out: &mut [[f64; 3]]| {
+            let v: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(raw);
+            for (i, x) in out.iter_mut().enumerate() {
+                for c in 0..3 {
+                    x[c] = v[2 * i][c] as f64 + v[2 * i + 1][c] as f64;
+                }
+            }
+        };
+        unpack(&raw[0], &mut p.pos[..self.num]);
+        if velocities {
+            unpack(&raw[1], &mut p.vel[..self.num]);
+        }
+        Ok(())
+    }
+}
