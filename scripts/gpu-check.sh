@@ -175,6 +175,8 @@ run() {
     # The N-body on the GPU: its tests, then the FMM (order 6) at 1e6 and 1e7 beside the CPU FMM.
     [ -x "$work/tests/nbody_gpu" ] && step "test nbody_gpu" 120 "$work/tests/nbody_gpu" --test-threads=1
     step "bench nbody gpu" 240 sh -c "'$L' bench nbody --device gpu --sizes 1000000,10000000 --direct-sizes 100000 --repeats 2 | tee '$bench/nbody_gpu.txt'"
+    # 1 and 2 ranks (thread ranks) sharing the one GPU: the sharded FMM at 2e6 particles.
+    step "bench nbody gpu ranks" 120 sh -c "'$L' bench nbody --device gpu --ranks 1,2 --n 2000000 --repeats 2 | tee '$bench/nbody_gpu_ranks.txt'"
     # The jz-fmm example at 2e6 particles, 4 steps: the particles stay on the GPU between steps.
     mkdir -p "$out/nbody_clumps" && cp "$repo/examples/nbody_clumps/config.gpu.json" "$out/nbody_clumps/"
     step "nbody clumps on the GPU" 120 sh -c "'$L' nbody '$out/nbody_clumps/config.gpu.json' --n 2000000 --steps 4 | tee '$bench/nbody_sim.txt'"

@@ -496,3 +496,57 @@ fn nbody_quick_try_overrides_and_progress_lines() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--steps 0"));
 }
+
+/// `lockstep bench nbody --device gpu` on the machine's adapter (lavapipe in CI): the GPU FMM,
+/// the CPU FMM and direct sums on the GPU in one table, with the split and the H200 model;
+/// `--ranks 1,2` the sharded FMM with two thread ranks sharing the adapter.
+#[test]
+fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
+    let run = |args: &[&str]| {
+        let out = Command::new(LOCKSTEP)
+            .args([
+                "bench",
+                "nbody",
+                "--device",
+                "gpu",
+                "--order",
+                "3",
+                "--repeats",
+                "1",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let text = run(&["--sizes", "3000", "--direct-sizes", "800", "--no-fmm3d"]);
+    let has_row = |method: &str, n: &str| {
+        text.lines()
+            .any(|l| l.starts_with(method) && l.split_whitespace().nth(2) == Some(n))
+    };
+    assert!(
+        has_row("fmm gpu", "3000") && has_row("fmm cpu", "3000"),
+        "{text}"
+    );
+    assert!(has_row("direct gpu", "800"), "{text}");
+    for want in ["split (s): host tree", "H200 model (not measured"] {
+        assert!(text.contains(want), "no {want:?} in\n{text}");
+    }
+    let text = run(&["--ranks", "1,2", "--n", "3000"]);
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains(" 3000 ")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(
+        rows[0].trim_start().starts_with("1 ") && rows[0].ends_with("[0]"),
+        "{text}"
+    );
+    assert!(
+        rows[1].trim_start().starts_with("2 ") && rows[1].contains("shared"),
+        "{text}"
+    );
+}

@@ -65,13 +65,7 @@ impl BenchCommand {
             BenchCommand::Scaling(args) => scaling::run(args, world),
             BenchCommand::Bptt(args) => bptt::run(args),
             BenchCommand::Nbody(args) if args.device != lockstep_nbody::DeviceRequest::Cpu => {
-                nbody_gpu::run(
-                    &args.sizes,
-                    &args.direct_sizes,
-                    nbody::params_of(args),
-                    args.repeats,
-                    args.device,
-                )
+                nbody_gpu::run(args)
             }
             BenchCommand::Nbody(args) => nbody::run(args),
             BenchCommand::Npe(args) => npe::run(args, world),

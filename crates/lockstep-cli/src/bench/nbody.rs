@@ -27,8 +27,10 @@ use lockstep_nbody::{
 /// Options of `lockstep bench nbody`.
 #[derive(Debug, clap::Args)]
 pub struct BenchNbodyArgs {
-    /// Rank counts for the sharded benchmark, e.g. `1,2` (ThreadComm ranks sharing the cores);
-    /// without it: FMM and direct evaluations per second and the comparison with fmm3dpy.
+    /// Rank counts for the sharded benchmark, e.g. `1,2` (ThreadComm ranks sharing the cores;
+    /// with `--device gpu` each rank binds the GPU of its slot, shared when the ranks outnumber
+    /// the GPUs); without it: FMM and direct evaluations per second and the comparison with
+    /// fmm3dpy.
     #[arg(allow_hyphen_values = true, long, value_delimiter = ',')]
     pub ranks: Option<Vec<usize>>,
     /// Print the accuracy table instead: the 99th percentile error against direct summation
@@ -253,7 +255,7 @@ pub(super) fn plummer_points(n: usize, seed: u64) -> Result<(Vec<[f64; 3]>, Vec<
 /// seconds, CPU seconds of the process, forces in our sign convention with G = 1), and the
 /// fmm3dpy version. FMM3D's kernel
 /// normalisation (1/r or 1/(4 pi r)) is detected from the potential of the first point.
-fn run_fmm3d(
+pub(super) fn run_fmm3d(
     python: &str,
     pos: &[[f64; 3]],
     mass: &[f64],
@@ -324,13 +326,13 @@ fn run_fmm3d(
 }
 
 /// One FMM3D evaluation.
-struct Fmm3dRun {
+pub(super) struct Fmm3dRun {
     /// Wall-clock seconds.
-    seconds: f64,
+    pub(super) seconds: f64,
     /// CPU seconds of the Python process during the call (all its threads).
-    cpu_seconds: f64,
+    pub(super) cpu_seconds: f64,
     /// Forces in our sign convention, G = 1.
-    forces: Forces,
+    pub(super) forces: Forces,
 }
 
 fn subset(f: &Forces, k: usize) -> Forces {

@@ -4,8 +4,9 @@
 //! subset of targets, the split of the GPU evaluation (host tree and lists, transfers,
 //! P2P, M2L, the rest), direct summation on the GPU, and a labelled traffic and flop model
 //! of P2P and M2L per particle on an H200 (4.8 TB/s, about 67 TFLOP/s FP32) from the
-//! interaction counts measured here. The fmm3dpy rows belong to `lockstep bench nbody`
-//! without `--device`.
+//! interaction counts measured here; fmm3dpy on the same points in the same invocation
+//! (unless `--no-fmm3d`). With `--ranks 1,2`: the sharded FMM with thread ranks on GPUs,
+//! each rank its own engine, sharing an adapter when the ranks outnumber them.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +17,11 @@ use lockstep_nbody::fmm::expansion::{nterms, Tables};
 use lockstep_nbody::fmm_gpu::GpuForces;
 use lockstep_nbody::{direct_on, DeviceRequest, Fmm, FmmParams, FmmStats, ForceDevice, SourceSet};
 
-use super::nbody::plummer_points;
+use lockstep_comm::{CommExt, Communicator, ReduceOp};
+use lockstep_nbody::shard::{redistribute, sharded_forces};
+use lockstep_nbody::InitialConditions;
+
+use super::nbody::{params_of, plummer_points, run_fmm3d, BenchNbodyArgs};
 
 /// H200 memory bandwidth, bytes/s (NVIDIA's data sheet).
 const H200_BYTES_PER_S: f64 = 4.8e12;
@@ -28,19 +33,20 @@ const P2P_FLOPS: f64 = 23.0;
 /// Bytes of one staged source (hi and lo vec4 of f32).
 const SOURCE_BYTES: f64 = 32.0;
 
-/// The GPU benchmark: FMM rows for `sizes`, direct rows for `direct_sizes`, `repeats` timed
-/// evaluations each (the best reported, after one untimed warm-up on the GPU).
-pub fn run(
-    sizes: &[usize],
-    direct_sizes: &[usize],
-    params: FmmParams,
-    repeats: usize,
-    device: DeviceRequest,
-) -> Result<()> {
-    let index = match device {
+/// The GPU benchmark of `args`: FMM rows for `--sizes` (the GPU, the CPU FMM and fmm3dpy
+/// unless `--no-fmm3d`, in this invocation), direct rows for `--direct-sizes`, `--repeats`
+/// timed evaluations each (the best reported, after one untimed warm-up on the GPU); with
+/// `--ranks`, the sharded FMM on the GPUs instead ([`ranks`]).
+pub fn run(args: &BenchNbodyArgs) -> Result<()> {
+    let (sizes, direct_sizes) = (&args.sizes, &args.direct_sizes);
+    let (params, repeats) = (params_of(args), args.repeats);
+    let index = match args.device {
         DeviceRequest::Gpu(i) => i,
         DeviceRequest::Cpu => None,
     };
+    if let Some(r) = &args.ranks {
+        return ranks(r, args.n, params, repeats, index);
+    }
     let dev = Arc::new(GpuForces::open(index, 0)?);
     let threads = rayon::current_num_threads();
     println!(
@@ -126,6 +132,9 @@ pub fn run(
             cbest / secs
         );
         model(&stats, n, params);
+        if !args.no_fmm3d {
+            fmm3d(args, &pos, &mass, &reference, secs);
+        }
     }
     // `--direct-sizes 0` means no direct rows, as without `--device`.
     for &n in direct_sizes.iter().filter(|&&n| n > 0) {
@@ -145,6 +154,109 @@ pub fn run(
         println!(
             "  {:.3e} pair interactions/s",
             (n as f64) * (n as f64 - 1.0) / secs
+        );
+    }
+    Ok(())
+}
+
+/// fmm3dpy (Flatiron FMM3D through `--python`) on the same points at each `--fmm3d-eps`:
+/// its rows and its speed against the GPU's `gpu_secs`; a missing fmm3dpy is one line.
+fn fmm3d(
+    args: &BenchNbodyArgs,
+    pos: &[[f64; 3]],
+    mass: &[f64],
+    reference: &lockstep_nbody::Forces,
+    gpu_secs: f64,
+) {
+    let k = reference.pot.len();
+    match run_fmm3d(&args.python, pos, mass, &args.fmm3d_eps, reference) {
+        Ok((runs, version)) => {
+            for (r, eps) in runs.iter().zip(&args.fmm3d_eps) {
+                let sub = lockstep_nbody::Forces {
+                    acc: r.forces.acc[..k].to_vec(),
+                    pot: r.forces.pot[..k].to_vec(),
+                };
+                let acc = compare(&sub, reference).acc;
+                row("fmm3d", pos.len(), r.seconds, acc.p50, acc.p99, acc.p999);
+                println!(
+                    "  fmm3dpy {version} lfmm3d eps={eps:.0e}, {:.2} cores busy; GPU / fmm3d speed {:.2}x",
+                    r.cpu_seconds / r.seconds,
+                    r.seconds / gpu_secs
+                );
+            }
+        }
+        Err(e) => println!("fmm3d comparison skipped: {e}"),
+    }
+}
+
+/// The sharded FMM on GPUs: for each count in `ranks`, that many thread ranks, each binding
+/// the GPU of its slot (adapter `index` for all with `gpu:N`; shared when the ranks
+/// outnumber the GPUs, as the log line says), on a Plummer sphere of `n`: seconds per
+/// evaluation (the slowest rank, best of `repeats`), efficiency against 1 rank, bytes
+/// exchanged and whether the ranks share a GPU.
+fn ranks(
+    ranks: &[usize],
+    n: usize,
+    params: FmmParams,
+    repeats: usize,
+    index: Option<usize>,
+) -> Result<()> {
+    let ic = InitialConditions::Plummer {
+        n: n as u64,
+        total_mass: 1.0,
+        scale_radius: 1.0,
+        max_radius: 30.0,
+        seed: 2024,
+    };
+    println!(
+        "lockstep bench nbody --device gpu --ranks: Plummer sphere N = {n}, eps = 1e-3, FMM p = {}, theta = {}, thread ranks, one GPU engine each",
+        params.order, params.theta
+    );
+    println!(
+        "{:>5} {:>9} {:>10} {:>9} {:>10} {:>14}  GPUs",
+        "ranks", "N", "s/eval", "evals/s", "efficiency", "bytes/step"
+    );
+    let mut one = None;
+    for &r in ranks {
+        if r == 0 {
+            anyhow::bail!("--ranks: give rank counts >= 1 (got 0)");
+        }
+        let out = lockstep_comm::run_replicas(r, |comm| -> Result<(f64, usize, String)> {
+            let dev = Arc::new(GpuForces::open(index, comm.rank())?);
+            let fmm = Fmm::new(params)?.on_device(dev.clone());
+            let mut p = ic.generate(1.0, comm.rank(), r, 1.5)?;
+            redistribute(&comm, &mut p)?;
+            sharded_forces(&comm, &p, &fmm, 1.0, 1e-3)?;
+            let (mut best, mut bytes) = (f64::INFINITY, 0);
+            for _ in 0..repeats.max(1) {
+                comm.barrier()?;
+                let t0 = Instant::now();
+                let (_, fs) = sharded_forces(&comm, &p, &fmm, 1.0, 1e-3)?;
+                let dt = comm.all_reduce_scalar(t0.elapsed().as_secs_f64(), ReduceOp::Max)?;
+                best = best.min(dt);
+                bytes = comm.all_reduce_scalar(fs.bytes_sent as u64, ReduceOp::Sum)? as usize;
+            }
+            let s = dev.selected();
+            let how = format!(
+                "[{}]{}",
+                s.adapter.index,
+                if s.shared { " shared" } else { "" }
+            );
+            Ok((best, bytes, how))
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let secs = out[0].0;
+        let t1 = *one.get_or_insert(if r == 1 { secs } else { f64::NAN });
+        let gpus: Vec<&str> = out.iter().map(|o| o.2.as_str()).collect();
+        println!(
+            "{:>5} {:>9} {:>10.4} {:>9.3} {:>10.2} {:>14}  {}",
+            r,
+            n,
+            secs,
+            1.0 / secs,
+            t1 / secs,
+            out[0].1,
+            gpus.join(", ")
         );
     }
     Ok(())
