@@ -853,3 +853,42 @@ fn resident_sharded_runs_match_host_stepping_with_an_empty_rank() {
         }
     }
 }
+
+/// A resident run whose state leaves the device's range ends with the host path's error
+/// (the particle, the time, what to change), not with NaN snapshots.
+#[test]
+fn resident_divergence_is_reported_like_the_host_path() {
+    let mut p = padded(&plummer(300, 4));
+    p.vel[7] = [3e38, 0.0, 0.0];
+    let settings = ForceSettings {
+        softening: 0.01,
+        method: Method::Direct,
+        device: DeviceRequest::Gpu(None),
+        ..Default::default()
+    };
+    let mut g = Gravity::new(settings, 1.0).unwrap();
+    let opts = NbodySimulateOptions {
+        integrator: Integrator::Dkd,
+        outputs: vec![0, 3],
+        keep_on_device: true,
+    };
+    let mut outputs = 0;
+    let e = simulate(
+        &mut p,
+        &[0.0, 1.0, 2.0, 3.0],
+        &mut g,
+        &opts,
+        |_, _, _| {
+            outputs += 1;
+            Ok(())
+        },
+        |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("diverged") && e.contains(&format!("id {}", p.id[7])),
+        "{e}"
+    );
+    assert_eq!(outputs, 1, "only the initial output: {e}");
+}
