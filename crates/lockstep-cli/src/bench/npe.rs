@@ -54,7 +54,10 @@
 //! precision's float16 activations as a kernel each way, the casts inside: 1,144 (471 casts,
 //! those of the float16 linear layers' operands, results and gradients). The bench prints
 //! the host synchronisations per step
-//! (`lockstep_npe::device::host_reads`) and the host's time recording the step and
+//! (`lockstep_npe::device::host_reads`; of them the gradient's, `gradient_reads`: 0 since the
+//! optimizer runs on the device, `lockstep_npe::resident`, where the step launches 710
+//! kernels in float32 and 1,304 in mixed precision, 158 of them packing the gradients and 1
+//! Adam's update) and the host's time recording the step and
 //! waiting for its read-back; on lavapipe the device is the CPU itself, so the recording
 //! time there includes most of the arithmetic and says little about a GPU.
 
