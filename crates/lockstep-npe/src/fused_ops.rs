@@ -1234,7 +1234,7 @@ where
         let used = t.handle.size_in_used() as usize;
         let (start, bytes) = (4 * offset, 4 * len);
         assert!(
-            start + bytes <= used && offset % 64 == 0,
+            start + bytes <= used && offset.is_multiple_of(64),
             "a view of {len} values at {offset} does not fit an aligned buffer of {} values",
             used / 4
         );

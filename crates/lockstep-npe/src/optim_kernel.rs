@@ -7,7 +7,7 @@
 //! - [`non_finite_launch`]: a flag (`[1]`, float32) set to 1 when any value of the packed
 //!   gradient is an infinity or NaN (the loss scaler's test; every thread that finds one
 //!   writes the same 1, so the result does not depend on the order);
-//! - [`adam_launch`], [`sgd_launch`]: one update over the whole packed buffer, one thread per
+//! - [`update_launch`] (Adam or SGD): one update over the whole packed buffer, one thread per
 //!   value, with every scalar (learning rate, bias corrections, the gradient's factors) a
 //!   kernel argument computed on the host ([`DeviceUpdate`]): the host optimizer's
 //!   operations in its order (`crates/lockstep-train/src/optim.rs`), float32, so a device
