@@ -848,7 +848,7 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
         text.contains("mixed precision (automatic_mixed_precision"),
         "{text}"
     );
-    let count = |precision: &str| -> (f64, f64, String) {
+    let count = |precision: &str| -> (f64, f64, f64, String) {
         let prefix = format!("kernel launches per step ({precision}, ");
         let line = text
             .lines()
@@ -866,7 +866,13 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
             .and_then(|r| r.split(';').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no synchronisation count: {line}"));
-        (n, syncs, line.to_string())
+        let gradient_syncs: f64 = line
+            .split("gradient read-backs per step: ")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no gradient read-back count: {line}"));
+        (n, syncs, gradient_syncs, line.to_string())
     };
     // Launches per step: 1,989 (float32) and 2,638 (mixed precision) when the parameters
     // were cut out of one upload with `narrow` (a copy kernel each where the offset is not
@@ -877,9 +883,12 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     // the gated tail, the LU map's weight and log-determinant and the coupling's end as a
     // kernel each way (the 8 LayerNorms, 12 gated blocks, 6 flow steps); 1,144 in mixed
     // precision with its float16 activations as a kernel each way, the casts inside (36). The
-    // 6 spline couplings run as one forward and one backward kernel each. A regression fails
+    // 6 spline couplings run as one forward and one backward kernel each. With the optimizer
+    // on the device (lockstep_npe::resident) 710 and 1,304: each of the 158 parameters'
+    // gradients packed by one kernel, one Adam kernel, and in mixed precision one finiteness
+    // test, in place of the gradient's read-back and the host's Adam. A regression fails
     // here.
-    let (f32_launches, f32_syncs, line) = count("float32");
+    let (f32_launches, f32_syncs, f32_grads, line) = count("float32");
     let kernels = [
         "LayerNormBackward 8, LayerNormForward 8",
         "GatedBackward 12, GatedForward 12",
@@ -890,31 +899,39 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     ];
     assert!(
         f32_launches > 100.0
-            && f32_launches <= 551.0
+            && f32_launches <= 710.0
             && line.contains("MatmulEntry")
+            && line.contains("Pack 158")
+            && line.contains("Adam 1")
             && kernels.iter().all(|k| line.contains(k))
             && line.contains("the spline couplings' kernels: SplineBackward 6, SplineForward 6"),
         "{line}"
     );
-    let (amp_launches, amp_syncs, line) = count("mixed precision (float16)");
+    let (amp_launches, amp_syncs, amp_grads, line) = count("mixed precision (float16)");
     assert!(
         amp_launches > f32_launches
-            && amp_launches <= 1144.0
+            && amp_launches <= 1304.0
             && line.contains("CastElement")
+            && line.contains("NonFinite 1")
             && line.contains("HalfBackward 36, HalfForward 36")
             && line.contains("LayerNormBackward 8, LayerNormForward 8"),
         "{line}"
     );
-    // One host synchronisation per step: the gradient and log q read together after the
-    // backward pass (log q was read before it, and the gradient after it: 2).
+    // One host synchronisation per step, and none of them the gradient's: the optimizer
+    // runs on the device (lockstep_npe::resident), and only log q (with mixed precision
+    // also the gradient's finiteness flag, in the same transfer) comes back. Before: the
+    // gradient and log q read together after the backward pass (and before that, log q
+    // before it and the gradient after it: 2).
     assert_eq!((f32_syncs, amp_syncs), (1.0, 1.0), "{text}");
+    assert_eq!((f32_grads, amp_grads), (0.0, 0.0), "{text}");
     for precision in ["float32", "mixed precision"] {
         let prefix = format!(
             "host per step ({precision}, NpeModel::nll_and_grad): 1.0 host synchronisations"
         );
         assert!(
-            text.lines()
-                .any(|l| l.starts_with(&prefix) && l.contains("ms recording")),
+            text.lines().any(|l| l.starts_with(&prefix)
+                && l.contains("0.0 of the gradient")
+                && l.contains("ms recording")),
             "{text}"
         );
     }

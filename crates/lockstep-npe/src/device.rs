@@ -302,6 +302,24 @@ pub(crate) fn count_host_read() {
     HOST_READS.with(|c| c.set(c.get() + 1));
 }
 
+/// How many of this thread's [`host_reads`] so far brought a training pass's gradient back
+/// (on a device backend: the pass's gradients read with log q when the engine's optimizer
+/// runs on the host, or the packed gradient the engine reduces over replicas when the
+/// training state is on the device, [`crate::resident`]); the rest are losses, flags,
+/// statistics and state. Per thread, as [`host_reads`].
+pub fn gradient_reads() -> u64 {
+    GRADIENT_READS.with(|c| c.get())
+}
+
+thread_local! {
+    static GRADIENT_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the read-back being made as a gradient's for [`gradient_reads`].
+pub(crate) fn count_gradient_read() {
+    GRADIENT_READS.with(|c| c.set(c.get() + 1));
+}
+
 /// The fix for a CUDA run that cannot start, appended to each CUDA error.
 const CUDA_FIX: &str = "install the NVIDIA driver (libcuda.so.1) and NVRTC (the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` with its lib folder on LD_LIBRARY_PATH), or set local.device to gpu (wgpu) or cpu";
 

@@ -259,6 +259,9 @@ impl Model for DeviceModel {
     fn after_update(&mut self) {
         each!(self, m => m.after_update())
     }
+    fn device_state(&mut self) -> Option<&mut dyn lockstep_train::DeviceState> {
+        each!(self, m => m.device_state())
+    }
     fn export(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         each!(self, m => m.export(dir))
     }

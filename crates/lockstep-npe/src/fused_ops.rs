@@ -196,6 +196,53 @@ pub trait FusedOps: Backend {
         None
     }
 
+    /// Whether this backend keeps the training state on its device and runs the optimizer
+    /// there ([`crate::resident`], [`crate::optim_kernel`]: burn's CubeCL backends in
+    /// float32). The methods below it serve that path; elsewhere they panic.
+    fn device_optimizer() -> bool {
+        false
+    }
+
+    /// `len` values at `offset` of the 1-D float32 `buffer`, as a tensor that shares its
+    /// memory (no copy, no kernel); `offset` a multiple of 64 values (256 bytes, the largest
+    /// storage-binding alignment an adapter asks for).
+    fn view(buffer: &Tensor<Self, 1>, offset: usize, len: usize) -> Tensor<Self, 1> {
+        let _ = (buffer, offset, len);
+        no_device_optimizer()
+    }
+
+    /// Writes `src` into `dst` in place (same length; `add`: adds it), one launch
+    /// ([`crate::optim_kernel::pack_launch`]).
+    fn pack_into(src: Tensor<Self, 1>, dst: &Tensor<Self, 1>, add: bool) {
+        let _ = (src, dst, add);
+        no_device_optimizer()
+    }
+
+    /// Sets `dst` to zeros in place, one launch.
+    fn zero_into(dst: &Tensor<Self, 1>) {
+        let _ = dst;
+        no_device_optimizer()
+    }
+
+    /// `[1]`: 1 when some value of `g` is an infinity or NaN, else 0 (one upload of the 0,
+    /// one launch).
+    fn non_finite_flag(g: &Tensor<Self, 1>) -> Tensor<Self, 1> {
+        let _ = g;
+        no_device_optimizer()
+    }
+
+    /// One optimizer update in place of the packed `params` and `slots` with the gradient
+    /// `grad` ([`lockstep_train::DeviceUpdate`]; one launch).
+    fn optimizer_update(
+        params: &Tensor<Self, 1>,
+        slots: &[Tensor<Self, 1>],
+        grad: &Tensor<Self, 1>,
+        update: &lockstep_train::DeviceUpdate,
+    ) {
+        let _ = (params, slots, grad, update);
+        no_device_optimizer()
+    }
+
     /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
     /// ELU after it and the gated residual block's tail as kernels
     /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
@@ -592,6 +639,10 @@ pub type LinearGradients<B> = (
 /// The gradients of the gated tail's kernel: `(da, dc, db1, dbc)` (see
 /// [`FusedOps::gated_kernel_backward`]).
 pub type GatedGradients<B> = (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 1>);
+
+fn no_device_optimizer() -> ! {
+    panic!("this backend keeps no training state on a device (FusedOps::device_optimizer is false)")
+}
 
 fn no_layer_kernels() -> ! {
     panic!("this backend has no layer kernels (FusedOps::LAYER_KERNELS is false)")
@@ -1172,6 +1223,65 @@ where
             sp,
         );
         Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn device_optimizer() -> bool {
+        F::dtype() == burn::tensor::DType::F32
+    }
+
+    fn view(buffer: &Tensor<Self, 1>, offset: usize, len: usize) -> Tensor<Self, 1> {
+        let t = prim(buffer.clone());
+        let used = t.handle.size_in_used() as usize;
+        let (start, bytes) = (4 * offset, 4 * len);
+        assert!(
+            start + bytes <= used && offset.is_multiple_of(64),
+            "a view of {len} values at {offset} does not fit an aligned buffer of {} values",
+            used / 4
+        );
+        let handle = t
+            .handle
+            .clone()
+            .offset_start(start as u64)
+            .offset_end((used - start - bytes) as u64);
+        wrap(burn_cubecl::tensor::CubeTensor::new_contiguous(
+            t.client.clone(),
+            t.device.clone(),
+            [len].into(),
+            handle,
+            burn::tensor::DType::F32,
+        ))
+    }
+
+    fn pack_into(src: Tensor<Self, 1>, dst: &Tensor<Self, 1>, add: bool) {
+        crate::optim_kernel::pack_launch(prim(src), &prim(dst.clone()), add);
+    }
+
+    fn zero_into(dst: &Tensor<Self, 1>) {
+        crate::optim_kernel::zero_launch(&prim(dst.clone()));
+    }
+
+    fn non_finite_flag(g: &Tensor<Self, 1>) -> Tensor<Self, 1> {
+        let flag = Tensor::<Self, 1>::from_data(
+            burn::tensor::TensorData::new(vec![0.0f32], [1]),
+            &g.device(),
+        );
+        crate::optim_kernel::non_finite_launch(&prim(g.clone()), &prim(flag.clone()));
+        flag
+    }
+
+    fn optimizer_update(
+        params: &Tensor<Self, 1>,
+        slots: &[Tensor<Self, 1>],
+        grad: &Tensor<Self, 1>,
+        update: &lockstep_train::DeviceUpdate,
+    ) {
+        let slots: Vec<_> = slots.iter().map(|t| prim(t.clone())).collect();
+        crate::optim_kernel::update_launch(
+            &prim(params.clone()),
+            &slots,
+            &prim(grad.clone()),
+            update,
+        );
     }
 
     fn spline_kernel_backward(

@@ -16,9 +16,10 @@ use crate::error::NpeError;
 use crate::flow::NpeNetwork;
 use crate::fused_ops::Precision;
 use crate::layers::Pass;
-use crate::params::{to_vec, Params, Partition};
+use crate::params::{read_together, to_vec, Params, Partition};
+use crate::resident::Resident;
 use crate::sync_batch_norm::{with_stats_reducer, StatsReducer};
-use lockstep_train::{checkpoint, Batch, Model, ReplicaContext};
+use lockstep_train::{checkpoint, Batch, DeviceState, DeviceUpdate, Model, ReplicaContext};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,9 @@ pub struct NpeModel<B: TrainBackend> {
     loss_scale: f32,
     /// The host's times in the last training pass.
     last_step: StepTimes,
+    /// The training state on the device while the engine has it there
+    /// ([`Model::device_state`]); the host's `params` are stale meanwhile.
+    resident: Option<Resident<B::InnerBackend>>,
 }
 
 /// Where the host's time in one training pass went ([`NpeModel::last_step_times`]).
@@ -79,6 +83,7 @@ impl<B: TrainBackend> NpeModel<B> {
             precision: Precision::F32,
             loss_scale: 1.0,
             last_step: StepTimes::default(),
+            resident: None,
         }
     }
 
@@ -112,6 +117,7 @@ impl<B: TrainBackend> NpeModel<B> {
             precision: self.precision,
             loss_scale: self.loss_scale,
             last_step: StepTimes::default(),
+            resident: None,
         }
     }
 
@@ -132,6 +138,7 @@ impl<B: TrainBackend> NpeModel<B> {
         self.partition = partition;
         self.params = params;
         self.fixed = fixed;
+        self.resident = None;
         Ok(self.partition.frozen_len())
     }
 
@@ -187,11 +194,7 @@ impl<B: TrainBackend> NpeModel<B> {
     /// `log q(θ | x)` per sample in evaluation mode (no gradients; BatchNorm uses its running
     /// statistics). `theta: [n * theta_dim]`, `x: [n * x_dim]` row-major; returns `[n]`.
     pub fn log_prob(&self, theta: &[f32], x: &[f32], n: usize) -> Vec<f32> {
-        let p = Params::<B::InnerBackend>::from_flat(
-            self.network.layout(),
-            &self.parameters(),
-            &self.device,
-        );
+        let p = self.evaluation_params();
         let mut state = self.state().to_vec();
         let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
         to_vec(self.network.log_prob(&mut pass, theta, x, n))
@@ -200,11 +203,7 @@ impl<B: TrainBackend> NpeModel<B> {
     /// `n` posterior samples `[n * theta_dim]` for the observation `x` (`[x_dim]`), base
     /// draws from SplitMix64(`seed`), evaluation mode.
     pub fn sample(&self, x: &[f32], n: usize, seed: u64) -> Vec<f32> {
-        let p = Params::<B::InnerBackend>::from_flat(
-            self.network.layout(),
-            &self.parameters(),
-            &self.device,
-        );
+        let p = self.evaluation_params();
         let mut state = self.state().to_vec();
         let mut pass = Pass::evaluation(&p, &mut state, self.network.state_layout());
         self.network.sample(&mut pass, x, n, seed)
@@ -227,11 +226,7 @@ impl<B: TrainBackend> NpeModel<B> {
         chunk: usize,
         write: &mut dyn FnMut(&[f32]) -> bool,
     ) {
-        let p = Params::<B::InnerBackend>::from_flat(
-            self.network.layout(),
-            &self.parameters(),
-            &self.device,
-        );
+        let p = self.evaluation_params();
         let mut state = self.state().to_vec();
         let mut rng = lockstep_core::rng::SplitMix64::new(seed);
         let mut done = 0u64;
@@ -243,6 +238,21 @@ impl<B: TrainBackend> NpeModel<B> {
             if !write(&s) {
                 break;
             }
+        }
+    }
+
+    /// The parameters for an evaluation pass: from the device's buffers while the training
+    /// state is there (no read-back), else from the host's.
+    fn evaluation_params(&self) -> Params<B::InnerBackend> {
+        let layout = self.network.layout();
+        match &self.resident {
+            Some(r) => r.params(
+                layout,
+                &self.partition,
+                &self.fixed[..self.partition.frozen_len()],
+                &self.device,
+            ),
+            None => Params::from_flat(layout, &self.parameters(), &self.device),
         }
     }
 
@@ -311,9 +321,26 @@ impl<B: TrainBackend> NpeModel<B> {
         let layout = self.network.layout();
         let part = &self.partition;
         let (frozen, state) = self.fixed.split_at_mut(part.frozen_len());
-        // On a device each flat buffer crosses once and the gradient comes back packed in
-        // one transfer; in host memory each parameter is its own slice.
-        let p = if B::HOST_MEMORY {
+        // With the training state on the device the trainable leaves are views of its
+        // parameter buffer; otherwise, on a device each flat buffer crosses once and the
+        // gradient comes back in one transfer; in host memory each parameter is its own slice.
+        let p = if let Some(r) = &self.resident {
+            let inner = r.params(layout, part, frozen, &self.device);
+            let leaves = inner
+                .tensors()
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let t = burn::tensor::Tensor::<B, 1>::from_inner(t.clone());
+                    if part.is_trainable(i) {
+                        t.require_grad()
+                    } else {
+                        t
+                    }
+                })
+                .collect();
+            Params::<B>::from_tensors(layout, leaves)
+        } else if B::HOST_MEMORY {
             Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device)
         } else {
             Params::<B>::partitioned_leaves_packed(layout, part, &self.params, frozen, &self.device)
@@ -340,7 +367,24 @@ impl<B: TrainBackend> NpeModel<B> {
         // in one transfer and one wait, after every kernel of the step is queued.
         let lp = lp.inner();
         let recorded = start.elapsed();
-        let values = if B::HOST_MEMORY {
+        let values = if let Some(r) = &mut self.resident {
+            // Each gradient into its place on the device; only log q (and, with loss
+            // scaling, the gradient's finiteness flag) comes back, in one transfer.
+            for (i, t) in p.tensors().iter().enumerate() {
+                if part.is_trainable(i) {
+                    r.add_gradient(i, t.grad_remove(&mut grads));
+                }
+            }
+            r.end_pass();
+            if self.precision == Precision::Half {
+                let mut read = read_together(vec![lp, r.non_finite_flag()]);
+                let flag = read.pop().unwrap_or_default();
+                r.set_finite(flag.first() == Some(&0.0));
+                read.pop().unwrap_or_default()
+            } else {
+                to_vec(lp)
+            }
+        } else if B::HOST_MEMORY {
             p.write_partitioned_gradients(layout, part, &mut grads, grad);
             to_vec(lp)
         } else {
@@ -363,7 +407,65 @@ impl<B: TrainBackend> NpeModel<B> {
     }
 }
 
+/// The training state on the device (burn's GPU backends in float32; the CPU backends keep
+/// the engine's host path): see [`crate::resident`].
+impl<B: TrainBackend> DeviceState for NpeModel<B> {
+    fn upload(&mut self, slots: &[Vec<f32>]) -> anyhow::Result<()> {
+        self.resident = Some(Resident::new(
+            self.network.layout(),
+            &self.partition,
+            &self.params,
+            slots,
+            &self.device,
+        ));
+        Ok(())
+    }
+    fn download(&mut self, slots: &mut [Vec<f32>]) -> anyhow::Result<()> {
+        if let Some(r) = &self.resident {
+            r.download(&mut self.params, slots);
+        }
+        Ok(())
+    }
+    fn release(&mut self) {
+        self.resident = None;
+    }
+    fn read_gradient(&mut self, grad: &mut [f32]) -> anyhow::Result<()> {
+        match &self.resident {
+            Some(r) => r.read_gradient(grad),
+            None => anyhow::bail!("the training state is not on the device"),
+        }
+        Ok(())
+    }
+    fn gradient_is_finite(&mut self) -> anyhow::Result<bool> {
+        match &mut self.resident {
+            Some(r) => Ok(r.gradient_is_finite()),
+            None => anyhow::bail!("the training state is not on the device"),
+        }
+    }
+    fn finish_update(
+        &mut self,
+        update: Option<&DeviceUpdate>,
+        reduced: Option<&[f32]>,
+    ) -> anyhow::Result<()> {
+        match &mut self.resident {
+            Some(r) => r.update(update, reduced),
+            None => anyhow::bail!("the training state is not on the device"),
+        }
+        Ok(())
+    }
+}
+
 impl<B: TrainBackend> Model for NpeModel<B> {
+    /// On burn's GPU backends in float32 the parameters, gradient and optimizer slots stay
+    /// on the device while the engine trains ([`crate::resident`]).
+    fn device_state(&mut self) -> Option<&mut dyn DeviceState> {
+        use crate::fused_ops::FusedOps;
+        if !B::HOST_MEMORY && <B::InnerBackend as FusedOps>::device_optimizer() {
+            Some(self)
+        } else {
+            None
+        }
+    }
     fn trainable(&self) -> &[f32] {
         &self.params
     }

@@ -153,6 +153,11 @@ impl Partition {
         self.trainable[index]
     }
 
+    /// Where parameter `index` starts in its buffer (the trainable or the frozen one).
+    pub fn offset(&self, index: usize) -> usize {
+        self.offsets[index]
+    }
+
     /// Parameter `index` (of `numel` values) inside `trainable` or `frozen`.
     fn slice<'a>(
         &self,
@@ -207,6 +212,28 @@ pub struct Params<B: Backend> {
 }
 
 impl<B: Backend> Params<B> {
+    /// One tensor per parameter of `layout`, in its order (`tensors[i]` holds parameter
+    /// `i`'s values, `[numel]`).
+    ///
+    /// Panics when the count differs from the layout's.
+    pub fn from_tensors(layout: &Layout, tensors: Vec<Tensor<B, 1>>) -> Self {
+        assert_eq!(
+            tensors.len(),
+            layout.specs().len(),
+            "one tensor per parameter"
+        );
+        Params {
+            tensors,
+            shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
+            precision: Precision::F32,
+        }
+    }
+
+    /// The tensors, one per parameter in the layout's order.
+    pub fn tensors(&self) -> &[Tensor<B, 1>] {
+        &self.tensors
+    }
+
     /// Copies every parameter of `layout` out of `flat` (length `layout.len()`) onto `device`.
     pub fn from_flat(layout: &Layout, flat: &[f32], device: &B::Device) -> Self {
         assert_eq!(
@@ -370,6 +397,9 @@ impl<B: AutodiffBackend> Params<B> {
             }
         }
         let n_grads = read.len();
+        if n_grads > 0 {
+            crate::device::count_gradient_read();
+        }
         read.extend(also);
         let mut values = read_together(read);
         let rest = values.split_off(n_grads);

@@ -19,7 +19,7 @@ use crate::config::{EngineConfig, LogStyle, Plan};
 use crate::grad_scaler::{GradScaler, ScalerVerdict};
 use crate::optim::Optimizer;
 use crate::rundir::RunDir;
-use crate::{checksum, Batch, BatchSource, Model, TrainError};
+use crate::{checksum, Batch, BatchSource, DeviceUpdate, Model, TrainError};
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -286,11 +286,24 @@ pub fn train(
     opts: &EngineOptions,
 ) -> Result<TrainSummary, TrainError> {
     let mut t = Trainer::new(comm, cfg, plan, model, source, opts)?;
+    let result = run(&mut t);
+    // The model computes from its host buffers again (after an error they hold what the
+    // last read-back read).
+    if t.device {
+        if let Some(d) = t.model.device_state() {
+            d.release();
+        }
+    }
+    result
+}
+
+/// The phases of [`train`] after validation.
+fn run(t: &mut Trainer<'_>) -> Result<TrainSummary, TrainError> {
     t.restore_checkpoint()?;
     t.set_up_outputs()?;
     t.broadcast_state()?;
     t.announce()?;
-    while t.update < cfg.updates {
+    while t.update < t.cfg.updates {
         let step = t.run_update()?;
         let metrics = t.reduce_metrics(step)?;
         t.end_of_epoch(&metrics)?;
@@ -368,6 +381,10 @@ struct Trainer<'a> {
     /// The slices hold exactly what the chief would have scattered (invariant 4), and the
     /// replicas simulate in parallel (issue 17: per-replica loaders).
     own_slices: bool,
+    /// The model keeps its parameters, gradient and optimizer slots on its device
+    /// ([`Model::device_state`], on every replica): the host's copies are stale between
+    /// read-backs ([`Trainer::read_back_state`]).
+    device: bool,
 }
 
 impl<'a> Trainer<'a> {
@@ -475,6 +492,7 @@ impl<'a> Trainer<'a> {
             sample_record: None,
             prefetched: None,
             own_slices: false,
+            device: false,
         })
     }
 
@@ -606,7 +624,38 @@ impl<'a> Trainer<'a> {
             g.scale = f32::from_bits(words[0] as u32);
             [g.growth_tracker, g.skipped] = [words[1], words[2]];
         }
+        // The training state moves to the devices when every replica's model keeps it
+        // there (the same path on every rank, invariant 9).
+        let offers = u64::from(self.model.device_state().is_some());
+        self.device = comm.all_reduce_scalar(offers, ReduceOp::Min)? == 1;
+        if self.device {
+            // The model adds each micro-batch's gradient on the device itself.
+            self.micro = Vec::new();
+            let update = self.update;
+            if let Some(d) = self.model.device_state() {
+                d.upload(&self.optimizer.slots)
+                    .map_err(|error| TrainError::Model { update, error })?;
+            }
+        }
         Ok(())
+    }
+
+    /// With the training state on the device: reads the parameters and optimizer slots back
+    /// into the model's host buffer and the optimizer (for a checkpoint, the export, the
+    /// replicas' checksums or the run's end); nothing otherwise.
+    ///
+    /// Errors: the model's ([`TrainError::Model`]).
+    fn read_back_state(&mut self) -> Result<(), TrainError> {
+        if !self.device {
+            return Ok(());
+        }
+        let update = self.update;
+        match self.model.device_state() {
+            Some(d) => d
+                .download(&mut self.optimizer.slots)
+                .map_err(|error| TrainError::Model { update, error }),
+            None => Ok(()),
+        }
     }
 
     /// The chief logs the plan's warnings and the run's shape, and starts the progress bar.
@@ -678,10 +727,22 @@ impl<'a> Trainer<'a> {
             t_data += wait;
         }
 
+        let scale = 1.0 / (self.plan.replicas * self.cfg.accumulation) as f32;
+        // On a device the gradient stays there unless the host must reduce or clip it.
+        let on_host = !self.device || self.plan.replicas > 1 || self.cfg.clip_max_norm.is_some();
+        if !on_host {
+            return self.finish_update_on_device(scale, terms, start, [t_data, t_compute]);
+        }
+        if self.device {
+            let update = self.update;
+            if let Some(d) = self.model.device_state() {
+                d.read_gradient(&mut self.grad)
+                    .map_err(|error| TrainError::Model { update, error })?;
+            }
+        }
         let t0 = Instant::now();
         self.comm.all_reduce(&mut self.grad, ReduceOp::Sum)?;
         let t_comm = t0.elapsed().as_secs_f64();
-        let scale = 1.0 / (self.plan.replicas * self.cfg.accumulation) as f32;
         self.grad.iter_mut().for_each(|x| *x *= scale);
         // With loss scaling, the reduced gradient (the same on every replica) decides: an
         // overflow skips the update on every replica alike (invariant 9).
@@ -690,24 +751,7 @@ impl<'a> Trainer<'a> {
             .as_mut()
             .map(|s| s.unscale_and_step(&mut self.grad));
         if let Some(ScalerVerdict::Skip { scale, lowered }) = verdict {
-            if let Some(d) = &mut self.rundir {
-                d.log_quiet(&format!(
-                    "update {}: the gradient overflowed at loss scale {scale}; update skipped, loss scale lowered to {lowered}",
-                    self.update + 1
-                ))?;
-            }
-            self.skipped += 1;
-            self.skipped_in_a_row += 1;
-            let at_floor = scale <= f32::MIN_POSITIVE;
-            if at_floor || self.skipped_in_a_row >= crate::grad_scaler::MAX_CONSECUTIVE_SKIPS {
-                return Err(TrainError::UpdatesSkipped {
-                    update: self.update + 1,
-                    skipped: self.skipped_in_a_row,
-                    scale: lowered,
-                    at_floor,
-                    whole_run: false,
-                });
-            }
+            self.skip_update(scale, lowered)?;
         } else {
             self.applied += 1;
             self.skipped_in_a_row = 0;
@@ -724,17 +768,27 @@ impl<'a> Trainer<'a> {
                     self.cfg.clip_max_norm.unwrap_or_default()
                 ))?;
             }
-            self.optimizer
-                .update(self.model.trainable_mut(), &self.grad);
-            self.model.after_update();
-            if let (Some(ScalerVerdict::Apply { grown: Some(g) }), Some(d)) =
-                (verdict, &mut self.rundir)
-            {
-                d.log_quiet(&format!(
-                    "update {}: loss scale raised to {g}",
-                    self.update + 1
-                ))?;
+            if self.device {
+                // The reduced (unscaled, clipped) gradient goes up once with the update.
+                let step = self.optimizer.device_update(1.0, 1.0);
+                self.apply_on_device(Some(&step), true)?;
+            } else {
+                self.optimizer
+                    .update(self.model.trainable_mut(), &self.grad);
             }
+            self.model.after_update();
+            self.log_growth(verdict)?;
+        }
+        if self.device {
+            if matches!(verdict, Some(ScalerVerdict::Skip { .. })) {
+                self.apply_on_device(None, false)?;
+            }
+            self.update += 1;
+            return Ok(UpdateStep {
+                terms,
+                times: [t_data, t_compute, t_comm],
+                start,
+            });
         }
         self.update += 1;
         // Identical on every replica, so every rank stops here together (invariant 9).
@@ -756,6 +810,115 @@ impl<'a> Trainer<'a> {
             times: [t_data, t_compute, t_comm],
             start,
         })
+    }
+
+    /// The end of an update whose gradient stays on the device (one replica, no clipping):
+    /// the loss scaler decides from the device's finiteness test, and the update runs on the
+    /// device with the host's scalars (the gradient's mean factor `scale`, the unscale
+    /// factor, the learning rate, Adam's corrections). Nothing of the gradient is read back.
+    ///
+    /// Errors: the model's; as the host path for skipped updates.
+    fn finish_update_on_device(
+        &mut self,
+        scale: f32,
+        terms: Vec<f64>,
+        start: Instant,
+        [t_data, t_compute]: [f64; 2],
+    ) -> Result<UpdateStep, TrainError> {
+        let update = self.update;
+        let verdict = match self.scaler.as_mut() {
+            Some(s) => {
+                let finite = match self.model.device_state() {
+                    Some(d) => d
+                        .gradient_is_finite()
+                        .map_err(|error| TrainError::Model { update, error })?,
+                    None => true,
+                };
+                let unscale = s.unscale_factor();
+                Some((s.step(finite), unscale))
+            }
+            None => None,
+        };
+        match verdict {
+            Some((ScalerVerdict::Skip { scale, lowered }, _)) => {
+                self.skip_update(scale, lowered)?;
+                self.apply_on_device(None, false)?;
+            }
+            _ => {
+                self.applied += 1;
+                self.skipped_in_a_row = 0;
+                let unscale = verdict.map_or(1.0, |(_, u)| u);
+                let step = self.optimizer.device_update(scale, unscale);
+                self.apply_on_device(Some(&step), false)?;
+                self.model.after_update();
+                self.log_growth(verdict.map(|(v, _)| v))?;
+            }
+        }
+        self.update += 1;
+        Ok(UpdateStep {
+            terms,
+            times: [t_data, t_compute, 0.0],
+            start,
+        })
+    }
+
+    /// Ends the update on the device: applies `step` (to the host's reduced gradient in
+    /// `self.grad` when `reduced`), or skips it (`None`).
+    ///
+    /// Errors: the model's ([`TrainError::Model`]).
+    fn apply_on_device(
+        &mut self,
+        step: Option<&DeviceUpdate>,
+        reduced: bool,
+    ) -> Result<(), TrainError> {
+        let update = self.update;
+        let grad = reduced.then_some(&self.grad[..]);
+        match self.model.device_state() {
+            Some(d) => d
+                .finish_update(step, grad)
+                .map_err(|error| TrainError::Model { update, error }),
+            None => Ok(()),
+        }
+    }
+
+    /// The loss scaler skipped this update (the gradient overflowed at `scale`; the scale is
+    /// now `lowered`): logs it and counts it.
+    ///
+    /// Errors: [`TrainError::UpdatesSkipped`] after too many skips in a row or at the
+    /// scale's floor; a failed log write.
+    fn skip_update(&mut self, scale: f32, lowered: f32) -> Result<(), TrainError> {
+        if let Some(d) = &mut self.rundir {
+            d.log_quiet(&format!(
+                "update {}: the gradient overflowed at loss scale {scale}; update skipped, loss scale lowered to {lowered}",
+                self.update + 1
+            ))?;
+        }
+        self.skipped += 1;
+        self.skipped_in_a_row += 1;
+        let at_floor = scale <= f32::MIN_POSITIVE;
+        if at_floor || self.skipped_in_a_row >= crate::grad_scaler::MAX_CONSECUTIVE_SKIPS {
+            return Err(TrainError::UpdatesSkipped {
+                update: self.update + 1,
+                skipped: self.skipped_in_a_row,
+                scale: lowered,
+                at_floor,
+                whole_run: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Logs a raised loss scale (the chief's run log).
+    fn log_growth(&mut self, verdict: Option<ScalerVerdict>) -> Result<(), TrainError> {
+        if let (Some(ScalerVerdict::Apply { grown: Some(g) }), Some(d)) =
+            (verdict, &mut self.rundir)
+        {
+            d.log_quiet(&format!(
+                "update {}: loss scale raised to {g}",
+                self.update + 1
+            ))?;
+        }
+        Ok(())
     }
 
     /// The chief draws the global micro-batch starting at sample `first` and scatters the
@@ -956,6 +1119,10 @@ impl<'a> Trainer<'a> {
     fn callbacks(&mut self, metrics: &Metrics) -> Result<(), TrainError> {
         let (cfg, update) = (self.cfg, self.update);
         if cfg.checksum_every > 0 && update % cfg.checksum_every == 0 {
+            // One replica has nothing to compare with: its state stays on the device.
+            if self.comm.size() > 1 {
+                self.read_back_state()?;
+            }
             verify_identical(self.comm, &*self.model, update)?;
         }
         self.history.push(metrics.losses.clone());
@@ -977,6 +1144,7 @@ impl<'a> Trainer<'a> {
             }
         }
         if cfg.checkpoint_every > 0 && update % cfg.checkpoint_every == 0 {
+            self.read_back_state()?;
             if let Some(d) = &self.rundir {
                 self.checkpointer.save(
                     d.root(),
@@ -1185,8 +1353,13 @@ impl<'a> Trainer<'a> {
     /// path after the same update): the chief writes a checkpoint of the update (unless the
     /// update's own checkpoint was just written) and logs the stop; nothing is exported.
     /// Returns [`TrainError::Interrupted`] on every rank, or the failure of writing it.
-    fn stop_interrupted(mut self) -> TrainError {
+    fn stop_interrupted(&mut self) -> TrainError {
         let update = self.update;
+        if self.rundir.is_some() {
+            if let Err(e) = self.read_back_state() {
+                return e;
+            }
+        }
         let saved = self.rundir.as_mut().map(|d| {
             d.finish_progress();
             let path = d
@@ -1225,7 +1398,7 @@ impl<'a> Trainer<'a> {
     ///
     /// Errors: [`TrainError::Diverged`], write or export errors (chief) /
     /// [`TrainError::PeerFailed`] (peers).
-    fn finish(mut self) -> Result<TrainSummary, TrainError> {
+    fn finish(&mut self) -> Result<TrainSummary, TrainError> {
         let update = self.update;
         // A run whose every update loss scaling skipped trained nothing: it ends with an
         // error before its final outputs (the same decision on every replica).
@@ -1238,6 +1411,8 @@ impl<'a> Trainer<'a> {
                 whole_run: true,
             });
         }
+        // Every rank: the final checksums, and the chief's checkpoint and export.
+        self.read_back_state()?;
         verify_identical(self.comm, &*self.model, update)?;
         let finished = self.rundir.as_mut().map(|d| {
             d.finish_progress();
@@ -1273,9 +1448,9 @@ impl<'a> Trainer<'a> {
         all.extend_from_slice(self.model.frozen());
         Ok(TrainSummary {
             updates: update,
-            final_losses: self.last,
-            loss_history: self.history,
-            update_times: self.update_times,
+            final_losses: std::mem::take(&mut self.last),
+            loss_history: std::mem::take(&mut self.history),
+            update_times: std::mem::take(&mut self.update_times),
             params_checksum: checksum(&all),
             output_dir: self.cfg.output_dir.clone(),
             exported: exported.unwrap_or_default(),

@@ -174,10 +174,27 @@ impl GradScaler {
     /// applies the update); any infinity or NaN, it is left as it is and the update must be
     /// skipped. The scale never falls below the smallest positive normal f32.
     pub fn unscale_and_step(&mut self, grad: &mut [f32]) -> ScalerVerdict {
-        let s = &mut self.state;
-        if grad.iter().all(|g| g.is_finite()) {
-            let inv = 1.0 / s.scale;
+        let finite = grad.iter().all(|g| g.is_finite());
+        if finite {
+            let inv = self.unscale_factor();
             grad.iter_mut().for_each(|g| *g *= inv);
+        }
+        self.step(finite)
+    }
+
+    /// The factor that unscales a gradient of the current scale: `1 / scale` in float32,
+    /// as [`GradScaler::unscale_and_step`] multiplies by.
+    pub fn unscale_factor(&self) -> f32 {
+        1.0 / self.state.scale
+    }
+
+    /// [`GradScaler::unscale_and_step`] for a gradient the caller tested and unscales
+    /// itself (a device's: [`crate::device_state::DeviceState::gradient_is_finite`], with
+    /// [`GradScaler::unscale_factor`] taken before this call): updates the state from
+    /// whether every value was `finite` and returns the verdict.
+    pub fn step(&mut self, finite: bool) -> ScalerVerdict {
+        let s = &mut self.state;
+        if finite {
             s.growth_tracker += 1;
             let mut grown = None;
             if s.growth_tracker >= self.config.growth_interval {

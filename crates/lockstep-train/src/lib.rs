@@ -43,6 +43,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod device_state;
 pub mod engine;
 mod error;
 pub mod grad_scaler;
@@ -53,6 +54,7 @@ pub mod rundir;
 pub mod testing;
 
 pub use config::{plan, EngineConfig, LogStyle, Plan, Strategy};
+pub use device_state::{DeviceRule, DeviceState, DeviceUpdate};
 pub use engine::{train, CommandNames, EngineOptions, TrainSummary};
 pub use error::TrainError;
 pub use grad_scaler::{GradScaler, GradScalerConfig};
@@ -234,7 +236,17 @@ pub trait Model {
         let _ = scale;
         false
     }
-    /// Applies constraints after each update (e.g. sign constraints). Default: none.
+    /// The model's training state on its device, when it keeps it there
+    /// ([`crate::device_state`]): the engine then uploads the parameters and optimizer slots
+    /// once per run, the model's `loss_and_grad` adds each micro-batch's gradient on the
+    /// device (leaving the engine's `grad` alone), and the update runs on the device with
+    /// the scalars the host computes. Every replica must answer alike (the engine keeps
+    /// the host path on every replica when one does not). Default: `None`, the host path.
+    fn device_state(&mut self) -> Option<&mut dyn DeviceState> {
+        None
+    }
+    /// Applies constraints after each update (e.g. sign constraints). Default: none. A
+    /// model with a [`Model::device_state`] applies them on its device.
     fn after_update(&mut self) {}
     /// Writes the trained parameters in the model's native format into `dir` (chief only);
     /// returns the files written. Default: nothing.

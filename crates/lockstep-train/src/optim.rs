@@ -9,6 +9,7 @@
 //! restore it exactly, and every replica applying the same update to the same state stays
 //! bitwise equal.
 
+use crate::device_state::{DeviceRule, DeviceUpdate};
 use lockstep_core::config::{from_value, ConfigError};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -503,6 +504,49 @@ impl Optimizer {
                 gamma,
             } => base * gamma.powi((step / step_updates.max(1)).min(i32::MAX as u64) as i32),
             Schedule::ReduceOnPlateau { .. } => self.plateau.learning_rate,
+        }
+    }
+
+    /// The update a device applies in place of [`Optimizer::update`]
+    /// ([`crate::device_state`]): advances the step counter as `update` does and returns the
+    /// rule with the scalars `update` would compute (the learning rate of this step, Adam's
+    /// bias corrections, AdamW's decay factor), so the device's arithmetic is the host's.
+    /// `grad_factor` and `unscale` multiply the device's gradient first
+    /// ([`DeviceUpdate`]).
+    pub fn device_update(&mut self, grad_factor: f32, unscale: f32) -> DeviceUpdate {
+        let learning_rate = self.learning_rate(self.step) as f32;
+        self.step += 1;
+        let rule = match self.config.kind {
+            OptimizerKind::Adam {
+                beta1,
+                beta2,
+                epsilon,
+                weight_decay,
+            } => {
+                let t = self.step as i32;
+                DeviceRule::Adam {
+                    beta1,
+                    one_minus_beta1: 1.0 - beta1,
+                    beta2,
+                    one_minus_beta2: 1.0 - beta2,
+                    epsilon,
+                    keep: if weight_decay != 0.0 {
+                        1.0 - learning_rate * weight_decay
+                    } else {
+                        1.0
+                    },
+                    c1: 1.0 - beta1.powi(t),
+                    c2: 1.0 - beta2.powi(t),
+                }
+            }
+            OptimizerKind::Sgd { momentum } => DeviceRule::Sgd { momentum },
+        };
+        DeviceUpdate {
+            learning_rate,
+            grad_factor,
+            unscale,
+            step: self.step,
+            rule,
         }
     }
 

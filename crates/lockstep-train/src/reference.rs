@@ -7,12 +7,20 @@
 //! per-dimension factors. Loss terms, each a mean over samples: `mse = mean (s*w.x - y~)^2`
 //! and `l2 = 1e-3 * |w|^2`.
 //!
+//! With [`LinearRegression::with_device_state`] the model emulates a device that keeps the
+//! training state ([`crate::device_state`]): separate "device" copies of the weights, the
+//! optimizer slots and the gradient, updated by the [`DeviceUpdate`] formula, and counters
+//! of every crossing, so the tests can check what the engine moves and when.
+//!
 //! For checks only: this is not a model for users.
 
+use crate::device_state::{DeviceRule, DeviceState, DeviceUpdate};
 use crate::{Batch, BatchSource, Model};
 use anyhow::{bail, Result};
 use lockstep_core::memory::MemoryEstimate;
 use lockstep_core::rng::{splitmix64, GOLDEN_GAMMA};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Uniform in [-1, 1) from a counter-based hash of `(seed, a, b)`: SplitMix64's mixer of
 /// `(seed - 1) * gamma + a * c1 + b * c2` (24 random bits).
@@ -89,6 +97,47 @@ pub struct LinearRegression {
     /// `Some(scale)`: the gradient is of the loss times `scale`, each value past f16's
     /// largest finite value (65504) becoming infinite, as a half-precision pass overflows.
     loss_scale: Option<f32>,
+    /// The emulated device ([`LinearRegression::with_device_state`]).
+    device: Option<EmulatedDevice>,
+}
+
+/// What crossed between the host and [`LinearRegression`]'s emulated device, summed over
+/// every replica that shares the counters.
+#[derive(Debug, Default)]
+pub struct DeviceCounts {
+    /// [`DeviceState::upload`] calls.
+    pub uploads: AtomicU64,
+    /// [`DeviceState::download`] calls (read-backs of the parameters and slots).
+    pub downloads: AtomicU64,
+    /// [`DeviceState::read_gradient`] calls (read-backs of the gradient).
+    pub gradient_reads: AtomicU64,
+    /// [`DeviceState::gradient_is_finite`] calls.
+    pub finite_tests: AtomicU64,
+    /// Updates applied on the device.
+    pub applied: AtomicU64,
+    /// Updates skipped (`finish_update(None, _)`).
+    pub skipped: AtomicU64,
+    /// Updates applied to a gradient the host uploaded.
+    pub uploaded_gradients: AtomicU64,
+}
+
+impl DeviceCounts {
+    /// The count `c` (one of this struct's fields) now.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::SeqCst)
+    }
+}
+
+/// The emulated device's state: the weights, slots and gradient it owns once uploaded.
+#[derive(Debug, Clone)]
+struct EmulatedDevice {
+    resident: bool,
+    w: Vec<f32>,
+    slots: Vec<Vec<f32>>,
+    grad: Vec<f32>,
+    /// The next pass starts a new gradient.
+    fresh: bool,
+    counts: Arc<DeviceCounts>,
 }
 
 impl LinearRegression {
@@ -118,7 +167,23 @@ impl LinearRegression {
             bytes_per_sample: 4 * (dim as u64 + 1),
             delay: std::time::Duration::ZERO,
             loss_scale: None,
+            device: None,
         }
+    }
+
+    /// Emulates a device that keeps the weights, gradient and optimizer slots
+    /// ([`Model::device_state`]), counting every crossing into `counts`.
+    #[must_use]
+    pub fn with_device_state(mut self, counts: Arc<DeviceCounts>) -> Self {
+        self.device = Some(EmulatedDevice {
+            resident: false,
+            w: Vec::new(),
+            slots: Vec::new(),
+            grad: Vec::new(),
+            fresh: true,
+            counts,
+        });
+        self
     }
 
     /// Emulates a half-precision pass with loss scaling ([`Model::set_loss_scale`]): the
@@ -176,37 +241,33 @@ impl Model for LinearRegression {
         }
     }
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> Result<Vec<f64>> {
-        let dim = self.w.len();
-        if batch.inputs.len() != batch.samples * dim || batch.targets.len() != batch.samples {
-            bail!("batch shape does not match the model's {dim} inputs");
-        }
         std::thread::sleep(self.delay);
-        let mut mse = 0.0f64;
-        let inv = 1.0 / batch.samples as f32;
-        for i in 0..batch.samples {
-            let x = &batch.inputs[i * dim..(i + 1) * dim];
-            let noise = 0.05 * uniform(self.seed, batch.first_sample + i as u64, dim as u64);
-            let y = batch.targets[i] + noise;
-            let pred: f32 = (0..dim).map(|d| self.s[d] * self.w[d] * x[d]).sum();
-            let r = pred - y;
-            mse += (r * r) as f64;
-            for d in 0..dim {
-                grad[d] += 2.0 * r * self.s[d] * x[d] * inv;
-            }
-        }
-        let l2: f32 = 1e-3 * self.w.iter().map(|w| w * w).sum::<f32>();
-        for (g, w) in grad.iter_mut().zip(&self.w) {
-            *g += 2e-3 * w;
-        }
-        if let Some(scale) = self.loss_scale {
-            for g in grad.iter_mut() {
-                *g *= scale;
-                if g.abs() > 65504.0 {
-                    *g = f32::INFINITY.copysign(*g);
+        match self.device.take() {
+            Some(mut dev) if dev.resident => {
+                // On the emulated device: the device's weights, the gradient added into
+                // the device's buffer (zeroed when an update starts, as the host's is).
+                if dev.fresh {
+                    dev.grad.iter_mut().for_each(|g| *g = 0.0);
+                    dev.fresh = false;
                 }
+                let mut micro = vec![0.0f32; dev.w.len()];
+                let terms = self.pass(&dev.w, batch, &mut micro);
+                dev.grad.iter_mut().zip(&micro).for_each(|(a, b)| *a += *b);
+                self.device = Some(dev);
+                terms
+            }
+            other => {
+                self.device = other;
+                let w = self.w.clone();
+                self.pass(&w, batch, grad)
             }
         }
-        Ok(vec![mse / batch.samples as f64, l2 as f64])
+    }
+    fn device_state(&mut self) -> Option<&mut dyn DeviceState> {
+        match self.device {
+            Some(_) => Some(self),
+            None => None,
+        }
     }
     fn memory_estimate(&self, local_batch: usize) -> MemoryEstimate {
         let mut e = MemoryEstimate::new();
@@ -221,7 +282,10 @@ impl Model for LinearRegression {
         self.updates += 1;
         if let Some((u, r)) = self.diverge_at {
             if self.updates == u && self.rank == r {
-                self.w[0] += 1e-3;
+                match &mut self.device {
+                    Some(d) if d.resident => d.w[0] += 1e-3,
+                    _ => self.w[0] += 1e-3,
+                }
             }
         }
     }
@@ -230,5 +294,135 @@ impl Model for LinearRegression {
         let text = serde_json::to_string_pretty(&serde_json::json!({"w": self.w, "s": self.s}))?;
         crate::checkpoint::write_atomic(&path, text.as_bytes())?;
         Ok(vec![path])
+    }
+}
+
+impl DeviceState for LinearRegression {
+    fn upload(&mut self, slots: &[Vec<f32>]) -> Result<()> {
+        let w = self.w.clone();
+        let dev = self.device.as_mut().expect("a device model");
+        dev.counts.uploads.fetch_add(1, Ordering::SeqCst);
+        dev.grad = vec![0.0; w.len()];
+        dev.w = w;
+        dev.slots = slots.to_vec();
+        dev.resident = true;
+        dev.fresh = true;
+        Ok(())
+    }
+    fn download(&mut self, slots: &mut [Vec<f32>]) -> Result<()> {
+        let dev = self.device.as_mut().expect("a device model");
+        dev.counts.downloads.fetch_add(1, Ordering::SeqCst);
+        self.w.copy_from_slice(&dev.w);
+        for (h, d) in slots.iter_mut().zip(&dev.slots) {
+            h.copy_from_slice(d);
+        }
+        Ok(())
+    }
+    fn release(&mut self) {
+        if let Some(dev) = &mut self.device {
+            dev.resident = false;
+        }
+    }
+    fn read_gradient(&mut self, grad: &mut [f32]) -> Result<()> {
+        let dev = self.device.as_mut().expect("a device model");
+        dev.counts.gradient_reads.fetch_add(1, Ordering::SeqCst);
+        grad.copy_from_slice(&dev.grad);
+        Ok(())
+    }
+    fn gradient_is_finite(&mut self) -> Result<bool> {
+        let dev = self.device.as_mut().expect("a device model");
+        dev.counts.finite_tests.fetch_add(1, Ordering::SeqCst);
+        Ok(dev.grad.iter().all(|g| g.is_finite()))
+    }
+    fn finish_update(
+        &mut self,
+        update: Option<&DeviceUpdate>,
+        reduced: Option<&[f32]>,
+    ) -> Result<()> {
+        let dev = self.device.as_mut().expect("a device model");
+        dev.fresh = true;
+        let Some(u) = update else {
+            dev.counts.skipped.fetch_add(1, Ordering::SeqCst);
+            return Ok(());
+        };
+        dev.counts.applied.fetch_add(1, Ordering::SeqCst);
+        if let Some(r) = reduced {
+            dev.counts.uploaded_gradients.fetch_add(1, Ordering::SeqCst);
+            dev.grad.copy_from_slice(r);
+        }
+        apply_device_update(u, &mut dev.w, &mut dev.slots, &dev.grad);
+        Ok(())
+    }
+}
+
+/// [`DeviceUpdate`]'s formula, value by value, as a device kernel computes it.
+pub fn apply_device_update(u: &DeviceUpdate, w: &mut [f32], slots: &mut [Vec<f32>], grad: &[f32]) {
+    let lr = u.learning_rate;
+    match u.rule {
+        DeviceRule::Adam {
+            beta1,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            epsilon,
+            keep,
+            c1,
+            c2,
+        } => {
+            let (m, rest) = slots.split_at_mut(1);
+            let (m, v) = (&mut m[0], &mut rest[0]);
+            for i in 0..w.len() {
+                let g = grad[i] * u.grad_factor * u.unscale;
+                let mut p = w[i] * keep;
+                m[i] = beta1 * m[i] + one_minus_beta1 * g;
+                v[i] = beta2 * v[i] + one_minus_beta2 * g * g;
+                p -= lr * (m[i] / c1) / ((v[i] / c2).sqrt() + epsilon);
+                w[i] = p;
+            }
+        }
+        DeviceRule::Sgd { momentum } => {
+            let vel = &mut slots[0];
+            for i in 0..w.len() {
+                let g = grad[i] * u.grad_factor * u.unscale;
+                vel[i] = momentum * vel[i] + g;
+                w[i] -= lr * vel[i];
+            }
+        }
+    }
+}
+
+impl LinearRegression {
+    /// The loss terms of `batch` with weights `w`; the gradient is added into `grad`.
+    fn pass(&self, w: &[f32], batch: &Batch, grad: &mut [f32]) -> Result<Vec<f64>> {
+        let dim = w.len();
+        if batch.inputs.len() != batch.samples * dim || batch.targets.len() != batch.samples {
+            bail!("batch shape does not match the model's {dim} inputs");
+        }
+        let mut mse = 0.0f64;
+        let inv = 1.0 / batch.samples as f32;
+        for i in 0..batch.samples {
+            let x = &batch.inputs[i * dim..(i + 1) * dim];
+            let noise = 0.05 * uniform(self.seed, batch.first_sample + i as u64, dim as u64);
+            let y = batch.targets[i] + noise;
+            let pred: f32 = (0..dim).map(|d| self.s[d] * w[d] * x[d]).sum();
+            let r = pred - y;
+            mse += (r * r) as f64;
+            for d in 0..dim {
+                grad[d] += 2.0 * r * self.s[d] * x[d] * inv;
+            }
+        }
+        let l2: f32 = 1e-3 * w.iter().map(|w| w * w).sum::<f32>();
+        for (g, w) in grad.iter_mut().zip(w) {
+            *g += 2e-3 * w;
+        }
+        if let Some(scale) = self.loss_scale {
+            for g in grad.iter_mut() {
+                *g *= scale;
+                if g.abs() > 65504.0 {
+                    *g = f32::INFINITY.copysign(*g);
+                }
+            }
+        }
+        Ok(vec![mse / batch.samples as f64, l2 as f64])
     }
 }

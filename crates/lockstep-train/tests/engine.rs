@@ -5,7 +5,7 @@ use lockstep_comm::{
     run_replicas, CommError, Communicator, ReduceBuf, ReduceOp, ThreadComm, World,
 };
 use lockstep_train::job::run_job;
-use lockstep_train::reference::{LinearRegression, RegressionData};
+use lockstep_train::reference::{DeviceCounts, LinearRegression, RegressionData};
 use lockstep_train::{
     checkpoint, plan, train, Batch, BatchSource, EngineConfig, EngineOptions, Model, TrainError,
     TrainSummary,
@@ -273,10 +273,11 @@ fn one_gradient_reduction_per_update() {
         .collect();
     assert!(per_update.len() <= 3 * 3 + 1, "{:?}", counts[0]);
     // Single values: the startup checks (the replicas' sizes agree; every source is keyed
-    // by sample) and, since each replica draws its own slice of the keyed reference data,
-    // one flag per micro-batch saying whether any draw failed (3 updates x 2).
+    // by sample; every model keeps its state on a device, or none does) and, since each
+    // replica draws its own slice of the keyed reference data, one flag per micro-batch
+    // saying whether any draw failed (3 updates x 2).
     let flags = counts[0].iter().filter(|&&n| n == 1).count();
-    assert_eq!(flags, 2 + 3 * 2, "{:?}", counts[0]);
+    assert_eq!(flags, 3 + 3 * 2, "{:?}", counts[0]);
 
     // Accumulating 2 micro-batches of 4 per replica equals one batch of 16 serially.
     let acc = weights(&dir.path().join("t"));
@@ -1422,4 +1423,203 @@ fn clipping_scales_the_reduced_unscaled_gradient_to_the_norm() {
             "{e}"
         );
     }
+}
+
+/// [`run`] with the reference model's emulated device ([`Model::device_state`]) counting
+/// into `counts`; `scaled` as in [`run_scaled`].
+fn run_on_device(
+    config: &Value,
+    resume: Option<&Path>,
+    counts: &std::sync::Arc<DeviceCounts>,
+    scaled: bool,
+) -> Result<TrainSummary, TrainError> {
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+    let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
+    let opts = EngineOptions {
+        resolved_config: config.clone(),
+        resume: resume.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    let seed = cfg.seed;
+    run_job(&world, &cfg, &opts, |rank| {
+        let mut model =
+            LinearRegression::new(DIM, seed, rank, 0, None).with_device_state(counts.clone());
+        if scaled {
+            model = model.with_loss_scaling();
+        }
+        let data = RegressionData {
+            dim: DIM,
+            seed,
+            dataset: None,
+        };
+        Ok((model, data))
+    })
+}
+
+/// The training state on a device (`lockstep_train::device_state`): with the reference
+/// model's emulated device, Adam, AdamW and SGD with momentum under schedules and gradient
+/// accumulation train bit for bit like the host path; one replica reads no gradient back
+/// and the parameters only for checkpoints and the run's end; two thread replicas read the
+/// packed gradient once per update and upload it once, like the host path's two replicas;
+/// a checkpoint read from the device resumes to the uninterrupted run; the loss scaler's
+/// skips are decided from the device's finiteness test; clipping takes the gradient to the
+/// host.
+#[test]
+fn training_state_on_a_device_trains_like_the_host() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let get = DeviceCounts::get;
+    let optimizers = [
+        json!({"name": "adam", "learning_rate": 0.05,
+               "schedule": {"name": "warmup_cosine", "warmup_updates": 3, "total_updates": 10}}),
+        json!({"name": "adamw", "learning_rate": 0.05, "weight_decay": 0.1}),
+        json!({"name": "sgd", "learning_rate": 0.1, "momentum": 0.9,
+               "schedule": {"name": "step", "step_updates": 4, "gamma": 0.5}}),
+    ];
+    for (i, opt) in optimizers.iter().enumerate() {
+        let extra = json!({"optimizer": opt, "gradient_updates_per_optimizer_step": 2,
+                           "checkpoint_every": 5, "checksum_every": 1});
+        let host = run(
+            &config(d, &format!("host{i}"), 8, Value::Null, 10, extra.clone()),
+            None,
+            false,
+            None,
+        )
+        .unwrap();
+        let counts = Arc::new(DeviceCounts::default());
+        let dev = run_on_device(
+            &config(d, &format!("dev{i}"), 8, Value::Null, 10, extra.clone()),
+            None,
+            &counts,
+            false,
+        )
+        .unwrap();
+        assert_eq!(host.loss_history, dev.loss_history, "{opt}");
+        assert_eq!(host.params_checksum, dev.params_checksum, "{opt}");
+        assert_eq!(
+            weights(&d.join(format!("host{i}"))),
+            weights(&d.join(format!("dev{i}")))
+        );
+        // One replica: no gradient read-back, no finiteness test without loss scaling; the
+        // state read back for the checkpoints of updates 5 and 10 and the run's end.
+        assert_eq!(get(&counts.uploads), 1);
+        assert_eq!(get(&counts.gradient_reads), 0, "{opt}");
+        assert_eq!(get(&counts.finite_tests), 0);
+        assert_eq!(get(&counts.applied), 10);
+        assert_eq!(get(&counts.uploaded_gradients), 0);
+        assert_eq!(get(&counts.downloads), 3, "{opt}");
+        let (a, b) = (
+            checkpoint_at(&d.join(format!("host{i}")), 5),
+            checkpoint_at(&d.join(format!("dev{i}")), 5),
+        );
+        assert_eq!(a.trainable, b.trainable);
+        assert_eq!(a.optimizer_slots, b.optimizer_slots);
+        assert_eq!(a.optimizer_step, b.optimizer_step);
+        // Two thread replicas: one packed gradient read-back and one upload per update and
+        // replica, the host's reduction; the same as the host path's two replicas.
+        let threads = json!({"strategy": "threads", "global_batch_size": 8});
+        let host2 = run(
+            &config(
+                d,
+                &format!("host2_{i}"),
+                4,
+                threads.clone(),
+                10,
+                extra.clone(),
+            ),
+            None,
+            false,
+            None,
+        )
+        .unwrap();
+        let counts = Arc::new(DeviceCounts::default());
+        let dev2 = run_on_device(
+            &config(d, &format!("dev2_{i}"), 4, threads, 10, extra.clone()),
+            None,
+            &counts,
+            false,
+        )
+        .unwrap();
+        assert_eq!(host2.loss_history, dev2.loss_history, "{opt}");
+        assert_eq!(host2.params_checksum, dev2.params_checksum);
+        assert_eq!(get(&counts.gradient_reads), 20);
+        assert_eq!(get(&counts.uploaded_gradients), 20);
+        // Checksums after every update (checksum_every 1) read the state back on both
+        // replicas, and the run's end once more; the chief's checkpoints read nothing more
+        // (the checksum's read-back of that update came first, and reads again).
+        assert_eq!(get(&counts.downloads), 2 * 10 + 2 + 2, "{opt}");
+    }
+    // A checkpoint written from the device resumes to the uninterrupted run's losses.
+    let extra = json!({"optimizer": optimizers[0], "checkpoint_every": 4});
+    let counts = Arc::new(DeviceCounts::default());
+    let full = run_on_device(
+        &config(d, "full", 8, Value::Null, 10, extra.clone()),
+        None,
+        &counts,
+        false,
+    )
+    .unwrap();
+    run_on_device(
+        &config(d, "first", 8, Value::Null, 4, extra.clone()),
+        None,
+        &counts,
+        false,
+    )
+    .unwrap();
+    let ckpt = d.join("first/checkpoints/update_000004.safetensors");
+    let resumed = run_on_device(
+        &config(d, "resumed", 8, Value::Null, 10, extra),
+        Some(&ckpt),
+        &counts,
+        false,
+    )
+    .unwrap();
+    assert_eq!(full.loss_history[4..], resumed.loss_history[..]);
+    assert_eq!(full.params_checksum, resumed.params_checksum);
+    // Loss scaling: the device's finiteness test decides, once per update; the skipped
+    // updates and the weights are the host path's.
+    let scaler = json!({"grad_scaler": {"init_scale": 4194304.0, "growth_interval": 3}});
+    let host = run_scaled(&config(d, "hs", 8, Value::Null, 12, scaler.clone()), None).unwrap();
+    let counts = Arc::new(DeviceCounts::default());
+    let dev = run_on_device(
+        &config(d, "ds", 8, Value::Null, 12, scaler),
+        None,
+        &counts,
+        true,
+    )
+    .unwrap();
+    assert_eq!(host.loss_history, dev.loss_history);
+    assert_eq!(host.params_checksum, dev.params_checksum);
+    assert_eq!(get(&counts.finite_tests), 12);
+    assert!(get(&counts.skipped) >= 3, "the scale overflows at first");
+    assert_eq!(get(&counts.skipped) + get(&counts.applied), 12);
+    assert_eq!(get(&counts.gradient_reads), 0);
+    let log = std::fs::read_to_string(d.join("ds/run.log")).unwrap();
+    assert!(
+        log.contains("update 1: the gradient overflowed at loss scale 4194304"),
+        "{log}"
+    );
+    // Clipping needs the gradient's norm on the host: one read-back and upload per update.
+    let clip = json!({"optimizer": {"name": "sgd", "learning_rate": 0.1}, "clip_max_norm": 0.01});
+    let host = run(
+        &config(d, "hc", 8, Value::Null, 3, clip.clone()),
+        None,
+        false,
+        None,
+    )
+    .unwrap();
+    let counts = Arc::new(DeviceCounts::default());
+    let dev = run_on_device(
+        &config(d, "dc", 8, Value::Null, 3, clip),
+        None,
+        &counts,
+        false,
+    )
+    .unwrap();
+    assert_eq!(host.params_checksum, dev.params_checksum);
+    assert_eq!(
+        (get(&counts.gradient_reads), get(&counts.uploaded_gradients)),
+        (3, 3)
+    );
 }

@@ -54,7 +54,10 @@
 //! precision's float16 activations as a kernel each way, the casts inside: 1,144 (471 casts,
 //! those of the float16 linear layers' operands, results and gradients). The bench prints
 //! the host synchronisations per step
-//! (`lockstep_npe::device::host_reads`) and the host's time recording the step and
+//! (`lockstep_npe::device::host_reads`; of them the gradient's, `gradient_reads`: 0 since the
+//! optimizer runs on the device, `lockstep_npe::resident`, where the step launches 710
+//! kernels in float32 and 1,304 in mixed precision, 158 of them packing the gradients and 1
+//! Adam's update) and the host's time recording the step and
 //! waiting for its read-back; on lavapipe the device is the CPU itself, so the recording
 //! time there includes most of the arithmetic and says little about a GPU.
 
@@ -336,14 +339,15 @@ fn device_step(
     let mut step_s = Vec::new();
     let mut host = HostCost::default();
     let first = Instant::now();
+    to_device(&mut model, &opt)?;
     for i in 0..args.warmup + args.steps {
         let t = Instant::now();
         let reads = lockstep_npe::device::host_reads();
-        let loss = model.nll_and_grad(theta, x, n, &mut grad);
+        let gradient_reads = lockstep_npe::device::gradient_reads();
+        let loss = train_step(&mut model, &mut opt, &mut grad, (theta, x, n), None)?;
         if !loss.is_finite() {
             bail!("the loss is {loss}");
         }
-        opt.update(model.trainable_mut(), &grad);
         if i == 0 {
             println!(
                 "first step (kernels compiled): {:.2} s",
@@ -352,9 +356,14 @@ fn device_step(
         }
         if i >= args.warmup {
             step_s.push(t.elapsed().as_secs_f64());
-            host.add(&model, lockstep_npe::device::host_reads() - reads);
+            host.add(
+                &model,
+                lockstep_npe::device::host_reads() - reads,
+                lockstep_npe::device::gradient_reads() - gradient_reads,
+            );
         }
     }
+    from_device(&mut model);
     println!("{}", host.line("float32"));
     let mut memory: Option<(u64, u64)> = None;
     let phases = model.step_phases(&initial, &phase_run(args, theta, x), &mut || {
@@ -473,6 +482,54 @@ fn torch_on_device(
     }
 }
 
+/// One training step of `model` as the engine runs it: the pass on `(theta, x, n)`, then
+/// the update, on the device where the model keeps its training state there
+/// ([`Model::device_state`]: nothing of the gradient is read back), else by `opt` on the
+/// host from the gradient read into `grad`. With `unscale` (mixed precision) the gradient
+/// is unscaled first and an overflowing step is skipped. Returns the pass's loss.
+fn train_step(
+    model: &mut DeviceModel,
+    opt: &mut Optimizer,
+    grad: &mut [f32],
+    (theta, x, n): (&[f32], &[f32], usize),
+    unscale: Option<f32>,
+) -> Result<f64> {
+    let loss = model.nll_and_grad(theta, x, n, grad);
+    if let Some(d) = model.device_state() {
+        let finite = unscale.is_none() || d.gradient_is_finite()?;
+        let step = finite.then(|| opt.device_update(1.0, unscale.unwrap_or(1.0)));
+        d.finish_update(step.as_ref(), None)?;
+        return Ok(loss);
+    }
+    let mut finite = true;
+    if let Some(inv) = unscale {
+        for g in grad.iter_mut() {
+            *g *= inv;
+            finite &= g.is_finite();
+        }
+    }
+    if finite {
+        opt.update(model.trainable_mut(), grad);
+    }
+    Ok(loss)
+}
+
+/// Moves `model`'s training state to its device where it keeps it there (the engine's
+/// start of a run), with `opt`'s slots.
+fn to_device(model: &mut DeviceModel, opt: &Optimizer) -> Result<()> {
+    if let Some(d) = model.device_state() {
+        d.upload(&opt.slots)?;
+    }
+    Ok(())
+}
+
+/// Ends [`to_device`]: the host's buffers are the model's again.
+fn from_device(model: &mut DeviceModel) {
+    if let Some(d) = model.device_state() {
+        d.release();
+    }
+}
+
 /// The loss scale of the bench's mixed-precision steps (PyTorch GradScaler's initial scale).
 const AMP_SCALE: f32 = 65536.0;
 
@@ -483,6 +540,8 @@ const AMP_SCALE: f32 = 65536.0;
 struct HostCost {
     /// Read-backs per timed step ([`lockstep_npe::device::host_reads`]).
     syncs: Vec<f64>,
+    /// Of them, gradient read-backs ([`lockstep_npe::device::gradient_reads`]).
+    gradient_syncs: Vec<f64>,
     /// Seconds recording per timed step.
     recording: Vec<f64>,
     /// Seconds waiting for the read-back per timed step.
@@ -490,19 +549,22 @@ struct HostCost {
 }
 
 impl HostCost {
-    /// Adds one timed step of `model` that made `syncs` read-backs.
-    fn add(&mut self, model: &DeviceModel, syncs: u64) {
+    /// Adds one timed step of `model` that made `syncs` read-backs, `gradient_syncs` of
+    /// them of the gradient.
+    fn add(&mut self, model: &DeviceModel, syncs: u64, gradient_syncs: u64) {
         let t = model.last_step_times();
         self.syncs.push(syncs as f64);
+        self.gradient_syncs.push(gradient_syncs as f64);
         self.recording.push(t.recording.as_secs_f64());
         self.reading.push(t.reading.as_secs_f64());
     }
 
     /// The bench's line for the steps in `precision`.
     fn line(&self, precision: &str) -> String {
-        let mean = self.syncs.iter().sum::<f64>() / self.syncs.len().max(1) as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let (all, grads) = (mean(&self.syncs), mean(&self.gradient_syncs));
         format!(
-            "host per step ({precision}, NpeModel::nll_and_grad): {mean:.1} host synchronisations (read-backs by lockstep-npe; the gradient and log q together), {:.2} ms recording (parameter upload, autodiff graph, queuing every kernel), {:.2} ms waiting for the read-back (medians)",
+            "host per step ({precision}, NpeModel::nll_and_grad): {all:.1} host synchronisations (read-backs by lockstep-npe: log q, with the gradient where the optimizer runs on the host), {grads:.1} of the gradient, {:.2} ms recording (autodiff graph, queuing every kernel), {:.2} ms waiting for the read-back (medians)",
             1e3 * median(&self.recording),
             1e3 * median(&self.reading)
         )
@@ -528,28 +590,24 @@ fn amp_steps(
     let mut grad = vec![0.0f32; initial.len()];
     let mut times = Vec::new();
     let mut host = HostCost::default();
+    to_device(model, &opt)?;
     for i in 0..args.warmup + args.steps {
         let t = Instant::now();
         let reads = lockstep_npe::device::host_reads();
-        let loss = model.nll_and_grad(theta, x, n, &mut grad);
+        let gradient_reads = lockstep_npe::device::gradient_reads();
+        let inv = 1.0 / AMP_SCALE;
+        let loss = train_step(model, &mut opt, &mut grad, (theta, x, n), Some(inv))?;
         let reads = lockstep_npe::device::host_reads() - reads;
+        let gradient_reads = lockstep_npe::device::gradient_reads() - gradient_reads;
         if !loss.is_finite() {
             bail!("the mixed-precision loss is {loss}");
         }
-        let inv = 1.0 / AMP_SCALE;
-        let mut finite = true;
-        for g in grad.iter_mut() {
-            *g *= inv;
-            finite &= g.is_finite();
-        }
-        if finite {
-            opt.update(model.trainable_mut(), &grad);
-        }
         if i >= args.warmup {
             times.push(t.elapsed().as_secs_f64());
-            host.add(model, reads);
+            host.add(model, reads, gradient_reads);
         }
     }
+    from_device(model);
     model.set_mixed_precision(false);
     Ok((median(&times), host))
 }
@@ -565,6 +623,8 @@ struct LaunchCount {
     /// Host synchronisations per step ([`lockstep_npe::device::host_reads`], mean over the
     /// counted steps).
     syncs: f64,
+    /// Of them, gradient read-backs ([`lockstep_npe::device::gradient_reads`]).
+    gradient_syncs: f64,
     /// (kernel kind, launches per step), most launched first.
     kinds: Vec<(String, f64)>,
 }
@@ -608,10 +668,11 @@ fn launches_child(args: &BenchNpeArgs) -> Result<String> {
         };
         let spline = list(&mut c.kinds.iter().filter(|(k, _)| k.starts_with("Spline")));
         text += &format!(
-            "kernel launches per step ({}, forward, backward, parameter upload and gradient read-back): {:.0}; host synchronisations per step: {:.1}; by kernel: {}; the spline couplings' kernels: {}\n",
+            "kernel launches per step ({}, forward, backward, gradient packing and the optimizer's update on the device): {:.0}; host synchronisations per step: {:.1}; gradient read-backs per step: {:.1}; by kernel: {}; the spline couplings' kernels: {}\n",
             c.precision,
             c.per_step,
             c.syncs,
+            c.gradient_syncs,
             list(&mut c.kinds.iter()),
             if spline.is_empty() { "none (composed)".to_string() } else { spline },
         );
@@ -662,16 +723,23 @@ fn count_launches(
             continue;
         }
         model.set_mixed_precision(half);
+        let unscale = half.then_some(1.0 / AMP_SCALE);
         if half {
             Model::set_loss_scale(&mut model, AMP_SCALE);
         }
-        model.nll_and_grad(theta, x, n, &mut grad);
+        let mut opt = Optimizer::new(OptimizerConfig::default(), grad.len());
+        to_device(&mut model, &opt)?;
+        let pass = (&theta[..], &x[..], n);
+        train_step(&mut model, &mut opt, &mut grad, pass, unscale)?;
         let before = settled_launches(&model, log)?.len();
         let reads = lockstep_npe::device::host_reads();
+        let gradient_reads = lockstep_npe::device::gradient_reads();
         for _ in 0..args.steps {
-            model.nll_and_grad(theta, x, n, &mut grad);
+            train_step(&mut model, &mut opt, &mut grad, pass, unscale)?;
         }
         let reads = lockstep_npe::device::host_reads() - reads;
+        let gradient_reads = lockstep_npe::device::gradient_reads() - gradient_reads;
+        from_device(&mut model);
         let lines = settled_launches(&model, log)?;
         let steps = args.steps as f64;
         let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
@@ -688,6 +756,7 @@ fn count_launches(
             precision: precision.to_string(),
             per_step: (lines.len() - before.min(lines.len())) as f64 / steps,
             syncs: reads as f64 / steps,
+            gradient_syncs: gradient_reads as f64 / steps,
             kinds,
         });
     }

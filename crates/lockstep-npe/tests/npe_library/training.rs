@@ -558,3 +558,290 @@ fn a_posterior_on_a_tiny_absolute_scale_has_the_right_width() {
         "the tiny scale trains unlike the unit scale: {ratios:?}"
     );
 }
+
+/// What a [`Probe`]'s replica thread read back: every read-back ([`host_reads`]) and those
+/// of a gradient ([`gradient_reads`]), during its passes and its state's calls.
+#[derive(Default)]
+struct Reads {
+    all: std::sync::atomic::AtomicU64,
+    gradients: std::sync::atomic::AtomicU64,
+    passes: std::sync::atomic::AtomicU64,
+}
+
+impl Reads {
+    fn get(&self) -> (u64, u64, u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (
+            self.all.load(SeqCst),
+            self.gradients.load(SeqCst),
+            self.passes.load(SeqCst),
+        )
+    }
+}
+
+/// A [`DeviceModel`] on the GPU that counts its thread's read-backs, with its training state
+/// on the device (`on_device`) or, hiding [`Model::device_state`], in the engine's host path.
+struct Probe {
+    inner: DeviceModel,
+    on_device: bool,
+    reads: Arc<Reads>,
+}
+
+impl Probe {
+    fn counted<T>(&mut self, f: impl FnOnce(&mut DeviceModel) -> T) -> T {
+        use lockstep_npe::device::{gradient_reads, host_reads};
+        use std::sync::atomic::Ordering::SeqCst;
+        let (a, g) = (host_reads(), gradient_reads());
+        let out = f(&mut self.inner);
+        self.reads.all.fetch_add(host_reads() - a, SeqCst);
+        self.reads.gradients.fetch_add(gradient_reads() - g, SeqCst);
+        out
+    }
+    fn state(m: &mut DeviceModel) -> &mut dyn lockstep_train::DeviceState {
+        m.device_state()
+            .expect("a GPU model keeps its state on the device")
+    }
+}
+
+impl Model for Probe {
+    fn trainable(&self) -> &[f32] {
+        self.inner.trainable()
+    }
+    fn trainable_mut(&mut self) -> &mut [f32] {
+        self.inner.trainable_mut()
+    }
+    fn frozen(&self) -> &[f32] {
+        self.inner.frozen()
+    }
+    fn frozen_mut(&mut self) -> &mut [f32] {
+        self.inner.frozen_mut()
+    }
+    fn loss_names(&self) -> Vec<String> {
+        self.inner.loss_names()
+    }
+    fn sample_separable(&self) -> bool {
+        self.inner.sample_separable()
+    }
+    fn synchronizes_batch_statistics(&self) -> bool {
+        self.inner.synchronizes_batch_statistics()
+    }
+    fn set_loss_scale(&mut self, scale: f32) -> bool {
+        self.inner.set_loss_scale(scale)
+    }
+    fn loss_and_grad(
+        &mut self,
+        batch: &lockstep_train::Batch,
+        grad: &mut [f32],
+    ) -> anyhow::Result<Vec<f64>> {
+        self.reads
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.counted(|m| m.loss_and_grad(batch, grad))
+    }
+    fn loss_and_grad_in(
+        &mut self,
+        batch: &lockstep_train::Batch,
+        grad: &mut [f32],
+        replicas: &lockstep_train::ReplicaContext<'_>,
+    ) -> anyhow::Result<Vec<f64>> {
+        self.reads
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.counted(|m| m.loss_and_grad_in(batch, grad, replicas))
+    }
+    fn device_state(&mut self) -> Option<&mut dyn lockstep_train::DeviceState> {
+        if self.on_device {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl lockstep_train::DeviceState for Probe {
+    fn upload(&mut self, slots: &[Vec<f32>]) -> anyhow::Result<()> {
+        self.counted(|m| Probe::state(m).upload(slots))
+    }
+    fn download(&mut self, slots: &mut [Vec<f32>]) -> anyhow::Result<()> {
+        self.counted(|m| Probe::state(m).download(slots))
+    }
+    fn release(&mut self) {
+        Probe::state(&mut self.inner).release()
+    }
+    fn read_gradient(&mut self, grad: &mut [f32]) -> anyhow::Result<()> {
+        self.counted(|m| Probe::state(m).read_gradient(grad))
+    }
+    fn gradient_is_finite(&mut self) -> anyhow::Result<bool> {
+        self.counted(|m| Probe::state(m).gradient_is_finite())
+    }
+    fn finish_update(
+        &mut self,
+        update: Option<&lockstep_train::DeviceUpdate>,
+        reduced: Option<&[f32]>,
+    ) -> anyhow::Result<()> {
+        self.counted(|m| Probe::state(m).finish_update(update, reduced))
+    }
+}
+
+/// [`train`] on the machine's Vulkan adapter (lavapipe), every replica sharing it, through
+/// a [`Probe`]; `amp`: mixed precision.
+fn train_on_gpu(
+    config: &Value,
+    net: &NpeNetwork,
+    task: Arc<dyn Task>,
+    resume: Option<&Path>,
+    on_device: bool,
+    amp: bool,
+) -> (TrainSummary, Arc<Reads>) {
+    let world = World::init(lockstep_comm::launch::ComputeKind::Cpu, true).unwrap();
+    let cfg = EngineConfig::from_json(config, Path::new("/")).unwrap();
+    #[allow(clippy::needless_update)]
+    let opts = EngineOptions {
+        resolved_config: config.clone(),
+        resume: resume.map(Path::to_path_buf),
+        quiet: true,
+        ..Default::default()
+    };
+    let seed = cfg.seed;
+    let reads = Arc::new(Reads::default());
+    let placement =
+        Placement::for_slot(lockstep_npe::DeviceKind::Gpu, 0).expect("a Vulkan adapter (lavapipe)");
+    let summary = run_job(&world, &cfg, &opts, |_rank| {
+        let mut inner = DeviceModel::new(net.clone(), seed, &placement).unwrap();
+        inner.set_mixed_precision(amp);
+        let probe = Probe {
+            inner,
+            on_device,
+            reads: reads.clone(),
+        };
+        Ok((probe, TaskSource::new(task.clone(), seed)))
+    })
+    .unwrap();
+    (summary, reads)
+}
+
+/// The optimizer on the device (lockstep-train's `device_state`, `lockstep_npe::resident`)
+/// on lavapipe: Adam with warmup-cosine, AdamW with gradient accumulation and SGD with
+/// momentum and a step schedule give the host optimizer's losses and parameters bit for
+/// bit; one replica reads no gradient back (one read-back per pass: its log q); a
+/// checkpoint read from the device resumes to the uninterrupted run; two thread replicas
+/// read the packed gradient once per update each and train like one replica with the whole
+/// batch; under mixed precision the loss scaler's overflow skips are the host path's, its
+/// finiteness flag read with the loss.
+#[test]
+fn the_optimizer_on_the_gpu_trains_like_the_host_optimizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let task: Arc<dyn Task> = Arc::new(GaussianLinear::new(2));
+    let net = network(task.as_ref(), Norm::LayerNorm, 16, 2, 5.0);
+    let updates = 6;
+    let optimizers = [
+        (
+            json!({"name": "adam", "learning_rate": 0.01,
+                "schedule": {"name": "warmup_cosine", "warmup_updates": 2, "total_updates": 6}}),
+            1,
+        ),
+        (
+            json!({"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.1}),
+            2,
+        ),
+        (
+            json!({"name": "sgd", "learning_rate": 0.05, "momentum": 0.9,
+                "schedule": {"name": "step", "step_updates": 2, "gamma": 0.5}}),
+            1,
+        ),
+    ];
+    for (i, (opt, k)) in optimizers.iter().enumerate() {
+        let cfg = |name: &str| {
+            let mut c = config(d, name, 16, Value::Null, updates, opt.clone());
+            c["training"]["gradient_updates_per_optimizer_step"] = json!(k);
+            c["training"]["checkpoint_every"] = json!(3);
+            c
+        };
+        let (host, host_reads) = train_on_gpu(
+            &cfg(&format!("h{i}")),
+            &net,
+            task.clone(),
+            None,
+            false,
+            false,
+        );
+        let (dev, dev_reads) = train_on_gpu(
+            &cfg(&format!("d{i}")),
+            &net,
+            task.clone(),
+            None,
+            true,
+            false,
+        );
+        assert_eq!(host.loss_history, dev.loss_history, "{opt}");
+        assert_eq!(host.params_checksum, dev.params_checksum, "{opt}");
+        let (a, b) = (
+            final_state(&d.join(format!("h{i}")), 3),
+            final_state(&d.join(format!("d{i}")), 3),
+        );
+        assert_eq!(a.trainable, b.trainable, "{opt}");
+        assert_eq!(a.optimizer_slots, b.optimizer_slots, "{opt}");
+        let passes = updates * *k as u64;
+        // The host path reads each pass's gradient with its log q; the device path only log q
+        // per pass, and the state for the checkpoints of updates 3 and 6 and the run's end.
+        assert_eq!(host_reads.get(), (passes, passes, passes), "{opt}");
+        assert_eq!(dev_reads.get(), (passes + 3, 0, passes), "{opt}");
+    }
+    // A checkpoint read from the device resumes to the uninterrupted run.
+    let (opt, _) = &optimizers[0];
+    let cfg = |name: &str, n: u64| {
+        let mut c = config(d, name, 16, Value::Null, n, opt.clone());
+        c["training"]["checkpoint_every"] = json!(3);
+        c
+    };
+    let (full, _) = train_on_gpu(&cfg("full", 6), &net, task.clone(), None, true, false);
+    train_on_gpu(&cfg("first", 3), &net, task.clone(), None, true, false);
+    let ckpt = d.join("first/checkpoints/update_000003.safetensors");
+    let (resumed, _) = train_on_gpu(
+        &cfg("resumed", 6),
+        &net,
+        task.clone(),
+        Some(&ckpt),
+        true,
+        false,
+    );
+    assert_eq!(full.loss_history[3..], resumed.loss_history[..]);
+    assert_eq!(full.params_checksum, resumed.params_checksum);
+    // Two thread replicas x 8 train like one replica x 16, reading the packed gradient once
+    // per update and replica.
+    let two = config(
+        d,
+        "two",
+        8,
+        json!({"strategy": "threads", "global_batch_size": 16}),
+        6,
+        opt.clone(),
+    );
+    let (pair, reads) = train_on_gpu(&two, &net, task.clone(), None, true, false);
+    let (_, gradients, passes) = reads.get();
+    assert_eq!((gradients, passes), (2 * 6, 2 * 6));
+    let flat = |h: &[Vec<f64>]| h.iter().flatten().map(|v| *v as f32).collect::<Vec<f32>>();
+    let r = rel_l2(&flat(&pair.loss_history), &flat(&full.loss_history));
+    assert!(r <= 1e-5, "two replicas vs one: {r:e}");
+    // Mixed precision with a loss scale that overflows float16 at first: the skipped
+    // updates and the losses are the host path's; no gradient comes back.
+    let scaled = |name: &str| {
+        let mut c = config(d, name, 16, Value::Null, 12, opt.clone());
+        c["training"]["grad_scaler"] =
+            json!({"init_scale": 1.0e12, "backoff_factor": 0.001, "growth_interval": 100});
+        c
+    };
+    let (host, _) = train_on_gpu(&scaled("hs"), &net, task.clone(), None, false, true);
+    let (dev, reads) = train_on_gpu(&scaled("ds"), &net, task.clone(), None, true, true);
+    assert_eq!(host.loss_history, dev.loss_history);
+    assert_eq!(host.params_checksum, dev.params_checksum);
+    let log = std::fs::read_to_string(d.join("ds/run.log")).unwrap();
+    assert!(log.contains("update 1: the gradient overflowed"), "{log}");
+    assert!(
+        log.lines().filter(|l| l.contains("update skipped")).count() < 12,
+        "{log}"
+    );
+    // One read-back per pass (log q and the flag together), the state at the run's end.
+    assert_eq!(reads.get(), (12 + 1, 0, 12));
+}
