@@ -50,7 +50,9 @@ use crate::fmm::tree::Tree;
 use crate::fmm::{Fmm, FmmStats, ForceDevice, PhaseSeconds, RemoteCell, SourceSet, WalkLists};
 use crate::NbodyError;
 
+mod pipelines;
 pub mod resident;
+use pipelines::compile;
 pub use resident::{DeviceField, ResidentShard};
 
 /// The kernels' source.
@@ -186,71 +188,24 @@ impl GpuForces {
         let selected =
             lockstep_gpu::select_adapter(&all, index, slot, cuda.as_deref()).map_err(gpu_error)?;
         let ctx = GpuContext::open(selected.adapter.index).map_err(gpu_error)?;
-        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..8).map(|b| storage(b, b < 5)).collect();
-        let layout0 = ctx
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("nbody buffers"),
-                entries: &entries,
-            });
-        let layout1 = ctx
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("nbody dispatch parameters"),
-                entries: &[wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: true,
-                        min_binding_size: wgpu::BufferSize::new(PARAM_BYTES),
-                    },
-                    count: None,
-                }],
-            });
-        let module = ctx
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("fmm.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-            });
-        let pl = ctx
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("nbody"),
-                bind_group_layouts: &[Some(&layout0), Some(&layout1)],
-                immediate_size: 0,
-            });
-        let kernel = |entry: &str| {
-            ctx.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: Some(&pl),
-                    module: &module,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
-        };
+        // Bindings 0-4 are read-only inputs, 5-7 the multipoles, locals and fields.
+        let read_only = [true, true, true, true, true, false, false, false];
+        let names = ["p2m", "m2m", "m2l", "l2l", "p2p", "far", "direct"];
+        let c = compile(&ctx, "fmm.wgsl", SHADER, &read_only, PARAM_BYTES, &names);
+        let [p2m, m2m, m2l, l2l, p2p, far, direct]: [wgpu::ComputePipeline; 7] = c
+            .pipelines
+            .try_into()
+            .expect("one pipeline per entry point");
         let kernels = Kernels {
-            p2m: kernel("p2m"),
-            m2m: kernel("m2m"),
-            m2l: kernel("m2l"),
-            l2l: kernel("l2l"),
-            p2p: kernel("p2p"),
-            far: kernel("far"),
-            direct: kernel("direct"),
+            p2m,
+            m2m,
+            m2l,
+            l2l,
+            p2p,
+            far,
+            direct,
         };
+        let (layout0, layout1) = (c.layout0, c.layout1);
         ctx.check().map_err(gpu_error)?;
         Ok(GpuForces {
             ctx,

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
+use super::pipelines::compile;
 use crate::direct::Forces;
 use crate::particles::Particles;
 
@@ -185,67 +186,19 @@ impl ResidentShard {
             &pairs(&p.vel[..p.num], None, capacity),
             REDUCE,
         )?;
-        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let layout0 = ctx
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("resident shard"),
-                entries: &[
-                    storage(0, false),
-                    storage(1, false),
-                    storage(2, true),
-                    storage(3, true),
-                ],
-            });
-        let layout1 = ctx
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("resident shard step"),
-                entries: &[wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: true,
-                        min_binding_size: wgpu::BufferSize::new(STEP_BYTES),
-                    },
-                    count: None,
-                }],
-            });
-        let module = ctx
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("resident.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-            });
-        let pl = ctx
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("resident shard"),
-                bind_group_layouts: &[Some(&layout0), Some(&layout1)],
-                immediate_size: 0,
-            });
-        let kernel = |entry: &str| {
-            ctx.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: Some(&pl),
-                    module: &module,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
-        };
-        let (drift, kick, gather) = (kernel("drift"), kernel("kick"), kernel("gather"));
+        let c = compile(
+            ctx,
+            "resident.wgsl",
+            SHADER,
+            &[false, false, true, true],
+            STEP_BYTES,
+            &["drift", "kick", "gather"],
+        );
+        let [drift, kick, gather]: [wgpu::ComputePipeline; 3] = c
+            .pipelines
+            .try_into()
+            .expect("one pipeline per entry point");
+        let (layout0, layout1) = (c.layout0, c.layout1);
         let none = ctx.storage("no field", 16, REDUCE)?;
         let drift_group = Self::group(ctx, &layout0, [&pos, &vel, &none, &none]);
         ctx.check()?;
