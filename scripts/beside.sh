@@ -3,7 +3,8 @@
 #
 #   scripts/beside.sh LOG "BACKGROUND COMMAND" FOREGROUND COMMAND...
 #
-# The background command's output goes to LOG and is printed after it ends; the foreground
+# The background command's output goes to LOG and is printed after it ends (its last lines,
+# or all of it when it failed); the foreground
 # command's streams as usual. `make test` uses it to run clippy and rustdoc (about 2 minutes
 # of checking every crate on CI's 2 cores) while the tests run: the tests leave about a
 # quarter of the cores idle (MPI jobs and child processes waiting on each other), which the
@@ -24,7 +25,7 @@ fi
 wait "$pid"
 back=$?
 echo "---- \`$background\` (exit $back; $log):"
-tail -n 40 "$log"
+if [ "$back" -eq 0 ]; then tail -n 5 "$log"; else cat "$log"; fi
 if [ "$front" -ne 0 ]; then
   echo "beside.sh: \`$*\` failed (exit $front)" >&2
   exit "$front"
