@@ -5,8 +5,7 @@
 #               network namespaces, scripts/two-hosts.sh: they need root, and the GPU tests on
 #               the machine's Vulkan adapter: Mesa's lavapipe without a GPU)
 #   make python builds and installs the Python package (python/) from the release build
-#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied (with the cuda feature;
-#               in target/lint),
+#   make lint   cargo fmt --check, clippy and rustdoc with warnings denied (with the cuda feature),
 #               no two files of a crate import each other (scripts/check_layout.py), and
 #               `cargo test` reuses the release build's libraries (scripts/check_one_compile.py),
 #               the programs name no burn backend type (scripts/check_generic_entries.py)
@@ -24,7 +23,7 @@ export XDG_RUNTIME_DIR ?= /tmp
 # lockstep-py again, 2.5 minutes each time on CI (pyo3's other inputs: .cargo/config.toml).
 PYTHON := $(shell python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo python3)
 
-.PHONY: setup build build-all lint lint-quick lint-check test demo python
+.PHONY: setup build build-all lint test demo python
 
 setup:
 	bash scripts/setup.sh
@@ -45,15 +44,15 @@ build-all: setup
 # --skip-cycles CRATE (a crate being restructured) and --max-lines DIR=N (a file size limit).
 LAYOUT_ARGS ?= --max-lines crates/lockstep-snn/src=1000
 CUDA_FEATURE := lockstep-cli/cuda
-# Clippy and rustdoc check every crate again (the `cuda` feature, check mode): they use a
-# target folder of their own, so that `make test` can run them beside the tests (cargo locks
-# a target folder for a whole command; in the same folder the tests would wait for them).
-LINT_TARGET := target/lint
-lint: lint-quick lint-check
-
-lint-quick: setup
+lint: setup
 	$(PYTHON) scripts/check_layout.py crates $(LAYOUT_ARGS)
 	cargo fmt --all --check
+	# Clippy and rustdoc see the `cuda` feature too: the NPE crate's CUDA backend compiles
+	# without a CUDA toolkit (burn 0.21 loads the CUDA libraries at run time) and runs only
+	# where a GPU exists. Both take the same features, so rustdoc reuses clippy's check of the
+	# dependencies (a separate `cargo check --features cuda` checked burn and its stack again).
+	cargo clippy --release --workspace --all-targets --features $(CUDA_FEATURE) -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --features $(CUDA_FEATURE)
 	# One compile per `make test`: no dev-dependency may switch on a feature of a library (test
 	# helpers live in lockstep-testkit, a crate only [dev-dependencies] name), or `cargo test`
 	# recompiles every crate above it (10 minutes on CI). This builds the tests (`--no-run`,
@@ -65,14 +64,6 @@ lint-quick: setup
 	# between crates, so a program naming NpeModel<B> compiles the network again (4-5 minutes
 	# each for the CLI and the Python extension).
 	$(PYTHON) scripts/check_generic_entries.py crates/lockstep-cli/src python/src
-
-# Clippy and rustdoc see the `cuda` feature too: the NPE crate's CUDA backend compiles
-# without a CUDA toolkit (burn 0.21 loads the CUDA libraries at run time) and runs only
-# where a GPU exists. Both take the same features, so rustdoc reuses clippy's check of the
-# dependencies.
-lint-check: setup
-	CARGO_TARGET_DIR=$(LINT_TARGET) cargo clippy --release --workspace --all-targets --features $(CUDA_FEATURE) -- -D warnings
-	CARGO_TARGET_DIR=$(LINT_TARGET) RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --features $(CUDA_FEATURE)
 
 # The Python package (python/: PyO3 bindings built by maturin), installed into python3. Run
 # after `build`, it compiles nothing: the workspace build compiled the bindings crate
@@ -94,12 +85,9 @@ demo: build
 	mpirun -n 2 --oversubscribe --bind-to none target/release/lockstep train examples/glif_all2all/config.mpi.json $(DEMO_ARGS)
 
 # The guardrails, the main job itself on a reduced schedule (2 updates), then every test.
-# Clippy and rustdoc (`lint-check`) run beside the main job and the tests
-# (scripts/beside.sh: the tests leave about a quarter of CI's 2 cores idle; about a minute
-# saved); `make test` fails when either fails, and prints clippy's output after the tests.
-TESTS := $(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite" \
-	&& cargo test --release --workspace && $(MAKE) --no-print-directory python && $(PYTHON) -m pytest -q python/tests
 test: build-all
-	$(MAKE) --no-print-directory lint-quick
-	bash scripts/beside.sh $(LINT_TARGET)/lint-check.log "$(MAKE) --no-print-directory lint-check" bash -c '$(TESTS)'
-
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory demo DEMO_ARGS="--updates 2 --output-dir target/demo-smoke --overwrite"
+	cargo test --release --workspace
+	$(MAKE) --no-print-directory python
+	$(PYTHON) -m pytest -q python/tests
