@@ -52,16 +52,13 @@ use crate::NbodyError;
 
 mod pipelines;
 pub mod resident;
-use pipelines::compile;
+use pipelines::{compile, records_group, RECORD_STRIDE as PARAM_STRIDE};
 pub use resident::{DeviceField, ResidentShard};
 
 /// The kernels' source.
 const SHADER: &str = include_str!("fmm.wgsl");
 /// Threads per workgroup of every kernel (`WG` in `fmm.wgsl`).
 const WG: u32 = 64;
-/// Bytes of one dispatch's parameter record in the uniform buffer (the dynamic-offset
-/// alignment wgpu guarantees).
-const PARAM_STRIDE: u64 = 256;
 /// Bytes of the `Params` struct of `fmm.wgsl` (36 words).
 const PARAM_BYTES: u64 = 144;
 /// Longest wait for one submission or read-back; a device that has not finished by then
@@ -288,33 +285,9 @@ impl GpuForces {
 
     /// The uniform buffer of the dispatch records `params` and its bind group.
     fn params_group(&self, params: &[Params]) -> wgpu::BindGroup {
-        let mut bytes = vec![0u8; params.len().max(1) * PARAM_STRIDE as usize];
-        for (k, p) in params.iter().enumerate() {
-            let at = k * PARAM_STRIDE as usize;
-            bytes[at..at + PARAM_BYTES as usize].copy_from_slice(bytemuck::cast_slice(&p.0));
-        }
-        let buf = wgpu::util::DeviceExt::create_buffer_init(
-            &self.ctx.device,
-            &wgpu::util::BufferInitDescriptor {
-                label: Some("nbody dispatch parameters"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            },
-        );
-        self.ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("nbody dispatch parameters"),
-                layout: &self.layout1,
-                entries: &[wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &buf,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(PARAM_BYTES),
-                    }),
-                }],
-            })
+        let records: Vec<&[u32]> = params.iter().map(|p| &p.0[..]).collect();
+        let label = "nbody dispatch parameters";
+        records_group(&self.ctx, &self.layout1, label, &records, PARAM_BYTES)
     }
 
     fn storage<T: bytemuck::Pod>(

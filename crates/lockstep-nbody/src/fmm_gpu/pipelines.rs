@@ -94,3 +94,44 @@ pub(crate) fn compile(
         pipelines,
     }
 }
+
+/// Bytes between two dispatch records of a uniform buffer (the dynamic-offset alignment wgpu
+/// guarantees).
+pub(crate) const RECORD_STRIDE: u64 = 256;
+
+/// A uniform buffer of the dispatch `records` (each `record_bytes` long, at multiples of
+/// [`RECORD_STRIDE`]) and its bind group for group 1 of `layout1` (record `k` at dynamic
+/// offset `k * RECORD_STRIDE`).
+pub(crate) fn records_group(
+    ctx: &GpuContext,
+    layout1: &wgpu::BindGroupLayout,
+    label: &str,
+    records: &[&[u32]],
+    record_bytes: u64,
+) -> wgpu::BindGroup {
+    let mut bytes = vec![0u8; records.len().max(1) * RECORD_STRIDE as usize];
+    for (k, r) in records.iter().enumerate() {
+        let at = k * RECORD_STRIDE as usize;
+        bytes[at..at + record_bytes as usize].copy_from_slice(bytemuck::cast_slice(r));
+    }
+    let buf = wgpu::util::DeviceExt::create_buffer_init(
+        &ctx.device,
+        &wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &bytes,
+            usage: wgpu::BufferUsages::UNIFORM,
+        },
+    );
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: layout1,
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &buf,
+                offset: 0,
+                size: wgpu::BufferSize::new(record_bytes),
+            }),
+        }],
+    })
+}

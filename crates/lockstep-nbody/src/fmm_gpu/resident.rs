@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
-use super::pipelines::compile;
+use super::pipelines::{compile, records_group, RECORD_STRIDE as STEP_STRIDE};
 use crate::direct::Forces;
 use crate::particles::Particles;
 
@@ -27,8 +27,6 @@ use crate::particles::Particles;
 const SHADER: &str = include_str!("resident.wgsl");
 /// Threads per workgroup (`WG` in `resident.wgsl`).
 const WG: u32 = 64;
-/// Bytes between two dispatch records of the uniform buffer (wgpu's dynamic-offset alignment).
-const STEP_STRIDE: u64 = 256;
 /// Bytes of `Step` in `resident.wgsl`.
 const STEP_BYTES: u64 = 64;
 /// What shrinks the shard's buffers, for the messages of buffers too large.
@@ -297,34 +295,9 @@ impl ResidentShard {
         if ops.is_empty() {
             return;
         }
-        let mut bytes = vec![0u8; ops.len() * STEP_STRIDE as usize];
-        for (k, op) in ops.iter().enumerate() {
-            let at = k * STEP_STRIDE as usize;
-            bytes[at..at + STEP_BYTES as usize].copy_from_slice(bytemuck::cast_slice(&op.3));
-        }
-        let steps = wgpu::util::DeviceExt::create_buffer_init(
-            &self.ctx.device,
-            &wgpu::util::BufferInitDescriptor {
-                label: Some("resident shard steps"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            },
-        );
-        let group1 = self
-            .ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("resident shard steps"),
-                layout: &self.layout1,
-                entries: &[wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &steps,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(STEP_BYTES),
-                    }),
-                }],
-            });
+        let records: Vec<&[u32]> = ops.iter().map(|op| &op.3[..]).collect();
+        let label = "resident shard steps";
+        let group1 = records_group(&self.ctx, &self.layout1, label, &records, STEP_BYTES);
         let mut pass = enc.begin_compute_pass(&Default::default());
         for (k, (pipeline, group, items, _)) in ops.iter().enumerate() {
             if *items == 0 {
