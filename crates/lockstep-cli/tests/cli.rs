@@ -503,27 +503,21 @@ fn nbody_quick_try_overrides_and_progress_lines() {
 #[test]
 fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
     let run = |args: &[&str]| {
-        let out = Command::new(LOCKSTEP)
-            .args([
-                "bench",
-                "nbody",
-                "--device",
-                "gpu",
-                "--order",
-                "3",
-                "--repeats",
-                "1",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        let mut cmd = Command::new(LOCKSTEP);
+        cmd.args([
+            "bench",
+            "nbody",
+            "--device",
+            "gpu",
+            "--order",
+            "3",
+            "--repeats",
+            "1",
+        ])
+        .args(args);
+        let out = run_with_limit(cmd, Duration::from_secs(180)).unwrap();
+        assert!(out.success(), "{}", out.all_output());
+        out.stdout
     };
     let text = run(&["--sizes", "3000", "--direct-sizes", "800", "--no-fmm3d"]);
     let has_row = |method: &str, n: &str| {

@@ -650,6 +650,17 @@ pub struct RanksRow {
     pub imbalance: f64,
 }
 
+/// The Plummer sphere of `n` particles the sharded benchmarks share (CPU and GPU ranks).
+pub(super) fn ranks_plummer(n: usize) -> InitialConditions {
+    InitialConditions::Plummer {
+        n: n as u64,
+        total_mass: 1.0,
+        scale_radius: 1.0,
+        max_radius: 30.0,
+        seed: 2024,
+    }
+}
+
 /// Sharded FMM benchmark on ThreadComm ranks: for each entry of `ranks`, a Plummer sphere of
 /// `n` particles generated across the ranks, redistributed along the Morton order, then
 /// `repeats` timed evaluations of [`sharded_forces`]. The machine's rayon
@@ -663,13 +674,7 @@ pub fn bench_nbody_ranks(
 ) -> Result<Vec<RanksRow>> {
     let fmm = Fmm::new(params)?;
     let threads = rayon::current_num_threads();
-    let ic = InitialConditions::Plummer {
-        n: n as u64,
-        total_mass: 1.0,
-        scale_radius: 1.0,
-        max_radius: 30.0,
-        seed: 2024,
-    };
+    let ic = ranks_plummer(n);
     println!(
         "lockstep bench nbody --ranks: Plummer sphere N = {n}, eps = 1e-3, FMM p = {}, theta = {}, {threads} worker threads split over the ranks",
         params.order, params.theta

@@ -19,9 +19,8 @@ use lockstep_nbody::{direct_on, DeviceRequest, Fmm, FmmParams, FmmStats, ForceDe
 
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
 use lockstep_nbody::shard::{redistribute, sharded_forces};
-use lockstep_nbody::InitialConditions;
 
-use super::nbody::{params_of, plummer_points, run_fmm3d, BenchNbodyArgs};
+use super::nbody::{params_of, plummer_points, ranks_plummer, run_fmm3d, BenchNbodyArgs};
 
 /// H200 memory bandwidth, bytes/s (NVIDIA's data sheet).
 const H200_BYTES_PER_S: f64 = 4.8e12;
@@ -201,13 +200,7 @@ fn ranks(
     repeats: usize,
     index: Option<usize>,
 ) -> Result<()> {
-    let ic = InitialConditions::Plummer {
-        n: n as u64,
-        total_mass: 1.0,
-        scale_radius: 1.0,
-        max_radius: 30.0,
-        seed: 2024,
-    };
+    let ic = ranks_plummer(n);
     println!(
         "lockstep bench nbody --device gpu --ranks: Plummer sphere N = {n}, eps = 1e-3, FMM p = {}, theta = {}, thread ranks, one GPU engine each",
         params.order, params.theta
