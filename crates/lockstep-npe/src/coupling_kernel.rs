@@ -15,6 +15,11 @@
 //!   backward `dx_id[r, k] = g[r, f]`, `dboth[r t + j] = (g[r, f], 0)`.
 //! - log-determinant: `out[r] = acc[r] + Σ_j both[r t + j, 1]`; backward `dacc = g`
 //!   (no kernel), `dboth[r t + j] = (0, g[r])`.
+//!
+//! And the flow's last step, the standard normal base density with the log-determinant:
+//! `lp[r] = ((-0.5 Σ_j z[r, j]² - c) + logdet[r]) - jac` for `z: [rows, d]` (`c` =
+//! `d/2 ln 2π`, `jac` the standardization's `Σ ln σ`), one launch where burn's composed
+//! operations launch 6; backward `dz[r, j] = -z[r, j] g[r]` (one launch), `dlogdet = g`.
 
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
@@ -106,6 +111,40 @@ fn logdet_backward(g: &Array<f32>, dboth: &mut Array<f32>, rows: u32, t: u32) {
     }
     dboth[(2 * m) as usize] = 0.0;
     dboth[(2 * m + 1) as usize] = g[(m / t) as usize];
+}
+
+/// `lp[r] = ((-0.5 Σ_j z[r, j]² - c) + logdet[r]) - jac`, one thread per row.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn base_forward(
+    z: &Array<f32>,
+    logdet: &Array<f32>,
+    lp: &mut Array<f32>,
+    rows: u32,
+    d: u32,
+    c: f32,
+    jac: f32,
+) {
+    let r = ABSOLUTE_POS as u32;
+    if r >= rows {
+        terminate!();
+    }
+    let mut s = 0.0f32;
+    for j in 0..d {
+        let v = z[(r * d + j) as usize];
+        s += v * v;
+    }
+    lp[r as usize] = (s * -0.5 - c + logdet[r as usize]) - jac;
+}
+
+/// `dz[r, j] = -z[r, j] g[r]`.
+#[cube(launch)]
+fn base_backward(z: &Array<f32>, g: &Array<f32>, dz: &mut Array<f32>, rows: u32, d: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i >= rows * d {
+        terminate!();
+    }
+    dz[i as usize] = -z[i as usize] * g[(i / d) as usize];
 }
 
 /// The launch grid for `threads` threads.
@@ -255,4 +294,69 @@ pub fn logdet_backward_launch<R: CubeRuntime>(g: CubeTensor<R>, t: usize) -> Cub
         t as u32,
     );
     dboth
+}
+
+/// The base log-density with the log-determinant, `lp: [rows]` from `z: [rows, d]` and
+/// `logdet: [rows]` (see the module docs; `c` and `jac` rounded to float32). One launch.
+///
+/// Panics on shapes that do not fit or a dtype other than float32.
+pub fn base_forward_launch<R: CubeRuntime>(
+    z: CubeTensor<R>,
+    logdet: CubeTensor<R>,
+    c: f64,
+    jac: f64,
+) -> CubeTensor<R> {
+    f32_only(&[&z, &logdet]);
+    let shape = z.shape();
+    let rows = logdet.shape().num_elements();
+    assert!(
+        shape.num_dims() == 2 && shape[0] == rows,
+        "coupling kernel: z is not [rows, d] for {rows} log-determinants"
+    );
+    let d = shape[1];
+    let [z, logdet] = [z, logdet].map(into_contiguous);
+    let lp = empty_device::<R, f32>(z.client.clone(), z.device.clone(), logdet.shape());
+    let (count, dim) = grid(&z, rows);
+    base_forward::launch::<R>(
+        &z.client.clone(),
+        count,
+        dim,
+        z.into_array_arg(),
+        logdet.into_array_arg(),
+        lp.clone().into_array_arg(),
+        rows as u32,
+        d as u32,
+        c as f32,
+        jac as f32,
+    );
+    lp
+}
+
+/// The gradient `dz: [rows, d]` of [`base_forward_launch`] for the incoming `g: [rows]`
+/// (that of `logdet` is `g`). One launch.
+///
+/// Panics on shapes that do not fit or a dtype other than float32.
+pub fn base_backward_launch<R: CubeRuntime>(z: CubeTensor<R>, g: CubeTensor<R>) -> CubeTensor<R> {
+    f32_only(&[&z, &g]);
+    let shape = z.shape();
+    let rows = g.shape().num_elements();
+    assert!(
+        shape.num_dims() == 2 && shape[0] == rows,
+        "coupling kernel: z is not [rows, d] for {rows} gradients"
+    );
+    let d = shape[1];
+    let [z, g] = [z, g].map(into_contiguous);
+    let dz = empty_device::<R, f32>(z.client.clone(), z.device.clone(), shape);
+    let (count, dim) = grid(&z, rows * d);
+    base_backward::launch::<R>(
+        &z.client.clone(),
+        count,
+        dim,
+        z.into_array_arg(),
+        g.into_array_arg(),
+        dz.clone().into_array_arg(),
+        rows as u32,
+        d as u32,
+    );
+    dz
 }

@@ -794,14 +794,9 @@ impl NpeNetwork {
     ) -> Tensor<B, 1> {
         let (z, logdet) = self.transform(pass, theta, context, n);
         let d = self.theta_dim as f64;
-        let base = z
-            .powi_scalar(2)
-            .sum_dim(1)
-            .reshape([n])
-            .mul_scalar(-0.5)
-            .sub_scalar(0.5 * d * (2.0 * std::f64::consts::PI).ln());
+        let c = 0.5 * d * (2.0 * std::f64::consts::PI).ln();
         let jac: f64 = self.standardization.theta_std.iter().map(|v| v.ln()).sum();
-        (base + logdet).sub_scalar(jac)
+        B::base_log_prob(z, logdet, c, jac)
     }
 
     /// `n` samples of θ from `q(θ | x)` for one observation `x` (`[x_dim]`, raw units):

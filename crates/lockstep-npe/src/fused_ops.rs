@@ -218,6 +218,17 @@ pub trait FusedOps: Backend {
         no_device_optimizer()
     }
 
+    /// Writes each `(src, offset)` of `srcs` into `dst` at `offset` (values; disjoint
+    /// ranges, each a multiple of 64), in place (`add`: adds them). The default is one
+    /// [`FusedOps::pack_into`] per source; burn's GPU backends pack up to 16 sources per
+    /// launch ([`crate::optim_kernel::pack_many_launch`]).
+    fn pack_many_into(srcs: Vec<(Tensor<Self, 1>, usize)>, dst: &Tensor<Self, 1>, add: bool) {
+        for (src, offset) in srcs {
+            let [n] = src.dims();
+            Self::pack_into(src, &Self::view(dst, offset, n), add);
+        }
+    }
+
     /// Sets `dst` to zeros in place, one launch.
     fn zero_into(dst: &Tensor<Self, 1>) {
         let _ = dst;
@@ -523,6 +534,42 @@ pub trait FusedOps: Backend {
         no_layer_kernels()
     }
 
+    /// The flow's base log-density with its log-determinant: `((-0.5 Σ_j z_j² - c) +
+    /// logdet) - jac` per row, `z: [rows, d]`, `logdet: [rows]` -> `[rows]` (`c = d/2 ln
+    /// 2π`, `jac` the standardization's `Σ ln σ_θ`). One kernel each way on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] (float32), burn's operations elsewhere.
+    fn base_log_prob(
+        z: Tensor<Self, 2>,
+        logdet: Tensor<Self, 1>,
+        c: f64,
+        jac: f64,
+    ) -> Tensor<Self, 1> {
+        base_log_prob_composed(z, logdet, c, jac)
+    }
+
+    /// [`FusedOps::base_log_prob`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn base_log_prob_kernel_forward(
+        _z: Tensor<Self, 2>,
+        _logdet: Tensor<Self, 1>,
+        _c: f64,
+        _jac: f64,
+    ) -> Tensor<Self, 1> {
+        no_layer_kernels()
+    }
+
+    /// The gradient `dz = -z g` (`[rows, d]`) of [`FusedOps::base_log_prob_kernel_forward`]
+    /// for the incoming `grad: [rows]` (that of `logdet` is `grad`), as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn base_log_prob_kernel_backward(
+        _z: Tensor<Self, 2>,
+        _grad: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
     fn linear_at(
@@ -761,6 +808,23 @@ fn coupling_place_composed<B: Backend>(
     );
     let y = both.slice([0..m, 0..1]).reshape([rows, t]);
     Tensor::cat(vec![x_id, y], 1).select(1, order)
+}
+
+/// [`FusedOps::base_log_prob`] composed from burn's operations.
+fn base_log_prob_composed<B: Backend>(
+    z: Tensor<B, 2>,
+    logdet: Tensor<B, 1>,
+    c: f64,
+    jac: f64,
+) -> Tensor<B, 1> {
+    let [rows] = logdet.dims();
+    let base = z
+        .powi_scalar(2)
+        .sum_dim(1)
+        .reshape([rows])
+        .mul_scalar(-0.5)
+        .sub_scalar(c);
+    (base + logdet).sub_scalar(jac)
 }
 
 /// [`FusedOps::coupling_logdet`] composed from burn's operations.
@@ -1004,6 +1068,39 @@ where
         wrap(crate::coupling_kernel::logdet_backward_launch(
             prim(grad),
             t,
+        ))
+    }
+
+    fn base_log_prob(
+        z: Tensor<Self, 2>,
+        logdet: Tensor<Self, 1>,
+        c: f64,
+        jac: f64,
+    ) -> Tensor<Self, 1> {
+        if !all_f32(&[z.dtype(), logdet.dtype()]) {
+            return base_log_prob_composed(z, logdet, c, jac);
+        }
+        Self::base_log_prob_kernel_forward(z, logdet, c, jac)
+    }
+
+    fn base_log_prob_kernel_forward(
+        z: Tensor<Self, 2>,
+        logdet: Tensor<Self, 1>,
+        c: f64,
+        jac: f64,
+    ) -> Tensor<Self, 1> {
+        wrap(crate::coupling_kernel::base_forward_launch(
+            prim(z),
+            prim(logdet),
+            c,
+            jac,
+        ))
+    }
+
+    fn base_log_prob_kernel_backward(z: Tensor<Self, 2>, grad: Tensor<Self, 1>) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::base_backward_launch(
+            prim(z),
+            prim(grad),
         ))
     }
 
@@ -1254,6 +1351,11 @@ where
 
     fn pack_into(src: Tensor<Self, 1>, dst: &Tensor<Self, 1>, add: bool) {
         crate::optim_kernel::pack_launch(prim(src), &prim(dst.clone()), add);
+    }
+
+    fn pack_many_into(srcs: Vec<(Tensor<Self, 1>, usize)>, dst: &Tensor<Self, 1>, add: bool) {
+        let srcs = srcs.into_iter().map(|(t, o)| (prim(t), o)).collect();
+        crate::optim_kernel::pack_many_launch(srcs, &prim(dst.clone()), add);
     }
 
     fn zero_into(dst: &Tensor<Self, 1>) {
@@ -1961,6 +2063,32 @@ impl<B: FusedOps> Backward<B, 2> for CouplingLogdetBackward {
     }
 }
 
+/// The backward step of [`FusedOps::base_log_prob`] on `Autodiff<B>` for a backend with the
+/// layer kernels (parents `z`, `logdet`); its state is `z`.
+#[derive(Debug)]
+struct BaseLogProbBackward;
+
+impl<B: FusedOps> Backward<B, 2> for BaseLogProbBackward {
+    type State = Tensor<B, 2>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [pz, plogdet] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        if let Some(p) = pz {
+            let d = B::base_log_prob_kernel_backward(ops.state, wrap(g.clone()));
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let Some(p) = plogdet {
+            grads.register::<B>(p.id, g);
+        }
+    }
+}
+
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
 /// keeps the output and applies `gradient(output, grad)`.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
@@ -2148,6 +2276,30 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn base_log_prob(
+        z: Tensor<Self, 2>,
+        logdet: Tensor<Self, 1>,
+        c: f64,
+        jac: f64,
+    ) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[z.dtype(), logdet.dtype()]) {
+            return base_log_prob_composed(z, logdet, c, jac);
+        }
+        let (zp, lp) = (prim(z), prim(logdet));
+        let zi = wrap::<B, 2>(zp.primitive.clone());
+        let out = B::base_log_prob_kernel_forward(zi.clone(), wrap(lp.primitive.clone()), c, jac);
+        let output = prim(out);
+        let tracked = match BaseLogProbBackward
+            .prepare::<C>([zp.node.clone(), lp.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(zi, output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };
         wrap(tracked)

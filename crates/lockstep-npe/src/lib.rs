@@ -55,6 +55,7 @@ pub mod export;
 pub mod flow;
 pub mod fused_ops;
 pub mod gw;
+pub mod kernel_check;
 pub mod layer_kernel;
 pub mod layers;
 pub mod lu_kernel;

@@ -370,11 +370,14 @@ impl<B: TrainBackend> NpeModel<B> {
         let values = if let Some(r) = &mut self.resident {
             // Each gradient into its place on the device; only log q (and, with loss
             // scaling, the gradient's finiteness flag) comes back, in one transfer.
-            for (i, t) in p.tensors().iter().enumerate() {
-                if part.is_trainable(i) {
-                    r.add_gradient(i, t.grad_remove(&mut grads));
-                }
-            }
+            let packed = p
+                .tensors()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| part.is_trainable(*i))
+                .map(|(i, t)| (i, t.grad_remove(&mut grads)))
+                .collect();
+            r.add_gradients(packed);
             r.end_pass();
             if self.precision == Precision::Half {
                 let mut read = read_together(vec![lp, r.non_finite_flag()]);

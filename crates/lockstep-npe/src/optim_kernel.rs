@@ -4,6 +4,8 @@
 //!
 //! - [`pack_launch`]: one parameter's gradient into its place in the packed gradient (a copy,
 //!   or an addition for the later micro-batches of gradient accumulation);
+//! - [`pack_many_launch`]: the same for many parameters at once, up to [`pack_group`]
+//!   gradients per launch (a pass's ~160 gradients in about ten launches);
 //! - [`non_finite_launch`]: a flag (`[1]`, float32) set to 1 when any value of the packed
 //!   gradient is an infinity or NaN (the loss scaler's test; every thread that finds one
 //!   writes the same 1, so the result does not depend on the order);
@@ -37,6 +39,41 @@ fn pack(src: &Array<f32>, dst: &mut Array<f32>, n: u32, add: u32) {
         dst[k] = dst[k] + src[k];
     } else {
         dst[k] = src[k];
+    }
+}
+
+/// Many gradients into their places in `dst`: thread `i < n` is position `p = base + i` of
+/// `dst`, which source `j` covers when `starts[j] <= p < starts[j] + lens[j]`;
+/// `dst[p] = srcs[j][p - starts[j]]` (`add == 0`) or `dst[p] + srcs[j][p - starts[j]]`
+/// (`add == 1`). Positions no source covers (the alignment gaps) are left as they are. The
+/// sources are a comptime-length sequence (one compiled kernel per group size).
+#[cube(launch)]
+fn pack_many(
+    srcs: &Sequence<Array<f32>>,
+    starts: &Sequence<u32>,
+    lens: &Sequence<u32>,
+    dst: &mut Array<f32>,
+    base: u32,
+    n: u32,
+    add: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i >= n {
+        terminate!();
+    }
+    let p = base + i;
+    let k = srcs.len().comptime();
+    #[unroll]
+    for j in 0..k {
+        let s = starts[j];
+        if p >= s && p < s + lens[j] {
+            let v = srcs[j][(p - s) as usize];
+            if add == 1 {
+                dst[p as usize] = dst[p as usize] + v;
+            } else {
+                dst[p as usize] = v;
+            }
+        }
     }
 }
 
@@ -169,6 +206,72 @@ pub fn pack_launch<R: CubeRuntime>(src: CubeTensor<R>, dst: &CubeTensor<R>, add:
         n,
         u32::from(add),
     );
+}
+
+/// The most gradients [`pack_many_launch`] binds in one launch on `client`'s device: 16, or
+/// fewer where the adapter allows fewer storage buffers per shader stage (the destination
+/// and CubeCL's metadata buffer take two; WebGPU's default limit of 8 gives 5).
+pub fn pack_group<R: CubeRuntime>(client: &ComputeClient<R>) -> usize {
+    let bindings = client.properties().hardware.max_bindings as usize;
+    bindings.saturating_sub(2).clamp(1, 16)
+}
+
+/// Writes each `(gradient, offset)` of `srcs` into `dst` at `offset` (a copy, or an
+/// addition when `add`): [`pack_group`] gradients per launch, `ceil(len / group)` launches
+/// (plus one copy for a gradient that is not contiguous). `dst` is the whole packed
+/// gradient (float32); the offsets are in values, the ranges disjoint.
+///
+/// Panics on a dtype other than float32, a range outside `dst`, or 2^32 values or more.
+pub fn pack_many_launch<R: CubeRuntime>(
+    srcs: Vec<(CubeTensor<R>, usize)>,
+    dst: &CubeTensor<R>,
+    add: bool,
+) {
+    let total = len(dst, "the packed gradient");
+    let group = pack_group(&dst.client);
+    let mut srcs: Vec<(CubeTensor<R>, u32, u32)> = srcs
+        .into_iter()
+        .map(|(src, offset)| {
+            let src = burn_cubecl::kernel::into_contiguous(src);
+            let n = len(&src, "a gradient");
+            let start = u32::try_from(offset).expect("optimizer kernel: offset below 2^32");
+            assert!(
+                start as u64 + n as u64 <= total as u64,
+                "optimizer kernel: a gradient of {n} values at {start} outside {total}"
+            );
+            (src, start, n)
+        })
+        .collect();
+    srcs.sort_by_key(|s| s.1);
+    for chunk in srcs.chunks(group) {
+        let base = chunk[0].1;
+        let end = chunk.iter().map(|c| c.1 + c.2).max().unwrap_or(base);
+        let threads = (end - base) as usize;
+        if threads == 0 {
+            continue;
+        }
+        let (count, dim) = grid(dst, threads);
+        let mut arrays = SequenceArg::<R, Array<f32>>::new();
+        let mut starts = SequenceArg::<R, u32>::new();
+        let mut lens = SequenceArg::<R, u32>::new();
+        for (src, start, n) in chunk {
+            arrays.push(src.clone().into_array_arg());
+            starts.push(*start);
+            lens.push(*n);
+        }
+        pack_many::launch::<R>(
+            &dst.client.clone(),
+            count,
+            dim,
+            arrays,
+            starts,
+            lens,
+            dst.clone().into_array_arg(),
+            base,
+            end - base,
+            u32::from(add),
+        );
+    }
 }
 
 /// Sets every value of `dst` to 0. One launch.

@@ -8,8 +8,8 @@
 //! bound as a tensor of its own without a copy ([`FusedOps::view`]); the gaps are zeros in
 //! every buffer, which the optimizer keeps at zero. A pass's trainable leaves are views of
 //! the parameter buffer (no upload); each leaf's gradient is written into its place in the
-//! gradient buffer by one kernel ([`FusedOps::pack_into`]: a copy for an update's first
-//! micro-batch, an addition for the later ones); the update is one kernel over the whole
+//! gradient buffer, up to 16 gradients per kernel ([`FusedOps::pack_many_into`]: a copy for
+//! an update's first micro-batch, an addition for the later ones); the update is one kernel over the whole
 //! buffer ([`FusedOps::optimizer_update`]).
 
 use crate::fused_ops::FusedOps;
@@ -124,18 +124,25 @@ impl<B: FusedOps> Resident<B> {
         Params::from_tensors(layout, tensors)
     }
 
-    /// Writes parameter `index`'s gradient of one micro-batch into the packed gradient: a
-    /// copy in an update's first pass, an addition in its later ones; no gradient (the loss
-    /// does not depend on it) writes zeros in the first pass and nothing later. One launch.
+    /// Writes the gradients of one micro-batch, `(parameter index, gradient)`, into their
+    /// places in the packed gradient: a copy in an update's first pass, an addition in its
+    /// later ones, `ceil(count / 16)` launches ([`FusedOps::pack_many_into`]); a missing
+    /// gradient (the loss does not depend on the parameter) writes zeros in the first pass
+    /// (one launch) and nothing later.
     ///
-    /// Panics when parameter `index` does not train.
-    pub fn add_gradient(&mut self, index: usize, grad: Option<Tensor<B, 1>>) {
-        let (_, d, n) = self.places[index].expect("a trainable parameter");
-        let dst = B::view(&self.grad, d, n);
-        match grad {
-            Some(g) => B::pack_into(g, &dst, !self.fresh),
-            None if self.fresh => B::zero_into(&dst),
-            None => {}
+    /// Panics when a parameter does not train.
+    pub fn add_gradients(&mut self, grads: Vec<(usize, Option<Tensor<B, 1>>)>) {
+        let mut srcs = Vec::with_capacity(grads.len());
+        for (index, grad) in grads {
+            let (_, d, n) = self.places[index].expect("a trainable parameter");
+            match grad {
+                Some(g) => srcs.push((g.reshape([n]), d)),
+                None if self.fresh => B::zero_into(&B::view(&self.grad, d, n)),
+                None => {}
+            }
+        }
+        if !srcs.is_empty() {
+            B::pack_many_into(srcs, &self.grad, !self.fresh);
         }
     }
 

@@ -3,36 +3,19 @@
 //! Vulkan adapter (Mesa's lavapipe in CI; no adapter is a failure, never a skip): values
 //! and gradients, for a batch of 1 and a batch whose element count is no multiple of a
 //! workgroup, with arguments from -100 to 100 (exp's overflow and underflow, the kink at 0).
+//!
+//! The evaluations are lockstep_npe::kernel_check's non-generic entries: naming burn's
+//! backends here would compile burn's autodiff and kernels again for this binary.
 
-use burn::backend::{Autodiff, NdArray};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{FloatDType, Tensor, TensorData};
-use lockstep_npe::device::{wgpu_device, WgpuAutodiff, WgpuBackend};
-use lockstep_npe::fused_ops::{FusedOps, Precision};
+use lockstep_npe::device::wgpu_device;
+use lockstep_npe::kernel_check::{self, CouplingShape, Engine, Layer};
 
-/// `(act(x), dL/dx)` for `L = Σ a act(x)`, `x` and `a` `[rows, cols]`.
-fn eval<B: AutodiffBackend + FusedOps>(
-    device: &B::Device,
-    dtype: FloatDType,
-    sigmoid: bool,
-    x: &[f32],
-    a: &[f32],
-    rows: usize,
-) -> (Vec<f64>, Vec<f64>) {
-    let cols = x.len() / rows;
-    // burn keeps one default float dtype per device kind, so the dtype is set explicitly.
-    let t = |v: &[f32]| {
-        Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [rows, cols]), device).cast(dtype)
-    };
-    let xt = t(x).require_grad();
-    let y = if sigmoid {
-        B::fused_sigmoid(xt.clone())
-    } else {
-        B::fused_elu(xt.clone())
-    };
-    let grads = (y.clone() * t(a)).sum().backward();
-    let v = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-    (v(y.into_data()), v(xt.grad(&grads).unwrap().into_data()))
+/// The GPU engine in float32.
+fn gpu_f32(device: &burn::backend::wgpu::WgpuDevice) -> Engine<'_> {
+    Engine::Gpu {
+        device,
+        half: false,
+    }
 }
 
 /// Deterministic values in [-1, 1).
@@ -55,15 +38,8 @@ fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
         let a = noise(n, 2);
         for sigmoid in [false, true] {
             let name = if sigmoid { "sigmoid" } else { "ELU" };
-            let gpu = eval::<WgpuAutodiff>(&device, FloatDType::F32, sigmoid, &x, &a, rows);
-            let want = eval::<Autodiff<NdArray<f64>>>(
-                &Default::default(),
-                FloatDType::F64,
-                sigmoid,
-                &x,
-                &a,
-                rows,
-            );
+            let gpu = kernel_check::activation(gpu_f32(&device), sigmoid, &x, &a, rows);
+            let want = kernel_check::activation(Engine::CpuF64, sigmoid, &x, &a, rows);
             // 1e-4 relative; the 1e-30 floor is for values float32 rounds to zero
             // (sigmoid(-100) = 3.7e-44).
             for (what, got, want) in [("value", &gpu.0, &want.0), ("gradient", &gpu.1, &want.1)] {
@@ -107,33 +83,15 @@ fn gpu_float16_activation_kernels_match_the_composed_forms() {
             // `mixed`: mixed precision's path, float32 in and out with the casts inside the
             // kernels (`FusedOps::activation_half`); else float16 tensors throughout.
             let gpu = if mixed {
-                let t = |v: &[f32]| {
-                    Tensor::<WgpuAutodiff, 2>::from_data(
-                        TensorData::new(v.to_vec(), [rows, cols]),
-                        &device,
-                    )
-                };
-                let xt = t(&x).require_grad();
-                let y = if sigmoid {
-                    WgpuAutodiff::sigmoid_at(xt.clone(), Precision::Half)
-                } else {
-                    WgpuAutodiff::elu_at(xt.clone(), Precision::Half)
-                };
-                assert_eq!(y.dtype(), burn::tensor::DType::F32);
-                let grads = (y.clone() * t(&a)).sum().backward();
-                let v = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-                (v(y.into_data()), v(xt.grad(&grads).unwrap().into_data()))
+                kernel_check::activation_mixed(&device, sigmoid, &x, &a, rows)
             } else {
-                eval::<WgpuAutodiff>(&device, FloatDType::F16, sigmoid, &x, &a, rows)
+                let half = Engine::Gpu {
+                    device: &device,
+                    half: true,
+                };
+                kernel_check::activation(half, sigmoid, &x, &a, rows)
             };
-            let want = eval::<Autodiff<NdArray<f64>>>(
-                &Default::default(),
-                FloatDType::F64,
-                sigmoid,
-                &x,
-                &a,
-                rows,
-            );
+            let want = kernel_check::activation(Engine::CpuF64, sigmoid, &x, &a, rows);
             for (what, got, want) in [("value", &gpu.0, &want.0), ("gradient", &gpu.1, &want.1)] {
                 for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
                     let floor = if what == "value" {
@@ -151,83 +109,6 @@ fn gpu_float16_activation_kernels_match_the_composed_forms() {
             }
         }
     }
-}
-
-/// Which layer kernel a comparison runs ([`FusedOps::LAYER_KERNELS`]).
-#[derive(Debug, Clone, Copy)]
-enum Layer {
-    /// LayerNorm, then ELU when true.
-    Norm(bool),
-    /// `elu(x Wᵀ + b)`.
-    LinearElu,
-    /// The gated residual tail `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`.
-    Gated,
-}
-
-/// The output and the gradient of every input for `L = Σ a y`: `inputs` are the layer's
-/// inputs in its argument order, each `(values, shape)` (a 1-element shape for a vector).
-fn eval_layer<B: AutodiffBackend + FusedOps>(
-    device: &B::Device,
-    dtype: FloatDType,
-    layer: Layer,
-    inputs: &[(Vec<f32>, Vec<usize>)],
-    a: &[f32],
-) -> Vec<Vec<f64>> {
-    let m = |i: usize| {
-        let (v, s) = &inputs[i];
-        Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [s[0], s[1]]), device)
-            .cast(dtype)
-            .require_grad()
-    };
-    let v = |i: usize| {
-        let (v, s) = &inputs[i];
-        Tensor::<B, 1>::from_data(TensorData::new(v.clone(), [s[0]]), device)
-            .cast(dtype)
-            .require_grad()
-    };
-    let v64 = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-    let (y, mats, vecs) = match layer {
-        Layer::Norm(elu) => {
-            let (x, w, b) = (m(0), v(1), v(2));
-            let y = B::fused_layer_norm(x.clone(), w.clone(), b.clone(), 1e-5, elu);
-            (y, vec![x], vec![w, b])
-        }
-        Layer::LinearElu => {
-            let (x, w, b) = (m(0), v(1), v(2));
-            (
-                B::linear_elu(x.clone(), w.clone(), b.clone()),
-                vec![x],
-                vec![w, b],
-            )
-        }
-        Layer::Gated => {
-            let (x, t, w1, b1, c, wc, bc) = (m(0), m(1), v(2), v(3), m(4), v(5), v(6));
-            let y = B::gated_residual(
-                x.clone(),
-                t.clone(),
-                w1.clone(),
-                b1.clone(),
-                c.clone(),
-                wc.clone(),
-                bc.clone(),
-            );
-            (y, vec![x, t, c], vec![w1, b1, wc, bc])
-        }
-    };
-    let [rows, cols] = y.dims();
-    let at =
-        Tensor::<B, 2>::from_data(TensorData::new(a.to_vec(), [rows, cols]), device).cast(dtype);
-    let grads = (y.clone() * at).sum().backward();
-    let mut out = vec![v64(y.into_data())];
-    out.extend(
-        mats.iter()
-            .map(|t| v64(t.grad(&grads).unwrap().into_data())),
-    );
-    out.extend(
-        vecs.iter()
-            .map(|t| v64(t.grad(&grads).unwrap().into_data())),
-    );
-    out
 }
 
 /// Asserts `got` within 1e-4 of `want` relative to `max(|want_i|, mean |want|)`: the mean
@@ -252,12 +133,9 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
 #[test]
 fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
     crate::common::cpu_default_f32();
-    const {
-        assert!(<WgpuAutodiff as FusedOps>::LAYER_KERNELS);
-        assert!(!<Autodiff<NdArray<f64>> as FusedOps>::LAYER_KERNELS);
-    }
+    let (gpu_layers, _, cpu_layers, _) = kernel_check::kernel_flags();
+    assert!(gpu_layers && !cpu_layers);
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
-    let cpu = Default::default();
     let mut seed = 10;
     let mut noise_of = |n: usize, scale: f32| {
         seed += 1;
@@ -305,9 +183,8 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
             (Layer::Gated, &gated),
         ];
         for (layer, inputs) in cases {
-            let gpu = eval_layer::<WgpuAutodiff>(&device, FloatDType::F32, layer, inputs, &a);
-            let want =
-                eval_layer::<Autodiff<NdArray<f64>>>(&cpu, FloatDType::F64, layer, inputs, &a);
+            let gpu = kernel_check::layer(gpu_f32(&device), layer, inputs, &a);
+            let want = kernel_check::layer(Engine::CpuF64, layer, inputs, &a);
             for (i, (g, w)) in gpu.iter().zip(&want).enumerate() {
                 let what = if i == 0 {
                     "value".into()
@@ -318,47 +195,10 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
             }
         }
         // Without autodiff (evaluation passes) LayerNorm gives the same values.
-        let t = |v: &[f32], s: [usize; 2]| {
-            Tensor::<WgpuBackend, 2>::from_data(TensorData::new(v.to_vec(), s), &device)
-        };
-        let vct = |v: &[f32]| {
-            Tensor::<WgpuBackend, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device)
-        };
-        let y = WgpuBackend::fused_layer_norm(t(&x, [rows, f]), vct(&w), vct(&b), 1e-5, true);
-        let y: Vec<f64> = y.into_data().convert::<f64>().to_vec().unwrap();
-        let want =
-            eval_layer::<WgpuAutodiff>(&device, FloatDType::F32, Layer::Norm(true), &norm, &a);
+        let y = kernel_check::layer_norm_inference(&device, &x, rows, &w, &b, true);
+        let want = kernel_check::layer(gpu_f32(&device), Layer::Norm(true), &norm, &a);
         assert_eq!(y, want[0]);
     }
-}
-
-/// `(Wᵀ, lu_logdet(acc), dL/dlower, dL/dupper, dL/ddiag, dL/dacc)` for
-/// `L = Σ a Wᵀ + Σ c logdet` (see [`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`]).
-fn eval_lu<B: AutodiffBackend + FusedOps>(
-    device: &B::Device,
-    dtype: FloatDType,
-    params: [&[f32]; 4],
-    a: &[f32],
-    c: &[f32],
-) -> Vec<Vec<f64>> {
-    let v = |v: &[f32]| {
-        Tensor::<B, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
-            .cast(dtype)
-            .require_grad()
-    };
-    let [lower, upper, diag, acc] = params.map(v);
-    let n = diag.dims()[0];
-    let wt = B::lu_weight_t(lower.clone(), upper.clone(), diag.clone(), 1e-3);
-    let ld = B::lu_logdet(acc.clone(), diag.clone(), 1e-3);
-    let at = Tensor::<B, 2>::from_data(TensorData::new(a.to_vec(), [n, n]), device).cast(dtype);
-    let ct = Tensor::<B, 1>::from_data(TensorData::new(c.to_vec(), [c.len()]), device).cast(dtype);
-    let grads = ((wt.clone() * at).sum() + (ld.clone() * ct).sum()).backward();
-    let v64 = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-    let mut out = vec![v64(wt.into_data()), v64(ld.into_data())];
-    for t in [&lower, &upper, &diag, &acc] {
-        out.push(v64(t.grad(&grads).unwrap().into_data()));
-    }
-    out
 }
 
 /// The LU map's kernels (`lu_kernel.rs`: its weight, its log-determinant) against burn's
@@ -379,53 +219,13 @@ fn gpu_lu_kernels_match_the_composed_forms_and_their_gradients() {
         let a = noise(n * n, 35);
         let c = noise(rows, 36);
         let params = [&lower[..], &upper[..], &diag[..], &acc[..]];
-        let gpu = eval_lu::<WgpuAutodiff>(&device, FloatDType::F32, params, &a, &c);
-        let want =
-            eval_lu::<Autodiff<NdArray<f64>>>(&Default::default(), FloatDType::F64, params, &a, &c);
+        let gpu = kernel_check::lu(gpu_f32(&device), params, &a, &c);
+        let want = kernel_check::lu(Engine::CpuF64, params, &a, &c);
         let names = ["Wᵀ", "logdet", "dlower", "dupper", "ddiag", "dacc"];
         for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
             assert_close(&format!("LU n = {n}, {rows} rows: {name}"), g, w);
         }
     }
-}
-
-/// `(place(x_id, both), logdet(acc, both), dL/dx_id, dL/dboth, dL/dacc)` for
-/// `L = Σ a place + Σ c logdet` (see [`FusedOps::coupling_place`],
-/// [`FusedOps::coupling_logdet`]).
-#[allow(clippy::too_many_arguments)]
-fn eval_coupling<B: AutodiffBackend + FusedOps>(
-    device: &B::Device,
-    dtype: FloatDType,
-    (rows, d, start): (usize, usize, usize),
-    x_id: &[f32],
-    both: &[f32],
-    acc: &[f32],
-    a: &[f32],
-    c: &[f32],
-) -> Vec<Vec<f64>> {
-    let t = both.len() / 2 / rows;
-    let m = |v: &[f32], s: [usize; 2]| {
-        Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), s), device).cast(dtype)
-    };
-    let (xt, bt) = (
-        m(x_id, [rows, d - t]).require_grad(),
-        m(both, [rows * t, 2]).require_grad(),
-    );
-    let acct = Tensor::<B, 1>::from_data(TensorData::new(acc.to_vec(), [rows]), device)
-        .cast(dtype)
-        .require_grad();
-    let z = B::coupling_place(xt.clone(), bt.clone(), start);
-    let ld = B::coupling_logdet(acct.clone(), bt.clone());
-    let ct = Tensor::<B, 1>::from_data(TensorData::new(c.to_vec(), [rows]), device).cast(dtype);
-    let grads = ((z.clone() * m(a, [rows, d])).sum() + (ld.clone() * ct).sum()).backward();
-    let v64 = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-    vec![
-        v64(z.into_data()),
-        v64(ld.into_data()),
-        v64(xt.grad(&grads).unwrap().into_data()),
-        v64(bt.grad(&grads).unwrap().into_data()),
-        v64(acct.grad(&grads).unwrap().into_data()),
-    ]
 }
 
 /// The end of a coupling step as kernels (`coupling_kernel.rs`: the features placed back in
@@ -444,33 +244,9 @@ fn gpu_coupling_kernels_match_the_composed_forms_and_their_gradients() {
             let acc = noise(rows, 43);
             let a = noise(rows * d, 44);
             let c = noise(rows, 45);
-            let shape = (rows, d, start);
-            let run = |gpu: bool| {
-                if gpu {
-                    eval_coupling::<WgpuAutodiff>(
-                        &device,
-                        FloatDType::F32,
-                        shape,
-                        &x_id,
-                        &both,
-                        &acc,
-                        &a,
-                        &c,
-                    )
-                } else {
-                    eval_coupling::<Autodiff<NdArray<f64>>>(
-                        &Default::default(),
-                        FloatDType::F64,
-                        shape,
-                        &x_id,
-                        &both,
-                        &acc,
-                        &a,
-                        &c,
-                    )
-                }
-            };
-            let (gpu, want) = (run(true), run(false));
+            let shape = CouplingShape { rows, d, start };
+            let run = |engine| kernel_check::coupling(engine, shape, &x_id, &both, &acc, &a, &c);
+            let (gpu, want) = (run(gpu_f32(&device)), run(Engine::CpuF64));
             let names = ["z", "logdet", "dx_id", "dboth", "dacc"];
             for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
                 assert_close(
@@ -479,6 +255,27 @@ fn gpu_coupling_kernels_match_the_composed_forms_and_their_gradients() {
                     w,
                 );
             }
+        }
+    }
+}
+
+/// The flow's base log-density with its log-determinant (`coupling_kernel.rs`: one launch
+/// each way) against burn's autodiff of the composed form in f64: a batch of 1 and of 67,
+/// θ of 5 and of 1 component, values up to ±40 (squares of 1600).
+#[test]
+fn gpu_base_log_prob_kernel_matches_the_composed_form_and_its_gradients() {
+    crate::common::cpu_default_f32();
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    for (rows, d) in [(1usize, 5usize), (67, 5), (67, 1)] {
+        let mut z: Vec<f32> = noise(rows * d, 51).iter().map(|v| v * 4.0).collect();
+        z[0] = 40.0;
+        let logdet: Vec<f32> = noise(rows, 52).iter().map(|v| v * 10.0).collect();
+        let a = noise(rows, 53);
+        let constants = (0.5 * d as f64 * (2.0 * std::f64::consts::PI).ln(), 1.7);
+        let run = |engine| kernel_check::base_log_prob(engine, &z, &logdet, &a, constants);
+        let (gpu, want) = (run(gpu_f32(&device)), run(Engine::CpuF64));
+        for ((g, w), name) in gpu.iter().zip(&want).zip(["lp", "dz", "dlogdet"]) {
+            assert_close(&format!("base log-density {rows} x {d}: {name}"), g, w);
         }
     }
 }

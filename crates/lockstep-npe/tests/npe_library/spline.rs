@@ -4,10 +4,8 @@
 //! process, so each test binary uses one precision.)
 
 use crate::common::{random_params, random_splines, small_network, spline};
-use lockstep_npe::layers::Pass;
-use lockstep_npe::params::{to_vec, Params};
 use lockstep_npe::spline::SplineParams;
-use lockstep_npe::{CpuBackend, Norm};
+use lockstep_npe::{CpuBackend, DeviceModel, Norm, Placement};
 
 #[test]
 fn inverse_of_forward_is_the_identity() {
@@ -46,9 +44,12 @@ fn inverse_of_forward_is_the_identity() {
 #[test]
 fn density_of_a_random_2d_flow_integrates_to_one() {
     let net = small_network(2, 2, Norm::None, 2.0);
-    let (p, mut st) = random_params(&net, 0.3, 7);
-    let params = Params::<CpuBackend>::from_flat(net.layout(), &p, &Default::default());
-    let mut pass = Pass::evaluation(&params, &mut st, net.state_layout());
+    let (p, st) = random_params(&net, 0.3, 7);
+    // Through the model's non-generic entry (a generic forward named here would compile
+    // the network again for this test binary).
+    let mut model = DeviceModel::new(net.clone(), 0, &Placement::Cpu).unwrap();
+    model.set_parameters(&p).unwrap();
+    model.set_state(&st).unwrap();
     let x = [0.5f32, 0.1];
     // Midpoint rule on [-L, L]²; the base is N(0, I) and the flow is the identity beyond the
     // tails (up to the LU map), so the mass outside is negligible.
@@ -64,7 +65,7 @@ fn density_of_a_random_2d_flow_integrates_to_one() {
             .flat_map(|c| [t0 as f32, (-l + (c as f64 + 0.5) * h) as f32])
             .collect();
         let rows: Vec<f32> = (0..g).flat_map(|_| x).collect();
-        let lp = to_vec(net.log_prob(&mut pass, &theta, &rows, g));
+        let lp = model.log_prob(&theta, &rows, g);
         for (c, v) in lp.iter().enumerate() {
             let m = (*v as f64).exp() * h * h;
             total += m;

@@ -4,63 +4,13 @@
 //! gradients with respect to the input and every raw parameter (and the values without
 //! autodiff, as evaluation passes run them), on the f64 reference, with
 //! inputs inside the tails, on both tail bounds, outside them, and with large raw values.
+//!
+//! The evaluations are lockstep_npe::kernel_check's non-generic entries (see
+//! activation_kernel.rs).
 
-use burn::backend::{Autodiff, NdArray};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{FloatDType, Tensor, TensorData};
-use lockstep_npe::device::{wgpu_device, WgpuAutodiff, WgpuBackend};
-use lockstep_npe::fused_ops::FusedOps;
+use lockstep_npe::device::wgpu_device;
+use lockstep_npe::kernel_check::{self, Engine, SplineCase};
 use lockstep_npe::spline::SplineParams;
-
-/// Values and gradients of one evaluation: `y`, `log|dy/dx|`, `dL/dx`, `dL/draw` for
-/// `L = Σ a y + Σ b log|dy/dx|`.
-struct Eval {
-    y: Vec<f64>,
-    ld: Vec<f64>,
-    gx: Vec<f64>,
-    graw: Vec<f64>,
-}
-
-/// The inputs of one comparison: `x: [M]`, `raw: [M, 3K-1]`, the loss weights `a`, `b`
-/// (`[M]` each), the width/height scale and the spline.
-struct Case {
-    x: Vec<f32>,
-    raw: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    scale: f64,
-    sp: SplineParams,
-}
-
-fn eval<B: AutodiffBackend + FusedOps>(device: &B::Device, dtype: FloatDType, c: &Case) -> Eval {
-    let Case {
-        x,
-        raw,
-        a,
-        b,
-        scale,
-        sp,
-    } = c;
-    let m = x.len();
-    let width = raw.len() / m;
-    let t = |v: &[f32], cols: usize| {
-        // burn keeps one default float dtype per device kind (NdArray<f32> and NdArray<f64>
-        // share theirs), so the dtype is set explicitly.
-        Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [m, cols]), device).cast(dtype)
-    };
-    let xt = t(x, 1).require_grad();
-    let rt = t(raw, width).require_grad();
-    let (y, ld) = B::spline(xt.clone(), rt.clone(), *scale, sp);
-    let loss = (y.clone() * t(a, 1)).sum() + (ld.clone() * t(b, 1)).sum();
-    let grads = loss.backward();
-    let v = |d: TensorData| -> Vec<f64> { d.convert::<f64>().to_vec().unwrap() };
-    Eval {
-        y: v(y.into_data()),
-        ld: v(ld.into_data()),
-        gx: v(xt.grad(&grads).unwrap().into_data()),
-        graw: v(rt.grad(&grads).unwrap().into_data()),
-    }
-}
 
 /// A deterministic pseudo-random sequence in [-1, 1).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
@@ -106,8 +56,7 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
     let a = noise(m, 3);
     let b = noise(m, 4);
 
-    let (f32_, f64_) = (FloatDType::F32, FloatDType::F64);
-    let case = Case {
+    let case = SplineCase {
         x: x.clone(),
         raw,
         a: a.clone(),
@@ -116,14 +65,15 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
         sp,
     };
     let device = wgpu_device(0).unwrap();
-    let gpu = eval::<WgpuAutodiff>(&device, f32_, &case);
-    let cpu = Default::default();
-    let f64_ref = eval::<Autodiff<NdArray<f64>>>(&cpu, f64_, &case);
-    let cpu = eval::<Autodiff<NdArray<f32>>>(&cpu, f32_, &case);
-    const {
-        assert!(<WgpuAutodiff as FusedOps>::SPLINE_KERNEL);
-        assert!(!<Autodiff<NdArray<f32>> as FusedOps>::SPLINE_KERNEL);
-    }
+    let gpu = Engine::Gpu {
+        device: &device,
+        half: false,
+    };
+    let gpu = kernel_check::spline(gpu, &case);
+    let f64_ref = kernel_check::spline(Engine::CpuF64, &case);
+    let cpu = kernel_check::spline(Engine::CpuF32, &case);
+    let (_, gpu_spline, _, cpu_spline) = kernel_check::kernel_flags();
+    assert!(gpu_spline && !cpu_spline);
 
     for (name, got, cpu, want) in [
         ("y", &gpu.y, &cpu.y, &f64_ref.y),
@@ -140,16 +90,8 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
     }
     // Without autodiff (evaluation passes: validation loss, log-probabilities) the forward
     // kernel alone gives the same values.
-    let (y, ld) = <WgpuBackend as FusedOps>::spline(
-        Tensor::from_data(TensorData::new(x.clone(), [m, 1]), &device),
-        Tensor::from_data(TensorData::new(case.raw.clone(), [m, width]), &device),
-        scale,
-        &sp,
-    );
-    let v = |t: Tensor<WgpuBackend, 2>| -> Vec<f64> {
-        t.into_data().convert::<f64>().to_vec().unwrap()
-    };
-    assert_eq!((v(y), v(ld)), (gpu.y.clone(), gpu.ld.clone()));
+    let (y, ld) = kernel_check::spline_inference(&device, &case);
+    assert_eq!((y, ld), (gpu.y.clone(), gpu.ld.clone()));
     // Outside the tails: the identity, no parameter gradient.
     for r in [2, 3] {
         assert_eq!(gpu.y[r], x[r] as f64);

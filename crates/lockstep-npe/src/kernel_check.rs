@@ -1,0 +1,452 @@
+//! The fused GPU kernels against burn's autodiff of their composed forms: one forward and
+//! one backward pass of a kernel (or of the composed form, on the CPU engines) for a loss
+//! `L = Σ a y` (plus `Σ c ·` of a second output), returning the outputs and the gradient of
+//! every input as f64 values, for a test or an adapter check to compare with stated
+//! tolerances.
+//!
+//! These are non-generic entries on purpose: a release build shares no generic
+//! instantiations between crates, so a test binary that named `Autodiff<Wgpu>` and
+//! `Autodiff<NdArray<f64>>` itself compiled burn's autodiff, its CubeCL kernels and every
+//! fused operation again (about 3 minutes of every `make test` on 2 cores); here they are
+//! compiled once, with the model's.
+
+use crate::device::{WgpuAutodiff, WgpuBackend};
+use crate::fused_ops::{FusedOps, Precision};
+use crate::spline::SplineParams;
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+
+/// Where and in which float type a check evaluates.
+#[derive(Debug, Clone, Copy)]
+pub enum Engine<'a> {
+    /// burn's wgpu backend on `device`, in float32, or in float16 (`half`: float16 tensors
+    /// throughout).
+    Gpu {
+        /// The adapter's device.
+        device: &'a WgpuDevice,
+        /// Float16 tensors instead of float32.
+        half: bool,
+    },
+    /// burn's ndarray backend in f64: the reference.
+    CpuF64,
+    /// burn's ndarray backend in float32 (the composed forms the CPU engine runs).
+    CpuF32,
+}
+
+/// Runs `$f::<B>(device, dtype, ...)` on the backend and dtype of `$engine`.
+macro_rules! on_engine {
+    ($engine:expr, $f:ident ( $($arg:expr),* )) => {
+        match $engine {
+            Engine::Gpu { device, half } => {
+                let dtype = if half { FloatDType::F16 } else { FloatDType::F32 };
+                $f::<WgpuAutodiff>(device, dtype, $($arg),*)
+            }
+            Engine::CpuF64 => {
+                $f::<Autodiff<NdArray<f64>>>(&Default::default(), FloatDType::F64, $($arg),*)
+            }
+            Engine::CpuF32 => {
+                $f::<Autodiff<NdArray<f32>>>(&Default::default(), FloatDType::F32, $($arg),*)
+            }
+        }
+    };
+}
+
+fn f64s(d: TensorData) -> Vec<f64> {
+    d.convert::<f64>()
+        .to_vec()
+        .expect("a float tensor converts to f64")
+}
+
+fn matrix<B: AutodiffBackend>(
+    v: &[f32],
+    shape: [usize; 2],
+    device: &B::Device,
+    dtype: FloatDType,
+) -> Tensor<B, 2> {
+    // burn keeps one default float dtype per device kind (NdArray<f32> and NdArray<f64>
+    // share theirs), so the dtype is set explicitly.
+    Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), shape), device).cast(dtype)
+}
+
+fn vector<B: AutodiffBackend>(v: &[f32], device: &B::Device, dtype: FloatDType) -> Tensor<B, 1> {
+    Tensor::<B, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device).cast(dtype)
+}
+
+fn activation_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    sigmoid: bool,
+    x: &[f32],
+    a: &[f32],
+    rows: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let shape = [rows, x.len() / rows];
+    let xt = matrix::<B>(x, shape, device, dtype).require_grad();
+    let y = if sigmoid {
+        B::fused_sigmoid(xt.clone())
+    } else {
+        B::fused_elu(xt.clone())
+    };
+    let grads = (y.clone() * matrix::<B>(a, shape, device, dtype))
+        .sum()
+        .backward();
+    let dx = xt.grad(&grads).expect("x has a gradient");
+    (f64s(y.into_data()), f64s(dx.into_data()))
+}
+
+/// ELU (or the sigmoid, `sigmoid`) of `x: [rows, cols]` (row-major) and `dL/dx` for
+/// `L = Σ a y` ([`FusedOps::fused_elu`], [`FusedOps::fused_sigmoid`]): `(y, dL/dx)`, each
+/// `[rows * cols]`.
+///
+/// Panics when no adapter computes on `engine` or the lengths disagree.
+pub fn activation(
+    engine: Engine<'_>,
+    sigmoid: bool,
+    x: &[f32],
+    a: &[f32],
+    rows: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    on_engine!(engine, activation_on(sigmoid, x, a, rows))
+}
+
+/// Mixed precision's activation path on the GPU ([`FusedOps::elu_at`],
+/// [`FusedOps::sigmoid_at`] with [`Precision::Half`]): float32 in and out, the casts to and
+/// from float16 inside the kernels; `(y, dL/dx)` as for [`activation`].
+///
+/// Panics when the output is not float32 or the lengths disagree.
+pub fn activation_mixed(
+    device: &WgpuDevice,
+    sigmoid: bool,
+    x: &[f32],
+    a: &[f32],
+    rows: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let shape = [rows, x.len() / rows];
+    let t = |v: &[f32]| {
+        Tensor::<WgpuAutodiff, 2>::from_data(TensorData::new(v.to_vec(), shape), device)
+    };
+    let xt = t(x).require_grad();
+    let y = if sigmoid {
+        WgpuAutodiff::sigmoid_at(xt.clone(), Precision::Half)
+    } else {
+        WgpuAutodiff::elu_at(xt.clone(), Precision::Half)
+    };
+    assert_eq!(
+        y.dtype(),
+        DType::F32,
+        "mixed precision's activations return float32"
+    );
+    let grads = (y.clone() * t(a)).sum().backward();
+    let dx = xt.grad(&grads).expect("x has a gradient");
+    (f64s(y.into_data()), f64s(dx.into_data()))
+}
+
+/// Which layer kernel [`layer`] runs ([`FusedOps::LAYER_KERNELS`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Layer {
+    /// LayerNorm (eps 1e-5), then ELU when true; inputs `x [rows, f]`, `weight [f]`,
+    /// `bias [f]`.
+    Norm(bool),
+    /// `elu(x Wᵀ + b)`; inputs `x [rows, k]`, `W` flat `[f * k]`, `b [f]`.
+    LinearElu,
+    /// The gated residual tail `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`; inputs
+    /// `x [rows, f]`, `t [rows, f]`, `W₁ [f * f]`, `b₁ [f]`, `context [rows, k]`,
+    /// `W_c [f * k]`, `b_c [f]`.
+    Gated,
+}
+
+fn layer_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    layer: Layer,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    let m = |i: usize| {
+        let (v, s) = &inputs[i];
+        matrix::<B>(v, [s[0], s[1]], device, dtype).require_grad()
+    };
+    let v = |i: usize| vector::<B>(&inputs[i].0, device, dtype).require_grad();
+    let (y, mats, vecs) = match layer {
+        Layer::Norm(elu) => {
+            let (x, w, b) = (m(0), v(1), v(2));
+            let y = B::fused_layer_norm(x.clone(), w.clone(), b.clone(), 1e-5, elu);
+            (y, vec![x], vec![w, b])
+        }
+        Layer::LinearElu => {
+            let (x, w, b) = (m(0), v(1), v(2));
+            let y = B::linear_elu(x.clone(), w.clone(), b.clone());
+            (y, vec![x], vec![w, b])
+        }
+        Layer::Gated => {
+            let (x, t, w1, b1, c, wc, bc) = (m(0), m(1), v(2), v(3), m(4), v(5), v(6));
+            let y = B::gated_residual(
+                x.clone(),
+                t.clone(),
+                w1.clone(),
+                b1.clone(),
+                c.clone(),
+                wc.clone(),
+                bc.clone(),
+            );
+            (y, vec![x, t, c], vec![w1, b1, wc, bc])
+        }
+    };
+    let at = matrix::<B>(a, y.dims(), device, dtype);
+    let grads = (y.clone() * at).sum().backward();
+    let mut out = vec![f64s(y.into_data())];
+    let grad = |t: Tensor<B, 2>| f64s(t.grad(&grads).expect("an input's gradient").into_data());
+    out.extend(mats.into_iter().map(grad));
+    out.extend(
+        vecs.into_iter()
+            .map(|t| f64s(t.grad(&grads).expect("an input's gradient").into_data())),
+    );
+    out
+}
+
+/// A layer kernel's output and every input's gradient for `L = Σ a y`: `[y, then the
+/// gradients of the matrix inputs, then of the vector inputs]` in [`Layer`]'s argument
+/// order; `inputs` are `(values, shape)` (a 1-element shape for a vector).
+///
+/// Panics on shapes that disagree with the values or with the layer.
+pub fn layer(
+    engine: Engine<'_>,
+    layer: Layer,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    on_engine!(engine, layer_on(layer, inputs, a))
+}
+
+/// LayerNorm (then ELU when `elu`) on the GPU without autodiff (evaluation passes):
+/// `x: [rows, f]`, `weight`, `bias: [f]` -> `y [rows * f]`.
+pub fn layer_norm_inference(
+    device: &WgpuDevice,
+    x: &[f32],
+    rows: usize,
+    weight: &[f32],
+    bias: &[f32],
+    elu: bool,
+) -> Vec<f64> {
+    let t = Tensor::<WgpuBackend, 2>::from_data(
+        TensorData::new(x.to_vec(), [rows, x.len() / rows]),
+        device,
+    );
+    let v = |v: &[f32]| {
+        Tensor::<WgpuBackend, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
+    };
+    f64s(WgpuBackend::fused_layer_norm(t, v(weight), v(bias), 1e-5, elu).into_data())
+}
+
+fn lu_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    params: [&[f32]; 4],
+    a: &[f32],
+    c: &[f32],
+) -> Vec<Vec<f64>> {
+    let [lower, upper, diag, acc] = params.map(|p| vector::<B>(p, device, dtype).require_grad());
+    let n = diag.dims()[0];
+    let wt = B::lu_weight_t(lower.clone(), upper.clone(), diag.clone(), 1e-3);
+    let ld = B::lu_logdet(acc.clone(), diag.clone(), 1e-3);
+    let at = matrix::<B>(a, [n, n], device, dtype);
+    let ct = vector::<B>(c, device, dtype);
+    let grads = ((wt.clone() * at).sum() + (ld.clone() * ct).sum()).backward();
+    let mut out = vec![f64s(wt.into_data()), f64s(ld.into_data())];
+    for t in [&lower, &upper, &diag, &acc] {
+        out.push(f64s(
+            t.grad(&grads).expect("an input's gradient").into_data(),
+        ));
+    }
+    out
+}
+
+/// The LU map's kernels ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`], eps 1e-3) for
+/// `params = [lower, upper ([n(n-1)/2] each), unconstrained diagonal [n], running
+/// log-determinant [rows]]`: `[Wᵀ [n * n], logdet [rows], dL/dlower, dL/dupper, dL/ddiag,
+/// dL/dacc]` for `L = Σ a Wᵀ + Σ c logdet`.
+pub fn lu(engine: Engine<'_>, params: [&[f32]; 4], a: &[f32], c: &[f32]) -> Vec<Vec<f64>> {
+    on_engine!(engine, lu_on(params, a, c))
+}
+
+/// The shape of a [`coupling`] check: `rows`, features `d`, and the first transformed
+/// feature `start` (0 or 1: the alternating masks).
+#[derive(Debug, Clone, Copy)]
+pub struct CouplingShape {
+    /// Samples.
+    pub rows: usize,
+    /// Features.
+    pub d: usize,
+    /// The first transformed feature.
+    pub start: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coupling_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    shape: CouplingShape,
+    x_id: &[f32],
+    both: &[f32],
+    acc: &[f32],
+    a: &[f32],
+    c: &[f32],
+) -> Vec<Vec<f64>> {
+    let CouplingShape { rows, d, start } = shape;
+    let t = both.len() / 2 / rows;
+    let xt = matrix::<B>(x_id, [rows, d - t], device, dtype).require_grad();
+    let bt = matrix::<B>(both, [rows * t, 2], device, dtype).require_grad();
+    let acct = vector::<B>(acc, device, dtype).require_grad();
+    let z = B::coupling_place(xt.clone(), bt.clone(), start);
+    let ld = B::coupling_logdet(acct.clone(), bt.clone());
+    let at = matrix::<B>(a, [rows, d], device, dtype);
+    let ct = vector::<B>(c, device, dtype);
+    let grads = ((z.clone() * at).sum() + (ld.clone() * ct).sum()).backward();
+    vec![
+        f64s(z.into_data()),
+        f64s(ld.into_data()),
+        f64s(xt.grad(&grads).expect("x_id's gradient").into_data()),
+        f64s(bt.grad(&grads).expect("the spline's gradient").into_data()),
+        f64s(acct.grad(&grads).expect("acc's gradient").into_data()),
+    ]
+}
+
+/// The end of a coupling step ([`FusedOps::coupling_place`], [`FusedOps::coupling_logdet`])
+/// for the untransformed features `x_id: [rows, d - t]`, the spline's output
+/// `both: [rows * t, 2]` (value, log-derivative) and the running log-determinant
+/// `acc: [rows]`: `[z [rows * d], logdet [rows], dL/dx_id, dL/dboth, dL/dacc]` for
+/// `L = Σ a z + Σ c logdet`.
+#[allow(clippy::too_many_arguments)]
+pub fn coupling(
+    engine: Engine<'_>,
+    shape: CouplingShape,
+    x_id: &[f32],
+    both: &[f32],
+    acc: &[f32],
+    a: &[f32],
+    c: &[f32],
+) -> Vec<Vec<f64>> {
+    on_engine!(engine, coupling_on(shape, x_id, both, acc, a, c))
+}
+
+fn base_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    z: &[f32],
+    logdet: &[f32],
+    a: &[f32],
+    constants: (f64, f64),
+) -> Vec<Vec<f64>> {
+    let rows = logdet.len();
+    let zt = matrix::<B>(z, [rows, z.len() / rows], device, dtype).require_grad();
+    let lt = vector::<B>(logdet, device, dtype).require_grad();
+    let lp = B::base_log_prob(zt.clone(), lt.clone(), constants.0, constants.1);
+    let grads = (lp.clone() * vector::<B>(a, device, dtype))
+        .sum()
+        .backward();
+    vec![
+        f64s(lp.into_data()),
+        f64s(zt.grad(&grads).expect("z's gradient").into_data()),
+        f64s(lt.grad(&grads).expect("logdet's gradient").into_data()),
+    ]
+}
+
+/// The flow's base log-density with its log-determinant ([`FusedOps::base_log_prob`]) for
+/// `z: [rows, d]` (row-major), `logdet: [rows]` and the constants `(c, jac)`:
+/// `[lp [rows], dL/dz [rows * d], dL/dlogdet [rows]]` for `L = Σ a lp`.
+pub fn base_log_prob(
+    engine: Engine<'_>,
+    z: &[f32],
+    logdet: &[f32],
+    a: &[f32],
+    constants: (f64, f64),
+) -> Vec<Vec<f64>> {
+    on_engine!(engine, base_on(z, logdet, a, constants))
+}
+
+/// The inputs of a [`spline`] check: `x: [M]`, `raw: [M, 3K-1]` (row-major), the loss
+/// weights `a`, `b` (`[M]` each), the width/height scale and the spline.
+#[derive(Debug, Clone)]
+pub struct SplineCase {
+    /// Inputs `[M]`.
+    pub x: Vec<f32>,
+    /// Raw bin parameters `[M, 3K-1]`.
+    pub raw: Vec<f32>,
+    /// Weights of `y` in the loss `[M]`.
+    pub a: Vec<f32>,
+    /// Weights of `log|dy/dx|` in the loss `[M]`.
+    pub b: Vec<f32>,
+    /// Scale of the width and height logits (`1/sqrt(hidden)`).
+    pub scale: f64,
+    /// Bins and tail bound.
+    pub sp: SplineParams,
+}
+
+/// A spline check's results: `y`, `log|dy/dx|`, `dL/dx` (`[M]` each) and `dL/draw`
+/// (`[M * (3K-1)]`) for `L = Σ a y + Σ b log|dy/dx|`.
+#[derive(Debug, Clone)]
+pub struct SplineEval {
+    /// Outputs.
+    pub y: Vec<f64>,
+    /// Log-derivatives.
+    pub ld: Vec<f64>,
+    /// Gradient with respect to the inputs.
+    pub gx: Vec<f64>,
+    /// Gradient with respect to the raw parameters.
+    pub graw: Vec<f64>,
+}
+
+fn spline_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    c: &SplineCase,
+) -> SplineEval {
+    let m = c.x.len();
+    let width = c.raw.len() / m;
+    let xt = matrix::<B>(&c.x, [m, 1], device, dtype).require_grad();
+    let rt = matrix::<B>(&c.raw, [m, width], device, dtype).require_grad();
+    let (y, ld) = B::spline(xt.clone(), rt.clone(), c.scale, &c.sp);
+    let loss = (y.clone() * matrix::<B>(&c.a, [m, 1], device, dtype)).sum()
+        + (ld.clone() * matrix::<B>(&c.b, [m, 1], device, dtype)).sum();
+    let grads = loss.backward();
+    SplineEval {
+        y: f64s(y.into_data()),
+        ld: f64s(ld.into_data()),
+        gx: f64s(xt.grad(&grads).expect("x's gradient").into_data()),
+        graw: f64s(rt.grad(&grads).expect("raw's gradient").into_data()),
+    }
+}
+
+/// The coupling spline ([`FusedOps::spline`]: the GPU's kernels, the composed form on the
+/// CPU) and its gradients for `case`.
+pub fn spline(engine: Engine<'_>, case: &SplineCase) -> SplineEval {
+    on_engine!(engine, spline_on(case))
+}
+
+/// The spline's forward kernel on the GPU without autodiff (evaluation passes):
+/// `(y, log|dy/dx|)`, `[M]` each.
+pub fn spline_inference(device: &WgpuDevice, case: &SplineCase) -> (Vec<f64>, Vec<f64>) {
+    let m = case.x.len();
+    let width = case.raw.len() / m;
+    let (y, ld) = <WgpuBackend as FusedOps>::spline(
+        Tensor::from_data(TensorData::new(case.x.clone(), [m, 1]), device),
+        Tensor::from_data(TensorData::new(case.raw.clone(), [m, width]), device),
+        case.scale,
+        &case.sp,
+    );
+    (f64s(y.into_data()), f64s(ld.into_data()))
+}
+
+/// Whether the GPU backend runs the layer kernels and the spline kernel, and the float32
+/// CPU backend the composed forms ([`FusedOps::LAYER_KERNELS`], [`FusedOps::SPLINE_KERNEL`]):
+/// `(gpu layer kernels, gpu spline kernel, cpu f64 layer kernels, cpu f32 spline kernel)`.
+pub fn kernel_flags() -> (bool, bool, bool, bool) {
+    (
+        <WgpuAutodiff as FusedOps>::LAYER_KERNELS,
+        <WgpuAutodiff as FusedOps>::SPLINE_KERNEL,
+        <Autodiff<NdArray<f64>> as FusedOps>::LAYER_KERNELS,
+        <Autodiff<NdArray<f32>> as FusedOps>::SPLINE_KERNEL,
+    )
+}
