@@ -584,6 +584,23 @@ pub trait FusedOps: Backend {
         }
     }
 
+    /// The gradients of [`FusedOps::linear_at`] at `precision` (see
+    /// [`FusedOps::fused_linear_backward`]): [`Precision::Half`] casts the incoming gradient
+    /// to float16 first (a scaled gradient beyond 65504 becomes infinite, as in PyTorch's
+    /// autocast, for the loss scaler to see), computes in float16 and returns float32.
+    fn linear_backward_at(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        need: [bool; 3],
+        precision: Precision,
+    ) -> LinearGradients<Self> {
+        match precision {
+            Precision::F32 => Self::fused_linear_backward(x, weight, grad, need),
+            Precision::Half => linear_backward_half(x, weight, grad, need),
+        }
+    }
+
     /// [`FusedOps::fused_elu`] at `precision` ([`Precision::Half`]: computed in f16, returned
     /// in the input's dtype).
     fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
@@ -1251,6 +1268,54 @@ where
         (wrap(da), wrap(db))
     }
 
+    fn linear_at(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+        precision: Precision,
+    ) -> Tensor<Self, 2> {
+        match precision {
+            Precision::F32 => Self::fused_linear(x, weight, bias),
+            Precision::Half if bias.dtype() == burn::tensor::DType::F32 => {
+                let h = FloatDType::F16;
+                let a = product(x.cast(h), weight.cast(h));
+                wrap(crate::linear_half_kernel::bias_forward_launch(
+                    prim(a),
+                    prim(bias),
+                ))
+            }
+            Precision::Half => linear_half(x, weight, bias),
+        }
+    }
+
+    fn linear_backward_at(
+        x: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        need: [bool; 3],
+        precision: Precision,
+    ) -> LinearGradients<Self> {
+        match precision {
+            Precision::F32 => Self::fused_linear_backward(x, weight, grad, need),
+            Precision::Half if grad.dtype() == burn::tensor::DType::F32 => {
+                let h = FloatDType::F16;
+                let (x, w, g) = (x.cast(h), weight.cast(h), grad.cast(h));
+                let [_, inputs] = x.dims();
+                let [_, outputs] = g.dims();
+                let dxh = need[0].then(|| g.clone().matmul(w.reshape([outputs, inputs])));
+                let dwh =
+                    need[1].then(|| g.clone().transpose().matmul(x).reshape([outputs * inputs]));
+                let (dx, dw, db) = crate::linear_half_kernel::gradients_launch(
+                    dxh.map(prim),
+                    dwh.map(prim),
+                    prim(g),
+                );
+                (dx.map(wrap), dw.map(wrap), need[2].then(|| wrap(db)))
+            }
+            Precision::Half => linear_backward_half(x, weight, grad, need),
+        }
+    }
+
     fn gated_residual(
         x: Tensor<Self, 2>,
         t: Tensor<Self, 2>,
@@ -1786,10 +1851,7 @@ impl<B: FusedOps> Backward<B, 3> for LinearBackward {
         let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
         let (x, w) = ops.state;
         let need = [px.is_some(), pw.is_some(), pb.is_some()];
-        let (dx, dw, db) = match self.precision {
-            Precision::F32 => B::fused_linear_backward(x, w, g, need),
-            Precision::Half => linear_backward_half(x, w, g, need),
-        };
+        let (dx, dw, db) = B::linear_backward_at(x, w, g, need, self.precision);
         if let (Some(p), Some(d)) = (px, dx) {
             grads.register::<B>(p.id, d.into_primitive().tensor());
         }

@@ -143,6 +143,58 @@ pub fn activation_mixed(
     (f64s(y.into_data()), f64s(dx.into_data()))
 }
 
+fn linear_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    precision: Precision,
+    x: &[f32],
+    rows: usize,
+    wb: (&[f32], &[f32]),
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    let (w, b) = wb;
+    let xt = matrix::<B>(x, [rows, x.len() / rows], device, dtype).require_grad();
+    let wt = vector::<B>(w, device, dtype).require_grad();
+    let bt = vector::<B>(b, device, dtype).require_grad();
+    let y = B::linear_at(xt.clone(), wt.clone(), bt.clone(), precision);
+    let at = matrix::<B>(a, y.dims(), device, dtype);
+    let grads = (y.clone() * at).sum().backward();
+    vec![
+        f64s(y.into_data()),
+        f64s(xt.grad(&grads).expect("x's gradient").into_data()),
+        f64s(wt.grad(&grads).expect("W's gradient").into_data()),
+        f64s(bt.grad(&grads).expect("b's gradient").into_data()),
+    ]
+}
+
+/// A linear layer `y = x Wᵀ + b` ([`FusedOps::linear_at`] in float32, or in the engine's
+/// float16) for `x: [rows, k]`, `w` flat `[f * k]`, `b: [f]`: `[y [rows * f], dL/dx, dL/dW,
+/// dL/db]` for `L = Σ a y`.
+pub fn linear(
+    engine: Engine<'_>,
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    b: &[f32],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    on_engine!(engine, linear_on(Precision::F32, x, rows, (w, b), a))
+}
+
+/// Mixed precision's linear layer on the GPU ([`FusedOps::linear_at`] with
+/// [`Precision::Half`]: float32 in and out, the products in float16, the bias and the casts
+/// inside [`crate::linear_half_kernel`]'s kernels); results as for [`linear`].
+pub fn linear_mixed(
+    device: &WgpuDevice,
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    b: &[f32],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    linear_on::<WgpuAutodiff>(device, FloatDType::F32, Precision::Half, x, rows, (w, b), a)
+}
+
 /// Which layer kernel [`layer`] runs ([`FusedOps::LAYER_KERNELS`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Layer {

@@ -58,6 +58,7 @@ pub mod gw;
 pub mod kernel_check;
 pub mod layer_kernel;
 pub mod layers;
+pub mod linear_half_kernel;
 pub mod lu_kernel;
 pub mod model;
 pub mod optim_kernel;

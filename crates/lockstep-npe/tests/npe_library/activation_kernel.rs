@@ -279,3 +279,39 @@ fn gpu_base_log_prob_kernel_matches_the_composed_form_and_its_gradients() {
         }
     }
 }
+
+/// Mixed precision's linear layer (`linear_half_kernel.rs`: the float16 products, the bias
+/// and every cast in two kernels around them) against burn's autodiff of the float32 form in
+/// f64 on float16-rounded inputs, for a batch of 1 and of 67 (no multiple of a workgroup)
+/// (the path without the input's gradient runs in npe_gpu's mixed-precision training, whose
+/// first layer's input is data): output and gradients to `8e-3` of the larger
+/// of the value and the output's mean magnitude (float16 keeps 11 significant bits; its
+/// products round every partial sum).
+#[test]
+fn gpu_mixed_precision_linear_kernels_match_the_float32_form() {
+    crate::common::cpu_default_f32();
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    let half = |v: Vec<f32>| -> Vec<f32> {
+        v.iter()
+            .map(|&x| burn::tensor::f16::from_f32(x).to_f32())
+            .collect()
+    };
+    for (rows, k, f) in [(1usize, 7usize, 5usize), (67, 19, 11)] {
+        let x = half(noise(rows * k, 61).iter().map(|v| v * 3.0).collect());
+        let w = half(noise(f * k, 62));
+        let b = half(noise(f, 63).iter().map(|v| v * 2.0).collect());
+        let a = half(noise(rows * f, 64));
+        let gpu = kernel_check::linear_mixed(&device, &x, rows, &w, &b, &a);
+        let want = kernel_check::linear(Engine::CpuF64, &x, rows, &w, &b, &a);
+        for ((g, w), name) in gpu.iter().zip(&want).zip(["y", "dx", "dW", "db"]) {
+            assert_eq!(g.len(), w.len(), "{name}");
+            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
+                    "mixed linear [{rows} x {k}] -> {f}, {name}[{i}]: GPU {g}, f64 {w}"
+                );
+            }
+        }
+    }
+}
