@@ -892,7 +892,9 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     // scalar operations, a row sum and their backward). Mixed precision 851 with each
     // linear layer's bias and casts in two kernels around its float16 products (59 layers:
     // HalfBiasForward after the product, HalfLinearBackward after the gradient's products,
-    // in place of 5 casts, an addition and a reduction). A regression fails here.
+    // in place of 5 casts, an addition and a reduction). 535 and 835 with each flow step's
+    // permutation folded into its LU weight's rows (no gather of the features forward, no
+    // scatter back). A regression fails here.
     let (f32_launches, f32_syncs, f32_grads, line) = count("float32");
     let kernels = [
         "LayerNormBackward 8, LayerNormForward 8",
@@ -904,7 +906,7 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     ];
     assert!(
         f32_launches > 100.0
-            && f32_launches <= 551.0
+            && f32_launches <= 535.0
             && line.contains("MatmulEntry")
             && line.contains("PackMany 10")
             && line.contains("BaseBackward 1, BaseForward 1")
@@ -916,7 +918,7 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     let (amp_launches, amp_syncs, amp_grads, line) = count("mixed precision (float16)");
     assert!(
         amp_launches > f32_launches
-            && amp_launches <= 851.0
+            && amp_launches <= 835.0
             && line.contains("HalfBiasForward 59")
             && line.contains("HalfLinearBackward 59")
             && line.contains("CastElement")

@@ -186,12 +186,16 @@ impl LuLinear {
         lu_weight_composed(l, u, d, LU_EPS)
     }
 
-    /// `x: [N, n]`, the running log-determinant `logdet: [N]` -> `(y [N, n], logdet +
-    /// log|det W|)`.
+    /// `x: [N, n]` permuted by `perm` (`x[:, perm]`), the running log-determinant `logdet:
+    /// [N]` -> `(y [N, n], logdet + log|det W|)`. On a backend with the layer kernels the
+    /// permutation is folded into the weight's rows
+    /// ([`crate::fused_ops::FusedOps::lu_weight_t`]), so `x` is
+    /// not gathered.
     fn forward<B: NpeBackend>(
         &self,
         p: &Params<B>,
         x: Tensor<B, 2>,
+        perm: &[usize],
         logdet: Tensor<B, 1>,
     ) -> (Tensor<B, 2>, Tensor<B, 1>) {
         if B::LAYER_KERNELS {
@@ -200,12 +204,14 @@ impl LuLinear {
                 p.vector(self.upper),
                 p.vector(self.diag),
             );
-            let wt = B::lu_weight_t(l, u, d.clone(), LU_EPS);
+            let wt = B::lu_weight_t(l, u, d.clone(), LU_EPS, Some(perm));
             return (
                 x.matmul(wt) + p.row(self.bias),
                 B::lu_logdet(logdet, d, LU_EPS),
             );
         }
+        let device = x.device();
+        let x = x.select(1, index_tensor::<B>(perm, &device));
         let (w, diag) = self.weight(p);
         let n = x.dims()[0];
         (
@@ -773,8 +779,9 @@ impl NpeNetwork {
         let mut z = Self::standardize::<B>(theta, n, &s.theta_mean, &s.theta_std, &device);
         let mut logdet = Tensor::<B, 1>::zeros([n], &device);
         for step in &self.steps {
-            z = z.select(1, index_tensor::<B>(&step.permutation.perm, &device));
-            let (y, ld) = step.lu.forward(pass.params, z, logdet);
+            let (y, ld) = step
+                .lu
+                .forward(pass.params, z, &step.permutation.perm, logdet);
             z = y;
             logdet = ld;
             let (y, ld) = step.coupling.forward_logdet(pass, z, context, logdet);

@@ -390,37 +390,47 @@ pub trait FusedOps: Backend {
     /// The transposed weight `Wᵀ: [n, n]` of a flow step's LU-factorized linear map
     /// (nflows' `LULinear`, `W = L U`, see [`lu_weight_composed`]) from its strictly lower
     /// and strictly upper entries (`[n(n-1)/2]` each, row-major) and its unconstrained
-    /// diagonal `diag: [n]` (`u_jj = softplus(diag_j) + eps`). On a backend with
+    /// diagonal `diag: [n]` (`u_jj = softplus(diag_j) + eps`). With the flow step's
+    /// permutation `perm` its rows are permuted, `M[perm[j]] = Wᵀ[j]`, so that
+    /// `z M = z[:, perm] Wᵀ` (the permutation needs no gather of `z`). On a backend with
     /// [`FusedOps::LAYER_KERNELS`] one kernel each way ([`crate::lu_kernel`]).
     fn lu_weight_t(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
         eps: f64,
+        perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
-        lu_weight_composed(lower, upper, diag, eps).0.transpose()
+        permute_rows(
+            lu_weight_composed(lower, upper, diag, eps).0.transpose(),
+            perm,
+        )
     }
 
-    /// [`FusedOps::lu_weight_t`] as one kernel launch.
+    /// [`FusedOps::lu_weight_t`] as one kernel launch, the permutation given as float32
+    /// values (`[n]`).
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn lu_weight_kernel_forward(
         _lower: Tensor<Self, 1>,
         _upper: Tensor<Self, 1>,
         _diag: Tensor<Self, 1>,
+        _perm: Option<Tensor<Self, 1>>,
         _eps: f64,
     ) -> Tensor<Self, 2> {
         no_layer_kernels()
     }
 
     /// The gradients `(dlower, dupper, ddiag)` of [`FusedOps::lu_weight_kernel_forward`]
-    /// for the gradient `dwt: [n, n]` of `Wᵀ`, as one kernel launch.
+    /// (with the same permutation) for the gradient `dwt: [n, n]` of its output, as one
+    /// kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn lu_weight_kernel_backward(
         _lower: Tensor<Self, 1>,
         _upper: Tensor<Self, 1>,
         _diag: Tensor<Self, 1>,
+        _perm: Option<Tensor<Self, 1>>,
         _dwt: Tensor<Self, 2>,
         _eps: f64,
     ) -> [Tensor<Self, 1>; 3] {
@@ -827,6 +837,29 @@ fn coupling_place_composed<B: Backend>(
     Tensor::cat(vec![x_id, y], 1).select(1, order)
 }
 
+/// `wt` with its rows permuted by `perm` (`M[perm[j]] = wt[j]`), or `wt` itself.
+fn permute_rows<B: Backend>(wt: Tensor<B, 2>, perm: Option<&[usize]>) -> Tensor<B, 2> {
+    let Some(perm) = perm else {
+        return wt;
+    };
+    let mut inverse = vec![0i64; perm.len()];
+    for (j, &p) in perm.iter().enumerate() {
+        inverse[p] = j as i64;
+    }
+    let index = Tensor::<B, 1, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new(inverse, [perm.len()]),
+        &wt.device(),
+    );
+    wt.select(0, index)
+}
+
+/// A permutation's values as a float32 tensor on `device` (exact below 2^24), for the LU
+/// weight kernel.
+fn permutation_values<B: Backend>(perm: &[usize], device: &B::Device) -> Tensor<B, 1> {
+    let values: Vec<f32> = perm.iter().map(|&p| p as f32).collect();
+    Tensor::from_data(burn::tensor::TensorData::new(values, [perm.len()]), device)
+}
+
 /// [`FusedOps::base_log_prob`] composed from burn's operations.
 fn base_log_prob_composed<B: Backend>(
     z: Tensor<B, 2>,
@@ -1126,23 +1159,28 @@ where
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
         eps: f64,
+        perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
         if !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
-            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+            let wt = lu_weight_composed(lower, upper, diag, eps).0.transpose();
+            return permute_rows(wt, perm);
         }
-        Self::lu_weight_kernel_forward(lower, upper, diag, eps)
+        let perm = perm.map(|p| permutation_values(p, &diag.device()));
+        Self::lu_weight_kernel_forward(lower, upper, diag, perm, eps)
     }
 
     fn lu_weight_kernel_forward(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        perm: Option<Tensor<Self, 1>>,
         eps: f64,
     ) -> Tensor<Self, 2> {
         wrap(crate::lu_kernel::weight_forward(
             prim(lower),
             prim(upper),
             prim(diag),
+            perm.map(prim),
             eps,
         ))
     }
@@ -1151,11 +1189,20 @@ where
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        perm: Option<Tensor<Self, 1>>,
         dwt: Tensor<Self, 2>,
         eps: f64,
     ) -> [Tensor<Self, 1>; 3] {
-        crate::lu_kernel::weight_backward(prim(lower), prim(upper), prim(diag), prim(dwt), eps)
-            .map(wrap)
+        let perm = perm.map(prim);
+        crate::lu_kernel::weight_backward(
+            prim(lower),
+            prim(upper),
+            prim(diag),
+            perm,
+            prim(dwt),
+            eps,
+        )
+        .map(wrap)
     }
 
     fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
@@ -2014,14 +2061,19 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
 }
 
 /// The backward step of [`FusedOps::lu_weight_t`] on `Autodiff<B>` for a backend with the
-/// layer kernels; its state is the three parameter vectors.
+/// layer kernels; its state is the three parameter vectors and the permutation's values.
 #[derive(Debug)]
 struct LuWeightBackward {
     eps: f64,
 }
 
 impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
-    type State = (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>);
+    type State = (
+        Tensor<B, 1>,
+        Tensor<B, 1>,
+        Tensor<B, 1>,
+        Option<Tensor<B, 1>>,
+    );
 
     fn backward(
         self,
@@ -2030,8 +2082,8 @@ impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
         _checkpointer: &mut Checkpointer,
     ) {
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
-        let (lower, upper, diag) = ops.state;
-        let d = B::lu_weight_kernel_backward(lower, upper, diag, g, self.eps);
+        let (lower, upper, diag, perm) = ops.state;
+        let d = B::lu_weight_kernel_backward(lower, upper, diag, perm, g, self.eps);
         for (p, d) in ops.parents.into_iter().zip(d) {
             if let Some(p) = p {
                 grads.register::<B>(p.id, prim(d));
@@ -2372,15 +2424,23 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
         eps: f64,
+        perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
         if !B::LAYER_KERNELS || !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
-            return lu_weight_composed(lower, upper, diag, eps).0.transpose();
+            let wt = lu_weight_composed(lower, upper, diag, eps).0.transpose();
+            return permute_rows(wt, perm);
         }
         let (l, u, d) = (prim(lower), prim(upper), prim(diag));
         let inner = |v: &burn::tensor::ops::FloatTensor<Self>| wrap::<B, 1>(v.primitive.clone());
-        let state = (inner(&l), inner(&u), inner(&d));
-        let wt =
-            B::lu_weight_kernel_forward(state.0.clone(), state.1.clone(), state.2.clone(), eps);
+        let perm = perm.map(|p| permutation_values::<B>(p, &inner(&d).device()));
+        let state = (inner(&l), inner(&u), inner(&d), perm);
+        let wt = B::lu_weight_kernel_forward(
+            state.0.clone(),
+            state.1.clone(),
+            state.2.clone(),
+            state.3.clone(),
+            eps,
+        );
         let output = prim(wt);
         let nodes = [&l, &u, &d].map(|v| v.node.clone());
         let tracked = match (LuWeightBackward { eps })

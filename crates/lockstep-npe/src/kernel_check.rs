@@ -296,12 +296,13 @@ fn lu_on<B: AutodiffBackend + FusedOps>(
     device: &B::Device,
     dtype: FloatDType,
     params: [&[f32]; 4],
+    perm: Option<&[usize]>,
     a: &[f32],
     c: &[f32],
 ) -> Vec<Vec<f64>> {
     let [lower, upper, diag, acc] = params.map(|p| vector::<B>(p, device, dtype).require_grad());
     let n = diag.dims()[0];
-    let wt = B::lu_weight_t(lower.clone(), upper.clone(), diag.clone(), 1e-3);
+    let wt = B::lu_weight_t(lower.clone(), upper.clone(), diag.clone(), 1e-3, perm);
     let ld = B::lu_logdet(acc.clone(), diag.clone(), 1e-3);
     let at = matrix::<B>(a, [n, n], device, dtype);
     let ct = vector::<B>(c, device, dtype);
@@ -317,10 +318,17 @@ fn lu_on<B: AutodiffBackend + FusedOps>(
 
 /// The LU map's kernels ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`], eps 1e-3) for
 /// `params = [lower, upper ([n(n-1)/2] each), unconstrained diagonal [n], running
-/// log-determinant [rows]]`: `[Wᵀ [n * n], logdet [rows], dL/dlower, dL/dupper, dL/ddiag,
-/// dL/dacc]` for `L = Σ a Wᵀ + Σ c logdet`.
-pub fn lu(engine: Engine<'_>, params: [&[f32]; 4], a: &[f32], c: &[f32]) -> Vec<Vec<f64>> {
-    on_engine!(engine, lu_on(params, a, c))
+/// log-determinant [rows]]` and the flow step's permutation `perm` (the weight's rows
+/// permuted, `M[perm[j]] = Wᵀ[j]`): `[M [n * n], logdet [rows], dL/dlower, dL/dupper,
+/// dL/ddiag, dL/dacc]` for `L = Σ a M + Σ c logdet`.
+pub fn lu(
+    engine: Engine<'_>,
+    params: [&[f32]; 4],
+    perm: Option<&[usize]>,
+    a: &[f32],
+    c: &[f32],
+) -> Vec<Vec<f64>> {
+    on_engine!(engine, lu_on(params, perm, a, c))
 }
 
 /// The shape of a [`coupling`] check: `rows`, features `d`, and the first transformed

@@ -15,6 +15,12 @@
 //! The log-determinant is `Σ_j ln u_jj`; its gradient `ddiag_j = (Σ_rows g) sigmoid(diag_j)
 //! / u_jj`. One thread per entry; `n` is θ's dimension (a few to a few tens).
 //!
+//! With the flow step's permutation `perm` (the features `z[:, perm]` go into the map) the
+//! weight kernel writes the rows of `Wᵀ` permuted, `M[perm[j], i] = Wᵀ[j, i]`, so that
+//! `z M = z[:, perm] Wᵀ` needs no gather of `z` (one launch forward, two backward saved per
+//! flow step); its backward reads `dWᵀ[j, i] = dM[perm[j], i]`. The permutation travels as
+//! float32 values (exact below 2^24).
+//!
 //! softplus is computed as `max(u, 0) + ln(1 + e^-|u|)` (burn's `ln(1 + e^u)` overflows for
 //! `u > 88`).
 
@@ -54,15 +60,28 @@ fn u_at(upper: &Array<f32>, diag: &Array<f32>, k: u32, j: u32, n: u32, eps: f32)
     v
 }
 
-/// `wt[j n + i] = W_ij = Σ_{k <= min(i, j)} L_ik U_kj`.
+/// The row of `M` that holds row `j` of `Wᵀ`: `perm[j]` when `permuted`, else `j`.
+#[cube]
+fn row_of(perm: &Array<f32>, j: u32, #[comptime] permuted: bool) -> u32 {
+    let mut r = j;
+    if permuted {
+        r = u32::cast_from(perm[j as usize]);
+    }
+    r
+}
+
+/// `wt[row_of(j) n + i] = W_ij = Σ_{k <= min(i, j)} L_ik U_kj`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 fn lu_weight_forward(
     lower: &Array<f32>,
     upper: &Array<f32>,
     diag: &Array<f32>,
+    perm: &Array<f32>,
     wt: &mut Array<f32>,
     n: u32,
     eps: f32,
+    #[comptime] permuted: bool,
 ) {
     let p = ABSOLUTE_POS as u32;
     if p >= n * n {
@@ -75,7 +94,7 @@ fn lu_weight_forward(
     for k in 0..kmax + 1 {
         s += l_at(lower, i, k) * u_at(upper, diag, k, j, n, eps);
     }
-    wt[p as usize] = s;
+    wt[(row_of(perm, j, permuted) * n + i) as usize] = s;
 }
 
 /// The parameters' gradients from `dwt` (the gradient of `Wᵀ`): threads `0..t` the lower
@@ -86,12 +105,14 @@ fn lu_weight_backward(
     lower: &Array<f32>,
     upper: &Array<f32>,
     diag: &Array<f32>,
+    perm: &Array<f32>,
     dwt: &Array<f32>,
     dlower: &mut Array<f32>,
     dupper: &mut Array<f32>,
     ddiag: &mut Array<f32>,
     n: u32,
     eps: f32,
+    #[comptime] permuted: bool,
 ) {
     let p = ABSOLUTE_POS as u32;
     let t = n * (n - 1) / 2;
@@ -109,7 +130,8 @@ fn lu_weight_backward(
         let k = p - i * (i - 1) / 2;
         let mut s = 0.0f32;
         for j in k..n {
-            s += dwt[(j * n + i) as usize] * u_at(upper, diag, k, j, n, eps);
+            s +=
+                dwt[(row_of(perm, j, permuted) * n + i) as usize] * u_at(upper, diag, k, j, n, eps);
         }
         dlower[p as usize] = s;
     } else if p < 2 * t {
@@ -125,14 +147,14 @@ fn lu_weight_backward(
         let j = k + 1 + (q - (k * n - k * (k + 1) / 2));
         let mut s = 0.0f32;
         for i in k..n {
-            s += dwt[(j * n + i) as usize] * l_at(lower, i, k);
+            s += dwt[(row_of(perm, j, permuted) * n + i) as usize] * l_at(lower, i, k);
         }
         dupper[q as usize] = s;
     } else {
         let j = p - 2 * t;
         let mut s = 0.0f32;
         for i in j..n {
-            s += dwt[(j * n + i) as usize] * l_at(lower, i, j);
+            s += dwt[(row_of(perm, j, permuted) * n + i) as usize] * l_at(lower, i, j);
         }
         let d = diag[j as usize];
         ddiag[j as usize] = s / (1.0 + f32::exp(-d));
@@ -208,18 +230,41 @@ fn check<R: CubeRuntime>(
     u32::try_from(n).expect("LU kernel: n below 2^16")
 }
 
+/// The permutation's values (contiguous, `[n]`, float32), or `diag` as a placeholder that
+/// the kernels do not read when there is none.
+fn checked_perm<R: CubeRuntime>(
+    perm: Option<CubeTensor<R>>,
+    diag: &CubeTensor<R>,
+    n: u32,
+) -> CubeTensor<R> {
+    match perm {
+        Some(p) => {
+            assert!(
+                p.dtype == DType::F32 && p.shape().num_elements() == n as usize,
+                "LU kernel: the permutation is not [n] float32"
+            );
+            into_contiguous(p)
+        }
+        None => diag.clone(),
+    }
+}
+
 /// `Wᵀ: [n, n]` (row-major) of the LU map with strictly lower entries `lower`, strictly
-/// upper entries `upper` (`[n(n-1)/2]` each) and unconstrained diagonal `diag: [n]`. One
-/// launch.
+/// upper entries `upper` (`[n(n-1)/2]` each) and unconstrained diagonal `diag: [n]`, its
+/// rows permuted by `perm` (`[n]`, float32 values of a permutation of `0..n`) when given
+/// (see the module docs). One launch.
 ///
 /// Panics on lengths that do not fit or a dtype other than float32.
 pub fn weight_forward<R: CubeRuntime>(
     lower: CubeTensor<R>,
     upper: CubeTensor<R>,
     diag: CubeTensor<R>,
+    perm: Option<CubeTensor<R>>,
     eps: f64,
 ) -> CubeTensor<R> {
     let n = check(&lower, &upper, &diag);
+    let permuted = perm.is_some();
+    let perm = checked_perm(perm, &diag, n);
     let [lower, upper, diag] = [lower, upper, diag].map(into_contiguous);
     let wt = empty_device::<R, f32>(
         diag.client.clone(),
@@ -234,25 +279,30 @@ pub fn weight_forward<R: CubeRuntime>(
         lower.into_array_arg(),
         upper.into_array_arg(),
         diag.into_array_arg(),
+        perm.into_array_arg(),
         wt.clone().into_array_arg(),
         n,
         eps as f32,
+        permuted,
     );
     wt
 }
 
-/// The gradients `(dlower, dupper, ddiag)` of [`weight_forward`] for the gradient `dwt:
-/// [n, n]` of its output. One launch.
+/// The gradients `(dlower, dupper, ddiag)` of [`weight_forward`] (with the same `perm`)
+/// for the gradient `dwt: [n, n]` of its output. One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
 pub fn weight_backward<R: CubeRuntime>(
     lower: CubeTensor<R>,
     upper: CubeTensor<R>,
     diag: CubeTensor<R>,
+    perm: Option<CubeTensor<R>>,
     dwt: CubeTensor<R>,
     eps: f64,
 ) -> [CubeTensor<R>; 3] {
     let n = check(&lower, &upper, &diag);
+    let permuted = perm.is_some();
+    let perm = checked_perm(perm, &diag, n);
     assert_eq!(
         dwt.shape().num_elements(),
         (n * n) as usize,
@@ -273,12 +323,14 @@ pub fn weight_backward<R: CubeRuntime>(
         lower.into_array_arg(),
         upper.into_array_arg(),
         diag.into_array_arg(),
+        perm.into_array_arg(),
         dwt.into_array_arg(),
         dl.clone().into_array_arg(),
         du.clone().into_array_arg(),
         dd.clone().into_array_arg(),
         n,
         eps as f32,
+        permuted,
     );
     [dl, du, dd]
 }

@@ -10,6 +10,13 @@
 use lockstep_npe::device::wgpu_device;
 use lockstep_npe::kernel_check::{self, CouplingShape, Engine, Layer};
 
+/// `v` rounded to float16 (and back to float32).
+fn half(v: Vec<f32>) -> Vec<f32> {
+    v.iter()
+        .map(|&x| burn::tensor::f16::from_f32(x).to_f32())
+        .collect()
+}
+
 /// The GPU engine in float32.
 fn gpu_f32(device: &burn::backend::wgpu::WgpuDevice) -> Engine<'_> {
     Engine::Gpu {
@@ -67,11 +74,6 @@ fn gpu_activation_kernels_match_the_composed_forms_and_their_gradients() {
 fn gpu_float16_activation_kernels_match_the_composed_forms() {
     crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
-    let half = |v: Vec<f32>| -> Vec<f32> {
-        v.iter()
-            .map(|&x| burn::tensor::f16::from_f32(x).to_f32())
-            .collect()
-    };
     for (rows, cols) in [(1, 7), (37, 13)] {
         let n = rows * cols;
         let mut x: Vec<f32> = noise(n, 5).iter().map(|v| v * 6.0).collect();
@@ -201,8 +203,9 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
     }
 }
 
-/// The LU map's kernels (`lu_kernel.rs`: its weight, its log-determinant) against burn's
-/// autodiff of the composed forms in f64, for `n = 2` and `n = 6`, a batch of 1 and of 67,
+/// The LU map's kernels (`lu_kernel.rs`: its weight, without and with the flow step's
+/// permutation folded into its rows, and its log-determinant) against burn's autodiff of the
+/// composed forms in f64, for `n = 2` and `n = 6`, a batch of 1 and of 67,
 /// with unconstrained diagonal entries out to ±30 (softplus's saturated ends).
 #[test]
 fn gpu_lu_kernels_match_the_composed_forms_and_their_gradients() {
@@ -219,11 +222,22 @@ fn gpu_lu_kernels_match_the_composed_forms_and_their_gradients() {
         let a = noise(n * n, 35);
         let c = noise(rows, 36);
         let params = [&lower[..], &upper[..], &diag[..], &acc[..]];
-        let gpu = kernel_check::lu(gpu_f32(&device), params, &a, &c);
-        let want = kernel_check::lu(Engine::CpuF64, params, &a, &c);
-        let names = ["Wᵀ", "logdet", "dlower", "dupper", "ddiag", "dacc"];
-        for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
-            assert_close(&format!("LU n = {n}, {rows} rows: {name}"), g, w);
+        // Unpermuted, and with the flow step's permutation folded into the weight's rows.
+        let rotated: Vec<usize> = (0..n).map(|j| (j + 1) % n).collect();
+        for perm in [None, Some(&rotated[..])] {
+            let gpu = kernel_check::lu(gpu_f32(&device), params, perm, &a, &c);
+            let want = kernel_check::lu(Engine::CpuF64, params, perm, &a, &c);
+            let names = ["Wᵀ", "logdet", "dlower", "dupper", "ddiag", "dacc"];
+            for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
+                assert_close(&format!("LU n = {n}, {rows} rows, {perm:?}: {name}"), g, w);
+            }
+        }
+        // The permuted weight is the unpermuted one's rows moved: M[perm[j]] = Wᵀ[j].
+        let plain = kernel_check::lu(gpu_f32(&device), params, None, &a, &c);
+        let moved = kernel_check::lu(gpu_f32(&device), params, Some(&rotated), &a, &c);
+        for j in 0..n {
+            let p = rotated[j];
+            assert_eq!(plain[0][j * n..(j + 1) * n], moved[0][p * n..(p + 1) * n]);
         }
     }
 }
@@ -291,11 +305,6 @@ fn gpu_base_log_prob_kernel_matches_the_composed_form_and_its_gradients() {
 fn gpu_mixed_precision_linear_kernels_match_the_float32_form() {
     crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
-    let half = |v: Vec<f32>| -> Vec<f32> {
-        v.iter()
-            .map(|&x| burn::tensor::f16::from_f32(x).to_f32())
-            .collect()
-    };
     for (rows, k, f) in [(1usize, 7usize, 5usize), (67, 19, 11)] {
         let x = half(noise(rows * k, 61).iter().map(|v| v * 3.0).collect());
         let w = half(noise(f * k, 62));
