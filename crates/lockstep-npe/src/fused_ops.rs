@@ -211,22 +211,12 @@ pub trait FusedOps: Backend {
         no_device_optimizer()
     }
 
-    /// Writes `src` into `dst` in place (same length; `add`: adds it), one launch
-    /// ([`crate::optim_kernel::pack_launch`]).
-    fn pack_into(src: Tensor<Self, 1>, dst: &Tensor<Self, 1>, add: bool) {
-        let _ = (src, dst, add);
-        no_device_optimizer()
-    }
-
     /// Writes each `(src, offset)` of `srcs` into `dst` at `offset` (values; disjoint
-    /// ranges, each a multiple of 64), in place (`add`: adds them). The default is one
-    /// [`FusedOps::pack_into`] per source; burn's GPU backends pack up to 16 sources per
+    /// ranges, each a multiple of 64), in place (`add`: adds them): up to 16 sources per
     /// launch ([`crate::optim_kernel::pack_many_launch`]).
     fn pack_many_into(srcs: Vec<(Tensor<Self, 1>, usize)>, dst: &Tensor<Self, 1>, add: bool) {
-        for (src, offset) in srcs {
-            let [n] = src.dims();
-            Self::pack_into(src, &Self::view(dst, offset, n), add);
-        }
+        let _ = (srcs, dst, add);
+        no_device_optimizer()
     }
 
     /// Sets `dst` to zeros in place, one launch.
@@ -1347,11 +1337,9 @@ where
             Precision::Half if grad.dtype() == burn::tensor::DType::F32 => {
                 let h = FloatDType::F16;
                 let (x, w, g) = (x.cast(h), weight.cast(h), grad.cast(h));
-                let [_, inputs] = x.dims();
-                let [_, outputs] = g.dims();
-                let dxh = need[0].then(|| g.clone().matmul(w.reshape([outputs, inputs])));
-                let dwh =
-                    need[1].then(|| g.clone().transpose().matmul(x).reshape([outputs * inputs]));
+                // The float16 products; the bias gradient and the casts are the kernel's.
+                let (dxh, dwh, _) =
+                    linear_backward_composed(x, w, g.clone(), [need[0], need[1], false]);
                 let (dx, dw, db) = crate::linear_half_kernel::gradients_launch(
                     dxh.map(prim),
                     dwh.map(prim),
@@ -1459,10 +1447,6 @@ where
             handle,
             burn::tensor::DType::F32,
         ))
-    }
-
-    fn pack_into(src: Tensor<Self, 1>, dst: &Tensor<Self, 1>, add: bool) {
-        crate::optim_kernel::pack_launch(prim(src), &prim(dst.clone()), add);
     }
 
     fn pack_many_into(srcs: Vec<(Tensor<Self, 1>, usize)>, dst: &Tensor<Self, 1>, add: bool) {

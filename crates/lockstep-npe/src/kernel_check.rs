@@ -249,11 +249,14 @@ fn layer_on<B: AutodiffBackend + FusedOps>(
     let at = matrix::<B>(a, y.dims(), device, dtype);
     let grads = (y.clone() * at).sum().backward();
     let mut out = vec![f64s(y.into_data())];
-    let grad = |t: Tensor<B, 2>| f64s(t.grad(&grads).expect("an input's gradient").into_data());
-    out.extend(mats.into_iter().map(grad));
+    let missing = "an input's gradient";
     out.extend(
-        vecs.into_iter()
-            .map(|t| f64s(t.grad(&grads).expect("an input's gradient").into_data())),
+        mats.iter()
+            .map(|t| f64s(t.grad(&grads).expect(missing).into_data())),
+    );
+    out.extend(
+        vecs.iter()
+            .map(|t| f64s(t.grad(&grads).expect(missing).into_data())),
     );
     out
 }

@@ -2,10 +2,10 @@
 //! kernels for burn's wgpu and CUDA backends over the packed float32 buffers the model keeps
 //! there ([`crate::resident`]): parameters, gradient, optimizer slots.
 //!
-//! - [`pack_launch`]: one parameter's gradient into its place in the packed gradient (a copy,
-//!   or an addition for the later micro-batches of gradient accumulation);
-//! - [`pack_many_launch`]: the same for many parameters at once, up to [`pack_group`]
-//!   gradients per launch (a pass's ~160 gradients in about ten launches);
+//! - [`pack_many_launch`]: the parameters' gradients into their places in the packed
+//!   gradient (a copy, or an addition for the later micro-batches of gradient accumulation),
+//!   up to [`pack_group`] gradients per launch (a pass's ~160 gradients in about ten
+//!   launches);
 //! - [`non_finite_launch`]: a flag (`[1]`, float32) set to 1 when any value of the packed
 //!   gradient is an infinity or NaN (the loss scaler's test; every thread that finds one
 //!   writes the same 1, so the result does not depend on the order);
@@ -26,21 +26,6 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 use lockstep_train::{DeviceRule, DeviceUpdate};
-
-/// `dst[i] = src[i]` (`add == 0`) or `dst[i] = dst[i] + src[i]` (`add == 1`), `i < n`.
-#[cube(launch)]
-fn pack(src: &Array<f32>, dst: &mut Array<f32>, n: u32, add: u32) {
-    let i = ABSOLUTE_POS as u32;
-    if i >= n {
-        terminate!();
-    }
-    let k = i as usize;
-    if add == 1 {
-        dst[k] = dst[k] + src[k];
-    } else {
-        dst[k] = src[k];
-    }
-}
 
 /// Many gradients into their places in `dst`: thread `i < n` is position `p = base + i` of
 /// `dst`, which source `j` covers when `starts[j] <= p < starts[j] + lens[j]`;
@@ -186,26 +171,6 @@ fn len<R: CubeRuntime>(t: &CubeTensor<R>, what: &str) -> u32 {
         "optimizer kernel: {what} is not contiguous"
     );
     u32::try_from(t.meta.shape().num_elements()).expect("optimizer kernel: fewer than 2^32 values")
-}
-
-/// Writes `src` into `dst` (same length; `dst` a view of the packed gradient), or adds it
-/// when `add`. One launch.
-///
-/// Panics on lengths that differ or a dtype other than float32.
-pub fn pack_launch<R: CubeRuntime>(src: CubeTensor<R>, dst: &CubeTensor<R>, add: bool) {
-    let src = burn_cubecl::kernel::into_contiguous(src);
-    let n = len(dst, "the packed gradient");
-    assert_eq!(len(&src, "the gradient"), n, "optimizer kernel: lengths");
-    let (count, dim) = grid(dst, n as usize);
-    pack::launch::<R>(
-        &dst.client.clone(),
-        count,
-        dim,
-        src.into_array_arg(),
-        dst.clone().into_array_arg(),
-        n,
-        u32::from(add),
-    );
 }
 
 /// The most gradients [`pack_many_launch`] binds in one launch on `client`'s device: 16, or
