@@ -1,25 +1,37 @@
-//! The end of a spline coupling step (`crate::flow`) as kernels for burn's CubeCL backends
-//! (wgpu, CUDA), float32: placing the untransformed features and the spline's outputs back
-//! in feature order, and adding the spline's log-derivatives to the running
-//! log-determinant, one launch each way each, where burn's composed operations launch 7
-//! kernels forward (two column slices of the spline's `[M, 2]` output, a row sum, a
-//! concatenation, a gather, an addition) and about 12 backward per flow step.
+//! A spline coupling step (`crate::flow`) around its spline and conditioner, and the flow's
+//! base density, as kernels for burn's CubeCL backends (wgpu, CUDA), float32, on the flow
+//! state.
 //!
-//! The coupling's mask is Dingo's alternating one: with `start` 0 or 1, feature `f` of
-//! `d` is transformed when `f >= start` and `f - start` is even (the `(f - start) / 2`-th
-//! transformed feature, of `t`), otherwise it is the `(f + start - 1) / 2`-th untransformed
-//! one (of `d - t`). `both: [N t, 2]` holds the spline's `y` and `log|dy/dx|` for row
-//! `r`'s `j`-th transformed feature at row `r t + j`.
+//! On the GPU the flow carries one tensor, the **state** `s: [rows, n + 2]`: the `n`
+//! features, the running log-determinant (column `n`) and a column of ones (column `n + 1`,
+//! through which each step's LU map adds its bias and its log-determinant in one matrix
+//! product, `crate::lu_kernel`). Three kernels each way replace what burn's composed
+//! operations did in about 11 launches forward and 20 backward per flow step (gathers of the
+//! two feature groups, the concatenation with the context, slices, a row sum, a
+//! concatenation and a gather at the end, and their gradients' zeros, scatters and
+//! additions):
 //!
-//! - place: `z[r, f] = both[r t + j, 0]` for a transformed `f`, else `x_id[r, k]`;
-//!   backward `dx_id[r, k] = g[r, f]`, `dboth[r t + j] = (g[r, f], 0)`.
-//! - log-determinant: `out[r] = acc[r] + Σ_j both[r t + j, 1]`; backward `dacc = g`
-//!   (no kernel), `dboth[r t + j] = (0, g[r])`.
+//! - split: the conditioner's input `[rows, (n - t) + C]`, the untransformed features next
+//!   to the context `[rows, C]`; backward the state's gradient (the untransformed columns,
+//!   zeros elsewhere) and the context's.
+//! - the spline reads its inputs from the state's transformed columns
+//!   (`crate::spline_kernel`).
+//! - place: the next state from the state and the spline's `both: [rows t, 2]` (`y`,
+//!   `log|dy/dx|` of row `r`'s `j`-th transformed feature at row `r t + j`): the
+//!   transformed features replaced by `y`, the untransformed ones and the ones column kept,
+//!   `Σ_j log|dy/dx|` added to the log-determinant; backward the state's gradient and
+//!   `dboth[r t + j] = (g[r, f_j], g[r, n])`.
+//!
+//! The coupling's mask is Dingo's alternating one: with `start` 0 or 1, feature `f < n` is
+//! transformed when `f >= start` and `f - start` is even (the `(f - start) / 2`-th
+//! transformed feature, of `t = (n - start + 1) / 2`), otherwise it is the
+//! `(f + start - 1) / 2`-th untransformed one (of `n - t`; the `k`-th is feature
+//! `2k + 1 - start`).
 //!
 //! And the flow's last step, the standard normal base density with the log-determinant:
-//! `lp[r] = ((-0.5 Σ_j z[r, j]² - c) + logdet[r]) - jac` for `z: [rows, d]` (`c` =
-//! `d/2 ln 2π`, `jac` the standardization's `Σ ln σ`), one launch where burn's composed
-//! operations launch 6; backward `dz[r, j] = -z[r, j] g[r]` (one launch), `dlogdet = g`.
+//! `lp[r] = ((-0.5 Σ_{f<n} s[r, f]² - c) + s[r, n]) - jac` (`c` = `n/2 ln 2π`, `jac` the
+//! standardization's `Σ ln σ`), one launch; backward `ds[r, f] = -s[r, f] g[r]` for `f < n`,
+//! `ds[r, n] = g[r]`, `ds[r, n + 1] = 0` (one launch).
 
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
@@ -29,122 +41,177 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-/// `z: [rows, d]` from `x_id: [rows, d - t]` and `both: [rows t, 2]`.
+/// Whether feature `f` of the state's row is one the spline transforms (`f < n`).
+#[cube]
+fn is_transformed(f: u32, n: u32, start: u32) -> bool {
+    f < n && f >= start && ((f - start) & 1) == 0
+}
+
+/// The conditioner's input `out: [rows, ids + c]` from the state `s: [rows, w]` and the
+/// context `ctx: [rows, c]` (`ids = n - t` untransformed features).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn split_forward(
+    s: &Array<f32>,
+    ctx: &Array<f32>,
+    out: &mut Array<f32>,
+    rows: u32,
+    w: u32,
+    ids: u32,
+    c: u32,
+    start: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    let width = ids + c;
+    if i >= rows * width {
+        terminate!();
+    }
+    let r = i / width;
+    let k = i % width;
+    let mut v = 0.0f32;
+    if k < ids {
+        v += s[(r * w + 2 * k + 1 - start) as usize];
+    } else {
+        v += ctx[(r * c + k - ids) as usize];
+    }
+    out[i as usize] = v;
+}
+
+/// The gradient of [`split_forward`]: threads `0..rows w` write `ds`, threads after them
+/// one entry of `dctx` each.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn split_backward(
+    g: &Array<f32>,
+    ds: &mut Array<f32>,
+    dctx: &mut Array<f32>,
+    rows: u32,
+    w: u32,
+    ids: u32,
+    c: u32,
+    start: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    let width = ids + c;
+    let n = w - 2;
+    if i >= rows * (w + c) {
+        terminate!();
+    }
+    if i < rows * w {
+        let r = i / w;
+        let f = i % w;
+        let mut v = 0.0f32;
+        if f < n && !is_transformed(f, n, start) {
+            v += g[(r * width + (f + start - 1) / 2) as usize];
+        }
+        ds[i as usize] = v;
+    } else {
+        let m = i - rows * w;
+        let r = m / c;
+        let k = m % c;
+        dctx[m as usize] = g[(r * width + ids + k) as usize];
+    }
+}
+
+/// The next state `out: [rows, w]` from the state `s` and the spline's `both: [rows t, 2]`.
 #[cube(launch)]
 fn place_forward(
-    x_id: &Array<f32>,
+    s: &Array<f32>,
     both: &Array<f32>,
-    z: &mut Array<f32>,
+    out: &mut Array<f32>,
     rows: u32,
-    d: u32,
+    w: u32,
     t: u32,
     start: u32,
 ) {
     let i = ABSOLUTE_POS as u32;
-    if i >= rows * d {
+    if i >= rows * w {
         terminate!();
     }
-    let r = i / d;
-    let f = i % d;
+    let n = w - 2;
+    let r = i / w;
+    let f = i % w;
     let mut v = 0.0f32;
-    // Transformed: `f - start` even (its lowest bit clear).
-    if f >= start && ((f - start) & 1) == 0 {
+    if is_transformed(f, n, start) {
         v += both[((r * t + (f - start) / 2) * 2) as usize];
+    } else if f == n {
+        let mut ld = 0.0f32;
+        for j in 0..t {
+            ld += both[((r * t + j) * 2 + 1) as usize];
+        }
+        v += s[i as usize] + ld;
     } else {
-        v += x_id[(r * (d - t) + (f + start - 1) / 2) as usize];
+        v += s[i as usize];
     }
-    z[i as usize] = v;
+    out[i as usize] = v;
 }
 
-/// The gradient of [`place_forward`]: threads `0..rows (d - t)` write `dx_id`, threads
-/// after them one row `r t + j` of `dboth` each.
+/// The gradient of [`place_forward`]: threads `0..rows w` write `ds`, threads after them
+/// one row `r t + j` of `dboth` each.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
 fn place_backward(
     g: &Array<f32>,
-    dx_id: &mut Array<f32>,
+    ds: &mut Array<f32>,
     dboth: &mut Array<f32>,
     rows: u32,
-    d: u32,
+    w: u32,
     t: u32,
     start: u32,
 ) {
     let i = ABSOLUTE_POS as u32;
-    let ids = rows * (d - t);
-    if i >= ids + rows * t {
+    let n = w - 2;
+    if i >= rows * (w + t) {
         terminate!();
     }
-    if i < ids {
-        let r = i / (d - t);
-        let k = i % (d - t);
-        // The k-th untransformed feature: 2k + 1 - start.
-        dx_id[i as usize] = g[(r * d + 2 * k + 1 - start) as usize];
+    if i < rows * w {
+        let f = i % w;
+        let mut v = 0.0f32;
+        if !is_transformed(f, n, start) {
+            v += g[i as usize];
+        }
+        ds[i as usize] = v;
     } else {
-        let m = i - ids;
+        let m = i - rows * w;
         let r = m / t;
         let j = m % t;
-        dboth[(2 * m) as usize] = g[(r * d + start + 2 * j) as usize];
-        dboth[(2 * m + 1) as usize] = 0.0;
+        dboth[(2 * m) as usize] = g[(r * w + start + 2 * j) as usize];
+        dboth[(2 * m + 1) as usize] = g[(r * w + n) as usize];
     }
 }
 
-/// `out[r] = acc[r] + Σ_j both[r t + j, 1]`.
+/// `lp[r] = ((-0.5 Σ_{f<n} s[r, f]² - c) + s[r, n]) - jac`, one thread per row.
 #[cube(launch)]
-fn logdet_forward(acc: &Array<f32>, both: &Array<f32>, out: &mut Array<f32>, rows: u32, t: u32) {
+fn base_forward(s: &Array<f32>, lp: &mut Array<f32>, rows: u32, w: u32, c: f32, jac: f32) {
     let r = ABSOLUTE_POS as u32;
     if r >= rows {
         terminate!();
     }
-    let mut s = 0.0f32;
-    for j in 0..t {
-        s += both[((r * t + j) * 2 + 1) as usize];
+    let n = w - 2;
+    let mut q = 0.0f32;
+    for f in 0..n {
+        let v = s[(r * w + f) as usize];
+        q += v * v;
     }
-    out[r as usize] = acc[r as usize] + s;
+    lp[r as usize] = (q * -0.5 - c + s[(r * w + n) as usize]) - jac;
 }
 
-/// `dboth[r t + j] = (0, g[r])`.
+/// `ds[r, f] = -s[r, f] g[r]` (`f < n`), `g[r]` (`f = n`), `0` (the ones).
 #[cube(launch)]
-fn logdet_backward(g: &Array<f32>, dboth: &mut Array<f32>, rows: u32, t: u32) {
-    let m = ABSOLUTE_POS as u32;
-    if m >= rows * t {
-        terminate!();
-    }
-    dboth[(2 * m) as usize] = 0.0;
-    dboth[(2 * m + 1) as usize] = g[(m / t) as usize];
-}
-
-/// `lp[r] = ((-0.5 Σ_j z[r, j]² - c) + logdet[r]) - jac`, one thread per row.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn base_forward(
-    z: &Array<f32>,
-    logdet: &Array<f32>,
-    lp: &mut Array<f32>,
-    rows: u32,
-    d: u32,
-    c: f32,
-    jac: f32,
-) {
-    let r = ABSOLUTE_POS as u32;
-    if r >= rows {
-        terminate!();
-    }
-    let mut s = 0.0f32;
-    for j in 0..d {
-        let v = z[(r * d + j) as usize];
-        s += v * v;
-    }
-    lp[r as usize] = (s * -0.5 - c + logdet[r as usize]) - jac;
-}
-
-/// `dz[r, j] = -z[r, j] g[r]`.
-#[cube(launch)]
-fn base_backward(z: &Array<f32>, g: &Array<f32>, dz: &mut Array<f32>, rows: u32, d: u32) {
+fn base_backward(s: &Array<f32>, g: &Array<f32>, ds: &mut Array<f32>, rows: u32, w: u32) {
     let i = ABSOLUTE_POS as u32;
-    if i >= rows * d {
+    if i >= rows * w {
         terminate!();
     }
-    dz[i as usize] = -z[i as usize] * g[(i / d) as usize];
+    let n = w - 2;
+    let f = i % w;
+    let gr = g[(i / w) as usize];
+    let mut v = 0.0f32;
+    if f < n {
+        v += -s[i as usize] * gr;
+    } else if f == n {
+        v += gr;
+    }
+    ds[i as usize] = v;
 }
 
 /// The launch grid for `threads` threads.
@@ -164,199 +231,209 @@ fn f32_only<R: CubeRuntime>(ts: &[&CubeTensor<R>]) {
     );
 }
 
-/// `(rows, t)` of `both: [rows t, 2]` for `rows` rows.
-fn transformed<R: CubeRuntime>(both: &CubeTensor<R>, rows: usize) -> u32 {
-    let shape = both.shape();
-    assert!(
-        shape.num_dims() == 2 && shape[1] == 2 && rows > 0 && shape[0].is_multiple_of(rows),
-        "coupling kernel: the spline's output is not [rows t, 2]"
-    );
-    (shape[0] / rows) as u32
+/// The transformed features `t` of a state of width `w` (`n = w - 2` features) for the mask
+/// starting at `start`.
+pub fn transformed_count(w: usize, start: usize) -> usize {
+    let n = w.saturating_sub(2);
+    n.saturating_sub(start).div_ceil(2)
 }
 
-/// The coupling's output `z: [rows, d]` in feature order from the untransformed features
-/// `x_id: [rows, d - t]` and the spline's `both: [rows t, 2]`, the mask alternating from
-/// `start` (see the module docs). One launch.
+/// `(rows, w)` of a state, checked.
+fn state_dims<R: CubeRuntime>(s: &CubeTensor<R>, start: usize) -> (usize, usize) {
+    let shape = s.shape();
+    assert!(
+        shape.num_dims() == 2 && shape[1] >= 3 && start <= 1,
+        "coupling kernel: the state is not [rows, n + 2] with n >= 1 (start {start})"
+    );
+    (shape[0], shape[1])
+}
+
+/// The conditioner's input `[rows, (n - t) + C]`: the state's untransformed features
+/// (`s: [rows, n + 2]`, mask from `start`) next to the context `ctx: [rows, C]`. One launch.
+///
+/// Panics on shapes that do not fit or a dtype other than float32.
+pub fn split_forward_launch<R: CubeRuntime>(
+    s: CubeTensor<R>,
+    ctx: CubeTensor<R>,
+    start: usize,
+) -> CubeTensor<R> {
+    f32_only(&[&s, &ctx]);
+    let (rows, w) = state_dims(&s, start);
+    let [crows, c] = ctx.shape().dims::<2>();
+    assert_eq!(crows, rows, "coupling kernel: the context's rows");
+    let ids = w - 2 - transformed_count(w, start);
+    let [s, ctx] = [s, ctx].map(into_contiguous);
+    let out = empty_device::<R, f32>(
+        s.client.clone(),
+        s.device.clone(),
+        Shape::new([rows, ids + c]),
+    );
+    let (count, dim) = grid(&s, rows * (ids + c));
+    split_forward::launch::<R>(
+        &s.client.clone(),
+        count,
+        dim,
+        s.into_array_arg(),
+        ctx.into_array_arg(),
+        out.clone().into_array_arg(),
+        rows as u32,
+        w as u32,
+        ids as u32,
+        c as u32,
+        start as u32,
+    );
+    out
+}
+
+/// The gradients `(ds [rows, w], dctx [rows, C])` of [`split_forward_launch`] for the
+/// incoming `g: [rows, (n - t) + C]` and a state of width `w`. One launch.
+///
+/// Panics on shapes that do not fit or a dtype other than float32.
+pub fn split_backward_launch<R: CubeRuntime>(
+    g: CubeTensor<R>,
+    w: usize,
+    start: usize,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    f32_only(&[&g]);
+    let [rows, width] = g.shape().dims::<2>();
+    let ids = w - 2 - transformed_count(w, start);
+    assert!(width >= ids, "coupling kernel: the split's gradient");
+    let c = width - ids;
+    let g = into_contiguous(g);
+    let new =
+        |s: [usize; 2]| empty_device::<R, f32>(g.client.clone(), g.device.clone(), Shape::new(s));
+    let (ds, dctx) = (new([rows, w]), new([rows, c]));
+    let (count, dim) = grid(&g, rows * (w + c));
+    split_backward::launch::<R>(
+        &g.client.clone(),
+        count,
+        dim,
+        g.into_array_arg(),
+        ds.clone().into_array_arg(),
+        dctx.clone().into_array_arg(),
+        rows as u32,
+        w as u32,
+        ids as u32,
+        c as u32,
+        start as u32,
+    );
+    (ds, dctx)
+}
+
+/// The next state `[rows, w]` from the state `s: [rows, w]` and the spline's
+/// `both: [rows t, 2]`, the mask from `start` (see the module docs). One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
 pub fn place_forward_launch<R: CubeRuntime>(
-    x_id: CubeTensor<R>,
+    s: CubeTensor<R>,
     both: CubeTensor<R>,
     start: usize,
 ) -> CubeTensor<R> {
-    f32_only(&[&x_id, &both]);
-    let shape = x_id.shape();
-    let rows = shape[0];
-    let t = transformed(&both, rows);
-    let d = shape[1] as u32 + t;
-    let [x_id, both] = [x_id, both].map(into_contiguous);
-    let z = empty_device::<R, f32>(
-        x_id.client.clone(),
-        x_id.device.clone(),
-        Shape::new([rows, d as usize]),
+    f32_only(&[&s, &both]);
+    let (rows, w) = state_dims(&s, start);
+    let t = transformed_count(w, start);
+    assert_eq!(
+        both.shape().dims::<2>(),
+        [rows * t, 2],
+        "coupling kernel: the spline's output is not [rows t, 2]"
     );
-    let (count, dim) = grid(&x_id, rows * d as usize);
+    let [s, both] = [s, both].map(into_contiguous);
+    let out = empty_device::<R, f32>(s.client.clone(), s.device.clone(), Shape::new([rows, w]));
+    let (count, dim) = grid(&s, rows * w);
     place_forward::launch::<R>(
-        &x_id.client.clone(),
+        &s.client.clone(),
         count,
         dim,
-        x_id.into_array_arg(),
+        s.into_array_arg(),
         both.into_array_arg(),
-        z.clone().into_array_arg(),
+        out.clone().into_array_arg(),
         rows as u32,
-        d,
-        t,
+        w as u32,
+        t as u32,
         start as u32,
     );
-    z
+    out
 }
 
-/// The gradients `(dx_id [rows, d - t], dboth [rows t, 2])` of [`place_forward_launch`]
-/// for the incoming gradient `g: [rows, d]`, `t` transformed features. One launch.
+/// The gradients `(ds [rows, w], dboth [rows t, 2])` of [`place_forward_launch`] for the
+/// incoming `g: [rows, w]`. One launch.
 ///
 /// Panics on a dtype other than float32.
 pub fn place_backward_launch<R: CubeRuntime>(
     g: CubeTensor<R>,
-    t: usize,
     start: usize,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     f32_only(&[&g]);
-    let shape = g.shape();
-    let (rows, d) = (shape[0], shape[1]);
+    let (rows, w) = state_dims(&g, start);
+    let t = transformed_count(w, start);
     let g = into_contiguous(g);
     let new =
         |s: [usize; 2]| empty_device::<R, f32>(g.client.clone(), g.device.clone(), Shape::new(s));
-    let (dx_id, dboth) = (new([rows, d - t]), new([rows * t, 2]));
-    let (count, dim) = grid(&g, rows * d);
+    let (ds, dboth) = (new([rows, w]), new([rows * t, 2]));
+    let (count, dim) = grid(&g, rows * (w + t));
     place_backward::launch::<R>(
         &g.client.clone(),
         count,
         dim,
         g.into_array_arg(),
-        dx_id.clone().into_array_arg(),
+        ds.clone().into_array_arg(),
         dboth.clone().into_array_arg(),
         rows as u32,
-        d as u32,
+        w as u32,
         t as u32,
         start as u32,
     );
-    (dx_id, dboth)
+    (ds, dboth)
 }
 
-/// The running log-determinant `acc: [rows]` plus each row's sum of the spline's
-/// log-derivatives (`both: [rows t, 2]`, column 1). One launch.
+/// The base log-density with the log-determinant, `lp: [rows]` from the state
+/// `s: [rows, n + 2]` (see the module docs; `c` and `jac` rounded to float32). One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
-pub fn logdet_forward_launch<R: CubeRuntime>(
-    acc: CubeTensor<R>,
-    both: CubeTensor<R>,
-) -> CubeTensor<R> {
-    f32_only(&[&acc, &both]);
-    let rows = acc.shape().num_elements();
-    let t = transformed(&both, rows);
-    let [acc, both] = [acc, both].map(into_contiguous);
-    let out = empty_device::<R, f32>(acc.client.clone(), acc.device.clone(), acc.shape());
-    let (count, dim) = grid(&acc, rows);
-    logdet_forward::launch::<R>(
-        &acc.client.clone(),
-        count,
-        dim,
-        acc.into_array_arg(),
-        both.into_array_arg(),
-        out.clone().into_array_arg(),
-        rows as u32,
-        t,
-    );
-    out
-}
-
-/// The gradient `dboth: [rows t, 2]` of [`logdet_forward_launch`] for the incoming
-/// gradient `g: [rows]`. One launch.
-///
-/// Panics on a dtype other than float32.
-pub fn logdet_backward_launch<R: CubeRuntime>(g: CubeTensor<R>, t: usize) -> CubeTensor<R> {
-    f32_only(&[&g]);
-    let rows = g.shape().num_elements();
-    let g = into_contiguous(g);
-    let dboth = empty_device::<R, f32>(
-        g.client.clone(),
-        g.device.clone(),
-        Shape::new([rows * t, 2]),
-    );
-    let (count, dim) = grid(&g, rows * t);
-    logdet_backward::launch::<R>(
-        &g.client.clone(),
-        count,
-        dim,
-        g.into_array_arg(),
-        dboth.clone().into_array_arg(),
-        rows as u32,
-        t as u32,
-    );
-    dboth
-}
-
-/// The base log-density with the log-determinant, `lp: [rows]` from `z: [rows, d]` and
-/// `logdet: [rows]` (see the module docs; `c` and `jac` rounded to float32). One launch.
-///
-/// Panics on shapes that do not fit or a dtype other than float32.
-pub fn base_forward_launch<R: CubeRuntime>(
-    z: CubeTensor<R>,
-    logdet: CubeTensor<R>,
-    c: f64,
-    jac: f64,
-) -> CubeTensor<R> {
-    f32_only(&[&z, &logdet]);
-    let shape = z.shape();
-    let rows = logdet.shape().num_elements();
-    assert!(
-        shape.num_dims() == 2 && shape[0] == rows,
-        "coupling kernel: z is not [rows, d] for {rows} log-determinants"
-    );
-    let d = shape[1];
-    let [z, logdet] = [z, logdet].map(into_contiguous);
-    let lp = empty_device::<R, f32>(z.client.clone(), z.device.clone(), logdet.shape());
-    let (count, dim) = grid(&z, rows);
+pub fn base_forward_launch<R: CubeRuntime>(s: CubeTensor<R>, c: f64, jac: f64) -> CubeTensor<R> {
+    f32_only(&[&s]);
+    let (rows, w) = state_dims(&s, 0);
+    let s = into_contiguous(s);
+    let lp = empty_device::<R, f32>(s.client.clone(), s.device.clone(), Shape::new([rows]));
+    let (count, dim) = grid(&s, rows);
     base_forward::launch::<R>(
-        &z.client.clone(),
+        &s.client.clone(),
         count,
         dim,
-        z.into_array_arg(),
-        logdet.into_array_arg(),
+        s.into_array_arg(),
         lp.clone().into_array_arg(),
         rows as u32,
-        d as u32,
+        w as u32,
         c as f32,
         jac as f32,
     );
     lp
 }
 
-/// The gradient `dz: [rows, d]` of [`base_forward_launch`] for the incoming `g: [rows]`
-/// (that of `logdet` is `g`). One launch.
+/// The gradient `ds: [rows, n + 2]` of [`base_forward_launch`] for the incoming
+/// `g: [rows]`. One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
-pub fn base_backward_launch<R: CubeRuntime>(z: CubeTensor<R>, g: CubeTensor<R>) -> CubeTensor<R> {
-    f32_only(&[&z, &g]);
-    let shape = z.shape();
-    let rows = g.shape().num_elements();
-    assert!(
-        shape.num_dims() == 2 && shape[0] == rows,
-        "coupling kernel: z is not [rows, d] for {rows} gradients"
+pub fn base_backward_launch<R: CubeRuntime>(s: CubeTensor<R>, g: CubeTensor<R>) -> CubeTensor<R> {
+    f32_only(&[&s, &g]);
+    let (rows, w) = state_dims(&s, 0);
+    assert_eq!(
+        g.shape().num_elements(),
+        rows,
+        "coupling kernel: the base's gradient"
     );
-    let d = shape[1];
-    let [z, g] = [z, g].map(into_contiguous);
-    let dz = empty_device::<R, f32>(z.client.clone(), z.device.clone(), shape);
-    let (count, dim) = grid(&z, rows * d);
+    let [s, g] = [s, g].map(into_contiguous);
+    let ds = empty_device::<R, f32>(s.client.clone(), s.device.clone(), Shape::new([rows, w]));
+    let (count, dim) = grid(&s, rows * w);
     base_backward::launch::<R>(
-        &z.client.clone(),
+        &s.client.clone(),
         count,
         dim,
-        z.into_array_arg(),
+        s.into_array_arg(),
         g.into_array_arg(),
-        dz.clone().into_array_arg(),
+        ds.clone().into_array_arg(),
         rows as u32,
-        d as u32,
+        w as u32,
     );
-    dz
+    ds
 }

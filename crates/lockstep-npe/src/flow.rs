@@ -141,9 +141,9 @@ fn index_tensor<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, I
 /// nflows `LULinear`: `y = x Wᵀ + b` with `W = L U`, `L` unit lower-triangular (strictly lower
 /// entries `lower_entries`), `U` upper-triangular with diagonal `softplus(u) + 1e-3` and
 /// strictly upper entries `upper_entries`; `log|det W| = Σ log diag(U)`. Identity at start.
-/// The weight is built by [`lu_weight_composed`], or by one kernel on a backend with
-/// [`crate::fused_ops::FusedOps::LAYER_KERNELS`]
-/// ([`crate::fused_ops::FusedOps::lu_weight_t`]).
+/// The weight is built by [`lu_weight_composed`]; on a backend with
+/// [`crate::fused_ops::FusedOps::LAYER_KERNELS`] the whole step's map on the flow state is
+/// one kernel ([`crate::fused_ops::FusedOps::lu_affine`]) and one product.
 #[derive(Debug, Clone)]
 struct LuLinear {
     n: usize,
@@ -187,10 +187,7 @@ impl LuLinear {
     }
 
     /// `x: [N, n]` permuted by `perm` (`x[:, perm]`), the running log-determinant `logdet:
-    /// [N]` -> `(y [N, n], logdet + log|det W|)`. On a backend with the layer kernels the
-    /// permutation is folded into the weight's rows
-    /// ([`crate::fused_ops::FusedOps::lu_weight_t`]), so `x` is
-    /// not gathered.
+    /// [N]` -> `(y [N, n], logdet + log|det W|)`, composed from burn's operations.
     fn forward<B: NpeBackend>(
         &self,
         p: &Params<B>,
@@ -198,18 +195,6 @@ impl LuLinear {
         perm: &[usize],
         logdet: Tensor<B, 1>,
     ) -> (Tensor<B, 2>, Tensor<B, 1>) {
-        if B::LAYER_KERNELS {
-            let (l, u, d) = (
-                p.vector(self.lower),
-                p.vector(self.upper),
-                p.vector(self.diag),
-            );
-            let wt = B::lu_weight_t(l, u, d.clone(), LU_EPS, Some(perm));
-            return (
-                x.matmul(wt) + p.row(self.bias),
-                B::lu_logdet(logdet, d, LU_EPS),
-            );
-        }
         let device = x.device();
         let x = x.select(1, index_tensor::<B>(perm, &device));
         let (w, diag) = self.weight(p);
@@ -218,6 +203,23 @@ impl LuLinear {
             x.matmul(w.transpose()) + p.row(self.bias),
             logdet + diag.log().sum().expand([n]),
         )
+    }
+
+    /// The map on the flow state `[N, n + 2]` (features, log-determinant, ones; see
+    /// [`crate::coupling_kernel`]): one kernel for the step's matrix, one product.
+    fn forward_state<B: NpeBackend>(
+        &self,
+        p: &Params<B>,
+        state: Tensor<B, 2>,
+        perm: &[usize],
+    ) -> Tensor<B, 2> {
+        let (l, u, d, b) = (
+            p.vector(self.lower),
+            p.vector(self.upper),
+            p.vector(self.diag),
+            p.vector(self.bias),
+        );
+        state.matmul(B::lu_affine(l, u, d, b, LU_EPS, Some(perm)))
     }
 
     /// Inverse map (sampling; the weight is inverted on the host in f64).
@@ -352,39 +354,28 @@ impl Coupling {
         (out, ld)
     }
 
-    /// The density direction: `x: [N, features]`, the running log-determinant `logdet:
-    /// [N]` -> `(y, logdet + log|det|)`. On a backend with the spline and layer kernels
-    /// (float32) the spline's `[M, 2]` output goes to
-    /// [`crate::fused_ops::FusedOps::coupling_place`] and
-    /// [`crate::fused_ops::FusedOps::coupling_logdet`] (a kernel each way each) instead of
-    /// being sliced,
-    /// summed, concatenated and gathered.
-    fn forward_logdet<B: NpeBackend>(
+    /// The density direction on the flow state `[N, features + 2]` (features,
+    /// log-determinant, ones; a backend with the spline and layer kernels, float32): the
+    /// conditioner's input by [`crate::fused_ops::FusedOps::coupling_split`], the spline
+    /// reading the state's transformed columns, the next state by
+    /// [`crate::fused_ops::FusedOps::coupling_place`] (a kernel each way each, where the
+    /// composed form gathers, slices, sums, concatenates and gathers again).
+    fn forward_state<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
-        x: Tensor<B, 2>,
+        state: Tensor<B, 2>,
         context: &Tensor<B, 2>,
-        logdet: Tensor<B, 1>,
-    ) -> (Tensor<B, 2>, Tensor<B, 1>) {
-        let f32s = x.dtype() == DType::F32 && logdet.dtype() == DType::F32;
-        if !(B::LAYER_KERNELS && B::SPLINE_KERNEL && f32s) {
-            let (y, ld) = self.apply(pass, x, context, false);
-            return (y, logdet + ld);
-        }
-        let device = x.device();
-        let n = x.dims()[0];
+    ) -> Tensor<B, 2> {
+        let n = state.dims()[0];
         let t = self.transform.len();
         let k = self.spline.num_bins;
-        let x_id = x
-            .clone()
-            .select(1, index_tensor::<B>(&self.identity, &device));
-        let x_tr = x.select(1, index_tensor::<B>(&self.transform, &device));
-        let raw = self.net.forward(pass, x_id.clone(), context);
+        let start = self.transform[0];
+        let input = B::coupling_split(state.clone(), context.clone(), start);
+        let raw = self.net.forward_input(pass, input, context);
         let raw = raw.reshape([n * t, 3 * k - 1]);
         let scale = 1.0 / (self.net.hidden as f64).sqrt();
-        let both = B::spline_joint(x_tr.reshape([n * t, 1]), raw, scale, &self.spline);
-        let logdet = B::coupling_logdet(logdet, both.clone());
-        (B::coupling_place(x_id, both, self.transform[0]), logdet)
+        let both = B::spline_joint(state.clone(), raw, scale, &self.spline, Some(start));
+        B::coupling_place(state, both, start)
     }
 }
 
@@ -774,6 +765,9 @@ impl NpeNetwork {
         context: &Tensor<B, 2>,
         n: usize,
     ) -> (Tensor<B, 2>, Tensor<B, 1>) {
+        if Self::state_kernels::<B>(context) {
+            return crate::fused_ops::state_parts(self.transform_state(pass, theta, context, n));
+        }
         let device = context.device();
         let s = &self.standardization;
         let mut z = Self::standardize::<B>(theta, n, &s.theta_mean, &s.theta_std, &device);
@@ -782,13 +776,46 @@ impl NpeNetwork {
             let (y, ld) = step
                 .lu
                 .forward(pass.params, z, &step.permutation.perm, logdet);
+            let (y, coupling_ld) = step.coupling.apply(pass, y, context, false);
             z = y;
-            logdet = ld;
-            let (y, ld) = step.coupling.forward_logdet(pass, z, context, logdet);
-            z = y;
-            logdet = ld;
+            logdet = ld + coupling_ld;
         }
         (z, logdet)
+    }
+
+    /// Whether a pass runs the flow on the state (a backend with the spline and layer
+    /// kernels, a float32 context).
+    fn state_kernels<B: NpeBackend>(context: &Tensor<B, 2>) -> bool {
+        B::LAYER_KERNELS && B::SPLINE_KERNEL && context.dtype() == DType::F32
+    }
+
+    /// The flow state `[N, theta_dim + 2]` after the last step: `z`, `Σ log|det ∂z/∂θ_std|`
+    /// and a column of ones (see [`crate::coupling_kernel`]), from θ in raw units.
+    fn transform_state<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        theta: &[f32],
+        context: &Tensor<B, 2>,
+        n: usize,
+    ) -> Tensor<B, 2> {
+        let device = context.device();
+        let s = &self.standardization;
+        let d = self.theta_dim;
+        let mut values = Vec::with_capacity(n * (d + 2));
+        for row in theta.chunks_exact(d).take(n) {
+            for (i, &x) in row.iter().enumerate() {
+                values.push(((x as f64 - s.theta_mean[i]) / s.theta_std[i]) as f32);
+            }
+            values.extend([0.0, 1.0]);
+        }
+        let mut state = Tensor::<B, 2>::from_data(TensorData::new(values, [n, d + 2]), &device);
+        for step in &self.steps {
+            state = step
+                .lu
+                .forward_state(pass.params, state, &step.permutation.perm);
+            state = step.coupling.forward_state(pass, state, context);
+        }
+        state
     }
 
     /// `log q(θ | context)` per sample `[N]` for a precomputed context `[N, output_dim]`.
@@ -799,11 +826,14 @@ impl NpeNetwork {
         context: &Tensor<B, 2>,
         n: usize,
     ) -> Tensor<B, 1> {
-        let (z, logdet) = self.transform(pass, theta, context, n);
         let d = self.theta_dim as f64;
         let c = 0.5 * d * (2.0 * std::f64::consts::PI).ln();
         let jac: f64 = self.standardization.theta_std.iter().map(|v| v.ln()).sum();
-        B::base_log_prob(z, logdet, c, jac)
+        if Self::state_kernels::<B>(context) {
+            return B::base_log_prob(self.transform_state(pass, theta, context, n), c, jac);
+        }
+        let (z, logdet) = self.transform(pass, theta, context, n);
+        crate::fused_ops::base_log_prob_composed(z, logdet, c, jac)
     }
 
     /// `n` samples of θ from `q(θ | x)` for one observation `x` (`[x_dim]`, raw units):

@@ -33,10 +33,11 @@
 //! of one kernel each way, float32: LayerNorm with the ELU after it
 //! ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
 //! ([`FusedOps::linear_elu`]), the gated residual block's tail
-//! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]), the LU map's weight and
-//! log-determinant ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`];
-//! [`crate::lu_kernel`]) and the coupling's end ([`FusedOps::coupling_place`],
-//! [`FusedOps::coupling_logdet`]; [`crate::coupling_kernel`]). Their backward kernels sum
+//! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]). The flow runs on one state
+//! tensor `[N, n + 2]` (features, log-determinant, ones): each step's LU map as one matrix
+//! ([`FusedOps::lu_affine`]; [`crate::lu_kernel`]) and one product, the coupling's input and
+//! end ([`FusedOps::coupling_split`], [`FusedOps::coupling_place`]) and the base density
+//! ([`FusedOps::base_log_prob`]; [`crate::coupling_kernel`]). Their backward kernels sum
 //! the bias and scale gradients over the batch in the same launch. The default methods
 //! compose burn's operations (the CPU backends never call them: the layers keep their
 //! composed code there, so CPU results are unchanged).
@@ -148,19 +149,27 @@ pub trait FusedOps: Backend {
     }
 
     /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`): one kernel launch
-    /// on backends with [`FusedOps::SPLINE_KERNEL`].
+    /// on backends with [`FusedOps::SPLINE_KERNEL`]. With `state_start`, `x` is the flow
+    /// state `[N, n + 2]` and the inputs its transformed columns (the mask from
+    /// `state_start`, [`crate::coupling_kernel`]), `M = N t`.
     fn spline_kernel_forward(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
+        state_start: Option<usize>,
     ) -> Tensor<Self, 2> {
+        let x = match state_start {
+            Some(start) => transformed_columns(x, start),
+            None => x,
+        };
         let (y, ld) = Self::spline(x, raw, scale, sp);
         Tensor::cat(vec![y, ld], 1)
     }
 
-    /// The backward pass of [`FusedOps::spline_kernel_forward`] for the incoming gradient
-    /// `grad: [M, 2]`: `(dx [M, 1], draw [M, 3K-1])`, one kernel launch.
+    /// The backward pass of [`FusedOps::spline_kernel_forward`] (the same `state_start`)
+    /// for the incoming gradient `grad: [M, 2]`: `(dx, draw [M, 3K-1])`, `dx` of `x`'s
+    /// shape, one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::SPLINE_KERNEL`] (`Autodiff` composes the
     /// spline there and never calls this).
@@ -170,6 +179,7 @@ pub trait FusedOps: Backend {
         _grad: Tensor<Self, 2>,
         _scale: f64,
         _sp: &SplineParams,
+        _state_start: Option<usize>,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
     }
@@ -377,173 +387,150 @@ pub trait FusedOps: Backend {
         no_layer_kernels()
     }
 
-    /// The transposed weight `Wᵀ: [n, n]` of a flow step's LU-factorized linear map
-    /// (nflows' `LULinear`, `W = L U`, see [`lu_weight_composed`]) from its strictly lower
-    /// and strictly upper entries (`[n(n-1)/2]` each, row-major) and its unconstrained
-    /// diagonal `diag: [n]` (`u_jj = softplus(diag_j) + eps`). With the flow step's
-    /// permutation `perm` its rows are permuted, `M[perm[j]] = Wᵀ[j]`, so that
-    /// `z M = z[:, perm] Wᵀ` (the permutation needs no gather of `z`). On a backend with
-    /// [`FusedOps::LAYER_KERNELS`] one kernel each way ([`crate::lu_kernel`]).
-    fn lu_weight_t(
+    /// A flow step's LU-factorized affine map (nflows' `LULinear`, `W = L U`, see
+    /// [`lu_weight_composed`], bias `bias: [n]`, the step's permutation `perm` first) as one
+    /// `[n + 2, n + 2]` matrix `A` acting on the flow state `[N, n + 2]` (features,
+    /// log-determinant, ones): `state A` is the next state, the features mapped, the
+    /// log-determinant plus `Σ_j ln u_jj` (`u_jj = softplus(diag_j) + eps`), the ones kept
+    /// (see [`crate::lu_kernel`]). From the strictly lower and strictly upper entries
+    /// (`[n(n-1)/2]` each, row-major) and the unconstrained diagonal `diag: [n]`. On a
+    /// backend with [`FusedOps::LAYER_KERNELS`] one kernel each way.
+    fn lu_affine(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
         eps: f64,
         perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
-        permute_rows(
-            lu_weight_composed(lower, upper, diag, eps).0.transpose(),
-            perm,
-        )
+        lu_affine_composed(lower, upper, diag, bias, eps, perm)
     }
 
-    /// [`FusedOps::lu_weight_t`] as one kernel launch, the permutation given as float32
+    /// [`FusedOps::lu_affine`] as one kernel launch, the permutation given as float32
     /// values (`[n]`).
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn lu_weight_kernel_forward(
+    fn lu_affine_kernel_forward(
         _lower: Tensor<Self, 1>,
         _upper: Tensor<Self, 1>,
         _diag: Tensor<Self, 1>,
+        _bias: Tensor<Self, 1>,
         _perm: Option<Tensor<Self, 1>>,
         _eps: f64,
     ) -> Tensor<Self, 2> {
         no_layer_kernels()
     }
 
-    /// The gradients `(dlower, dupper, ddiag)` of [`FusedOps::lu_weight_kernel_forward`]
-    /// (with the same permutation) for the gradient `dwt: [n, n]` of its output, as one
-    /// kernel launch.
+    /// The gradients `[dlower, dupper, ddiag, dbias]` of
+    /// [`FusedOps::lu_affine_kernel_forward`] (with the same permutation) for the gradient
+    /// `da: [n + 2, n + 2]` of its output, as one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn lu_weight_kernel_backward(
+    fn lu_affine_kernel_backward(
         _lower: Tensor<Self, 1>,
         _upper: Tensor<Self, 1>,
         _diag: Tensor<Self, 1>,
         _perm: Option<Tensor<Self, 1>>,
-        _dwt: Tensor<Self, 2>,
+        _da: Tensor<Self, 2>,
         _eps: f64,
-    ) -> [Tensor<Self, 1>; 3] {
-        no_layer_kernels()
-    }
-
-    /// The running log-determinant `acc: [rows]` plus the LU map's `Σ_j ln u_jj`
-    /// (`u_jj = softplus(diag_j) + eps`); one kernel each way on a backend with
-    /// [`FusedOps::LAYER_KERNELS`].
-    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
-        let [rows] = acc.dims();
-        let u = softplus(diag, 1.0).add_scalar(eps);
-        acc + u.log().sum().expand([rows])
-    }
-
-    /// [`FusedOps::lu_logdet`] as one kernel launch.
-    ///
-    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn lu_logdet_kernel_forward(
-        _acc: Tensor<Self, 1>,
-        _diag: Tensor<Self, 1>,
-        _eps: f64,
-    ) -> Tensor<Self, 1> {
-        no_layer_kernels()
-    }
-
-    /// The gradient of [`FusedOps::lu_logdet_kernel_forward`] with respect to `diag` for
-    /// the incoming gradient `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
-    ///
-    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn lu_logdet_kernel_backward(
-        _grad: Tensor<Self, 1>,
-        _diag: Tensor<Self, 1>,
-        _eps: f64,
-    ) -> Tensor<Self, 1> {
+    ) -> [Tensor<Self, 1>; 4] {
         no_layer_kernels()
     }
 
     /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`), differentiable: one
     /// node (one kernel each way) on `Autodiff` over a backend with
-    /// [`FusedOps::SPLINE_KERNEL`].
+    /// [`FusedOps::SPLINE_KERNEL`]. With `state_start` the inputs are the transformed
+    /// columns of the flow state `x: [N, n + 2]` (see [`FusedOps::spline_kernel_forward`]).
     fn spline_joint(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
+        state_start: Option<usize>,
     ) -> Tensor<Self, 2> {
-        Self::spline_kernel_forward(x, raw, scale, sp)
+        Self::spline_kernel_forward(x, raw, scale, sp, state_start)
     }
 
-    /// A coupling step's output `[rows, d]` in feature order from its untransformed
-    /// features `x_id: [rows, d - t]` and the spline's `both: [rows t, 2]`
-    /// ([`FusedOps::spline_joint`] of the `t` transformed ones), Dingo's alternating mask at
-    /// `start` (0 or 1: feature `f` is transformed when `f >= start` and `f - start` is
-    /// even). One kernel each way on a backend with [`FusedOps::LAYER_KERNELS`]
-    /// ([`crate::coupling_kernel`]).
+    /// A coupling step's conditioner input `[N, (n - t) + C]` from the flow state
+    /// `state: [N, n + 2]` and the context `ctx: [N, C]`: the untransformed features (Dingo's
+    /// alternating mask at `start`, 0 or 1: feature `f` is transformed when `f >= start` and
+    /// `f - start` is even) next to the context. One kernel each way on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] ([`crate::coupling_kernel`]).
+    fn coupling_split(
+        state: Tensor<Self, 2>,
+        ctx: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        coupling_split_composed(state, ctx, start)
+    }
+
+    /// [`FusedOps::coupling_split`] as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_split_kernel_forward(
+        _state: Tensor<Self, 2>,
+        _ctx: Tensor<Self, 2>,
+        _start: usize,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
+    /// The gradients `(dstate [N, w], dctx [N, C])` of
+    /// [`FusedOps::coupling_split_kernel_forward`] for the incoming `grad: [N, (n - t) + C]`
+    /// and a state of width `w`, as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn coupling_split_kernel_backward(
+        _grad: Tensor<Self, 2>,
+        _w: usize,
+        _start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        no_layer_kernels()
+    }
+
+    /// A coupling step's next flow state `[N, n + 2]` from the state and the spline's
+    /// `both: [N t, 2]` ([`FusedOps::spline_joint`] of its `t` transformed features): those
+    /// features replaced by the spline's values, the others and the ones column kept, the
+    /// log-determinant plus each row's `Σ log|dy/dx|` (mask as in
+    /// [`FusedOps::coupling_split`]). One kernel each way on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] ([`crate::coupling_kernel`]).
     fn coupling_place(
-        x_id: Tensor<Self, 2>,
+        state: Tensor<Self, 2>,
         both: Tensor<Self, 2>,
         start: usize,
     ) -> Tensor<Self, 2> {
-        coupling_place_composed(x_id, both, start)
+        coupling_place_composed(state, both, start)
     }
 
     /// [`FusedOps::coupling_place`] as one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn coupling_place_kernel_forward(
-        _x_id: Tensor<Self, 2>,
+        _state: Tensor<Self, 2>,
         _both: Tensor<Self, 2>,
         _start: usize,
     ) -> Tensor<Self, 2> {
         no_layer_kernels()
     }
 
-    /// The gradients `(dx_id [rows, d - t], dboth [rows t, 2])` of
-    /// [`FusedOps::coupling_place_kernel_forward`] for the incoming `grad: [rows, d]`, as one
-    /// kernel launch.
+    /// The gradients `(dstate [N, n + 2], dboth [N t, 2])` of
+    /// [`FusedOps::coupling_place_kernel_forward`] for the incoming `grad: [N, n + 2]`, as
+    /// one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn coupling_place_kernel_backward(
         _grad: Tensor<Self, 2>,
-        _t: usize,
         _start: usize,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         no_layer_kernels()
     }
 
-    /// The running log-determinant `acc: [rows]` plus each row's sum of the spline's
-    /// log-derivatives (`both: [rows t, 2]`, column 1). One kernel each way on a backend
-    /// with [`FusedOps::LAYER_KERNELS`].
-    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
-        coupling_logdet_composed(acc, both)
-    }
-
-    /// [`FusedOps::coupling_logdet`] as one kernel launch.
-    ///
-    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn coupling_logdet_kernel_forward(
-        _acc: Tensor<Self, 1>,
-        _both: Tensor<Self, 2>,
-    ) -> Tensor<Self, 1> {
-        no_layer_kernels()
-    }
-
-    /// The gradient `dboth: [rows t, 2]` of [`FusedOps::coupling_logdet_kernel_forward`]
-    /// for the incoming `grad: [rows]` (that of `acc` is `grad`), as one kernel launch.
-    ///
-    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
-    fn coupling_logdet_kernel_backward(_grad: Tensor<Self, 1>, _t: usize) -> Tensor<Self, 2> {
-        no_layer_kernels()
-    }
-
-    /// The flow's base log-density with its log-determinant: `((-0.5 Σ_j z_j² - c) +
-    /// logdet) - jac` per row, `z: [rows, d]`, `logdet: [rows]` -> `[rows]` (`c = d/2 ln
-    /// 2π`, `jac` the standardization's `Σ ln σ_θ`). One kernel each way on a backend with
-    /// [`FusedOps::LAYER_KERNELS`] (float32), burn's operations elsewhere.
-    fn base_log_prob(
-        z: Tensor<Self, 2>,
-        logdet: Tensor<Self, 1>,
-        c: f64,
-        jac: f64,
-    ) -> Tensor<Self, 1> {
+    /// The flow's base log-density with its log-determinant from the final flow state
+    /// `state: [N, n + 2]`: `((-0.5 Σ_{j<n} z_j² - c) + logdet) - jac` per row -> `[N]`
+    /// (`c = n/2 ln 2π`, `jac` the standardization's `Σ ln σ_θ`). One kernel each way on a
+    /// backend with [`FusedOps::LAYER_KERNELS`] (float32), burn's operations elsewhere.
+    fn base_log_prob(state: Tensor<Self, 2>, c: f64, jac: f64) -> Tensor<Self, 1> {
+        let (z, logdet) = state_parts(state);
         base_log_prob_composed(z, logdet, c, jac)
     }
 
@@ -551,20 +538,19 @@ pub trait FusedOps: Backend {
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn base_log_prob_kernel_forward(
-        _z: Tensor<Self, 2>,
-        _logdet: Tensor<Self, 1>,
+        _state: Tensor<Self, 2>,
         _c: f64,
         _jac: f64,
     ) -> Tensor<Self, 1> {
         no_layer_kernels()
     }
 
-    /// The gradient `dz = -z g` (`[rows, d]`) of [`FusedOps::base_log_prob_kernel_forward`]
-    /// for the incoming `grad: [rows]` (that of `logdet` is `grad`), as one kernel launch.
+    /// The gradient `dstate: [N, n + 2]` of [`FusedOps::base_log_prob_kernel_forward`] for
+    /// the incoming `grad: [N]`, as one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn base_log_prob_kernel_backward(
-        _z: Tensor<Self, 2>,
+        _state: Tensor<Self, 2>,
         _grad: Tensor<Self, 1>,
     ) -> Tensor<Self, 2> {
         no_layer_kernels()
@@ -797,36 +783,102 @@ pub fn lu_weight_composed<B: Backend>(
     (l.matmul(u), diag)
 }
 
-/// [`FusedOps::coupling_place`] composed from burn's operations (a column slice, a
+/// An index tensor of `idx` on `device`.
+fn index_of<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, burn::tensor::Int> {
+    let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
+    Tensor::from_data(burn::tensor::TensorData::new(v, [idx.len()]), device)
+}
+
+/// The features of a flow state of width `w` (`n = w - 2`) that the coupling with mask
+/// `start` transforms, and those it keeps, in order.
+fn mask_columns(w: usize, start: usize) -> (Vec<usize>, Vec<usize>) {
+    let n = w - 2;
+    (0..n).partition(|&f| f >= start && (f - start).is_multiple_of(2))
+}
+
+/// The transformed features of the flow state `state: [N, n + 2]` as `[N t, 1]` (row
+/// `r t + j`: row `r`'s `j`-th).
+fn transformed_columns<B: Backend>(state: Tensor<B, 2>, start: usize) -> Tensor<B, 2> {
+    let [rows, w] = state.dims();
+    let (tr, _) = mask_columns(w, start);
+    let device = state.device();
+    state
+        .select(1, index_of::<B>(&tr, &device))
+        .reshape([rows * tr.len(), 1])
+}
+
+/// `(z [N, n], logdet [N])` of a flow state `[N, n + 2]`.
+pub(crate) fn state_parts<B: Backend>(state: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    let [rows, w] = state.dims();
+    let n = w - 2;
+    (
+        state.clone().narrow(1, 0, n),
+        state.narrow(1, n, 1).reshape([rows]),
+    )
+}
+
+/// [`FusedOps::lu_affine`] composed from burn's operations.
+fn lu_affine_composed<B: Backend>(
+    lower: Tensor<B, 1>,
+    upper: Tensor<B, 1>,
+    diag: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    perm: Option<&[usize]>,
+) -> Tensor<B, 2> {
+    let [n] = diag.dims();
+    let (w, u) = lu_weight_composed(lower, upper, diag, eps);
+    let m = permute_rows(w.transpose(), perm);
+    // Zeros and ones built from the operands, in their dtype.
+    let zero = m.clone().narrow(0, 0, 1).narrow(1, 0, 1).zeros_like();
+    let one = zero.clone().add_scalar(1.0);
+    let top = Tensor::cat(vec![m, zero.clone().repeat_dim(0, n).repeat_dim(1, 2)], 1);
+    let b = bias.reshape([1, n]);
+    let carry = Tensor::cat(vec![b.clone().zeros_like(), one.clone(), zero], 1);
+    let ld = u.log().sum().reshape([1, 1]);
+    let last = Tensor::cat(vec![b, ld, one], 1);
+    Tensor::cat(vec![top, carry, last], 0)
+}
+
+/// [`FusedOps::coupling_split`] composed from burn's operations (a gather, a concatenation).
+fn coupling_split_composed<B: Backend>(
+    state: Tensor<B, 2>,
+    ctx: Tensor<B, 2>,
+    start: usize,
+) -> Tensor<B, 2> {
+    let [_, w] = state.dims();
+    let (_, ids) = mask_columns(w, start);
+    let device = state.device();
+    Tensor::cat(vec![state.select(1, index_of::<B>(&ids, &device)), ctx], 1)
+}
+
+/// [`FusedOps::coupling_place`] composed from burn's operations (slices, a row sum, a
 /// concatenation, a gather).
 fn coupling_place_composed<B: Backend>(
-    x_id: Tensor<B, 2>,
+    state: Tensor<B, 2>,
     both: Tensor<B, 2>,
     start: usize,
 ) -> Tensor<B, 2> {
-    let [rows, ids] = x_id.dims();
-    let m = both.dims()[0];
-    let t = m / rows;
-    let d = ids + t;
-    // Where feature f sits in cat(identity, transform).
-    let order: Vec<i64> = (0..d)
-        .map(|f| {
-            let pos = if f >= start && (f - start).is_multiple_of(2) {
-                ids + (f - start) / 2
-            } else {
-                (f + start - 1) / 2
-            };
-            pos as i64
-        })
-        .collect();
-    let order = Tensor::<B, 1, burn::tensor::Int>::from_data(
-        burn::tensor::TensorData::new(order, [d]),
-        &x_id.device(),
-    );
-    let y = both.slice([0..m, 0..1]).reshape([rows, t]);
-    Tensor::cat(vec![x_id, y], 1).select(1, order)
+    let [rows, w] = state.dims();
+    let n = w - 2;
+    let (tr, ids) = mask_columns(w, start);
+    let t = tr.len();
+    let m = rows * t;
+    let device = state.device();
+    let y = both.clone().slice([0..m, 0..1]).reshape([rows, t]);
+    let ld = both.slice([0..m, 1..2]).reshape([rows, t]).sum_dim(1);
+    // Where column f sits in cat(kept, transformed, log-determinant, ones).
+    let mut order = vec![0usize; w];
+    for (pos, &f) in ids.iter().chain(&tr).enumerate() {
+        order[f] = pos;
+    }
+    order[n] = n;
+    order[n + 1] = n + 1;
+    let kept = state.clone().select(1, index_of::<B>(&ids, &device));
+    let logdet = state.clone().narrow(1, n, 1) + ld;
+    let ones = state.narrow(1, n + 1, 1);
+    Tensor::cat(vec![kept, y, logdet, ones], 1).select(1, index_of::<B>(&order, &device))
 }
-
 /// `wt` with its rows permuted by `perm` (`M[perm[j]] = wt[j]`), or `wt` itself.
 fn permute_rows<B: Backend>(wt: Tensor<B, 2>, perm: Option<&[usize]>) -> Tensor<B, 2> {
     let Some(perm) = perm else {
@@ -850,8 +902,10 @@ fn permutation_values<B: Backend>(perm: &[usize], device: &B::Device) -> Tensor<
     Tensor::from_data(burn::tensor::TensorData::new(values, [perm.len()]), device)
 }
 
-/// [`FusedOps::base_log_prob`] composed from burn's operations.
-fn base_log_prob_composed<B: Backend>(
+/// The base log-density `((-0.5 Σ_j z_j² - c) + logdet) - jac` per row of `z: [N, n]`,
+/// `logdet: [N]`, composed from burn's operations ([`FusedOps::base_log_prob`] on the
+/// state).
+pub(crate) fn base_log_prob_composed<B: Backend>(
     z: Tensor<B, 2>,
     logdet: Tensor<B, 1>,
     c: f64,
@@ -865,17 +919,6 @@ fn base_log_prob_composed<B: Backend>(
         .mul_scalar(-0.5)
         .sub_scalar(c);
     (base + logdet).sub_scalar(jac)
-}
-
-/// [`FusedOps::coupling_logdet`] composed from burn's operations.
-fn coupling_logdet_composed<B: Backend>(acc: Tensor<B, 1>, both: Tensor<B, 2>) -> Tensor<B, 1> {
-    let [rows] = acc.dims();
-    let m = both.dims()[0];
-    acc + both
-        .slice([0..m, 1..2])
-        .reshape([rows, m / rows])
-        .sum_dim(1)
-        .reshape([rows])
 }
 
 /// The matrix product `x Wᵀ` of a linear layer without its bias (`weight` flat
@@ -1026,7 +1069,7 @@ where
         scale: f64,
         sp: &SplineParams,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        split_spline(Self::spline_kernel_forward(x, raw, scale, sp))
+        split_spline(Self::spline_kernel_forward(x, raw, scale, sp, None))
     }
 
     const LAYER_KERNELS: bool = true;
@@ -1055,24 +1098,56 @@ where
         Some(wrap(dx))
     }
 
+    fn coupling_split(
+        state: Tensor<Self, 2>,
+        ctx: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[state.dtype(), ctx.dtype()]) {
+            return coupling_split_composed(state, ctx, start);
+        }
+        Self::coupling_split_kernel_forward(state, ctx, start)
+    }
+
+    fn coupling_split_kernel_forward(
+        state: Tensor<Self, 2>,
+        ctx: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::coupling_kernel::split_forward_launch(
+            prim(state),
+            prim(ctx),
+            start,
+        ))
+    }
+
+    fn coupling_split_kernel_backward(
+        grad: Tensor<Self, 2>,
+        w: usize,
+        start: usize,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (ds, dc) = crate::coupling_kernel::split_backward_launch(prim(grad), w, start);
+        (wrap(ds), wrap(dc))
+    }
+
     fn coupling_place(
-        x_id: Tensor<Self, 2>,
+        state: Tensor<Self, 2>,
         both: Tensor<Self, 2>,
         start: usize,
     ) -> Tensor<Self, 2> {
-        if !all_f32(&[x_id.dtype(), both.dtype()]) {
-            return coupling_place_composed(x_id, both, start);
+        if !all_f32(&[state.dtype(), both.dtype()]) {
+            return coupling_place_composed(state, both, start);
         }
-        Self::coupling_place_kernel_forward(x_id, both, start)
+        Self::coupling_place_kernel_forward(state, both, start)
     }
 
     fn coupling_place_kernel_forward(
-        x_id: Tensor<Self, 2>,
+        state: Tensor<Self, 2>,
         both: Tensor<Self, 2>,
         start: usize,
     ) -> Tensor<Self, 2> {
         wrap(crate::coupling_kernel::place_forward_launch(
-            prim(x_id),
+            prim(state),
             prim(both),
             start,
         ))
@@ -1080,148 +1155,88 @@ where
 
     fn coupling_place_kernel_backward(
         grad: Tensor<Self, 2>,
-        t: usize,
         start: usize,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        let (dx, db) = crate::coupling_kernel::place_backward_launch(prim(grad), t, start);
-        (wrap(dx), wrap(db))
+        let (ds, db) = crate::coupling_kernel::place_backward_launch(prim(grad), start);
+        (wrap(ds), wrap(db))
     }
 
-    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
-        if !all_f32(&[acc.dtype(), both.dtype()]) {
-            return coupling_logdet_composed(acc, both);
-        }
-        Self::coupling_logdet_kernel_forward(acc, both)
-    }
-
-    fn coupling_logdet_kernel_forward(
-        acc: Tensor<Self, 1>,
-        both: Tensor<Self, 2>,
-    ) -> Tensor<Self, 1> {
-        wrap(crate::coupling_kernel::logdet_forward_launch(
-            prim(acc),
-            prim(both),
-        ))
-    }
-
-    fn coupling_logdet_kernel_backward(grad: Tensor<Self, 1>, t: usize) -> Tensor<Self, 2> {
-        wrap(crate::coupling_kernel::logdet_backward_launch(
-            prim(grad),
-            t,
-        ))
-    }
-
-    fn base_log_prob(
-        z: Tensor<Self, 2>,
-        logdet: Tensor<Self, 1>,
-        c: f64,
-        jac: f64,
-    ) -> Tensor<Self, 1> {
-        if !all_f32(&[z.dtype(), logdet.dtype()]) {
+    fn base_log_prob(state: Tensor<Self, 2>, c: f64, jac: f64) -> Tensor<Self, 1> {
+        if !all_f32(&[state.dtype()]) {
+            let (z, logdet) = state_parts(state);
             return base_log_prob_composed(z, logdet, c, jac);
         }
-        Self::base_log_prob_kernel_forward(z, logdet, c, jac)
+        Self::base_log_prob_kernel_forward(state, c, jac)
     }
 
-    fn base_log_prob_kernel_forward(
-        z: Tensor<Self, 2>,
-        logdet: Tensor<Self, 1>,
-        c: f64,
-        jac: f64,
-    ) -> Tensor<Self, 1> {
+    fn base_log_prob_kernel_forward(state: Tensor<Self, 2>, c: f64, jac: f64) -> Tensor<Self, 1> {
         wrap(crate::coupling_kernel::base_forward_launch(
-            prim(z),
-            prim(logdet),
+            prim(state),
             c,
             jac,
         ))
     }
 
-    fn base_log_prob_kernel_backward(z: Tensor<Self, 2>, grad: Tensor<Self, 1>) -> Tensor<Self, 2> {
+    fn base_log_prob_kernel_backward(
+        state: Tensor<Self, 2>,
+        grad: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
         wrap(crate::coupling_kernel::base_backward_launch(
-            prim(z),
+            prim(state),
             prim(grad),
         ))
     }
 
-    fn lu_weight_t(
+    fn lu_affine(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
         eps: f64,
         perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
-        if !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
-            let wt = lu_weight_composed(lower, upper, diag, eps).0.transpose();
-            return permute_rows(wt, perm);
+        if !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype(), bias.dtype()]) {
+            return lu_affine_composed(lower, upper, diag, bias, eps, perm);
         }
         let perm = perm.map(|p| permutation_values(p, &diag.device()));
-        Self::lu_weight_kernel_forward(lower, upper, diag, perm, eps)
+        Self::lu_affine_kernel_forward(lower, upper, diag, bias, perm, eps)
     }
 
-    fn lu_weight_kernel_forward(
+    fn lu_affine_kernel_forward(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
         perm: Option<Tensor<Self, 1>>,
         eps: f64,
     ) -> Tensor<Self, 2> {
-        wrap(crate::lu_kernel::weight_forward(
+        wrap(crate::lu_kernel::affine_forward(
             prim(lower),
             prim(upper),
             prim(diag),
+            prim(bias),
             perm.map(prim),
             eps,
         ))
     }
 
-    fn lu_weight_kernel_backward(
+    fn lu_affine_kernel_backward(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
         perm: Option<Tensor<Self, 1>>,
-        dwt: Tensor<Self, 2>,
+        da: Tensor<Self, 2>,
         eps: f64,
-    ) -> [Tensor<Self, 1>; 3] {
-        let perm = perm.map(prim);
-        crate::lu_kernel::weight_backward(
+    ) -> [Tensor<Self, 1>; 4] {
+        crate::lu_kernel::affine_backward(
             prim(lower),
             prim(upper),
             prim(diag),
-            perm,
-            prim(dwt),
+            perm.map(prim),
+            prim(da),
             eps,
         )
         .map(wrap)
-    }
-
-    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
-        if !all_f32(&[acc.dtype(), diag.dtype()]) {
-            let [rows] = acc.dims();
-            let u = softplus(diag, 1.0).add_scalar(eps);
-            return acc + u.log().sum().expand([rows]);
-        }
-        Self::lu_logdet_kernel_forward(acc, diag, eps)
-    }
-
-    fn lu_logdet_kernel_forward(
-        acc: Tensor<Self, 1>,
-        diag: Tensor<Self, 1>,
-        eps: f64,
-    ) -> Tensor<Self, 1> {
-        wrap(crate::lu_kernel::logdet_forward(prim(acc), prim(diag), eps))
-    }
-
-    fn lu_logdet_kernel_backward(
-        grad: Tensor<Self, 1>,
-        diag: Tensor<Self, 1>,
-        eps: f64,
-    ) -> Tensor<Self, 1> {
-        wrap(crate::lu_kernel::logdet_backward(
-            prim(grad),
-            prim(diag),
-            eps,
-        ))
     }
 
     fn fused_layer_norm(
@@ -1412,12 +1427,14 @@ where
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
+        state_start: Option<usize>,
     ) -> Tensor<Self, 2> {
         let out = crate::spline_kernel::forward(
             x.into_primitive().tensor(),
             raw.into_primitive().tensor(),
             scale,
             sp,
+            state_start,
         );
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
@@ -1488,6 +1505,7 @@ where
         grad: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
+        state_start: Option<usize>,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         let (dx, draw) = crate::spline_kernel::backward(
             x.into_primitive().tensor(),
@@ -1495,6 +1513,7 @@ where
             grad.into_primitive().tensor(),
             scale,
             sp,
+            state_start,
         );
         (
             Tensor::from_primitive(TensorPrimitive::Float(dx)),
@@ -1901,6 +1920,7 @@ impl<B: FusedOps> Backward<B, 3> for LinearBackward {
 struct SplineBackward {
     scale: f64,
     sp: SplineParams,
+    state_start: Option<usize>,
 }
 
 impl<B: FusedOps> Backward<B, 2> for SplineBackward {
@@ -1916,7 +1936,8 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
         let g = grads.consume::<B>(&ops.node);
         let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
         let (x, raw) = ops.state;
-        let (dx, draw) = B::spline_kernel_backward(x, raw, g, self.scale, &self.sp);
+        let (dx, draw) =
+            B::spline_kernel_backward(x, raw, g, self.scale, &self.sp, self.state_start);
         if let Some(p) = px {
             grads.register::<B>(p.id, dx.into_primitive().tensor());
         }
@@ -2044,14 +2065,15 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
     }
 }
 
-/// The backward step of [`FusedOps::lu_weight_t`] on `Autodiff<B>` for a backend with the
-/// layer kernels; its state is the three parameter vectors and the permutation's values.
+/// The backward step of [`FusedOps::lu_affine`] on `Autodiff<B>` for a backend with the
+/// layer kernels (parents `lower`, `upper`, `diag`, `bias`); its state is the first three
+/// and the permutation's values.
 #[derive(Debug)]
-struct LuWeightBackward {
+struct LuAffineBackward {
     eps: f64,
 }
 
-impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
+impl<B: FusedOps> Backward<B, 4> for LuAffineBackward {
     type State = (
         Tensor<B, 1>,
         Tensor<B, 1>,
@@ -2061,13 +2083,13 @@ impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
 
     fn backward(
         self,
-        ops: Ops<Self::State, 3>,
+        ops: Ops<Self::State, 4>,
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
         let (lower, upper, diag, perm) = ops.state;
-        let d = B::lu_weight_kernel_backward(lower, upper, diag, perm, g, self.eps);
+        let d = B::lu_affine_kernel_backward(lower, upper, diag, perm, g, self.eps);
         for (p, d) in ops.parents.into_iter().zip(d) {
             if let Some(p) = p {
                 grads.register::<B>(p.id, prim(d));
@@ -2076,15 +2098,16 @@ impl<B: FusedOps> Backward<B, 3> for LuWeightBackward {
     }
 }
 
-/// The backward step of [`FusedOps::lu_logdet`] on `Autodiff<B>` for a backend with the
-/// layer kernels (parents `acc`, `diag`); its state is `diag`.
+/// The backward step of [`FusedOps::coupling_split`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `state`, `ctx`); stateless.
 #[derive(Debug)]
-struct LuLogdetBackward {
-    eps: f64,
+struct SplitBackward {
+    w: usize,
+    start: usize,
 }
 
-impl<B: FusedOps> Backward<B, 2> for LuLogdetBackward {
-    type State = Tensor<B, 1>;
+impl<B: FusedOps> Backward<B, 2> for SplitBackward {
+    type State = ();
 
     fn backward(
         self,
@@ -2092,23 +2115,22 @@ impl<B: FusedOps> Backward<B, 2> for LuLogdetBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let [pacc, pdiag] = ops.parents;
-        let g = grads.consume::<B>(&ops.node);
-        if let Some(p) = pdiag {
-            let d = B::lu_logdet_kernel_backward(wrap(g.clone()), ops.state, self.eps);
-            grads.register::<B>(p.id, prim(d));
+        let [ps, pc] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (ds, dc) = B::coupling_split_kernel_backward(g, self.w, self.start);
+        if let Some(p) = ps {
+            grads.register::<B>(p.id, prim(ds));
         }
-        if let Some(p) = pacc {
-            grads.register::<B>(p.id, g);
+        if let Some(p) = pc {
+            grads.register::<B>(p.id, prim(dc));
         }
     }
 }
 
 /// The backward step of [`FusedOps::coupling_place`] on `Autodiff<B>` for a backend with
-/// the layer kernels (parents `x_id`, `both`); stateless.
+/// the layer kernels (parents `state`, `both`); stateless.
 #[derive(Debug)]
 struct PlaceBackward {
-    t: usize,
     start: usize,
 }
 
@@ -2121,11 +2143,11 @@ impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let [px, pboth] = ops.parents;
+        let [ps, pboth] = ops.parents;
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
-        let (dx, dboth) = B::coupling_place_kernel_backward(g, self.t, self.start);
-        if let Some(p) = px {
-            grads.register::<B>(p.id, prim(dx));
+        let (ds, dboth) = B::coupling_place_kernel_backward(g, self.start);
+        if let Some(p) = ps {
+            grads.register::<B>(p.id, prim(ds));
         }
         if let Some(p) = pboth {
             grads.register::<B>(p.id, prim(dboth));
@@ -2133,56 +2155,25 @@ impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
     }
 }
 
-/// The backward step of [`FusedOps::coupling_logdet`] on `Autodiff<B>` for a backend with
-/// the layer kernels (parents `acc`, `both`); stateless.
-#[derive(Debug)]
-struct CouplingLogdetBackward {
-    t: usize,
-}
-
-impl<B: FusedOps> Backward<B, 2> for CouplingLogdetBackward {
-    type State = ();
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [pacc, pboth] = ops.parents;
-        let g = grads.consume::<B>(&ops.node);
-        if let Some(p) = pboth {
-            let d = B::coupling_logdet_kernel_backward(wrap(g.clone()), self.t);
-            grads.register::<B>(p.id, prim(d));
-        }
-        if let Some(p) = pacc {
-            grads.register::<B>(p.id, g);
-        }
-    }
-}
-
 /// The backward step of [`FusedOps::base_log_prob`] on `Autodiff<B>` for a backend with the
-/// layer kernels (parents `z`, `logdet`); its state is `z`.
+/// layer kernels (parent `state`); its state is the flow state.
 #[derive(Debug)]
 struct BaseLogProbBackward;
 
-impl<B: FusedOps> Backward<B, 2> for BaseLogProbBackward {
+impl<B: FusedOps> Backward<B, 1> for BaseLogProbBackward {
     type State = Tensor<B, 2>;
 
     fn backward(
         self,
-        ops: Ops<Self::State, 2>,
+        ops: Ops<Self::State, 1>,
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let [pz, plogdet] = ops.parents;
+        let [ps] = ops.parents;
         let g = grads.consume::<B>(&ops.node);
-        if let Some(p) = pz {
-            let d = B::base_log_prob_kernel_backward(ops.state, wrap(g.clone()));
+        if let Some(p) = ps {
+            let d = B::base_log_prob_kernel_backward(ops.state, wrap(g));
             grads.register::<B>(p.id, prim(d));
-        }
-        if let Some(p) = plogdet {
-            grads.register::<B>(p.id, g);
         }
     }
 }
@@ -2286,7 +2277,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         if !B::SPLINE_KERNEL {
             return crate::spline::coupling_spline(x, raw, scale, false, sp);
         }
-        split_spline(Self::spline_joint(x, raw, scale, sp))
+        split_spline(Self::spline_joint(x, raw, scale, sp, None))
     }
 
     fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
@@ -2310,8 +2301,13 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
+        state_start: Option<usize>,
     ) -> Tensor<Self, 2> {
         if !B::SPLINE_KERNEL {
+            let x = match state_start {
+                Some(start) => transformed_columns(x, start),
+                None => x,
+            };
             let (y, ld) = crate::spline::coupling_spline(x, raw, scale, false, sp);
             return Tensor::cat(vec![y, ld], 1);
         }
@@ -2319,12 +2315,16 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         let r = raw.into_primitive().tensor();
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
         let ri = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(r.primitive.clone()));
-        let both = B::spline_kernel_forward(xi.clone(), ri.clone(), scale, sp);
+        let both = B::spline_kernel_forward(xi.clone(), ri.clone(), scale, sp, state_start);
         let output = both.into_primitive().tensor();
-        let tracked = match (SplineBackward { scale, sp: *sp })
-            .prepare::<C>([x.node.clone(), r.node.clone()])
-            .compute_bound()
-            .stateful()
+        let tracked = match (SplineBackward {
+            scale,
+            sp: *sp,
+            state_start,
+        })
+        .prepare::<C>([x.node.clone(), r.node.clone()])
+        .compute_bound()
+        .stateful()
         {
             OpsKind::Tracked(prep) => prep.finish((xi, ri), output),
             OpsKind::UnTracked(prep) => prep.finish(output),
@@ -2332,24 +2332,24 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         Tensor::from_primitive(TensorPrimitive::Float(tracked))
     }
 
-    fn coupling_place(
-        x_id: Tensor<Self, 2>,
-        both: Tensor<Self, 2>,
+    fn coupling_split(
+        state: Tensor<Self, 2>,
+        ctx: Tensor<Self, 2>,
         start: usize,
     ) -> Tensor<Self, 2> {
-        if !B::LAYER_KERNELS || !all_f32(&[x_id.dtype(), both.dtype()]) {
-            return coupling_place_composed(x_id, both, start);
+        if !B::LAYER_KERNELS || !all_f32(&[state.dtype(), ctx.dtype()]) {
+            return coupling_split_composed(state, ctx, start);
         }
-        let t = both.dims()[0] / x_id.dims()[0];
-        let (x, b) = (prim(x_id), prim(both));
-        let out = B::coupling_place_kernel_forward(
-            wrap(x.primitive.clone()),
-            wrap(b.primitive.clone()),
+        let w = state.dims()[1];
+        let (sp, cp) = (prim(state), prim(ctx));
+        let out = B::coupling_split_kernel_forward(
+            wrap(sp.primitive.clone()),
+            wrap(cp.primitive.clone()),
             start,
         );
         let output = prim(out);
-        let tracked = match (PlaceBackward { t, start })
-            .prepare::<C>([x.node.clone(), b.node.clone()])
+        let tracked = match (SplitBackward { w, start })
+            .prepare::<C>([sp.node.clone(), cp.node.clone()])
             .compute_bound()
             .stateful()
         {
@@ -2359,17 +2359,23 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         wrap(tracked)
     }
 
-    fn coupling_logdet(acc: Tensor<Self, 1>, both: Tensor<Self, 2>) -> Tensor<Self, 1> {
-        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), both.dtype()]) {
-            return coupling_logdet_composed(acc, both);
+    fn coupling_place(
+        state: Tensor<Self, 2>,
+        both: Tensor<Self, 2>,
+        start: usize,
+    ) -> Tensor<Self, 2> {
+        if !B::LAYER_KERNELS || !all_f32(&[state.dtype(), both.dtype()]) {
+            return coupling_place_composed(state, both, start);
         }
-        let t = both.dims()[0] / acc.dims()[0];
-        let (a, b) = (prim(acc), prim(both));
-        let out =
-            B::coupling_logdet_kernel_forward(wrap(a.primitive.clone()), wrap(b.primitive.clone()));
+        let (sp, bp) = (prim(state), prim(both));
+        let out = B::coupling_place_kernel_forward(
+            wrap(sp.primitive.clone()),
+            wrap(bp.primitive.clone()),
+            start,
+        );
         let output = prim(out);
-        let tracked = match (CouplingLogdetBackward { t })
-            .prepare::<C>([a.node.clone(), b.node.clone()])
+        let tracked = match (PlaceBackward { start })
+            .prepare::<C>([sp.node.clone(), bp.node.clone()])
             .compute_bound()
             .stateful()
         {
@@ -2379,81 +2385,58 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         wrap(tracked)
     }
 
-    fn base_log_prob(
-        z: Tensor<Self, 2>,
-        logdet: Tensor<Self, 1>,
-        c: f64,
-        jac: f64,
-    ) -> Tensor<Self, 1> {
-        if !B::LAYER_KERNELS || !all_f32(&[z.dtype(), logdet.dtype()]) {
+    fn base_log_prob(state: Tensor<Self, 2>, c: f64, jac: f64) -> Tensor<Self, 1> {
+        if !B::LAYER_KERNELS || !all_f32(&[state.dtype()]) {
+            let (z, logdet) = state_parts(state);
             return base_log_prob_composed(z, logdet, c, jac);
         }
-        let (zp, lp) = (prim(z), prim(logdet));
-        let zi = wrap::<B, 2>(zp.primitive.clone());
-        let out = B::base_log_prob_kernel_forward(zi.clone(), wrap(lp.primitive.clone()), c, jac);
+        let sp = prim(state);
+        let si = wrap::<B, 2>(sp.primitive.clone());
+        let out = B::base_log_prob_kernel_forward(si.clone(), c, jac);
         let output = prim(out);
         let tracked = match BaseLogProbBackward
-            .prepare::<C>([zp.node.clone(), lp.node.clone()])
+            .prepare::<C>([sp.node.clone()])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish(zi, output),
+            OpsKind::Tracked(prep) => prep.finish(si, output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };
         wrap(tracked)
     }
 
-    fn lu_weight_t(
+    fn lu_affine(
         lower: Tensor<Self, 1>,
         upper: Tensor<Self, 1>,
         diag: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
         eps: f64,
         perm: Option<&[usize]>,
     ) -> Tensor<Self, 2> {
-        if !B::LAYER_KERNELS || !all_f32(&[lower.dtype(), upper.dtype(), diag.dtype()]) {
-            let wt = lu_weight_composed(lower, upper, diag, eps).0.transpose();
-            return permute_rows(wt, perm);
+        let dtypes = [lower.dtype(), upper.dtype(), diag.dtype(), bias.dtype()];
+        if !B::LAYER_KERNELS || !all_f32(&dtypes) {
+            return lu_affine_composed(lower, upper, diag, bias, eps, perm);
         }
-        let (l, u, d) = (prim(lower), prim(upper), prim(diag));
+        let (l, u, d, b) = (prim(lower), prim(upper), prim(diag), prim(bias));
         let inner = |v: &burn::tensor::ops::FloatTensor<Self>| wrap::<B, 1>(v.primitive.clone());
         let perm = perm.map(|p| permutation_values::<B>(p, &inner(&d).device()));
         let state = (inner(&l), inner(&u), inner(&d), perm);
-        let wt = B::lu_weight_kernel_forward(
+        let a = B::lu_affine_kernel_forward(
             state.0.clone(),
             state.1.clone(),
             state.2.clone(),
+            inner(&b),
             state.3.clone(),
             eps,
         );
-        let output = prim(wt);
-        let nodes = [&l, &u, &d].map(|v| v.node.clone());
-        let tracked = match (LuWeightBackward { eps })
+        let output = prim(a);
+        let nodes = [&l, &u, &d, &b].map(|v| v.node.clone());
+        let tracked = match (LuAffineBackward { eps })
             .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => prep.finish(state, output),
-            OpsKind::UnTracked(prep) => prep.finish(output),
-        };
-        wrap(tracked)
-    }
-
-    fn lu_logdet(acc: Tensor<Self, 1>, diag: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 1> {
-        if !B::LAYER_KERNELS || !all_f32(&[acc.dtype(), diag.dtype()]) {
-            let [rows] = acc.dims();
-            let u = softplus(diag, 1.0).add_scalar(eps);
-            return acc + u.log().sum().expand([rows]);
-        }
-        let (a, d) = (prim(acc), prim(diag));
-        let di = wrap::<B, 1>(d.primitive.clone());
-        let out = B::lu_logdet_kernel_forward(wrap(a.primitive.clone()), di.clone(), eps);
-        let output = prim(out);
-        let tracked = match (LuLogdetBackward { eps })
-            .prepare::<C>([a.node.clone(), d.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(di, output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };
         wrap(tracked)

@@ -301,132 +301,145 @@ fn lu_on<B: AutodiffBackend + FusedOps>(
     params: [&[f32]; 4],
     perm: Option<&[usize]>,
     a: &[f32],
-    c: &[f32],
 ) -> Vec<Vec<f64>> {
-    let [lower, upper, diag, acc] = params.map(|p| vector::<B>(p, device, dtype).require_grad());
-    let n = diag.dims()[0];
-    let wt = B::lu_weight_t(lower.clone(), upper.clone(), diag.clone(), 1e-3, perm);
-    let ld = B::lu_logdet(acc.clone(), diag.clone(), 1e-3);
-    let at = matrix::<B>(a, [n, n], device, dtype);
-    let ct = vector::<B>(c, device, dtype);
-    let grads = ((wt.clone() * at).sum() + (ld.clone() * ct).sum()).backward();
-    let mut out = vec![f64s(wt.into_data()), f64s(ld.into_data())];
-    for t in [&lower, &upper, &diag, &acc] {
-        out.push(f64s(
-            t.grad(&grads).expect("an input's gradient").into_data(),
-        ));
+    let [lower, upper, diag, bias] = params.map(|p| vector::<B>(p, device, dtype).require_grad());
+    let w = diag.dims()[0] + 2;
+    let m = B::lu_affine(
+        lower.clone(),
+        upper.clone(),
+        diag.clone(),
+        bias.clone(),
+        1e-3,
+        perm,
+    );
+    let grads = (m.clone() * matrix::<B>(a, [w, w], device, dtype))
+        .sum()
+        .backward();
+    let mut out = vec![f64s(m.into_data())];
+    for t in [&lower, &upper, &diag, &bias] {
+        // An empty parameter (n = 1's strict triangles) may get no gradient node.
+        out.push(match t.grad(&grads) {
+            Some(g) => f64s(g.into_data()),
+            None if t.dims()[0] == 0 => Vec::new(),
+            None => panic!("an input's gradient"),
+        });
     }
     out
 }
 
-/// The LU map's kernels ([`FusedOps::lu_weight_t`], [`FusedOps::lu_logdet`], eps 1e-3) for
-/// `params = [lower, upper ([n(n-1)/2] each), unconstrained diagonal [n], running
-/// log-determinant [rows]]` and the flow step's permutation `perm` (the weight's rows
-/// permuted, `M[perm[j]] = Wᵀ[j]`): `[M [n * n], logdet [rows], dL/dlower, dL/dupper,
-/// dL/ddiag, dL/dacc]` for `L = Σ a M + Σ c logdet`.
+/// A flow step's LU map on the flow state ([`FusedOps::lu_affine`], eps 1e-3) for
+/// `params = [lower, upper ([n(n-1)/2] each), unconstrained diagonal [n], bias [n]]` and the
+/// step's permutation `perm` (the weight's rows permuted, `A[perm[j], i] = W_ij`):
+/// `[A [(n + 2)²], dL/dlower, dL/dupper, dL/ddiag, dL/dbias]` for `L = Σ a A`.
 pub fn lu(
     engine: Engine<'_>,
     params: [&[f32]; 4],
     perm: Option<&[usize]>,
     a: &[f32],
-    c: &[f32],
 ) -> Vec<Vec<f64>> {
-    on_engine!(engine, lu_on(params, perm, a, c))
+    on_engine!(engine, lu_on(params, perm, a))
 }
 
-/// The shape of a [`coupling`] check: `rows`, features `d`, and the first transformed
-/// feature `start` (0 or 1: the alternating masks).
+/// The shape of a [`coupling`] check: `rows`, features `d` (the state is `[rows, d + 2]`),
+/// context features `c`, and the first transformed feature `start` (0 or 1: the alternating
+/// masks).
 #[derive(Debug, Clone, Copy)]
 pub struct CouplingShape {
     /// Samples.
     pub rows: usize,
     /// Features.
     pub d: usize,
+    /// Context features.
+    pub c: usize,
     /// The first transformed feature.
     pub start: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
+impl CouplingShape {
+    /// The transformed features `t`.
+    pub fn transformed(&self) -> usize {
+        self.d.saturating_sub(self.start).div_ceil(2)
+    }
+}
+
+/// The inputs of a [`coupling`] check and its loss weights, row-major.
+#[derive(Debug, Clone)]
+pub struct CouplingCase {
+    /// The shape.
+    pub shape: CouplingShape,
+    /// The flow state `[rows, d + 2]`.
+    pub state: Vec<f32>,
+    /// The context `[rows, c]`.
+    pub ctx: Vec<f32>,
+    /// The spline's output `[rows t, 2]`.
+    pub both: Vec<f32>,
+    /// Weights of the conditioner's input `[rows, (d - t) + c]` in the loss.
+    pub a_split: Vec<f32>,
+    /// Weights of the next state `[rows, d + 2]` in the loss.
+    pub a_place: Vec<f32>,
+}
+
 fn coupling_on<B: AutodiffBackend + FusedOps>(
     device: &B::Device,
     dtype: FloatDType,
-    shape: CouplingShape,
-    x_id: &[f32],
-    both: &[f32],
-    acc: &[f32],
-    a: &[f32],
-    c: &[f32],
+    case: &CouplingCase,
 ) -> Vec<Vec<f64>> {
-    let CouplingShape { rows, d, start } = shape;
-    let t = both.len() / 2 / rows;
-    let xt = matrix::<B>(x_id, [rows, d - t], device, dtype).require_grad();
-    let bt = matrix::<B>(both, [rows * t, 2], device, dtype).require_grad();
-    let acct = vector::<B>(acc, device, dtype).require_grad();
-    let z = B::coupling_place(xt.clone(), bt.clone(), start);
-    let ld = B::coupling_logdet(acct.clone(), bt.clone());
-    let at = matrix::<B>(a, [rows, d], device, dtype);
-    let ct = vector::<B>(c, device, dtype);
-    let grads = ((z.clone() * at).sum() + (ld.clone() * ct).sum()).backward();
+    let CouplingShape { rows, d, c, start } = case.shape;
+    let t = case.shape.transformed();
+    let st = matrix::<B>(&case.state, [rows, d + 2], device, dtype).require_grad();
+    let ct = matrix::<B>(&case.ctx, [rows, c], device, dtype).require_grad();
+    let bt = matrix::<B>(&case.both, [rows * t, 2], device, dtype).require_grad();
+    let input = B::coupling_split(st.clone(), ct.clone(), start);
+    let next = B::coupling_place(st.clone(), bt.clone(), start);
+    let a1 = matrix::<B>(&case.a_split, [rows, d - t + c], device, dtype);
+    let a2 = matrix::<B>(&case.a_place, [rows, d + 2], device, dtype);
+    let grads = ((input.clone() * a1).sum() + (next.clone() * a2).sum()).backward();
     vec![
-        f64s(z.into_data()),
-        f64s(ld.into_data()),
-        f64s(xt.grad(&grads).expect("x_id's gradient").into_data()),
+        f64s(input.into_data()),
+        f64s(next.into_data()),
+        f64s(st.grad(&grads).expect("the state's gradient").into_data()),
+        f64s(ct.grad(&grads).expect("the context's gradient").into_data()),
         f64s(bt.grad(&grads).expect("the spline's gradient").into_data()),
-        f64s(acct.grad(&grads).expect("acc's gradient").into_data()),
     ]
 }
 
-/// The end of a coupling step ([`FusedOps::coupling_place`], [`FusedOps::coupling_logdet`])
-/// for the untransformed features `x_id: [rows, d - t]`, the spline's output
-/// `both: [rows * t, 2]` (value, log-derivative) and the running log-determinant
-/// `acc: [rows]`: `[z [rows * d], logdet [rows], dL/dx_id, dL/dboth, dL/dacc]` for
-/// `L = Σ a z + Σ c logdet`.
-#[allow(clippy::too_many_arguments)]
-pub fn coupling(
-    engine: Engine<'_>,
-    shape: CouplingShape,
-    x_id: &[f32],
-    both: &[f32],
-    acc: &[f32],
-    a: &[f32],
-    c: &[f32],
-) -> Vec<Vec<f64>> {
-    on_engine!(engine, coupling_on(shape, x_id, both, acc, a, c))
+/// A coupling step's input and end on the flow state ([`FusedOps::coupling_split`],
+/// [`FusedOps::coupling_place`]) for `case`: `[input [rows ((d - t) + c)], next state
+/// [rows (d + 2)], dL/dstate, dL/dctx, dL/dboth]` for `L = Σ a_split input + Σ a_place
+/// next`.
+pub fn coupling(engine: Engine<'_>, case: &CouplingCase) -> Vec<Vec<f64>> {
+    on_engine!(engine, coupling_on(case))
 }
 
 fn base_on<B: AutodiffBackend + FusedOps>(
     device: &B::Device,
     dtype: FloatDType,
-    z: &[f32],
-    logdet: &[f32],
+    state: &[f32],
     a: &[f32],
     constants: (f64, f64),
 ) -> Vec<Vec<f64>> {
-    let rows = logdet.len();
-    let zt = matrix::<B>(z, [rows, z.len() / rows], device, dtype).require_grad();
-    let lt = vector::<B>(logdet, device, dtype).require_grad();
-    let lp = B::base_log_prob(zt.clone(), lt.clone(), constants.0, constants.1);
+    let rows = a.len();
+    let st = matrix::<B>(state, [rows, state.len() / rows], device, dtype).require_grad();
+    let lp = B::base_log_prob(st.clone(), constants.0, constants.1);
     let grads = (lp.clone() * vector::<B>(a, device, dtype))
         .sum()
         .backward();
     vec![
         f64s(lp.into_data()),
-        f64s(zt.grad(&grads).expect("z's gradient").into_data()),
-        f64s(lt.grad(&grads).expect("logdet's gradient").into_data()),
+        f64s(st.grad(&grads).expect("the state's gradient").into_data()),
     ]
 }
 
 /// The flow's base log-density with its log-determinant ([`FusedOps::base_log_prob`]) for
-/// `z: [rows, d]` (row-major), `logdet: [rows]` and the constants `(c, jac)`:
-/// `[lp [rows], dL/dz [rows * d], dL/dlogdet [rows]]` for `L = Σ a lp`.
+/// the flow state `state: [rows, d + 2]` (row-major; `rows = a.len()`) and the constants
+/// `(c, jac)`: `[lp [rows], dL/dstate [rows (d + 2)]]` for `L = Σ a lp`.
 pub fn base_log_prob(
     engine: Engine<'_>,
-    z: &[f32],
-    logdet: &[f32],
+    state: &[f32],
     a: &[f32],
     constants: (f64, f64),
 ) -> Vec<Vec<f64>> {
-    on_engine!(engine, base_on(z, logdet, a, constants))
+    on_engine!(engine, base_on(state, a, constants))
 }
 
 /// The inputs of a [`spline`] check: `x: [M]`, `raw: [M, 3K-1]` (row-major), the loss
@@ -480,6 +493,45 @@ fn spline_on<B: AutodiffBackend + FusedOps>(
         gx: f64s(xt.grad(&grads).expect("x's gradient").into_data()),
         graw: f64s(rt.grad(&grads).expect("raw's gradient").into_data()),
     }
+}
+
+fn spline_state_on<B: AutodiffBackend + FusedOps>(
+    device: &B::Device,
+    dtype: FloatDType,
+    c: &SplineCase,
+    rows: usize,
+    start: usize,
+) -> SplineEval {
+    let w = c.x.len() / rows;
+    let m = c.a.len();
+    let width = c.raw.len() / m;
+    let st = matrix::<B>(&c.x, [rows, w], device, dtype).require_grad();
+    let rt = matrix::<B>(&c.raw, [m, width], device, dtype).require_grad();
+    let both = B::spline_joint(st.clone(), rt.clone(), c.scale, &c.sp, Some(start));
+    let y = both.clone().slice([0..m, 0..1]);
+    let ld = both.slice([0..m, 1..2]);
+    let loss = (y.clone() * matrix::<B>(&c.a, [m, 1], device, dtype)).sum()
+        + (ld.clone() * matrix::<B>(&c.b, [m, 1], device, dtype)).sum();
+    let grads = loss.backward();
+    SplineEval {
+        y: f64s(y.into_data()),
+        ld: f64s(ld.into_data()),
+        gx: f64s(st.grad(&grads).expect("the state's gradient").into_data()),
+        graw: f64s(rt.grad(&grads).expect("raw's gradient").into_data()),
+    }
+}
+
+/// The coupling spline reading its inputs from the flow state ([`FusedOps::spline_joint`]
+/// with a mask `start`): `case.x` is the state `[rows, d + 2]`, `case.raw`, `case.a` and
+/// `case.b` have the `M = rows t` rows of the transformed features; `gx` is the state's
+/// gradient `[rows (d + 2)]`.
+pub fn spline_on_state(
+    engine: Engine<'_>,
+    case: &SplineCase,
+    rows: usize,
+    start: usize,
+) -> SplineEval {
+    on_engine!(engine, spline_state_on(case, rows, start))
 }
 
 /// The coupling spline ([`FusedOps::spline`]: the GPU's kernels, the composed form on the

@@ -637,9 +637,19 @@ impl ResidualNet {
         x: Tensor<B, 2>,
         context: &Tensor<B, 2>,
     ) -> Tensor<B, 2> {
-        let mut h = self
-            .initial
-            .forward(pass.params, Tensor::cat(vec![x, context.clone()], 1));
+        self.forward_input(pass, Tensor::cat(vec![x, context.clone()], 1), context)
+    }
+
+    /// [`ResidualNet::forward`] from the concatenated input `cat(x, context): [batch,
+    /// inputs + context]` (built by one kernel on the GPU,
+    /// [`crate::fused_ops::FusedOps::coupling_split`]) -> `[batch, outputs]`.
+    pub fn forward_input<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        input: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        let mut h = self.initial.forward(pass.params, input);
         for block in &self.blocks {
             h = block.forward(pass, h, Some(context));
         }

@@ -1,25 +1,32 @@
-//! The LU-factorized linear map of each flow step (nflows' `LULinear`,
-//! `crate::flow`) as kernels for burn's CubeCL backends (wgpu, CUDA), float32: its weight
-//! from the parameters in one launch each way, and its log-determinant added to the
-//! running one in one launch each way, where burn's composed operations launch about 23
-//! kernels forward (softplus, the concatenations and gathers that place the entries in
-//! `L` and `U`, the product `L U`, the log and the sum) and about 20 backward per flow step.
+//! The LU-factorized linear map of each flow step (nflows' `LULinear`, `crate::flow`) as
+//! kernels for burn's CubeCL backends (wgpu, CUDA), float32: the step's whole affine map on
+//! the flow state from the parameters in one launch each way, where burn's composed
+//! operations launch about 23 kernels forward (softplus, the concatenations and gathers that
+//! place the entries in `L` and `U`, the product `L U`, the log and the sum) and about 20
+//! backward per flow step.
 //!
 //! `W = L U` (`n x n`), `L` unit lower-triangular with the strictly lower entries `lower`
 //! (`n(n-1)/2`, row-major: numpy's `tril_indices(n, -1)`), `U` upper-triangular with the
 //! strictly upper entries `upper` (row-major, `triu_indices(n, 1)`) and the diagonal
-//! `u_jj = softplus(diag_j) + eps`. The weight kernel writes `Wᵀ` (so that `x Wᵀ` is a
-//! plain product, whose gradient with respect to `Wᵀ` comes contiguous); its backward
-//! kernel turns `dWᵀ` into the parameters' gradients: `dL_ik = Σ_{j>=k} dW_ij U_kj`
-//! (`k < i`), `dU_kj = Σ_{i>=k} dW_ij L_ik` (`k <= j`), `ddiag_j = dU_jj sigmoid(diag_j)`.
-//! The log-determinant is `Σ_j ln u_jj`; its gradient `ddiag_j = (Σ_rows g) sigmoid(diag_j)
-//! / u_jj`. One thread per entry; `n` is θ's dimension (a few to a few tens).
+//! `u_jj = softplus(diag_j) + eps`; the map is `y = x[:, perm] Wᵀ + bias` with
+//! `log|det| = Σ_j ln u_jj`.
 //!
-//! With the flow step's permutation `perm` (the features `z[:, perm]` go into the map) the
-//! weight kernel writes the rows of `Wᵀ` permuted, `M[perm[j], i] = Wᵀ[j, i]`, so that
-//! `z M = z[:, perm] Wᵀ` needs no gather of `z` (one launch forward, two backward saved per
-//! flow step); its backward reads `dWᵀ[j, i] = dM[perm[j], i]`. The permutation travels as
-//! float32 values (exact below 2^24).
+//! On the GPU the flow carries its state as one `[N, n + 2]` tensor: the `n` features, the
+//! running log-determinant and a column of ones (see `crate::coupling_kernel`). The kernel
+//! writes the `[n + 2, n + 2]` matrix `A` with `state A` the next state: `Wᵀ`'s rows
+//! permuted into the top-left block, `A[perm[j], i] = W_ij` (so `x` is not gathered), a one
+//! at `A[n, n]` carrying the log-determinant, and in the last row the bias, `Σ_j ln u_jj`
+//! and a one. A flow step's map is then this launch and one matrix product (their
+//! gradients: two products and one launch), where the weight, the product, the bias
+//! addition and the log-determinant took four launches forward and six backward. The
+//! products by the zeros and ones of `A` are exact, so the log-determinant and the bias
+//! come out as when added.
+//!
+//! The backward kernel turns `dA` into the parameters' gradients: `dL_ik = Σ_{j>=k} dW_ij
+//! U_kj` (`k < i`), `dU_kj = Σ_{i>=k} dW_ij L_ik` (`k <= j`), `ddiag_j = dU_jj
+//! sigmoid(diag_j) + dA[n + 1, n] sigmoid(diag_j) / u_jj`, `dbias_i = dA[n + 1, i]`, with
+//! `dW_ij = dA[perm[j], i]`. One thread per entry; `n` is θ's dimension (a few to a few
+//! tens). The permutation travels as float32 values (exact below 2^24).
 //!
 //! softplus is computed as `max(u, 0) + ln(1 + e^-|u|)` (burn's `ln(1 + e^u)` overflows for
 //! `u > 88`).
@@ -70,53 +77,81 @@ fn row_of(perm: &Array<f32>, j: u32, #[comptime] permuted: bool) -> u32 {
     r
 }
 
-/// `wt[row_of(j) n + i] = W_ij = Σ_{k <= min(i, j)} L_ik U_kj`.
+/// The flow step's affine map on the state `[N, n + 2]` (features, log-determinant, one):
+/// `a[row_of(j) w + i] = W_ij` for `i, j < n` (`w = n + 2`), `a[n, n] = 1` (the running
+/// log-determinant carried), `a[n + 1, i] = bias_i`, `a[n + 1, n] = Σ_j ln u_jj` (added to
+/// the log-determinant through the column of ones), `a[n + 1, n + 1] = 1`, zeros elsewhere.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn lu_weight_forward(
+fn lu_affine_forward(
     lower: &Array<f32>,
     upper: &Array<f32>,
     diag: &Array<f32>,
+    bias: &Array<f32>,
     perm: &Array<f32>,
-    wt: &mut Array<f32>,
+    a: &mut Array<f32>,
     n: u32,
     eps: f32,
     #[comptime] permuted: bool,
 ) {
+    let w = n + 2;
     let p = ABSOLUTE_POS as u32;
-    if p >= n * n {
+    if p >= w * w {
         terminate!();
     }
-    let i = p % n;
-    let j = p / n;
-    let kmax = u32::min(i, j);
-    let mut s = 0.0f32;
-    for k in 0..kmax + 1 {
-        s += l_at(lower, i, k) * u_at(upper, diag, k, j, n, eps);
+    let q = p / w;
+    let i = p % w;
+    if q < n && i < n {
+        // Row j = q of Wᵀ, written at its permuted row.
+        let kmax = u32::min(i, q);
+        let mut s = 0.0f32;
+        for k in 0..kmax + 1 {
+            s += l_at(lower, i, k) * u_at(upper, diag, k, q, n, eps);
+        }
+        a[(row_of(perm, q, permuted) * w + i) as usize] = s;
+    } else {
+        let mut v = 0.0f32;
+        if q == n + 1 {
+            if i < n {
+                v += bias[i as usize];
+            } else if i == n {
+                for j in 0..n {
+                    v += f32::ln(softplus(diag[j as usize]) + eps);
+                }
+            } else {
+                v += 1.0;
+            }
+        } else if q == n && i == n {
+            v += 1.0;
+        }
+        a[p as usize] = v;
     }
-    wt[(row_of(perm, j, permuted) * n + i) as usize] = s;
 }
 
-/// The parameters' gradients from `dwt` (the gradient of `Wᵀ`): threads `0..t` the lower
-/// entries, `t..2t` the upper ones, `2t..2t + n` the diagonal (`t = n(n-1)/2`).
+/// The parameters' gradients from `da` (the gradient of the affine map): threads `0..t` the
+/// lower entries, `t..2t` the upper ones, `2t..2t + n` the diagonal (the weight's part and
+/// the log-determinant's, `da[n + 1, n] sigmoid(diag_j) / u_jj`), `2t + n..2t + 2n` the
+/// bias (`t = n(n-1)/2`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn lu_weight_backward(
+fn lu_affine_backward(
     lower: &Array<f32>,
     upper: &Array<f32>,
     diag: &Array<f32>,
     perm: &Array<f32>,
-    dwt: &Array<f32>,
+    da: &Array<f32>,
     dlower: &mut Array<f32>,
     dupper: &mut Array<f32>,
     ddiag: &mut Array<f32>,
+    dbias: &mut Array<f32>,
     n: u32,
     eps: f32,
     #[comptime] permuted: bool,
 ) {
+    let w = n + 2;
     let p = ABSOLUTE_POS as u32;
     let t = n * (n - 1) / 2;
-    if p >= 2 * t + n {
+    if p >= 2 * t + 2 * n {
         terminate!();
     }
     if p < t {
@@ -130,8 +165,7 @@ fn lu_weight_backward(
         let k = p - i * (i - 1) / 2;
         let mut s = 0.0f32;
         for j in k..n {
-            s +=
-                dwt[(row_of(perm, j, permuted) * n + i) as usize] * u_at(upper, diag, k, j, n, eps);
+            s += da[(row_of(perm, j, permuted) * w + i) as usize] * u_at(upper, diag, k, j, n, eps);
         }
         dlower[p as usize] = s;
     } else if p < 2 * t {
@@ -147,61 +181,22 @@ fn lu_weight_backward(
         let j = k + 1 + (q - (k * n - k * (k + 1) / 2));
         let mut s = 0.0f32;
         for i in k..n {
-            s += dwt[(row_of(perm, j, permuted) * n + i) as usize] * l_at(lower, i, k);
+            s += da[(row_of(perm, j, permuted) * w + i) as usize] * l_at(lower, i, k);
         }
         dupper[q as usize] = s;
-    } else {
+    } else if p < 2 * t + n {
         let j = p - 2 * t;
         let mut s = 0.0f32;
         for i in j..n {
-            s += dwt[(row_of(perm, j, permuted) * n + i) as usize] * l_at(lower, i, j);
+            s += da[(row_of(perm, j, permuted) * w + i) as usize] * l_at(lower, i, j);
         }
         let d = diag[j as usize];
-        ddiag[j as usize] = s / (1.0 + f32::exp(-d));
+        let sig = 1.0 / (1.0 + f32::exp(-d));
+        ddiag[j as usize] = s * sig + da[((n + 1) * w + n) as usize] * sig / (softplus(d) + eps);
+    } else {
+        let i = p - 2 * t - n;
+        dbias[i as usize] = da[((n + 1) * w + i) as usize];
     }
-}
-
-/// `out[r] = acc[r] + Σ_j ln(softplus(diag_j) + eps)` for `r < rows`.
-#[cube(launch)]
-fn lu_logdet_forward(
-    acc: &Array<f32>,
-    diag: &Array<f32>,
-    out: &mut Array<f32>,
-    rows: u32,
-    n: u32,
-    eps: f32,
-) {
-    let r = ABSOLUTE_POS as u32;
-    if r >= rows {
-        terminate!();
-    }
-    let mut s = 0.0f32;
-    for j in 0..n {
-        s += f32::ln(softplus(diag[j as usize]) + eps);
-    }
-    out[r as usize] = acc[r as usize] + s;
-}
-
-/// `ddiag_j = (Σ_r g_r) sigmoid(diag_j) / (softplus(diag_j) + eps)` for `j < n`.
-#[cube(launch)]
-fn lu_logdet_backward(
-    g: &Array<f32>,
-    diag: &Array<f32>,
-    ddiag: &mut Array<f32>,
-    rows: u32,
-    n: u32,
-    eps: f32,
-) {
-    let j = ABSOLUTE_POS as u32;
-    if j >= n {
-        terminate!();
-    }
-    let mut total = 0.0f32;
-    for r in 0..rows {
-        total += g[r as usize];
-    }
-    let d = diag[j as usize];
-    ddiag[j as usize] = total / (1.0 + f32::exp(-d)) / (softplus(d) + eps);
 }
 
 /// The launch grid for `threads` threads.
@@ -249,74 +244,79 @@ fn checked_perm<R: CubeRuntime>(
     }
 }
 
-/// `Wᵀ: [n, n]` (row-major) of the LU map with strictly lower entries `lower`, strictly
-/// upper entries `upper` (`[n(n-1)/2]` each) and unconstrained diagonal `diag: [n]`, its
-/// rows permuted by `perm` (`[n]`, float32 values of a permutation of `0..n`) when given
-/// (see the module docs). One launch.
+/// The affine map `[n + 2, n + 2]` (row-major) of a flow step on the state (see
+/// [`lu_affine_forward`]'s docs and the module's) for the LU map with strictly lower entries
+/// `lower`, strictly upper entries `upper` (`[n(n-1)/2]` each), unconstrained diagonal
+/// `diag: [n]` and bias `bias: [n]`, the rows of `Wᵀ` permuted by `perm` (`[n]`, float32
+/// values of a permutation of `0..n`) when given. One launch.
 ///
 /// Panics on lengths that do not fit or a dtype other than float32.
-pub fn weight_forward<R: CubeRuntime>(
+pub fn affine_forward<R: CubeRuntime>(
     lower: CubeTensor<R>,
     upper: CubeTensor<R>,
     diag: CubeTensor<R>,
+    bias: CubeTensor<R>,
     perm: Option<CubeTensor<R>>,
     eps: f64,
 ) -> CubeTensor<R> {
     let n = check(&lower, &upper, &diag);
+    assert!(
+        bias.dtype == DType::F32 && bias.shape().num_elements() == n as usize,
+        "LU kernel: the bias is not [n] float32"
+    );
     let permuted = perm.is_some();
     let perm = checked_perm(perm, &diag, n);
-    let [lower, upper, diag] = [lower, upper, diag].map(into_contiguous);
-    let wt = empty_device::<R, f32>(
-        diag.client.clone(),
-        diag.device.clone(),
-        Shape::new([n as usize, n as usize]),
-    );
-    let (count, dim) = grid(&diag, (n * n) as usize);
-    lu_weight_forward::launch::<R>(
+    let [lower, upper, diag, bias] = [lower, upper, diag, bias].map(into_contiguous);
+    let w = n as usize + 2;
+    let a = empty_device::<R, f32>(diag.client.clone(), diag.device.clone(), Shape::new([w, w]));
+    let (count, dim) = grid(&diag, w * w);
+    lu_affine_forward::launch::<R>(
         &diag.client.clone(),
         count,
         dim,
         lower.into_array_arg(),
         upper.into_array_arg(),
         diag.into_array_arg(),
+        bias.into_array_arg(),
         perm.into_array_arg(),
-        wt.clone().into_array_arg(),
+        a.clone().into_array_arg(),
         n,
         eps as f32,
         permuted,
     );
-    wt
+    a
 }
 
-/// The gradients `(dlower, dupper, ddiag)` of [`weight_forward`] (with the same `perm`)
-/// for the gradient `dwt: [n, n]` of its output. One launch.
+/// The gradients `[dlower, dupper, ddiag, dbias]` of [`affine_forward`] (with the same
+/// `perm`) for the gradient `da: [n + 2, n + 2]` of its output. One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
-pub fn weight_backward<R: CubeRuntime>(
+pub fn affine_backward<R: CubeRuntime>(
     lower: CubeTensor<R>,
     upper: CubeTensor<R>,
     diag: CubeTensor<R>,
     perm: Option<CubeTensor<R>>,
-    dwt: CubeTensor<R>,
+    da: CubeTensor<R>,
     eps: f64,
-) -> [CubeTensor<R>; 3] {
+) -> [CubeTensor<R>; 4] {
     let n = check(&lower, &upper, &diag);
     let permuted = perm.is_some();
     let perm = checked_perm(perm, &diag, n);
+    let w = n as usize + 2;
     assert_eq!(
-        dwt.shape().num_elements(),
-        (n * n) as usize,
-        "LU kernel: dWᵀ"
+        da.shape().num_elements(),
+        w * w,
+        "LU kernel: the map's gradient"
     );
-    assert_eq!(dwt.dtype, DType::F32, "LU kernel: float32 only");
-    let [lower, upper, diag, dwt] = [lower, upper, diag, dwt].map(into_contiguous);
-    let t = (n * (n - 1) / 2) as usize;
+    assert_eq!(da.dtype, DType::F32, "LU kernel: float32 only");
+    let [lower, upper, diag, da] = [lower, upper, diag, da].map(into_contiguous);
+    let t = (n * n.saturating_sub(1) / 2) as usize;
     let new = |len: usize| {
         empty_device::<R, f32>(diag.client.clone(), diag.device.clone(), Shape::new([len]))
     };
-    let (dl, du, dd) = (new(t), new(t), new(n as usize));
-    let (count, dim) = grid(&diag, 2 * t + n as usize);
-    lu_weight_backward::launch::<R>(
+    let (dl, du, dd, db) = (new(t), new(t), new(n as usize), new(n as usize));
+    let (count, dim) = grid(&diag, 2 * t + 2 * n as usize);
+    lu_affine_backward::launch::<R>(
         &diag.client.clone(),
         count,
         dim,
@@ -324,77 +324,14 @@ pub fn weight_backward<R: CubeRuntime>(
         upper.into_array_arg(),
         diag.into_array_arg(),
         perm.into_array_arg(),
-        dwt.into_array_arg(),
+        da.into_array_arg(),
         dl.clone().into_array_arg(),
         du.clone().into_array_arg(),
         dd.clone().into_array_arg(),
+        db.clone().into_array_arg(),
         n,
         eps as f32,
         permuted,
     );
-    [dl, du, dd]
-}
-
-/// `acc + Σ_j ln(softplus(diag_j) + eps)` for the running log-determinant `acc: [rows]`.
-/// One launch.
-///
-/// Panics on a dtype other than float32.
-pub fn logdet_forward<R: CubeRuntime>(
-    acc: CubeTensor<R>,
-    diag: CubeTensor<R>,
-    eps: f64,
-) -> CubeTensor<R> {
-    assert!(
-        acc.dtype == DType::F32 && diag.dtype == DType::F32,
-        "LU kernel: float32 only"
-    );
-    let rows = acc.shape().num_elements();
-    let n = diag.shape().num_elements() as u32;
-    let [acc, diag] = [acc, diag].map(into_contiguous);
-    let out = empty_device::<R, f32>(acc.client.clone(), acc.device.clone(), acc.shape());
-    let (count, dim) = grid(&acc, rows);
-    lu_logdet_forward::launch::<R>(
-        &acc.client.clone(),
-        count,
-        dim,
-        acc.into_array_arg(),
-        diag.into_array_arg(),
-        out.clone().into_array_arg(),
-        rows as u32,
-        n,
-        eps as f32,
-    );
-    out
-}
-
-/// The gradient of [`logdet_forward`] with respect to `diag` for the incoming gradient `g:
-/// [rows]` (that of `acc` is `g`). One launch.
-///
-/// Panics on a dtype other than float32.
-pub fn logdet_backward<R: CubeRuntime>(
-    g: CubeTensor<R>,
-    diag: CubeTensor<R>,
-    eps: f64,
-) -> CubeTensor<R> {
-    assert!(
-        g.dtype == DType::F32 && diag.dtype == DType::F32,
-        "LU kernel: float32 only"
-    );
-    let rows = g.shape().num_elements() as u32;
-    let n = diag.shape().num_elements();
-    let [g, diag] = [g, diag].map(into_contiguous);
-    let dd = empty_device::<R, f32>(diag.client.clone(), diag.device.clone(), diag.shape());
-    let (count, dim) = grid(&diag, n);
-    lu_logdet_backward::launch::<R>(
-        &diag.client.clone(),
-        count,
-        dim,
-        g.into_array_arg(),
-        diag.into_array_arg(),
-        dd.clone().into_array_arg(),
-        rows,
-        n as u32,
-        eps as f32,
-    );
-    dd
+    [dl, du, dd, db]
 }

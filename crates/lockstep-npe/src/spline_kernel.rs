@@ -11,6 +11,12 @@
 //! `[M, 2]`: `y` and `log|dy/dx|`. The backward kernel takes the gradient `[M, 2]` of both
 //! and writes `dx: [M]` and `draw: [M, 3K-1]`, recomputing the forward pass per row.
 //!
+//! In a training pass the inputs come straight from the flow state `[N, n + 2]`
+//! (`crate::coupling_kernel`): row `m = r t + j` reads column `start + 2j` of state row `r`,
+//! and the backward kernel writes the state's gradient `[N, n + 2]`, zeros in the columns
+//! the spline does not read (each written by one thread: column `q` by thread `j = q mod
+//! t` of its row), so no gather or scatter of the transformed features is launched.
+//!
 //! The arithmetic is that of the composed version, in the same order (softmax as
 //! `exp(u - max) / Σ`, knots as `cumsum(sizes) * 2B - B` with the end knots exactly at
 //! `±B`, the bin as the count of knots at or below `x`), except softplus, computed as
@@ -231,6 +237,13 @@ fn size_grad(i: u32, bin: u32, k: u32, g_lo: f32, g_hi: f32) -> f32 {
     g
 }
 
+/// Where row `m`'s input sits: `x[(m / t) w + start + 2 (m mod t)]` (a flat `x: [M]` is
+/// `t = w = 1`, `start = 0`).
+#[cube]
+fn input_at(m: u32, t: u32, w: u32, start: u32) -> u32 {
+    (m / t) * w + start + 2 * (m % t)
+}
+
 /// The forward kernel: `out[2m] = y`, `out[2m + 1] = log|dy/dx|` for every row `m < rows`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -238,6 +251,10 @@ fn spline_forward(
     x: &Array<f32>,
     raw: &Array<f32>,
     out: &mut Array<f32>,
+    at_t: u32,
+    at_w: u32,
+    _at_n: u32,
+    at_start: u32,
     rows: u32,
     k: u32,
     scale: f32,
@@ -251,7 +268,7 @@ fn spline_forward(
     if m >= rows {
         terminate!();
     }
-    let xm = x[m as usize];
+    let xm = x[input_at(m, at_t, at_w, at_start) as usize];
     let base = m * (3 * k - 1);
     // Outside [-B, B] (NaN included, as the composed mask): the identity.
     if !(xm >= -bound && xm <= bound) {
@@ -288,6 +305,10 @@ fn spline_backward(
     grad: &Array<f32>,
     dx: &mut Array<f32>,
     draw: &mut Array<f32>,
+    at_t: u32,
+    at_w: u32,
+    at_n: u32,
+    at_start: u32,
     rows: u32,
     k: u32,
     scale: f32,
@@ -301,14 +322,24 @@ fn spline_backward(
     if m >= rows {
         terminate!();
     }
-    let xm = x[m as usize];
+    let xi = input_at(m, at_t, at_w, at_start);
+    let xm = x[xi as usize];
     let base = m * (3 * k - 1);
+    // The state's columns that no row reads: zeros, column q by thread q mod t of its row.
+    let row = (m / at_t) * at_w;
+    let j = m % at_t;
+    for q in 0..at_w {
+        let read = q < at_n && q >= at_start && ((q - at_start) & 1) == 0;
+        if !read && q % at_t == j {
+            dx[(row + q) as usize] = 0.0;
+        }
+    }
     let gy = grad[(2 * m) as usize];
     let gld = grad[(2 * m + 1) as usize];
     // Outside [-B, B] (NaN included, as the composed mask): the identity.
     if !(xm >= -bound && xm <= bound) {
         // Identity tails: dy/dx = 1, no parameter gradient.
-        dx[m as usize] = gy;
+        dx[xi as usize] = gy;
         for i in 0..3 * k - 1 {
             draw[(base + i) as usize] = 0.0;
         }
@@ -369,7 +400,7 @@ fn spline_backward(
         g_hk += g_delta / t.wk;
         let g_t1 = g_theta / t.wk;
         let g_wk = -(g_delta * t.hk) / (t.wk * t.wk) - (g_theta * t.t1) / (t.wk * t.wk);
-        dx[m as usize] = g_t1;
+        dx[xi as usize] = g_t1;
         let g_lo = -g_t1;
         // wk = hi - lo, hk = hhi - hlo: the knots at `bin` and `bin + 1`.
         let g_knot_lo = g_lo - g_wk;
@@ -415,6 +446,10 @@ fn spline_backward(
 
 /// The scalar parameters of both kernels.
 struct Launch {
+    /// The input layout `[t, w, n, start]` (see `input_at`).
+    at: [u32; 4],
+    /// `x`'s shape.
+    x_shape: [usize; 2],
     rows: u32,
     k: u32,
     scale: f32,
@@ -431,16 +466,26 @@ fn launch_params<R: CubeRuntime>(
     raw: &CubeTensor<R>,
     scale: f64,
     sp: &SplineParams,
+    state_start: Option<usize>,
 ) -> Launch {
     let k = sp.num_bins;
-    let [m, one] = x.shape().dims::<2>();
-    let [m2, width] = raw.shape().dims::<2>();
+    let x_shape = x.shape().dims::<2>();
+    let [m, width] = raw.shape().dims::<2>();
+    let at = match state_start {
+        None => [1, 1, 1, 0],
+        Some(start) => {
+            let w = x_shape[1];
+            let t = crate::coupling_kernel::transformed_count(w, start);
+            [t, w, w.saturating_sub(2), start]
+        }
+    };
     assert!(
-        one == 1 && m2 == m && width == 3 * k - 1,
-        "spline kernel: x {:?} and raw {:?} do not match K = {k}",
+        at[0] > 0 && x_shape[0] * at[0] == m && width == 3 * k - 1 && at[3] <= 1,
+        "spline kernel: x {:?} and raw {:?} do not match K = {k} (state start {state_start:?})",
         x.shape(),
         raw.shape()
     );
+    let at = at.map(|v| u32::try_from(v).expect("spline kernel: widths below 2^32"));
     assert!(
         x.dtype == burn::tensor::DType::F32 && raw.dtype == burn::tensor::DType::F32,
         "spline kernel: float32 tensors only ({:?}, {:?})",
@@ -452,6 +497,8 @@ fn launch_params<R: CubeRuntime>(
     let c = ((1.0 - sp.min_derivative).exp() - 1.0).ln() as f32;
     let boundary = c.max(0.0) + (1.0 + (-c.abs()).exp()).ln() + sp.min_derivative as f32;
     Launch {
+        at,
+        x_shape,
         rows: u32::try_from(m).expect("spline kernel: fewer than 2^32 rows"),
         k: k as u32,
         scale: scale as f32,
@@ -463,8 +510,10 @@ fn launch_params<R: CubeRuntime>(
     }
 }
 
-/// The forward spline of `x: [M, 1]` with parameters `raw: [M, 3K-1]` (widths and heights
-/// scaled by `scale`): `[M, 2]` holding `y` and `log|dy/dx|` per row, in one launch.
+/// The forward spline of `x: [M, 1]` (or, with `state_start`, of the transformed columns of
+/// the flow state `x: [N, n + 2]`, `M = N t`, see the module docs) with parameters
+/// `raw: [M, 3K-1]` (widths and heights scaled by `scale`): `[M, 2]` holding `y` and
+/// `log|dy/dx|` per row, in one launch.
 ///
 /// Panics on mismatched shapes or a dtype other than float32.
 pub fn forward<R: CubeRuntime>(
@@ -472,8 +521,9 @@ pub fn forward<R: CubeRuntime>(
     raw: CubeTensor<R>,
     scale: f64,
     sp: &SplineParams,
+    state_start: Option<usize>,
 ) -> CubeTensor<R> {
-    let p = launch_params(&x, &raw, scale, sp);
+    let p = launch_params(&x, &raw, scale, sp, state_start);
     let (x, raw) = (into_contiguous(x), into_contiguous(raw));
     let client = x.client.clone();
     let out = empty_device::<R, f32>(
@@ -491,6 +541,10 @@ pub fn forward<R: CubeRuntime>(
         x.into_array_arg(),
         raw.into_array_arg(),
         out.clone().into_array_arg(),
+        p.at[0],
+        p.at[1],
+        p.at[2],
+        p.at[3],
         p.rows,
         p.k,
         p.scale,
@@ -503,8 +557,9 @@ pub fn forward<R: CubeRuntime>(
     out
 }
 
-/// The backward pass of [`forward`] for the incoming gradient `grad: [M, 2]` (of `y` and
-/// of `log|dy/dx|`): `(dx [M, 1], draw [M, 3K-1])`, in one launch.
+/// The backward pass of [`forward`] (with the same `state_start`) for the incoming gradient
+/// `grad: [M, 2]` (of `y` and of `log|dy/dx|`): `(dx, draw [M, 3K-1])`, `dx` of `x`'s shape,
+/// in one launch.
 ///
 /// Panics on mismatched shapes or a dtype other than float32.
 pub fn backward<R: CubeRuntime>(
@@ -513,8 +568,9 @@ pub fn backward<R: CubeRuntime>(
     grad: CubeTensor<R>,
     scale: f64,
     sp: &SplineParams,
+    state_start: Option<usize>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let p = launch_params(&x, &raw, scale, sp);
+    let p = launch_params(&x, &raw, scale, sp, state_start);
     let (x, raw, grad) = (
         into_contiguous(x),
         into_contiguous(raw),
@@ -522,7 +578,7 @@ pub fn backward<R: CubeRuntime>(
     );
     let client = x.client.clone();
     let rows = p.rows as usize;
-    let dx = empty_device::<R, f32>(client.clone(), x.device.clone(), Shape::new([rows, 1]));
+    let dx = empty_device::<R, f32>(client.clone(), x.device.clone(), Shape::new(p.x_shape));
     let draw = empty_device::<R, f32>(
         client.clone(),
         x.device.clone(),
@@ -539,6 +595,10 @@ pub fn backward<R: CubeRuntime>(
         grad.into_array_arg(),
         dx.clone().into_array_arg(),
         draw.clone().into_array_arg(),
+        p.at[0],
+        p.at[1],
+        p.at[2],
+        p.at[3],
         p.rows,
         p.k,
         p.scale,

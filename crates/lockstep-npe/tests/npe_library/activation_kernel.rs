@@ -8,7 +8,7 @@
 //! backends here would compile burn's autodiff and kernels again for this binary.
 
 use lockstep_npe::device::wgpu_device;
-use lockstep_npe::kernel_check::{self, CouplingShape, Engine, Layer};
+use lockstep_npe::kernel_check::{self, CouplingCase, CouplingShape, Engine, Layer};
 
 /// `v` rounded to float16 (and back to float32).
 fn half(v: Vec<f32>) -> Vec<f32> {
@@ -203,65 +203,81 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
     }
 }
 
-/// The LU map's kernels (`lu_kernel.rs`: its weight, without and with the flow step's
-/// permutation folded into its rows, and its log-determinant) against burn's autodiff of the
-/// composed forms in f64, for `n = 2` and `n = 6`, a batch of 1 and of 67,
-/// with unconstrained diagonal entries out to ±30 (softplus's saturated ends).
+/// A flow step's LU map on the flow state as one kernel each way (`lu_kernel.rs`: the
+/// matrix with the weight's rows, without and with the flow step's permutation folded in,
+/// the bias and the log-determinant) against burn's autodiff of the composed form in f64,
+/// for `n = 1`, `2` and `6`, with unconstrained diagonal entries out to ±30 (softplus's
+/// saturated ends).
 #[test]
 fn gpu_lu_kernels_match_the_composed_forms_and_their_gradients() {
     crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
-    for (n, rows) in [(2usize, 1usize), (6, 67)] {
+    for n in [1usize, 2, 6] {
         let t = n * (n - 1) / 2;
         let lower = noise(t, 31 + n as u64);
         let upper: Vec<f32> = noise(t, 32 + n as u64).iter().map(|v| v * 2.0).collect();
         let mut diag: Vec<f32> = noise(n, 33 + n as u64).iter().map(|v| v * 3.0).collect();
         diag[0] = -30.0;
         diag[n - 1] = 30.0;
-        let acc = noise(rows, 34);
-        let a = noise(n * n, 35);
-        let c = noise(rows, 36);
-        let params = [&lower[..], &upper[..], &diag[..], &acc[..]];
+        let bias = noise(n, 34);
+        let w = n + 2;
+        let a = noise(w * w, 35);
+        let params = [&lower[..], &upper[..], &diag[..], &bias[..]];
         // Unpermuted, and with the flow step's permutation folded into the weight's rows.
         let rotated: Vec<usize> = (0..n).map(|j| (j + 1) % n).collect();
         for perm in [None, Some(&rotated[..])] {
-            let gpu = kernel_check::lu(gpu_f32(&device), params, perm, &a, &c);
-            let want = kernel_check::lu(Engine::CpuF64, params, perm, &a, &c);
-            let names = ["Wᵀ", "logdet", "dlower", "dupper", "ddiag", "dacc"];
+            let gpu = kernel_check::lu(gpu_f32(&device), params, perm, &a);
+            let want = kernel_check::lu(Engine::CpuF64, params, perm, &a);
+            let names = ["A", "dlower", "dupper", "ddiag", "dbias"];
             for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
-                assert_close(&format!("LU n = {n}, {rows} rows, {perm:?}: {name}"), g, w);
+                assert_close(&format!("LU n = {n}, {perm:?}: {name}"), g, w);
             }
         }
-        // The permuted weight is the unpermuted one's rows moved: M[perm[j]] = Wᵀ[j].
-        let plain = kernel_check::lu(gpu_f32(&device), params, None, &a, &c);
-        let moved = kernel_check::lu(gpu_f32(&device), params, Some(&rotated), &a, &c);
+        // The permuted map is the unpermuted one with the weight's rows moved,
+        // A[perm[j]] = Wᵀ[j], and the same last two rows.
+        let plain = kernel_check::lu(gpu_f32(&device), params, None, &a);
+        let moved = kernel_check::lu(gpu_f32(&device), params, Some(&rotated), &a);
         for j in 0..n {
             let p = rotated[j];
-            assert_eq!(plain[0][j * n..(j + 1) * n], moved[0][p * n..(p + 1) * n]);
+            assert_eq!(plain[0][j * w..(j + 1) * w], moved[0][p * w..(p + 1) * w]);
         }
+        assert_eq!(plain[0][n * w..], moved[0][n * w..]);
     }
 }
 
-/// The end of a coupling step as kernels (`coupling_kernel.rs`: the features placed back in
-/// order, the spline's log-derivatives added to the log-determinant) against burn's
-/// autodiff of the composed forms in f64: both masks, 5 and 2 features, a batch of 1 and
-/// of 67.
+/// A coupling step's input and end on the flow state as kernels (`coupling_kernel.rs`: the
+/// untransformed features next to the context; the features placed back in order, the
+/// spline's log-derivatives added to the log-determinant) against burn's autodiff of the
+/// composed forms in f64: both masks, 5, 2 and 1 features, a batch of 1 and of 67.
 #[test]
 fn gpu_coupling_kernels_match_the_composed_forms_and_their_gradients() {
     crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
-    for (rows, d) in [(1usize, 5usize), (67, 5), (67, 2)] {
+    for (rows, d) in [(1usize, 5usize), (67, 5), (67, 2), (3, 1)] {
         for start in [0, 1] {
-            let t = (d - start).div_ceil(2);
-            let x_id = noise(rows * (d - t), 41);
-            let both = noise(rows * t * 2, 42);
-            let acc = noise(rows, 43);
-            let a = noise(rows * d, 44);
-            let c = noise(rows, 45);
-            let shape = CouplingShape { rows, d, start };
-            let run = |engine| kernel_check::coupling(engine, shape, &x_id, &both, &acc, &a, &c);
-            let (gpu, want) = (run(gpu_f32(&device)), run(Engine::CpuF64));
-            let names = ["z", "logdet", "dx_id", "dboth", "dacc"];
+            let shape = CouplingShape {
+                rows,
+                d,
+                c: 3,
+                start,
+            };
+            let t = shape.transformed();
+            if t == 0 {
+                continue;
+            }
+            let case = CouplingCase {
+                shape,
+                state: noise(rows * (d + 2), 41),
+                ctx: noise(rows * 3, 46),
+                both: noise(rows * t * 2, 42),
+                a_split: noise(rows * (d - t + 3), 44),
+                a_place: noise(rows * (d + 2), 45),
+            };
+            let (gpu, want) = (
+                kernel_check::coupling(gpu_f32(&device), &case),
+                kernel_check::coupling(Engine::CpuF64, &case),
+            );
+            let names = ["input", "next state", "dstate", "dctx", "dboth"];
             for ((g, w), name) in gpu.iter().zip(&want).zip(names) {
                 assert_close(
                     &format!("coupling {rows} x {d}, start {start}: {name}"),
@@ -273,22 +289,27 @@ fn gpu_coupling_kernels_match_the_composed_forms_and_their_gradients() {
     }
 }
 
-/// The flow's base log-density with its log-determinant (`coupling_kernel.rs`: one launch
-/// each way) against burn's autodiff of the composed form in f64: a batch of 1 and of 67,
-/// θ of 5 and of 1 component, values up to ±40 (squares of 1600).
+/// The flow's base log-density with its log-determinant from the flow state
+/// (`coupling_kernel.rs`: one launch each way) against burn's autodiff of the composed form
+/// in f64: a batch of 1 and of 67, θ of 5 and of 1 component, values up to ±40 (squares of
+/// 1600).
 #[test]
 fn gpu_base_log_prob_kernel_matches_the_composed_form_and_its_gradients() {
     crate::common::cpu_default_f32();
     let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
     for (rows, d) in [(1usize, 5usize), (67, 5), (67, 1)] {
-        let mut z: Vec<f32> = noise(rows * d, 51).iter().map(|v| v * 4.0).collect();
-        z[0] = 40.0;
-        let logdet: Vec<f32> = noise(rows, 52).iter().map(|v| v * 10.0).collect();
+        let w = d + 2;
+        let mut state: Vec<f32> = noise(rows * w, 51).iter().map(|v| v * 4.0).collect();
+        state[0] = 40.0;
+        for r in 0..rows {
+            state[r * w + d] *= 2.5;
+            state[r * w + d + 1] = 1.0;
+        }
         let a = noise(rows, 53);
         let constants = (0.5 * d as f64 * (2.0 * std::f64::consts::PI).ln(), 1.7);
-        let run = |engine| kernel_check::base_log_prob(engine, &z, &logdet, &a, constants);
+        let run = |engine| kernel_check::base_log_prob(engine, &state, &a, constants);
         let (gpu, want) = (run(gpu_f32(&device)), run(Engine::CpuF64));
-        for ((g, w), name) in gpu.iter().zip(&want).zip(["lp", "dz", "dlogdet"]) {
+        for ((g, w), name) in gpu.iter().zip(&want).zip(["lp", "dstate"]) {
             assert_close(&format!("base log-density {rows} x {d}: {name}"), g, w);
         }
     }

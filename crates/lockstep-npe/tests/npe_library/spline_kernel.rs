@@ -107,3 +107,73 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
         assert!(group.iter().any(|&g| g != 0.0), "{row:?}");
     }
 }
+
+/// The spline reading its inputs from the flow state `[rows, d + 2]` (the transformed
+/// columns of Dingo's alternating masks) and writing the state's gradient: the same values
+/// and gradients as the flat kernel on those columns, zeros in the other columns (which the
+/// backward kernel writes itself), and the f64 reference to 1e-4; θ of 5 and of 2
+/// components, both masks, a batch of 1 and of 67.
+#[test]
+fn gpu_spline_kernels_read_the_flow_state() {
+    crate::common::cpu_default_f32();
+    let sp = SplineParams::new(8, 3.0);
+    let width = 3 * sp.num_bins - 1;
+    let scale = 1.0 / 16f64.sqrt();
+    let device = wgpu_device(0).unwrap();
+    let gpu = Engine::Gpu {
+        device: &device,
+        half: false,
+    };
+    for (rows, d) in [(1usize, 5usize), (67, 5), (67, 2)] {
+        for start in [0, 1] {
+            let w = d + 2;
+            let cols: Vec<usize> = (start..d).step_by(2).collect();
+            let t = cols.len();
+            let m = rows * t;
+            // Non-zero everywhere, so that a missing zero in the gradient shows.
+            let state: Vec<f32> = noise(rows * w, 7 + d as u64)
+                .iter()
+                .map(|v| v * 3.6)
+                .collect();
+            let case = SplineCase {
+                x: state.clone(),
+                raw: noise(m * width, 8).iter().map(|v| v * 4.0).collect(),
+                a: noise(m, 9),
+                b: noise(m, 10),
+                scale,
+                sp,
+            };
+            let got = kernel_check::spline_on_state(gpu, &case, rows, start);
+            let want = kernel_check::spline_on_state(Engine::CpuF64, &case, rows, start);
+            let what = format!("{rows} x {d}, start {start}");
+            for (name, g, w) in [
+                ("y", &got.y, &want.y),
+                ("log|dy/dx|", &got.ld, &want.ld),
+                ("dL/dstate", &got.gx, &want.gx),
+                ("dL/draw", &got.graw, &want.graw),
+            ] {
+                let e = worst(g, w);
+                assert!(e <= 1e-4, "{what}: {name} off the f64 reference by {e:e}");
+            }
+            // The flat kernel on the gathered columns gives the same bits.
+            let flat = SplineCase {
+                x: (0..m).map(|i| state[(i / t) * w + cols[i % t]]).collect(),
+                ..case.clone()
+            };
+            let flat = kernel_check::spline(gpu, &flat);
+            assert_eq!(
+                (&got.y, &got.ld, &got.graw),
+                (&flat.y, &flat.ld, &flat.graw)
+            );
+            for r in 0..rows {
+                for f in 0..w {
+                    let g = got.gx[r * w + f];
+                    match cols.iter().position(|&c| c == f) {
+                        Some(j) => assert_eq!(g, flat.gx[r * t + j], "{what}: row {r} col {f}"),
+                        None => assert_eq!(g, 0.0, "{what}: row {r} col {f}"),
+                    }
+                }
+            }
+        }
+    }
+}
