@@ -357,7 +357,8 @@ impl Coupling {
     /// The density direction on the flow state `[N, features + 2]` (features,
     /// log-determinant, ones; a backend with the spline and layer kernels, float32): the
     /// conditioner's input by [`crate::fused_ops::FusedOps::coupling_split`], the spline
-    /// reading the state's transformed columns, the next state by
+    /// reading the state's transformed columns (in float32 adding the conditioner's final
+    /// bias itself), the next state by
     /// [`crate::fused_ops::FusedOps::coupling_place`] (a kernel each way each, where the
     /// composed form gathers, slices, sums, concatenates and gathers again).
     fn forward_state<B: NpeBackend>(
@@ -371,10 +372,10 @@ impl Coupling {
         let k = self.spline.num_bins;
         let start = self.transform[0];
         let input = B::coupling_split(state.clone(), context.clone(), start);
-        let raw = self.net.forward_input(pass, input, context);
+        let (raw, bias) = self.net.forward_input_unbiased(pass, input, context);
         let raw = raw.reshape([n * t, 3 * k - 1]);
         let scale = 1.0 / (self.net.hidden as f64).sqrt();
-        let both = B::spline_joint(state.clone(), raw, scale, &self.spline, Some(start));
+        let both = B::spline_joint(state.clone(), raw, scale, &self.spline, Some(start), bias);
         B::coupling_place(state, both, start)
     }
 }

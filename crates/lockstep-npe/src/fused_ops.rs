@@ -151,25 +151,29 @@ pub trait FusedOps: Backend {
     /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`): one kernel launch
     /// on backends with [`FusedOps::SPLINE_KERNEL`]. With `state_start`, `x` is the flow
     /// state `[N, n + 2]` and the inputs its transformed columns (the mask from
-    /// `state_start`, [`crate::coupling_kernel`]), `M = N t`.
+    /// `state_start`, [`crate::coupling_kernel`]), `M = N t`. With `bias` (`[t (3K-1)]`, the
+    /// conditioner's final layer's) `raw` is that layer's product without it; the kernel
+    /// adds it (row `m` gets `bias[(m mod t) (3K-1)..]`).
     fn spline_kernel_forward(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
         state_start: Option<usize>,
+        bias: Option<Tensor<Self, 1>>,
     ) -> Tensor<Self, 2> {
         let x = match state_start {
             Some(start) => transformed_columns(x, start),
             None => x,
         };
+        let raw = with_row_bias(raw, bias);
         let (y, ld) = Self::spline(x, raw, scale, sp);
         Tensor::cat(vec![y, ld], 1)
     }
 
-    /// The backward pass of [`FusedOps::spline_kernel_forward`] (the same `state_start`)
-    /// for the incoming gradient `grad: [M, 2]`: `(dx, draw [M, 3K-1])`, `dx` of `x`'s
-    /// shape, one kernel launch.
+    /// The backward pass of [`FusedOps::spline_kernel_forward`] (the same `state_start` and
+    /// `bias`) for the incoming gradient `grad: [M, 2]`: `(dx, draw [M, 3K-1])`, `dx` of
+    /// `x`'s shape, one kernel launch (the bias's gradient is `draw`'s column sums).
     ///
     /// Panics on a backend without [`FusedOps::SPLINE_KERNEL`] (`Autodiff` composes the
     /// spline there and never calls this).
@@ -180,6 +184,7 @@ pub trait FusedOps: Backend {
         _scale: f64,
         _sp: &SplineParams,
         _state_start: Option<usize>,
+        _bias: Option<Tensor<Self, 1>>,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         panic!("this backend has no spline kernel (FusedOps::SPLINE_KERNEL is false)")
     }
@@ -315,6 +320,37 @@ pub trait FusedOps: Backend {
         Self::fused_elu(Self::fused_linear(x, weight, bias))
     }
 
+    /// The product `x Wᵀ` of a linear layer without its bias (`x: [rows, inputs]`, `weight`
+    /// flat `[outputs * inputs]`), differentiable as one node whose backward step computes
+    /// `dx = g W` and `dW = gᵀ x` directly (burn's matrix product of a transposed weight
+    /// would copy its gradient to make it contiguous).
+    fn linear_product(x: Tensor<Self, 2>, weight: Tensor<Self, 1>) -> Tensor<Self, 2> {
+        product(x, weight)
+    }
+
+    /// A residual block's end `x + (t Wᵀ + b)` (`x: [rows, outputs]`, `t: [rows, inputs]`,
+    /// `weight` flat `[outputs * inputs]`, `bias: [outputs]`); on a backend with
+    /// [`FusedOps::LAYER_KERNELS`] the matrix product and one kernel for both additions.
+    fn linear_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        x + Self::fused_linear(t, weight, bias)
+    }
+
+    /// `x + (a + bias)` (`x`, `a: [rows, cols]`, `bias: [cols]`) as one kernel launch.
+    ///
+    /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
+    fn residual_kernel_forward(
+        _x: Tensor<Self, 2>,
+        _a: Tensor<Self, 2>,
+        _bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        no_layer_kernels()
+    }
+
     /// `a + bias` (`a: [rows, cols]`, `bias: [cols]`), followed by ELU when `elu`, as one
     /// kernel launch.
     ///
@@ -344,7 +380,8 @@ pub trait FusedOps: Backend {
     /// `t: [rows, features]` (the block's second linear layer's input), `w1` flat
     /// `[features * features]`, `context: [rows, context_features]`, `wc` flat
     /// `[features * context_features]`, `b1`, `bc: [features]`. On a backend with
-    /// [`FusedOps::LAYER_KERNELS`] the two matrix products and one kernel.
+    /// [`FusedOps::LAYER_KERNELS`] the block's matrix product and one kernel (which sums
+    /// the context's product itself).
     #[allow(clippy::too_many_arguments)]
     fn gated_residual(
         x: Tensor<Self, 2>,
@@ -358,30 +395,34 @@ pub trait FusedOps: Backend {
         x + Self::fused_linear(t, w1, b1) * Self::fused_sigmoid(Self::fused_linear(context, wc, bc))
     }
 
-    /// `x + (a + b1) sigmoid(c + bc)` (`x`, `a`, `c`: `[rows, features]`; `b1`, `bc`:
-    /// `[features]`) as one kernel launch.
+    /// `(y, s)`: `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)` (`x`, `a`:
+    /// `[rows, features]`; `context: [rows, context_features]`; `wc` flat
+    /// `[features * context_features]`; `b1`, `bc`: `[features]`), as one kernel launch
+    /// ([`crate::layer_kernel`]).
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn gated_kernel_forward(
         _x: Tensor<Self, 2>,
         _a: Tensor<Self, 2>,
         _b1: Tensor<Self, 1>,
-        _c: Tensor<Self, 2>,
+        _context: Tensor<Self, 2>,
+        _wc: Tensor<Self, 1>,
         _bc: Tensor<Self, 1>,
-    ) -> Tensor<Self, 2> {
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         no_layer_kernels()
     }
 
-    /// The gradients `(da, dc [rows, features], db1, dbc [features])` of
-    /// [`FusedOps::gated_kernel_forward`] for the incoming gradient (that of `x` is the
-    /// incoming gradient itself), as one kernel launch.
+    /// The gradients `(da, dcontext, dwc, db1, dbc)` of [`FusedOps::gated_kernel_forward`]
+    /// (with its `s`) for the incoming gradient (that of `x` is the incoming gradient
+    /// itself), as one kernel launch.
     ///
     /// Panics on a backend without [`FusedOps::LAYER_KERNELS`].
     fn gated_kernel_backward(
         _a: Tensor<Self, 2>,
         _b1: Tensor<Self, 1>,
-        _c: Tensor<Self, 2>,
-        _bc: Tensor<Self, 1>,
+        _s: Tensor<Self, 2>,
+        _context: Tensor<Self, 2>,
+        _wc: Tensor<Self, 1>,
         _grad: Tensor<Self, 2>,
     ) -> GatedGradients<Self> {
         no_layer_kernels()
@@ -440,15 +481,17 @@ pub trait FusedOps: Backend {
     /// [`FusedOps::spline`] as one `[M, 2]` tensor (`y`, `log|dy/dx|`), differentiable: one
     /// node (one kernel each way) on `Autodiff` over a backend with
     /// [`FusedOps::SPLINE_KERNEL`]. With `state_start` the inputs are the transformed
-    /// columns of the flow state `x: [N, n + 2]` (see [`FusedOps::spline_kernel_forward`]).
+    /// columns of the flow state `x: [N, n + 2]`; with `bias` `raw` is the conditioner's
+    /// final product without its bias (see [`FusedOps::spline_kernel_forward`]).
     fn spline_joint(
         x: Tensor<Self, 2>,
         raw: Tensor<Self, 2>,
         scale: f64,
         sp: &SplineParams,
         state_start: Option<usize>,
+        bias: Option<Tensor<Self, 1>>,
     ) -> Tensor<Self, 2> {
-        Self::spline_kernel_forward(x, raw, scale, sp, state_start)
+        Self::spline_kernel_forward(x, raw, scale, sp, state_start, bias)
     }
 
     /// A coupling step's conditioner input `[N, (n - t) + C]` from the flow state
@@ -554,6 +597,15 @@ pub trait FusedOps: Backend {
         _grad: Tensor<Self, 1>,
     ) -> Tensor<Self, 2> {
         no_layer_kernels()
+    }
+
+    /// `x` itself, whose gradient is the incoming one times `factor` (an autodiff node on
+    /// `Autodiff<B>`: no launch forward, one backward). A training pass starts the
+    /// backward pass from `scale_gradient(log q, -loss_scale / N)` instead of from
+    /// `-mean(log q) loss_scale`: the same gradient, without the reduction, negation and
+    /// scaling launches of the loss and their backward (7 launches, 2 instead).
+    fn scale_gradient(x: Tensor<Self, 1>, _factor: f64) -> Tensor<Self, 1> {
+        x
     }
 
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
@@ -686,9 +738,16 @@ pub type LinearGradients<B> = (
     Option<Tensor<B, 1>>,
 );
 
-/// The gradients of the gated tail's kernel: `(da, dc, db1, dbc)` (see
+/// The gradients of the gated tail's kernel: `(da [rows, features], dcontext [rows,
+/// context_features], dwc [features * context_features], db1, dbc [features])` (see
 /// [`FusedOps::gated_kernel_backward`]).
-pub type GatedGradients<B> = (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 1>);
+pub type GatedGradients<B> = (
+    Tensor<B, 2>,
+    Tensor<B, 2>,
+    Tensor<B, 1>,
+    Tensor<B, 1>,
+    Tensor<B, 1>,
+);
 
 fn no_device_optimizer() -> ! {
     panic!("this backend keeps no training state on a device (FusedOps::device_optimizer is false)")
@@ -805,6 +864,18 @@ fn transformed_columns<B: Backend>(state: Tensor<B, 2>, start: usize) -> Tensor<
     state
         .select(1, index_of::<B>(&tr, &device))
         .reshape([rows * tr.len(), 1])
+}
+
+/// `raw: [N t, W]` plus the final layer's `bias: [t W]` (row `m` gets `bias[(m mod t) W..]`),
+/// or `raw` itself.
+fn with_row_bias<B: Backend>(raw: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 2> {
+    let Some(bias) = bias else {
+        return raw;
+    };
+    let [m, width] = raw.dims();
+    let [len] = bias.dims();
+    let rows = m * width / len;
+    (raw.reshape([rows, len]) + bias.unsqueeze_dim(0)).reshape([m, width])
 }
 
 /// `(z [N, n], logdet [N])` of a flow state `[N, n + 2]`.
@@ -1069,7 +1140,7 @@ where
         scale: f64,
         sp: &SplineParams,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        split_spline(Self::spline_kernel_forward(x, raw, scale, sp, None))
+        split_spline(Self::spline_kernel_forward(x, raw, scale, sp, None, None))
     }
 
     const LAYER_KERNELS: bool = true;
@@ -1299,6 +1370,30 @@ where
         Self::bias_kernel_forward(product(x, weight), bias, true)
     }
 
+    fn linear_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        if !all_f32(&[x.dtype(), t.dtype(), weight.dtype(), bias.dtype()]) {
+            return x + Self::fused_linear(t, weight, bias);
+        }
+        Self::residual_kernel_forward(x, product(t, weight), bias)
+    }
+
+    fn residual_kernel_forward(
+        x: Tensor<Self, 2>,
+        a: Tensor<Self, 2>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        wrap(crate::layer_kernel::residual_forward_launch(
+            prim(x),
+            prim(a),
+            prim(bias),
+        ))
+    }
+
     fn bias_kernel_forward(
         a: Tensor<Self, 2>,
         bias: Tensor<Self, 1>,
@@ -1386,40 +1481,45 @@ where
             let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
             return x + Self::fused_linear(t, w1, b1) * gate;
         }
-        Self::gated_kernel_forward(x, product(t, w1), b1, product(context, wc), bc)
+        Self::gated_kernel_forward(x, product(t, w1), b1, context, wc, bc).0
     }
 
     fn gated_kernel_forward(
         x: Tensor<Self, 2>,
         a: Tensor<Self, 2>,
         b1: Tensor<Self, 1>,
-        c: Tensor<Self, 2>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
-    ) -> Tensor<Self, 2> {
-        wrap(crate::layer_kernel::gated_forward_launch(
+    ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (y, s) = crate::layer_kernel::gated_forward_launch(
             prim(x),
             prim(a),
             prim(b1),
-            prim(c),
+            prim(context),
+            prim(wc),
             prim(bc),
-        ))
+        );
+        (wrap(y), wrap(s))
     }
 
     fn gated_kernel_backward(
         a: Tensor<Self, 2>,
         b1: Tensor<Self, 1>,
-        c: Tensor<Self, 2>,
-        bc: Tensor<Self, 1>,
+        s: Tensor<Self, 2>,
+        context: Tensor<Self, 2>,
+        wc: Tensor<Self, 1>,
         grad: Tensor<Self, 2>,
     ) -> GatedGradients<Self> {
-        let [da, dc, db1, dbc] = crate::layer_kernel::gated_backward_launch(
+        let [da, dctx, dwc, db1, dbc] = crate::layer_kernel::gated_backward_launch(
             prim(a),
             prim(b1),
-            prim(c),
-            prim(bc),
+            prim(s),
+            prim(context),
+            prim(wc),
             prim(grad),
         );
-        (wrap(da), wrap(dc), wrap(db1), wrap(dbc))
+        (wrap(da), wrap(dctx), wrap(dwc), wrap(db1), wrap(dbc))
     }
 
     fn spline_kernel_forward(
@@ -1428,6 +1528,7 @@ where
         scale: f64,
         sp: &SplineParams,
         state_start: Option<usize>,
+        bias: Option<Tensor<Self, 1>>,
     ) -> Tensor<Self, 2> {
         let out = crate::spline_kernel::forward(
             x.into_primitive().tensor(),
@@ -1435,6 +1536,7 @@ where
             scale,
             sp,
             state_start,
+            bias.map(prim),
         );
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
@@ -1506,6 +1608,7 @@ where
         scale: f64,
         sp: &SplineParams,
         state_start: Option<usize>,
+        bias: Option<Tensor<Self, 1>>,
     ) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         let (dx, draw) = crate::spline_kernel::backward(
             x.into_primitive().tensor(),
@@ -1514,6 +1617,7 @@ where
             scale,
             sp,
             state_start,
+            bias.map(prim),
         );
         (
             Tensor::from_primitive(TensorPrimitive::Float(dx)),
@@ -1937,12 +2041,58 @@ impl<B: FusedOps> Backward<B, 2> for SplineBackward {
         let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
         let (x, raw) = ops.state;
         let (dx, draw) =
-            B::spline_kernel_backward(x, raw, g, self.scale, &self.sp, self.state_start);
+            B::spline_kernel_backward(x, raw, g, self.scale, &self.sp, self.state_start, None);
         if let Some(p) = px {
             grads.register::<B>(p.id, dx.into_primitive().tensor());
         }
         if let Some(p) = praw {
             grads.register::<B>(p.id, draw.into_primitive().tensor());
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::spline_joint`] with the final layer's bias on
+/// `Autodiff<B>` (parents `x`, `raw`, `bias`); its state is the three.
+#[derive(Debug)]
+struct SplineBiasBackward {
+    scale: f64,
+    sp: SplineParams,
+    state_start: Option<usize>,
+}
+
+impl<B: FusedOps> Backward<B, 3> for SplineBiasBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, praw, pbias] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, raw, bias) = ops.state;
+        let len = bias.dims()[0];
+        let (dx, draw) = B::spline_kernel_backward(
+            x,
+            raw,
+            g,
+            self.scale,
+            &self.sp,
+            self.state_start,
+            Some(bias),
+        );
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(dx));
+        }
+        if let Some(p) = pbias {
+            let [m, width] = draw.dims();
+            let rows = m * width / len;
+            let db = draw.clone().reshape([rows, len]).sum_dim(0).reshape([len]);
+            grads.register::<B>(p.id, prim(db));
+        }
+        if let Some(p) = praw {
+            grads.register::<B>(p.id, prim(draw));
         }
     }
 }
@@ -2012,6 +2162,68 @@ impl<B: FusedOps> Backward<B, 3> for LinearEluBackward {
     }
 }
 
+/// The backward step of [`FusedOps::linear_product`] on `Autodiff<B>` (parents `x`,
+/// `weight`); its state is the two.
+#[derive(Debug)]
+struct LinearProductBackward;
+
+impl<B: FusedOps> Backward<B, 2> for LinearProductBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw] = ops.parents;
+        let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
+        let (x, w) = ops.state;
+        let (dx, dw, _) = linear_backward_composed(x, w, g, [px.is_some(), pw.is_some(), false]);
+        if let (Some(p), Some(d)) = (px, dx) {
+            grads.register::<B>(p.id, prim(d));
+        }
+        if let (Some(p), Some(d)) = (pw, dw) {
+            grads.register::<B>(p.id, prim(d));
+        }
+    }
+}
+
+/// The backward step of [`FusedOps::linear_residual`] on `Autodiff<B>` for a backend with
+/// the layer kernels (parents `x, t, weight, bias`); its state is `t` and the weight.
+#[derive(Debug)]
+struct LinearResidualBackward;
+
+impl<B: FusedOps> Backward<B, 4> for LinearResidualBackward {
+    type State = (Tensor<B, 2>, Tensor<B, 1>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 4>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pt, pw, pb] = ops.parents;
+        let g = grads.consume::<B>(&ops.node);
+        let (t, w) = ops.state;
+        let need = [pt.is_some(), pw.is_some(), pb.is_some()];
+        let (dt, dw, db) = linear_backward_composed(t, w, wrap::<B, 2>(g.clone()), need);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, g);
+        }
+        for (p, d) in [(pt, dt)] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+        for (p, d) in [(pw, dw), (pb, db)] {
+            if let (Some(p), Some(d)) = (p, d) {
+                grads.register::<B>(p.id, prim(d));
+            }
+        }
+    }
+}
+
 /// The backward step of [`FusedOps::gated_residual`] on `Autodiff<B>` for a backend with
 /// the layer kernels (parents `x, t, w1, b1, context, wc, bc`); its state is `t`, `w1`,
 /// `b1`, `context`, `wc`, `bc` and the two products `a = t W₁ᵀ`, `c = context W_cᵀ`.
@@ -2026,9 +2238,8 @@ struct GatedState<B: Backend> {
     b1: Tensor<B, 1>,
     context: Tensor<B, 2>,
     wc: Tensor<B, 1>,
-    bc: Tensor<B, 1>,
     a: Tensor<B, 2>,
-    c: Tensor<B, 2>,
+    s: Tensor<B, 2>,
 }
 
 impl<B: FusedOps> Backward<B, 7> for GatedBackward {
@@ -2043,21 +2254,24 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
         let [px, pt, pw1, pb1, pctx, pwc, pbc] = ops.parents;
         let g = grads.consume::<B>(&ops.node);
         let s = ops.state;
-        let (da, dc, db1, dbc) =
-            B::gated_kernel_backward(s.a, s.b1, s.c, s.bc, wrap::<B, 2>(g.clone()));
+        let (da, dctx, dwc, db1, dbc) =
+            B::gated_kernel_backward(s.a, s.b1, s.s, s.context, s.wc, wrap::<B, 2>(g.clone()));
         if let Some(p) = px {
             grads.register::<B>(p.id, g);
         }
         let (dt, dw1, _) =
             linear_backward_composed(s.t, s.w1, da, [pt.is_some(), pw1.is_some(), false]);
-        let (dctx, dwc, _) =
-            linear_backward_composed(s.context, s.wc, dc, [pctx.is_some(), pwc.is_some(), false]);
-        for (p, d) in [(pt, dt), (pctx, dctx)] {
+        for (p, d) in [(pt, dt), (pctx, Some(dctx))] {
             if let (Some(p), Some(d)) = (p, d) {
                 grads.register::<B>(p.id, prim(d));
             }
         }
-        for (p, d) in [(pw1, dw1), (pwc, dwc), (pb1, Some(db1)), (pbc, Some(dbc))] {
+        for (p, d) in [
+            (pw1, dw1),
+            (pwc, Some(dwc)),
+            (pb1, Some(db1)),
+            (pbc, Some(dbc)),
+        ] {
             if let (Some(p), Some(d)) = (p, d) {
                 grads.register::<B>(p.id, prim(d));
             }
@@ -2155,6 +2369,29 @@ impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
     }
 }
 
+/// The backward step of [`FusedOps::scale_gradient`] on `Autodiff<B>` (parent `x`).
+#[derive(Debug)]
+struct ScaleGradientBackward {
+    factor: f64,
+}
+
+impl<B: FusedOps> Backward<B, 1> for ScaleGradientBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px] = ops.parents;
+        let g = wrap::<B, 1>(grads.consume::<B>(&ops.node));
+        if let Some(p) = px {
+            grads.register::<B>(p.id, prim(g.mul_scalar(self.factor)));
+        }
+    }
+}
+
 /// The backward step of [`FusedOps::base_log_prob`] on `Autodiff<B>` for a backend with the
 /// layer kernels (parent `state`); its state is the flow state.
 #[derive(Debug)]
@@ -2222,6 +2459,20 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
 }
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn scale_gradient(x: Tensor<Self, 1>, factor: f64) -> Tensor<Self, 1> {
+        let xp = prim(x);
+        let output = xp.primitive.clone();
+        let tracked = match (ScaleGradientBackward { factor })
+            .prepare::<C>([xp.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
     const HOST_MEMORY: bool = B::HOST_MEMORY;
     const SPLINE_KERNEL: bool = B::SPLINE_KERNEL;
 
@@ -2277,7 +2528,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         if !B::SPLINE_KERNEL {
             return crate::spline::coupling_spline(x, raw, scale, false, sp);
         }
-        split_spline(Self::spline_joint(x, raw, scale, sp, None))
+        split_spline(Self::spline_joint(x, raw, scale, sp, None, None))
     }
 
     fn fused_sigmoid(x: Tensor<Self, 2>) -> Tensor<Self, 2> {
@@ -2302,20 +2553,50 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         scale: f64,
         sp: &SplineParams,
         state_start: Option<usize>,
+        bias: Option<Tensor<Self, 1>>,
     ) -> Tensor<Self, 2> {
         if !B::SPLINE_KERNEL {
             let x = match state_start {
                 Some(start) => transformed_columns(x, start),
                 None => x,
             };
+            let raw = with_row_bias(raw, bias);
             let (y, ld) = crate::spline::coupling_spline(x, raw, scale, false, sp);
             return Tensor::cat(vec![y, ld], 1);
+        }
+        if let Some(bias) = bias {
+            let (x, r, b) = (prim(x), prim(raw), prim(bias));
+            let xi = wrap::<B, 2>(x.primitive.clone());
+            let ri = wrap::<B, 2>(r.primitive.clone());
+            let bi = wrap::<B, 1>(b.primitive.clone());
+            let both = B::spline_kernel_forward(
+                xi.clone(),
+                ri.clone(),
+                scale,
+                sp,
+                state_start,
+                Some(bi.clone()),
+            );
+            let output = prim(both);
+            let tracked = match (SplineBiasBackward {
+                scale,
+                sp: *sp,
+                state_start,
+            })
+            .prepare::<C>([x.node.clone(), r.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish((xi, ri, bi), output),
+                OpsKind::UnTracked(prep) => prep.finish(output),
+            };
+            return wrap(tracked);
         }
         let x = x.into_primitive().tensor();
         let r = raw.into_primitive().tensor();
         let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
         let ri = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(r.primitive.clone()));
-        let both = B::spline_kernel_forward(xi.clone(), ri.clone(), scale, sp, state_start);
+        let both = B::spline_kernel_forward(xi.clone(), ri.clone(), scale, sp, state_start, None);
         let output = both.into_primitive().tensor();
         let tracked = match (SplineBackward {
             scale,
@@ -2470,6 +2751,58 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         wrap(tracked)
     }
 
+    fn linear_product(x: Tensor<Self, 2>, weight: Tensor<Self, 1>) -> Tensor<Self, 2> {
+        let (x, w) = (prim(x), prim(weight));
+        let (xi, wi) = (
+            wrap::<B, 2>(x.primitive.clone()),
+            wrap::<B, 1>(w.primitive.clone()),
+        );
+        let output = prim(product(xi.clone(), wi.clone()));
+        let tracked = match LinearProductBackward
+            .prepare::<C>([x.node.clone(), w.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((xi, wi), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
+    fn linear_residual(
+        x: Tensor<Self, 2>,
+        t: Tensor<Self, 2>,
+        weight: Tensor<Self, 1>,
+        bias: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        let f32s = all_f32(&[x.dtype(), t.dtype(), weight.dtype(), bias.dtype()]);
+        if !B::LAYER_KERNELS || !f32s {
+            return x + Self::fused_linear(t, weight, bias);
+        }
+        let [x, t] = [prim(x), prim(t)];
+        let [w, b] = [prim(weight), prim(bias)];
+        let (ti, wi) = (
+            wrap::<B, 2>(t.primitive.clone()),
+            wrap::<B, 1>(w.primitive.clone()),
+        );
+        let y = B::residual_kernel_forward(
+            wrap(x.primitive.clone()),
+            product(ti.clone(), wi.clone()),
+            wrap(b.primitive.clone()),
+        );
+        let output = prim(y);
+        let nodes = [&x, &t, &w, &b].map(|v| v.node.clone());
+        let tracked = match LinearResidualBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((ti, wi), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        };
+        wrap(tracked)
+    }
+
     fn linear_elu(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
@@ -2521,23 +2854,24 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         type Prim<B, C> = burn::tensor::ops::FloatTensor<Autodiff<B, C>>;
         let inner2 = |v: &Prim<B, C>| wrap::<B, 2>(v.primitive.clone());
         let inner1 = |v: &Prim<B, C>| wrap::<B, 1>(v.primitive.clone());
+        let a = product(inner2(&t), inner1(&w1));
+        let (y, s) = B::gated_kernel_forward(
+            inner2(&x),
+            a.clone(),
+            inner1(&b1),
+            inner2(&context),
+            inner1(&wc),
+            inner1(&bc),
+        );
         let state = GatedState {
             t: inner2(&t),
             w1: inner1(&w1),
             b1: inner1(&b1),
             context: inner2(&context),
             wc: inner1(&wc),
-            bc: inner1(&bc),
-            a: product(inner2(&t), inner1(&w1)),
-            c: product(inner2(&context), inner1(&wc)),
+            a,
+            s,
         };
-        let y = B::gated_kernel_forward(
-            inner2(&x),
-            state.a.clone(),
-            state.b1.clone(),
-            state.c.clone(),
-            state.bc.clone(),
-        );
         let output = prim(y);
         let nodes = [&x, &t, &w1, &b1, &context, &wc, &bc].map(|v| v.node.clone());
         let tracked = match GatedBackward.prepare::<C>(nodes).compute_bound().stateful() {

@@ -207,6 +207,9 @@ pub enum Layer {
     /// `x [rows, f]`, `t [rows, f]`, `W₁ [f * f]`, `b₁ [f]`, `context [rows, k]`,
     /// `W_c [f * k]`, `b_c [f]`.
     Gated,
+    /// A residual block's end `x + (t Wᵀ + b)`; inputs `x [rows, f]`, `t [rows, k]`,
+    /// `W [f * k]`, `b [f]`.
+    Residual,
 }
 
 fn layer_on<B: AutodiffBackend + FusedOps>(
@@ -244,6 +247,11 @@ fn layer_on<B: AutodiffBackend + FusedOps>(
                 bc.clone(),
             );
             (y, vec![x, t, c], vec![w1, b1, wc, bc])
+        }
+        Layer::Residual => {
+            let (x, t, w, b) = (m(0), m(1), v(2), v(3));
+            let y = B::linear_residual(x.clone(), t.clone(), w.clone(), b.clone());
+            (y, vec![x, t], vec![w, b])
         }
     };
     let at = matrix::<B>(a, y.dims(), device, dtype);
@@ -501,37 +509,50 @@ fn spline_state_on<B: AutodiffBackend + FusedOps>(
     c: &SplineCase,
     rows: usize,
     start: usize,
-) -> SplineEval {
+    bias: Option<&[f32]>,
+) -> (SplineEval, Option<Vec<f64>>) {
     let w = c.x.len() / rows;
     let m = c.a.len();
     let width = c.raw.len() / m;
     let st = matrix::<B>(&c.x, [rows, w], device, dtype).require_grad();
     let rt = matrix::<B>(&c.raw, [m, width], device, dtype).require_grad();
-    let both = B::spline_joint(st.clone(), rt.clone(), c.scale, &c.sp, Some(start));
+    let bt = bias.map(|b| vector::<B>(b, device, dtype).require_grad());
+    let both = B::spline_joint(
+        st.clone(),
+        rt.clone(),
+        c.scale,
+        &c.sp,
+        Some(start),
+        bt.clone(),
+    );
     let y = both.clone().slice([0..m, 0..1]);
     let ld = both.slice([0..m, 1..2]);
     let loss = (y.clone() * matrix::<B>(&c.a, [m, 1], device, dtype)).sum()
         + (ld.clone() * matrix::<B>(&c.b, [m, 1], device, dtype)).sum();
     let grads = loss.backward();
-    SplineEval {
+    let gbias = bt.map(|b| f64s(b.grad(&grads).expect("the bias's gradient").into_data()));
+    let eval = SplineEval {
         y: f64s(y.into_data()),
         ld: f64s(ld.into_data()),
         gx: f64s(st.grad(&grads).expect("the state's gradient").into_data()),
         graw: f64s(rt.grad(&grads).expect("raw's gradient").into_data()),
-    }
+    };
+    (eval, gbias)
 }
 
 /// The coupling spline reading its inputs from the flow state ([`FusedOps::spline_joint`]
 /// with a mask `start`): `case.x` is the state `[rows, d + 2]`, `case.raw`, `case.a` and
 /// `case.b` have the `M = rows t` rows of the transformed features; `gx` is the state's
-/// gradient `[rows (d + 2)]`.
+/// gradient `[rows (d + 2)]`. With `bias` (`[t (3K-1)]`, the conditioner's final layer's)
+/// `case.raw` is the product without it, and the bias's gradient comes second.
 pub fn spline_on_state(
     engine: Engine<'_>,
     case: &SplineCase,
     rows: usize,
     start: usize,
-) -> SplineEval {
-    on_engine!(engine, spline_state_on(case, rows, start))
+    bias: Option<&[f32]>,
+) -> (SplineEval, Option<Vec<f64>>) {
+    on_engine!(engine, spline_state_on(case, rows, start, bias))
 }
 
 /// The coupling spline ([`FusedOps::spline`]: the GPU's kernels, the composed form on the

@@ -3,8 +3,9 @@
 //! product, and the tail of a context-gated residual block, each one launch forward and
 //! one launch backward (the backward launch includes the column sums that give the bias
 //! and scale gradients). burn's composed operations launch 11 kernels for a LayerNorm's
-//! forward pass and about 33 for its backward pass, and 7 for a gated block's tail
-//! (two bias additions, the sigmoid, the product, the residual addition) forward.
+//! forward pass and about 33 for its backward pass, and 8 for a gated block's tail
+//! (the context's product, two bias additions, the sigmoid, the product, the residual
+//! addition) forward.
 //!
 //! Each backward kernel runs two kinds of thread in one launch: the first threads compute
 //! the per-row (or per-element) input gradients; the `cols` threads after them compute one
@@ -18,10 +19,16 @@
 //!   `dw = Σ_rows g' x̂`, `db = Σ_rows g'`. Rows of equal values have `σ² = 0`, `x̂ = 0`.
 //! - bias and ELU: `y = elu(a + b)` (`a` the product `x Wᵀ`); backward `da = g elu'`,
 //!   `db = Σ_rows da`.
-//! - gated residual tail (nflows' `ResidualBlock` with a context layer): from the products
-//!   `a = t W₁ᵀ` and `c = context W_cᵀ`, `y = x + (a + b₁) s`, `s = sigmoid(c + b_c)`;
-//!   backward `da = g s`, `dc = g (a + b₁) s (1 - s)`, `db₁ = Σ_rows da`,
-//!   `db_c = Σ_rows dc` (and `dx = g`, no kernel).
+//! - gated residual tail (nflows' `ResidualBlock` with a context layer): from the product
+//!   `a = t W₁ᵀ` and the context (its product `c = context W_cᵀ` summed in the kernel: `k`
+//!   terms per entry, 64 for Dingo's context, where burn's matrix product was a launch
+//!   forward and two backward per gate), `y = x + (a + b₁) s`, `s = sigmoid(c + b_c)` (kept
+//!   for the backward kernel); backward `da = g s`, `dc = g (a + b₁) s (1 - s)`,
+//!   `dcontext = dc W_c`, `dW_c = dcᵀ context`, `db₁ = Σ_rows da`, `db_c = Σ_rows dc` (and
+//!   `dx = g`, no kernel), all in one launch.
+//!
+//! - a residual block's end `y = x + (a + b)` (the embedding's blocks, without a context):
+//!   one launch for the composed form's two additions.
 //!
 //! One thread per row does a LayerNorm row's two passes (mean, then variance) in the order
 //! burn's `var_mean_bias` sums. Row-major contiguous tensors (made so first).
@@ -213,15 +220,12 @@ fn bias_backward(
     }
 }
 
-/// `y = x + (a + b1) sigmoid(c + bc)`, all `[rows, cols]` but `b1`, `bc: [cols]`.
+/// `y = x + a + b` (`x`, `a`: `[rows, cols]`, `b: [cols]`): a residual block's end.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn gated_forward(
+fn residual_forward(
     x: &Array<f32>,
     a: &Array<f32>,
-    b1: &Array<f32>,
-    c: &Array<f32>,
-    bc: &Array<f32>,
+    b: &Array<f32>,
     y: &mut Array<f32>,
     n: u32,
     cols: u32,
@@ -230,54 +234,115 @@ fn gated_forward(
     if i >= n {
         terminate!();
     }
-    let j = (i % cols) as usize;
-    let s = 1.0 / (f32::exp(-(c[i as usize] + bc[j])) + 1.0);
-    y[i as usize] = x[i as usize] + (a[i as usize] + b1[j]) * s;
+    y[i as usize] = x[i as usize] + (a[i as usize] + b[(i % cols) as usize]);
 }
 
-/// The gradient of [`gated_forward`] with respect to `a`, `c` (threads `0..n`) and `b1`,
-/// `bc` (threads `n..n + cols`, column sums).
+/// `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)` (`x`, `a`, `y`, `s`:
+/// `[rows, cols]`; `context: [rows, k]`, `wc: [cols, k]`, `b1`, `bc: [cols]`), the
+/// context's product summed here (`k` terms per entry); `s` is kept for the backward kernel.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn gated_forward(
+    x: &Array<f32>,
+    a: &Array<f32>,
+    b1: &Array<f32>,
+    context: &Array<f32>,
+    wc: &Array<f32>,
+    bc: &Array<f32>,
+    y: &mut Array<f32>,
+    s: &mut Array<f32>,
+    n: u32,
+    cols: u32,
+    k: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i >= n {
+        terminate!();
+    }
+    let r = i / cols;
+    let o = i % cols;
+    let mut c = 0.0f32;
+    for q in 0..k {
+        c += context[(r * k + q) as usize] * wc[(o * k + q) as usize];
+    }
+    let gate = 1.0 / (f32::exp(-(c + bc[o as usize])) + 1.0);
+    s[i as usize] = gate;
+    y[i as usize] = x[i as usize] + (a[i as usize] + b1[o as usize]) * gate;
+}
+
+/// The gradient of the gate's argument at entry `i` (column `o`): `g (a + b1) s (1 - s)`.
+#[cube]
+fn gate_gradient(
+    a: &Array<f32>,
+    b1: &Array<f32>,
+    s: &Array<f32>,
+    g: &Array<f32>,
+    i: u32,
+    o: u32,
+) -> f32 {
+    let si = s[i as usize];
+    g[i as usize] * (a[i as usize] + b1[o as usize]) * si * (1.0 - si)
+}
+
+/// The gradient of [`gated_forward`]: threads `0..n` write `da = g s`, the next `rows k`
+/// one entry of `dcontext = dc wc` each, the next `cols k` one entry of `dwc = dcᵀ context`
+/// each, the last `cols` one column's `db1 = Σ_rows da` and `dbc = Σ_rows dc` each, with
+/// `dc = g (a + b1) s (1 - s)` recomputed where needed (so no thread waits for another).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn gated_backward(
     a: &Array<f32>,
     b1: &Array<f32>,
-    c: &Array<f32>,
-    bc: &Array<f32>,
+    s: &Array<f32>,
+    context: &Array<f32>,
+    wc: &Array<f32>,
     g: &Array<f32>,
     da: &mut Array<f32>,
-    dc: &mut Array<f32>,
+    dcontext: &mut Array<f32>,
+    dwc: &mut Array<f32>,
     db1: &mut Array<f32>,
     dbc: &mut Array<f32>,
     n: u32,
     cols: u32,
+    k: u32,
 ) {
     let t = ABSOLUTE_POS as u32;
-    if t >= n + cols {
+    let rows = n / cols;
+    let (e1, e2) = (n + rows * k, n + rows * k + cols * k);
+    if t >= e2 + cols {
         terminate!();
     }
     if t < n {
-        let i = t as usize;
-        let j = (t % cols) as usize;
-        let s = 1.0 / (f32::exp(-(c[i] + bc[j])) + 1.0);
-        let gs = g[i] * s;
-        da[i] = gs;
-        dc[i] = gs * (a[i] + b1[j]) * (1.0 - s);
+        da[t as usize] = g[t as usize] * s[t as usize];
+    } else if t < e1 {
+        let m = t - n;
+        let r = m / k;
+        let q = m % k;
+        let mut v = 0.0f32;
+        for o in 0..cols {
+            v += gate_gradient(a, b1, s, g, r * cols + o, o) * wc[(o * k + q) as usize];
+        }
+        dcontext[m as usize] = v;
+    } else if t < e2 {
+        let m = t - e1;
+        let o = m / k;
+        let q = m % k;
+        let mut v = 0.0f32;
+        for r in 0..rows {
+            v += gate_gradient(a, b1, s, g, r * cols + o, o) * context[(r * k + q) as usize];
+        }
+        dwc[m as usize] = v;
     } else {
-        let j = t - n;
-        let rows = n / cols;
-        let (bj, cj) = (b1[j as usize], bc[j as usize]);
+        let o = t - e2;
         let mut s1 = 0.0f32;
         let mut sc = 0.0f32;
         for r in 0..rows {
-            let i = (r * cols + j) as usize;
-            let s = 1.0 / (f32::exp(-(c[i] + cj)) + 1.0);
-            let gs = g[i] * s;
-            s1 += gs;
-            sc += gs * (a[i] + bj) * (1.0 - s);
+            let i = r * cols + o;
+            s1 += g[i as usize] * s[i as usize];
+            sc += gate_gradient(a, b1, s, g, i, o);
         }
-        db1[j as usize] = s1;
-        dbc[j as usize] = sc;
+        db1[o as usize] = s1;
+        dbc[o as usize] = sc;
     }
 }
 
@@ -474,24 +539,61 @@ pub fn bias_backward_launch<R: CubeRuntime>(
     (da, db)
 }
 
-/// The gated residual tail `x + (a + b1) sigmoid(c + bc)` (`x`, `a`, `c`: `[rows, cols]`;
-/// `b1`, `bc`: `[cols]`). One launch.
+/// A residual block's end `x + (a + b)` (`x`, `a`: `[rows, cols]`, `b: [cols]`; the
+/// addition in the composed form's order). One launch, where the composed form launched
+/// two additions; the backward pass needs no kernel of its own (`dx = da = g`,
+/// `db = Σ_rows g`).
+///
+/// Panics on shapes that do not fit or a dtype other than float32.
+pub fn residual_forward_launch<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let (rows, cols) = dims(&x, "x");
+    assert_eq!(dims(&a, "a"), (rows, cols), "layer kernel: a's shape");
+    check_vector(&b, cols, "the bias");
+    let [x, a, b] = [x, a, b].map(into_contiguous);
+    let y = empty(&x, x.shape());
+    let n = rows * cols;
+    let (count, dim) = grid(&x, n as usize);
+    residual_forward::launch::<R>(
+        &x.client.clone(),
+        count,
+        dim,
+        x.into_array_arg(),
+        a.into_array_arg(),
+        b.into_array_arg(),
+        y.clone().into_array_arg(),
+        n,
+        cols,
+    );
+    y
+}
+
+/// The gated residual tail `(y, s)`: `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)`
+/// (`x`, `a`: `[rows, cols]`; `context: [rows, k]`; `wc` flat `[cols k]`; `b1`, `bc`:
+/// `[cols]`), the context's product inside the kernel. One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
 pub fn gated_forward_launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     a: CubeTensor<R>,
     b1: CubeTensor<R>,
-    c: CubeTensor<R>,
+    context: CubeTensor<R>,
+    wc: CubeTensor<R>,
     bc: CubeTensor<R>,
-) -> CubeTensor<R> {
+) -> (CubeTensor<R>, CubeTensor<R>) {
     let (rows, cols) = dims(&x, "x");
     assert_eq!(dims(&a, "a"), (rows, cols), "layer kernel: a's shape");
-    assert_eq!(dims(&c, "c"), (rows, cols), "layer kernel: c's shape");
+    let (crows, k) = dims(&context, "the context");
+    assert_eq!(crows, rows, "layer kernel: the context's rows");
+    check_vector(&wc, cols * k, "the context layer's weight");
     check_vector(&b1, cols, "the block's bias");
     check_vector(&bc, cols, "the context layer's bias");
-    let [x, a, b1, c, bc] = [x, a, b1, c, bc].map(into_contiguous);
+    let [x, a, b1, context, wc, bc] = [x, a, b1, context, wc, bc].map(into_contiguous);
     let y = empty(&x, x.shape());
+    let s = empty(&x, x.shape());
     let n = rows * cols;
     let (count, dim) = grid(&x, n as usize);
     gated_forward::launch::<R>(
@@ -501,57 +603,69 @@ pub fn gated_forward_launch<R: CubeRuntime>(
         x.into_array_arg(),
         a.into_array_arg(),
         b1.into_array_arg(),
-        c.into_array_arg(),
+        context.into_array_arg(),
+        wc.into_array_arg(),
         bc.into_array_arg(),
         y.clone().into_array_arg(),
+        s.clone().into_array_arg(),
         n,
         cols,
+        k,
     );
-    y
+    (y, s)
 }
 
-/// The gradients `(da, dc [rows, cols], db1, dbc [cols])` of [`gated_forward_launch`] for
-/// the incoming gradient `g` (that of `x` is `g` itself). One launch.
+/// The gradients `[da [rows, cols], dcontext [rows, k], dwc [cols k], db1, dbc [cols]]` of
+/// [`gated_forward_launch`] (with its `s`) for the incoming gradient `g` (that of `x` is
+/// `g` itself). One launch.
 ///
 /// Panics on shapes that do not fit or a dtype other than float32.
 pub fn gated_backward_launch<R: CubeRuntime>(
     a: CubeTensor<R>,
     b1: CubeTensor<R>,
-    c: CubeTensor<R>,
-    bc: CubeTensor<R>,
+    s: CubeTensor<R>,
+    context: CubeTensor<R>,
+    wc: CubeTensor<R>,
     g: CubeTensor<R>,
-) -> [CubeTensor<R>; 4] {
+) -> [CubeTensor<R>; 5] {
     let (rows, cols) = dims(&a, "a");
-    assert_eq!(dims(&c, "c"), (rows, cols), "layer kernel: c's shape");
+    assert_eq!(dims(&s, "s"), (rows, cols), "layer kernel: s's shape");
     assert_eq!(
         dims(&g, "the gradient"),
         (rows, cols),
         "layer kernel: g's shape"
     );
+    let (crows, k) = dims(&context, "the context");
+    assert_eq!(crows, rows, "layer kernel: the context's rows");
+    check_vector(&wc, cols * k, "the context layer's weight");
     check_vector(&b1, cols, "the block's bias");
-    check_vector(&bc, cols, "the context layer's bias");
-    let [a, b1, c, bc, g] = [a, b1, c, bc, g].map(into_contiguous);
+    let [a, b1, s, context, wc, g] = [a, b1, s, context, wc, g].map(into_contiguous);
     let da = empty(&a, a.shape());
-    let dc = empty(&a, a.shape());
+    let dcontext = empty(&a, context.shape());
+    let dwc = empty(&a, Shape::new([(cols * k) as usize]));
     let db1 = empty(&a, Shape::new([cols as usize]));
     let dbc = empty(&a, Shape::new([cols as usize]));
     let n = rows * cols;
-    let (count, dim) = grid(&a, (n + cols) as usize);
+    let threads = n + rows * k + cols * k + cols;
+    let (count, dim) = grid(&a, threads as usize);
     gated_backward::launch::<R>(
         &a.client.clone(),
         count,
         dim,
         a.into_array_arg(),
         b1.into_array_arg(),
-        c.into_array_arg(),
-        bc.into_array_arg(),
+        s.into_array_arg(),
+        context.into_array_arg(),
+        wc.into_array_arg(),
         g.into_array_arg(),
         da.clone().into_array_arg(),
-        dc.clone().into_array_arg(),
+        dcontext.clone().into_array_arg(),
+        dwc.clone().into_array_arg(),
         db1.clone().into_array_arg(),
         dbc.clone().into_array_arg(),
         n,
         cols,
+        k,
     );
-    [da, dc, db1, dbc]
+    [da, dcontext, dwc, db1, dbc]
 }

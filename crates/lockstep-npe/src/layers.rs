@@ -487,6 +487,10 @@ impl ResidualBlock {
             let t = self.linear1.forward(pass.params, t);
             return x + t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);
         }
+        if kernels {
+            let (w1, b1) = self.linear1.handles();
+            return B::linear_residual(x, t, pass.params.vector(w1), pass.params.vector(b1));
+        }
         x + self.linear1.forward(pass.params, t)
     }
 }
@@ -649,10 +653,40 @@ impl ResidualNet {
         input: Tensor<B, 2>,
         context: &Tensor<B, 2>,
     ) -> Tensor<B, 2> {
+        let h = self.hidden(pass, input, context);
+        self.final_layer.forward(pass.params, h)
+    }
+
+    /// [`ResidualNet::forward_input`] with the final layer's bias apart where the pass runs
+    /// float32 on a backend with the layer kernels: `(h W_finalᵀ, Some(bias))` for the
+    /// spline kernel to add the bias as it reads the product
+    /// ([`crate::fused_ops::FusedOps::spline_joint`]), else `(output, None)`.
+    pub fn forward_input_unbiased<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        input: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+    ) -> (Tensor<B, 2>, Option<Tensor<B, 1>>) {
+        let h = self.hidden(pass, input, context);
+        let p = pass.params;
+        if B::LAYER_KERNELS && p.precision() == Precision::F32 {
+            let (w, b) = self.final_layer.handles();
+            return (B::linear_product(h, p.vector(w)), Some(p.vector(b)));
+        }
+        (self.final_layer.forward(p, h), None)
+    }
+
+    /// The last block's output `[batch, hidden]` from the concatenated input.
+    fn hidden<B: NpeBackend>(
+        &self,
+        pass: &mut Pass<'_, B>,
+        input: Tensor<B, 2>,
+        context: &Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
         let mut h = self.initial.forward(pass.params, input);
         for block in &self.blocks {
             h = block.forward(pass, h, Some(context));
         }
-        self.final_layer.forward(pass.params, h)
+        h
     }
 }

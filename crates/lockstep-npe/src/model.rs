@@ -355,14 +355,20 @@ impl<B: TrainBackend> NpeModel<B> {
         };
         let lp = self.network.log_prob(&mut pass, theta, x, n);
         // With loss scaling the gradient is that of the scaled loss (the engine unscales the
-        // reduced gradient); the returned log-probabilities are unscaled.
-        let loss = lp.clone().mean().neg();
-        let loss = if self.loss_scale == 1.0 {
-            loss
+        // reduced gradient); the returned log-probabilities are unscaled. The GPU backends
+        // start the backward pass from log q with its gradient scaled by -scale / N (the
+        // loss's gradient, two launches); the CPU backends keep the composed loss.
+        let mut grads = if B::LAYER_KERNELS {
+            B::scale_gradient(lp.clone(), -(self.loss_scale as f64) / n as f64).backward()
         } else {
-            loss.mul_scalar(self.loss_scale)
+            let loss = lp.clone().mean().neg();
+            let loss = if self.loss_scale == 1.0 {
+                loss
+            } else {
+                loss.mul_scalar(self.loss_scale)
+            };
+            loss.backward()
         };
-        let mut grads = loss.backward();
         // log q stays on the device until here: on a device it is read with the gradients,
         // in one transfer and one wait, after every kernel of the step is queued.
         let lp = lp.inner();

@@ -72,12 +72,33 @@ struct Located {
     htotal: f32,
 }
 
+/// Entry `i` of the raw row at `base`, plus entry `boff + i` of the final layer's bias when
+/// `biased` (the conditioner's product arrives without its bias, which is added here).
+#[cube]
+fn rv(
+    raw: &Array<f32>,
+    bias: &Array<f32>,
+    base: u32,
+    i: u32,
+    boff: u32,
+    #[comptime] biased: bool,
+) -> f32 {
+    let mut v = raw[(base + i) as usize];
+    if biased {
+        v += bias[(boff + i) as usize];
+    }
+    v
+}
+
 /// [`Located`] for input `xm` (inside `[-B, B]`) and the row at `base` of `raw`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn locate(
     xm: f32,
     raw: &Array<f32>,
+    bias: &Array<f32>,
+    boff: u32,
+    #[comptime] biased: bool,
     base: u32,
     k: u32,
     scale: f32,
@@ -88,13 +109,13 @@ fn locate(
     boundary_derivative: f32,
 ) -> Located {
     // Widths: softmax over raw[base + i] * scale, floor, knots; the bin holding x.
-    let mut mx = raw[base as usize] * scale;
+    let mut mx = rv(raw, bias, base, 0, boff, biased) * scale;
     for i in 1..k {
-        mx = f32::max(mx, raw[(base + i) as usize] * scale);
+        mx = f32::max(mx, rv(raw, bias, base, i, boff, biased) * scale);
     }
     let mut total = 0.0f32;
     for i in 0..k {
-        total += f32::exp(raw[(base + i) as usize] * scale - mx);
+        total += f32::exp(rv(raw, bias, base, i, boff, biased) * scale - mx);
     }
     let spread = 1.0 - min_width * f32::cast_from(k);
     let mut sum = 0.0f32;
@@ -103,7 +124,8 @@ fn locate(
     let mut hi = bound;
     for j in 0..k {
         let left = knot(sum, j, k, bound);
-        let s = (f32::exp(raw[(base + j) as usize] * scale - mx) / total) * spread + min_width;
+        let s = (f32::exp(rv(raw, bias, base, j, boff, biased) * scale - mx) / total) * spread
+            + min_width;
         sum += s;
         let right = knot(sum, j + 1, k, bound);
         if xm >= left {
@@ -113,14 +135,13 @@ fn locate(
         }
     }
     // Heights: the same up to the chosen bin's knots.
-    let hb = base + k;
-    let mut hmx = raw[hb as usize] * scale;
+    let mut hmx = rv(raw, bias, base, k, boff, biased) * scale;
     for i in 1..k {
-        hmx = f32::max(hmx, raw[(hb + i) as usize] * scale);
+        hmx = f32::max(hmx, rv(raw, bias, base, k + i, boff, biased) * scale);
     }
     let mut htotal = 0.0f32;
     for i in 0..k {
-        htotal += f32::exp(raw[(hb + i) as usize] * scale - hmx);
+        htotal += f32::exp(rv(raw, bias, base, k + i, boff, biased) * scale - hmx);
     }
     let hspread = 1.0 - min_height * f32::cast_from(k);
     let mut hsum = 0.0f32;
@@ -128,7 +149,9 @@ fn locate(
     let mut hhi = bound;
     for j in 0..k {
         let left = knot(hsum, j, k, bound);
-        let s = (f32::exp(raw[(hb + j) as usize] * scale - hmx) / htotal) * hspread + min_height;
+        let s = (f32::exp(rv(raw, bias, base, k + j, boff, biased) * scale - hmx) / htotal)
+            * hspread
+            + min_height;
         hsum += s;
         let right = knot(hsum, j + 1, k, bound);
         if j == bin {
@@ -137,14 +160,13 @@ fn locate(
         }
     }
     // Knot derivatives at the bin's ends (the outer ones fixed).
-    let db = base + 2 * k;
     let mut dk = boundary_derivative;
     if bin > 0 {
-        dk = softplus(raw[(db + bin - 1) as usize]) + min_derivative;
+        dk = softplus(rv(raw, bias, base, 2 * k + bin - 1, boff, biased)) + min_derivative;
     }
     let mut dk1 = boundary_derivative;
     if bin + 1 < k {
-        dk1 = softplus(raw[(db + bin) as usize]) + min_derivative;
+        dk1 = softplus(rv(raw, bias, base, 2 * k + bin, boff, biased)) + min_derivative;
     }
     Located {
         bin,
@@ -250,6 +272,7 @@ fn input_at(m: u32, t: u32, w: u32, start: u32) -> u32 {
 fn spline_forward(
     x: &Array<f32>,
     raw: &Array<f32>,
+    bias: &Array<f32>,
     out: &mut Array<f32>,
     at_t: u32,
     at_w: u32,
@@ -263,8 +286,10 @@ fn spline_forward(
     min_height: f32,
     min_derivative: f32,
     boundary_derivative: f32,
+    #[comptime] biased: bool,
 ) {
     let m = ABSOLUTE_POS as u32;
+    let boff = (m % at_t) * (3 * k - 1);
     if m >= rows {
         terminate!();
     }
@@ -278,6 +303,9 @@ fn spline_forward(
         let r = locate(
             xm,
             raw,
+            bias,
+            boff,
+            biased,
             base,
             k,
             scale,
@@ -302,6 +330,7 @@ fn spline_forward(
 fn spline_backward(
     x: &Array<f32>,
     raw: &Array<f32>,
+    bias: &Array<f32>,
     grad: &Array<f32>,
     dx: &mut Array<f32>,
     draw: &mut Array<f32>,
@@ -317,8 +346,10 @@ fn spline_backward(
     min_height: f32,
     min_derivative: f32,
     boundary_derivative: f32,
+    #[comptime] biased: bool,
 ) {
     let m = ABSOLUTE_POS as u32;
+    let boff = (m % at_t) * (3 * k - 1);
     if m >= rows {
         terminate!();
     }
@@ -348,6 +379,9 @@ fn spline_backward(
         let r = locate(
             xm,
             raw,
+            bias,
+            boff,
+            biased,
             base,
             k,
             scale,
@@ -416,16 +450,16 @@ fn spline_backward(
         for i in 0..k {
             let g_s = size_grad(i, r.bin, k, g_knot_lo, g_knot_hi);
             let hg_s = size_grad(i, r.bin, k, g_hknot_lo, g_hknot_hi);
-            let pi = f32::exp(raw[(base + i) as usize] * scale - r.mx) / r.total;
-            let hpi = f32::exp(raw[(hb + i) as usize] * scale - r.hmx) / r.htotal;
+            let pi = f32::exp(rv(raw, bias, base, i, boff, biased) * scale - r.mx) / r.total;
+            let hpi = f32::exp(rv(raw, bias, base, k + i, boff, biased) * scale - r.hmx) / r.htotal;
             dot += pi * (g_s * (2.0 * bound) * spread);
             hdot += hpi * (hg_s * (2.0 * bound) * hspread);
         }
         for i in 0..k {
             let g_s = size_grad(i, r.bin, k, g_knot_lo, g_knot_hi);
             let hg_s = size_grad(i, r.bin, k, g_hknot_lo, g_hknot_hi);
-            let pi = f32::exp(raw[(base + i) as usize] * scale - r.mx) / r.total;
-            let hpi = f32::exp(raw[(hb + i) as usize] * scale - r.hmx) / r.htotal;
+            let pi = f32::exp(rv(raw, bias, base, i, boff, biased) * scale - r.mx) / r.total;
+            let hpi = f32::exp(rv(raw, bias, base, k + i, boff, biased) * scale - r.hmx) / r.htotal;
             draw[(base + i) as usize] = pi * (g_s * (2.0 * bound) * spread - dot) * scale;
             draw[(hb + i) as usize] = hpi * (hg_s * (2.0 * bound) * hspread - hdot) * scale;
         }
@@ -438,7 +472,7 @@ fn spline_backward(
             if j == r.bin + 1 {
                 g += g_dk1;
             }
-            let u = raw[(db + j - 1) as usize];
+            let u = rv(raw, bias, base, 2 * k + j - 1, boff, biased);
             draw[(db + j - 1) as usize] = g / (1.0 + f32::exp(-u));
         }
     }
@@ -510,10 +544,32 @@ fn launch_params<R: CubeRuntime>(
     }
 }
 
+/// Whether a bias is given, and the bias (contiguous, `[t (3K-1)]`, float32) or `raw` as a
+/// placeholder that the kernels do not read.
+fn checked_bias<R: CubeRuntime>(
+    bias: Option<CubeTensor<R>>,
+    raw: &CubeTensor<R>,
+    p: &Launch,
+) -> (bool, CubeTensor<R>) {
+    match bias {
+        Some(b) => {
+            let len = p.at[0] as usize * (3 * p.k as usize - 1);
+            assert!(
+                b.dtype == burn::tensor::DType::F32 && b.shape().num_elements() == len,
+                "spline kernel: the bias is not [t (3K-1)] = [{len}] float32"
+            );
+            (true, into_contiguous(b))
+        }
+        None => (false, raw.clone()),
+    }
+}
+
 /// The forward spline of `x: [M, 1]` (or, with `state_start`, of the transformed columns of
 /// the flow state `x: [N, n + 2]`, `M = N t`, see the module docs) with parameters
 /// `raw: [M, 3K-1]` (widths and heights scaled by `scale`): `[M, 2]` holding `y` and
-/// `log|dy/dx|` per row, in one launch.
+/// `log|dy/dx|` per row, in one launch. With `bias` (`[t (3K-1)]`, the conditioner's final
+/// layer's) `raw` is that layer's product without it: row `m`'s parameters are
+/// `raw[m] + bias[(m mod t) (3K-1)..]`, added in the kernel.
 ///
 /// Panics on mismatched shapes or a dtype other than float32.
 pub fn forward<R: CubeRuntime>(
@@ -522,8 +578,10 @@ pub fn forward<R: CubeRuntime>(
     scale: f64,
     sp: &SplineParams,
     state_start: Option<usize>,
+    bias: Option<CubeTensor<R>>,
 ) -> CubeTensor<R> {
     let p = launch_params(&x, &raw, scale, sp, state_start);
+    let (biased, bias) = checked_bias(bias, &raw, &p);
     let (x, raw) = (into_contiguous(x), into_contiguous(raw));
     let client = x.client.clone();
     let out = empty_device::<R, f32>(
@@ -540,6 +598,7 @@ pub fn forward<R: CubeRuntime>(
         cube_dim,
         x.into_array_arg(),
         raw.into_array_arg(),
+        bias.into_array_arg(),
         out.clone().into_array_arg(),
         p.at[0],
         p.at[1],
@@ -553,11 +612,13 @@ pub fn forward<R: CubeRuntime>(
         p.min_height,
         p.min_derivative,
         p.boundary_derivative,
+        biased,
     );
     out
 }
 
-/// The backward pass of [`forward`] (with the same `state_start`) for the incoming gradient
+/// The backward pass of [`forward`] (with the same `state_start` and `bias`; `draw` is also
+/// the product's gradient, the bias's its column sums) for the incoming gradient
 /// `grad: [M, 2]` (of `y` and of `log|dy/dx|`): `(dx, draw [M, 3K-1])`, `dx` of `x`'s shape,
 /// in one launch.
 ///
@@ -569,8 +630,10 @@ pub fn backward<R: CubeRuntime>(
     scale: f64,
     sp: &SplineParams,
     state_start: Option<usize>,
+    bias: Option<CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let p = launch_params(&x, &raw, scale, sp, state_start);
+    let (biased, bias) = checked_bias(bias, &raw, &p);
     let (x, raw, grad) = (
         into_contiguous(x),
         into_contiguous(raw),
@@ -592,6 +655,7 @@ pub fn backward<R: CubeRuntime>(
         cube_dim,
         x.into_array_arg(),
         raw.into_array_arg(),
+        bias.into_array_arg(),
         grad.into_array_arg(),
         dx.clone().into_array_arg(),
         draw.clone().into_array_arg(),
@@ -607,6 +671,7 @@ pub fn backward<R: CubeRuntime>(
         p.min_height,
         p.min_derivative,
         p.boundary_derivative,
+        biased,
     );
     (dx, draw)
 }

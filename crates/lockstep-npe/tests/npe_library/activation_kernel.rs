@@ -129,7 +129,8 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
 }
 
 /// The layer kernels (`layer_kernel.rs`: LayerNorm with and without ELU, the bias with
-/// ELU after a product, the gated residual tail) against burn's autodiff of the composed
+/// ELU after a product, the gated residual tail with the context's product inside, a
+/// residual block's end) against burn's autodiff of the composed
 /// forms in f64: values and every input's gradient, for a batch of 1, a batch that is no
 /// multiple of a workgroup, a LayerNorm row of equal values and pre-activations up to ±100.
 #[test]
@@ -174,6 +175,12 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
             (noise_of(rows * f, 6.0), vec![rows, f]),
             (noise_of(f * f, 1.0), vec![f * f]),
             (noise_of(f, 1.0), vec![f]),
+            (xin.clone(), vec![rows, k]),
+            (noise_of(f * k, 2.0), vec![f * k]),
+            (noise_of(f, 1.0), vec![f]),
+        ];
+        let residual = vec![
+            (x.clone(), vec![rows, f]),
             (xin, vec![rows, k]),
             (noise_of(f * k, 2.0), vec![f * k]),
             (noise_of(f, 1.0), vec![f]),
@@ -183,6 +190,7 @@ fn gpu_layer_kernels_match_the_composed_forms_and_their_gradients() {
             (Layer::Norm(false), &norm),
             (Layer::LinearElu, &lin),
             (Layer::Gated, &gated),
+            (Layer::Residual, &residual),
         ];
         for (layer, inputs) in cases {
             let gpu = kernel_check::layer(gpu_f32(&device), layer, inputs, &a);

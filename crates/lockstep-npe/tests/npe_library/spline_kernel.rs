@@ -111,8 +111,9 @@ fn gpu_spline_kernels_match_the_composed_spline_and_its_gradient() {
 /// The spline reading its inputs from the flow state `[rows, d + 2]` (the transformed
 /// columns of Dingo's alternating masks) and writing the state's gradient: the same values
 /// and gradients as the flat kernel on those columns, zeros in the other columns (which the
-/// backward kernel writes itself), and the f64 reference to 1e-4; θ of 5 and of 2
-/// components, both masks, a batch of 1 and of 67.
+/// backward kernel writes itself), and the f64 reference to 1e-4, also with the
+/// conditioner's final bias added in the kernel; θ of 5 and of 2 components, both masks, a
+/// batch of 1 and of 67.
 #[test]
 fn gpu_spline_kernels_read_the_flow_state() {
     crate::common::cpu_default_f32();
@@ -143,8 +144,8 @@ fn gpu_spline_kernels_read_the_flow_state() {
                 scale,
                 sp,
             };
-            let got = kernel_check::spline_on_state(gpu, &case, rows, start);
-            let want = kernel_check::spline_on_state(Engine::CpuF64, &case, rows, start);
+            let (got, _) = kernel_check::spline_on_state(gpu, &case, rows, start, None);
+            let (want, _) = kernel_check::spline_on_state(Engine::CpuF64, &case, rows, start, None);
             let what = format!("{rows} x {d}, start {start}");
             for (name, g, w) in [
                 ("y", &got.y, &want.y),
@@ -174,6 +175,34 @@ fn gpu_spline_kernels_read_the_flow_state() {
                     }
                 }
             }
+            // The conditioner's final bias added in the kernel: as if added to raw first,
+            // and its gradient the column sums of raw's.
+            let bias: Vec<f32> = noise(t * width, 11).iter().map(|v| v * 2.0).collect();
+            let (with, gbias) = kernel_check::spline_on_state(gpu, &case, rows, start, Some(&bias));
+            let (want, want_gbias) =
+                kernel_check::spline_on_state(Engine::CpuF64, &case, rows, start, Some(&bias));
+            let (gbias, want_gbias) = (gbias.unwrap(), want_gbias.unwrap());
+            for (name, g, w) in [
+                ("y", &with.y, &want.y),
+                ("log|dy/dx|", &with.ld, &want.ld),
+                ("dL/dstate", &with.gx, &want.gx),
+                ("dL/draw", &with.graw, &want.graw),
+                ("dL/dbias", &gbias, &want_gbias),
+            ] {
+                let e = worst(g, w);
+                assert!(
+                    e <= 1e-4,
+                    "{what}, biased: {name} off the f64 reference by {e:e}"
+                );
+            }
+            let added = SplineCase {
+                raw: (0..m * width)
+                    .map(|i| case.raw[i] + bias[((i / width) % t) * width + i % width])
+                    .collect(),
+                ..case.clone()
+            };
+            let (plain, _) = kernel_check::spline_on_state(gpu, &added, rows, start, None);
+            assert_eq!((&with.y, &with.ld), (&plain.y, &plain.ld), "{what}");
         }
     }
 }
