@@ -905,8 +905,10 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     // the context gradient's addition between a step's two gates), the backward pass
     // started from log q with its gradient scaled (no loss reduction, negation and scaling
     // and their gradients), the embedding's residual ends one kernel each (ResidualForward,
-    // for two additions) and the conditioners' final bias added by the spline kernel. A
-    // regression fails here.
+    // for two additions) and the conditioners' final bias added by the spline kernel. 593
+    // in mixed precision with the gated tails' kernel there too (the block's product in
+    // float16, the gate and tail in float32: 12 gates, each 11 launches forward and about
+    // 12 backward before). A regression fails here.
     let (f32_launches, f32_syncs, f32_grads, line) = count("float32");
     let kernels = [
         "LayerNormBackward 8, LayerNormForward 8",
@@ -932,12 +934,13 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
     let (amp_launches, amp_syncs, amp_grads, line) = count("mixed precision (float16)");
     assert!(
         amp_launches > f32_launches
-            && amp_launches <= 737.0
-            && line.contains("HalfBiasForward 59")
-            && line.contains("HalfLinearBackward 59")
+            && amp_launches <= 593.0
+            && line.contains("GatedBackward 12, GatedForward 12")
+            && line.contains("HalfBiasForward 35")
+            && line.contains("HalfLinearBackward 47")
             && line.contains("CastElement")
             && line.contains("NonFinite 1")
-            && line.contains("HalfBackward 36, HalfForward 36")
+            && line.contains("HalfBackward 24, HalfForward 24")
             && line.contains("LayerNormBackward 8, LayerNormForward 8"),
         "{line}"
     );

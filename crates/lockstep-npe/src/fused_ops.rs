@@ -381,7 +381,11 @@ pub trait FusedOps: Backend {
     /// `[features * features]`, `context: [rows, context_features]`, `wc` flat
     /// `[features * context_features]`, `b1`, `bc: [features]`. On a backend with
     /// [`FusedOps::LAYER_KERNELS`] the block's matrix product and one kernel (which sums
-    /// the context's product itself).
+    /// the context's product itself). At [`Precision::Half`] the block's product `t W₁ᵀ` is
+    /// float16 (the input and the weight cast, as for every linear layer) and the rest runs
+    /// in the float32 kernel: the gate's context product, the sigmoid and the tail in
+    /// float32 (autocast would compute the context layer in float16 too); elsewhere both
+    /// layers and the sigmoid follow [`FusedOps::linear_at`] and [`FusedOps::sigmoid_at`].
     #[allow(clippy::too_many_arguments)]
     fn gated_residual(
         x: Tensor<Self, 2>,
@@ -391,8 +395,9 @@ pub trait FusedOps: Backend {
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
-        x + Self::fused_linear(t, w1, b1) * Self::fused_sigmoid(Self::fused_linear(context, wc, bc))
+        gated_composed(x, t, w1, b1, context, wc, bc, precision)
     }
 
     /// `(y, s)`: `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)` (`x`, `a`:
@@ -667,7 +672,8 @@ pub trait FusedOps: Backend {
 /// parameters (master weights), the spline and LU transforms, the normalizations, the
 /// log-determinants, the log-probability and the loss stay float32 (on the GPU backends the
 /// ELU after a LayerNorm is computed in float32 inside the LayerNorm's kernel, whose input
-/// and output are float32). Only GPU backends run
+/// and output are float32, and a gated residual block's context layer, sigmoid and tail in
+/// float32 inside its kernel, [`FusedOps::gated_residual`], the block's product float16). Only GPU backends run
 /// it (wgpu with `SHADER_F16`, CUDA); the training passes of `automatic_mixed_precision`
 /// use it, evaluation passes (validation, sampling) compute in float32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -755,6 +761,40 @@ fn no_device_optimizer() -> ! {
 
 fn no_layer_kernels() -> ! {
     panic!("this backend has no layer kernels (FusedOps::LAYER_KERNELS is false)")
+}
+
+/// [`FusedOps::gated_residual`] from the linear layers and the sigmoid at `precision`.
+#[allow(clippy::too_many_arguments)]
+fn gated_composed<B: FusedOps>(
+    x: Tensor<B, 2>,
+    t: Tensor<B, 2>,
+    w1: Tensor<B, 1>,
+    b1: Tensor<B, 1>,
+    context: Tensor<B, 2>,
+    wc: Tensor<B, 1>,
+    bc: Tensor<B, 1>,
+    precision: Precision,
+) -> Tensor<B, 2> {
+    let gate = B::sigmoid_at(B::linear_at(context, wc, bc, precision), precision);
+    x + B::linear_at(t, w1, b1, precision) * gate
+}
+
+/// The block's product `t W₁ᵀ` of a gated tail at `precision` (float16 operands at
+/// [`Precision::Half`], the product returned in float32) and the operands as the backward
+/// step keeps them.
+fn gated_product<B: Backend>(
+    t: Tensor<B, 2>,
+    w1: Tensor<B, 1>,
+    precision: Precision,
+) -> (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>) {
+    match precision {
+        Precision::F32 => (product(t.clone(), w1.clone()), t, w1),
+        Precision::Half => {
+            let (t, w1) = (t.cast(FloatDType::F16), w1.cast(FloatDType::F16));
+            let a = product(t.clone(), w1.clone()).cast(FloatDType::F32);
+            (a, t, w1)
+        }
+    }
 }
 
 /// LayerNorm composed from burn's operations (as `layers::NormLayer` computes it), then
@@ -1469,6 +1509,7 @@ where
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
         let dtypes = [
             x.dtype(),
@@ -1478,10 +1519,10 @@ where
             context.dtype(),
         ];
         if !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
-            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
-            return x + Self::fused_linear(t, w1, b1) * gate;
+            return gated_composed(x, t, w1, b1, context, wc, bc, precision);
         }
-        Self::gated_kernel_forward(x, product(t, w1), b1, context, wc, bc).0
+        let (a, _, _) = gated_product(t, w1, precision);
+        Self::gated_kernel_forward(x, a, b1, context, wc, bc).0
     }
 
     fn gated_kernel_forward(
@@ -2228,7 +2269,9 @@ impl<B: FusedOps> Backward<B, 4> for LinearResidualBackward {
 /// the layer kernels (parents `x, t, w1, b1, context, wc, bc`); its state is `t`, `w1`,
 /// `b1`, `context`, `wc`, `bc` and the two products `a = t W₁ᵀ`, `c = context W_cᵀ`.
 #[derive(Debug)]
-struct GatedBackward;
+struct GatedBackward {
+    precision: Precision,
+}
 
 /// The inner-backend tensors a gated tail's node keeps (see [`GatedBackward`]).
 #[derive(Debug, Clone)]
@@ -2259,8 +2302,11 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
         if let Some(p) = px {
             grads.register::<B>(p.id, g);
         }
-        let (dt, dw1, _) =
-            linear_backward_composed(s.t, s.w1, da, [pt.is_some(), pw1.is_some(), false]);
+        let need = [pt.is_some(), pw1.is_some(), false];
+        let (dt, dw1, _) = match self.precision {
+            Precision::F32 => linear_backward_composed(s.t, s.w1, da, need),
+            Precision::Half => B::linear_backward_at(s.t, s.w1, da, need, Precision::Half),
+        };
         for (p, d) in [(pt, dt), (pctx, Some(dctx))] {
             if let (Some(p), Some(d)) = (p, d) {
                 grads.register::<B>(p.id, prim(d));
@@ -2837,6 +2883,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
         let dtypes = [
             x.dtype(),
@@ -2846,15 +2893,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             context.dtype(),
         ];
         if !B::LAYER_KERNELS || !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
-            let gate = Self::fused_sigmoid(Self::fused_linear(context, wc, bc));
-            return x + Self::fused_linear(t, w1, b1) * gate;
+            return gated_composed(x, t, w1, b1, context, wc, bc, precision);
         }
         let [x, t, context] = [prim(x), prim(t), prim(context)];
         let [w1, b1, wc, bc] = [prim(w1), prim(b1), prim(wc), prim(bc)];
         type Prim<B, C> = burn::tensor::ops::FloatTensor<Autodiff<B, C>>;
         let inner2 = |v: &Prim<B, C>| wrap::<B, 2>(v.primitive.clone());
         let inner1 = |v: &Prim<B, C>| wrap::<B, 1>(v.primitive.clone());
-        let a = product(inner2(&t), inner1(&w1));
+        // At Precision::Half the state keeps the float16 operands (as autocast saves them).
+        let (a, ts, w1s) = gated_product(inner2(&t), inner1(&w1), precision);
         let (y, s) = B::gated_kernel_forward(
             inner2(&x),
             a.clone(),
@@ -2864,8 +2911,8 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             inner1(&bc),
         );
         let state = GatedState {
-            t: inner2(&t),
-            w1: inner1(&w1),
+            t: ts,
+            w1: w1s,
             b1: inner1(&b1),
             context: inner2(&context),
             wc: inner1(&wc),
@@ -2874,7 +2921,11 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         };
         let output = prim(y);
         let nodes = [&x, &t, &w1, &b1, &context, &wc, &bc].map(|v| v.node.clone());
-        let tracked = match GatedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        let tracked = match (GatedBackward { precision })
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => prep.finish(state, output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         };

@@ -215,6 +215,7 @@ pub enum Layer {
 fn layer_on<B: AutodiffBackend + FusedOps>(
     device: &B::Device,
     dtype: FloatDType,
+    precision: Precision,
     layer: Layer,
     inputs: &[(Vec<f32>, Vec<usize>)],
     a: &[f32],
@@ -245,6 +246,7 @@ fn layer_on<B: AutodiffBackend + FusedOps>(
                 c.clone(),
                 wc.clone(),
                 bc.clone(),
+                precision,
             );
             (y, vec![x, t, c], vec![w1, b1, wc, bc])
         }
@@ -280,7 +282,19 @@ pub fn layer(
     inputs: &[(Vec<f32>, Vec<usize>)],
     a: &[f32],
 ) -> Vec<Vec<f64>> {
-    on_engine!(engine, layer_on(layer, inputs, a))
+    on_engine!(engine, layer_on(Precision::F32, layer, inputs, a))
+}
+
+/// [`layer`] in mixed precision on the GPU ([`Precision::Half`]: for [`Layer::Gated`] the
+/// block's product in float16, the gate and the tail in the float32 kernel); float32 in and
+/// out.
+pub fn layer_mixed(
+    device: &WgpuDevice,
+    layer: Layer,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    a: &[f32],
+) -> Vec<Vec<f64>> {
+    layer_on::<WgpuAutodiff>(device, FloatDType::F32, Precision::Half, layer, inputs, a)
 }
 
 /// LayerNorm (then ELU when `elu`) on the GPU without autodiff (evaluation passes):

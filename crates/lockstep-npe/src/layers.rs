@@ -467,7 +467,7 @@ impl ResidualBlock {
         let at = pass.params.precision();
         // Float32 passes on a backend with the layer kernels: the second ELU with the first
         // linear layer's bias in one kernel (without a normalization between them), the
-        // gated tail in one.
+        // residual end in one.
         let kernels = B::LAYER_KERNELS && at == Precision::F32;
         let t = match (&self.norm1, kernels) {
             (NormLayer::None, true) => self.linear0.forward_elu(pass.params, t),
@@ -477,12 +477,13 @@ impl ResidualBlock {
             }
         };
         if let (Some(layer), Some(c)) = (&self.context, context) {
-            if kernels {
+            // The gated tail's kernel also in mixed precision (its block product float16).
+            if B::LAYER_KERNELS {
                 let p = pass.params;
                 let ((w1, b1), (wc, bc)) = (self.linear1.handles(), layer.handles());
                 let (w1, b1) = (p.vector(w1), p.vector(b1));
                 let (wc, bc) = (p.vector(wc), p.vector(bc));
-                return B::gated_residual(x, t, w1, b1, c.clone(), wc, bc);
+                return B::gated_residual(x, t, w1, b1, c.clone(), wc, bc, at);
             }
             let t = self.linear1.forward(pass.params, t);
             return x + t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);

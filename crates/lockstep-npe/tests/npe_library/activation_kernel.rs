@@ -323,6 +323,43 @@ fn gpu_base_log_prob_kernel_matches_the_composed_form_and_its_gradients() {
     }
 }
 
+/// Mixed precision's gated tail (the block's product in float16, the context's product,
+/// the gate and the tail in the float32 kernel) against burn's autodiff of the float32 form
+/// in f64 on float16-rounded inputs, for a batch of 1 and of 67: output and every gradient
+/// to `8e-3` of the larger of the value and the mean magnitude.
+#[test]
+fn gpu_mixed_precision_gated_tail_matches_the_float32_form() {
+    crate::common::cpu_default_f32();
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    for (rows, f, k) in [(1usize, 7usize, 5usize), (67, 19, 11)] {
+        let m = |n: usize, seed: u64, scale: f32| {
+            half(noise(n, seed).iter().map(|v| v * scale).collect())
+        };
+        let gated = vec![
+            (m(rows * f, 71, 3.0), vec![rows, f]),
+            (m(rows * f, 72, 2.0), vec![rows, f]),
+            (m(f * f, 73, 0.5), vec![f * f]),
+            (m(f, 74, 1.0), vec![f]),
+            (m(rows * k, 75, 2.0), vec![rows, k]),
+            (m(f * k, 76, 0.5), vec![f * k]),
+            (m(f, 77, 1.0), vec![f]),
+        ];
+        let a = m(rows * f, 78, 1.0);
+        let gpu = kernel_check::layer_mixed(&device, Layer::Gated, &gated, &a);
+        let want = kernel_check::layer(Engine::CpuF64, Layer::Gated, &gated, &a);
+        for (n, (g, w)) in gpu.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len(), "output {n}");
+            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
+                    "mixed gated tail [{rows} x {f}], output {n}[{i}]: GPU {g}, f64 {w}"
+                );
+            }
+        }
+    }
+}
+
 /// Mixed precision's linear layer (`linear_half_kernel.rs`: the float16 products, the bias
 /// and every cast in two kernels around them) against burn's autodiff of the float32 form in
 /// f64 on float16-rounded inputs, for a batch of 1 and of 67 (no multiple of a workgroup)
