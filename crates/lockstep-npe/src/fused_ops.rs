@@ -55,6 +55,19 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 use ndarray::{linalg::general_mat_mul, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
 
+/// Registers each present gradient `d` (an inner-backend tensor) for its tracked parent `p`
+/// in a backward step: `register!(grads; (p, d), ...)` with `p: Option<parent>`,
+/// `d: Option<Tensor<B, D>>`.
+macro_rules! register {
+    ($grads:expr; $(($p:expr, $d:expr)),+ $(,)?) => {
+        $(
+            if let (Some(p), Some(d)) = ($p, $d) {
+                $grads.register::<B>(p.id, prim(d));
+            }
+        )+
+    };
+}
+
 /// Backends with the linear layer, ELU and sigmoid as single operations (see the module
 /// docs). The default methods compose burn's tensor operations; the ndarray backend (f32)
 /// runs fused kernels and every `Autodiff<B>` records one node per operation, with the
@@ -2123,18 +2136,14 @@ impl<B: FusedOps> Backward<B, 3> for SplineBiasBackward {
             self.state_start,
             Some(bias),
         );
-        if let Some(p) = px {
-            grads.register::<B>(p.id, prim(dx));
-        }
-        if let Some(p) = pbias {
+        let db = pbias.is_some().then(|| {
             let [m, width] = draw.dims();
-            let rows = m * width / len;
-            let db = draw.clone().reshape([rows, len]).sum_dim(0).reshape([len]);
-            grads.register::<B>(p.id, prim(db));
-        }
-        if let Some(p) = praw {
-            grads.register::<B>(p.id, prim(draw));
-        }
+            draw.clone()
+                .reshape([m * width / len, len])
+                .sum_dim(0)
+                .reshape([len])
+        });
+        register!(grads; (px, Some(dx)), (praw, Some(draw)), (pbias, db));
     }
 }
 
@@ -2221,12 +2230,7 @@ impl<B: FusedOps> Backward<B, 2> for LinearProductBackward {
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
         let (x, w) = ops.state;
         let (dx, dw, _) = linear_backward_composed(x, w, g, [px.is_some(), pw.is_some(), false]);
-        if let (Some(p), Some(d)) = (px, dx) {
-            grads.register::<B>(p.id, prim(d));
-        }
-        if let (Some(p), Some(d)) = (pw, dw) {
-            grads.register::<B>(p.id, prim(d));
-        }
+        register!(grads; (px, dx), (pw, dw));
     }
 }
 
@@ -2252,16 +2256,7 @@ impl<B: FusedOps> Backward<B, 4> for LinearResidualBackward {
         if let Some(p) = px {
             grads.register::<B>(p.id, g);
         }
-        for (p, d) in [(pt, dt)] {
-            if let (Some(p), Some(d)) = (p, d) {
-                grads.register::<B>(p.id, prim(d));
-            }
-        }
-        for (p, d) in [(pw, dw), (pb, db)] {
-            if let (Some(p), Some(d)) = (p, d) {
-                grads.register::<B>(p.id, prim(d));
-            }
-        }
+        register!(grads; (pt, dt), (pw, dw), (pb, db));
     }
 }
 
@@ -2307,21 +2302,8 @@ impl<B: FusedOps> Backward<B, 7> for GatedBackward {
             Precision::F32 => linear_backward_composed(s.t, s.w1, da, need),
             Precision::Half => B::linear_backward_at(s.t, s.w1, da, need, Precision::Half),
         };
-        for (p, d) in [(pt, dt), (pctx, Some(dctx))] {
-            if let (Some(p), Some(d)) = (p, d) {
-                grads.register::<B>(p.id, prim(d));
-            }
-        }
-        for (p, d) in [
-            (pw1, dw1),
-            (pwc, Some(dwc)),
-            (pb1, Some(db1)),
-            (pbc, Some(dbc)),
-        ] {
-            if let (Some(p), Some(d)) = (p, d) {
-                grads.register::<B>(p.id, prim(d));
-            }
-        }
+        register!(grads; (pt, dt), (pctx, Some(dctx)), (pw1, dw1), (pwc, Some(dwc)));
+        register!(grads; (pb1, Some(db1)), (pbc, Some(dbc)));
     }
 }
 
@@ -2378,12 +2360,7 @@ impl<B: FusedOps> Backward<B, 2> for SplitBackward {
         let [ps, pc] = ops.parents;
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
         let (ds, dc) = B::coupling_split_kernel_backward(g, self.w, self.start);
-        if let Some(p) = ps {
-            grads.register::<B>(p.id, prim(ds));
-        }
-        if let Some(p) = pc {
-            grads.register::<B>(p.id, prim(dc));
-        }
+        register!(grads; (ps, Some(ds)), (pc, Some(dc)));
     }
 }
 
@@ -2406,12 +2383,7 @@ impl<B: FusedOps> Backward<B, 2> for PlaceBackward {
         let [ps, pboth] = ops.parents;
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
         let (ds, dboth) = B::coupling_place_kernel_backward(g, self.start);
-        if let Some(p) = ps {
-            grads.register::<B>(p.id, prim(ds));
-        }
-        if let Some(p) = pboth {
-            grads.register::<B>(p.id, prim(dboth));
-        }
+        register!(grads; (ps, Some(ds)), (pboth, Some(dboth)));
     }
 }
 
