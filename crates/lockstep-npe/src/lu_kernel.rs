@@ -245,7 +245,7 @@ fn checked_perm<R: CubeRuntime>(
 }
 
 /// The affine map `[n + 2, n + 2]` (row-major) of a flow step on the state (see
-/// [`lu_affine_forward`]'s docs and the module's) for the LU map with strictly lower entries
+/// the kernel's docs and the module's) for the LU map with strictly lower entries
 /// `lower`, strictly upper entries `upper` (`[n(n-1)/2]` each), unconstrained diagonal
 /// `diag: [n]` and bias `bias: [n]`, the rows of `Wᵀ` permuted by `perm` (`[n]`, float32
 /// values of a permutation of `0..n`) when given. One launch.
