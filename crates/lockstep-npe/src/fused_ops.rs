@@ -414,7 +414,7 @@ pub trait FusedOps: Backend {
     }
 
     /// `(y, s)`: `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)` (`x`, `a`:
-    /// `[rows, features]`; `context: [rows, context_features]`; `wc` flat
+    /// `[rows, features]`, `a` float32 or mixed precision's float16; `context: [rows, context_features]`; `wc` flat
     /// `[features * context_features]`; `b1`, `bc`: `[features]`), as one kernel launch
     /// ([`crate::layer_kernel`]).
     ///
@@ -792,9 +792,9 @@ fn gated_composed<B: FusedOps>(
     x + B::linear_at(t, w1, b1, precision) * gate
 }
 
-/// The block's product `t W₁ᵀ` of a gated tail at `precision` (float16 operands at
-/// [`Precision::Half`], the product returned in float32) and the operands as the backward
-/// step keeps them.
+/// The block's product `t W₁ᵀ` of a gated tail at `precision` (float16 operands and product
+/// at [`Precision::Half`], which the gated kernel reads as they are) and the operands as the
+/// backward step keeps them.
 fn gated_product<B: Backend>(
     t: Tensor<B, 2>,
     w1: Tensor<B, 1>,
@@ -803,9 +803,9 @@ fn gated_product<B: Backend>(
     match precision {
         Precision::F32 => (product(t.clone(), w1.clone()), t, w1),
         Precision::Half => {
+            // The float16 product goes to the kernel as it is (the kernel widens it).
             let (t, w1) = (t.cast(FloatDType::F16), w1.cast(FloatDType::F16));
-            let a = product(t.clone(), w1.clone()).cast(FloatDType::F32);
-            (a, t, w1)
+            (product(t.clone(), w1.clone()), t, w1)
         }
     }
 }

@@ -34,7 +34,7 @@
 //! burn's `var_mean_bias` sums. Row-major contiguous tensors (made so first).
 
 use crate::activation_kernel::elu_value;
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::{f16, DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device;
 use burn_cubecl::tensor::CubeTensor;
@@ -242,9 +242,9 @@ fn residual_forward(
 /// context's product summed here (`k` terms per entry); `s` is kept for the backward kernel.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn gated_forward(
+fn gated_forward<A: Float>(
     x: &Array<f32>,
-    a: &Array<f32>,
+    a: &Array<A>,
     b1: &Array<f32>,
     context: &Array<f32>,
     wc: &Array<f32>,
@@ -267,13 +267,13 @@ fn gated_forward(
     }
     let gate = 1.0 / (f32::exp(-(c + bc[o as usize])) + 1.0);
     s[i as usize] = gate;
-    y[i as usize] = x[i as usize] + (a[i as usize] + b1[o as usize]) * gate;
+    y[i as usize] = x[i as usize] + (f32::cast_from(a[i as usize]) + b1[o as usize]) * gate;
 }
 
 /// The gradient of the gate's argument at entry `i` (column `o`): `g (a + b1) s (1 - s)`.
 #[cube]
-fn gate_gradient(
-    a: &Array<f32>,
+fn gate_gradient<A: Float>(
+    a: &Array<A>,
     b1: &Array<f32>,
     s: &Array<f32>,
     g: &Array<f32>,
@@ -281,7 +281,7 @@ fn gate_gradient(
     o: u32,
 ) -> f32 {
     let si = s[i as usize];
-    g[i as usize] * (a[i as usize] + b1[o as usize]) * si * (1.0 - si)
+    g[i as usize] * (f32::cast_from(a[i as usize]) + b1[o as usize]) * si * (1.0 - si)
 }
 
 /// The gradient of [`gated_forward`]: threads `0..n` write `da = g s`, the next `rows k`
@@ -290,8 +290,8 @@ fn gate_gradient(
 /// `dc = g (a + b1) s (1 - s)` recomputed where needed (so no thread waits for another).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn gated_backward(
-    a: &Array<f32>,
+fn gated_backward<A: Float>(
+    a: &Array<A>,
     b1: &Array<f32>,
     s: &Array<f32>,
     context: &Array<f32>,
@@ -368,6 +368,21 @@ fn dims<R: CubeRuntime>(t: &CubeTensor<R>, what: &str) -> (u32, u32) {
     assert!(
         u32::try_from(threads).is_ok(),
         "layer kernel: fewer than 2^32 values"
+    );
+    (shape[0] as u32, shape[1] as u32)
+}
+
+/// `(rows, cols)` of a block's product, float32 or float16 (mixed precision's).
+fn product_dims<R: CubeRuntime>(a: &CubeTensor<R>) -> (u32, u32) {
+    assert!(
+        matches!(a.dtype, DType::F32 | DType::F16),
+        "layer kernel: the block's product is neither float32 nor float16"
+    );
+    let shape = a.shape();
+    assert_eq!(
+        shape.num_dims(),
+        2,
+        "layer kernel: the block's product is not a matrix"
     );
     (shape[0] as u32, shape[1] as u32)
 }
@@ -585,7 +600,7 @@ pub fn gated_forward_launch<R: CubeRuntime>(
     bc: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let (rows, cols) = dims(&x, "x");
-    assert_eq!(dims(&a, "a"), (rows, cols), "layer kernel: a's shape");
+    assert_eq!(product_dims(&a), (rows, cols), "layer kernel: a's shape");
     let (crows, k) = dims(&context, "the context");
     assert_eq!(crows, rows, "layer kernel: the context's rows");
     check_vector(&wc, cols * k, "the context layer's weight");
@@ -596,7 +611,11 @@ pub fn gated_forward_launch<R: CubeRuntime>(
     let s = empty(&x, x.shape());
     let n = rows * cols;
     let (count, dim) = grid(&x, n as usize);
-    gated_forward::launch::<R>(
+    let launch = match a.dtype {
+        DType::F16 => gated_forward::launch::<f16, R>,
+        _ => gated_forward::launch::<f32, R>,
+    };
+    launch(
         &x.client.clone(),
         count,
         dim,
@@ -628,7 +647,7 @@ pub fn gated_backward_launch<R: CubeRuntime>(
     wc: CubeTensor<R>,
     g: CubeTensor<R>,
 ) -> [CubeTensor<R>; 5] {
-    let (rows, cols) = dims(&a, "a");
+    let (rows, cols) = product_dims(&a);
     assert_eq!(dims(&s, "s"), (rows, cols), "layer kernel: s's shape");
     assert_eq!(
         dims(&g, "the gradient"),
@@ -640,16 +659,20 @@ pub fn gated_backward_launch<R: CubeRuntime>(
     check_vector(&wc, cols * k, "the context layer's weight");
     check_vector(&b1, cols, "the block's bias");
     let [a, b1, s, context, wc, g] = [a, b1, s, context, wc, g].map(into_contiguous);
-    let da = empty(&a, a.shape());
-    let dcontext = empty(&a, context.shape());
-    let dwc = empty(&a, Shape::new([(cols * k) as usize]));
-    let db1 = empty(&a, Shape::new([cols as usize]));
-    let dbc = empty(&a, Shape::new([cols as usize]));
+    let da = empty(&s, s.shape());
+    let dcontext = empty(&s, context.shape());
+    let dwc = empty(&s, Shape::new([(cols * k) as usize]));
+    let db1 = empty(&s, Shape::new([cols as usize]));
+    let dbc = empty(&s, Shape::new([cols as usize]));
     let n = rows * cols;
     let threads = n + rows * k + cols * k + cols;
-    let (count, dim) = grid(&a, threads as usize);
-    gated_backward::launch::<R>(
-        &a.client.clone(),
+    let (count, dim) = grid(&s, threads as usize);
+    let launch = match a.dtype {
+        DType::F16 => gated_backward::launch::<f16, R>,
+        _ => gated_backward::launch::<f32, R>,
+    };
+    launch(
+        &s.client.clone(),
         count,
         dim,
         a.into_array_arg(),

@@ -62,7 +62,7 @@
 //! time there includes most of the arithmetic and says little about a GPU.
 //!
 //! Since then (the flow on one state tensor, the gated tails' context products inside
-//! their kernel, the loss as a scaled gradient): 393 launches per float32 step and 593
+//! their kernel, the loss as a scaled gradient): 393 launches per float32 step and 581
 //! mixed. CubeCL submits every `CUBECL_WGPU_MAX_TASKS` launches (default 32): with 32,
 //! lavapipe's recording time per float32 step was 2.33 s (each submission runs its work
 //! before the next is recorded), with 1,024 (one submission per step) 8.6 ms, that is about
