@@ -11,7 +11,7 @@
 
 use crate::backend::NpeBackend;
 use crate::error::NpeError;
-use crate::fused_ops::lu_weight_composed;
+use crate::fused_ops::{index_of, lu_weight_composed};
 use crate::layers::{
     Builder, DenseResidualNet, Init, LinearProjection, Norm, Pass, ResidualNet, ResidualNetShape,
 };
@@ -20,7 +20,7 @@ use crate::spline::{coupling_spline, SplineParams};
 use crate::task::BasisLayout;
 pub use crate::task::Standardization;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use lockstep_core::rng::{splitmix64, SplitMix64};
 use serde::{Deserialize, Serialize};
 
@@ -133,11 +133,6 @@ impl Permutation {
     }
 }
 
-fn index_tensor<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
-    let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
-    Tensor::from_data(TensorData::new(v, [idx.len()]), device)
-}
-
 /// nflows `LULinear`: `y = x Wᵀ + b` with `W = L U`, `L` unit lower-triangular (strictly lower
 /// entries `lower_entries`), `U` upper-triangular with diagonal `softplus(u) + 1e-3` and
 /// strictly upper entries `upper_entries`; `log|det W| = Σ log diag(U)`. Identity at start.
@@ -196,7 +191,7 @@ impl LuLinear {
         logdet: Tensor<B, 1>,
     ) -> (Tensor<B, 2>, Tensor<B, 1>) {
         let device = x.device();
-        let x = x.select(1, index_tensor::<B>(perm, &device));
+        let x = x.select(1, index_of::<B>(perm, &device));
         let (w, diag) = self.weight(p);
         let n = x.dims()[0];
         (
@@ -333,10 +328,8 @@ impl Coupling {
         let n = x.dims()[0];
         let t = self.transform.len();
         let k = self.spline.num_bins;
-        let x_id = x
-            .clone()
-            .select(1, index_tensor::<B>(&self.identity, &device));
-        let x_tr = x.select(1, index_tensor::<B>(&self.transform, &device));
+        let x_id = x.clone().select(1, index_of::<B>(&self.identity, &device));
+        let x_tr = x.select(1, index_of::<B>(&self.transform, &device));
         let raw = self.net.forward(pass, x_id.clone(), context);
         let raw = raw.reshape([n * t, 3 * k - 1]);
         let scale = 1.0 / (self.net.hidden as f64).sqrt();
@@ -350,7 +343,7 @@ impl Coupling {
         };
         let y = y.reshape([n, t]);
         let ld = ld.reshape([n, t]).sum_dim(1).reshape([n]);
-        let out = Tensor::cat(vec![x_id, y], 1).select(1, index_tensor::<B>(&self.order, &device));
+        let out = Tensor::cat(vec![x_id, y], 1).select(1, index_of::<B>(&self.order, &device));
         (out, ld)
     }
 
@@ -717,13 +710,17 @@ impl NpeNetwork {
         std: &[f64],
         device: &B::Device,
     ) -> Tensor<B, 2> {
+        let out = Self::standardized(v, mean, std);
+        Tensor::from_data(TensorData::new(out, [rows, mean.len()]), device)
+    }
+
+    /// `(v - mean) / std` per component of row-major rows of `mean.len()` values.
+    fn standardized(v: &[f32], mean: &[f64], std: &[f64]) -> Vec<f32> {
         let d = mean.len();
-        let out: Vec<f32> = v
-            .iter()
+        v.iter()
             .enumerate()
             .map(|(i, &x)| ((x as f64 - mean[i % d]) / std[i % d]) as f32)
-            .collect();
-        Tensor::from_data(TensorData::new(out, [rows, d]), device)
+            .collect()
     }
 
     /// The context `[N, output_dim]` of observations `x` (`[N * x_dim]` row-major, raw units).
@@ -802,11 +799,10 @@ impl NpeNetwork {
         let device = context.device();
         let s = &self.standardization;
         let d = self.theta_dim;
+        let z = Self::standardized(&theta[..n * d], &s.theta_mean, &s.theta_std);
         let mut values = Vec::with_capacity(n * (d + 2));
-        for row in theta.chunks_exact(d).take(n) {
-            for (i, &x) in row.iter().enumerate() {
-                values.push(((x as f64 - s.theta_mean[i]) / s.theta_std[i]) as f32);
-            }
+        for row in z.chunks_exact(d) {
+            values.extend_from_slice(row);
             values.extend([0.0, 1.0]);
         }
         let mut state = Tensor::<B, 2>::from_data(TensorData::new(values, [n, d + 2]), &device);
@@ -870,7 +866,7 @@ impl NpeNetwork {
         for step in self.steps.iter().rev() {
             let (y, _) = step.coupling.apply(pass, z, &context, true);
             z = step.lu.inverse(pass.params, y);
-            z = z.select(1, index_tensor::<B>(&step.permutation.inverse, &device));
+            z = z.select(1, index_of::<B>(&step.permutation.inverse, &device));
         }
         let s = &self.standardization;
         to_vec(z)

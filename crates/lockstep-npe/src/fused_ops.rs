@@ -866,13 +866,7 @@ pub fn lu_weight_composed<B: Backend>(
     let device = diag.device();
     let [n] = diag.dims();
     let (l_index, u_index) = lu_indices(n);
-    let index = |idx: &[usize]| {
-        let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
-        Tensor::<B, 1, burn::tensor::Int>::from_data(
-            burn::tensor::TensorData::new(v, [idx.len()]),
-            &device,
-        )
-    };
+    let index = |idx: &[usize]| index_of::<B>(idx, &device);
     let diag = softplus(diag, 1.0).add_scalar(eps);
     let lv = Tensor::cat(
         vec![
@@ -895,8 +889,11 @@ pub fn lu_weight_composed<B: Backend>(
     (l.matmul(u), diag)
 }
 
-/// An index tensor of `idx` on `device`.
-fn index_of<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, burn::tensor::Int> {
+/// An index tensor of `idx` on `device` (for `select`).
+pub(crate) fn index_of<B: Backend>(
+    idx: &[usize],
+    device: &B::Device,
+) -> Tensor<B, 1, burn::tensor::Int> {
     let v: Vec<i64> = idx.iter().map(|&i| i as i64).collect();
     Tensor::from_data(burn::tensor::TensorData::new(v, [idx.len()]), device)
 }
@@ -1008,15 +1005,12 @@ fn permute_rows<B: Backend>(wt: Tensor<B, 2>, perm: Option<&[usize]>) -> Tensor<
     let Some(perm) = perm else {
         return wt;
     };
-    let mut inverse = vec![0i64; perm.len()];
+    let mut inverse = vec![0; perm.len()];
     for (j, &p) in perm.iter().enumerate() {
-        inverse[p] = j as i64;
+        inverse[p] = j;
     }
-    let index = Tensor::<B, 1, burn::tensor::Int>::from_data(
-        burn::tensor::TensorData::new(inverse, [perm.len()]),
-        &wt.device(),
-    );
-    wt.select(0, index)
+    let device = wt.device();
+    wt.select(0, index_of::<B>(&inverse, &device))
 }
 
 /// A permutation's values as a float32 tensor on `device` (exact below 2^24), for the LU

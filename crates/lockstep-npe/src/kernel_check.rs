@@ -380,7 +380,7 @@ pub struct CouplingShape {
 impl CouplingShape {
     /// The transformed features `t`.
     pub fn transformed(&self) -> usize {
-        self.d.saturating_sub(self.start).div_ceil(2)
+        crate::coupling_kernel::transformed_count(self.d + 2, self.start)
     }
 }
 
