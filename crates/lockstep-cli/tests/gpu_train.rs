@@ -265,6 +265,25 @@ fn two_mpi_ranks_on_the_gpu_train_like_one_rank_with_twice_the_batch() {
     }
     let c = ok(lockstep(&["train", s(&cpu), "--updates", "5"]));
     assert!(!c.stderr.contains("software adapter"), "{}", c.stderr);
+    // The parameters, gradient and optimizer slots stay on the GPU (issue 57 item 1): one
+    // rank reads nothing of the gradient back, two read it back once per update to reduce it.
+    assert!(
+        o.stdout.contains("training state on the device")
+            && o.stdout.contains("nothing of the gradient is read back"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        m.all_output()
+            .contains("the gradient is read back once per update, float32"),
+        "{}",
+        m.all_output()
+    );
+    assert!(
+        !c.stdout.contains("training state on the device"),
+        "{}",
+        c.stdout
+    );
     let (w1, w2, wc) = (
         trained(&d.join("one"), 4),
         trained(&d.join("two"), 4),

@@ -371,6 +371,14 @@ impl GpuContext {
         self.check()
     }
 
+    /// Submits `commands` without waiting: the device runs them before anything submitted
+    /// later, and a device error they raise surfaces at the next wait or
+    /// [`GpuContext::check`].
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        self.queue.submit([commands]);
+        self.count(|c| c.submits += 1);
+    }
+
     /// Reads `len` elements of type `T` from `buffer` at byte `offset` (one submission and
     /// one wait; see [`GpuContext::submit_and_read`]).
     ///

@@ -14,7 +14,7 @@ use crate::training::SnnModel;
 use anyhow::Context;
 use lockstep_core::memory::MemoryEstimate;
 use lockstep_sonata::Circuit;
-use lockstep_train::{Batch, BatchSource, Model};
+use lockstep_train::{Batch, BatchSource, DeviceState, DeviceUpdate, Model};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,6 +33,9 @@ pub struct SnnReplica {
     kept: Option<(u64, Vec<(u32, u32)>)>,
     /// Whether this process has written a training trial's spikes yet.
     wrote_spikes: bool,
+    /// Whether the training state is on the GPU ([`DeviceState::upload`] until
+    /// [`DeviceState::release`]): `params` is then stale between read-backs.
+    on_device: bool,
 }
 
 impl SnnReplica {
@@ -99,6 +102,7 @@ impl SnnReplica {
             training_spikes: sections.output.training_spikes,
             kept: None,
             wrote_spikes: false,
+            on_device: false,
         })
     }
 
@@ -130,10 +134,17 @@ impl Model for SnnReplica {
         self.model.losses_sample_separable()
     }
 
+    /// The local batch's loss terms; its mean gradient is added into `grad`, or, with the
+    /// training state on the GPU, into the device's gradient (`grad` left alone).
     fn loss_and_grad(&mut self, batch: &Batch, grad: &mut [f32]) -> anyhow::Result<Vec<f64>> {
-        let mut r = self
-            .model
-            .loss_and_grad(&self.params, batch.first_sample, batch.samples)?;
+        let mut r = if self.on_device {
+            self.model
+                .loss_and_grad_on_device_timed(batch.first_sample, batch.samples)?
+                .0
+        } else {
+            self.model
+                .loss_and_grad(&self.params, batch.first_sample, batch.samples)?
+        };
         if self.model.opts.record_first_sample {
             // Kept for this one call: the first sample of the update's first micro-batch.
             self.model.opts.record_first_sample = false;
@@ -159,8 +170,23 @@ impl Model for SnnReplica {
         e
     }
 
+    /// The sign constraint ([`SnnModel::constrain`]); on the GPU the update's kernel applied
+    /// it already.
     fn after_update(&mut self) {
-        self.model.constrain(&mut self.params);
+        if !self.on_device {
+            self.model.constrain(&mut self.params);
+        }
+    }
+
+    /// On a GPU (`run.device`), the replica keeps its weights, gradient and optimizer slots
+    /// there: one read-back per update (the loss sums) with one replica, and the packed
+    /// float32 gradient read back and uploaded once with several.
+    fn device_state(&mut self) -> Option<&mut dyn DeviceState> {
+        if self.model.keeps_training_state_on_device() {
+            Some(self)
+        } else {
+            None
+        }
     }
 
     /// Writes the trained weights as SONATA edges files (`syn_weight = w / nsyns`, all else
@@ -219,6 +245,50 @@ impl Model for SnnReplica {
         std::fs::rename(&tmp, &path)
             .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
         Ok(vec![path])
+    }
+}
+
+/// The training state on the GPU ([`SnnModel::upload_training_state`] and the methods after
+/// it).
+impl DeviceState for SnnReplica {
+    fn upload(&mut self, slots: &[Vec<f32>]) -> anyhow::Result<()> {
+        self.model.upload_training_state(&self.params, slots)?;
+        self.on_device = true;
+        Ok(())
+    }
+
+    fn download(&mut self, slots: &mut [Vec<f32>]) -> anyhow::Result<()> {
+        Ok(self
+            .model
+            .download_training_state(&mut self.params, slots)?)
+    }
+
+    fn release(&mut self) {
+        if self.on_device {
+            self.model.release_training_state();
+            self.on_device = false;
+        }
+    }
+
+    fn read_gradient(&mut self, grad: &mut [f32]) -> anyhow::Result<()> {
+        Ok(self.model.read_device_gradient(grad)?)
+    }
+
+    /// One read-back of the gradient (the spiking network computes in float32 and takes no
+    /// loss scaling, so the engine does not ask).
+    fn gradient_is_finite(&mut self) -> anyhow::Result<bool> {
+        let mut g = vec![0.0f32; self.params.len()];
+        self.model.read_device_gradient(&mut g)?;
+        Ok(g.iter().all(|x| x.is_finite()))
+    }
+
+    fn finish_update(
+        &mut self,
+        update: Option<&DeviceUpdate>,
+        reduced: Option<&[f32]>,
+    ) -> anyhow::Result<()> {
+        self.model.finish_device_update(update, reduced)?;
+        Ok(())
     }
 }
 

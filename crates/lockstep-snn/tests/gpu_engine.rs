@@ -348,3 +348,129 @@ fn float64_on_a_gpu_and_a_missing_adapter_are_refused() {
         "{e}"
     );
 }
+
+/// The training state kept on the GPU (lockstep-train's `device_state`: parameters, the
+/// update's gradient and the optimizer's slots on the device) trains as the host optimizer
+/// does on the engine's read-back gradient: Adam, AdamW and SGD with momentum, two
+/// micro-batches per update, an update whose gradient goes through the host (several
+/// replicas: read back, scaled, uploaded), a skipped update whose gradient is dropped, and
+/// weights clipped at zero by the sign constraint. Bit for bit on lavapipe; to 1e-5
+/// relative L2 on a hardware adapter. One host synchronisation per pass, only the loss sums
+/// read back and the loss derivatives uploaded, one launch per update.
+#[test]
+fn training_state_on_the_gpu_trains_like_the_host_optimizer() {
+    use lockstep_train::optim::{OptimizerKind, Schedule};
+    use lockstep_train::{Optimizer, OptimizerConfig};
+    let spec = small_network(6);
+    let input = small_input();
+    let kinds = [
+        OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            weight_decay: 0.0,
+        },
+        OptimizerKind::Adam {
+            beta1: 0.8,
+            beta2: 0.99,
+            epsilon: 1e-6,
+            weight_decay: 0.01,
+        },
+        OptimizerKind::Sgd { momentum: 0.9 },
+    ];
+    for (k, kind) in kinds.into_iter().enumerate() {
+        let train_in = k != 1;
+        let what = format!("optimizer {kind:?}, trained inputs {train_in}");
+        let gpu = model(
+            &spec,
+            &input,
+            BpttOptions {
+                train_input_weights: train_in,
+                record_first_sample: false,
+                ..opts(DeviceRequest::Gpu(None), 30, None)
+            },
+        );
+        let exact = exact_adapter(&gpu);
+        let config = OptimizerConfig {
+            kind,
+            learning_rate: if k == 2 { 2e3 } else { 40.0 },
+            schedule: Schedule::Constant,
+        };
+        let init = gpu.initial_params();
+        let (mut host, mut dev) = (
+            Optimizer::new(config.clone(), init.len()),
+            Optimizer::new(config, init.len()),
+        );
+        let mut params = init.clone();
+        gpu.upload_training_state(&init, &dev.slots).unwrap();
+        // A pass whose update is skipped: its gradient must not reach the next update.
+        gpu.loss_and_grad_on_device_timed(90, 3).unwrap();
+        assert_eq!(gpu.finish_device_update(None, None).unwrap(), 0);
+        for u in 0..4u64 {
+            let mut grad = vec![0.0f32; init.len()];
+            for m in 0..2u64 {
+                let first = 10 * u + 3 * m;
+                let a = gpu.loss_and_grad(&params, first, 3).unwrap();
+                let (b, timing) = gpu.loss_and_grad_on_device_timed(first, 3).unwrap();
+                for (g, d) in grad.iter_mut().zip(&a.grad) {
+                    *g += *d;
+                }
+                assert!(b.grad.is_empty(), "{what}: a gradient came back");
+                let d = timing.device.expect("a GPU call counts its work");
+                assert_eq!(d.host_syncs, 1, "{what}: host synchronisations per pass");
+                // Read back: the spike counts and voltage sums (12 bytes per neuron and
+                // sample); uploaded: the rate losses' derivatives (4), the surrogate, the
+                // regularization coefficient and the batch's first sample (28 bytes). The
+                // weights, the initial state and the per-step uniforms stay on the device.
+                let nb = (gpu.net.n_neurons() * 3) as u64;
+                assert_eq!(d.bytes_to_host, 12 * nb, "{what}: bytes read back");
+                assert_eq!(d.bytes_to_device, 4 * nb + 28, "{what}: bytes uploaded");
+                if exact {
+                    assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}: update {u}");
+                } else {
+                    assert!((a.loss - b.loss).abs() <= 1e-5 * a.loss.abs(), "{what}");
+                }
+            }
+            if u == 2 {
+                // Through the host, as with several replicas: read back, reduced, uploaded.
+                let mut back = vec![0.0f32; init.len()];
+                gpu.read_device_gradient(&mut back).unwrap();
+                if exact {
+                    assert_eq!(back, grad, "{what}: the device's gradient");
+                } else {
+                    assert!(rel_l2(&back, &grad) <= 1e-5, "{what}: gradient");
+                }
+                back.iter_mut().for_each(|g| *g *= 0.5);
+                let step = dev.device_update(1.0, 1.0);
+                assert_eq!(
+                    gpu.finish_device_update(Some(&step), Some(&back)).unwrap(),
+                    1
+                );
+            } else {
+                let step = dev.device_update(0.5, 1.0);
+                assert_eq!(gpu.finish_device_update(Some(&step), None).unwrap(), 1);
+            }
+            grad.iter_mut().for_each(|g| *g *= 0.5);
+            host.update(&mut params, &grad);
+            gpu.constrain(&mut params);
+        }
+        let clipped = params
+            .iter()
+            .zip(&init)
+            .filter(|(&p, &w)| p == 0.0 && w != 0.0)
+            .count();
+        assert!(clipped > 0, "{what}: no weight reached the sign constraint");
+        let mut on_device = vec![0.0f32; init.len()];
+        let mut slots = dev.slots.clone();
+        gpu.download_training_state(&mut on_device, &mut slots)
+            .unwrap();
+        if exact {
+            assert_eq!(on_device, params, "{what}: parameters");
+            assert_eq!(slots, host.slots, "{what}: optimizer slots");
+        } else {
+            assert!(rel_l2(&on_device, &params) <= 1e-5, "{what}: parameters");
+        }
+        gpu.release_training_state();
+        assert!(gpu.loss_and_grad_on_device_timed(0, 1).is_err());
+    }
+}

@@ -658,7 +658,8 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// The chief logs the plan's warnings and the run's shape, and starts the progress bar.
+    /// The chief logs the plan's warnings, the run's shape and whether the training state
+    /// is on the device, and starts the progress bar.
     fn announce(&mut self) -> Result<(), TrainError> {
         let (cfg, plan) = (self.cfg, self.plan);
         let trainable = self.model.trainable().len();
@@ -684,6 +685,16 @@ impl<'a> Trainer<'a> {
             cfg.updates,
             cfg.output_dir.display()
         ))?;
+        if self.device {
+            d.log(&format!(
+                "training state on the device: parameters, gradient and optimizer slots stay there between updates{}",
+                if plan.replicas > 1 || cfg.clip_max_norm.is_some() {
+                    " (the gradient is read back once per update, float32, to be reduced)"
+                } else {
+                    " (nothing of the gradient is read back)"
+                }
+            ))?;
+        }
         d.start_progress(self.start_update, cfg.updates);
         self.run_start = Instant::now();
         Ok(())

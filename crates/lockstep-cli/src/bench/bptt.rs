@@ -10,7 +10,10 @@
 //! SpMV into the scatter and the windowed weight gradient, and the scatter's floor on this
 //! machine: its per-edge work alone (a random read-modify-write of a cache-resident
 //! `[batch]` row, the edges streamed; [`row_update_s_per_edge`]) times the step's edge
-//! visits, measured in the same run.
+//! visits, measured in the same run. On a GPU the training state stays on the device as
+//! `lockstep train` keeps it with one replica (the update is a kernel): the host waits once
+//! per step, after the forward pass, so the backward pass and the update of one step show in
+//! the next step's forward time; the step's total is what to read.
 //!
 //! The measurement runs here, not in the library: peak memory comes from
 //! [`lockstep_core::memory`].
@@ -611,12 +614,31 @@ pub fn bench_config(
     let (mut edge_visits, mut weight_grad, mut spmv_alone) = (0u64, Vec::new(), Vec::new());
     let mut last = None;
     let mut device_counts = None;
+    // On a GPU the training state stays there as `lockstep train` keeps it (one replica):
+    // the update is a kernel, and its launch is counted with the pass's.
+    let on_device = model.keeps_training_state_on_device();
+    if on_device {
+        model.upload_training_state(&params, &opt.slots)?;
+    }
     for r in 0..warmup + repeats.max(1) {
         let clock = std::time::Instant::now();
-        let (lg, t) = model.loss_and_grad_timed(&params, (r * batch) as u64, batch)?;
+        let first = (r * batch) as u64;
+        let (lg, mut t) = if on_device {
+            model.loss_and_grad_on_device_timed(first, batch)?
+        } else {
+            model.loss_and_grad_timed(&params, first, batch)?
+        };
         let opt_clock = std::time::Instant::now();
-        opt.update(&mut params, &lg.grad);
-        model.constrain(&mut params);
+        if on_device {
+            let step = opt.device_update(1.0, 1.0);
+            let launches = model.finish_device_update(Some(&step), None)?;
+            if let Some(d) = &mut t.device {
+                d.launches += launches;
+            }
+        } else {
+            opt.update(&mut params, &lg.grad);
+            model.constrain(&mut params);
+        }
         let opt_s = opt_clock.elapsed().as_secs_f64();
         device_counts = t.device;
         if r >= warmup {
@@ -638,6 +660,11 @@ pub fn bench_config(
             scatter = t.adjoint_scatter;
         }
         last = Some(lg);
+    }
+    if on_device {
+        // Waits for the last update (the timed steps waited for every earlier one).
+        model.download_training_state(&mut params, &mut opt.slots)?;
+        model.release_training_state();
     }
     let peak = if can_reset {
         memory::peak_rss_bytes()

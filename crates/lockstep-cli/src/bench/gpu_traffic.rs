@@ -23,8 +23,12 @@
 //!
 //! `Design::Round1` models the kernels before issue 57 (three dispatches per step each way,
 //! the weight gradient walked by one lane in `batch` with a device-scope atomic load of a
-//! spike word per sample and edge, separate draw and arrival-adjoint kernels) for the
-//! before/after table in `docs/v1-scale-performance.md`.
+//! spike word per sample and edge, separate draw and arrival-adjoint kernels, the gradient
+//! read back in float64 and the weights uploaded every step for the host's Adam) for the
+//! before/after table in `docs/v1-scale-performance.md`. `Design::Current` keeps the training
+//! state on the device (one replica): the parameters copied into the kernels' weights, each
+//! pass's gradient added into the update's, Adam as a kernel; what crosses the host bus is
+//! modelled apart ([`bus_bytes`], at an assumed [`BUS_BYTES_PER_S`]).
 
 /// Which kernels the model describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +90,28 @@ pub struct KernelTraffic {
 
 /// The sector a random access moves (bytes).
 const SECTOR: f64 = 32.0;
+
+/// The host bus bandwidth the model assumes for read-backs and uploads (bytes/s): about half
+/// of PCIe 5.0 x16's 64 GB/s per direction, for copies through a staging buffer.
+pub const BUS_BYTES_PER_S: f64 = 25e9;
+
+/// Bytes that cross the host bus per optimizer step of one replica. Both read the loss sums
+/// back (spike counts and voltage sums, 12 bytes per neuron and sample) and upload the rate
+/// losses' derivatives (4). Round 1 also read the float64 gradient back and uploaded the
+/// weights (12 bytes per trainable weight) and the initial state (4 bytes per neuron, sample
+/// and state value: potential, after-spike currents, PSCs and arrivals per port); now the
+/// training state stays on the device and the initial state is copied there from a buffer
+/// uploaded once.
+pub fn bus_bytes(s: &Shape, design: Design) -> f64 {
+    let trainable = (s.e_rec + if s.train_in { s.e_in } else { 0 }) as f64;
+    let nb = (s.n * s.batch) as f64;
+    let loss_sums = 16.0 * nb;
+    let state = 4.0 * nb * (1 + s.asc + 3 * s.ports.max(1)) as f64;
+    match design {
+        Design::Round1 => 12.0 * trainable + state + loss_sums,
+        Design::Current => loss_sums,
+    }
+}
 
 /// Accumulates one kernel's bytes for one launch (then scaled by its launches).
 #[derive(Default)]
@@ -257,6 +283,25 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
         }
     }
 
+    // The training state on the device (Current, one replica, Adam): the parameters copied
+    // into the kernels' weights (a copy command, not a dispatch, but modelled as one launch
+    // for its cost); the pass's float64
+    // gradient read and added into the update's float32 gradient; Adam over the parameters,
+    // the gradient, m and v (each read and written but the gradient, which the update's
+    // clear writes instead), and the packed sign codes.
+    if design == Design::Current {
+        let trainable = e_rec + if s.train_in { e_in } else { 0.0 };
+        let mut c = Bytes::new(l2_bytes);
+        c.stream(8.0 * trainable);
+        push("params copy", 1.0, c);
+        let mut a = Bytes::new(l2_bytes);
+        a.stream(16.0 * trainable);
+        push("accumulate", 1.0, a);
+        let mut o = Bytes::new(l2_bytes);
+        o.stream(32.25 * trainable);
+        push("adam", 1.0, o);
+    }
+
     // The neuron's adjoint: the tape (u, after-spike currents), the adjoint state (u,
     // after-spike currents, y1, y2) read and written, the spike adjoint, the masks; then the
     // arrivals' adjoint into the ring. Round 1 read y1, the tape's u and the masks again in
@@ -368,6 +413,18 @@ pub fn print(
         modelled_s(&before, bandwidth, launch_s) + l2b / l2_bandwidth,
         measured_s
     );
+    let (bus_now, bus_before) = (
+        bus_bytes(shape, Design::Current),
+        bus_bytes(shape, Design::Round1),
+    );
+    println!(
+        "    host bus per optimizer step (MODEL, at an assumed {:.0} GB/s): {:.3} MB, {:.4} s; the round-1 engine {:.3} MB, {:.4} s, and Adam on the host",
+        BUS_BYTES_PER_S / 1e9,
+        bus_now / 1e6,
+        bus_now / BUS_BYTES_PER_S,
+        bus_before / 1e6,
+        bus_before / BUS_BYTES_PER_S
+    );
 }
 
 #[cfg(test)]
@@ -436,7 +493,11 @@ mod tests {
         let before = model(&s, Design::Round1, 50e6);
         let launches = |r: &[KernelTraffic]| r.iter().map(|k| k.launches).sum::<f64>();
         // Segmented in 20 chunks: 19 of them with 2 draws before.
-        assert_eq!(launches(&now), 1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0);
+        // And now the parameters' copy, the gradient's accumulation and Adam on the device.
+        assert_eq!(
+            launches(&now),
+            1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0 + 3.0
+        );
         assert_eq!(launches(&before), 3.0 * 1000.0 + 38.0 + 3.0 * 500.0);
         let dram = |r: &[KernelTraffic]| r.iter().map(|k| k.dram_bytes).sum::<f64>();
         let l2 = |r: &[KernelTraffic]| r.iter().map(|k| k.l2_bytes).sum::<f64>();
@@ -446,6 +507,17 @@ mod tests {
         // The edge stream alone bounds the step from below: 8 bytes per edge per pass.
         let floor = 8.0 * s.e_rec as f64 * (1000.0 + 500.0) / 4.8e12;
         assert!(modelled_s(&now, 4.8e12, 0.0) > floor);
+        // The training state on the device and the initial state copied there: 357 MB
+        // less over the bus per step (374 -> 17 MB), for about 1.4 GB more device traffic
+        // (0.3 ms at 4.8 TB/s).
+        let state: f64 = now
+            .iter()
+            .filter(|k| ["params copy", "accumulate", "adam"].contains(&k.kernel))
+            .map(|k| k.dram_bytes)
+            .sum();
+        assert!((state - 56.25 * s.e_rec as f64).abs() < 1.0);
+        assert!(bus_bytes(&s, Design::Round1) > 12.0 * s.e_rec as f64);
+        assert!(bus_bytes(&s, Design::Current) < 0.05 * bus_bytes(&s, Design::Round1));
     }
 
     /// A random access into an array that fits the L2 is L2 traffic, not DRAM.

@@ -312,6 +312,98 @@ impl SnnModel {
         }
     }
 
+    /// Whether the engine can keep the training state on its device (the GPU engine):
+    /// lockstep-train's `device_state` seam ([`SnnModel::upload_training_state`] and the
+    /// methods after it).
+    pub fn keeps_training_state_on_device(&self) -> bool {
+        matches!(self.engine, Engine::Gpu(_))
+    }
+
+    /// The GPU engine, or an error naming what needed it.
+    fn gpu_engine(&self, what: &str) -> Result<&GpuEngine> {
+        match &self.engine {
+            Engine::Gpu(e) => Ok(e),
+            _ => Err(SnnError::Shape(format!(
+                "{what} needs the GPU engine (run.device: \"gpu\")"
+            ))),
+        }
+    }
+
+    /// Takes the training state onto the GPU: `params` (`[n_params]`, pA), the optimizer's
+    /// `slots` (Adam `[m, v]`, SGD `[velocity]`, each `[n_params]`) and the sign constraints
+    /// of [`SnnModel::param_signs`], with a zero gradient. From here the device's copies are
+    /// the truth: [`SnnModel::loss_and_grad_on_device_timed`] computes from them and adds
+    /// its gradient into the device's, and [`SnnModel::finish_device_update`] applies the
+    /// optimizer and [`SnnModel::constrain`] on the device.
+    ///
+    /// Errors: not on a GPU; lengths other than `n_params`; a buffer over the adapter's
+    /// limits; a device error.
+    pub fn upload_training_state(&self, params: &[f32], slots: &[Vec<f32>]) -> Result<()> {
+        self.problem().check_params(params)?;
+        self.gpu_engine("the training state on the device")?
+            .upload_training(params, slots, &self.sign)
+    }
+
+    /// Reads the device's parameters (`[n_params]`, pA) and optimizer slots back into
+    /// `params` and `slots` (one read-back; the device keeps them).
+    ///
+    /// Errors: not on a GPU, nothing uploaded, other lengths, a device error.
+    pub fn download_training_state(
+        &self,
+        params: &mut [f32],
+        slots: &mut [Vec<f32>],
+    ) -> Result<()> {
+        self.gpu_engine("the training state on the device")?
+            .download_training(params, slots)
+    }
+
+    /// Frees the training state on the device (nothing on CPU cores).
+    pub fn release_training_state(&self) {
+        if let Engine::Gpu(e) = &self.engine {
+            e.release_training();
+        }
+    }
+
+    /// Reads the device's gradient of the update (the sum of its passes' mean gradients,
+    /// `[n_params]` float32) into `grad`: one read-back, for a reduction over replicas.
+    ///
+    /// Errors: not on a GPU, nothing uploaded, another length, a device error.
+    pub fn read_device_gradient(&self, grad: &mut [f32]) -> Result<()> {
+        self.gpu_engine("the training state on the device")?
+            .read_training_gradient(grad)
+    }
+
+    /// Ends an update on the device (one submission, not waited for): `reduced`
+    /// (`[n_params]`) replaces the device's gradient when given; `Some(update)` applies the
+    /// optimizer (lockstep-train's `DeviceUpdate`, term by term as the host optimizer) and
+    /// the sign constraint; the gradient then starts again from zero. Returns the kernel
+    /// launches (0 or 1).
+    ///
+    /// Errors: not on a GPU, nothing uploaded, `reduced` of another length, a rule the
+    /// uploaded slots do not fit.
+    pub fn finish_device_update(
+        &self,
+        update: Option<&lockstep_train::DeviceUpdate>,
+        reduced: Option<&[f32]>,
+    ) -> Result<u64> {
+        self.gpu_engine("the training state on the device")?
+            .finish_training_update(update, reduced)
+    }
+
+    /// [`SnnModel::loss_and_grad_timed`] from the training state on the device
+    /// ([`SnnModel::upload_training_state`]): the returned `grad` is empty, the mean
+    /// gradient is added into the device's; one host synchronisation.
+    ///
+    /// Errors: those of [`SnnModel::loss_and_grad`]; not on a GPU; nothing uploaded.
+    pub fn loss_and_grad_on_device_timed(
+        &self,
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(LossAndGrad, StepTiming)> {
+        self.gpu_engine("the training state on the device")?
+            .loss_and_grad_on_device(&self.problem(), first_sample, batch)
+    }
+
     /// On a GPU, the device's copy bandwidth for `bytes` copied device to device (bytes/s,
     /// best of `rounds`; [`lockstep_gpu::GpuContext::copy_bytes_per_s`]): the yardstick of
     /// the kernels' achieved bandwidth. `None` on CPU cores.

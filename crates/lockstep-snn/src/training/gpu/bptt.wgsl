@@ -38,9 +38,6 @@ struct Step {
     tl: u32,
     // Bit 0: accumulate the loss sums (spike counts, voltage regularization).
     flags: u32,
-    // The first global sample of the batch (lane l is sample s0 + l), low and high words.
-    s0_lo: u32,
-    s0_hi: u32,
 }
 
 @group(0) @binding(0) var<storage, read> net_u32: array<u32>;
@@ -101,8 +98,9 @@ fn asc_c(g: u32, a: u32, q: u32) -> f32 {
     return gf(g, G_PORTS + 6u * NP + 5u * a + q);
 }
 
+// The global sample of lane l: the batch's first (written per call at O_S0) plus l.
 fn sample_of(l: u32) -> u64 {
-    return ((u64(step.s0_hi) << 32u) | u64(step.s0_lo)) + u64(l);
+    return ((u64(net_u32[O_S0 + 1u]) << 32u) | u64(net_u32[O_S0])) + u64(l);
 }
 
 // ---------------------------------------------------------------------------------------

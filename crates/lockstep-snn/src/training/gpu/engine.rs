@@ -11,6 +11,7 @@ use crate::error::{Result, SnnError};
 use crate::scalar::PseudoDerivative;
 use crate::simulation::model::InitialState;
 use crate::training::gpu::layout::{tape_step_bytes, Layout};
+use crate::training::gpu::training_state::TrainingState;
 use crate::training::options::{DeviceCounts, LossAndGrad, StepTiming};
 use crate::training::problem::Problem;
 
@@ -19,13 +20,26 @@ const SHADER: &str = include_str!("bptt.wgsl");
 /// Bytes between two per-step uniforms (every adapter's dynamic-offset alignment divides it).
 const STEP_STRIDE: u64 = 256;
 /// Bytes of one per-step uniform (`Step` in the shader, rounded to 16).
-const STEP_BYTES: u64 = 32;
+const STEP_BYTES: u64 = 16;
 
 /// The float32 BPTT step on a GPU through wgpu (`run.device: "gpu"`).
 pub(crate) struct GpuEngine {
-    ctx: Arc<GpuContext>,
+    pub(super) ctx: Arc<GpuContext>,
     selected: Selected,
     resident: Mutex<Option<Resident>>,
+    /// The parameters, gradient and optimizer slots while training keeps them on the device
+    /// (lockstep-train's `device_state`); kept apart from the buffers of a batch shape.
+    pub(super) training: Mutex<Option<TrainingState>>,
+}
+
+/// Where a call's weights come from and where its gradient goes.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// The host's parameters, uploaded; the gradient read back and returned.
+    Host(&'a [f32]),
+    /// The device's training state: its parameters copied on the device, the gradient added
+    /// into its update's gradient (nothing of either crosses the bus).
+    Device,
 }
 
 impl std::fmt::Debug for GpuEngine {
@@ -41,6 +55,7 @@ impl Clone for GpuEngine {
             ctx: self.ctx.clone(),
             selected: self.selected.clone(),
             resident: Mutex::new(None),
+            training: Mutex::new(None),
         }
     }
 }
@@ -67,6 +82,8 @@ struct Resident {
     net_f64: wgpu::Buffer,
     weights: wgpu::Buffer,
     state: wgpu::Buffer,
+    /// The forward state at the first step (uploaded once, copied into `state` per call).
+    initial_state: wgpu::Buffer,
     state_u32: wgpu::Buffer,
     masks: wgpu::Buffer,
     vreg: wgpu::Buffer,
@@ -85,6 +102,12 @@ struct Resident {
     device_bytes: u64,
     /// Uniform slots the steps buffer holds.
     step_slots: usize,
+    /// Whether the untrained input weights are in `weights` (written at the first call).
+    fixed_inputs_written: bool,
+    /// Whether `steps` holds this shape's per-step uniforms (written at the first call).
+    steps_written: bool,
+    /// The network's indices (`net_u32`; the batch's first sample is written per call).
+    net_u32: wgpu::Buffer,
 }
 
 /// One per-step uniform (`Step` in the shader).
@@ -131,6 +154,7 @@ impl GpuEngine {
             ctx,
             selected,
             resident: Mutex::new(None),
+            training: Mutex::new(None),
         })
     }
 
@@ -241,27 +265,80 @@ impl GpuEngine {
         first_sample: u64,
         batch: usize,
     ) -> Result<(LossAndGrad, StepTiming)> {
+        p.check_params(params)?;
+        self.call(p, Weights::Host(params), first_sample, batch)
+    }
+
+    /// [`GpuEngine::loss_and_grad`] with the training state on the device
+    /// ([`GpuEngine::upload_training`]): the device's parameters, and the mean gradient
+    /// added into the device's gradient of the update (the returned `grad` is empty). One
+    /// host synchronisation (the loss sums after the forward pass); the backward pass is
+    /// submitted and not waited for, so its time shows in the next wait.
+    ///
+    /// Errors: those of [`GpuEngine::loss_and_grad`]; no training state on the device, or
+    /// one of another length than the model's parameters.
+    pub fn loss_and_grad_on_device(
+        &self,
+        p: &Problem,
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(LossAndGrad, StepTiming)> {
+        self.call(p, Weights::Device, first_sample, batch)
+    }
+
+    /// One call on `weights`: the forward pass, the loss, the backward pass.
+    fn call(
+        &self,
+        p: &Problem,
+        weights: Weights<'_>,
+        first_sample: u64,
+        batch: usize,
+    ) -> Result<(LossAndGrad, StepTiming)> {
         if batch == 0 {
             return Err(SnnError::Shape("batch must be at least 1".into()));
         }
-        p.check_params(params)?;
         let mut slot = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         let r = self.resident_for(&mut slot, p, batch)?;
+        let training = self.training.lock().unwrap_or_else(|p| p.into_inner());
+        let train = match weights {
+            Weights::Host(_) => None,
+            Weights::Device => match training.as_ref() {
+                Some(t) if t.len() == p.n_params() => Some(t),
+                Some(t) => {
+                    return Err(SnnError::Shape(format!(
+                        "the training state on the device has {} parameters; the model has {}",
+                        t.len(),
+                        p.n_params()
+                    )))
+                }
+                None => {
+                    return Err(SnnError::Shape(
+                        "the training state is not on the device (no upload)".into(),
+                    ))
+                }
+            },
+        };
         let ctx = &self.ctx;
         let l = &r.layout;
         let (n, b, t_len) = (l.n, l.b, l.t);
         let mut timing = StepTiming::default();
 
         // Per-call inputs: weights, surrogate, voltage-regularization coefficient, zeroed
-        // state, gradient and masks, the initial state.
+        // state, gradient and masks, the initial state. The weights are the parameters
+        // (uploaded from the host, or copied on the device in the forward pass), then the
+        // input weights, written once per shape when they are not trained.
         let n_rec = l.e_rec;
-        let mut w: Vec<f32> = params[..n_rec].to_vec();
-        if l.train_in {
-            w.extend_from_slice(&params[n_rec..]);
-        } else {
-            w.extend(p.net.weights_in.iter().map(|&x| x as f32));
+        let mut uploaded = 0u64;
+        if let Weights::Host(params) = weights {
+            ctx.write(&r.weights, 0, params);
+            uploaded += 4 * params.len() as u64;
         }
-        ctx.write(&r.weights, 0, &w);
+        if !l.train_in && !r.fixed_inputs_written {
+            let w_in: Vec<f32> = p.net.weights_in.iter().map(|&x| x as f32).collect();
+            ctx.write(&r.weights, 4 * n_rec as u64, &w_in);
+            uploaded += 4 * w_in.len() as u64;
+            r.fixed_inputs_written = true;
+        }
         let sg = &p.opts.surrogate;
         let kind = match sg.kind {
             PseudoDerivative::Gauss => 0.0f32,
@@ -274,23 +351,9 @@ impl GpuEngine {
         );
         let vcoef = p.vreg_cost / (batch as f64 * n as f64 * t_len as f64);
         ctx.write(&r.net_f64, 8 * l.o_vcoef as u64, &[vcoef]);
-        let mut init = vec![0.0f32; l.state_len];
-        if p.opts.initial == InitialState::Nest {
-            let na = l.na;
-            for g in &p.net.groups {
-                for i in g.start..g.end {
-                    init[i * b..(i + 1) * b].fill(g.consts.u0 as f32);
-                    for (a, ac) in g.consts.asc.iter().enumerate() {
-                        let o = n * b + (i * na + a) * b;
-                        init[o..o + b].fill(ac.init as f32);
-                    }
-                }
-            }
-        }
-
         let chunk = p.opts.gradient_checkpointing.map(|k| k.min(t_len).max(1));
         let (fwd, bwd, steps) = plan_passes(l, chunk);
-        let launches = fwd
+        let mut launches = fwd
             .iter()
             .chain(bwd.iter().map(|(_, c)| c))
             .flatten()
@@ -305,27 +368,32 @@ impl GpuEngine {
             });
             r.group2 = step_group(ctx, &r.step_layout, &r.steps);
             r.step_slots = steps.len();
+            r.steps_written = false;
         }
-        let mut uni = vec![0u8; steps.len() * STEP_STRIDE as usize];
-        for (s, a) in steps.iter().enumerate() {
-            let words: [u32; 5] = [
-                a.t,
-                (a.tape % l.tape_steps) as u32,
-                a.accumulate as u32,
-                first_sample as u32,
-                (first_sample >> 32) as u32,
-            ];
-            let o = s * STEP_STRIDE as usize;
-            uni[o..o + 20].copy_from_slice(bytemuck::cast_slice(&words));
+        // The per-step uniforms depend on the shape only: written at the shape's first call.
+        if !r.steps_written {
+            let mut uni = vec![0u8; steps.len() * STEP_STRIDE as usize];
+            for (s, a) in steps.iter().enumerate() {
+                let words: [u32; 3] = [a.t, (a.tape % l.tape_steps) as u32, a.accumulate as u32];
+                let o = s * STEP_STRIDE as usize;
+                uni[o..o + 12].copy_from_slice(bytemuck::cast_slice(&words));
+            }
+            ctx.write(&r.steps, 0, &uni);
+            uploaded += uni.len() as u64;
+            r.steps_written = true;
         }
-        ctx.queue.write_buffer(&r.steps, 0, &uni);
-        let mut uploaded = (4 * (w.len() + 3 + init.len()) + 8 + uni.len()) as u64;
+        let s0 = [first_sample as u32, (first_sample >> 32) as u32];
+        ctx.write(&r.net_u32, 4 * l.o_s0 as u64, &s0);
+        uploaded += 4 * 3 + 8 + 8;
 
         // Forward, and in the same submission the spike counts and loss sums it leaves (one
         // host synchronisation).
         let clock = std::time::Instant::now();
-        ctx.write(&r.state, 0, &init);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&r.initial_state, 0, &r.state, 0, 4 * l.state_len as u64);
+        if let Some(t) = train.filter(|t| t.len() > 0) {
+            enc.copy_buffer_to_buffer(t.params(), 0, &r.weights, 0, 4 * t.len() as u64);
+        }
         for buf in [&r.state_u32, &r.masks, &r.vreg, &r.adj, &r.grad] {
             enc.clear_buffer(buf, 0, None);
         }
@@ -394,24 +462,35 @@ impl GpuEngine {
             }
             r.record(&mut enc, calls);
         }
-        let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
-        let grad_range = [ReadRange {
-            buffer: &r.grad,
-            offset: 0,
-            bytes: 8 * n_grad as u64,
-        }];
-        let back = ctx.submit_and_read(enc, &grad_range)?;
-        read_bytes += grad_range[0].bytes;
+        let (grad, host_syncs) = match train {
+            Some(t) => {
+                // Added into the update's gradient on the device; not waited for.
+                launches += t.record_accumulate(ctx, &mut enc, &r.grad) as usize;
+                ctx.submit(enc.finish());
+                (Vec::new(), 1)
+            }
+            None => {
+                let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
+                let grad_range = [ReadRange {
+                    buffer: &r.grad,
+                    offset: 0,
+                    bytes: 8 * n_grad as u64,
+                }];
+                let back = ctx.submit_and_read(enc, &grad_range)?;
+                read_bytes += grad_range[0].bytes;
+                // The f64 accumulators in float32 (read from the bytes: the staging copy
+                // need not be aligned for f64).
+                let grad: Vec<f32> = back[0]
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                    .collect();
+                (grad, 2)
+            }
+        };
         timing.backward_s = clock.elapsed().as_secs_f64();
-        // The f64 accumulators in float32 (read from the bytes: the staging copy need not be
-        // aligned for f64).
-        let grad: Vec<f32> = back[0]
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect();
         timing.device = Some(DeviceCounts {
             launches: launches as u64,
-            host_syncs: 2,
+            host_syncs,
             bytes_to_host: read_bytes,
             bytes_to_device: uploaded,
         });
@@ -543,6 +622,26 @@ fn plan_passes(l: &Layout, chunk: Option<usize>) -> Plan {
     (fwd, bwd, steps)
 }
 
+/// The forward state at the first step (`[state_len]`, the layout's): at rest (zero), or
+/// NEST's initial potential `u0` and after-spike currents per neuron with
+/// [`InitialState::Nest`].
+fn initial_state(p: &Problem, l: &Layout) -> Vec<f32> {
+    let (n, b, na) = (l.n, l.b, l.na);
+    let mut init = vec![0.0f32; l.state_len];
+    if p.opts.initial == InitialState::Nest {
+        for g in &p.net.groups {
+            for i in g.start..g.end {
+                init[i * b..(i + 1) * b].fill(g.consts.u0 as f32);
+                for (a, ac) in g.consts.asc.iter().enumerate() {
+                    let o = n * b + (i * na + a) * b;
+                    init[o..o + b].fill(ac.init as f32);
+                }
+            }
+        }
+    }
+    init
+}
+
 /// The bind group of the per-step uniforms (group 2, dynamic offset).
 fn step_group(
     ctx: &GpuContext,
@@ -652,6 +751,9 @@ impl Resident {
         count(&weights);
         let state = ctx.storage("forward state", 4 * l.state_len as u64, reduce_batch)?;
         count(&state);
+        let initial_state =
+            ctx.storage_from("initial state", &initial_state(p, l), reduce_batch)?;
+        count(&initial_state);
         let state_u32 = ctx.storage(
             "refractory counters, spike counts and Poisson counts",
             4 * l.state_u32_len as u64,
@@ -803,6 +905,7 @@ impl Resident {
             net_f64,
             weights,
             state,
+            initial_state,
             state_u32,
             masks,
             vreg,
@@ -816,6 +919,9 @@ impl Resident {
             boundaries,
             device_bytes: bytes,
             step_slots,
+            fixed_inputs_written: false,
+            steps_written: false,
+            net_u32,
         })
     }
 

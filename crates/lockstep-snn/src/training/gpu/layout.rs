@@ -43,6 +43,9 @@ pub(super) struct Layout {
     pub edges_u32: Vec<u32>,
     /// The surrogate's three f32 slots in `net_f32` (kind, gain, width).
     pub o_sg: usize,
+    /// `net_u32` index of the batch's first global sample (two words, low first), written
+    /// per call.
+    pub o_s0: usize,
     /// The voltage-regularization coefficient's slot in `net_f64`.
     pub o_vcoef: usize,
     /// f32 elements of `state`: u, asc, y1, y2, arrivals.
@@ -366,6 +369,9 @@ impl Layout {
         push("O_PNODE", &mut net_u32, &pnode);
         let seed = p.inputs.poisson_seed();
         push("O_SEED", &mut net_u32, &[seed as u32, (seed >> 32) as u32]);
+        // The batch's first global sample (low and high words), written per call.
+        let o_s0 = net_u32.len();
+        push("O_S0", &mut net_u32, &[0, 0]);
         // File events per (step, virtual node), when there are any.
         let mut file = Vec::new();
         let has_file = (0..t_len).any(|s| p.inputs.file_events(s).next().is_some());
@@ -512,6 +518,7 @@ impl Layout {
             net_f64,
             edges_u32,
             o_sg,
+            o_s0,
             o_vcoef,
             state_len,
             boundary_f32: o_arr,
