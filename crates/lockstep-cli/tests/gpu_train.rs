@@ -541,3 +541,47 @@ fn a_rank_without_an_adapter_ends_the_job_within_10_s_naming_it() {
     assert!(all.contains("run.device"), "the cause is not named:\n{all}");
     assert_untouched(&run);
 }
+
+/// Arrays over the adapter's binding limit are bound as windows of one buffer (issue 57
+/// item 5): with the limit lowered to 256 KiB (`LOCKSTEP_GPU_MAX_BINDING`) the 300-cell
+/// example's weights (718 KB), gradient (718 KB) and edge arrays (1.08 MB) each take several
+/// windows, and so does the training state on the device; the run trains exactly as with the
+/// adapter's own limit. Before windowing the same run stopped with the weights over the limit.
+#[test]
+fn arrays_over_the_binding_limit_train_in_windows_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let whole = example_config(d, "whole", "gpu", 3, Value::Null);
+    let windowed = example_config(d, "windowed", "gpu", 3, Value::Null);
+    ok(lockstep(&["train", s(&whole)]));
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.args(["train", s(&windowed)])
+        .env(lockstep_gpu::MAX_BINDING_VAR, (256 << 10).to_string());
+    ok(run_with_limit(cmd, LIMIT).unwrap());
+    for u in [2, 4] {
+        let (a, b) = (
+            trained(&d.join("windowed"), u),
+            trained(&d.join("whole"), u),
+        );
+        assert_eq!(a.len(), b.len());
+        let apart = a
+            .iter()
+            .zip(&b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert!(
+            apart.is_none(),
+            "update {u}: windowed and whole bindings train apart from weight {apart:?}"
+        );
+    }
+    assert_eq!(losses(&d.join("windowed")), losses(&d.join("whole")));
+    // A limit no window fits is refused, naming the variable.
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.args(["train", s(&windowed)])
+        .env(lockstep_gpu::MAX_BINDING_VAR, "100");
+    let out = run_with_limit(cmd, LIMIT).unwrap();
+    assert!(
+        !out.success() && out.all_output().contains("LOCKSTEP_GPU_MAX_BINDING"),
+        "{}",
+        out.all_output()
+    );
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use wgpu::util::DeviceExt;
 
 use crate::adapter::{ordered_adapters, AdapterSummary};
-use crate::error::{GpuError, Result, TIMEOUT_VAR};
+use crate::error::{GpuError, Result, MAX_BINDING_VAR, TIMEOUT_VAR};
 
 /// The shader features lockstep's engines use, requested wherever the adapter has them
 /// (each engine checks the ones it needs with [`GpuContext::require`]). Subgroups and float32
@@ -150,6 +150,7 @@ impl GpuContext {
         })?;
         let features = crate::adapter::features(adapter) & WANTED_FEATURES;
         let timeout = timeout_from_env(summary)?;
+        let max_binding = max_binding_from_env(summary)?;
         let (device, queue) =
             futures_lite::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("lockstep"),
@@ -161,6 +162,11 @@ impl GpuContext {
                 adapter: summary.name.clone(),
                 message: e.to_string(),
             })?;
+        // The kernels' view of the limits: a lower binding limit when asked for.
+        let mut limits = limits;
+        if let Some(b) = max_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(b);
+        }
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -279,6 +285,66 @@ impl GpuContext {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
+    }
+
+    /// A zeroed storage buffer of `bytes` that the kernels bind as windows (each within
+    /// [`GpuContext::max_storage`]): checked against `max_buffer_size` only.
+    ///
+    /// Errors: [`GpuError::BufferTooLarge`] over `max_buffer_size`.
+    pub fn storage_windowed(&self, name: &str, bytes: u64, reduce: &str) -> Result<wgpu::Buffer> {
+        let bytes = bytes.max(16).next_multiple_of(4);
+        self.check_buffer(name, bytes, reduce)?;
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(name),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// [`GpuContext::storage_windowed`] holding `data` (padded to at least 16 bytes and a
+    /// multiple of 4).
+    ///
+    /// Errors: [`GpuError::BufferTooLarge`] over `max_buffer_size`.
+    pub fn storage_windowed_from<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        data: &[T],
+        reduce: &str,
+    ) -> Result<wgpu::Buffer> {
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+        let len = bytes.len().max(16).next_multiple_of(4);
+        bytes.resize(len, 0);
+        self.check_buffer(name, len as u64, reduce)?;
+        Ok(self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            }))
+    }
+
+    /// Errors ([`GpuError::BufferTooLarge`]) when a buffer of `bytes` exceeds
+    /// `max_buffer_size`.
+    fn check_buffer(&self, name: &str, bytes: u64, reduce: &str) -> Result<()> {
+        let limit = self.limits.max_buffer_size;
+        if bytes > limit {
+            return Err(GpuError::BufferTooLarge {
+                buffer: name.to_string(),
+                bytes,
+                mib: bytes as f64 / (1u64 << 20) as f64,
+                limit,
+                what: "buffer",
+                adapter: self.adapter.name.clone(),
+                reduce: reduce.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// A storage buffer holding `data` (at least 16 bytes; padded to a multiple of 4).
@@ -505,6 +571,25 @@ impl GpuContext {
             }
         }
         Ok(bytes as f64 / best)
+    }
+}
+
+/// The binding limit [`MAX_BINDING_VAR`] asks for, if set.
+///
+/// Errors: [`GpuError::RequestDevice`] when it is not a whole number of bytes of at least
+/// 4,096.
+fn max_binding_from_env(adapter: &AdapterSummary) -> Result<Option<u64>> {
+    match std::env::var(MAX_BINDING_VAR) {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(b) if b >= 4096 => Ok(Some(b)),
+            _ => Err(GpuError::RequestDevice {
+                adapter: adapter.name.clone(),
+                message: format!(
+                    "{MAX_BINDING_VAR}={v:?} is not a storage binding limit of at least 4096 bytes"
+                ),
+            }),
+        },
+        Err(_) => Ok(None),
     }
 }
 

@@ -22,7 +22,7 @@ pub use adapter::{
     HIDE_FEATURES_VAR,
 };
 pub use context::{process_adapters, GpuContext, GpuCounters, ReadRange};
-pub use error::{GpuError, Result, TIMEOUT_VAR};
+pub use error::{GpuError, Result, MAX_BINDING_VAR, TIMEOUT_VAR};
 pub use wgpu;
 
 /// Where a model computes (`run.device` of a training config).

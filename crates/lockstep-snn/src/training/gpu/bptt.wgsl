@@ -40,17 +40,19 @@ struct Step {
     flags: u32,
 }
 
-@group(0) @binding(0) var<storage, read> net_u32: array<u32>;
+// `net_u32` (the network's indices), `weights` (parameters' order, then the recurrent ones
+// in in-edge order), `grad` (float64
+// accumulators of the weight gradient) and `edges_u32` (in-edge sources and weight slots,
+// out-edge target rows) may exceed one binding: they are declared in the header as windows
+// of one buffer (windows.rs) and read and written through `net_u32_at`, `weights_at`,
+// `weights_set`, `grad_at`, `grad_set` and `edges_at`.
 @group(0) @binding(1) var<storage, read> net_f32: array<f32>;
 @group(0) @binding(2) var<storage, read> net_f64: array<f64>;
-@group(0) @binding(3) var<storage, read_write> weights: array<f32>;
 @group(0) @binding(4) var<storage, read_write> state: array<f32>;
 @group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
 @group(0) @binding(6) var<storage, read_write> masks: array<u32>;
 @group(0) @binding(7) var<storage, read_write> vreg: array<f64>;
 @group(0) @binding(8) var<storage, read_write> adj: array<f32>;
-@group(0) @binding(9) var<storage, read_write> grad: array<f64>;
-@group(0) @binding(10) var<storage, read> edges_u32: array<u32>;
 @group(1) @binding(0) var<storage, read_write> tape_x: array<f32>;
 @group(1) @binding(1) var<storage, read_write> tape_asc: array<f32>;
 @group(2) @binding(0) var<uniform> step: Step;
@@ -70,7 +72,7 @@ fn gd(g: u32, k: u32) -> f64 {
     return net_f64[g * GD + k];
 }
 fn gu(g: u32, k: u32) -> u32 {
-    return net_u32[O_GU + g * 4u + k];
+    return net_u32_at(O_GU + g * 4u + k);
 }
 // f32 slots of a group.
 const G_P33: u32 = 0u;
@@ -100,7 +102,7 @@ fn asc_c(g: u32, a: u32, q: u32) -> f32 {
 
 // The global sample of lane l: the batch's first (written per call at O_S0) plus l.
 fn sample_of(l: u32) -> u64 {
-    return ((u64(net_u32[O_S0 + 1u]) << 32u) | u64(net_u32[O_S0])) + u64(l);
+    return ((u64(net_u32_at(O_S0 + 1u)) << 32u) | u64(net_u32_at(O_S0))) + u64(l);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -129,8 +131,8 @@ fn draw_one(idx: u32, t: u32) {
     }
     let l = idx % B;
     let p = idx / B;
-    let v = net_u32[O_PNODE + p];
-    let seed = (u64(net_u32[O_SEED + 1u]) << 32u) | u64(net_u32[O_SEED]);
+    let v = net_u32_at(O_PNODE + p);
+    let seed = (u64(net_u32_at(O_SEED + 1u)) << 32u) | u64(net_u32_at(O_SEED));
     let u = keyed_uniform(seed, sample_of(l), u64(v), u64(t));
     let mean = net_f64[O_PMEAN + p];
     var pr = net_f64[O_PP0 + p];
@@ -161,7 +163,7 @@ fn draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // Forward.
 
 // Once per call, before the forward pass: the recurrent weights in the order of the
-// in-edge lists (`weights[O_WPERM + e]`), so that `deliver` streams them with the edges'
+// in-edge lists (`weights_at(O_WPERM + e)`), so that `deliver` streams them with the edges'
 // sources instead of gathering one sector per edge from the parameters' order at every
 // step. One invocation per in-edge slot e.
 @compute @workgroup_size(64)
@@ -171,7 +173,7 @@ fn permute_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     if (e >= E_REC) {
         return;
     }
-    weights[O_WPERM + e] = weights[edges_u32[O_RW + e]];
+    weights_set(O_WPERM + e, weights_at(edges_at(O_RW + e)));
 }
 
 fn fired_bit(t: u32, s: u32, l: u32) -> bool {
@@ -199,29 +201,29 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
         let t = tt - d;
         let r = c * D + q;
-        let r0 = net_u32[O_RPTR + r];
-        let r1 = net_u32[O_RPTR + r + 1u];
+        let r0 = net_u32_at(O_RPTR + r);
+        let r1 = net_u32_at(O_RPTR + r + 1u);
         for (var e = r0; e < r1; e = e + 1u) {
-            if (fired_bit(t, edges_u32[O_RSRC + e], l)) {
-                acc = acc + weights[O_WPERM + e];
+            if (fired_bit(t, edges_at(O_RSRC + e), l)) {
+                acc = acc + weights_at(O_WPERM + e);
             }
         }
-        let i0 = net_u32[O_IPTR + r];
-        let i1 = net_u32[O_IPTR + r + 1u];
+        let i0 = net_u32_at(O_IPTR + r);
+        let i1 = net_u32_at(O_IPTR + r + 1u);
         if (HAS_FILE) {
             for (var e = i0; e < i1; e = e + 1u) {
-                let cnt = net_u32[O_FILE + t * NV + net_u32[O_ISRC + e]];
+                let cnt = net_u32_at(O_FILE + t * NV + net_u32_at(O_ISRC + e));
                 if (cnt > 0u) {
-                    acc = acc + weights[O_WIN + net_u32[O_IW + e]] * f32(cnt);
+                    acc = acc + weights_at(O_WIN + net_u32_at(O_IW + e)) * f32(cnt);
                 }
             }
         }
         if (NPOIS > 0u) {
             for (var e = i0; e < i1; e = e + 1u) {
-                let v = net_u32[O_ISRC + e];
+                let v = net_u32_at(O_ISRC + e);
                 let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
                 if (cnt > 0u) {
-                    acc = acc + weights[O_WIN + net_u32[O_IW + e]] * f32(cnt);
+                    acc = acc + weights_at(O_WIN + net_u32_at(O_IW + e)) * f32(cnt);
                 }
             }
         }
@@ -298,7 +300,7 @@ fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
 // One neuron i and sample l through step `step.t`; returns fired (bit 0) and active (bit 1).
 fn update_one(i: u32, l: u32) -> u32 {
-    let g = net_u32[O_GROUP_OF + i];
+    let g = net_u32_at(O_GROUP_OF + i);
     let glif = gu(g, 0u) != 0u;
     let na = gu(g, 2u);
     let live = gu(g, 3u);
@@ -434,13 +436,13 @@ fn spmv_one(idx: u32, t: u32) {
     }
     let l = idx % B;
     let s = idx / B;
-    let g0 = net_u32[O_SEGPTR + s];
-    let g1 = net_u32[O_SEGPTR + s + 1u];
+    let g0 = net_u32_at(O_SEGPTR + s);
+    let g1 = net_u32_at(O_SEGPTR + s + 1u);
     var acc = 0.0f;
     for (var g = g0; g < g1; g = g + 1u) {
-        let start = net_u32[O_SEG + 4u * g];
-        let end = net_u32[O_SEG + 4u * g + 1u];
-        let d = net_u32[O_SEG + 4u * g + 2u];
+        let start = net_u32_at(O_SEG + 4u * g);
+        let end = net_u32_at(O_SEG + 4u * g + 1u);
+        let d = net_u32_at(O_SEG + 4u * g + 2u);
         if (t + d >= T || start == end) {
             continue;
         }
@@ -452,13 +454,13 @@ fn spmv_one(idx: u32, t: u32) {
         var tail = 0.0f;
         let quads = start + ((end - start) / 4u) * 4u;
         for (var e = start; e < quads; e = e + 4u) {
-            p0 = p0 + weights[e] * adj[O_MU + (base + edges_u32[O_TOFF + e]) * B + l];
-            p1 = p1 + weights[e + 1u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 1u]) * B + l];
-            p2 = p2 + weights[e + 2u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 2u]) * B + l];
-            p3 = p3 + weights[e + 3u] * adj[O_MU + (base + edges_u32[O_TOFF + e + 3u]) * B + l];
+            p0 = p0 + weights_at(e) * adj[O_MU + (base + edges_at(O_TOFF + e)) * B + l];
+            p1 = p1 + weights_at(e + 1u) * adj[O_MU + (base + edges_at(O_TOFF + e + 1u)) * B + l];
+            p2 = p2 + weights_at(e + 2u) * adj[O_MU + (base + edges_at(O_TOFF + e + 2u)) * B + l];
+            p3 = p3 + weights_at(e + 3u) * adj[O_MU + (base + edges_at(O_TOFF + e + 3u)) * B + l];
         }
         for (var e = quads; e < end; e = e + 1u) {
-            tail = tail + weights[e] * adj[O_MU + (base + edges_u32[O_TOFF + e]) * B + l];
+            tail = tail + weights_at(e) * adj[O_MU + (base + edges_at(O_TOFF + e)) * B + l];
         }
         acc = acc + ((p0 + p1) + (p2 + p3) + tail);
     }
@@ -479,15 +481,15 @@ fn spmv_one(idx: u32, t: u32) {
     let words = (t * N + s) * W;
     var k0 = 0u;
     for (var g = g0; g < g1; g = g + 1u) {
-        let start = net_u32[O_SEG + 4u * g];
-        let end = net_u32[O_SEG + 4u * g + 1u];
-        let d = net_u32[O_SEG + 4u * g + 2u];
+        let start = net_u32_at(O_SEG + 4u * g);
+        let end = net_u32_at(O_SEG + 4u * g + 1u);
+        let d = net_u32_at(O_SEG + 4u * g + 2u);
         if (t + d < T) {
             let base = ((t + d) % RL) * LIVE_ROWS;
             // This lane's first edge of the segment: the first k >= k0 with k mod B == l.
             let first = (l + B - k0 % B) % B;
             for (var e = start + first; e < end; e = e + B) {
-                let row = O_MU + (base + edges_u32[O_TOFF + e]) * B;
+                let row = O_MU + (base + edges_at(O_TOFF + e)) * B;
                 var sum = 0.0lf;
                 var bits = 0u;
                 for (var m = 0u; m < B; m = m + 1u) {
@@ -498,7 +500,7 @@ fn spmv_one(idx: u32, t: u32) {
                         sum = sum + f64(adj[row + m]);
                     }
                 }
-                grad[e] = grad[e] + sum;
+                grad_set(e, grad_at(e) + sum);
             }
         }
         k0 = k0 + (end - start);
@@ -511,18 +513,18 @@ fn input_grad_one(e: u32, t: u32) {
     if (e >= E_IN) {
         return;
     }
-    let v = net_u32[O_INV + e];
-    let dp = net_u32[O_INDP + e];
+    let v = net_u32_at(O_INV + e);
+    let dp = net_u32_at(O_INDP + e);
     let d = dp & 0xffffu;
     if (t + d >= T) {
         return;
     }
-    let row = O_MU + (((t + d) % RL) * LIVE_ROWS + net_u32[O_INOFF + e]) * B;
+    let row = O_MU + (((t + d) % RL) * LIVE_ROWS + net_u32_at(O_INOFF + e)) * B;
     var file = 0u;
     if (HAS_FILE) {
-        file = net_u32[O_FILE + t * NV + v];
+        file = net_u32_at(O_FILE + t * NV + v);
     }
-    var g = grad[E_REC + e];
+    var g = grad_at(E_REC + e);
     for (var l = 0u; l < B; l = l + 1u) {
         if (file > 0u) {
             g = g + f64(adj[row + l] * f32(file));
@@ -534,7 +536,7 @@ fn input_grad_one(e: u32, t: u32) {
             }
         }
     }
-    grad[E_REC + e] = g;
+    grad_set(E_REC + e, g);
 }
 
 // `Surrogate::dz_du_f32`: pseudo_derivative(u / th) / th in float32; the surrogate (kind:
@@ -587,7 +589,7 @@ fn neuron_backward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 
 // The adjoint of neuron i in sample l through step `step.t` (tape index `step.tl`).
 fn local_backward(i: u32, l: u32) {
-    let g = net_u32[O_GROUP_OF + i];
+    let g = net_u32_at(O_GROUP_OF + i);
     let glif = gu(g, 0u) != 0u;
     let na = gu(g, 2u);
     let live = gu(g, 3u);
@@ -656,7 +658,7 @@ fn local_backward(i: u32, l: u32) {
 
 // The voltage-regularization derivative on U after step `step.t` (tape index `step.tl`).
 fn voltage_reg_adjoint(i: u32, l: u32) {
-    let g = net_u32[O_GROUP_OF + i];
+    let g = net_u32_at(O_GROUP_OF + i);
     if (VREG_ON) {
         let f = flags_of(step.t, i, l);
         var u_post = tape_x[step.tl * N * B + i * B + l];
@@ -676,9 +678,9 @@ fn voltage_reg_adjoint(i: u32, l: u32) {
 // slot t mod RL, in the neuron's rows of its live ports (`O_MUROW`; the ring holds no rows
 // for ports no edge reaches).
 fn arrivals_adjoint(i: u32, l: u32, t: u32) {
-    let g = net_u32[O_GROUP_OF + i];
+    let g = net_u32_at(O_GROUP_OF + i);
     let live = gu(g, 3u);
-    let row0 = (t % RL) * LIVE_ROWS + net_u32[O_MUROW + i];
+    let row0 = (t % RL) * LIVE_ROWS + net_u32_at(O_MUROW + i);
     var kc = 0u;
     for (var k = 0u; k < NP; k = k + 1u) {
         if (((live >> k) & 1u) == 0u) {

@@ -17,6 +17,18 @@ use crate::training::problem::Problem;
 
 /// The kernels' source (constants prepended per model and batch).
 const SHADER: &str = include_str!("bptt.wgsl");
+/// The fixed bindings of group 0 in `bptt.wgsl` (binding, read-only): the network's
+/// constants, the state, the counters, the masks, the voltage sums, the adjoint
+/// state. The windowed arrays follow from `layout::FIRST_WINDOW`.
+const FIXED_BINDINGS: [(u32, bool); 7] = [
+    (1, true),
+    (2, true),
+    (4, false),
+    (5, false),
+    (6, false),
+    (7, false),
+    (8, false),
+];
 /// Bytes between two per-step uniforms (every adapter's dynamic-offset alignment divides it).
 const STEP_STRIDE: u64 = 256;
 /// Bytes of one per-step uniform (`Step` in the shader, rounded to 16).
@@ -665,6 +677,7 @@ fn step_group(
 /// The three bind group layouts of the kernels: network and state, tape, per-step uniform.
 fn layouts(
     ctx: &GpuContext,
+    l: &Layout,
 ) -> (
     wgpu::BindGroupLayout,
     wgpu::BindGroupLayout,
@@ -680,14 +693,15 @@ fn layouts(
         },
         count: None,
     };
-    // Bindings of group 0, read-only or not, as `bptt.wgsl` declares them.
-    let g0: Vec<wgpu::BindGroupLayoutEntry> = [
-        true, true, true, false, false, false, false, false, false, false, true,
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &ro)| storage(i as u32, ro))
-    .collect();
+    // Bindings of group 0, read-only or not, as `bptt.wgsl` declares them, then the
+    // windows of the arrays that may exceed one binding.
+    let mut g0: Vec<wgpu::BindGroupLayoutEntry> = FIXED_BINDINGS
+        .iter()
+        .map(|&(b, ro)| storage(b, ro))
+        .collect();
+    for w in [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w] {
+        g0.extend(w.layout_entries());
+    }
     let l0 = ctx
         .device
         .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -731,19 +745,20 @@ impl Resident {
         let mut count = |buf: &wgpu::Buffer| {
             bytes += buf.size();
         };
-        let net_u32 = ctx.storage_from("network indices (net_u32)", &l.net_u32, reduce_net)?;
+        let net_u32 =
+            ctx.storage_windowed_from("network indices (net_u32)", &l.net_u32, reduce_net)?;
         count(&net_u32);
         let net_f32 = ctx.storage_from("cell constants (net_f32)", &l.net_f32, reduce_net)?;
         count(&net_f32);
         let net_f64 = ctx.storage_from("cell constants (net_f64)", &l.net_f64, reduce_net)?;
         count(&net_f64);
-        let edges_u32 = ctx.storage_from(
+        let edges_u32 = ctx.storage_windowed_from(
             "recurrent edges (in-edge lists, targets)",
             &l.edges_u32,
             "the number of recurrent edges",
         )?;
         count(&edges_u32);
-        let weights = ctx.storage(
+        let weights = ctx.storage_windowed(
             "weights (parameters' order, then the recurrent ones in in-edge order)",
             4 * (2 * l.e_rec + l.e_in) as u64,
             "the number of edges",
@@ -774,7 +789,7 @@ impl Resident {
         count(&vreg);
         let adj = ctx.storage("adjoint state", 4 * l.adj_len as u64, reduce_batch)?;
         count(&adj);
-        let grad = ctx.storage(
+        let grad = ctx.storage_windowed(
             "gradient (f64)",
             8 * (l.e_rec + l.e_in) as u64,
             "the number of edges",
@@ -819,19 +834,37 @@ impl Resident {
                 boundaries.push((f, u));
             }
         }
-        let (l0, l1, l2) = layouts(ctx);
-        let buffers: [&wgpu::Buffer; 11] = [
-            &net_u32, &net_f32, &net_f64, &weights, &state, &state_u32, &masks, &vreg, &adj, &grad,
-            &edges_u32,
-        ];
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
+        // Every storage binding of a kernel counts against the adapter's per-stage limit:
+        // the fixed ones, the windows, the tape's two.
+        let bindings = FIXED_BINDINGS.len()
+            + [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w]
+                .iter()
+                .map(|w| w.count())
+                .sum::<usize>()
+            + 2;
+        let per_stage = ctx.limits.max_storage_buffers_per_shader_stage as usize;
+        if bindings > per_stage {
+            return Err(SnnError::Shape(format!(
+                "the network's edge arrays need {bindings} storage bindings on {} (windows of {} bytes), which binds {per_stage} per kernel; reduce {reduce_net}",
+                ctx.adapter.name,
+                ctx.max_storage()
+            )));
+        }
+        let (l0, l1, l2) = layouts(ctx, l);
+        let buffers: [&wgpu::Buffer; 7] =
+            [&net_f32, &net_f64, &state, &state_u32, &masks, &vreg, &adj];
+        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .enumerate()
-            .map(|(i, buf)| wgpu::BindGroupEntry {
-                binding: i as u32,
+            .zip(FIXED_BINDINGS)
+            .map(|(buf, (binding, _))| wgpu::BindGroupEntry {
+                binding,
                 resource: buf.as_entire_binding(),
             })
             .collect();
+        entries.extend(l.net_u32_w.entries(&net_u32));
+        entries.extend(l.weights_w.entries(&weights));
+        entries.extend(l.grad_w.entries(&grad));
+        entries.extend(l.edges_w.entries(&edges_u32));
         let group0 = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("network and state"),
             layout: &l0,

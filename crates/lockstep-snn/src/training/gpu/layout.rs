@@ -7,10 +7,14 @@ use std::fmt::Write;
 
 use crate::error::{Result, SnnError};
 use crate::simulation::model::ModelKind;
+use crate::training::gpu::windows::Windowed;
 use crate::training::problem::Problem;
 
 /// Float32 slots per group before the ports (`G_PORTS` in `bptt.wgsl`).
 const G_PORTS: usize = 12;
+/// The binding (group 0) of the first window of the windowed arrays (`net_u32`, `weights`,
+/// `grad`, `edges_u32`); the fixed bindings of `bptt.wgsl` are below it.
+pub(super) const FIRST_WINDOW: u32 = 16;
 
 /// The arrays and sizes of one model and batch on the GPU.
 pub(super) struct Layout {
@@ -68,6 +72,15 @@ pub(super) struct Layout {
     pub wg: Workgroups,
     /// The WGSL constants (prepended to `bptt.wgsl`).
     pub header: String,
+    /// The network indices' windows (`net_u32`).
+    pub net_u32_w: Windowed,
+    /// The weights' windows (`[2 e_rec + e_in]` f32: parameters, then the recurrent ones in
+    /// in-edge order).
+    pub weights_w: Windowed,
+    /// The gradient accumulators' windows (`[e_rec + e_in]` f64).
+    pub grad_w: Windowed,
+    /// The edge index array's windows (`edges_u32`).
+    pub edges_w: Windowed,
 }
 
 /// The float32 number `f` with `(x as f64) > th` exactly when `x > f` for every float32 `x`
@@ -503,6 +516,46 @@ impl Layout {
         let _ = writeln!(h, "const TRAIN_IN: bool = {};", p.opts.train_input_weights);
         let _ = writeln!(h, "const HAS_FILE: bool = {has_file};");
         let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
+        // The arrays that may exceed one binding, as windows from binding FIRST_WINDOW.
+        let net_u32_w = Windowed::new(
+            "net_u32",
+            "u32",
+            4,
+            net_u32.len(),
+            max_binding,
+            FIRST_WINDOW,
+            true,
+        );
+        let weights_w = Windowed::new(
+            "weights",
+            "f32",
+            4,
+            2 * e_rec + e_in,
+            max_binding,
+            net_u32_w.next_binding(),
+            false,
+        );
+        let grad_w = Windowed::new(
+            "grad",
+            "f64",
+            8,
+            e_rec + e_in,
+            max_binding,
+            weights_w.next_binding(),
+            false,
+        );
+        let edges_w = Windowed::new(
+            "edges",
+            "u32",
+            4,
+            edges_u32.len(),
+            max_binding,
+            grad_w.next_binding(),
+            true,
+        );
+        for w in [&net_u32_w, &weights_w, &grad_w, &edges_w] {
+            h.push_str(&w.wgsl());
+        }
         Ok(Layout {
             b,
             t: t_len,
@@ -530,6 +583,10 @@ impl Layout {
             tape_steps,
             wg: wgs,
             header: h,
+            net_u32_w,
+            weights_w,
+            grad_w,
+            edges_w,
         })
     }
 

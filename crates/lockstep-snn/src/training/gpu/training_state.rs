@@ -10,8 +10,9 @@ use lockstep_gpu::{wgpu, GpuContext, ReadRange};
 use lockstep_train::{DeviceRule, DeviceUpdate};
 
 use crate::error::{Result, SnnError};
+use crate::training::gpu::windows::{window_len, windows_of};
 
-/// The kernels' source (`N_PARAMS` prepended).
+/// The kernels' source.
 const SHADER: &str = include_str!("training_state.wgsl");
 /// Invocations per workgroup of every kernel here.
 const WORKGROUP: u32 = 256;
@@ -30,8 +31,12 @@ pub(super) struct TrainingState {
     slots: [wgpu::Buffer; 2],
     /// How many of `slots` the optimizer has (Adam 2, SGD 1).
     n_slots: usize,
+    /// The windows the kernels run over: `(first parameter, parameters)`, each within the
+    /// adapter's binding limit for float64 values (the pass's gradient).
+    windows: Vec<(usize, usize)>,
     update_args: wgpu::Buffer,
-    group: wgpu::BindGroup,
+    /// Per window: the training state's bindings.
+    groups: Vec<wgpu::BindGroup>,
     pass_layout: wgpu::BindGroupLayout,
     accumulate: wgpu::ComputePipeline,
     adam: wgpu::ComputePipeline,
@@ -50,6 +55,15 @@ fn pack_signs(signs: &[i8]) -> Vec<u32> {
         words[i / SIGNS_PER_WORD] |= code << (2 * (i % SIGNS_PER_WORD));
     }
     words
+}
+
+/// `bytes` of `buffer` from byte `offset`, as a binding.
+fn window(buffer: &wgpu::Buffer, bytes: u64, offset: u64) -> wgpu::BindingResource<'_> {
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer,
+        offset,
+        size: wgpu::BufferSize::new(bytes),
+    })
 }
 
 /// The workgroups of a kernel over `n` values, folded under 65,535 per dimension.
@@ -79,14 +93,18 @@ impl TrainingState {
             )));
         }
         let reduce = "the number of trainable edges";
-        let params_buf = ctx.storage_from("trainable parameters", params, reduce)?;
-        let grad = ctx.storage("the update's gradient (f32)", 4 * n as u64, reduce)?;
+        let params_buf = ctx.storage_windowed_from("trainable parameters", params, reduce)?;
+        let grad = ctx.storage_windowed("the update's gradient (f32)", 4 * n as u64, reduce)?;
         let slot = |k: usize| match slots.get(k) {
-            Some(s) => ctx.storage_from("optimizer slot", s, reduce),
+            Some(s) => ctx.storage_windowed_from("optimizer slot", s, reduce),
             None => ctx.storage("optimizer slot (unused)", 16, reduce),
         };
         let slot_bufs = [slot(0)?, slot(1)?];
-        let signs_buf = ctx.storage_from("sign constraints", &pack_signs(signs), reduce)?;
+        let signs_buf =
+            ctx.storage_windowed_from("sign constraints", &pack_signs(signs), reduce)?;
+        // Windows within the binding limit for the pass's float64 gradient (so for every
+        // float32 array too), a multiple of 1,024 parameters (64 sign words) each.
+        let windows = windows_of(n, window_len(8, ctx.max_storage()));
         let update_args = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("optimizer update"),
             size: UPDATE_BYTES,
@@ -130,33 +148,42 @@ impl TrainingState {
                 label: Some("a pass's gradient"),
                 entries: &[storage(0, true)],
             });
-        let buffers = [
-            &params_buf,
-            &grad,
-            &slot_bufs[0],
-            &slot_bufs[1],
-            &signs_buf,
-            &update_args,
-        ];
-        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("training state"),
-            layout: &state_layout,
-            entries: &buffers
-                .iter()
-                .enumerate()
-                .map(|(b, buf)| wgpu::BindGroupEntry {
-                    binding: b as u32,
-                    resource: buf.as_entire_binding(),
+        let groups: Vec<wgpu::BindGroup> = windows
+            .iter()
+            .map(|&(first, len)| {
+                let f32s = |buffer| window(buffer, 4 * len as u64, 4 * first as u64);
+                let slot_of = |k: usize| match slots.get(k) {
+                    Some(_) => f32s(&slot_bufs[k]),
+                    None => slot_bufs[k].as_entire_binding(),
+                };
+                let words = len.div_ceil(SIGNS_PER_WORD) as u64;
+                let resources = [
+                    f32s(&params_buf),
+                    f32s(&grad),
+                    slot_of(0),
+                    slot_of(1),
+                    window(&signs_buf, 4 * words, 4 * (first / SIGNS_PER_WORD) as u64),
+                    update_args.as_entire_binding(),
+                ];
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("training state (a window)"),
+                    layout: &state_layout,
+                    entries: &resources
+                        .into_iter()
+                        .enumerate()
+                        .map(|(b, resource)| wgpu::BindGroupEntry {
+                            binding: b as u32,
+                            resource,
+                        })
+                        .collect::<Vec<_>>(),
                 })
-                .collect::<Vec<_>>(),
-        });
+            })
+            .collect();
         let module = ctx
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("training_state.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(
-                    format!("const N_PARAMS: u32 = {n}u;\n{SHADER}").into(),
-                ),
+                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
             });
         let pipeline = |entry: &str, with_pass: bool| {
             let layouts: Vec<Option<&wgpu::BindGroupLayout>> = if with_pass {
@@ -190,8 +217,9 @@ impl TrainingState {
             grad,
             slots: slot_bufs,
             n_slots: slots.len(),
+            windows,
             update_args,
-            group,
+            groups,
             pass_layout,
         };
         ctx.check()?;
@@ -209,32 +237,35 @@ impl TrainingState {
     }
 
     /// Records into `enc` the kernel that adds a pass's mean gradient (`pass_grad`, the BPTT
-    /// kernels' float64 accumulators; its first `n` values) into the update's gradient.
-    /// Returns the launches recorded (0 or 1).
+    /// kernels' float64 accumulators; its first `n` values) into the update's gradient, one
+    /// dispatch per window. Returns the launches recorded.
     pub fn record_accumulate(
         &self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
         pass_grad: &wgpu::Buffer,
     ) -> u64 {
-        let (x, y) = groups(self.n);
-        if x == 0 {
-            return 0;
-        }
-        let pass_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("a pass's gradient"),
-            layout: &self.pass_layout,
-            entries: &[wgpu::BindGroupEntry {
-                binding: 0,
-                resource: pass_grad.as_entire_binding(),
-            }],
-        });
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&self.accumulate);
-        pass.set_bind_group(0, &self.group, &[]);
-        pass.set_bind_group(1, &pass_group, &[]);
-        pass.dispatch_workgroups(x, y, 1);
-        1
+        for (&(first, len), group) in self.windows.iter().zip(&self.groups) {
+            let pass_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("a pass's gradient (a window)"),
+                layout: &self.pass_layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: pass_grad,
+                        offset: 8 * first as u64,
+                        size: wgpu::BufferSize::new(8 * len as u64),
+                    }),
+                }],
+            });
+            let (x, y) = groups(len);
+            pass.set_bind_group(0, group, &[]);
+            pass.set_bind_group(1, &pass_group, &[]);
+            pass.dispatch_workgroups(x, y, 1);
+        }
+        self.windows.len() as u64
     }
 
     /// Reads the parameters into `params` and the slots into `slots` (lengths as uploaded):
@@ -299,7 +330,7 @@ impl TrainingState {
     /// Ends the update in one submission the host does not wait for: `reduced` (the host's
     /// reduced gradient, `[n]`) replaces the device's first when given; `Some(update)` then
     /// applies the optimizer and the sign constraint; either way the gradient is zeroed for
-    /// the next update. Returns the launches recorded (0 or 1).
+    /// the next update. Returns the launches recorded (one per window with an update).
     ///
     /// Errors: `reduced` of another length, or an update rule the slots do not fit
     /// ([`SnnError::Shape`]).
@@ -362,13 +393,13 @@ impl TrainingState {
             let mut words = vec![u.learning_rate, u.grad_factor, u.unscale];
             words.extend_from_slice(&args);
             ctx.write(&self.update_args, 0, &words);
-            let (x, y) = groups(self.n);
-            if x > 0 {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(kernel);
-                pass.set_bind_group(0, &self.group, &[]);
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(kernel);
+            for (&(_, len), group) in self.windows.iter().zip(&self.groups) {
+                let (x, y) = groups(len);
+                pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(x, y, 1);
-                launches = 1;
+                launches += 1;
             }
         }
         enc.clear_buffer(&self.grad, 0, None);

@@ -1,8 +1,11 @@
 // The training state on the device (training_state.rs): the parameters, the update's
 // gradient and the optimizer's slots of one replica, and the three kernels that touch them.
 //
-// `N_PARAMS` (u32) is prepended by the host. Every kernel runs one invocation per parameter
-// i, 256 to a workgroup, the workgroups folded into (x, y) under 65,535 per dimension.
+// The parameters are bound as windows (each within the adapter's binding limit; one window
+// for any network that fits): one dispatch per window, every binding of group 0 starting at
+// the window's first parameter, and the window's length is `arrayLength(&params)`. Every
+// kernel runs one invocation per parameter i of the window, 256 to a workgroup, the
+// workgroups folded into (x, y) under 65,535 per dimension.
 // Each value is owned by one invocation and read and written once: no atomics, the same
 // bits on every run.
 //
@@ -26,9 +29,9 @@ struct Update {
     momentum: f32,
 }
 
-// `[N_PARAMS]` the parameters (pA): recurrent weights, then input weights when trained.
+// The window's parameters (pA): recurrent weights, then input weights when trained.
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
-// `[N_PARAMS]` the sum over the update's micro-batches of their mean gradients.
+// The sum over the update's micro-batches of their mean gradients.
 @group(0) @binding(1) var<storage, read_write> grad: array<f32>;
 // Adam's first moment, or SGD's velocity.
 @group(0) @binding(2) var<storage, read_write> slot0: array<f32>;
@@ -60,7 +63,7 @@ fn constrained(i: u32, p: f32) -> f32 {
 fn accumulate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) li: u32) {
     let i = index_of(wg, nwg, li);
-    if (i >= N_PARAMS) {
+    if (i >= arrayLength(&params)) {
         return;
     }
     grad[i] = grad[i] + f32(pass_grad[i]);
@@ -71,7 +74,7 @@ fn accumulate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let i = index_of(wg, nwg, li);
-    if (i >= N_PARAMS) {
+    if (i >= arrayLength(&params)) {
         return;
     }
     let g = grad[i] * u.grad_factor * u.unscale;
@@ -89,7 +92,7 @@ fn adam(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 fn sgd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) li: u32) {
     let i = index_of(wg, nwg, li);
-    if (i >= N_PARAMS) {
+    if (i >= arrayLength(&params)) {
         return;
     }
     let g = grad[i] * u.grad_factor * u.unscale;
