@@ -577,15 +577,15 @@ impl GpuContext {
 /// The binding limit [`MAX_BINDING_VAR`] asks for, if set.
 ///
 /// Errors: [`GpuError::RequestDevice`] when it is not a whole number of bytes of at least
-/// 4,096.
+/// 65,536 (the smallest window of 1,024 16-byte elements).
 fn max_binding_from_env(adapter: &AdapterSummary) -> Result<Option<u64>> {
     match std::env::var(MAX_BINDING_VAR) {
         Ok(v) => match v.trim().parse::<u64>() {
-            Ok(b) if b >= 4096 => Ok(Some(b)),
+            Ok(b) if b >= 65_536 => Ok(Some(b)),
             _ => Err(GpuError::RequestDevice {
                 adapter: adapter.name.clone(),
                 message: format!(
-                    "{MAX_BINDING_VAR}={v:?} is not a storage binding limit of at least 4096 bytes"
+                    "{MAX_BINDING_VAR}={v:?} is not a storage binding limit of at least 65536 bytes"
                 ),
             }),
         },

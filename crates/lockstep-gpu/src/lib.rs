@@ -8,6 +8,7 @@
 //! * [`GpuContext`]: one device and queue per adapter and process, shared by every model on
 //!   it; buffers checked against the adapter's limits before they are made; blocking
 //!   read-back; device errors turned into [`GpuError`].
+//! * [`windows`]: arrays larger than one storage binding, bound as windows of one buffer.
 //!
 //! No adapter is an error that says what to install ([`GpuError::NoAdapter`]), never a
 //! silent fall-back to the CPU. Without a GPU, Mesa's software Vulkan driver (lavapipe,
@@ -16,6 +17,7 @@
 mod adapter;
 mod context;
 mod error;
+pub mod windows;
 
 pub use adapter::{
     candidates, hidden_features, list_adapters, select_adapter, AdapterSummary, Selected,

@@ -892,3 +892,56 @@ fn resident_divergence_is_reported_like_the_host_path() {
     );
     assert_eq!(outputs, 1, "only the initial output: {e}");
 }
+
+/// Arrays over the adapter's binding limit are bound as windows of one buffer (issue 56):
+/// with the limit lowered to 128 KiB (`LOCKSTEP_GPU_MAX_BINDING`, in a process of its own)
+/// a 5,000-particle FMM run on the GPU (particles kept on the device) binds its particles,
+/// fields, expansions and lists in several windows each, and ends with the bits of the
+/// same run bound whole. Before windowing the same run stopped with the particles over the
+/// limit.
+#[test]
+fn arrays_over_the_binding_limit_run_in_windows_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |name: &str| {
+        let cfg = serde_json::json!({
+            "units": {"gravitational_constant": 1.0},
+            "initial_conditions": {"kind": "clumps", "n": 5000, "clumps": 4, "total_mass": 1.0,
+                                   "box_size": 4.0, "clump_radius": 0.3,
+                                   "velocity_dispersion": 0.2, "seed": 5},
+            "capacity_factor": 1.5,
+            "forces": {"method": "fmm", "softening": 0.05, "device": "gpu"},
+            "time": {"t_start": 0.0, "t_end": 0.004, "steps": 2},
+            "output": {"dir": name, "every": 2}
+        });
+        let path = dir.path().join(format!("{name}.json"));
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        path
+    };
+    let quiet = RunOptions {
+        quiet: true,
+        ..Default::default()
+    };
+    let whole = config("whole");
+    run_nbody_config_on(&lockstep_comm::SelfComm::new(), &whole, &quiet).unwrap();
+    let windowed = config("windowed");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep-nbody-check"))
+        .arg(&windowed)
+        .arg("--quiet")
+        .env(lockstep_gpu::MAX_BINDING_VAR, (128 << 10).to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (a, b) = (
+        final_snapshot(&dir.path().join("windowed")),
+        final_snapshot(&dir.path().join("whole")),
+    );
+    assert_eq!(a.id, b.id);
+    for (what, x, y) in [("position", &a.pos, &b.pos), ("velocity", &a.vel, &b.vel)] {
+        let apart = x.iter().zip(y).position(|(p, q)| p != q);
+        assert!(apart.is_none(), "the {what} of particle {apart:?} differs");
+    }
+}

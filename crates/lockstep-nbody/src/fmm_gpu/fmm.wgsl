@@ -38,24 +38,16 @@ struct Params {
 }
 
 // Particles, sorted: pts[2 i] = (hi.xyz, mass), pts[2 i + 1] = (lo.xyz, 0).
-@group(0) @binding(0) var<storage, read> pts: array<vec4<f32>>;
 // Centres of the tree nodes then the imported cells: cen[2 k] = hi, cen[2 k + 1] = lo.
-@group(0) @binding(1) var<storage, read> cen: array<vec4<f32>>;
 // Nodes: nodes[2 k] = (start, end, first_child, nchild), nodes[2 k + 1] = (parent,
 // ntargets, level, 0).
-@group(0) @binding(2) var<storage, read> nodes: array<vec4<u32>>;
 // Index tables, interaction lists (compressed rows per target node), P2P source particle
 // ranges (s0, s1), leaf lists and P2P tasks (leaf, first target, q0, q1).
-@group(0) @binding(3) var<storage, read> lists: array<u32>;
 // Float tables: 1 / n_axis, derivative coefficients, (-1)^|n|.
-@group(0) @binding(4) var<storage, read> tabf: array<f32>;
 // Multipoles [nodes + cells][nt].
-@group(0) @binding(5) var<storage, read_write> mp: array<f32>;
 // Local expansions [nodes][nt], then the low parts [nodes][nt] of the M2L's compensated sums
 // between its passes.
-@group(0) @binding(6) var<storage, read_write> loc: array<f32>;
 // Field per sorted particle (hi, lo).
-@group(0) @binding(7) var<storage, read_write> outp: array<vec4<f32>>;
 @group(1) @binding(0) var<uniform> P: Params;
 
 var<workgroup> sh: array<vec4<f32>, 64>;
@@ -65,10 +57,10 @@ fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.x + wg.y * 65535u) * WG + lid;
 }
 
-fn pt_hi(i: u32) -> vec3<f32> { return pts[2u * i].xyz; }
-fn pt_lo(i: u32) -> vec3<f32> { return pts[2u * i + 1u].xyz; }
-fn cen_hi(k: u32) -> vec3<f32> { return cen[2u * k].xyz; }
-fn cen_lo(k: u32) -> vec3<f32> { return cen[2u * k + 1u].xyz; }
+fn pt_hi(i: u32) -> vec3<f32> { return pts_at(2u * i).xyz; }
+fn pt_lo(i: u32) -> vec3<f32> { return pts_at(2u * i + 1u).xyz; }
+fn cen_hi(k: u32) -> vec3<f32> { return cen_at(2u * k).xyz; }
+fn cen_lo(k: u32) -> vec3<f32> { return cen_at(2u * k + 1u).xyz; }
 
 // a - b for points given as (hi, lo) pairs.
 fn dd(ah: vec3<f32>, al: vec3<f32>, bh: vec3<f32>, bl: vec3<f32>) -> vec3<f32> {
@@ -104,9 +96,9 @@ fn two_sum1(hi: f32, lo: f32, x: f32) -> vec2<f32> {
 fn monomials(x: vec3<f32>, out: ptr<function, array<f32, 84>>) {
     (*out)[0] = 1.0;
     for (var i = 1u; i < P.nt; i++) {
-        let q = lists[P.o_parent + i];
-        let ax = lists[P.o_axis + i];
-        (*out)[i] = (*out)[q] * x[ax] * tabf[P.f_inv + i];
+        let q = lists_at(P.o_parent + i);
+        let ax = lists_at(P.o_axis + i);
+        (*out)[i] = (*out)[q] * x[ax] * tabf_at(P.f_inv + i);
     }
 }
 
@@ -127,8 +119,8 @@ fn derivs(r: vec3<f32>, d: ptr<function, array<f32, 84>>) -> f32 {
     }
     for (var n = 0u; n < P.nt; n++) {
         var a = 0.0;
-        for (var t = lists[P.o_drow + n]; t < lists[P.o_drow + n + 1u]; t++) {
-            a += tabf[P.f_dc + t] * mono[lists[P.o_drest + t]] * h[lists[P.o_dj + t]];
+        for (var t = lists_at(P.o_drow + n); t < lists_at(P.o_drow + n + 1u); t++) {
+            a += tabf_at(P.f_dc + t) * mono[lists_at(P.o_drest + t)] * h[lists_at(P.o_dj + t)];
         }
         (*d)[n] = a;
     }
@@ -150,8 +142,8 @@ fn powers(inv_s: f32, pw: ptr<function, array<f32, 9>>) {
 fn p2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
-    let a = lists[P.o_list + id];
-    let nd = nodes[2u * a];
+    let a = lists_at(P.o_list + id);
+    let nd = nodes_at(2u * a);
     let s0 = nd.x + P.chunk * P.chunk_len;
     if P.chunk > 0u && s0 >= nd.y { return; }
     let s1 = min(nd.y, s0 + P.chunk_len);
@@ -159,15 +151,15 @@ fn p2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let zl = cen_lo(a);
     var acc: array<f32, 84>;
     for (var i = 0u; i < P.nt; i++) {
-        if P.chunk == 0u { acc[i] = 0.0; } else { acc[i] = mp[a * P.nt + i]; }
+        if P.chunk == 0u { acc[i] = 0.0; } else { acc[i] = mp_at(a * P.nt + i); }
     }
     var mono: array<f32, 84>;
     for (var s = s0; s < s1; s++) {
         monomials(dd(pt_hi(s), pt_lo(s), zh, zl), &mono);
-        let m = pts[2u * s].w;
+        let m = pts_at(2u * s).w;
         for (var i = 0u; i < P.nt; i++) { acc[i] += m * mono[i]; }
     }
-    for (var i = 0u; i < P.nt; i++) { mp[a * P.nt + i] = acc[i]; }
+    for (var i = 0u; i < P.nt; i++) { mp_set(a * P.nt + i, acc[i]); }
 }
 
 // M2M: the internal nodes first..first+count (one level) from their children.
@@ -176,7 +168,7 @@ fn m2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let a = P.first + id;
-    let nd = nodes[2u * a];
+    let nd = nodes_at(2u * a);
     if nd.w == 0u { return; }
     let zh = cen_hi(a);
     let zl = cen_lo(a);
@@ -186,13 +178,13 @@ fn m2m(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     for (var c = nd.z; c < nd.z + nd.w; c++) {
         monomials(dd(cen_hi(c), cen_lo(c), zh, zl), &mono);
         for (var t = 0u; t < P.n_shift; t++) {
-            let n = lists[P.o_shift + 3u * t];
-            let k = lists[P.o_shift + 3u * t + 1u];
-            let d = lists[P.o_shift + 3u * t + 2u];
-            acc[n] += mp[c * P.nt + k] * mono[d];
+            let n = lists_at(P.o_shift + 3u * t);
+            let k = lists_at(P.o_shift + 3u * t + 1u);
+            let d = lists_at(P.o_shift + 3u * t + 2u);
+            acc[n] += mp_at(c * P.nt + k) * mono[d];
         }
     }
-    for (var i = 0u; i < P.nt; i++) { mp[a * P.nt + i] = acc[i]; }
+    for (var i = 0u; i < P.nt; i++) { mp_set(a * P.nt + i, acc[i]); }
 }
 
 // M2L: the local expansion of every node first..first+count from the entries
@@ -204,8 +196,8 @@ fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let a = P.first + id;
-    let r1 = lists[P.o_m2l_off + a + 1u];
-    let r0 = lists[P.o_m2l_off + a] + P.chunk * P.chunk_len;
+    let r1 = lists_at(P.o_m2l_off + a + 1u);
+    let r0 = lists_at(P.o_m2l_off + a) + P.chunk * P.chunk_len;
     if P.chunk > 0u && r0 >= r1 { return; }
     let rend = min(r1, r0 + P.chunk_len);
     let lo_at = (P.nn + a) * P.nt;
@@ -216,8 +208,8 @@ fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
             hi[i] = 0.0;
             lo[i] = 0.0;
         } else {
-            hi[i] = loc[a * P.nt + i];
-            lo[i] = loc[lo_at + i];
+            hi[i] = loc_at(a * P.nt + i);
+            lo[i] = loc_at(lo_at + i);
         }
     }
     let zh = cen_hi(a);
@@ -226,30 +218,30 @@ fn m2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     var ms: array<f32, 84>;
     var pw: array<f32, 9>;
     for (var r = r0; r < rend; r++) {
-        let b = lists[P.o_m2l_items + r];
+        let b = lists_at(P.o_m2l_items + r);
         let inv_s = derivs(dd(zh, zl, cen_hi(b), cen_lo(b)), &d);
         powers(inv_s, &pw);
         for (var i = 0u; i < P.nt; i++) {
-            ms[i] = tabf[P.f_sign + i] * mp[b * P.nt + i] * pw[lists[P.o_degree + i]];
+            ms[i] = tabf_at(P.f_sign + i) * mp_at(b * P.nt + i) * pw[lists_at(P.o_degree + i)];
         }
         for (var n = 0u; n < P.nt; n++) {
-            let k0 = lists[P.o_rstart + n];
-            let k1 = lists[P.o_rstart + n + 1u];
+            let k0 = lists_at(P.o_rstart + n);
+            let k1 = lists_at(P.o_rstart + n + 1u);
             var s = 0.0;
             for (var k = k0; k < k1; k++) {
-                s += ms[k - k0] * d[lists[P.o_rows + k]];
+                s += ms[k - k0] * d[lists_at(P.o_rows + k)];
             }
-            let v = two_sum1(hi[n], lo[n], s * pw[lists[P.o_degree + n] + 1u]);
+            let v = two_sum1(hi[n], lo[n], s * pw[lists_at(P.o_degree + n) + 1u]);
             hi[n] = v.x;
             lo[n] = v.y;
         }
     }
     for (var i = 0u; i < P.nt; i++) {
         if rend == r1 {
-            loc[a * P.nt + i] = hi[i] + lo[i];
+            loc_set(a * P.nt + i, hi[i] + lo[i]);
         } else {
-            loc[a * P.nt + i] = hi[i];
-            loc[lo_at + i] = lo[i];
+            loc_set(a * P.nt + i, hi[i]);
+            loc_set(lo_at + i, lo[i]);
         }
     }
 }
@@ -260,18 +252,18 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let a = P.first + id;
-    let par = nodes[2u * a + 1u].x;
+    let par = nodes_at(2u * a + 1u).x;
     var mono: array<f32, 84>;
     monomials(dd(cen_hi(a), cen_lo(a), cen_hi(par), cen_lo(par)), &mono);
     var acc: array<f32, 84>;
     for (var i = 0u; i < P.nt; i++) { acc[i] = 0.0; }
     for (var t = 0u; t < P.n_shift; t++) {
-        let n = lists[P.o_shift + 3u * t];
-        let k = lists[P.o_shift + 3u * t + 1u];
-        let d = lists[P.o_shift + 3u * t + 2u];
-        acc[k] += loc[par * P.nt + n] * mono[d];
+        let n = lists_at(P.o_shift + 3u * t);
+        let k = lists_at(P.o_shift + 3u * t + 1u);
+        let d = lists_at(P.o_shift + 3u * t + 2u);
+        acc[k] += loc_at(par * P.nt + n) * mono[d];
     }
-    for (var i = 0u; i < P.nt; i++) { loc[a * P.nt + i] += acc[i]; }
+    for (var i = 0u; i < P.nt; i++) { loc_set(a * P.nt + i, loc_at(a * P.nt + i) + acc[i]); }
 }
 
 // P2P: one workgroup per task (list at o_list: leaf, first target, source ranges q0..q1),
@@ -283,26 +275,26 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let w = wg.x + wg.y * 65535u;
     if w >= P.count { return; }
     let task = P.o_list + 4u * w;
-    let a = lists[task];
-    let nd = nodes[2u * a];
+    let a = lists_at(task);
+    let nd = nodes_at(2u * a);
     let zh = cen_hi(a);
     let zl = cen_lo(a);
-    let i = lists[task + 1u] + lid;
+    let i = lists_at(task + 1u) + lid;
     let valid = i < nd.y;
     var xi = vec3<f32>(0.0);
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     if valid {
         xi = dd(pt_hi(i), pt_lo(i), zh, zl);
-        if P.chunk > 0u { acc = Acc(outp[2u * i], outp[2u * i + 1u]); }
+        if P.chunk > 0u { acc = Acc(outp_at(2u * i), outp_at(2u * i + 1u)); }
     }
-    for (var q = lists[task + 2u]; q < lists[task + 3u]; q++) {
-        let s0 = lists[P.o_p2p_items + 2u * q];
-        let s1 = lists[P.o_p2p_items + 2u * q + 1u];
+    for (var q = lists_at(task + 2u); q < lists_at(task + 3u); q++) {
+        let s0 = lists_at(P.o_p2p_items + 2u * q);
+        let s1 = lists_at(P.o_p2p_items + 2u * q + 1u);
         var part = vec4<f32>(0.0);
         for (var t0 = s0; t0 < s1; t0 += WG) {
             let j = t0 + lid;
             if j < s1 {
-                sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts[2u * j].w);
+                sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts_at(2u * j).w);
             } else {
                 sh[lid] = vec4<f32>(0.0);
             }
@@ -323,8 +315,8 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
         acc = acc_add(acc, part);
     }
     if valid {
-        outp[2u * i] = acc.hi;
-        outp[2u * i + 1u] = acc.lo;
+        outp_set(2u * i, acc.hi);
+        outp_set(2u * i + 1u, acc.lo);
     }
 }
 
@@ -334,12 +326,12 @@ fn l2p(a: u32, xh: vec3<f32>, xl: vec3<f32>, acc: Acc) -> Acc {
     monomials(dd(xh, xl, cen_hi(a), cen_lo(a)), &mono);
     var phi = 0.0;
     var g = vec3<f32>(0.0);
-    for (var k = 0u; k < P.nt; k++) { phi += loc[a * P.nt + k] * mono[k]; }
+    for (var k = 0u; k < P.nt; k++) { phi += loc_at(a * P.nt + k) * mono[k]; }
     for (var k = 0u; k < P.ngrad; k++) {
         let s = mono[k];
-        g.x += loc[a * P.nt + lists[P.o_grad + 3u * k]] * s;
-        g.y += loc[a * P.nt + lists[P.o_grad + 3u * k + 1u]] * s;
-        g.z += loc[a * P.nt + lists[P.o_grad + 3u * k + 2u]] * s;
+        g.x += loc_at(a * P.nt + lists_at(P.o_grad + 3u * k)) * s;
+        g.y += loc_at(a * P.nt + lists_at(P.o_grad + 3u * k + 1u)) * s;
+        g.z += loc_at(a * P.nt + lists_at(P.o_grad + 3u * k + 2u)) * s;
     }
     return acc_add(acc, vec4<f32>(g, -phi));
 }
@@ -352,38 +344,38 @@ fn far(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let id = flat_id(wg, lid);
     if id >= P.count { return; }
     let i = P.first + id;
-    let a = lists[P.o_leafof + i];
-    let r1 = lists[P.o_m2p_off + a + 1u];
-    let r0 = lists[P.o_m2p_off + a] + P.chunk * P.chunk_len;
+    let a = lists_at(P.o_leafof + i);
+    let r1 = lists_at(P.o_m2p_off + a + 1u);
+    let r0 = lists_at(P.o_m2p_off + a) + P.chunk * P.chunk_len;
     if P.chunk > 0u && r0 >= r1 { return; }
     let rend = min(r1, r0 + P.chunk_len);
     let xh = pt_hi(i);
     let xl = pt_lo(i);
-    var acc = Acc(outp[2u * i], outp[2u * i + 1u]);
+    var acc = Acc(outp_at(2u * i), outp_at(2u * i + 1u));
     if P.chunk == 0u { acc = l2p(a, xh, xl, acc); }
     var d: array<f32, 84>;
     var pw: array<f32, 9>;
     for (var r = r0; r < rend; r++) {
-        let b = lists[P.o_m2p_items + r];
+        let b = lists_at(P.o_m2p_items + r);
         let inv_s = derivs(dd(xh, xl, cen_hi(b), cen_lo(b)), &d);
         powers(inv_s, &pw);
         var ph = 0.0;
         var gb = vec3<f32>(0.0);
         for (var k = 0u; k < P.nt; k++) {
-            let sm = tabf[P.f_sign + k] * mp[b * P.nt + k];
-            let deg = lists[P.o_degree + k];
+            let sm = tabf_at(P.f_sign + k) * mp_at(b * P.nt + k);
+            let deg = lists_at(P.o_degree + k);
             ph += sm * d[k] * pw[deg + 1u];
             if k < P.ngrad {
                 let f = sm * pw[deg + 2u];
-                gb.x += f * d[lists[P.o_grad + 3u * k]];
-                gb.y += f * d[lists[P.o_grad + 3u * k + 1u]];
-                gb.z += f * d[lists[P.o_grad + 3u * k + 2u]];
+                gb.x += f * d[lists_at(P.o_grad + 3u * k)];
+                gb.y += f * d[lists_at(P.o_grad + 3u * k + 1u)];
+                gb.z += f * d[lists_at(P.o_grad + 3u * k + 2u)];
             }
         }
         acc = acc_add(acc, vec4<f32>(gb, -ph));
     }
-    outp[2u * i] = acc.hi;
-    outp[2u * i + 1u] = acc.lo;
+    outp_set(2u * i, acc.hi);
+    outp_set(2u * i + 1u, acc.lo);
 }
 
 // Direct summation: targets target0..target0+count against the sources src0..src1 (of the
@@ -403,13 +395,13 @@ fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if valid {
         xh = pt_hi(i);
         xl = pt_lo(i);
-        if P.chunk > 0u { acc = Acc(outp[2u * t], outp[2u * t + 1u]); }
+        if P.chunk > 0u { acc = Acc(outp_at(2u * t), outp_at(2u * t + 1u)); }
     }
     for (var t0 = P.src0; t0 < P.src1; t0 += WG) {
         let j = t0 + lid;
         if j < P.src1 {
-            sh[lid] = pts[2u * j];
-            sh_lo[lid] = pts[2u * j + 1u];
+            sh[lid] = pts_at(2u * j);
+            sh_lo[lid] = pts_at(2u * j + 1u);
         } else {
             sh[lid] = vec4<f32>(0.0);
             sh_lo[lid] = vec4<f32>(0.0);
@@ -430,7 +422,7 @@ fn direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }
     if valid {
-        outp[2u * t] = acc.hi;
-        outp[2u * t + 1u] = acc.lo;
+        outp_set(2u * t, acc.hi);
+        outp_set(2u * t + 1u, acc.lo);
     }
 }

@@ -52,7 +52,7 @@ use crate::NbodyError;
 
 mod pipelines;
 pub mod resident;
-use pipelines::{compile, records_group, RECORD_STRIDE as PARAM_STRIDE};
+use pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE as PARAM_STRIDE};
 pub use resident::{DeviceField, ResidentShard};
 
 /// The kernels' source.
@@ -112,24 +112,71 @@ impl GpuSplit {
     }
 }
 
-struct Kernels {
-    p2m: wgpu::ComputePipeline,
-    m2m: wgpu::ComputePipeline,
-    m2l: wgpu::ComputePipeline,
-    l2l: wgpu::ComputePipeline,
-    p2p: wgpu::ComputePipeline,
-    far: wgpu::ComputePipeline,
-    direct: wgpu::ComputePipeline,
-}
+/// The storage arrays of `fmm.wgsl` (group 0, in binding order): inputs, then the
+/// multipoles, local expansions and particle fields.
+const ARRAYS: [Array; 8] = [
+    Array {
+        name: "pts",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: true,
+    },
+    Array {
+        name: "cen",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: true,
+    },
+    Array {
+        name: "nodes",
+        ty: "vec4<u32>",
+        elem: 16,
+        read_only: true,
+    },
+    Array {
+        name: "lists",
+        ty: "u32",
+        elem: 4,
+        read_only: true,
+    },
+    Array {
+        name: "tabf",
+        ty: "f32",
+        elem: 4,
+        read_only: true,
+    },
+    Array {
+        name: "mp",
+        ty: "f32",
+        elem: 4,
+        read_only: false,
+    },
+    Array {
+        name: "loc",
+        ty: "f32",
+        elem: 4,
+        read_only: false,
+    },
+    Array {
+        name: "outp",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: false,
+    },
+];
+
+/// The entry points of `fmm.wgsl`, in the order of [`Kernel`] (then the direct sums).
+const ENTRIES: [&str; 7] = ["p2m", "m2m", "m2l", "l2l", "p2p", "far", "direct"];
+/// The direct sums' pipeline among [`ENTRIES`].
+const DIRECT: usize = 6;
 
 /// Gravity on one GPU adapter: the compiled kernels on the process's shared device
 /// ([`GpuContext::open`]). Implements [`ForceDevice`] for [`Fmm::on_device`].
 pub struct GpuForces {
     ctx: Arc<GpuContext>,
     selected: Selected,
-    kernels: Kernels,
-    layout0: wgpu::BindGroupLayout,
-    layout1: wgpu::BindGroupLayout,
+    /// `fmm.wgsl`, compiled per count of windows of its arrays.
+    module: Module,
     last: Mutex<GpuSplit>,
     loop_budget: u32,
 }
@@ -185,31 +232,12 @@ impl GpuForces {
         let selected =
             lockstep_gpu::select_adapter(&all, index, slot, cuda.as_deref()).map_err(gpu_error)?;
         let ctx = GpuContext::open(selected.adapter.index).map_err(gpu_error)?;
-        // Bindings 0-4 are read-only inputs, 5-7 the multipoles, locals and fields.
-        let read_only = [true, true, true, true, true, false, false, false];
-        let names = ["p2m", "m2m", "m2l", "l2l", "p2p", "far", "direct"];
-        let c = compile(&ctx, "fmm.wgsl", SHADER, &read_only, PARAM_BYTES, &names);
-        let [p2m, m2m, m2l, l2l, p2p, far, direct]: [wgpu::ComputePipeline; 7] = c
-            .pipelines
-            .try_into()
-            .expect("one pipeline per entry point");
-        let kernels = Kernels {
-            p2m,
-            m2m,
-            m2l,
-            l2l,
-            p2p,
-            far,
-            direct,
-        };
-        let (layout0, layout1) = (c.layout0, c.layout1);
-        ctx.check().map_err(gpu_error)?;
+        let module = Module::new(&ctx, "fmm.wgsl", SHADER, &ARRAYS, PARAM_BYTES, &ENTRIES)
+            .map_err(gpu_error)?;
         Ok(GpuForces {
             ctx,
             selected,
-            kernels,
-            layout0,
-            layout1,
+            module,
             last: Mutex::new(GpuSplit::default()),
             loop_budget: LOOP_BUDGET,
         })
@@ -265,37 +293,36 @@ impl GpuForces {
         self.ctx.check().map_err(gpu_error)
     }
 
-    fn bind0(&self, buffers: [&wgpu::Buffer; 8]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("nbody buffers"),
-                layout: &self.layout0,
-                entries: &entries,
-            })
+    /// Group 0 for the arrays of `fmm.wgsl` in `buffers` (each bound as windows where it
+    /// exceeds a binding), with the kernels for those windows.
+    fn bind0(&self, buffers: [&wgpu::Buffer; 8]) -> Result<Bound, NbodyError> {
+        self.module
+            .bind(&self.ctx, "nbody buffers", &buffers)
+            .map_err(gpu_error)
     }
 
     /// The uniform buffer of the dispatch records `params` and its bind group.
     fn params_group(&self, params: &[Params]) -> wgpu::BindGroup {
         let records: Vec<&[u32]> = params.iter().map(|p| &p.0[..]).collect();
         let label = "nbody dispatch parameters";
-        records_group(&self.ctx, &self.layout1, label, &records, PARAM_BYTES)
+        records_group(
+            &self.ctx,
+            self.module.layout1(),
+            label,
+            &records,
+            PARAM_BYTES,
+        )
     }
 
+    /// A storage buffer holding `data`, bound as windows where it exceeds a binding.
     fn storage<T: bytemuck::Pod>(
         &self,
         name: &str,
         data: &[T],
     ) -> Result<wgpu::Buffer, NbodyError> {
-        self.ctx.storage_from(name, data, REDUCE).map_err(gpu_error)
+        self.ctx
+            .storage_windowed_from(name, data, REDUCE)
+            .map_err(gpu_error)
     }
 }
 
@@ -748,23 +775,16 @@ impl GpuForces {
         plan
     }
 
-    fn pipeline(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
-        let k = &self.kernels;
-        match kernel {
-            Kernel::P2m => &k.p2m,
-            Kernel::M2m => &k.m2m,
-            Kernel::M2l => &k.m2l,
-            Kernel::L2l => &k.l2l,
-            Kernel::P2p => &k.p2p,
-            Kernel::Far => &k.far,
-        }
+    /// The pipeline of `kernel` among `bound`'s.
+    fn pipeline(bound: &Bound, kernel: Kernel) -> &wgpu::ComputePipeline {
+        &bound.compiled.pipelines[kernel as usize]
     }
 
     /// Records `dispatches` `(kernel, record, workgroups)` in one compute pass; submits and
     /// waits, naming `what` in errors. Returns the seconds it took.
     fn submit(
         &self,
-        groups: (&wgpu::BindGroup, &wgpu::BindGroup),
+        groups: (&Bound, &wgpu::BindGroup),
         dispatches: &[(Kernel, usize, u32)],
         what: &str,
     ) -> Result<f64, NbodyError> {
@@ -772,9 +792,15 @@ impl GpuForces {
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_bind_group(0, groups.0, &[]);
+            pass.set_bind_group(0, &groups.0.group, &[]);
             for &(kernel, slot, n) in dispatches {
-                dispatch(&mut pass, self.pipeline(kernel), groups.1, slot, n);
+                dispatch(
+                    &mut pass,
+                    Self::pipeline(groups.0, kernel),
+                    groups.1,
+                    slot,
+                    n,
+                );
             }
         }
         self.run(enc, what)?;
@@ -856,15 +882,15 @@ impl GpuForces {
         // Local expansions, then the low parts of the M2L's sums between its passes.
         let b_loc = self
             .ctx
-            .storage("local expansions", (2 * nn * nt * 4) as u64, REDUCE)
+            .storage_windowed("local expansions", (2 * nn * nt * 4) as u64, REDUCE)
             .map_err(gpu_error)?;
         let b_out = self
             .ctx
-            .storage("particle fields", out_bytes, REDUCE)
+            .storage_windowed("particle fields", out_bytes, REDUCE)
             .map_err(gpu_error)?;
         let group0 = self.bind0([
             &b_pts, &b_cen, &b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
-        ]);
+        ])?;
         let group1 = self.params_group(&plan.params);
         let words = pk.pts.len() * 4 + pk.cen.len() * 4 + pk.nodes.len() * 4 + imported_words;
         let words = words + pk.u.len() + pk.f.len() + pk.mp0.len() + host_perm.len();
@@ -983,9 +1009,9 @@ impl GpuForces {
         let out_bytes = (2 * n * 16) as u64;
         let b_out = self
             .ctx
-            .storage("particle fields", out_bytes, REDUCE)
+            .storage_windowed("particle fields", out_bytes, REDUCE)
             .map_err(gpu_error)?;
-        let group0 = self.bind0([&b_pts, &dummy, &dummy, &dummy, &dummy, &d5, &d6, &b_out]);
+        let group0 = self.bind0([&b_pts, &dummy, &dummy, &dummy, &dummy, &d5, &d6, &b_out])?;
         // Passes over source ranges: a tile of 64 sources costs 66 loop iterations.
         let per = ((self.loop_budget.saturating_sub(1)) / (WG + 2) * WG).max(WG) as usize;
         let params: Vec<Params> = (0..passes(pos.len(), per as u32))
@@ -1000,10 +1026,11 @@ impl GpuForces {
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_bind_group(0, &group0, &[]);
+            pass.set_bind_group(0, &group0.group, &[]);
             for slot in 0..params.len() {
                 let groups = (n as u32).div_ceil(WG);
-                dispatch(&mut pass, &self.kernels.direct, &group1, slot, groups);
+                let direct = &group0.compiled.pipelines[DIRECT];
+                dispatch(&mut pass, direct, &group1, slot, groups);
             }
         }
         let upload = clock.elapsed().as_secs_f64();

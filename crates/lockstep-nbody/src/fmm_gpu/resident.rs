@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
-use super::pipelines::{compile, records_group, RECORD_STRIDE as STEP_STRIDE};
+use super::pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE as STEP_STRIDE};
 use crate::direct::Forces;
 use crate::particles::Particles;
 
@@ -29,6 +29,39 @@ const SHADER: &str = include_str!("resident.wgsl");
 const WG: u32 = 64;
 /// Bytes of `Step` in `resident.wgsl`.
 const STEP_BYTES: u64 = 64;
+/// The storage arrays of `resident.wgsl` (group 0, in binding order).
+const ARRAYS: [Array; 4] = [
+    Array {
+        name: "pos",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: false,
+    },
+    Array {
+        name: "vel_or_points",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: false,
+    },
+    Array {
+        name: "field_or_imported",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: true,
+    },
+    Array {
+        name: "perm",
+        ty: "u32",
+        elem: 4,
+        read_only: true,
+    },
+];
+/// The entry points of `resident.wgsl`.
+const ENTRIES: [&str; 3] = ["drift", "kick", "gather"];
+/// Their indices in [`ENTRIES`].
+const DRIFT: usize = 0;
+const KICK: usize = 1;
+const GATHER: usize = 2;
 /// What shrinks the shard's buffers, for the messages of buffers too large.
 const REDUCE: &str =
     "the particles per rank (run more ranks or GPUs: mpirun -n R) or capacity_factor";
@@ -92,7 +125,7 @@ impl DeviceField {
 /// One recorded kernel: a drift of every particle, or a kick by a field.
 enum Op {
     Drift(f64),
-    Kick(wgpu::BindGroup, u32, f64, f64),
+    Kick(Bound, u32, f64, f64),
 }
 
 /// The words of one `Step` record of `resident.wgsl`.
@@ -115,21 +148,20 @@ fn step_words(num: usize, slots: u32, dt: f64, g: f64, origin: [f64; 3]) -> [u32
 /// A shard's positions and velocities on the device, with the drift and kick kernels.
 pub struct ResidentShard {
     ctx: Arc<GpuContext>,
-    drift: wgpu::ComputePipeline,
-    kick: wgpu::ComputePipeline,
-    gather: wgpu::ComputePipeline,
-    layout0: wgpu::BindGroupLayout,
-    layout1: wgpu::BindGroupLayout,
+    /// `resident.wgsl`, compiled per count of windows of its arrays.
+    module: Module,
     /// `[2 * capacity]` vec4: (hi, lo) positions, kpc.
     pos: wgpu::Buffer,
     /// `[2 * capacity]` vec4: (hi, lo) velocities, km/s.
     vel: wgpu::Buffer,
     /// The drift's bind group (no field).
-    drift_group: wgpu::BindGroup,
+    drift_group: Bound,
     capacity: usize,
     num: usize,
     num_total: u64,
     pending: Vec<Op>,
+    /// An error a recorded step met ([`ResidentShard::kick`]), for the next read-back.
+    failed: Option<GpuError>,
     /// Submissions and bytes read back since this shard was made (its own, not the forces').
     reads: u64,
     bytes_read: u64,
@@ -171,42 +203,27 @@ impl ResidentShard {
     /// and compiles the kernels.
     ///
     /// Errors: [`GpuError::BufferTooLarge`] naming the buffer (positions or velocities,
-    /// 32 B per slot) over the adapter's storage-binding limit; [`GpuError::Device`].
+    /// 32 B per slot) over the adapter's buffer limit (over a storage binding they are bound
+    /// as windows); [`GpuError::Device`].
     pub fn new(ctx: &Arc<GpuContext>, p: &Particles) -> Result<ResidentShard, GpuError> {
         let capacity = p.capacity().max(p.num);
-        let pos = ctx.storage_from(
+        let pos = ctx.storage_windowed_from(
             "resident particle positions",
             &pairs(&p.pos[..p.num], Some(&p.mass[..p.num]), capacity),
             REDUCE,
         )?;
-        let vel = ctx.storage_from(
+        let vel = ctx.storage_windowed_from(
             "resident particle velocities",
             &pairs(&p.vel[..p.num], None, capacity),
             REDUCE,
         )?;
-        let c = compile(
-            ctx,
-            "resident.wgsl",
-            SHADER,
-            &[false, false, true, true],
-            STEP_BYTES,
-            &["drift", "kick", "gather"],
-        );
-        let [drift, kick, gather]: [wgpu::ComputePipeline; 3] = c
-            .pipelines
-            .try_into()
-            .expect("one pipeline per entry point");
-        let (layout0, layout1) = (c.layout0, c.layout1);
+        let module = Module::new(ctx, "resident.wgsl", SHADER, &ARRAYS, STEP_BYTES, &ENTRIES)?;
         let none = ctx.storage("no field", 16, REDUCE)?;
-        let drift_group = Self::group(ctx, &layout0, [&pos, &vel, &none, &none]);
+        let drift_group = module.bind(ctx, "resident shard", &[&pos, &vel, &none, &none])?;
         ctx.check()?;
         Ok(ResidentShard {
             ctx: ctx.clone(),
-            drift,
-            kick,
-            gather,
-            layout0,
-            layout1,
+            module,
             pos,
             vel,
             drift_group,
@@ -214,28 +231,9 @@ impl ResidentShard {
             num: p.num,
             num_total: p.num_total,
             pending: Vec::new(),
+            failed: None,
             reads: 0,
             bytes_read: 0,
-        })
-    }
-
-    fn group(
-        ctx: &GpuContext,
-        layout: &wgpu::BindGroupLayout,
-        buffers: [&wgpu::Buffer; 4],
-    ) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("resident shard"),
-            layout,
-            entries: &entries,
         })
     }
 
@@ -275,36 +273,45 @@ impl ResidentShard {
     }
 
     /// Records `v += a dt` with the acceleration of `field`; it runs with the next read-back.
+    /// An error binding the field (compiling the kernels for a new count of windows) is
+    /// returned by the next read-back ([`ResidentShard::fetch`], [`ResidentShard::points`]).
     pub fn kick(&mut self, field: &DeviceField, dt: f64) {
-        let group = Self::group(
-            &self.ctx,
-            &self.layout0,
-            [&self.pos, &self.vel, &field.out, &field.perm],
-        );
-        self.pending
-            .push(Op::Kick(group, field.slots() as u32, dt, field.g));
+        let buffers = [&self.pos, &self.vel, &field.out, &field.perm];
+        match self.module.bind(&self.ctx, "resident shard", &buffers) {
+            Ok(group) => self
+                .pending
+                .push(Op::Kick(group, field.slots() as u32, dt, field.g)),
+            Err(e) => {
+                self.failed.get_or_insert(e);
+            }
+        }
+    }
+
+    /// The error a recorded step met, once.
+    fn take_failure(&mut self) -> Result<(), GpuError> {
+        match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Records the dispatches of `ops` `(kernel, bind group, items, step words)` in one
     /// compute pass of `enc`, each with its `Step` record.
-    fn record(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        ops: &[(&wgpu::ComputePipeline, &wgpu::BindGroup, u32, [u32; 16])],
-    ) {
+    fn record(&self, enc: &mut wgpu::CommandEncoder, ops: &[(usize, &Bound, u32, [u32; 16])]) {
         if ops.is_empty() {
             return;
         }
         let records: Vec<&[u32]> = ops.iter().map(|op| &op.3[..]).collect();
         let label = "resident shard steps";
-        let group1 = records_group(&self.ctx, &self.layout1, label, &records, STEP_BYTES);
+        let layout1 = self.module.layout1();
+        let group1 = records_group(&self.ctx, layout1, label, &records, STEP_BYTES);
         let mut pass = enc.begin_compute_pass(&Default::default());
-        for (k, (pipeline, group, items, _)) in ops.iter().enumerate() {
+        for (k, (entry, bound, items, _)) in ops.iter().enumerate() {
             if *items == 0 {
                 continue;
             }
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, *group, &[]);
+            pass.set_pipeline(&bound.compiled.pipelines[*entry]);
+            pass.set_bind_group(0, &bound.group, &[]);
             pass.set_bind_group(1, &group1, &[(k as u64 * STEP_STRIDE) as u32]);
             let groups = items.div_ceil(WG);
             let x = groups.clamp(1, 65_535);
@@ -313,19 +320,19 @@ impl ResidentShard {
     }
 
     /// The recorded drifts and kicks as dispatches for [`ResidentShard::record`].
-    fn pending_ops(&self) -> Vec<(&wgpu::ComputePipeline, &wgpu::BindGroup, u32, [u32; 16])> {
+    fn pending_ops(&self) -> Vec<(usize, &Bound, u32, [u32; 16])> {
         let num = self.num as u32;
         self.pending
             .iter()
             .map(|op| match op {
                 Op::Drift(dt) => (
-                    &self.drift,
+                    DRIFT,
                     &self.drift_group,
                     num,
                     step_words(self.num, 0, *dt, 0.0, [0.0; 3]),
                 ),
                 Op::Kick(group, slots, dt, g) => (
-                    &self.kick,
+                    KICK,
                     group,
                     if num == 0 { 0 } else { *slots },
                     step_words(self.num, *slots, *dt, *g, [0.0; 3]),
@@ -350,18 +357,20 @@ impl ResidentShard {
         origin: [f64; 3],
         slots: usize,
     ) -> Result<wgpu::Buffer, GpuError> {
-        let out = self.ctx.storage(
+        self.take_failure()?;
+        let out = self.ctx.storage_windowed(
             "particles (positions and masses)",
             (32 * slots) as u64,
             REDUCE,
         )?;
         let inp = self
             .ctx
-            .storage_from("imported particles", imported, REDUCE)?;
-        let group = Self::group(&self.ctx, &self.layout0, [&self.pos, &out, &inp, perm]);
+            .storage_windowed_from("imported particles", imported, REDUCE)?;
+        let buffers = [&self.pos, &out, &inp, perm];
+        let group = self.module.bind(&self.ctx, "resident shard", &buffers)?;
         let mut ops = self.pending_ops();
         let words = step_words(self.num, slots as u32, 0.0, 0.0, origin);
-        ops.push((&self.gather, &group, slots as u32, words));
+        ops.push((GATHER, &group, slots as u32, words));
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         self.record(&mut enc, &ops);
         self.ctx.queue.submit([enc.finish()]);
@@ -375,6 +384,7 @@ impl ResidentShard {
     ///
     /// Errors: [`GpuError::Device`], [`GpuError::Timeout`].
     pub fn fetch(&mut self, p: &mut Particles, velocities: bool) -> Result<(), GpuError> {
+        self.take_failure()?;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         self.record(&mut enc, &self.pending_ops());
         self.pending.clear();

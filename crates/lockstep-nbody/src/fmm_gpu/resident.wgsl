@@ -39,10 +39,6 @@ struct Step {
     o_lo: vec4<f32>,
 }
 
-@group(0) @binding(0) var<storage, read_write> pos: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read_write> vel_or_points: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> field_or_imported: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> perm: array<u32>;
 @group(1) @binding(0) var<uniform> S: Step;
 
 struct Df {
@@ -104,12 +100,12 @@ fn index(wg: vec3<u32>, lid: u32) -> u32 {
 fn drift(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = index(wg, lid);
     if i >= S.num { return; }
-    let hi = pos[2u * i];
-    let x = Df(hi.xyz, pos[2u * i + 1u].xyz);
-    let v = Df(vel_or_points[2u * i].xyz, vel_or_points[2u * i + 1u].xyz);
+    let hi = pos_at(2u * i);
+    let x = Df(hi.xyz, pos_at(2u * i + 1u).xyz);
+    let v = Df(vel_or_points_at(2u * i).xyz, vel_or_points_at(2u * i + 1u).xyz);
     let y = add(x, mul(v, S.dt_hi, S.dt_lo));
-    pos[2u * i] = vec4<f32>(y.hi, hi.w);
-    pos[2u * i + 1u] = vec4<f32>(y.lo, 0.0);
+    pos_set(2u * i, vec4<f32>(y.hi, hi.w));
+    pos_set(2u * i + 1u, vec4<f32>(y.lo, 0.0));
 }
 
 // v += G (field) dt, slot by slot of the force evaluation's order.
@@ -117,14 +113,14 @@ fn drift(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 fn kick(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let s = index(wg, lid);
     if s >= S.slots { return; }
-    let i = perm[s];
+    let i = perm_at(s);
     if i >= S.num { return; }
-    let f = Df(field_or_imported[2u * s].xyz, field_or_imported[2u * s + 1u].xyz);
+    let f = Df(field_or_imported_at(2u * s).xyz, field_or_imported_at(2u * s + 1u).xyz);
     let a = mul(f, S.g_hi, S.g_lo);
-    let v = Df(vel_or_points[2u * i].xyz, vel_or_points[2u * i + 1u].xyz);
+    let v = Df(vel_or_points_at(2u * i).xyz, vel_or_points_at(2u * i + 1u).xyz);
     let w = add(v, mul(a, S.dt_hi, S.dt_lo));
-    vel_or_points[2u * i] = vec4<f32>(w.hi, 0.0);
-    vel_or_points[2u * i + 1u] = vec4<f32>(w.lo, 0.0);
+    vel_or_points_set(2u * i, vec4<f32>(w.hi, 0.0));
+    vel_or_points_set(2u * i + 1u, vec4<f32>(w.lo, 0.0));
 }
 
 // The FMM's sorted points (fmm.wgsl's `pts`): slot s holds particle perm[s] relative to the
@@ -134,15 +130,15 @@ fn kick(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let s = index(wg, lid);
     if s >= S.slots { return; }
-    let i = perm[s];
+    let i = perm_at(s);
     if i >= S.num {
         let k = i - S.num;
-        vel_or_points[2u * s] = field_or_imported[2u * k];
-        vel_or_points[2u * s + 1u] = field_or_imported[2u * k + 1u];
+        vel_or_points_set(2u * s, field_or_imported_at(2u * k));
+        vel_or_points_set(2u * s + 1u, field_or_imported_at(2u * k + 1u));
         return;
     }
-    let hi = pos[2u * i];
-    let d = add(Df(hi.xyz, pos[2u * i + 1u].xyz), Df(-S.o_hi.xyz, -S.o_lo.xyz));
-    vel_or_points[2u * s] = vec4<f32>(d.hi, hi.w);
-    vel_or_points[2u * s + 1u] = vec4<f32>(d.lo, 0.0);
+    let hi = pos_at(2u * i);
+    let d = add(Df(hi.xyz, pos_at(2u * i + 1u).xyz), Df(-S.o_hi.xyz, -S.o_lo.xyz));
+    vel_or_points_set(2u * s, vec4<f32>(d.hi, hi.w));
+    vel_or_points_set(2u * s + 1u, vec4<f32>(d.lo, 0.0));
 }

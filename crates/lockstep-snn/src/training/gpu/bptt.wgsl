@@ -44,7 +44,7 @@ struct Step {
 // in in-edge order), `grad` (float64
 // accumulators of the weight gradient) and `edges_u32` (in-edge sources and weight slots,
 // out-edge target rows) may exceed one binding: they are declared in the header as windows
-// of one buffer (windows.rs) and read and written through `net_u32_at`, `weights_at`,
+// of one buffer (lockstep_gpu::windows) and read and written through `net_u32_at`, `weights_at`,
 // `weights_set`, `grad_at`, `grad_set` and `edges_at`.
 @group(0) @binding(1) var<storage, read> net_f32: array<f32>;
 @group(0) @binding(2) var<storage, read> net_f64: array<f64>;

@@ -7,8 +7,8 @@ use std::fmt::Write;
 
 use crate::error::{Result, SnnError};
 use crate::simulation::model::ModelKind;
-use crate::training::gpu::windows::Windowed;
 use crate::training::problem::Problem;
+use lockstep_gpu::windows::Windowed;
 
 /// Float32 slots per group before the ports (`G_PORTS` in `bptt.wgsl`).
 const G_PORTS: usize = 12;

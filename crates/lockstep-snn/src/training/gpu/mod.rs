@@ -12,13 +12,12 @@
 //! losses: the parameters, gradient and optimizer slots then stay there between updates.
 //! Files: `layout.rs` (the network packed for the device, the kernels' constants),
 //! `engine.rs` (buffers, kernels, one call), `training_state.rs` (the training state on the
-//! device and the optimizer's kernels, `training_state.wgsl`), `windows.rs` (arrays larger
-//! than one binding, bound as windows of one buffer).
+//! device and the optimizer's kernels, `training_state.wgsl`). Arrays larger than one
+//! binding are bound as windows of one buffer (`lockstep_gpu::windows`).
 
 mod engine;
 mod layout;
 mod training_state;
-mod windows;
 
 pub(crate) use engine::GpuEngine;
 

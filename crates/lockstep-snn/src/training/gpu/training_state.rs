@@ -10,7 +10,7 @@ use lockstep_gpu::{wgpu, GpuContext, ReadRange};
 use lockstep_train::{DeviceRule, DeviceUpdate};
 
 use crate::error::{Result, SnnError};
-use crate::training::gpu::windows::{window_len, windows_of};
+use lockstep_gpu::windows::{window_len, windows_of};
 
 /// The kernels' source.
 const SHADER: &str = include_str!("training_state.wgsl");

@@ -1,23 +1,22 @@
 //! Arrays larger than one storage binding ([`Windowed`]): one buffer (up to the adapter's
-//! `max_buffer_size`) bound as consecutive windows, each within
-//! `max_storage_buffer_binding_size` (lavapipe: 128 MiB; NVIDIA through wgpu: 2 GiB - 1),
-//! read and written in the kernels through generated accessors (`NAME_at(i)`,
-//! `NAME_set(i, v)`) that pick the window of element `i`. With one window (every array of a
-//! network that fits) the accessors are the plain index.
+//! `max_buffer_size`; [`crate::GpuContext::storage_windowed`]) bound as consecutive windows,
+//! each within `max_storage_buffer_binding_size` (lavapipe: 128 MiB; NVIDIA through wgpu:
+//! 2 GiB - 1; [`crate::GpuContext::max_storage`]), read and written in the kernels through
+//! generated WGSL accessors (`NAME_at(i)`, `NAME_set(i, v)`) that pick the window of element
+//! `i`. With one window (every array that fits one binding) the accessors are the plain
+//! index. Used by the spiking network's BPTT kernels and the N-body's.
 
 use std::fmt::Write as _;
-
-use lockstep_gpu::wgpu;
 
 /// Window lengths are multiples of this many elements, so that every window's byte offset
 /// is a multiple of 256 (every adapter's storage offset alignment) for 4- and 8-byte
 /// elements, and of 1,024 bytes for the sign words of the training state.
-pub(super) const WINDOW_ALIGN: usize = 1024;
+pub const WINDOW_ALIGN: usize = 1024;
 
 /// One array of `len` elements of `elem_bytes` bytes bound as windows of `window` elements
 /// at bindings `first_binding..` of its bind group.
 #[derive(Debug, Clone)]
-pub(super) struct Windowed {
+pub struct Windowed {
     /// The array's name in the kernels (`NAME_0`, `NAME_1`, ... and `NAME_at`).
     pub name: &'static str,
     /// Its WGSL element type (`u32`, `f32`, `f64`).
@@ -36,14 +35,14 @@ pub(super) struct Windowed {
 
 /// Elements per window of `elem_bytes`-byte values under a binding limit of `max_binding`
 /// bytes: the largest multiple of [`WINDOW_ALIGN`] that fits (at least one multiple).
-pub(super) fn window_len(elem_bytes: u64, max_binding: u64) -> usize {
+pub fn window_len(elem_bytes: u64, max_binding: u64) -> usize {
     let fit = (max_binding / elem_bytes) as usize;
     (fit / WINDOW_ALIGN).max(1) * WINDOW_ALIGN
 }
 
 /// The windows of `len` elements of `window` each: `(first element, elements)`, none for an
 /// empty array.
-pub(super) fn windows_of(len: usize, window: usize) -> Vec<(usize, usize)> {
+pub fn windows_of(len: usize, window: usize) -> Vec<(usize, usize)> {
     (0..len.div_ceil(window))
         .map(|c| (c * window, window.min(len - c * window)))
         .collect()
@@ -82,7 +81,7 @@ impl Windowed {
         self.first_binding + self.count() as u32
     }
 
-    /// Its declarations and accessors in WGSL (group 0).
+    /// Its declarations (group 0, bindings `first_binding..`) and accessors in WGSL.
     pub fn wgsl(&self) -> String {
         let (name, ty, w, k) = (self.name, self.wgsl_type, self.window, self.count());
         let access = if self.read_only { "read" } else { "read_write" };
