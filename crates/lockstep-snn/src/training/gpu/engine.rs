@@ -298,7 +298,8 @@ impl GpuEngine {
         self.call(p, Weights::Device, first_sample, batch)
     }
 
-    /// One call on `weights`: the forward pass, the loss, the backward pass.
+    /// One call on `weights`: the inputs written, the forward pass and its loss sums read
+    /// back, the loss terms on the host, the backward pass.
     fn call(
         &self,
         p: &Problem,
@@ -314,42 +315,129 @@ impl GpuEngine {
         let training = self.training.lock().unwrap_or_else(|p| p.into_inner());
         let train = match weights {
             Weights::Host(_) => None,
-            Weights::Device => match training.as_ref() {
-                Some(t) if t.len() == p.n_params() => Some(t),
-                Some(t) => {
-                    return Err(SnnError::Shape(format!(
-                        "the training state on the device has {} parameters; the model has {}",
-                        t.len(),
-                        p.n_params()
-                    )))
-                }
-                None => {
-                    return Err(SnnError::Shape(
-                        "the training state is not on the device (no upload)".into(),
-                    ))
-                }
-            },
+            Weights::Device => Some(training_for(training.as_ref(), p)?),
         };
         let ctx = &self.ctx;
-        let l = &r.layout;
-        let (n, b, t_len) = (l.n, l.b, l.t);
         let mut timing = StepTiming::default();
+        let chunk = p
+            .opts
+            .gradient_checkpointing
+            .map(|k| k.min(r.layout.t).max(1));
+        let (fwd, bwd, steps) = plan_passes(&r.layout, chunk);
+        let mut launches = fwd
+            .iter()
+            .chain(bwd.iter().map(|(_, c)| c))
+            .flatten()
+            .filter(|(c, _)| c.groups > 0)
+            .count() as u64;
+        let mut uploaded = r.write_inputs(ctx, p, weights, first_sample, batch, &steps);
 
-        // Per-call inputs: weights, surrogate, voltage-regularization coefficient, zeroed
-        // state, gradient and masks, the initial state. The weights are the parameters
-        // (uploaded from the host, or copied on the device in the forward pass), then the
-        // input weights, written once per shape when they are not trained.
-        let n_rec = l.e_rec;
+        let clock = std::time::Instant::now();
+        let (back, mut read_bytes) = r.forward(ctx, p, train, &fwd, chunk.is_some())?;
+        timing.forward_s = clock.elapsed().as_secs_f64();
+
+        // Loss terms from the spike counts and the voltage-regularization sums; the rate
+        // losses' derivatives go up for the backward pass.
+        let (n, b) = (r.layout.n, r.layout.b);
+        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(&back[0]);
+        let vreg: Vec<f64> = bytemuck::pod_collect_to_vec(&back[1]);
+        let vsum: Vec<f64> = (0..b)
+            .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
+            .collect();
+        let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
+        let first_spikes = back
+            .get(2)
+            .map(|raw| first_sample_spikes(p, &r.layout, raw));
+        ctx.write(&r.adj, 4 * r.layout.o_gzrate as u64, &gz_rate);
+        uploaded += 4 * gz_rate.len() as u64;
+
+        let clock = std::time::Instant::now();
+        let backward = r.backward(ctx, train, &bwd)?;
+        timing.backward_s = clock.elapsed().as_secs_f64();
+        launches += backward.launches;
+        read_bytes += backward.read_bytes;
+        timing.device = Some(DeviceCounts {
+            launches,
+            host_syncs: backward.host_syncs,
+            bytes_to_host: read_bytes,
+            bytes_to_device: uploaded,
+        });
+        let mut out = p.finish(terms, backward.grad, n_spikes, batch);
+        out.first_spikes = first_spikes;
+        Ok((out, timing))
+    }
+}
+
+/// The training state on the device for a call of `p`'s model.
+///
+/// Errors: none uploaded, or one of another length than the model's parameters.
+fn training_for<'a>(t: Option<&'a TrainingState>, p: &Problem) -> Result<&'a TrainingState> {
+    match t {
+        Some(t) if t.len() == p.n_params() => Ok(t),
+        Some(t) => Err(SnnError::Shape(format!(
+            "the training state on the device has {} parameters; the model has {}",
+            t.len(),
+            p.n_params()
+        ))),
+        None => Err(SnnError::Shape(
+            "the training state is not on the device (no upload)".into(),
+        )),
+    }
+}
+
+/// The first sample's spikes as `(step, neuron id)` pairs, sorted, from the masks `raw`
+/// (`[step, neuron, word]` u32, lane 0 the first sample).
+fn first_sample_spikes(p: &Problem, l: &Layout, raw: &[u8]) -> Vec<(u32, u32)> {
+    let fired: Vec<u32> = bytemuck::pod_collect_to_vec(raw);
+    let mut s = Vec::new();
+    for t in 0..l.t {
+        for i in 0..l.n {
+            if fired[(t * l.n + i) * l.w] & 1 != 0 {
+                s.push((t as u32, p.net.order[i]));
+            }
+        }
+    }
+    s.sort_unstable();
+    s
+}
+
+/// What the backward pass of a call gives back.
+struct Backward {
+    /// The mean gradient (`[n_params]`), or empty when it went into the device's.
+    grad: Vec<f32>,
+    /// Host synchronisations of the whole call (1 or 2).
+    host_syncs: u64,
+    /// Bytes read back by the backward pass.
+    read_bytes: u64,
+    /// Launches it added to the plan's (the gradient's accumulation).
+    launches: u64,
+}
+
+impl Resident {
+    /// Writes one call's inputs: the parameters (from the host; from the device they are
+    /// copied in the forward pass), the untrained input weights and the per-step uniforms
+    /// (once per shape), the surrogate, the voltage-regularization coefficient and the
+    /// batch's first sample. Returns the bytes uploaded.
+    fn write_inputs(
+        &mut self,
+        ctx: &GpuContext,
+        p: &Problem,
+        weights: Weights<'_>,
+        first_sample: u64,
+        batch: usize,
+        steps: &[StepArgs],
+    ) -> u64 {
+        let l = &self.layout;
         let mut uploaded = 0u64;
         if let Weights::Host(params) = weights {
-            ctx.write(&r.weights, 0, params);
+            ctx.write(&self.weights, 0, params);
             uploaded += 4 * params.len() as u64;
         }
-        if !l.train_in && !r.fixed_inputs_written {
+        if !l.train_in && !self.fixed_inputs_written {
             let w_in: Vec<f32> = p.net.weights_in.iter().map(|&x| x as f32).collect();
-            ctx.write(&r.weights, 4 * n_rec as u64, &w_in);
+            ctx.write(&self.weights, 4 * l.e_rec as u64, &w_in);
             uploaded += 4 * w_in.len() as u64;
-            r.fixed_inputs_written = true;
+            self.fixed_inputs_written = true;
         }
         let sg = &p.opts.surrogate;
         let kind = match sg.kind {
@@ -357,158 +445,159 @@ impl GpuEngine {
             PseudoDerivative::Triangle => 1.0,
         };
         ctx.write(
-            &r.net_f32,
+            &self.net_f32,
             4 * l.o_sg as u64,
             &[kind, sg.gain as f32, sg.width as f32],
         );
-        let vcoef = p.vreg_cost / (batch as f64 * n as f64 * t_len as f64);
-        ctx.write(&r.net_f64, 8 * l.o_vcoef as u64, &[vcoef]);
-        let chunk = p.opts.gradient_checkpointing.map(|k| k.min(t_len).max(1));
-        let (fwd, bwd, steps) = plan_passes(l, chunk);
-        let mut launches = fwd
-            .iter()
-            .chain(bwd.iter().map(|(_, c)| c))
-            .flatten()
-            .filter(|(c, _)| c.groups > 0)
-            .count();
-        if steps.len() > r.step_slots {
-            r.steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        let vcoef = p.vreg_cost / (batch as f64 * l.n as f64 * l.t as f64);
+        ctx.write(&self.net_f64, 8 * l.o_vcoef as u64, &[vcoef]);
+        if steps.len() > self.step_slots {
+            self.steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("per-step uniforms"),
                 size: steps.len() as u64 * STEP_STRIDE,
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            r.group2 = step_group(ctx, &r.step_layout, &r.steps);
-            r.step_slots = steps.len();
-            r.steps_written = false;
+            self.group2 = step_group(ctx, &self.step_layout, &self.steps);
+            self.step_slots = steps.len();
+            self.steps_written = false;
         }
         // The per-step uniforms depend on the shape only: written at the shape's first call.
-        if !r.steps_written {
+        if !self.steps_written {
             let mut uni = vec![0u8; steps.len() * STEP_STRIDE as usize];
             for (s, a) in steps.iter().enumerate() {
                 let words: [u32; 3] = [a.t, (a.tape % l.tape_steps) as u32, a.accumulate as u32];
                 let o = s * STEP_STRIDE as usize;
                 uni[o..o + 12].copy_from_slice(bytemuck::cast_slice(&words));
             }
-            ctx.write(&r.steps, 0, &uni);
+            ctx.write(&self.steps, 0, &uni);
             uploaded += uni.len() as u64;
-            r.steps_written = true;
+            self.steps_written = true;
         }
         let s0 = [first_sample as u32, (first_sample >> 32) as u32];
-        ctx.write(&r.net_u32, 4 * l.o_s0 as u64, &s0);
-        uploaded += 4 * 3 + 8 + 8;
+        ctx.write(&self.net_u32, 4 * l.o_s0 as u64, &s0);
+        uploaded + 4 * 3 + 8 + 8
+    }
 
-        // Forward, and in the same submission the spike counts and loss sums it leaves (one
-        // host synchronisation).
-        let clock = std::time::Instant::now();
+    /// The forward pass (`fwd`, per chunk; `segmented`: each chunk's boundary state copied
+    /// out first) from the initial state, with the device's parameters copied in first when
+    /// `train` is given, and in the same submission the spike counts, the voltage sums and,
+    /// when recorded, the first sample's spike masks read back (one host synchronisation).
+    /// Returns them and the bytes read.
+    ///
+    /// Errors: the device's.
+    fn forward(
+        &self,
+        ctx: &GpuContext,
+        p: &Problem,
+        train: Option<&TrainingState>,
+        fwd: &[Vec<(Call, usize)>],
+        segmented: bool,
+    ) -> Result<(Vec<Vec<u8>>, u64)> {
+        let l = &self.layout;
+        let nb = (l.n * l.b) as u64;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&r.initial_state, 0, &r.state, 0, 4 * l.state_len as u64);
+        enc.copy_buffer_to_buffer(
+            &self.initial_state,
+            0,
+            &self.state,
+            0,
+            4 * l.state_len as u64,
+        );
         if let Some(t) = train.filter(|t| t.len() > 0) {
-            enc.copy_buffer_to_buffer(t.params(), 0, &r.weights, 0, 4 * t.len() as u64);
+            enc.copy_buffer_to_buffer(t.params(), 0, &self.weights, 0, 4 * t.len() as u64);
         }
-        for buf in [&r.state_u32, &r.masks, &r.vreg, &r.adj, &r.grad] {
+        for buf in [
+            &self.state_u32,
+            &self.masks,
+            &self.vreg,
+            &self.adj,
+            &self.grad,
+        ] {
             enc.clear_buffer(buf, 0, None);
         }
         for (ci, calls) in fwd.iter().enumerate() {
-            if chunk.is_some() {
-                let (bf, bu) = &r.boundaries[ci];
-                enc.copy_buffer_to_buffer(&r.state, 0, bf, 0, 4 * l.boundary_f32 as u64);
-                enc.copy_buffer_to_buffer(&r.state_u32, 0, bu, 0, 4 * (n * b) as u64);
+            if segmented {
+                let (bf, bu) = &self.boundaries[ci];
+                enc.copy_buffer_to_buffer(&self.state, 0, bf, 0, 4 * l.boundary_f32 as u64);
+                enc.copy_buffer_to_buffer(&self.state_u32, 0, bu, 0, 4 * nb);
             }
-            r.record(&mut enc, calls);
+            self.record(&mut enc, calls);
         }
         let mut reads = vec![
             ReadRange {
-                buffer: &r.state_u32,
+                buffer: &self.state_u32,
                 offset: 4 * l.o_counts as u64,
-                bytes: 4 * (n * b) as u64,
+                bytes: 4 * nb,
             },
             ReadRange {
-                buffer: &r.vreg,
+                buffer: &self.vreg,
                 offset: 0,
-                bytes: 8 * (n * b) as u64,
+                bytes: 8 * nb,
             },
         ];
         if p.opts.record_first_sample {
             reads.push(ReadRange {
-                buffer: &r.masks,
+                buffer: &self.masks,
                 offset: 0,
-                bytes: 4 * (t_len * n * l.w) as u64,
+                bytes: 4 * (l.t * l.n * l.w) as u64,
             });
         }
         let back = ctx.submit_and_read(enc, &reads)?;
-        let mut read_bytes: u64 = reads.iter().map(|x| x.bytes).sum();
-        timing.forward_s = clock.elapsed().as_secs_f64();
+        Ok((back, reads.iter().map(|x| x.bytes).sum()))
+    }
 
-        // Loss terms from the spike counts and the voltage-regularization sums.
-        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(&back[0]);
-        let vreg: Vec<f64> = bytemuck::pod_collect_to_vec(&back[1]);
-        let vsum: Vec<f64> = (0..b)
-            .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
-            .collect();
-        let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
-        let first_spikes = back.get(2).map(|raw| {
-            let fired: Vec<u32> = bytemuck::pod_collect_to_vec(raw);
-            let mut s = Vec::new();
-            for t in 0..t_len {
-                for i in 0..n {
-                    if fired[(t * n + i) * l.w] & 1 != 0 {
-                        s.push((t as u32, p.net.order[i]));
-                    }
-                }
-            }
-            s.sort_unstable();
-            s
-        });
-        ctx.write(&r.adj, 4 * l.o_gzrate as u64, &gz_rate);
-        uploaded += 4 * gz_rate.len() as u64;
-
-        // Backward, and the gradient read back in the same submission.
-        let clock = std::time::Instant::now();
+    /// The backward pass (`bwd`, per chunk from the last, each chunk's boundary restored
+    /// first when segmented). With `train` its gradient is added into the device's and the
+    /// host does not wait; else the float64 gradient is read back in the same submission
+    /// and returned in float32.
+    ///
+    /// Errors: the device's.
+    fn backward(
+        &self,
+        ctx: &GpuContext,
+        train: Option<&TrainingState>,
+        bwd: &[Pass],
+    ) -> Result<Backward> {
+        let l = &self.layout;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        for (k, calls) in &bwd {
+        for (k, calls) in bwd {
             if let Some(k) = k {
-                let (bf, bu) = &r.boundaries[*k];
-                enc.copy_buffer_to_buffer(bf, 0, &r.state, 0, 4 * l.boundary_f32 as u64);
-                enc.copy_buffer_to_buffer(bu, 0, &r.state_u32, 0, 4 * (n * b) as u64);
+                let (bf, bu) = &self.boundaries[*k];
+                enc.copy_buffer_to_buffer(bf, 0, &self.state, 0, 4 * l.boundary_f32 as u64);
+                enc.copy_buffer_to_buffer(bu, 0, &self.state_u32, 0, 4 * (l.n * l.b) as u64);
             }
-            r.record(&mut enc, calls);
+            self.record(&mut enc, calls);
         }
-        let (grad, host_syncs) = match train {
-            Some(t) => {
-                // Added into the update's gradient on the device; not waited for.
-                launches += t.record_accumulate(ctx, &mut enc, &r.grad) as usize;
-                ctx.submit(enc.finish());
-                (Vec::new(), 1)
-            }
-            None => {
-                let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
-                let grad_range = [ReadRange {
-                    buffer: &r.grad,
-                    offset: 0,
-                    bytes: 8 * n_grad as u64,
-                }];
-                let back = ctx.submit_and_read(enc, &grad_range)?;
-                read_bytes += grad_range[0].bytes;
-                // The f64 accumulators in float32 (read from the bytes: the staging copy
-                // need not be aligned for f64).
-                let grad: Vec<f32> = back[0]
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-                    .collect();
-                (grad, 2)
-            }
-        };
-        timing.backward_s = clock.elapsed().as_secs_f64();
-        timing.device = Some(DeviceCounts {
-            launches: launches as u64,
-            host_syncs,
-            bytes_to_host: read_bytes,
-            bytes_to_device: uploaded,
-        });
-        let mut out = p.finish(terms, grad, n_spikes, batch);
-        out.first_spikes = first_spikes;
-        Ok((out, timing))
+        if let Some(t) = train {
+            let launches = t.record_accumulate(ctx, &mut enc, &self.grad);
+            ctx.submit(enc.finish());
+            return Ok(Backward {
+                grad: Vec::new(),
+                host_syncs: 1,
+                read_bytes: 0,
+                launches,
+            });
+        }
+        let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
+        let range = [ReadRange {
+            buffer: &self.grad,
+            offset: 0,
+            bytes: 8 * n_grad as u64,
+        }];
+        let back = ctx.submit_and_read(enc, &range)?;
+        // The f64 accumulators in float32 (read from the bytes: the staging copy need not be
+        // aligned for f64).
+        let grad = back[0]
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect();
+        Ok(Backward {
+            grad,
+            host_syncs: 2,
+            read_bytes: range[0].bytes,
+            launches: 0,
+        })
     }
 }
 
@@ -632,6 +721,63 @@ fn plan_passes(l: &Layout, chunk: Option<usize>) -> Plan {
     let fwd: Vec<Vec<(Call, usize)>> = fwd.into_iter().map(&mut with_slots).collect();
     let bwd: Vec<Pass> = bwd.into_iter().map(|(k, cs)| (k, with_slots(cs))).collect();
     (fwd, bwd, steps)
+}
+
+/// Errors unless the adapter binds every storage binding of the kernels (the fixed ones,
+/// the windows, the tape's two) per kernel; `reduce` names what shrinks them.
+fn check_bindings(ctx: &GpuContext, l: &Layout, reduce: &str) -> Result<()> {
+    let bindings = FIXED_BINDINGS.len()
+        + [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w]
+            .iter()
+            .map(|w| w.count())
+            .sum::<usize>()
+        + 2;
+    let per_stage = ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    if bindings > per_stage {
+        return Err(SnnError::Shape(format!(
+            "the network's edge arrays need {bindings} storage bindings on {} (windows of {} bytes), which binds {per_stage} per kernel; reduce {reduce}",
+            ctx.adapter.name,
+            ctx.max_storage()
+        )));
+    }
+    Ok(())
+}
+
+/// The kernels of `bptt.wgsl` for layout `l` (its constants and windows prepended) with the
+/// bind group layouts of groups 0-2.
+fn compile_kernels(ctx: &GpuContext, l: &Layout, groups: [&wgpu::BindGroupLayout; 3]) -> Kernels {
+    let module = ctx
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("bptt.wgsl"),
+            source: wgpu::ShaderSource::Wgsl(format!("{}\n{SHADER}", l.header).into()),
+        });
+    let pl = ctx
+        .device
+        .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("bptt"),
+            bind_group_layouts: &groups.map(Some),
+            immediate_size: 0,
+        });
+    let kernel = |entry: &str| {
+        ctx.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    };
+    Kernels {
+        draw: kernel("draw"),
+        permute_weights: kernel("permute_weights"),
+        deliver: kernel("deliver"),
+        update_draw: kernel("update_draw"),
+        spmv_in: kernel("spmv_in"),
+        neuron_backward: kernel("neuron_backward"),
+    }
 }
 
 /// The forward state at the first step (`[state_len]`, the layout's): at rest (zero), or
@@ -834,22 +980,7 @@ impl Resident {
                 boundaries.push((f, u));
             }
         }
-        // Every storage binding of a kernel counts against the adapter's per-stage limit:
-        // the fixed ones, the windows, the tape's two.
-        let bindings = FIXED_BINDINGS.len()
-            + [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w]
-                .iter()
-                .map(|w| w.count())
-                .sum::<usize>()
-            + 2;
-        let per_stage = ctx.limits.max_storage_buffers_per_shader_stage as usize;
-        if bindings > per_stage {
-            return Err(SnnError::Shape(format!(
-                "the network's edge arrays need {bindings} storage bindings on {} (windows of {} bytes), which binds {per_stage} per kernel; reduce {reduce_net}",
-                ctx.adapter.name,
-                ctx.max_storage()
-            )));
-        }
+        check_bindings(ctx, l, reduce_net)?;
         let (l0, l1, l2) = layouts(ctx, l);
         let buffers: [&wgpu::Buffer; 7] =
             [&net_f32, &net_f64, &state, &state_u32, &masks, &vreg, &adj];
@@ -897,38 +1028,7 @@ impl Resident {
             mapped_at_creation: false,
         });
         let group2 = step_group(ctx, &l2, &steps);
-        let module = ctx
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("bptt.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(format!("{}\n{SHADER}", l.header).into()),
-            });
-        let pl = ctx
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("bptt"),
-                bind_group_layouts: &[Some(&l0), Some(&l1), Some(&l2)],
-                immediate_size: 0,
-            });
-        let kernel = |entry: &str| {
-            ctx.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: Some(&pl),
-                    module: &module,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
-        };
-        let kernels = Kernels {
-            draw: kernel("draw"),
-            permute_weights: kernel("permute_weights"),
-            deliver: kernel("deliver"),
-            update_draw: kernel("update_draw"),
-            spmv_in: kernel("spmv_in"),
-            neuron_backward: kernel("neuron_backward"),
-        };
+        let kernels = compile_kernels(ctx, l, [&l0, &l1, &l2]);
         ctx.check()?;
         Ok(Resident {
             key,
