@@ -11,12 +11,13 @@
 //! come back once per call, or, while training keeps its state on the device, only the
 //! losses: the parameters, gradient and optimizer slots then stay there between updates.
 //! Files: `layout.rs` (the network packed for the device, the kernels' constants),
-//! `engine.rs` (buffers, kernels, one call), `training_state.rs` (the training state on the
+//! `plan.rs` (one call's dispatches in order), `engine.rs` (buffers, kernels, one call), `training_state.rs` (the training state on the
 //! device and the optimizer's kernels, `training_state.wgsl`). Arrays larger than one
 //! binding are bound as windows of one buffer (`lockstep_gpu::windows`).
 
 mod engine;
 mod layout;
+mod plan;
 mod training_state;
 
 pub(crate) use engine::GpuEngine;
