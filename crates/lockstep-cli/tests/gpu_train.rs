@@ -9,7 +9,9 @@
 //! train like 1 rank with 2B; a GPU checkpoint resumes on the CPU and the reverse, equal to
 //! the uninterrupted run; `training_spikes` are written from the GPU; a missing adapter, an
 //! over-limit buffer, a bad `run.device` and a failing rank each end the job within seconds
-//! with the cause, before any output and deleting nothing.
+//! with the cause, before any output and deleting nothing; the training state stays on the
+//! GPU (the log says so); arrays over the binding limit train in windows with the bits of
+//! whole bindings.
 
 use lockstep_comm::launch::{mpirun_command, run_with_limit, JobOutput};
 use serde_json::{json, Value};

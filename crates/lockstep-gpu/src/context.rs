@@ -577,7 +577,8 @@ impl GpuContext {
 /// The binding limit [`MAX_BINDING_VAR`] asks for, if set.
 ///
 /// Errors: [`GpuError::RequestDevice`] when it is not a whole number of bytes of at least
-/// 65,536 (the smallest window of 1,024 16-byte elements).
+/// 65,536 (a window holds at least 1,024 elements, 16 KiB of 16-byte ones; the limit leaves
+/// room for several).
 fn max_binding_from_env(adapter: &AdapterSummary) -> Result<Option<u64>> {
     match std::env::var(MAX_BINDING_VAR) {
         Ok(v) => match v.trim().parse::<u64>() {

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 /// Window lengths are multiples of this many elements, so that every window's byte offset
 /// is a multiple of 256 (every adapter's storage offset alignment) for 4- and 8-byte
-/// elements, and of 1,024 bytes for the sign words of the training state.
+/// elements, and for the sign words of the training state (16 to a word: 256 bytes).
 pub const WINDOW_ALIGN: usize = 1024;
 
 /// One array of `len` elements of `elem_bytes` bytes bound as windows of `window` elements

@@ -123,6 +123,15 @@ pub enum SnnError {
     /// during the simulation; nothing was written.
     #[error("the simulation was interrupted (Ctrl-C) before its end; nothing was written")]
     Interrupted,
+    /// An optimizer update on the GPU left a parameter infinite or NaN (the training state on
+    /// the device; the host path reports it as lockstep-train's `NonFiniteParameter`).
+    #[error("parameter {index} became {value} after an optimizer update on the GPU; lower training.optimizer.learning_rate or check the optimizer settings")]
+    NonFiniteParameter {
+        /// Index in the flat trainable buffer.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
 }
 
 impl From<lockstep_sonata::SonataError> for SnnError {

@@ -5,7 +5,9 @@
 //! Covered: GLIF3 with after-spike currents, GLIF1 and iaf_psc_alpha cells, every receptor
 //! port, delays of 1..4 steps, file and Poisson inputs, both surrogates, both losses,
 //! trained input weights, batches of 1, 3, 5, 16, 33 and 40 samples (two 32-lane mask words),
-//! segmented recompute, the initial state at rest and NEST's, repeated calls.
+//! segmented recompute, the initial state at rest and NEST's, repeated calls; the training
+//! state kept on the device (Adam, AdamW, SGD, micro-batches, a host-reduced gradient, a
+//! skipped update, the sign constraint, a parameter that becomes NaN).
 
 #![allow(clippy::needless_range_loop)] // the shared test network indexes parallel arrays
 
@@ -419,11 +421,11 @@ fn training_state_on_the_gpu_trains_like_the_host_optimizer() {
                 let d = timing.device.expect("a GPU call counts its work");
                 assert_eq!(d.host_syncs, 1, "{what}: host synchronisations per pass");
                 // Read back: the spike counts and voltage sums (12 bytes per neuron and
-                // sample); uploaded: the rate losses' derivatives (4), the surrogate, the
+                // sample) and the non-finite parameter flag (4); uploaded: the rate losses' derivatives (4), the surrogate, the
                 // regularization coefficient and the batch's first sample (28 bytes). The
                 // weights, the initial state and the per-step uniforms stay on the device.
                 let nb = (gpu.net.n_neurons() * 3) as u64;
-                assert_eq!(d.bytes_to_host, 12 * nb, "{what}: bytes read back");
+                assert_eq!(d.bytes_to_host, 12 * nb + 4, "{what}: bytes read back");
                 assert_eq!(d.bytes_to_device, 4 * nb + 28, "{what}: bytes uploaded");
                 if exact {
                     assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}: update {u}");
@@ -473,4 +475,60 @@ fn training_state_on_the_gpu_trains_like_the_host_optimizer() {
         gpu.release_training_state();
         assert!(gpu.loss_and_grad_on_device_timed(0, 1).is_err());
     }
+}
+
+/// An update on the GPU that leaves a parameter infinite (AdamW whose decay factor
+/// `1 - lr * weight_decay` is 3e38) stops the next pass, naming the first such parameter as
+/// the host path's check would, and a download refuses the state too.
+#[test]
+fn a_non_finite_parameter_on_the_gpu_stops_the_next_pass() {
+    use lockstep_train::optim::{OptimizerKind, Schedule};
+    use lockstep_train::{Optimizer, OptimizerConfig};
+    let spec = small_network(6);
+    let gpu = model(
+        &spec,
+        &small_input(),
+        BpttOptions {
+            record_first_sample: false,
+            ..opts(DeviceRequest::Gpu(None), 20, None)
+        },
+    );
+    let config = OptimizerConfig {
+        kind: OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            weight_decay: -3e38,
+        },
+        learning_rate: 1.0,
+        schedule: Schedule::Constant,
+    };
+    let init = gpu.initial_params();
+    let mut host = Optimizer::new(config.clone(), init.len());
+    let mut dev = Optimizer::new(config, init.len());
+    let g = gpu.loss_and_grad(&init, 0, 2).unwrap().grad;
+    let mut params = init.clone();
+    host.update(&mut params, &g);
+    let first = params.iter().position(|x| !x.is_finite());
+    assert!(
+        first.is_some(),
+        "the host update must leave an infinite weight"
+    );
+    gpu.upload_training_state(&init, &dev.slots).unwrap();
+    gpu.loss_and_grad_on_device_timed(0, 2).unwrap();
+    gpu.finish_device_update(Some(&dev.device_update(1.0, 1.0)), None)
+        .unwrap();
+    let e = gpu.loss_and_grad_on_device_timed(2, 2).unwrap_err();
+    match &e {
+        lockstep_snn::SnnError::NonFiniteParameter { index, value } => {
+            assert_eq!(Some(*index), first, "{e}");
+            assert!(!value.is_finite(), "{e}");
+            assert_eq!(value.to_bits(), params[*index].to_bits(), "{e}");
+        }
+        other => panic!("not the non-finite parameter error: {other}"),
+    }
+    assert!(e.to_string().contains("learning_rate"), "{e}");
+    let mut back = vec![0.0f32; init.len()];
+    let mut slots = dev.slots.clone();
+    assert!(gpu.download_training_state(&mut back, &mut slots).is_err());
 }

@@ -422,6 +422,9 @@ pub struct GpuBench {
     pub adapter: String,
     /// Device memory the engine allocated for the local batch (bytes).
     pub device_bytes: u64,
+    /// Device memory of the training state kept there (parameters, gradient, optimizer
+    /// slots, sign codes; bytes).
+    pub training_state_bytes: u64,
     /// The device's copy bandwidth for the recurrent edge arrays' bytes (bytes/s).
     pub copy_bytes_per_s: f64,
     /// Bytes of recurrent edge arrays the backward pass reads per optimizer step: each
@@ -661,6 +664,7 @@ pub fn bench_config(
         }
         last = Some(lg);
     }
+    let training_state_bytes = model.training_state_bytes().unwrap_or(0);
     if on_device {
         // Waits for the last update (the timed steps waited for every earlier one).
         model.download_training_state(&mut params, &mut opt.slots)?;
@@ -689,6 +693,7 @@ pub fn bench_config(
         Some(copy_bytes_per_s) => Some(GpuBench {
             adapter: model.device_description(),
             device_bytes: model.prepare_device(batch)?,
+            training_state_bytes,
             copy_bytes_per_s,
             adjoint_edge_bytes: 8.0
                 * model.n_recurrent_params() as f64
@@ -833,10 +838,11 @@ fn print_gpu_report(
 ) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "  on {}: forward and backward are each one submission; device memory {:.3} GiB ({:.0} bytes per recurrent edge)",
+        "  on {}: forward and backward are each one submission; device memory {:.3} GiB for the batch ({:.0} bytes per recurrent edge) and {:.3} GiB of training state (weights, gradient, optimizer slots)",
         g.adapter,
         gib(g.device_bytes),
-        g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64
+        g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64,
+        gib(g.training_state_bytes)
     );
     println!(
         "  the backward pass reads the recurrent edge arrays at {:.2} GB/s or more ({:.3e} bytes per step over its {:.3} s, its other kernels included); device-to-device copy of them {:.2} GB/s (ratio {:.3})",

@@ -285,7 +285,7 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
 
     // The training state on the device (Current, one replica, Adam): the parameters copied
     // into the kernels' weights (a copy command, not a dispatch, but modelled as one launch
-    // for its cost); the pass's float64
+    // for its cost, as the initial state's copy); the pass's float64
     // gradient read and added into the update's float32 gradient; Adam over the parameters,
     // the gradient, m and v (each read and written but the gradient, which the update's
     // clear writes instead), and the packed sign codes.
@@ -294,6 +294,11 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
         let mut c = Bytes::new(l2_bytes);
         c.stream(8.0 * trainable);
         push("params copy", 1.0, c);
+        // The initial state copied from the buffer uploaded once (read and written): the
+        // potential, after-spike currents, PSCs and arrivals of every neuron and sample.
+        let mut st = Bytes::new(l2_bytes);
+        st.stream(8.0 * n * b * (1.0 + na + 3.0 * np));
+        push("state copy", 1.0, st);
         let mut a = Bytes::new(l2_bytes);
         a.stream(16.0 * trainable);
         push("accumulate", 1.0, a);
@@ -493,10 +498,11 @@ mod tests {
         let before = model(&s, Design::Round1, 50e6);
         let launches = |r: &[KernelTraffic]| r.iter().map(|k| k.launches).sum::<f64>();
         // Segmented in 20 chunks: 19 of them with 2 draws before.
-        // And now the parameters' copy, the gradient's accumulation and Adam on the device.
+        // And now the parameters' and initial state's copies, the gradient's accumulation
+        // and Adam on the device.
         assert_eq!(
             launches(&now),
-            1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0 + 3.0
+            1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0 + 4.0
         );
         assert_eq!(launches(&before), 3.0 * 1000.0 + 38.0 + 3.0 * 500.0);
         let dram = |r: &[KernelTraffic]| r.iter().map(|k| k.dram_bytes).sum::<f64>();

@@ -345,16 +345,34 @@ impl SnnModel {
     }
 
     /// Reads the device's parameters (`[n_params]`, pA) and optimizer slots back into
-    /// `params` and `slots` (one read-back; the device keeps them).
+    /// `params` and `slots` (one read-back per array; the device keeps them).
     ///
-    /// Errors: not on a GPU, nothing uploaded, other lengths, a device error.
+    /// Errors: not on a GPU, nothing uploaded, other lengths, a device error; a parameter
+    /// that is infinite or NaN ([`SnnError::NonFiniteParameter`], after the read).
     pub fn download_training_state(
         &self,
         params: &mut [f32],
         slots: &mut [Vec<f32>],
     ) -> Result<()> {
         self.gpu_engine("the training state on the device")?
-            .download_training(params, slots)
+            .download_training(params, slots)?;
+        // What the host path checks after every update, before a checkpoint or the export.
+        match params.iter().position(|x| !x.is_finite()) {
+            Some(index) => Err(SnnError::NonFiniteParameter {
+                index,
+                value: params[index],
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Device bytes of the training state on the GPU (parameters, gradient, optimizer
+    /// slots, sign codes), or `None` when none is uploaded.
+    pub fn training_state_bytes(&self) -> Option<u64> {
+        match &self.engine {
+            Engine::Gpu(e) => e.training_state_bytes(),
+            _ => None,
+        }
     }
 
     /// Frees the training state on the device (nothing on CPU cores).
@@ -377,7 +395,7 @@ impl SnnModel {
     /// (`[n_params]`) replaces the device's gradient when given; `Some(update)` applies the
     /// optimizer (lockstep-train's `DeviceUpdate`, term by term as the host optimizer) and
     /// the sign constraint; the gradient then starts again from zero. Returns the kernel
-    /// launches (0 or 1).
+    /// launches (one per window of the parameters with an update, else 0).
     ///
     /// Errors: not on a GPU, nothing uploaded, `reduced` of another length, a rule the
     /// uploaded slots do not fit.

@@ -304,6 +304,16 @@ impl GpuEngine {
         let clock = std::time::Instant::now();
         let (back, mut read_bytes) = r.forward(ctx, p, train, &fwd, chunk.is_some())?;
         timing.forward_s = clock.elapsed().as_secs_f64();
+        if let Some(t) = train {
+            // An earlier update left a parameter infinite or NaN: stop, naming it.
+            let flag: Vec<u32> = bytemuck::pod_collect_to_vec(back.last().expect("the flag"));
+            if flag[0] != 0 {
+                return Err(t.non_finite(ctx)?.unwrap_or(SnnError::Shape(
+                    "an update flagged a non-finite parameter that the read-back does not show"
+                        .into(),
+                )));
+            }
+        }
 
         // Loss terms from the spike counts and the voltage-regularization sums; the rate
         // losses' derivatives go up for the backward pass.
@@ -314,9 +324,10 @@ impl GpuEngine {
             .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
             .collect();
         let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
-        let first_spikes = back
-            .get(2)
-            .map(|raw| first_sample_spikes(p, &r.layout, raw));
+        let first_spikes = p
+            .opts
+            .record_first_sample
+            .then(|| first_sample_spikes(p, &r.layout, &back[2]));
         ctx.write(&r.adj, 4 * r.layout.o_gzrate as u64, &gz_rate);
         uploaded += 4 * gz_rate.len() as u64;
 
@@ -450,9 +461,9 @@ impl Resident {
 
     /// The forward pass (`fwd`, per chunk; `segmented`: each chunk's boundary state copied
     /// out first) from the initial state, with the device's parameters copied in first when
-    /// `train` is given, and in the same submission the spike counts, the voltage sums and,
-    /// when recorded, the first sample's spike masks read back (one host synchronisation).
-    /// Returns them and the bytes read.
+    /// `train` is given, and in the same submission the spike counts, the voltage sums,
+    /// when recorded the first sample's spike masks, and with `train` its non-finite flag
+    /// (last) read back (one host synchronisation). Returns them and the bytes read.
     ///
     /// Errors: the device's.
     fn forward(
@@ -510,6 +521,13 @@ impl Resident {
                 buffer: &self.masks,
                 offset: 0,
                 bytes: 4 * (l.t * l.n * l.w) as u64,
+            });
+        }
+        if let Some(t) = train {
+            reads.push(ReadRange {
+                buffer: t.bad_flag(),
+                offset: 0,
+                bytes: 4,
             });
         }
         let back = ctx.submit_and_read(enc, &reads)?;

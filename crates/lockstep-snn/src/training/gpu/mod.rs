@@ -61,6 +61,12 @@ impl GpuEngine {
         self.with_training(|t| t.download(&self.ctx, params, slots))
     }
 
+    /// Device bytes of the training state, or `None` when none is uploaded.
+    pub fn training_state_bytes(&self) -> Option<u64> {
+        let t = self.training.lock().unwrap_or_else(|p| p.into_inner());
+        t.as_ref().map(TrainingState::device_bytes)
+    }
+
     /// Frees the training state on the device (the host's copies are the truth again).
     pub fn release_training(&self) {
         *self.training.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -77,7 +83,8 @@ impl GpuEngine {
     /// Ends the update on the device in one submission the host does not wait for:
     /// `reduced` (`[n_params]`, the host's reduced gradient) replaces the device's when
     /// given, `Some(update)` applies the optimizer and the sign constraint, and the gradient
-    /// starts again from zero. Returns the kernel launches (0 or 1).
+    /// starts again from zero. Returns the kernel launches (one per window of the
+    /// parameters with an update, else 0).
     ///
     /// Errors: nothing uploaded, `reduced` of another length, a rule the uploaded slots do
     /// not fit.

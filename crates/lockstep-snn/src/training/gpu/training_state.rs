@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lockstep_gpu::{wgpu, GpuContext, ReadRange};
+use lockstep_gpu::{wgpu, GpuContext};
 use lockstep_train::{DeviceRule, DeviceUpdate};
 
 use crate::error::{Result, SnnError};
@@ -35,6 +35,10 @@ pub(super) struct TrainingState {
     /// adapter's binding limit for float64 values (the pass's gradient).
     windows: Vec<(usize, usize)>,
     update_args: wgpu::Buffer,
+    /// `[1]` u32, set by an update that leaves a parameter infinite or NaN.
+    bad: wgpu::Buffer,
+    /// The sign constraints, 16 two-bit codes per word.
+    signs: wgpu::Buffer,
     /// Per window: the training state's bindings.
     groups: Vec<wgpu::BindGroup>,
     pass_layout: wgpu::BindGroupLayout,
@@ -102,6 +106,7 @@ impl TrainingState {
         let slot_bufs = [slot(0)?, slot(1)?];
         let signs_buf =
             ctx.storage_windowed_from("sign constraints", &pack_signs(signs), reduce)?;
+        let bad = ctx.storage("non-finite parameter flag", 16, reduce)?;
         // Windows within the binding limit for the pass's float64 gradient (so for every
         // float32 array too), a multiple of 1,024 parameters (64 sign words) each.
         let windows = windows_of(n, window_len(8, ctx.max_storage()));
@@ -126,6 +131,7 @@ impl TrainingState {
             .enumerate()
             .map(|(b, &ro)| storage(b as u32, ro))
             .collect();
+        entries.push(storage(6, false));
         entries.push(wgpu::BindGroupLayoutEntry {
             binding: 5,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -164,6 +170,7 @@ impl TrainingState {
                     slot_of(1),
                     window(&signs_buf, 4 * words, 4 * (first / SIGNS_PER_WORD) as u64),
                     update_args.as_entire_binding(),
+                    bad.as_entire_binding(),
                 ];
                 ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("training state (a window)"),
@@ -219,6 +226,8 @@ impl TrainingState {
             n_slots: slots.len(),
             windows,
             update_args,
+            bad,
+            signs: signs_buf,
             groups,
             pass_layout,
         };
@@ -286,29 +295,42 @@ impl TrainingState {
                 "the host's parameters or optimizer slots are not the device's shape".into(),
             ));
         }
-        let bytes = 4 * self.n as u64;
-        let mut ranges = vec![ReadRange {
-            buffer: &self.params,
-            offset: 0,
-            bytes,
-        }];
-        ranges.extend(self.slots[..self.n_slots].iter().map(|b| ReadRange {
-            buffer: b,
-            offset: 0,
-            bytes,
-        }));
-        let enc = ctx.device.create_command_encoder(&Default::default());
-        let back = ctx.submit_and_read(enc, &ranges)?;
-        let mut back = back.iter();
-        let mut take = |dst: &mut [f32]| {
-            let raw = back.next().expect("one range per buffer");
-            dst.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(raw));
-        };
-        take(params);
-        for s in slots.iter_mut() {
-            take(s);
+        // One array at a time: the read-back buffer grows to the largest, not to their sum.
+        params.copy_from_slice(&ctx.read::<f32>(&self.params, 0, self.n)?);
+        for (s, b) in slots.iter_mut().zip(&self.slots) {
+            s.copy_from_slice(&ctx.read::<f32>(b, 0, self.n)?);
         }
         Ok(())
+    }
+
+    /// The flag an update sets when it leaves a parameter infinite or NaN (`[1]` u32; 16
+    /// bytes), for reading with a pass's loss sums.
+    pub fn bad_flag(&self) -> &wgpu::Buffer {
+        &self.bad
+    }
+
+    /// The first parameter that is infinite or NaN, as the error that reports it (one
+    /// read-back of the parameters); `None` when all are finite.
+    ///
+    /// Errors: the device's.
+    pub fn non_finite(&self, ctx: &GpuContext) -> Result<Option<SnnError>> {
+        let p: Vec<f32> = ctx.read(&self.params, 0, self.n)?;
+        Ok(p.iter()
+            .position(|x| !x.is_finite())
+            .map(|index| SnnError::NonFiniteParameter {
+                index,
+                value: p[index],
+            }))
+    }
+
+    /// Device bytes of the training state's buffers.
+    pub fn device_bytes(&self) -> u64 {
+        [&self.params, &self.grad, &self.slots[0], &self.slots[1]]
+            .iter()
+            .map(|b| b.size())
+            .sum::<u64>()
+            + self.bad.size()
+            + self.signs.size()
     }
 
     /// Reads the update's gradient (`[n]` float32) into `grad`: one submission and one wait.

@@ -41,6 +41,9 @@ struct Update {
 // non-negative, 2 kept non-positive.
 @group(0) @binding(4) var<storage, read> signs: array<u32>;
 @group(0) @binding(5) var<uniform> u: Update;
+// Set (to 1) by an update that leaves a parameter infinite or NaN; read with the next
+// forward pass's loss sums. Touched only on that error, so no atomic on the hot path.
+@group(0) @binding(6) var<storage, read_write> bad: atomic<u32>;
 // The pass's mean gradient as the BPTT kernels accumulate it (float64; bptt.wgsl `grad`).
 @group(1) @binding(0) var<storage, read> pass_grad: array<f64>;
 
@@ -48,8 +51,12 @@ fn index_of(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * 256u + li;
 }
 
-// A weight whose update crossed zero is clipped to zero (`SnnModel::constrain`).
+// A weight whose update crossed zero is clipped to zero (`SnnModel::constrain`); a value
+// that is infinite or NaN (all exponent bits set: a test no compiler folds away) sets `bad`.
 fn constrained(i: u32, p: f32) -> f32 {
+    if ((bitcast<u32>(p) & 0x7f800000u) == 0x7f800000u) {
+        atomicOr(&bad, 1u);
+    }
     let code = (signs[i / 16u] >> (2u * (i % 16u))) & 3u;
     if ((code == 1u && p < 0.0) || (code == 2u && p > 0.0)) {
         return 0.0;
