@@ -222,6 +222,25 @@ impl GpuContext {
         }
     }
 
+    /// The compute pipeline of `entry` in `module` with `layout` (default compilation
+    /// options, no pipeline cache), labelled with the entry point.
+    pub fn compute_pipeline(
+        &self,
+        layout: &wgpu::PipelineLayout,
+        module: &wgpu::ShaderModule,
+        entry: &str,
+    ) -> wgpu::ComputePipeline {
+        self.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(layout),
+                module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    }
+
     /// The errors the device reported since the last call, as one [`GpuError::Device`].
     pub fn check(&self) -> Result<()> {
         let mut e = self.errors.lock().unwrap_or_else(|p| p.into_inner());
@@ -275,8 +294,18 @@ impl GpuContext {
     ///
     /// Errors: [`GpuError::BufferTooLarge`] (see [`GpuContext::check_storage`]).
     pub fn storage(&self, name: &str, bytes: u64, reduce: &str) -> Result<wgpu::Buffer> {
+        self.zeroed(name, bytes, reduce, false)
+    }
+
+    /// A zeroed storage buffer of `bytes` (at least 16, a multiple of 4), checked against
+    /// one binding's limit or, `windowed`, against `max_buffer_size` only.
+    fn zeroed(&self, name: &str, bytes: u64, reduce: &str, windowed: bool) -> Result<wgpu::Buffer> {
         let bytes = bytes.max(16).next_multiple_of(4);
-        self.check_storage(name, bytes, reduce)?;
+        if windowed {
+            self.check_buffer(name, bytes, reduce)?;
+        } else {
+            self.check_storage(name, bytes, reduce)?;
+        }
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(name),
             size: bytes,
@@ -287,21 +316,40 @@ impl GpuContext {
         }))
     }
 
+    /// A storage buffer holding `data` (padded to at least 16 bytes and a multiple of 4),
+    /// checked as [`GpuContext::zeroed`] checks.
+    fn filled<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        data: &[T],
+        reduce: &str,
+        windowed: bool,
+    ) -> Result<wgpu::Buffer> {
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+        let len = bytes.len().max(16).next_multiple_of(4);
+        bytes.resize(len, 0);
+        if windowed {
+            self.check_buffer(name, len as u64, reduce)?;
+        } else {
+            self.check_storage(name, len as u64, reduce)?;
+        }
+        Ok(self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            }))
+    }
+
     /// A zeroed storage buffer of `bytes` that the kernels bind as windows (each within
     /// [`GpuContext::max_storage`]): checked against `max_buffer_size` only.
     ///
     /// Errors: [`GpuError::BufferTooLarge`] over `max_buffer_size`.
     pub fn storage_windowed(&self, name: &str, bytes: u64, reduce: &str) -> Result<wgpu::Buffer> {
-        let bytes = bytes.max(16).next_multiple_of(4);
-        self.check_buffer(name, bytes, reduce)?;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(name),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        }))
+        self.zeroed(name, bytes, reduce, true)
     }
 
     /// [`GpuContext::storage_windowed`] holding `data` (padded to at least 16 bytes and a
@@ -314,19 +362,7 @@ impl GpuContext {
         data: &[T],
         reduce: &str,
     ) -> Result<wgpu::Buffer> {
-        let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
-        let len = bytes.len().max(16).next_multiple_of(4);
-        bytes.resize(len, 0);
-        self.check_buffer(name, len as u64, reduce)?;
-        Ok(self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            }))
+        self.filled(name, data, reduce, true)
     }
 
     /// Errors ([`GpuError::BufferTooLarge`]) when a buffer of `bytes` exceeds
@@ -356,19 +392,7 @@ impl GpuContext {
         data: &[T],
         reduce: &str,
     ) -> Result<wgpu::Buffer> {
-        let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
-        let len = bytes.len().max(16).next_multiple_of(4);
-        bytes.resize(len, 0);
-        self.check_storage(name, len as u64, reduce)?;
-        Ok(self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            }))
+        self.filled(name, data, reduce, false)
     }
 
     /// Writes `data` into `buffer` at byte `offset` (queued; takes effect before the next

@@ -180,17 +180,7 @@ impl Module {
         let pipelines = self
             .entries
             .iter()
-            .map(|entry| {
-                ctx.device
-                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(entry),
-                        layout: Some(&layout),
-                        module: &module,
-                        entry_point: Some(entry),
-                        compilation_options: Default::default(),
-                        cache: None,
-                    })
-            })
+            .map(|entry| ctx.compute_pipeline(&layout, &module, entry))
             .collect();
         ctx.check()?;
         let c = Arc::new(Compiled {

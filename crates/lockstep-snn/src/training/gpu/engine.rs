@@ -624,17 +624,7 @@ fn compile_kernels(ctx: &GpuContext, l: &Layout, groups: [&wgpu::BindGroupLayout
             bind_group_layouts: &groups.map(Some),
             immediate_size: 0,
         });
-    let kernel = |entry: &str| {
-        ctx.device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pl),
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-    };
+    let kernel = |entry: &str| ctx.compute_pipeline(&pl, &module, entry);
     Kernels {
         draw: kernel("draw"),
         permute_weights: kernel("permute_weights"),

@@ -205,15 +205,7 @@ impl TrainingState {
                     bind_group_layouts: &layouts,
                     immediate_size: 0,
                 });
-            ctx.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: Some(&pl),
-                    module: &module,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
+            ctx.compute_pipeline(&pl, &module, entry)
         };
         let state = TrainingState {
             n,
