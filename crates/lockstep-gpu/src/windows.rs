@@ -33,6 +33,21 @@ pub struct Windowed {
     pub read_only: bool,
 }
 
+/// A storage-buffer entry of a compute bind group layout at `binding` (any size, no
+/// dynamic offset).
+pub fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
 /// Elements per window of `elem_bytes`-byte values under a binding limit of `max_binding`
 /// bytes: the largest multiple of [`WINDOW_ALIGN`] that fits (at least one multiple).
 pub fn window_len(elem_bytes: u64, max_binding: u64) -> usize {
@@ -122,18 +137,7 @@ impl Windowed {
     /// Its bind group layout entries (storage buffers, compute stage).
     pub fn layout_entries(&self) -> Vec<wgpu::BindGroupLayoutEntry> {
         (0..self.count())
-            .map(|c| wgpu::BindGroupLayoutEntry {
-                binding: self.first_binding + c as u32,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage {
-                        read_only: self.read_only,
-                    },
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
-            })
+            .map(|c| storage_entry(self.first_binding + c as u32, self.read_only))
             .collect()
     }
 

@@ -684,16 +684,7 @@ fn layouts(
     wgpu::BindGroupLayout,
     wgpu::BindGroupLayout,
 ) {
-    let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Storage { read_only },
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
+    let storage = lockstep_gpu::windows::storage_entry;
     // Bindings of group 0, read-only or not, as `bptt.wgsl` declares them, then the
     // windows of the arrays that may exceed one binding.
     let mut g0: Vec<wgpu::BindGroupLayoutEntry> = FIXED_BINDINGS
