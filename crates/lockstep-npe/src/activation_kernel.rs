@@ -20,7 +20,7 @@
 //! inside ([`half_forward_launch`], [`half_backward_launch`]), where separate casts took two
 //! more launches each way.
 
-use burn::tensor::{f16, DType, TensorMetadata};
+use burn::tensor::{f16, DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device;
 use burn_cubecl::tensor::CubeTensor;
@@ -106,9 +106,17 @@ fn sigmoid_backward<F: Float>(s: &Array<F>, g: &Array<F>, dx: &mut Array<F>, n: 
 }
 
 /// Mixed precision's activation with its casts inside: `yh[i] = act(f16(x[i]))` in
-/// float16 arithmetic, `y[i] = f32(yh[i])`, for `i < n` (`elu` 1: ELU, 0: sigmoid).
+/// float16 arithmetic and, when `wide` is 1, `y[i] = f32(yh[i])`, for `i < n` (`elu` 1:
+/// ELU, 0: sigmoid).
 #[cube(launch)]
-fn half_forward(x: &Array<f32>, y: &mut Array<f32>, yh: &mut Array<f16>, n: u32, elu: u32) {
+fn half_forward(
+    x: &Array<f32>,
+    y: &mut Array<f32>,
+    yh: &mut Array<f16>,
+    n: u32,
+    elu: u32,
+    wide: u32,
+) {
     let i = ABSOLUTE_POS as u32;
     if i >= n {
         terminate!();
@@ -119,13 +127,22 @@ fn half_forward(x: &Array<f32>, y: &mut Array<f32>, yh: &mut Array<f16>, n: u32,
         out = elu_value::<f16>(v);
     }
     yh[i as usize] = out;
-    y[i as usize] = f32::cast_from(out);
+    if wide == 1 {
+        y[i as usize] = f32::cast_from(out);
+    }
 }
 
-/// The gradient of [`half_forward`] from its float16 output `yh` and the float32 incoming
-/// gradient `g`: `dx[i] = f32(f16(g[i]) act'(yh[i]))`, in float16 arithmetic.
+/// The gradient of [`half_forward`] from its float16 output `yh` and the incoming gradient
+/// `g` (float32, or float16): `dx[i] = D(f16(g[i]) act'(yh[i]))`, in float16 arithmetic,
+/// `D` the output's type (float32, or float16 for a float16 matrix product before it).
 #[cube(launch)]
-fn half_backward(yh: &Array<f16>, g: &Array<f32>, dx: &mut Array<f32>, n: u32, elu: u32) {
+fn half_backward<G: Float, D: Float>(
+    yh: &Array<f16>,
+    g: &Array<G>,
+    dx: &mut Array<D>,
+    n: u32,
+    elu: u32,
+) {
     let i = ABSOLUTE_POS as u32;
     if i >= n {
         terminate!();
@@ -140,7 +157,7 @@ fn half_backward(yh: &Array<f16>, g: &Array<f32>, dx: &mut Array<f32>, n: u32, e
         }
         d = gi * slope;
     }
-    dx[i as usize] = f32::cast_from(d);
+    dx[i as usize] = D::cast_from(d);
 }
 
 /// Whether the kernels take `t` (float32 or float16; any shape, made contiguous first).
@@ -254,17 +271,21 @@ pub fn backward<R: CubeRuntime>(
 /// Mixed precision's activation of a float32 `x` with the casts inside one launch:
 /// `(y float32, yh float16)`, `yh` the activation computed in float16 on `x` cast to
 /// float16 and `y` its float32 copy (what `x.cast(F16)`, the float16 kernel and
-/// `.cast(F32)` compute in three launches).
+/// `.cast(F32)` compute in three launches); without `wide` only `yh` (`None` for `y`),
+/// for a float16 matrix product that reads it as it is.
 ///
 /// Panics on a dtype other than float32.
 pub fn half_forward_launch<R: CubeRuntime>(
     activation: Activation,
     x: CubeTensor<R>,
-) -> (CubeTensor<R>, CubeTensor<R>) {
+    wide: bool,
+) -> (Option<CubeTensor<R>>, CubeTensor<R>) {
     assert_eq!(x.dtype, DType::F32, "activation kernel: float32 input");
     let x = into_contiguous(x);
     let (client, device) = (x.client.clone(), x.device.clone());
-    let y = empty_device::<R, f32>(client.clone(), device.clone(), x.shape());
+    // Without `wide` no thread writes `y`: one value stands in for it.
+    let y_shape = if wide { x.shape() } else { Shape::new([1]) };
+    let y = empty_device::<R, f32>(client.clone(), device.clone(), y_shape);
     let yh = empty_device::<R, f16>(client.clone(), device, x.shape());
     let (n, count, dim) = grid(&x);
     half_forward::launch::<R>(
@@ -276,31 +297,45 @@ pub fn half_forward_launch<R: CubeRuntime>(
         yh.clone().into_array_arg(),
         n,
         u32::from(activation == Activation::Elu),
+        u32::from(wide),
     );
-    (y, yh)
+    (wide.then_some(y), yh)
 }
 
-/// The gradient of [`half_forward_launch`] from its float16 output `yh` and the float32
-/// incoming gradient `grad`, computed in float16 and returned in float32, in one launch.
+/// The gradient of [`half_forward_launch`] from its float16 output `yh` and the incoming
+/// gradient `grad` (float32, or float16), computed in float16 and returned in float32 (or,
+/// with `narrow`, in float16: what a float16 matrix product's backward step reads), in one
+/// launch.
 ///
 /// Panics on other dtypes or shapes that differ.
 pub fn half_backward_launch<R: CubeRuntime>(
     activation: Activation,
     yh: CubeTensor<R>,
     grad: CubeTensor<R>,
+    narrow: bool,
 ) -> CubeTensor<R> {
     assert!(
-        yh.dtype == DType::F16 && grad.dtype == DType::F32,
-        "activation kernel: a float16 output and a float32 gradient ({:?}, {:?})",
+        yh.dtype == DType::F16 && matches!(grad.dtype, DType::F32 | DType::F16),
+        "activation kernel: a float16 output and a float32 or float16 gradient ({:?}, {:?})",
         yh.dtype,
         grad.dtype
     );
     assert_eq!(yh.shape(), grad.shape(), "activation kernel: shapes differ");
     let (yh, grad) = (into_contiguous(yh), into_contiguous(grad));
     let client = yh.client.clone();
-    let dx = empty_device::<R, f32>(client.clone(), yh.device.clone(), yh.shape());
+    let dx = if narrow {
+        empty_device::<R, f16>(client.clone(), yh.device.clone(), yh.shape())
+    } else {
+        empty_device::<R, f32>(client.clone(), yh.device.clone(), yh.shape())
+    };
     let (n, count, dim) = grid(&yh);
-    half_backward::launch::<R>(
+    let launch = match (grad.dtype == DType::F16, narrow) {
+        (false, false) => half_backward::launch::<f32, f32, R>,
+        (false, true) => half_backward::launch::<f32, f16, R>,
+        (true, false) => half_backward::launch::<f16, f32, R>,
+        (true, true) => half_backward::launch::<f16, f16, R>,
+    };
+    launch(
         &client,
         count,
         dim,

@@ -32,7 +32,7 @@
 //! On the GPU backends ([`FusedOps::LAYER_KERNELS`]) the layers also call single operations
 //! of one kernel each way, float32: LayerNorm with the ELU after it
 //! ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
-//! ([`FusedOps::linear_elu`]), the gated residual block's tail
+//! ([`FusedOps::linear_elu_at`]), the gated residual block's tail
 //! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]). The flow runs on one state
 //! tensor `[N, n + 2]` (features, log-determinant, ones): each step's LU map as one matrix
 //! ([`FusedOps::lu_affine`]; [`crate::lu_kernel`]) and one product, the coupling's input and
@@ -204,22 +204,27 @@ pub trait FusedOps: Backend {
 
     /// Mixed precision's activation of a float32 `x` in one launch, the casts inside:
     /// `Some((y float32, y float16))` (the activation computed in float16 on `x` cast to
-    /// float16, and its float32 copy), `None` where the backend has no such kernel (then
-    /// the casts and the activation are separate operations).
+    /// float16, and with `wide` its float32 copy, else `None` for it), `None` where the
+    /// backend has no such kernel (then the casts and the activation are separate
+    /// operations).
+    #[allow(clippy::type_complexity)]
     fn activation_half(
         _activation: Activation,
         _x: Tensor<Self, 2>,
-    ) -> Option<(Tensor<Self, 2>, Tensor<Self, 2>)> {
+        _wide: bool,
+    ) -> Option<(Option<Tensor<Self, 2>>, Tensor<Self, 2>)> {
         None
     }
 
     /// The gradient of [`FusedOps::activation_half`] from its float16 output and the
-    /// float32 incoming gradient, computed in float16 and returned in float32 in one launch;
-    /// `None` where the backend has no such kernel.
+    /// incoming gradient (float32 or float16), computed in float16 and returned in float32
+    /// (with `narrow` in float16) in one launch; `None` where the backend has no such
+    /// kernel.
     fn activation_half_backward(
         _activation: Activation,
         _yh: Tensor<Self, 2>,
         _grad: Tensor<Self, 2>,
+        _narrow: bool,
     ) -> Option<Tensor<Self, 2>> {
         None
     }
@@ -231,9 +236,10 @@ pub trait FusedOps: Backend {
         false
     }
 
-    /// `len` values at `offset` of the 1-D float32 `buffer`, as a tensor that shares its
-    /// memory (no copy, no kernel); `offset` a multiple of 64 values (256 bytes, the largest
-    /// storage-binding alignment an adapter asks for).
+    /// `len` values at `offset` of the 1-D `buffer` (float32, or its float16 copy), as a
+    /// tensor of its dtype that shares its memory (no copy, no kernel); `offset` a multiple
+    /// of 256 bytes (the largest storage-binding alignment an adapter asks for: 64 float32
+    /// or 128 float16 values).
     fn view(buffer: &Tensor<Self, 1>, offset: usize, len: usize) -> Tensor<Self, 1> {
         let _ = (buffer, offset, len);
         no_device_optimizer()
@@ -275,7 +281,7 @@ pub trait FusedOps: Backend {
     /// Whether this backend runs LayerNorm (with an ELU after it), the linear layer with an
     /// ELU after it and the gated residual block's tail as kernels
     /// ([`crate::layer_kernel`]: burn's CubeCL backends, wgpu and CUDA, float32): the
-    /// layers then call [`FusedOps::fused_layer_norm`], [`FusedOps::linear_elu`] and
+    /// layers then call [`FusedOps::fused_layer_norm`], [`FusedOps::linear_elu_at`] and
     /// [`FusedOps::gated_residual`], and `Autodiff` over such a backend records one node for
     /// each. Elsewhere the layers compose them as before.
     const LAYER_KERNELS: bool = false;
@@ -323,14 +329,21 @@ pub trait FusedOps: Backend {
         no_layer_kernels()
     }
 
-    /// `elu(x Wᵀ + b)` (arguments as [`FusedOps::fused_linear`]); on a backend with
-    /// [`FusedOps::LAYER_KERNELS`] the matrix product and one kernel for the bias and ELU.
-    fn linear_elu(
+    /// `elu(x Wᵀ + b)` at `precision` (arguments as [`FusedOps::linear_at`]); on a backend
+    /// with [`FusedOps::LAYER_KERNELS`] the matrix product and one kernel for the bias and
+    /// ELU. At [`Precision::Half`] the output is float16, the ELU of the float16 sum (as
+    /// [`FusedOps::elu_at`] returns it), for the float16 product of the next layer.
+    fn linear_elu_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
-        Self::fused_elu(Self::fused_linear(x, weight, bias))
+        Self::elu_at(
+            Self::linear_at(x, weight, weight_f16, bias, precision),
+            precision,
+        )
     }
 
     /// The product `x Wᵀ` of a linear layer without its bias (`x: [rows, inputs]`, `weight`
@@ -399,18 +412,21 @@ pub trait FusedOps: Backend {
     /// in the float32 kernel: the gate's context product, the sigmoid and the tail in
     /// float32 (autocast would compute the context layer in float16 too); elsewhere both
     /// layers and the sigmoid follow [`FusedOps::linear_at`] and [`FusedOps::sigmoid_at`].
+    /// `t` may be float16 at [`Precision::Half`] (an activation's output), and `w1_f16` is
+    /// `w1`'s float16 copy when the pass has one (as for [`FusedOps::linear_at`]).
     #[allow(clippy::too_many_arguments)]
     fn gated_residual(
         x: Tensor<Self, 2>,
         t: Tensor<Self, 2>,
         w1: Tensor<Self, 1>,
+        w1_f16: Option<Tensor<Self, 1>>,
         b1: Tensor<Self, 1>,
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
-        gated_composed(x, t, w1, b1, context, wc, bc, precision)
+        gated_composed(x, t, (w1, w1_f16), b1, context, wc, bc, precision)
     }
 
     /// `(y, s)`: `y = x + (a + b1) s`, `s = sigmoid(context wcᵀ + bc)` (`x`, `a`:
@@ -628,22 +644,29 @@ pub trait FusedOps: Backend {
 
     /// [`FusedOps::fused_linear`] at `precision`: [`Precision::Half`] computes the matrix
     /// product and the bias in f16 and returns the result in the bias's dtype (float32).
+    /// `x` may come in float16 already (an activation's output at [`Precision::Half`]), and
+    /// `weight_f16` is the weight's float16 copy where the pass made one for all parameters
+    /// at once ([`crate::params::Params::weight_f16`]: one cast per pass, not one per layer);
+    /// the gradient goes to `weight` (the float32 master weight). `weight_f16` is ignored at
+    /// [`Precision::F32`].
     fn linear_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
         match precision {
             Precision::F32 => Self::fused_linear(x, weight, bias),
-            Precision::Half => linear_half(x, weight, bias),
+            Precision::Half => linear_half(x, weight_f16.unwrap_or(weight), bias),
         }
     }
 
     /// The gradients of [`FusedOps::linear_at`] at `precision` (see
     /// [`FusedOps::fused_linear_backward`]): [`Precision::Half`] casts the incoming gradient
     /// to float16 first (a scaled gradient beyond 65504 becomes infinite, as in PyTorch's
-    /// autocast, for the loss scaler to see), computes in float16 and returns float32.
+    /// autocast, for the loss scaler to see; it may come in float16 already, from a kernel
+    /// that wrote it so), computes in float16 and returns float32.
     fn linear_backward_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
@@ -657,12 +680,13 @@ pub trait FusedOps: Backend {
         }
     }
 
-    /// [`FusedOps::fused_elu`] at `precision` ([`Precision::Half`]: computed in f16, returned
-    /// in the input's dtype).
+    /// [`FusedOps::fused_elu`] at `precision` ([`Precision::Half`]: computed in f16 and
+    /// returned in f16, as autocast's ELU of a linear layer's float16 output: the ELUs of the
+    /// models feed linear layers, whose float16 products read it without a cast).
     fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
         match precision {
             Precision::F32 => Self::fused_elu(x),
-            Precision::Half => in_half(x, Self::fused_elu),
+            Precision::Half => Self::fused_elu(x.cast(FloatDType::F16)),
         }
     }
 
@@ -781,15 +805,15 @@ fn no_layer_kernels() -> ! {
 fn gated_composed<B: FusedOps>(
     x: Tensor<B, 2>,
     t: Tensor<B, 2>,
-    w1: Tensor<B, 1>,
+    (w1, w1_f16): (Tensor<B, 1>, Option<Tensor<B, 1>>),
     b1: Tensor<B, 1>,
     context: Tensor<B, 2>,
     wc: Tensor<B, 1>,
     bc: Tensor<B, 1>,
     precision: Precision,
 ) -> Tensor<B, 2> {
-    let gate = B::sigmoid_at(B::linear_at(context, wc, bc, precision), precision);
-    x + B::linear_at(t, w1, b1, precision) * gate
+    let gate = B::sigmoid_at(B::linear_at(context, wc, None, bc, precision), precision);
+    x + B::linear_at(t, w1, w1_f16, b1, precision) * gate
 }
 
 /// The block's product `t W₁ᵀ` of a gated tail at `precision` (float16 operands and product
@@ -798,12 +822,15 @@ fn gated_composed<B: FusedOps>(
 fn gated_product<B: Backend>(
     t: Tensor<B, 2>,
     w1: Tensor<B, 1>,
+    w1_f16: Option<Tensor<B, 1>>,
     precision: Precision,
 ) -> (Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 1>) {
     match precision {
         Precision::F32 => (product(t.clone(), w1.clone()), t, w1),
         Precision::Half => {
-            // The float16 product goes to the kernel as it is (the kernel widens it).
+            // The float16 product goes to the kernel as it is (the kernel widens it). The
+            // casts are no-ops for a float16 `t` and a pass's float16 weight copy.
+            let w1 = w1_f16.unwrap_or(w1);
             let (t, w1) = (t.cast(FloatDType::F16), w1.cast(FloatDType::F16));
             (product(t.clone(), w1.clone()), t, w1)
         }
@@ -1195,24 +1222,27 @@ where
     fn activation_half(
         activation: Activation,
         x: Tensor<Self, 2>,
-    ) -> Option<(Tensor<Self, 2>, Tensor<Self, 2>)> {
+        wide: bool,
+    ) -> Option<(Option<Tensor<Self, 2>>, Tensor<Self, 2>)> {
         if x.dtype() != burn::tensor::DType::F32 {
             return None;
         }
-        let (y, yh) = crate::activation_kernel::half_forward_launch(activation, prim(x));
-        Some((wrap(y), wrap(yh)))
+        let (y, yh) = crate::activation_kernel::half_forward_launch(activation, prim(x), wide);
+        Some((y.map(wrap), wrap(yh)))
     }
 
     fn activation_half_backward(
         activation: Activation,
         yh: Tensor<Self, 2>,
         grad: Tensor<Self, 2>,
+        narrow: bool,
     ) -> Option<Tensor<Self, 2>> {
         use burn::tensor::DType;
-        if yh.dtype() != DType::F16 || grad.dtype() != DType::F32 {
+        if yh.dtype() != DType::F16 || !matches!(grad.dtype(), DType::F32 | DType::F16) {
             return None;
         }
-        let dx = crate::activation_kernel::half_backward_launch(activation, prim(yh), prim(grad));
+        let (yh, grad) = (prim(yh), prim(grad));
+        let dx = crate::activation_kernel::half_backward_launch(activation, yh, grad, narrow);
         Some(wrap(dx))
     }
 
@@ -1406,15 +1436,33 @@ where
         (wrap(dx), wrap(dw), wrap(db))
     }
 
-    fn linear_elu(
+    fn linear_elu_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
-        if !all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) {
-            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        use burn::tensor::DType;
+        match precision {
+            Precision::F32 if all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]) => {
+                Self::bias_kernel_forward(product(x, weight), bias, true)
+            }
+            Precision::Half if bias.dtype() == DType::F32 => {
+                let h = FloatDType::F16;
+                let w = weight_f16.unwrap_or(weight);
+                let a = product(x.cast(h), w.cast(h));
+                wrap(crate::linear_half_kernel::bias_forward_launch(
+                    prim(a),
+                    prim(bias),
+                    true,
+                ))
+            }
+            _ => Self::elu_at(
+                Self::linear_at(x, weight, weight_f16, bias, precision),
+                precision,
+            ),
         }
-        Self::bias_kernel_forward(product(x, weight), bias, true)
     }
 
     fn linear_residual(
@@ -1465,21 +1513,24 @@ where
     fn linear_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
-        match precision {
-            Precision::F32 => Self::fused_linear(x, weight, bias),
-            Precision::Half if bias.dtype() == burn::tensor::DType::F32 => {
-                let h = FloatDType::F16;
-                let a = product(x.cast(h), weight.cast(h));
-                wrap(crate::linear_half_kernel::bias_forward_launch(
-                    prim(a),
-                    prim(bias),
-                ))
-            }
-            Precision::Half => linear_half(x, weight, bias),
+        let weight = match precision {
+            Precision::F32 => return Self::fused_linear(x, weight, bias),
+            Precision::Half => weight_f16.unwrap_or(weight),
+        };
+        if bias.dtype() != burn::tensor::DType::F32 {
+            return linear_half(x, weight, bias);
         }
+        let h = FloatDType::F16;
+        let a = product(x.cast(h), weight.cast(h));
+        wrap(crate::linear_half_kernel::bias_forward_launch(
+            prim(a),
+            prim(bias),
+            false,
+        ))
     }
 
     fn linear_backward_at(
@@ -1491,7 +1542,13 @@ where
     ) -> LinearGradients<Self> {
         match precision {
             Precision::F32 => Self::fused_linear_backward(x, weight, grad, need),
-            Precision::Half if grad.dtype() == burn::tensor::DType::F32 => {
+            Precision::Half
+                if matches!(
+                    grad.dtype(),
+                    burn::tensor::DType::F32 | burn::tensor::DType::F16
+                ) =>
+            {
+                // A float16 gradient (written so by the kernel before) needs no cast.
                 let h = FloatDType::F16;
                 let (x, w, g) = (x.cast(h), weight.cast(h), grad.cast(h));
                 // The float16 products; the bias gradient and the casts are the kernel's.
@@ -1512,23 +1569,19 @@ where
         x: Tensor<Self, 2>,
         t: Tensor<Self, 2>,
         w1: Tensor<Self, 1>,
+        w1_f16: Option<Tensor<Self, 1>>,
         b1: Tensor<Self, 1>,
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
-        let dtypes = [
-            x.dtype(),
-            t.dtype(),
-            w1.dtype(),
-            b1.dtype(),
-            context.dtype(),
-        ];
-        if !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+        let others = [x.dtype(), w1.dtype(), b1.dtype(), context.dtype()];
+        if !gated_kernel_takes(t.dtype(), &others, [wc.dtype(), bc.dtype()], precision) {
+            let w1 = (w1, w1_f16);
             return gated_composed(x, t, w1, b1, context, wc, bc, precision);
         }
-        let (a, _, _) = gated_product(t, w1, precision);
+        let (a, _, _) = gated_product(t, w1, w1_f16, precision);
         Self::gated_kernel_forward(x, a, b1, context, wc, bc).0
     }
 
@@ -1595,12 +1648,13 @@ where
 
     fn view(buffer: &Tensor<Self, 1>, offset: usize, len: usize) -> Tensor<Self, 1> {
         let t = prim(buffer.clone());
+        let size = t.dtype.size();
         let used = t.handle.size_in_used() as usize;
-        let (start, bytes) = (4 * offset, 4 * len);
+        let (start, bytes) = (size * offset, size * len);
         assert!(
-            start + bytes <= used && offset.is_multiple_of(64),
+            start + bytes <= used && start.is_multiple_of(256),
             "a view of {len} values at {offset} does not fit an aligned buffer of {} values",
-            used / 4
+            used / size
         );
         let handle = t
             .handle
@@ -1612,7 +1666,7 @@ where
             t.device.clone(),
             [len].into(),
             handle,
-            burn::tensor::DType::F32,
+            t.dtype,
         ))
     }
 
@@ -1677,6 +1731,20 @@ where
 /// Whether every dtype is float32 (what the layer kernels take).
 fn all_f32(dtypes: &[burn::tensor::DType]) -> bool {
     dtypes.iter().all(|d| *d == burn::tensor::DType::F32)
+}
+
+/// Whether the gated tail's kernel path takes operands of these dtypes: float32, but for
+/// the block's input `t`, which mixed precision may hand over in float16 (an ELU's output,
+/// read by the float16 product as it is).
+fn gated_kernel_takes(
+    t: burn::tensor::DType,
+    others: &[burn::tensor::DType],
+    context_layer: [burn::tensor::DType; 2],
+    precision: Precision,
+) -> bool {
+    let t_fits = t == burn::tensor::DType::F32
+        || (precision == Precision::Half && t == burn::tensor::DType::F16);
+    t_fits && all_f32(others) && all_f32(&context_layer)
 }
 
 /// The float primitive of a tensor.
@@ -2021,7 +2089,8 @@ impl<B: FusedOps> Backward<B, 1> for ActivationBackward<B> {
             let dx = match self.precision {
                 Precision::F32 => (self.gradient)(ops.state, g),
                 Precision::Half => {
-                    match B::activation_half_backward(self.kind, ops.state.clone(), g.clone()) {
+                    let (yh, gh) = (ops.state.clone(), g.clone());
+                    match B::activation_half_backward(self.kind, yh, gh, false) {
                         Some(dx) => dx,
                         None => in_half2(ops.state, g, self.gradient),
                     }
@@ -2175,10 +2244,13 @@ impl<B: FusedOps> Backward<B, 3> for LayerNormBackward {
     }
 }
 
-/// The backward step of [`FusedOps::linear_elu`] on `Autodiff<B>` for a backend with the
-/// layer kernels; its state is the input, the flat weight and the output.
+/// The backward step of [`FusedOps::linear_elu_at`] on `Autodiff<B>` for a backend with the
+/// layer kernels; its state is the input, the flat weight and the output (at
+/// [`Precision::Half`] the float16 ones).
 #[derive(Debug)]
-struct LinearEluBackward;
+struct LinearEluBackward {
+    precision: Precision,
+}
 
 impl<B: FusedOps> Backward<B, 3> for LinearEluBackward {
     type State = (Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>);
@@ -2192,8 +2264,24 @@ impl<B: FusedOps> Backward<B, 3> for LinearEluBackward {
         let [px, pw, pb] = ops.parents;
         let g = wrap::<B, 2>(grads.consume::<B>(&ops.node));
         let (x, w, y) = ops.state;
-        let (da, db) = B::bias_kernel_backward(y, g, true);
-        let (dx, dw, _) = linear_backward_composed(x, w, da, [px.is_some(), pw.is_some(), false]);
+        let need = [px.is_some(), pw.is_some(), false];
+        let (dx, dw, db) = match self.precision {
+            Precision::F32 => {
+                let (da, db) = B::bias_kernel_backward(y, g, true);
+                let (dx, dw, _) = linear_backward_composed(x, w, da, need);
+                (dx, dw, db)
+            }
+            Precision::Half => {
+                // The ELU's gradient in float16 (one kernel, written as the float16 products
+                // read it), then the products and one kernel for the float32 gradients
+                // and the bias's.
+                let da = B::activation_half_backward(Activation::Elu, y.clone(), g.clone(), true)
+                    .unwrap_or_else(|| B::fused_elu_backward(y, g.cast(FloatDType::F16)));
+                let need = [need[0], need[1], true];
+                let (dx, dw, db) = B::linear_backward_at(x, w, da, need, Precision::Half);
+                (dx, dw, db.expect("the bias's gradient, asked for"))
+            }
+        };
         if let (Some(p), Some(d)) = (px, dx) {
             grads.register::<B>(p.id, prim(d));
         }
@@ -2428,13 +2516,14 @@ impl<B: FusedOps> Backward<B, 1> for BaseLogProbBackward {
 }
 
 /// Records `forward` (an inner-backend activation) as one autodiff node whose backward step
-/// keeps the output and applies `gradient(output, grad)`.
+/// keeps the output and applies `gradient(output, grad)`. At [`Precision::Half`] the output
+/// is float32 when `wide`, else the float16 values themselves.
 fn activation<B: FusedOps, C: CheckpointStrategy>(
     kind: Activation,
     x: Tensor<Autodiff<B, C>, 2>,
     forward: fn(Tensor<B, 2>) -> Tensor<B, 2>,
     gradient: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
-    precision: Precision,
+    (precision, wide): (Precision, bool),
 ) -> Tensor<Autodiff<B, C>, 2> {
     let x = x.into_primitive().tensor();
     let xi = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
@@ -2445,12 +2534,18 @@ fn activation<B: FusedOps, C: CheckpointStrategy>(
             let y = forward(xi);
             (y.clone(), y)
         }
-        Precision::Half => match B::activation_half(kind, xi.clone()) {
-            Some(both) => both,
+        Precision::Half => match B::activation_half(kind, xi.clone(), wide) {
+            Some((Some(y), yh)) => (y, yh),
+            Some((None, yh)) => (yh.clone(), yh),
             None => {
                 let dtype = xi.dtype();
                 let yh = forward(xi.cast(FloatDType::F16));
-                (yh.clone().cast(dtype), yh)
+                let y = if wide {
+                    yh.clone().cast(dtype)
+                } else {
+                    yh.clone()
+                };
+                (y, yh)
             }
         },
     };
@@ -2493,12 +2588,13 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: Tensor<Self, 1>,
         bias: Tensor<Self, 1>,
     ) -> Tensor<Self, 2> {
-        Self::linear_at(x, weight, bias, Precision::F32)
+        Self::linear_at(x, weight, None, bias, Precision::F32)
     }
 
     fn linear_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
@@ -2509,12 +2605,16 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         let wi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
         let bi = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.primitive.clone()));
         // In mixed precision the backward step keeps the float16 casts of the input and the
-        // weight (as autocast saves them): its own casts of them are then no-ops.
+        // weight (as autocast saves them): its own casts of them are then no-ops. A float16
+        // input (an ELU's output) and the pass's float16 weight copy need no cast.
         let (xi, wi) = match precision {
             Precision::F32 => (xi, wi),
-            Precision::Half => (xi.cast(FloatDType::F16), wi.cast(FloatDType::F16)),
+            Precision::Half => (
+                xi.cast(FloatDType::F16),
+                weight_f16.map_or(wi, |w| w.inner()).cast(FloatDType::F16),
+            ),
         };
-        let y = B::linear_at(xi.clone(), wi.clone(), bi, precision);
+        let y = B::linear_at(xi.clone(), wi.clone(), None, bi, precision);
         let output = y.into_primitive().tensor();
         let tracked = match (LinearBackward { precision })
             .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
@@ -2548,13 +2648,9 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn elu_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
-        activation(
-            Activation::Elu,
-            x,
-            B::fused_elu,
-            B::fused_elu_backward,
-            precision,
-        )
+        let (f, g) = (B::fused_elu, B::fused_elu_backward);
+        // At Precision::Half the float16 output, for the next layer's float16 product.
+        activation(Activation::Elu, x, f, g, (precision, false))
     }
 
     const LAYER_KERNELS: bool = B::LAYER_KERNELS;
@@ -2815,22 +2911,40 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         wrap(tracked)
     }
 
-    fn linear_elu(
+    fn linear_elu_at(
         x: Tensor<Self, 2>,
         weight: Tensor<Self, 1>,
+        weight_f16: Option<Tensor<Self, 1>>,
         bias: Tensor<Self, 1>,
+        precision: Precision,
     ) -> Tensor<Self, 2> {
-        let f32s = all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]);
-        if !B::LAYER_KERNELS || !f32s {
-            return Self::fused_elu(Self::fused_linear(x, weight, bias));
+        use burn::tensor::DType;
+        let fits = match precision {
+            Precision::F32 => all_f32(&[x.dtype(), weight.dtype(), bias.dtype()]),
+            Precision::Half => {
+                all_f32(&[weight.dtype(), bias.dtype()])
+                    && matches!(x.dtype(), DType::F32 | DType::F16)
+            }
+        };
+        if !B::LAYER_KERNELS || !fits {
+            let y = Self::linear_at(x, weight, weight_f16, bias, precision);
+            return Self::elu_at(y, precision);
         }
         let (x, w, b) = (prim(x), prim(weight), prim(bias));
         let xi = wrap::<B, 2>(x.primitive.clone());
         let wi = wrap::<B, 1>(w.primitive.clone());
         let bi = wrap::<B, 1>(b.primitive.clone());
-        let y = B::bias_kernel_forward(product(xi.clone(), wi.clone()), bi, true);
+        // At Precision::Half the state keeps the float16 operands and the float16 output.
+        let (xi, wi) = match precision {
+            Precision::F32 => (xi, wi),
+            Precision::Half => (
+                xi.cast(FloatDType::F16),
+                weight_f16.map_or(wi, |w| w.inner()).cast(FloatDType::F16),
+            ),
+        };
+        let y = B::linear_elu_at(xi.clone(), wi.clone(), None, bi, precision);
         let output = prim(y.clone());
-        let tracked = match LinearEluBackward
+        let tracked = match (LinearEluBackward { precision })
             .prepare::<C>([x.node.clone(), w.node.clone(), b.node.clone()])
             .compute_bound()
             .stateful()
@@ -2845,29 +2959,27 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         x: Tensor<Self, 2>,
         t: Tensor<Self, 2>,
         w1: Tensor<Self, 1>,
+        w1_f16: Option<Tensor<Self, 1>>,
         b1: Tensor<Self, 1>,
         context: Tensor<Self, 2>,
         wc: Tensor<Self, 1>,
         bc: Tensor<Self, 1>,
         precision: Precision,
     ) -> Tensor<Self, 2> {
-        let dtypes = [
-            x.dtype(),
-            t.dtype(),
-            w1.dtype(),
-            b1.dtype(),
-            context.dtype(),
-        ];
-        if !B::LAYER_KERNELS || !all_f32(&dtypes) || !all_f32(&[wc.dtype(), bc.dtype()]) {
+        let others = [x.dtype(), w1.dtype(), b1.dtype(), context.dtype()];
+        let context_layer = [wc.dtype(), bc.dtype()];
+        if !B::LAYER_KERNELS || !gated_kernel_takes(t.dtype(), &others, context_layer, precision) {
+            let w1 = (w1, w1_f16);
             return gated_composed(x, t, w1, b1, context, wc, bc, precision);
         }
+        let w1_f16 = w1_f16.map(|w| w.inner());
         let [x, t, context] = [prim(x), prim(t), prim(context)];
         let [w1, b1, wc, bc] = [prim(w1), prim(b1), prim(wc), prim(bc)];
         type Prim<B, C> = burn::tensor::ops::FloatTensor<Autodiff<B, C>>;
         let inner2 = |v: &Prim<B, C>| wrap::<B, 2>(v.primitive.clone());
         let inner1 = |v: &Prim<B, C>| wrap::<B, 1>(v.primitive.clone());
         // At Precision::Half the state keeps the float16 operands (as autocast saves them).
-        let (a, ts, w1s) = gated_product(inner2(&t), inner1(&w1), precision);
+        let (a, ts, w1s) = gated_product(inner2(&t), inner1(&w1), w1_f16, precision);
         let (y, s) = B::gated_kernel_forward(
             inner2(&x),
             a.clone(),
@@ -2900,7 +3012,8 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn sigmoid_at(x: Tensor<Self, 2>, precision: Precision) -> Tensor<Self, 2> {
         let (f, g) = (B::fused_sigmoid, B::fused_sigmoid_backward);
-        activation(Activation::Sigmoid, x, f, g, precision)
+        // The gate multiplies float32 values: its output stays float32.
+        activation(Activation::Sigmoid, x, f, g, (precision, true))
     }
 }
 

@@ -112,10 +112,11 @@ pub fn activation(
 }
 
 /// Mixed precision's activation path on the GPU ([`FusedOps::elu_at`],
-/// [`FusedOps::sigmoid_at`] with [`Precision::Half`]): float32 in and out, the casts to and
-/// from float16 inside the kernels; `(y, dL/dx)` as for [`activation`].
+/// [`FusedOps::sigmoid_at`] with [`Precision::Half`]): float32 in, the cast to float16
+/// inside the kernels, the sigmoid's output float32 and the ELU's float16 (what the next
+/// linear layer's float16 product reads); `(y, dL/dx)` as for [`activation`].
 ///
-/// Panics when the output is not float32 or the lengths disagree.
+/// Panics when the output's dtype is not that or the lengths disagree.
 pub fn activation_mixed(
     device: &WgpuDevice,
     sigmoid: bool,
@@ -133,14 +134,26 @@ pub fn activation_mixed(
     } else {
         WgpuAutodiff::elu_at(xt.clone(), Precision::Half)
     };
+    let want = if sigmoid { DType::F32 } else { DType::F16 };
     assert_eq!(
         y.dtype(),
-        DType::F32,
-        "mixed precision's activations return float32"
+        want,
+        "mixed precision's sigmoid returns float32, its ELU float16"
     );
-    let grads = (y.clone() * t(a)).sum().backward();
+    // The loss in float32 (its gradient reaches a float16 output through the cast).
+    let grads = (y.clone().cast(FloatDType::F32) * t(a)).sum().backward();
     let dx = xt.grad(&grads).expect("x has a gradient");
     (f64s(y.into_data()), f64s(dx.into_data()))
+}
+
+/// At [`Precision::Half`], `w`'s float16 copy outside the autodiff graph, as a training
+/// pass hands it over ([`crate::params::Params::weight_f16`]); else `None`.
+fn half_copy<B: AutodiffBackend + FusedOps>(
+    w: &Tensor<B, 1>,
+    precision: Precision,
+) -> Option<Tensor<B, 1>> {
+    (precision == Precision::Half)
+        .then(|| Tensor::from_inner(w.clone().inner().cast(FloatDType::F16)))
 }
 
 fn linear_on<B: AutodiffBackend + FusedOps>(
@@ -156,7 +169,13 @@ fn linear_on<B: AutodiffBackend + FusedOps>(
     let xt = matrix::<B>(x, [rows, x.len() / rows], device, dtype).require_grad();
     let wt = vector::<B>(w, device, dtype).require_grad();
     let bt = vector::<B>(b, device, dtype).require_grad();
-    let y = B::linear_at(xt.clone(), wt.clone(), bt.clone(), precision);
+    let y = B::linear_at(
+        xt.clone(),
+        wt.clone(),
+        half_copy(&wt, precision),
+        bt.clone(),
+        precision,
+    );
     let at = matrix::<B>(a, y.dims(), device, dtype);
     let grads = (y.clone() * at).sum().backward();
     vec![
@@ -203,6 +222,9 @@ pub enum Layer {
     Norm(bool),
     /// `elu(x Wᵀ + b)`; inputs `x [rows, k]`, `W` flat `[f * k]`, `b [f]`.
     LinearElu,
+    /// The same as two operations, [`FusedOps::linear_at`] then [`FusedOps::elu_at`]
+    /// (what [`Layer::LinearElu`]'s kernel replaces), the weight cast by the layer itself.
+    LinearThenElu,
     /// The gated residual tail `x + (t W₁ᵀ + b₁) sigmoid(context W_cᵀ + b_c)`; inputs
     /// `x [rows, f]`, `t [rows, f]`, `W₁ [f * f]`, `b₁ [f]`, `context [rows, k]`,
     /// `W_c [f * k]`, `b_c [f]`.
@@ -233,15 +255,27 @@ fn layer_on<B: AutodiffBackend + FusedOps>(
         }
         Layer::LinearElu => {
             let (x, w, b) = (m(0), v(1), v(2));
-            let y = B::linear_elu(x.clone(), w.clone(), b.clone());
+            let w16 = half_copy(&w, precision);
+            let y = B::linear_elu_at(x.clone(), w.clone(), w16, b.clone(), precision);
             (y, vec![x], vec![w, b])
+        }
+        Layer::LinearThenElu => {
+            let (x, w, b) = (m(0), v(1), v(2));
+            let z = B::linear_at(x.clone(), w.clone(), None, b.clone(), precision);
+            (B::elu_at(z, precision), vec![x], vec![w, b])
         }
         Layer::Gated => {
             let (x, t, w1, b1, c, wc, bc) = (m(0), m(1), v(2), v(3), m(4), v(5), v(6));
+            // Mixed precision's blocks hand `t` over in float16 (an ELU's output).
+            let t_in = match precision {
+                Precision::Half => t.clone().cast(FloatDType::F16),
+                Precision::F32 => t.clone(),
+            };
             let y = B::gated_residual(
                 x.clone(),
-                t.clone(),
+                t_in,
                 w1.clone(),
+                half_copy(&w1, precision),
                 b1.clone(),
                 c.clone(),
                 wc.clone(),
@@ -257,7 +291,9 @@ fn layer_on<B: AutodiffBackend + FusedOps>(
         }
     };
     let at = matrix::<B>(a, y.dims(), device, dtype);
-    let grads = (y.clone() * at).sum().backward();
+    // A float16 output (mixed precision's linear layer with its ELU) meets the loss in the
+    // engine's dtype; its gradient comes back through the cast.
+    let grads = (y.clone().cast(dtype) * at).sum().backward();
     let mut out = vec![f64s(y.into_data())];
     let missing = "an input's gradient";
     out.extend(
@@ -286,8 +322,9 @@ pub fn layer(
 }
 
 /// [`layer`] in mixed precision on the GPU ([`Precision::Half`]: for [`Layer::Gated`] the
-/// block's product in float16, the gate and the tail in the float32 kernel); float32 in and
-/// out.
+/// block's product in float16 on `t` handed over in float16, the gate and the tail in the
+/// float32 kernel; for [`Layer::LinearElu`] the product, bias and ELU in float16, the output
+/// float16), each weight's float16 copy handed over as a training pass does; float32 in.
 pub fn layer_mixed(
     device: &WgpuDevice,
     layer: Layer,

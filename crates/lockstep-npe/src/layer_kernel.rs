@@ -284,7 +284,8 @@ fn gate_gradient<A: Float>(
     g[i as usize] * (f32::cast_from(a[i as usize]) + b1[o as usize]) * si * (1.0 - si)
 }
 
-/// The gradient of [`gated_forward`]: threads `0..n` write `da = g s`, the next `rows k`
+/// The gradient of [`gated_forward`]: threads `0..n` write `da = g s` (in `a`'s type: a
+/// float16 product's gradient is float16, as its backward step reads it), the next `rows k`
 /// one entry of `dcontext = dc wc` each, the next `cols k` one entry of `dwc = dcᵀ context`
 /// each, the last `cols` one column's `db1 = Σ_rows da` and `dbc = Σ_rows dc` each, with
 /// `dc = g (a + b1) s (1 - s)` recomputed where needed (so no thread waits for another).
@@ -297,7 +298,7 @@ fn gated_backward<A: Float>(
     context: &Array<f32>,
     wc: &Array<f32>,
     g: &Array<f32>,
-    da: &mut Array<f32>,
+    da: &mut Array<A>,
     dcontext: &mut Array<f32>,
     dwc: &mut Array<f32>,
     db1: &mut Array<f32>,
@@ -313,7 +314,7 @@ fn gated_backward<A: Float>(
         terminate!();
     }
     if t < n {
-        da[t as usize] = g[t as usize] * s[t as usize];
+        da[t as usize] = A::cast_from(g[t as usize] * s[t as usize]);
     } else if t < e1 {
         let m = t - n;
         let r = m / k;
@@ -636,9 +637,10 @@ pub fn gated_forward_launch<R: CubeRuntime>(
 
 /// The gradients `[da [rows, cols], dcontext [rows, k], dwc [cols k], db1, dbc [cols]]` of
 /// [`gated_forward_launch`] (with its `s`) for the incoming gradient `g` (that of `x` is
-/// `g` itself). One launch.
+/// `g` itself); `da` in `a`'s dtype (float16 for mixed precision's float16 product, the
+/// rest float32). One launch.
 ///
-/// Panics on shapes that do not fit or a dtype other than float32.
+/// Panics on shapes that do not fit or other dtypes.
 pub fn gated_backward_launch<R: CubeRuntime>(
     a: CubeTensor<R>,
     b1: CubeTensor<R>,
@@ -659,7 +661,10 @@ pub fn gated_backward_launch<R: CubeRuntime>(
     check_vector(&wc, cols * k, "the context layer's weight");
     check_vector(&b1, cols, "the block's bias");
     let [a, b1, s, context, wc, g] = [a, b1, s, context, wc, g].map(into_contiguous);
-    let da = empty(&s, s.shape());
+    let da = match a.dtype {
+        DType::F16 => empty_device::<R, f16>(s.client.clone(), s.device.clone(), s.shape()),
+        _ => empty(&s, s.shape()),
+    };
     let dcontext = empty(&s, context.shape());
     let dwc = empty(&s, Shape::new([(cols * k) as usize]));
     let db1 = empty(&s, Shape::new([cols as usize]));

@@ -185,14 +185,18 @@ impl Linear {
         }
     }
 
-    /// `x: [batch, inputs]` -> `[batch, outputs]`.
+    /// `x: [batch, inputs]` -> `[batch, outputs]` (float32; in mixed precision the input
+    /// may be float16).
     pub fn forward<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        B::linear_at(x, p.vector(self.weight), p.vector(self.bias), p.precision())
+        let (w, w16) = (p.vector(self.weight), p.weight_f16(self.weight));
+        B::linear_at(x, w, w16, p.vector(self.bias), p.precision())
     }
 
-    /// `elu(x Wᵀ + b)` ([`FusedOps::linear_elu`]; float32).
+    /// `elu(x Wᵀ + b)` at the pass's precision ([`FusedOps::linear_elu_at`]; in mixed
+    /// precision the output is float16, for the next layer's float16 product).
     pub fn forward_elu<B: FusedOps>(&self, p: &Params<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        B::linear_elu(x, p.vector(self.weight), p.vector(self.bias))
+        let (w, w16) = (p.vector(self.weight), p.weight_f16(self.weight));
+        B::linear_elu_at(x, w, w16, p.vector(self.bias), p.precision())
     }
 
     /// The layout handles `(weight, bias)`.
@@ -373,7 +377,8 @@ impl NormLayer {
     /// backend with [`FusedOps::LAYER_KERNELS`] is one operation (one kernel each way, the
     /// ELU in float32 also under mixed precision, where the normalization's output is
     /// float32 anyway); otherwise [`NormLayer::forward`] and then ELU at the pass's
-    /// precision.
+    /// precision ([`FusedOps::elu_at`]: float16 output in mixed precision, read by the
+    /// linear layer that follows as it is).
     pub fn forward_elu<B: NpeBackend>(
         &self,
         pass: &mut Pass<'_, B>,
@@ -465,11 +470,12 @@ impl ResidualBlock {
     ) -> Tensor<B, 2> {
         let t = self.norm0.forward_elu(pass, x.clone());
         let at = pass.params.precision();
-        // Float32 passes on a backend with the layer kernels: the second ELU with the first
-        // linear layer's bias in one kernel (without a normalization between them), the
-        // residual end in one.
+        // On a backend with the layer kernels: the second ELU with the first linear layer's
+        // bias in one kernel (without a normalization between them; in mixed precision its
+        // output float16, read by the next float16 product as it is), and in float32 passes
+        // the residual end in one.
         let kernels = B::LAYER_KERNELS && at == Precision::F32;
-        let t = match (&self.norm1, kernels) {
+        let t = match (&self.norm1, B::LAYER_KERNELS) {
             (NormLayer::None, true) => self.linear0.forward_elu(pass.params, t),
             _ => {
                 let t = self.linear0.forward(pass.params, t);
@@ -481,9 +487,9 @@ impl ResidualBlock {
             if B::LAYER_KERNELS {
                 let p = pass.params;
                 let ((w1, b1), (wc, bc)) = (self.linear1.handles(), layer.handles());
-                let (w1, b1) = (p.vector(w1), p.vector(b1));
+                let (w1, w1_f16, b1) = (p.vector(w1), p.weight_f16(w1), p.vector(b1));
                 let (wc, bc) = (p.vector(wc), p.vector(bc));
-                return B::gated_residual(x, t, w1, b1, c.clone(), wc, bc, at);
+                return B::gated_residual(x, t, w1, w1_f16, b1, c.clone(), wc, bc, at);
             }
             let t = self.linear1.forward(pass.params, t);
             return x + t * B::sigmoid_at(layer.forward(pass.params, c.clone()), at);

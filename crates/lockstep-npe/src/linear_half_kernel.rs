@@ -5,6 +5,8 @@
 //! - forward: `y[r, c] = f32(a[r, c] + f16(bias[c]))` from the float16 product `a = x Wᵀ`
 //!   and the float32 bias, the addition in float16 (one launch where the composed form
 //!   casts the bias, adds and casts the result back: 3);
+//!   With the ELU that follows, `yh = elu(a + f16(bias))` in float16 (one launch where
+//!   the bias and the activation took two and the next product's cast a third);
 //! - backward: from the float16 products `dx = g W`, `dW = gᵀ x` and the float16 incoming
 //!   gradient `g`, the float32 `dx`, `dW` and `db[c] = f32(f16(Σ_r g[r, c]))` (the sum
 //!   accumulated in float32) in one launch where the composed form casts three times and
@@ -30,6 +32,24 @@ fn half_bias_forward(a: &Array<f16>, bias: &Array<f32>, y: &mut Array<f32>, n: u
     }
     let b = f16::cast_from(bias[(i % cols) as usize]);
     y[i as usize] = f32::cast_from(a[i as usize] + b);
+}
+
+/// `yh[i] = elu(a[i] + f16(bias[i % cols]))`, `i < n`, the addition and the ELU in
+/// float16 arithmetic (autocast's `addmm` and the ELU on its float16 output).
+#[cube(launch)]
+fn half_bias_elu_forward(
+    a: &Array<f16>,
+    bias: &Array<f32>,
+    yh: &mut Array<f16>,
+    n: u32,
+    cols: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i >= n {
+        terminate!();
+    }
+    let b = f16::cast_from(bias[(i % cols) as usize]);
+    yh[i as usize] = crate::activation_kernel::elu_value::<f16>(a[i as usize] + b);
 }
 
 /// Thread `i`: `dx[i] = f32(dxh[i])` (`i < ndx`), `dw[i] = f32(dwh[i])` (`i < ndw`),
@@ -75,10 +95,16 @@ fn grid<R: CubeRuntime>(t: &CubeTensor<R>, threads: usize) -> (CubeCount, CubeDi
 }
 
 /// `f32(a + f16(bias))` for the float16 product `a: [rows, cols]` and the float32
-/// `bias: [cols]`: a new float32 `[rows, cols]`. One launch.
+/// `bias: [cols]`: a new float32 `[rows, cols]`; with `elu`, `elu(a + f16(bias))` in
+/// float16 instead, a new float16 `[rows, cols]` (for the float16 product that reads it
+/// next). One launch.
 ///
 /// Panics on other dtypes or shapes that do not fit.
-pub fn bias_forward_launch<R: CubeRuntime>(a: CubeTensor<R>, bias: CubeTensor<R>) -> CubeTensor<R> {
+pub fn bias_forward_launch<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    bias: CubeTensor<R>,
+    elu: bool,
+) -> CubeTensor<R> {
     assert!(
         a.dtype == DType::F16 && bias.dtype == DType::F32,
         "half linear kernel: a float16 product and a float32 bias ({:?}, {:?})",
@@ -93,19 +119,21 @@ pub fn bias_forward_launch<R: CubeRuntime>(a: CubeTensor<R>, bias: CubeTensor<R>
     );
     let n = shape.num_elements();
     let (a, bias) = (into_contiguous(a), into_contiguous(bias));
-    let y = empty_device::<R, f32>(a.client.clone(), a.device.clone(), shape);
+    let (client, device) = (a.client.clone(), a.device.clone());
     let (count, dim) = grid(&a, n);
-    half_bias_forward::launch::<R>(
-        &a.client.clone(),
-        count,
-        dim,
-        a.into_array_arg(),
-        bias.into_array_arg(),
-        y.clone().into_array_arg(),
-        u32::try_from(n).expect("half linear kernel: fewer than 2^32 values"),
-        cols as u32,
-    );
-    y
+    let n = u32::try_from(n).expect("half linear kernel: fewer than 2^32 values");
+    let (a, b) = (a.into_array_arg(), bias.into_array_arg());
+    if elu {
+        let yh = empty_device::<R, f16>(client.clone(), device, shape);
+        let out = yh.clone().into_array_arg();
+        half_bias_elu_forward::launch::<R>(&client, count, dim, a, b, out, n, cols as u32);
+        yh
+    } else {
+        let y = empty_device::<R, f32>(client.clone(), device, shape);
+        let out = y.clone().into_array_arg();
+        half_bias_forward::launch::<R>(&client, count, dim, a, b, out, n, cols as u32);
+        y
+    }
 }
 
 /// The float32 gradients `(dx, dW, db)` of a mixed-precision linear layer from the float16

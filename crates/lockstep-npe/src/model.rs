@@ -339,7 +339,18 @@ impl<B: TrainBackend> NpeModel<B> {
                     }
                 })
                 .collect();
-            Params::<B>::from_tensors(layout, leaves)
+            let p = Params::<B>::from_tensors(layout, leaves);
+            if self.precision == Precision::Half {
+                // Mixed precision: the float16 weights from one cast of the whole buffer.
+                let halves = r.params_f16().into_iter();
+                p.with_halves(
+                    halves
+                        .map(|h| h.map(burn::tensor::Tensor::from_inner))
+                        .collect(),
+                )
+            } else {
+                p
+            }
         } else if B::HOST_MEMORY {
             Params::<B>::partitioned_leaves(layout, part, &self.params, frozen, &self.device)
         } else {

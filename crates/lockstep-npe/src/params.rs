@@ -209,6 +209,9 @@ pub struct Params<B: Backend> {
     shapes: Vec<Vec<usize>>,
     /// The precision the linear layers and activations of the pass compute in.
     precision: Precision,
+    /// Per parameter, its float16 copy where the pass made them (mixed precision on a
+    /// device: [`crate::resident::Resident::params_f16`]); empty otherwise.
+    halves: Vec<Option<Tensor<B, 1>>>,
 }
 
 impl<B: Backend> Params<B> {
@@ -226,6 +229,7 @@ impl<B: Backend> Params<B> {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
             precision: Precision::F32,
+            halves: Vec::new(),
         }
     }
 
@@ -253,6 +257,7 @@ impl<B: Backend> Params<B> {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
             precision: Precision::F32,
+            halves: Vec::new(),
         }
     }
 
@@ -267,6 +272,28 @@ impl<B: Backend> Params<B> {
     /// The precision of the pass's linear layers and activations.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// These parameters with their float16 copies (`halves[i]` parameter `i`'s values in
+    /// float16, `[numel]`, not tracked by autodiff; `None` where there is none), which a
+    /// mixed-precision pass's linear layers read in place of casting their weights one by
+    /// one ([`crate::fused_ops::FusedOps::linear_at`]).
+    ///
+    /// Panics when the count differs from the parameters'.
+    #[must_use]
+    pub fn with_halves(mut self, halves: Vec<Option<Tensor<B, 1>>>) -> Self {
+        assert_eq!(halves.len(), self.tensors.len(), "one entry per parameter");
+        self.halves = halves;
+        self
+    }
+
+    /// Parameter `index`'s float16 copy `[numel]` when the pass computes at
+    /// [`Precision::Half`] and made one ([`Params::with_halves`]), else `None`.
+    pub fn weight_f16(&self, index: usize) -> Option<Tensor<B, 1>> {
+        match self.precision {
+            Precision::Half => self.halves.get(index).cloned().flatten(),
+            Precision::F32 => None,
+        }
     }
 
     /// Parameter `index` as a 1-D tensor `[numel]`.
@@ -323,6 +350,7 @@ impl<B: AutodiffBackend> Params<B> {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
             precision: Precision::F32,
+            halves: Vec::new(),
         }
     }
 
@@ -363,6 +391,7 @@ impl<B: AutodiffBackend> Params<B> {
             tensors,
             shapes: layout.specs().iter().map(|s| s.shape.clone()).collect(),
             precision: Precision::F32,
+            halves: Vec::new(),
         }
     }
 

@@ -17,9 +17,11 @@ use crate::params::{read_together, to_vec, Layout, Params, Partition};
 use burn::tensor::{Tensor, TensorData};
 use lockstep_train::DeviceUpdate;
 
-/// The alignment of every parameter in the device's packed buffers, in float32 values (256
-/// bytes: the largest minimum storage-buffer offset alignment adapters ask for).
-pub const ALIGN: usize = 64;
+/// The alignment of every parameter in the device's packed buffers, in values: 128, so that
+/// a parameter starts at a multiple of 256 bytes (the largest minimum storage-buffer offset
+/// alignment adapters ask for) in the float32 buffers and in the parameters' float16 copy
+/// ([`Resident::params_f16`]) alike.
+pub const ALIGN: usize = 128;
 
 /// The packed training state of one replica on its device (see the [module docs](self)).
 pub struct Resident<B: FusedOps> {
@@ -122,6 +124,18 @@ impl<B: FusedOps> Resident<B> {
             })
             .collect();
         Params::from_tensors(layout, tensors)
+    }
+
+    /// The trainable parameters' float16 copies for a mixed-precision pass, one cast of the
+    /// whole parameter buffer (one launch, where casting each weight took one per linear
+    /// layer), each a view of the copy (`[numel]`, float16); `None` for frozen parameters
+    /// (their layers cast them). The entries follow the layout, as [`Resident::params`]'s.
+    pub fn params_f16(&self) -> Vec<Option<Tensor<B, 1>>> {
+        let half = self.params.clone().cast(burn::tensor::FloatDType::F16);
+        self.places
+            .iter()
+            .map(|place| place.map(|(_, d, n)| B::view(&half, d, n)))
+            .collect()
     }
 
     /// Writes the gradients of one micro-batch, `(parameter index, gradient)`, into their

@@ -360,6 +360,50 @@ fn gpu_mixed_precision_gated_tail_matches_the_float32_form() {
     }
 }
 
+/// Mixed precision's linear layer with its ELU (the flow's residual blocks: the float16
+/// product, one kernel for the bias and the ELU in float16 with a float16 output, and
+/// backward one kernel for the ELU's float16 gradient before the products) against burn's
+/// autodiff of the float32 form in f64 on float16-rounded inputs, for a batch of 1 and of
+/// 67, arguments out to about ±12 (ELU's saturation and its linear side): output and
+/// gradients to `8e-3` of the larger of the value and the mean magnitude. On lavapipe the
+/// kernel also gives the bits of the two operations it replaces (the linear layer casting
+/// its own weight, then the ELU): fusing moved the casts, not the arithmetic.
+#[test]
+fn gpu_mixed_precision_linear_elu_kernel_matches_the_float32_form() {
+    crate::common::cpu_default_f32();
+    let device = wgpu_device(0).expect("a Vulkan adapter (lavapipe)");
+    for (rows, k, f) in [(1usize, 7usize, 5usize), (67, 19, 11)] {
+        let x = half(noise(rows * k, 81).iter().map(|v| v * 4.0).collect());
+        let w = half(noise(f * k, 82));
+        let b = half(noise(f, 83).iter().map(|v| v * 2.0).collect());
+        let a = half(noise(rows * f, 84));
+        let inputs = vec![(x, vec![rows, k]), (w, vec![f * k]), (b, vec![f])];
+        let gpu = kernel_check::layer_mixed(&device, Layer::LinearElu, &inputs, &a);
+        let unfused = kernel_check::layer_mixed(&device, Layer::LinearThenElu, &inputs, &a);
+        assert_eq!(
+            gpu, unfused,
+            "[{rows} x {k}] -> {f}: one kernel and two operations"
+        );
+        let want = kernel_check::layer(Engine::CpuF64, Layer::LinearElu, &inputs, &a);
+        let big = want[0].iter().filter(|v| v.abs() > 4.0).count();
+        let saturated = want[0].iter().filter(|v| **v < -0.9).count();
+        assert!(
+            rows == 1 || (big > 0 && saturated > 0),
+            "the arguments reach both sides"
+        );
+        for ((g, w), name) in gpu.iter().zip(&want).zip(["y", "dx", "dW", "db"]) {
+            assert_eq!(g.len(), w.len(), "{name}");
+            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
+                    "mixed linear + ELU [{rows} x {k}] -> {f}, {name}[{i}]: GPU {g}, f64 {w}"
+                );
+            }
+        }
+    }
+}
+
 /// Mixed precision's linear layer (`linear_half_kernel.rs`: the float16 products, the bias
 /// and every cast in two kernels around them) against burn's autodiff of the float32 form in
 /// f64 on float16-rounded inputs, for a batch of 1 and of 67 (no multiple of a workgroup)
