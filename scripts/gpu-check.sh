@@ -37,9 +37,11 @@ say() { printf 'gpu-check: %s\n' "$*" >&2; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The GPU test binaries: `cargo test --no-run` names each test executable.
+# The whole workspace, as `make test` builds it: a `-p` selection resolves features
+# differently and would compile everything a second time.
 test_binaries() {
-  cargo test --release --no-run --message-format=json -p lockstep-gpu -p lockstep-snn -p lockstep-npe -p lockstep-nbody -p lockstep-cli \
-    ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} 2>/dev/null |
+  cargo test --release --no-run --message-format=json --workspace \
+    ${GPU_CHECK_FEATURES:+--features "lockstep-cli/$GPU_CHECK_FEATURES"} 2>/dev/null |
     python3 -c '
 import json, sys
 want = {"device", "gpu_engine", "gpu_train", "edge_cases_every_engine", "npe_gpu", "npe_library", "nbody_gpu"}
@@ -58,12 +60,13 @@ bundle() {
   local tarball=${1:-$repo/target/gpu-bundle.tar.xz}
   command -v cargo >/dev/null || die "bundle needs cargo (run it on the development machine)"
   cd "$repo" || exit 1
-  cargo build --release -p lockstep-cli ${GPU_CHECK_FEATURES:+--features "$GPU_CHECK_FEATURES"} ||
+  cargo build --release --workspace --all-targets \
+    ${GPU_CHECK_FEATURES:+--features "lockstep-cli/$GPU_CHECK_FEATURES"} ||
     die "cargo build failed"
   local stage
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/tests" "$stage/lib"
-  cp target/release/lockstep "$stage/bin/"
+  cp "${CARGO_TARGET_DIR:-target}/release/lockstep" "$stage/bin/"
   local name exe
   while read -r name exe; do
     cp "$exe" "$stage/tests/$name"

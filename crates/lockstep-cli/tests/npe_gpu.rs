@@ -839,10 +839,17 @@ fn bench_npe_on_the_gpu_counts_kernel_launches() {
         "0",
         "--python",
         "/nonexistent/python3",
+        // The other pools than training's default (the counts do not depend on them).
+        "--memory-pools",
+        "exclusive-pages",
     ]);
     let out = ok(run_with_limit(cmd, Duration::from_secs(300)).unwrap());
     let text = out.stdout.clone();
     assert!(text.contains("1 replica on gpu (burn, f32)"), "{text}");
+    assert!(
+        text.contains("CubeCL memory pools: exclusive-pages (--memory-pools)"),
+        "{text}"
+    );
     assert!(text.contains("copy grads device -> flat"), "{text}");
     assert!(
         text.contains("mixed precision (automatic_mixed_precision"),

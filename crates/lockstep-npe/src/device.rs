@@ -247,9 +247,61 @@ pub fn wgpu_device(index: usize) -> Result<WgpuDevice, NpeError> {
         queue: ctx.queue.clone(),
         backend,
     };
-    let device = init_device(setup, RuntimeOptions::default());
+    let memory_config = match *MEMORY_POOLS.lock().unwrap_or_else(|p| p.into_inner()) {
+        MemoryPools::SubSlices => cubecl::wgpu::MemoryConfiguration::SubSlices,
+        MemoryPools::ExclusivePages => cubecl::wgpu::MemoryConfiguration::ExclusivePages,
+    };
+    let options = RuntimeOptions {
+        memory_config,
+        ..RuntimeOptions::default()
+    };
+    let device = init_device(setup, options);
     devices.insert(index, device.clone());
+    *DEVICE_CREATED.lock().unwrap_or_else(|p| p.into_inner()) = true;
     Ok(device)
+}
+
+/// How CubeCL's memory management places the tensors of burn's wgpu backend in device
+/// memory ([`set_memory_pools`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryPools {
+    /// CubeCL's default: pools of large pages, each tensor a slice of one (few allocations
+    /// from the driver, a search for a free slice per tensor).
+    #[default]
+    SubSlices,
+    /// One page per tensor, pages of a size class reused (no slicing; more memory reserved).
+    ExclusivePages,
+}
+
+impl std::str::FromStr for MemoryPools {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sub-slices" => Ok(MemoryPools::SubSlices),
+            "exclusive-pages" => Ok(MemoryPools::ExclusivePages),
+            other => Err(format!(
+                "unknown memory pools '{other}': sub-slices (the default) or exclusive-pages"
+            )),
+        }
+    }
+}
+
+static MEMORY_POOLS: Mutex<MemoryPools> = Mutex::new(MemoryPools::SubSlices);
+static DEVICE_CREATED: Mutex<bool> = Mutex::new(false);
+
+/// Sets the memory pools of the wgpu devices this process creates from now on (for
+/// `lockstep bench npe --memory-pools`, which measures both on one training step). CUDA
+/// devices keep CubeCL's default.
+///
+/// Errors: a wgpu device exists already (its pools are fixed).
+pub fn set_memory_pools(pools: MemoryPools) -> Result<(), NpeError> {
+    if *DEVICE_CREATED.lock().unwrap_or_else(|p| p.into_inner()) {
+        return Err(NpeError::Invalid(
+            "the memory pools must be set before the first GPU device is created".to_string(),
+        ));
+    }
+    *MEMORY_POOLS.lock().unwrap_or_else(|p| p.into_inner()) = pools;
+    Ok(())
 }
 
 /// Makes burn's GPU backends (CubeCL) write one line per kernel launch to `path`

@@ -62,8 +62,9 @@
 //! time there includes most of the arithmetic and says little about a GPU.
 //!
 //! Since then (the flow on one state tensor, the gated tails' context products inside
-//! their kernel, the loss as a scaled gradient): 393 launches per float32 step and 581
-//! mixed. CubeCL submits every `CUBECL_WGPU_MAX_TASKS` launches (default 32): with 32,
+//! their kernel, the loss as a scaled gradient; in mixed precision one cast of all the
+//! weights per pass, float16 ELU outputs and gradients where a float16 product reads them):
+//! 393 launches per float32 step and 475 mixed. CubeCL submits every `CUBECL_WGPU_MAX_TASKS` launches (default 32): with 32,
 //! lavapipe's recording time per float32 step was 2.33 s (each submission runs its work
 //! before the next is recorded), with 1,024 (one submission per step) 8.6 ms, that is about
 //! 22 us of host work per launch (autodiff graph and queuing), and the whole step 2.77 s
@@ -71,6 +72,15 @@
 //! leave the GPU idle until the first one; lockstep keeps the default (13 submissions per
 //! step, execution overlapping the recording) until an NVIDIA measurement says otherwise;
 //! the variable overrides it.
+//!
+//! CubeCL's memory pools (`--memory-pools`, `lockstep_npe::device::set_memory_pools`),
+//! measured at 475 mixed-precision launches (batch 512, 4 steps after 1, two runs of each in
+//! turn, lavapipe): with CUBECL_WGPU_MAX_TASKS=1024, so that the recording time is the
+//! host's work alone, sub-slices (CubeCL's default) recorded a float32 step in 9.0 and 11.9
+//! ms and a mixed one in 9.7 and 10.7 ms, exclusive pages in 9.8 and 13.0 ms (mixed): no
+//! difference beyond the noise, and with the default submission the steps took 2.41-2.53 s
+//! either way. Exclusive pages reserved 40-56 MiB against 64 MiB. lockstep keeps CubeCL's
+//! default; the flag is there to measure it on a GPU.
 
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -140,6 +150,10 @@ pub struct BenchNpeArgs {
     /// first adapter) or cuda (a build with the cuda feature); on a GPU only part 1 runs.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// CubeCL's memory pools for `--device gpu`: sub-slices (CubeCL's default, what training
+    /// uses) or exclusive-pages (one page per tensor), to measure the step with each.
+    #[arg(long, default_value = "sub-slices")]
+    pub memory_pools: String,
     /// Internal: count the kernel launches of the device step (float32 and mixed
     /// precision), logging them to this file, and print the counts as JSON.
     #[arg(long, hide = true)]
@@ -240,10 +254,18 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
 
     let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
     crate::flags::check_cpu_flag(&args.device)?;
+    let pools: lockstep_npe::device::MemoryPools = args
+        .memory_pools
+        .parse()
+        .map_err(|e| anyhow!("--memory-pools: {e}"))?;
+    if kind != DeviceKind::Gpu && pools != Default::default() {
+        bail!("--memory-pools: only --device gpu takes another than sub-slices");
+    }
     if kind != DeviceKind::Cpu {
         if let Some(log) = &args.count_launches {
             lockstep_npe::device::log_kernel_launches(log)?;
         }
+        lockstep_npe::device::set_memory_pools(pools)?;
         let placement =
             Placement::for_slot(kind, 0).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
         return on_device(args, &network, s.data.seed, &batch, &placement);
@@ -325,6 +347,12 @@ fn on_device(
     placement: &Placement,
 ) -> Result<()> {
     println!("device: {}", placement.describe());
+    if placement.kind() == DeviceKind::Gpu {
+        println!(
+            "CubeCL memory pools: {} (--memory-pools)",
+            args.memory_pools
+        );
+    }
     let model = DeviceModel::new(network.clone(), seed, placement)?;
     if matches!(model, DeviceModel::Cpu(_)) {
         bail!("on_device runs on a GPU");
@@ -651,6 +679,7 @@ fn launches_child(args: &BenchNpeArgs) -> Result<String> {
     let out = Command::new(exe)
         .args(["bench", "npe", "--device", &args.device, "--warmup", "1"])
         .args(["--steps", &steps, "--batch", &args.batch.to_string()])
+        .args(["--memory-pools", &args.memory_pools])
         .arg("--count-launches")
         .arg(&log)
         .output()
