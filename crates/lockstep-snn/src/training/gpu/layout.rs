@@ -257,6 +257,495 @@ fn group_constants(
     (gf, gd, net_f32, net_f64)
 }
 
+/// The kernels index `what` (`len` elements) with 32 bits.
+///
+/// Errors: [`SnnError::Shape`] when `len` does not fit.
+fn fits_u32(what: &str, len: usize) -> Result<()> {
+    if len > u32::MAX as usize {
+        return Err(SnnError::Shape(format!(
+            "the GPU engine indexes {what} with 32 bits, but it has {len} elements; reduce run.batch_size or run.seq_len"
+        )));
+    }
+    Ok(())
+}
+
+/// The sizes of one model and batch that the kernels are compiled with.
+struct Dims {
+    /// Neurons.
+    n: usize,
+    /// Receptor ports per cell (at least 1).
+    np: usize,
+    /// After-spike currents per neuron.
+    na: usize,
+    /// Steps per call.
+    t: usize,
+    /// 32-lane words per spike mask.
+    w: usize,
+    /// Samples per call.
+    b: usize,
+    /// Largest delay (steps).
+    d: usize,
+    /// Rows of the delay rings (`d + 1`).
+    rl: usize,
+    /// Virtual (input) nodes.
+    nv: usize,
+    /// Poisson input nodes.
+    n_pois: usize,
+    /// Recurrent edges.
+    e_rec: usize,
+    /// Input edges.
+    e_in: usize,
+}
+
+impl Dims {
+    /// The sizes of `p` at `b` samples.
+    ///
+    /// Errors: [`SnnError::Shape`] for more than 32 receptor ports, or masks or edges
+    /// beyond 32-bit indices.
+    fn of(p: &Problem, b: usize) -> Result<Dims> {
+        let net = p.net;
+        let dims = Dims {
+            n: net.n_neurons(),
+            np: net.n_ports.max(1),
+            na: net.n_asc,
+            t: p.opts.seq_len,
+            w: b.div_ceil(32),
+            b,
+            d: net.max_delay,
+            rl: net.max_delay + 1,
+            nv: net.n_virtual(),
+            n_pois: p.inputs.poisson_nodes().len(),
+            e_rec: net.weights_rec.len(),
+            e_in: net.weights_in.len(),
+        };
+        fits_u32("the spike masks", 2 * dims.t * dims.n * dims.w)?;
+        fits_u32("the edges", dims.e_rec.max(dims.e_in))?;
+        if dims.np > 32 {
+            return Err(SnnError::Shape(format!(
+                "the GPU engine handles up to 32 receptor ports per cell, the network has {}",
+                dims.np
+            )));
+        }
+        Ok(dims)
+    }
+}
+
+/// The groups' integer constants and the adjoint ring's rows: per neuron, one row per live
+/// port of its group (compact port index: the port's rank among the group's live ports).
+struct Rows {
+    /// Per neuron, its group.
+    group_of: Vec<u32>,
+    /// Per group: GLIF (1) or LIF, refractory steps, after-spike currents, live-port mask.
+    gu: Vec<u32>,
+    /// Per group, its live ports as a bit mask.
+    live_masks: Vec<u32>,
+    /// Per neuron its first ring row, then the row count (`[n + 1]`).
+    mu_row: Vec<u32>,
+    /// Ring rows per sample and delay slot.
+    live_rows: usize,
+}
+
+impl Rows {
+    /// The rows of `p`'s network.
+    ///
+    /// Errors: [`SnnError::Shape`] when the ring is beyond 32-bit indices.
+    fn of(p: &Problem, dims: &Dims) -> Result<Rows> {
+        let groups = &p.net.groups;
+        let live_masks: Vec<u32> = p
+            .live_ports
+            .iter()
+            .map(|live| live.iter().fold(0u32, |m, &k| m | (1u32 << k)))
+            .collect();
+        let mut group_of = vec![0u32; dims.n];
+        let mut gu: Vec<u32> = Vec::with_capacity(4 * groups.len());
+        for (gi, (g, &mask)) in groups.iter().zip(&live_masks).enumerate() {
+            group_of[g.start..g.end].fill(gi as u32);
+            gu.extend_from_slice(&[
+                (g.consts.kind == ModelKind::Glif) as u32,
+                g.consts.refractory_steps,
+                g.consts.asc.len() as u32,
+                mask,
+            ]);
+        }
+        let mut mu_row = Vec::with_capacity(dims.n + 1);
+        let mut rows = 0u64;
+        for &g in &group_of {
+            mu_row.push(rows);
+            rows += live_masks[g as usize].count_ones() as u64;
+        }
+        mu_row.push(rows);
+        let live_rows = rows as usize;
+        fits_u32("the adjoint ring", dims.rl * live_rows * dims.b)?;
+        Ok(Rows {
+            group_of,
+            gu,
+            live_masks,
+            mu_row: mu_row.iter().map(|&r| r as u32).collect(),
+            live_rows,
+        })
+    }
+
+    /// The ring row of an edge into target offset `off` (`target * np`) on `port`.
+    fn ring_row(&self, off: u32, port: u32, np: usize) -> u32 {
+        let j = (off as usize) / np;
+        let m = self.live_masks[self.group_of[j] as usize];
+        self.mu_row[j] + (m & ((1u32 << port) - 1)).count_ones()
+    }
+}
+
+/// `(name, offset)` of the parts of an array, as the kernels name them (`O_*`).
+type Named = Vec<(&'static str, usize)>;
+
+/// `net_u32` (binding 0): the network's and the inputs' indices, with each part's offset by
+/// name (`O_*` in `bptt.wgsl`).
+struct NetworkIndices {
+    /// The array.
+    data: Vec<u32>,
+    /// `(name, offset)` of each part.
+    offsets: Named,
+    /// The batch's first global sample (two words), written per call.
+    o_s0: usize,
+    /// Whether the inputs have file events (their counts per step and node are a part).
+    has_file: bool,
+}
+
+/// Packs `net_u32`: each neuron's group and ring row, the groups' integers, the in-edge
+/// lists' pointers (`ptrs`: recurrent, input) and the input in-edges `iin` (node, CSR slot),
+/// the recurrent out-edge segments, per input edge (CSR slot) its node, `delay | port << 16`
+/// and ring row, the Poisson nodes `pois`, the seed, the batch's first sample and the file
+/// events per (step, node).
+///
+/// Errors: [`SnnError::Shape`] when the array is beyond 32-bit indices.
+fn network_indices(
+    p: &Problem,
+    dims: &Dims,
+    rows: &Rows,
+    [rptr, iptr]: [&[u32]; 2],
+    iin: &[(u32, u32)],
+    pois: &[(u32, f64)],
+) -> Result<NetworkIndices> {
+    let mut net_u32: Vec<u32> = Vec::new();
+    let mut offsets: Named = Vec::new();
+    let mut push = |name: &'static str, v: &mut Vec<u32>, data: &[u32]| {
+        offsets.push((name, v.len()));
+        v.extend_from_slice(data);
+    };
+    push("O_GROUP_OF", &mut net_u32, &rows.group_of);
+    push("O_MUROW", &mut net_u32, &rows.mu_row);
+    push("O_GU", &mut net_u32, &rows.gu);
+    push("O_RPTR", &mut net_u32, rptr);
+    push("O_IPTR", &mut net_u32, iptr);
+    let isrc: Vec<u32> = iin.iter().map(|&(v, _)| v).collect();
+    let iw: Vec<u32> = iin.iter().map(|&(_, e)| e).collect();
+    push("O_ISRC", &mut net_u32, &isrc);
+    push("O_IW", &mut net_u32, &iw);
+    let rec = &p.net.recurrent;
+    push("O_SEGPTR", &mut net_u32, &rec.seg_ptr);
+    let seg: Vec<u32> = rec
+        .segments
+        .iter()
+        .flat_map(|s| [s.start, s.end, s.delay, s.port])
+        .collect();
+    push("O_SEG", &mut net_u32, &seg);
+    let inp = &p.net.input;
+    let mut inv = vec![0u32; dims.e_in];
+    let mut indp = vec![0u32; dims.e_in];
+    for v in 0..inp.seg_ptr.len().saturating_sub(1) {
+        for seg in inp.segments_of(v) {
+            for e in seg.start as usize..seg.end as usize {
+                inv[e] = v as u32;
+                indp[e] = seg.delay | (seg.port << 16);
+            }
+        }
+    }
+    push("O_INV", &mut net_u32, &inv);
+    push("O_INDP", &mut net_u32, &indp);
+    let inrow: Vec<u32> = (0..dims.e_in)
+        .map(|e| rows.ring_row(inp.target_off[e], indp[e] >> 16, dims.np))
+        .collect();
+    push("O_INOFF", &mut net_u32, &inrow);
+    let pnode: Vec<u32> = pois.iter().map(|&(v, _)| v).collect();
+    push("O_PNODE", &mut net_u32, &pnode);
+    let seed = p.inputs.poisson_seed();
+    push("O_SEED", &mut net_u32, &[seed as u32, (seed >> 32) as u32]);
+    let o_s0 = net_u32.len();
+    push("O_S0", &mut net_u32, &[0, 0]);
+    let t_len = dims.t;
+    let has_file = (0..t_len).any(|s| p.inputs.file_events(s).next().is_some());
+    let mut file = Vec::new();
+    if has_file {
+        file = vec![0u32; t_len * dims.nv];
+        for s in 0..t_len {
+            for (v, c) in p.inputs.file_events(s) {
+                file[s * dims.nv + v as usize] += c;
+            }
+        }
+    }
+    push("O_FILE", &mut net_u32, &file);
+    fits_u32("the network's index array", net_u32.len())?;
+    Ok(NetworkIndices {
+        data: net_u32,
+        offsets,
+        o_s0,
+        has_file,
+    })
+}
+
+/// `edges_u32`: the recurrent in-edges' sources and weight slots (`rin`, in-edge order),
+/// then per recurrent edge (CSR order) its target's ring row; with each part's offset by
+/// name.
+///
+/// Errors: [`SnnError::Shape`] when the array is beyond 32-bit indices.
+fn edge_indices(
+    p: &Problem,
+    rin: &[(u32, u32)],
+    rows: &Rows,
+    np: usize,
+) -> Result<(Vec<u32>, Named)> {
+    let rec = &p.net.recurrent;
+    let e_rec = p.net.weights_rec.len();
+    let mut edges_u32 = Vec::with_capacity(3 * e_rec);
+    let mut offsets = vec![("O_RSRC", edges_u32.len())];
+    edges_u32.extend(rin.iter().map(|&(s, _)| s));
+    offsets.push(("O_RW", edges_u32.len()));
+    edges_u32.extend(rin.iter().map(|&(_, e)| e));
+    offsets.push(("O_TOFF", edges_u32.len()));
+    let mut rec_rows = vec![0u32; e_rec];
+    for seg in &rec.segments {
+        let (a, b) = (seg.start as usize, seg.end as usize);
+        for (row, &off) in rec_rows[a..b].iter_mut().zip(&rec.target_off[a..b]) {
+            *row = rows.ring_row(off, seg.port, np);
+        }
+    }
+    edges_u32.extend_from_slice(&rec_rows);
+    fits_u32("the edge index array", edges_u32.len())?;
+    Ok((edges_u32, offsets))
+}
+
+/// `net_f32` (binding 1) and `net_f64` (binding 2): the group constants, the surrogate's
+/// three slots (written per call) and in float64 the Poisson means and `e^-mean`, and the
+/// voltage-regularization coefficient (written per call).
+struct FloatConstants {
+    /// Float32 constants per group.
+    gf: usize,
+    /// Float64 constants per group.
+    gd: usize,
+    net_f32: Vec<f32>,
+    net_f64: Vec<f64>,
+    /// The surrogate's slots in `net_f32`.
+    o_sg: usize,
+    /// The voltage-regularization coefficient's slot in `net_f64`.
+    o_vcoef: usize,
+    /// `(name, offset)` of the parts after the groups'.
+    offsets: Named,
+}
+
+/// The float constants of `groups` (`np` ports, `na` after-spike currents) and the Poisson
+/// nodes `pois` (node, mean per step).
+fn float_constants(
+    groups: &[crate::network::Group],
+    np: usize,
+    na: usize,
+    pois: &[(u32, f64)],
+) -> FloatConstants {
+    let (gf, gd, mut net_f32, mut net_f64) = group_constants(groups, np, na);
+    let o_sg = net_f32.len();
+    net_f32.extend_from_slice(&[0.0; 3]);
+    let mut offsets = vec![("O_SG", o_sg), ("O_PMEAN", net_f64.len())];
+    net_f64.extend(pois.iter().map(|&(_, mean)| mean));
+    offsets.push(("O_PP0", net_f64.len()));
+    net_f64.extend(pois.iter().map(|&(_, mean)| (-mean).exp()));
+    let o_vcoef = net_f64.len();
+    offsets.push(("O_VCOEF", o_vcoef));
+    net_f64.push(0.0);
+    FloatConstants {
+        gf,
+        gd,
+        net_f32,
+        net_f64,
+        o_sg,
+        o_vcoef,
+        offsets,
+    }
+}
+
+/// The per-sample arrays' sizes and offsets (elements): `state` (u, asc, y1, y2,
+/// arrivals), `state_u32` (refractory counters, spike counts, Poisson ring), the masks
+/// (fired, then active) and `adj` (the adjoints of u, asc, y1, y2, the ring, gz, gz_rate).
+struct ArrayOffsets {
+    /// `(name, offset)` as the kernels name them.
+    named: Named,
+    state_len: usize,
+    boundary_f32: usize,
+    state_u32_len: usize,
+    o_counts: usize,
+    masks_len: usize,
+    adj_len: usize,
+    o_gzrate: usize,
+}
+
+impl ArrayOffsets {
+    /// The offsets for `dims` and `live_rows` ring rows per sample.
+    ///
+    /// Errors: [`SnnError::Shape`] when an array is beyond 32-bit indices.
+    fn of(dims: &Dims, live_rows: usize) -> Result<ArrayOffsets> {
+        let (n, na, np, b) = (dims.n, dims.na, dims.np, dims.b);
+        let nb = n * b;
+        let (o_u, o_asc) = (0, nb);
+        let o_y1 = o_asc + n * na * b;
+        let o_y2 = o_y1 + n * np * b;
+        let o_arr = o_y2 + n * np * b;
+        let state_len = o_arr + n * np * b;
+        let (o_refr, o_counts, o_pring) = (0, nb, 2 * nb);
+        let state_u32_len = o_pring + dims.rl * dims.nv * b;
+        let (o_au, o_aa) = (0, nb);
+        let o_a1 = o_aa + n * na * b;
+        let o_a2 = o_a1 + n * np * b;
+        let o_mu = o_a2 + n * np * b;
+        let o_gz = o_mu + dims.rl * live_rows * b;
+        let o_gzrate = o_gz + nb;
+        let adj_len = o_gzrate + nb;
+        fits_u32("the state", state_len)?;
+        fits_u32("the adjoint state", adj_len)?;
+        fits_u32("the Poisson ring", state_u32_len)?;
+        let named = vec![
+            ("O_U", o_u),
+            ("O_ASC", o_asc),
+            ("O_Y1", o_y1),
+            ("O_Y2", o_y2),
+            ("O_ARR", o_arr),
+            ("O_REFR", o_refr),
+            ("O_COUNTS", o_counts),
+            ("O_PRING", o_pring),
+            ("O_ACTIVE", dims.t * n * dims.w),
+            ("O_AU", o_au),
+            ("O_AA", o_aa),
+            ("O_A1", o_a1),
+            ("O_A2", o_a2),
+            ("O_MU", o_mu),
+            ("O_GZ", o_gz),
+            ("O_GZRATE", o_gzrate),
+        ];
+        Ok(ArrayOffsets {
+            named,
+            state_len,
+            boundary_f32: o_arr,
+            state_u32_len,
+            o_counts,
+            masks_len: 2 * dims.t * n * dims.w,
+            adj_len,
+            o_gzrate,
+        })
+    }
+}
+
+/// Steps per tape buffer: as many as one binding of `max_binding` bytes holds, at most the
+/// tape's length (every step, or a checkpointing chunk).
+///
+/// Errors: [`SnnError::Shape`] when one step alone exceeds `max_binding`.
+fn tape_steps(p: &Problem, dims: &Dims, max_binding: u64) -> Result<usize> {
+    let (x_step, asc_step) = tape_step_bytes(dims.n, dims.na, dims.b);
+    let per_step = x_step.max(asc_step);
+    if per_step > max_binding {
+        return Err(SnnError::Shape(format!(
+            "one step of the GPU tape needs {per_step} bytes, more than the adapter binds ({max_binding}); reduce run.batch_size"
+        )));
+    }
+    let tape_len = match p.opts.gradient_checkpointing {
+        Some(k) => k.min(dims.t).max(1),
+        None => dims.t.max(1),
+    };
+    Ok(((max_binding / per_step) as usize).clamp(1, tape_len))
+}
+
+/// The WGSL constants `bptt.wgsl` is compiled with: the sizes, the group constants' strides
+/// `(gf, gd)`, every named offset, the workgroup counts the fused kernels split at and the
+/// model's switches.
+fn wgsl_header(
+    p: &Problem,
+    dims: &Dims,
+    rows: &Rows,
+    (gf, gd): (usize, usize),
+    wg: &Workgroups,
+    offsets: &[(&str, usize)],
+) -> String {
+    let mut h = String::new();
+    let mut c = |name: &str, v: usize| {
+        let _ = writeln!(h, "const {name}: u32 = {v}u;");
+    };
+    c("N", dims.n);
+    c("NP", dims.np);
+    c("NA", dims.na.max(1));
+    c("NA_MAX", dims.na.max(1));
+    c("W", dims.w);
+    c("B", dims.b);
+    c("D", dims.d);
+    c("RL", dims.rl);
+    c("T", dims.t);
+    c("NV", dims.nv);
+    c("NPOIS", dims.n_pois);
+    c("E_IN", dims.e_in);
+    c("E_REC", dims.e_rec);
+    c("GF", gf);
+    c("GD", gd);
+    c("O_WIN", dims.e_rec);
+    c("O_WPERM", dims.e_rec + dims.e_in);
+    c("LIVE_ROWS", rows.live_rows);
+    for (name, o) in offsets {
+        c(name, *o);
+    }
+    c("NPW", (64 / dims.b.max(1)).max(1));
+    c("NEURON_WG", wg.neuron as usize);
+    c("SPMV_WG", wg.spmv as usize);
+    c("INGRAD_WG", wg.input_grad as usize);
+    let _ = writeln!(h, "const TRAIN_IN: bool = {};", p.opts.train_input_weights);
+    let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
+    h
+}
+
+/// The arrays that may exceed one binding, as windows from binding [`FIRST_WINDOW`]:
+/// `net_u32` (`net_u32_len` values), the weights (`[2 e_rec + e_in]` f32), the gradient
+/// (`[e_rec + e_in]` f64) and `edges_u32` (`edges_len` values).
+fn windows(net_u32_len: usize, dims: &Dims, edges_len: usize, max_binding: u64) -> [Windowed; 4] {
+    let net_u32 = Windowed::new(
+        "net_u32",
+        "u32",
+        4,
+        net_u32_len,
+        max_binding,
+        FIRST_WINDOW,
+        true,
+    );
+    let weights = Windowed::new(
+        "weights",
+        "f32",
+        4,
+        2 * dims.e_rec + dims.e_in,
+        max_binding,
+        net_u32.next_binding(),
+        false,
+    );
+    let grad = Windowed::new(
+        "grad",
+        "f64",
+        8,
+        dims.e_rec + dims.e_in,
+        max_binding,
+        weights.next_binding(),
+        false,
+    );
+    let edges = Windowed::new(
+        "edges",
+        "u32",
+        4,
+        edges_len,
+        max_binding,
+        grad.next_binding(),
+        true,
+    );
+    [net_u32, weights, grad, edges]
+}
+
 /// Bytes of float32 after-spike currents and potentials one step of the tape takes.
 pub(super) fn tape_step_bytes(n: usize, na: usize, b: usize) -> (u64, u64) {
     (4 * (n * b) as u64, 4 * (n * na.max(1) * b) as u64)
@@ -268,321 +757,58 @@ impl Layout {
     /// Errors: [`SnnError::Shape`] when one step of the tape alone exceeds `max_binding`, or
     /// when an index would not fit in 32 bits.
     pub fn new(p: &Problem, b: usize, max_binding: u64) -> Result<Layout> {
+        let dims = Dims::of(p, b)?;
         let net = p.net;
-        let n = net.n_neurons();
-        let np = net.n_ports.max(1);
-        let na = net.n_asc;
-        let t_len = p.opts.seq_len;
-        let w = b.div_ceil(32);
-        let d = net.max_delay;
-        let rl = d + 1;
-        let nv = net.n_virtual();
         let pois = p.inputs.poisson_nodes();
-        let n_pois = pois.len();
-        let e_rec = net.weights_rec.len();
-        let e_in = net.weights_in.len();
-        let big = |what: &str, len: usize| -> Result<()> {
-            if len > u32::MAX as usize {
-                return Err(SnnError::Shape(format!(
-                    "the GPU engine indexes {what} with 32 bits, but it has {len} elements; reduce run.batch_size or run.seq_len"
-                )));
-            }
-            Ok(())
-        };
-        big("the spike masks", 2 * t_len * n * w)?;
-        big("the edges", e_rec.max(e_in))?;
-
-        let (rptr, rin) = in_edge_lists(&net.recurrent, n, np, d);
-        let (iptr, iin) = in_edge_lists(&net.input, n, np, d);
-
-        let mut net_u32: Vec<u32> = Vec::new();
-        let mut offsets: Vec<(&str, usize)> = Vec::new();
-        let mut push = |name: &'static str, v: &mut Vec<u32>, data: &[u32]| {
-            offsets.push((name, v.len()));
-            v.extend_from_slice(data);
-        };
-        let groups = &net.groups;
-        let mut group_of = vec![0u32; n];
-        let mut gu: Vec<u32> = Vec::with_capacity(4 * groups.len());
-        for (gi, (g, live)) in groups.iter().zip(p.live_ports).enumerate() {
-            group_of[g.start..g.end].fill(gi as u32);
-            let mask = live.iter().fold(0u32, |m, &k| m | (1u32 << k));
-            gu.extend_from_slice(&[
-                (g.consts.kind == ModelKind::Glif) as u32,
-                g.consts.refractory_steps,
-                g.consts.asc.len() as u32,
-                mask,
-            ]);
-        }
-        if np > 32 {
-            return Err(SnnError::Shape(format!(
-                "the GPU engine handles up to 32 receptor ports per cell, the network has {np}"
-            )));
-        }
-        // The adjoint ring's rows: per neuron, one per live port of its group (compact port
-        // index: the port's rank among the group's live ports).
-        let live_masks: Vec<u32> = p
-            .live_ports
-            .iter()
-            .map(|live| live.iter().fold(0u32, |m, &k| m | (1u32 << k)))
+        let rows = Rows::of(p, &dims)?;
+        let (rptr, rin) = in_edge_lists(&net.recurrent, dims.n, dims.np, dims.d);
+        let (iptr, iin) = in_edge_lists(&net.input, dims.n, dims.np, dims.d);
+        let index = network_indices(p, &dims, &rows, [&rptr, &iptr], &iin, pois)?;
+        let (edges_u32, edge_offsets) = edge_indices(p, &rin, &rows, dims.np)?;
+        let consts = float_constants(&net.groups, dims.np, dims.na, pois);
+        let arrays = ArrayOffsets::of(&dims, rows.live_rows)?;
+        let tape_steps = tape_steps(p, &dims, max_binding)?;
+        let wg = Workgroups::new(dims.n, dims.np, b, dims.n_pois, dims.e_in, dims.e_rec);
+        let offsets: Vec<(&str, usize)> = [&index.offsets, &edge_offsets, &consts.offsets]
+            .into_iter()
+            .flatten()
+            .chain(&arrays.named)
+            .copied()
             .collect();
-        let mut mu_row = Vec::with_capacity(n + 1);
-        let mut rows = 0u64;
-        for &g in &group_of {
-            mu_row.push(rows);
-            rows += live_masks[g as usize].count_ones() as u64;
-        }
-        mu_row.push(rows);
-        let live_rows = rows as usize;
-        big("the adjoint ring", rl * live_rows * b)?;
-        let mu_row: Vec<u32> = mu_row.iter().map(|&r| r as u32).collect();
-        // The ring row of an edge into target offset `off` (`target * np`) on `port`.
-        let ring_row = |off: u32, port: u32| -> u32 {
-            let j = (off as usize) / np;
-            let m = live_masks[group_of[j] as usize];
-            mu_row[j] + (m & ((1u32 << port) - 1)).count_ones()
-        };
-        push("O_GROUP_OF", &mut net_u32, &group_of);
-        push("O_MUROW", &mut net_u32, &mu_row);
-        push("O_GU", &mut net_u32, &gu);
-        push("O_RPTR", &mut net_u32, &rptr);
-        push("O_IPTR", &mut net_u32, &iptr);
-        let isrc: Vec<u32> = iin.iter().map(|&(v, _)| v).collect();
-        let iw: Vec<u32> = iin.iter().map(|&(_, e)| e).collect();
-        push("O_ISRC", &mut net_u32, &isrc);
-        push("O_IW", &mut net_u32, &iw);
-        let rec = &net.recurrent;
-        push("O_SEGPTR", &mut net_u32, &rec.seg_ptr);
-        let seg: Vec<u32> = rec
-            .segments
-            .iter()
-            .flat_map(|s| [s.start, s.end, s.delay, s.port])
-            .collect();
-        push("O_SEG", &mut net_u32, &seg);
-        // Per input edge (CSR slot): virtual node, delay | port << 16, the target's adjoint
-        // ring row.
-        let inp = &net.input;
-        let mut inv = vec![0u32; e_in];
-        let mut indp = vec![0u32; e_in];
-        for v in 0..inp.seg_ptr.len().saturating_sub(1) {
-            for seg in inp.segments_of(v) {
-                for e in seg.start as usize..seg.end as usize {
-                    inv[e] = v as u32;
-                    indp[e] = seg.delay | (seg.port << 16);
-                }
-            }
-        }
-        push("O_INV", &mut net_u32, &inv);
-        push("O_INDP", &mut net_u32, &indp);
-        let inrow: Vec<u32> = (0..e_in)
-            .map(|e| ring_row(inp.target_off[e], indp[e] >> 16))
-            .collect();
-        push("O_INOFF", &mut net_u32, &inrow);
-        let pnode: Vec<u32> = pois.iter().map(|&(v, _)| v).collect();
-        push("O_PNODE", &mut net_u32, &pnode);
-        let seed = p.inputs.poisson_seed();
-        push("O_SEED", &mut net_u32, &[seed as u32, (seed >> 32) as u32]);
-        // The batch's first global sample (low and high words), written per call.
-        let o_s0 = net_u32.len();
-        push("O_S0", &mut net_u32, &[0, 0]);
-        // File events per (step, virtual node), when there are any.
-        let mut file = Vec::new();
-        let has_file = (0..t_len).any(|s| p.inputs.file_events(s).next().is_some());
-        if has_file {
-            file = vec![0u32; t_len * nv];
-            for s in 0..t_len {
-                for (v, c) in p.inputs.file_events(s) {
-                    file[s * nv + v as usize] += c;
-                }
-            }
-        }
-        push("O_FILE", &mut net_u32, &file);
-        big("the network's index array", net_u32.len())?;
-
-        let mut edges_u32 = Vec::with_capacity(3 * e_rec);
-        let mut e_off: Vec<(&str, usize)> = Vec::new();
-        e_off.push(("O_RSRC", edges_u32.len()));
-        edges_u32.extend(rin.iter().map(|&(s, _)| s));
-        e_off.push(("O_RW", edges_u32.len()));
-        edges_u32.extend(rin.iter().map(|&(_, e)| e));
-        e_off.push(("O_TOFF", edges_u32.len()));
-        let mut rec_rows = vec![0u32; e_rec];
-        for seg in &rec.segments {
-            let (a, b) = (seg.start as usize, seg.end as usize);
-            for (row, &off) in rec_rows[a..b].iter_mut().zip(&rec.target_off[a..b]) {
-                *row = ring_row(off, seg.port);
-            }
-        }
-        edges_u32.extend_from_slice(&rec_rows);
-        big("the edge index array", edges_u32.len())?;
-
-        let (gf, gd, mut net_f32, mut net_f64) = group_constants(groups, np, na);
-        let o_sg = net_f32.len();
-        net_f32.extend_from_slice(&[0.0; 3]);
-        let mut f64_off: Vec<(&str, usize)> = Vec::new();
-        f64_off.push(("O_PMEAN", net_f64.len()));
-        net_f64.extend(pois.iter().map(|&(_, mean)| mean));
-        f64_off.push(("O_PP0", net_f64.len()));
-        net_f64.extend(pois.iter().map(|&(_, mean)| (-mean).exp()));
-        let o_vcoef = net_f64.len();
-        f64_off.push(("O_VCOEF", o_vcoef));
-        net_f64.push(0.0);
-
-        // The state and adjoint arrays.
-        let nb = n * b;
-        let (o_u, o_asc) = (0, nb);
-        let o_y1 = o_asc + n * na * b;
-        let o_y2 = o_y1 + n * np * b;
-        let o_arr = o_y2 + n * np * b;
-        let state_len = o_arr + n * np * b;
-        let (o_refr, o_counts, o_pring) = (0, nb, 2 * nb);
-        let state_u32_len = o_pring + rl * nv * b;
-        let masks_len = 2 * t_len * n * w;
-        let (o_au, o_aa) = (0, nb);
-        let o_a1 = o_aa + n * na * b;
-        let o_a2 = o_a1 + n * np * b;
-        let o_mu = o_a2 + n * np * b;
-        let o_gz = o_mu + rl * live_rows * b;
-        let o_gzrate = o_gz + nb;
-        let adj_len = o_gzrate + nb;
-        big("the state", state_len)?;
-        big("the adjoint state", adj_len)?;
-        big("the Poisson ring", state_u32_len)?;
-
-        let (x_step, asc_step) = tape_step_bytes(n, na, b);
-        let per_step = x_step.max(asc_step);
-        if per_step > max_binding {
-            return Err(SnnError::Shape(format!(
-                "one step of the GPU tape needs {per_step} bytes, more than the adapter binds ({max_binding}); reduce run.batch_size"
-            )));
-        }
-        let tape_len = match p.opts.gradient_checkpointing {
-            Some(k) => k.min(t_len).max(1),
-            None => t_len.max(1),
-        };
-        let tape_steps = ((max_binding / per_step) as usize).clamp(1, tape_len);
-
-        let mut h = String::new();
-        let mut c = |name: &str, v: usize| {
-            let _ = writeln!(h, "const {name}: u32 = {v}u;");
-        };
-        c("N", n);
-        c("NP", np);
-        c("NA", na.max(1));
-        c("NA_MAX", na.max(1));
-        c("W", w);
-        c("B", b);
-        c("D", d);
-        c("RL", rl);
-        c("T", t_len);
-        c("NV", nv);
-        c("NPOIS", n_pois);
-        c("E_IN", e_in);
-        c("E_REC", e_rec);
-        c("GF", gf);
-        c("GD", gd);
-        c("O_WIN", e_rec);
-        c("O_WPERM", e_rec + e_in);
-        c("LIVE_ROWS", live_rows);
-        for (name, o) in offsets.iter().chain(&e_off).chain(&f64_off) {
-            c(name, *o);
-        }
-        for (name, o) in [
-            ("O_U", o_u),
-            ("O_ASC", o_asc),
-            ("O_Y1", o_y1),
-            ("O_Y2", o_y2),
-            ("O_ARR", o_arr),
-            ("O_REFR", o_refr),
-            ("O_COUNTS", o_counts),
-            ("O_PRING", o_pring),
-            ("O_ACTIVE", t_len * n * w),
-            ("O_AU", o_au),
-            ("O_AA", o_aa),
-            ("O_A1", o_a1),
-            ("O_A2", o_a2),
-            ("O_MU", o_mu),
-            ("O_GZ", o_gz),
-            ("O_GZRATE", o_gzrate),
-            ("O_SG", o_sg),
-        ] {
-            c(name, o);
-        }
-        let wgs = Workgroups::new(n, np, b, n_pois, e_in, e_rec);
-        c("NPW", (64 / b.max(1)).max(1));
-        c("NEURON_WG", wgs.neuron as usize);
-        c("SPMV_WG", wgs.spmv as usize);
-        c("INGRAD_WG", wgs.input_grad as usize);
-        let _ = writeln!(h, "const TRAIN_IN: bool = {};", p.opts.train_input_weights);
-        let _ = writeln!(h, "const HAS_FILE: bool = {has_file};");
-        let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
-        // The arrays that may exceed one binding, as windows from binding FIRST_WINDOW.
-        let net_u32_w = Windowed::new(
-            "net_u32",
-            "u32",
-            4,
-            net_u32.len(),
-            max_binding,
-            FIRST_WINDOW,
-            true,
-        );
-        let weights_w = Windowed::new(
-            "weights",
-            "f32",
-            4,
-            2 * e_rec + e_in,
-            max_binding,
-            net_u32_w.next_binding(),
-            false,
-        );
-        let grad_w = Windowed::new(
-            "grad",
-            "f64",
-            8,
-            e_rec + e_in,
-            max_binding,
-            weights_w.next_binding(),
-            false,
-        );
-        let edges_w = Windowed::new(
-            "edges",
-            "u32",
-            4,
-            edges_u32.len(),
-            max_binding,
-            grad_w.next_binding(),
-            true,
-        );
+        let mut header = wgsl_header(p, &dims, &rows, (consts.gf, consts.gd), &wg, &offsets);
+        let _ = writeln!(header, "const HAS_FILE: bool = {};", index.has_file);
+        let [net_u32_w, weights_w, grad_w, edges_w] =
+            windows(index.data.len(), &dims, edges_u32.len(), max_binding);
         for w in [&net_u32_w, &weights_w, &grad_w, &edges_w] {
-            h.push_str(&w.wgsl());
+            header.push_str(&w.wgsl());
         }
         Ok(Layout {
             b,
-            t: t_len,
-            n,
-            na,
-            w,
-            d,
-            e_rec,
-            e_in,
+            t: dims.t,
+            n: dims.n,
+            na: dims.na,
+            w: dims.w,
+            d: dims.d,
+            e_rec: dims.e_rec,
+            e_in: dims.e_in,
             train_in: p.opts.train_input_weights,
-            net_u32,
-            net_f32,
-            net_f64,
+            net_u32: index.data,
+            net_f32: consts.net_f32,
+            net_f64: consts.net_f64,
             edges_u32,
-            o_sg,
-            o_s0,
-            o_vcoef,
-            state_len,
-            boundary_f32: o_arr,
-            state_u32_len,
-            o_counts,
-            masks_len,
-            adj_len,
-            o_gzrate,
+            o_sg: consts.o_sg,
+            o_s0: index.o_s0,
+            o_vcoef: consts.o_vcoef,
+            state_len: arrays.state_len,
+            boundary_f32: arrays.boundary_f32,
+            state_u32_len: arrays.state_u32_len,
+            o_counts: arrays.o_counts,
+            masks_len: arrays.masks_len,
+            adj_len: arrays.adj_len,
+            o_gzrate: arrays.o_gzrate,
             tape_steps,
-            wg: wgs,
-            header: h,
+            wg,
+            header,
             net_u32_w,
             weights_w,
             grad_w,
