@@ -15,10 +15,11 @@
 //! - sigmoid: `s = 1 / (1 + exp(-x))`; backward `dx = (g s) (1 - s)`.
 //!
 //! The kernels are generic over the float type: float16 tensors run the same kernels in
-//! float16 arithmetic. Mixed precision's path (float32 in and out, the activation computed
-//! in float16, see [`crate::fused_ops::Precision`]) has a kernel each way with the casts
-//! inside ([`half_forward_launch`], [`half_backward_launch`]), where separate casts took two
-//! more launches each way.
+//! float16 arithmetic. Mixed precision's path (float32 in, the activation computed in
+//! float16 and returned in float32 for the sigmoid, in float16 for the ELU, whose output a
+//! float16 product reads next; see [`crate::fused_ops::Precision`]) has a kernel each way
+//! with the casts inside ([`half_forward_launch`], [`half_backward_launch`]), where separate
+//! casts took two more launches each way.
 
 use burn::tensor::{f16, DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;

@@ -30,8 +30,8 @@
 //! kernels per coupling and step. The CPU backends compose it (there a launch costs nothing).
 //!
 //! On the GPU backends ([`FusedOps::LAYER_KERNELS`]) the layers also call single operations
-//! of one kernel each way, float32: LayerNorm with the ELU after it
-//! ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
+//! of one kernel each way, float32 (but for mixed precision's float16 forms): LayerNorm with
+//! the ELU after it ([`FusedOps::fused_layer_norm`]), the bias and ELU after a product
 //! ([`FusedOps::linear_elu_at`]), the gated residual block's tail
 //! ([`FusedOps::gated_residual`]; [`crate::layer_kernel`]). The flow runs on one state
 //! tensor `[N, n + 2]` (features, log-determinant, ones): each step's LU map as one matrix
@@ -705,7 +705,8 @@ pub trait FusedOps: Backend {
 /// [`Precision::Half`] is mixed precision as PyTorch's autocast applies it to `nn.Linear`
 /// and the activations that follow: the operands are cast to float16 (IEEE binary16: 11-bit
 /// significand, largest finite value 65504), the matrix products (forward and backward),
-/// bias additions and activations run in float16, and the results return to float32; the
+/// bias additions and activations run in float16, and the results return to float32 (an
+/// ELU's float16 output goes to the next linear layer's float16 product as it is); the
 /// parameters (master weights), the spline and LU transforms, the normalizations, the
 /// log-determinants, the log-probability and the loss stay float32 (on the GPU backends the
 /// ELU after a LayerNorm is computed in float32 inside the LayerNorm's kernel, whose input

@@ -151,7 +151,8 @@ pub struct BenchNpeArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// CubeCL's memory pools for `--device gpu`: sub-slices (CubeCL's default, what training
-    /// uses) or exclusive-pages (one page per tensor), to measure the step with each.
+    /// uses) or exclusive-pages (one page per tensor, pages reused by size), to measure the
+    /// step with each.
     #[arg(long, default_value = "sub-slices")]
     pub memory_pools: String,
     /// Internal: count the kernel launches of the device step (float32 and mixed
@@ -217,6 +218,13 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
     if args.steps == 0 || args.batch == 0 {
         bail!("--steps and --batch must be at least 1");
     }
+    let pools: lockstep_npe::device::MemoryPools = args
+        .memory_pools
+        .parse()
+        .map_err(|e| anyhow!("--memory-pools: {e}"))?;
+    if args.device != "gpu" && pools != Default::default() {
+        bail!("--memory-pools: only --device gpu takes another than sub-slices");
+    }
     let updates = args.warmup + args.steps;
     if args.mpi_worker {
         let ranks = world.comm().size();
@@ -254,13 +262,6 @@ pub fn run(args: &BenchNpeArgs, world: &World) -> Result<()> {
 
     let kind: DeviceKind = args.device.parse().map_err(|e| anyhow!("--device: {e}"))?;
     crate::flags::check_cpu_flag(&args.device)?;
-    let pools: lockstep_npe::device::MemoryPools = args
-        .memory_pools
-        .parse()
-        .map_err(|e| anyhow!("--memory-pools: {e}"))?;
-    if kind != DeviceKind::Gpu && pools != Default::default() {
-        bail!("--memory-pools: only --device gpu takes another than sub-slices");
-    }
     if kind != DeviceKind::Cpu {
         if let Some(log) = &args.count_launches {
             lockstep_npe::device::log_kernel_launches(log)?;

@@ -82,8 +82,9 @@ fn gpu_float16_activation_kernels_match_the_composed_forms() {
         x[..k].copy_from_slice(&edges[..k]);
         let (x, a) = (half(x), half(noise(n, 6)));
         for (sigmoid, mixed) in [(false, false), (true, false), (false, true), (true, true)] {
-            // `mixed`: mixed precision's path, float32 in and out with the casts inside the
-            // kernels (`FusedOps::activation_half`); else float16 tensors throughout.
+            // `mixed`: mixed precision's path, float32 in, the casts inside the kernels
+            // (`FusedOps::activation_half`; the sigmoid returns float32, the ELU float16);
+            // else float16 tensors throughout.
             let gpu = if mixed {
                 kernel_check::activation_mixed(&device, sigmoid, &x, &a, rows)
             } else {

@@ -660,7 +660,7 @@ fn tape_steps(p: &Problem, dims: &Dims, max_binding: u64) -> Result<usize> {
 
 /// The WGSL constants `bptt.wgsl` is compiled with: the sizes, the group constants' strides
 /// `(gf, gd)`, every named offset, the workgroup counts the fused kernels split at and the
-/// model's switches.
+/// model's switches (`has_file`: the inputs have file events).
 fn wgsl_header(
     p: &Problem,
     dims: &Dims,
@@ -668,6 +668,7 @@ fn wgsl_header(
     (gf, gd): (usize, usize),
     wg: &Workgroups,
     offsets: &[(&str, usize)],
+    has_file: bool,
 ) -> String {
     let mut h = String::new();
     let mut c = |name: &str, v: usize| {
@@ -699,6 +700,7 @@ fn wgsl_header(
     c("SPMV_WG", wg.spmv as usize);
     c("INGRAD_WG", wg.input_grad as usize);
     let _ = writeln!(h, "const TRAIN_IN: bool = {};", p.opts.train_input_weights);
+    let _ = writeln!(h, "const HAS_FILE: bool = {has_file};");
     let _ = writeln!(h, "const VREG_ON: bool = {};", p.vreg_cost != 0.0);
     h
 }
@@ -775,8 +777,8 @@ impl Layout {
             .chain(&arrays.named)
             .copied()
             .collect();
-        let mut header = wgsl_header(p, &dims, &rows, (consts.gf, consts.gd), &wg, &offsets);
-        let _ = writeln!(header, "const HAS_FILE: bool = {};", index.has_file);
+        let gfd = (consts.gf, consts.gd);
+        let mut header = wgsl_header(p, &dims, &rows, gfd, &wg, &offsets, index.has_file);
         let [net_u32_w, weights_w, grad_w, edges_w] =
             windows(index.data.len(), &dims, edges_u32.len(), max_binding);
         for w in [&net_u32_w, &weights_w, &grad_w, &edges_w] {
