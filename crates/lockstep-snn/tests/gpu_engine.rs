@@ -12,8 +12,8 @@
 #![allow(clippy::needless_range_loop)] // the shared test network indexes parallel arrays
 
 use lockstep_snn::{
-    BpttOptions, DeviceRequest, Dtype, InitialState, InputSpec, LossAndGrad, NetworkSpec,
-    PseudoDerivative, SnnModel, Surrogate,
+    BpttOptions, DeviceRequest, Dtype, InitialState, InputSpec, Loss, LossAndGrad, NetworkSpec,
+    PseudoDerivative, RateUnits, SnnModel, Surrogate,
 };
 
 mod common;
@@ -193,6 +193,55 @@ fn gpu_matches_the_cpu_engine_on_every_cell_model_and_option() {
     compare(&spec, &input, o, 2, "NEST initial state, segmented");
 }
 
+/// The loss sums reduced on the device (`loss_sums`: two rate losses in different units, the
+/// voltage regularization, the spike count) give the CPU engine's loss terms: on lavapipe
+/// the rate losses' and the spike count bit for bit (the voltage regularization's to 1e-6:
+/// its per-step terms are summed per neuron first on the GPU, per step on the CPU), on other
+/// adapters to tolerances; and the rate losses' derivatives computed there give the CPU's
+/// gradient.
+#[test]
+fn the_loss_sums_on_the_gpu_give_the_cpu_terms() {
+    let spec = small_network(6);
+    let input = small_input();
+    let n = spec.neurons.len();
+    let losses = vec![
+        Loss::TargetFiringRate {
+            target: (0..n).map(|i| 3.0 + 2.0 * i as f64).collect(),
+            units: RateUnits::Hz,
+        },
+        Loss::VoltageRegularization { cost: 0.3 },
+        Loss::TargetFiringRate {
+            target: (0..n).map(|i| 0.001 * (i % 3) as f64).collect(),
+            units: RateUnits::SpikesPerStep,
+        },
+    ];
+    let on = |device| {
+        let o = BpttOptions {
+            losses: losses.clone(),
+            ..opts(device, 80, None)
+        };
+        SnnModel::new(&spec, 1.0, &input, o).unwrap()
+    };
+    let (cpu, gpu) = (on(DeviceRequest::Cpu), on(DeviceRequest::Gpu(None)));
+    let p = cpu.initial_params();
+    let a = cpu.loss_and_grad(&p, 11, 3).unwrap();
+    let b = gpu.loss_and_grad(&p, 11, 3).unwrap();
+    assert!(a.n_spikes > 10, "the network must spike");
+    assert_eq!(a.terms.len(), 3);
+    if exact_adapter(&gpu) {
+        assert_eq!(a.n_spikes, b.n_spikes);
+        for k in [0, 2] {
+            let ((na, x), (nb, y)) = (&a.terms[k], &b.terms[k]);
+            assert_eq!((*na, *nb), ("TargetFiringRate", "TargetFiringRate"));
+            assert_eq!(x.to_bits(), y.to_bits(), "rate loss {k}: {x} vs {y}");
+        }
+        check_close(&a, &b, "two rate losses");
+    } else {
+        let states = (gpu.net.n_neurons() * 80) as u64;
+        check_tolerant(&a, &b, states, 3, "two rate losses");
+    }
+}
+
 /// 40 samples: the spike masks take two 32-lane words.
 #[test]
 fn gpu_matches_with_two_mask_words() {
@@ -216,8 +265,9 @@ fn gpu_matches_with_two_mask_words() {
 /// CPU engine; and the work of one call, which does not depend on the adapter: the weights
 /// put in the in-edge lists' order once, two dispatches
 /// per step forward and two backward (one more draw per chunk with trained input weights, the
-/// recomputed forward steps and the draws before each chunk when segmented), and two host
-/// synchronisations (the loss sums after the forward pass, the gradient after the backward).
+/// recomputed forward steps and the draws before each chunk when segmented), the loss sums
+/// once, and one host synchronisation (the loss sums, reduced on the device, with the
+/// gradient after the backward pass).
 #[test]
 fn gpu_matches_at_batches_3_16_33_with_two_launches_per_step() {
     let spec = small_network(6);
@@ -240,12 +290,16 @@ fn gpu_matches_at_batches_3_16_33_with_two_launches_per_step() {
         let p = gpu.initial_params();
         let (_, timing) = gpu.loss_and_grad_timed(&p, 0, batch).unwrap();
         let d = timing.device.expect("a GPU call counts its work");
+        // The weights' permutation, 2 dispatches per step each way, the loss sums, and with
+        // trained input weights one draw.
         assert_eq!(
             d.launches,
-            1 + 4 * t_len as u64 + train_in as u64,
+            2 + 4 * t_len as u64 + train_in as u64,
             "batch {batch}: launches"
         );
-        assert_eq!(d.host_syncs, 2, "batch {batch}: host synchronisations");
+        // One read-back at the end: the loss sums with the gradient (the loss terms no longer
+        // cross to the host between the passes).
+        assert_eq!(d.host_syncs, 1, "batch {batch}: host synchronisations");
         let params = p.len() as u64;
         assert!(
             d.bytes_to_host >= 8 * params && d.bytes_to_host < 8 * params + 4096 * batch as u64,
@@ -265,12 +319,12 @@ fn gpu_matches_at_batches_3_16_33_with_two_launches_per_step() {
     let d = timing.device.expect("a GPU call counts its work");
     let chunks = t_len as u64 / 10;
     assert!(
-        d.launches >= 1 + 2 * t_len as u64 + chunks * (20 + 1 + 20)
-            && d.launches <= 1 + 2 * t_len as u64 + chunks * (4 + 20 + 1 + 20),
+        d.launches >= 2 + 2 * t_len as u64 + chunks * (20 + 1 + 20)
+            && d.launches <= 2 + 2 * t_len as u64 + chunks * (4 + 20 + 1 + 20),
         "segmented: {} launches",
         d.launches
     );
-    assert_eq!(d.host_syncs, 2, "segmented: host synchronisations");
+    assert_eq!(d.host_syncs, 1, "segmented: host synchronisations");
 }
 
 /// Segmented recompute gives the unsegmented pass's bits on the GPU, and repeated calls
@@ -420,13 +474,24 @@ fn training_state_on_the_gpu_trains_like_the_host_optimizer() {
                 assert!(b.grad.is_empty(), "{what}: a gradient came back");
                 let d = timing.device.expect("a GPU call counts its work");
                 assert_eq!(d.host_syncs, 1, "{what}: host synchronisations per pass");
-                // Read back: the spike counts and voltage sums (12 bytes per neuron and
-                // sample) and the non-finite parameter flag (4); uploaded: the rate losses' derivatives (4), the surrogate, the
-                // regularization coefficient and the batch's first sample (28 bytes). The
-                // weights, the initial state and the per-step uniforms stay on the device.
-                let nb = (gpu.net.n_neurons() * 3) as u64;
-                assert_eq!(d.bytes_to_host, 12 * nb + 4, "{what}: bytes read back");
-                assert_eq!(d.bytes_to_device, 4 * nb + 28, "{what}: bytes uploaded");
+                // Read back: the loss sums (8 bytes per sample and sum: the rate losses',
+                // the voltage regularization's, the spike count) and the non-finite
+                // parameter flag (4); uploaded: the surrogate, the regularization
+                // coefficient and the batch's first sample (28 bytes). The weights, the
+                // initial state, the per-step uniforms and the spike counts stay on the
+                // device.
+                let rate = gpu
+                    .options()
+                    .losses
+                    .iter()
+                    .filter(|l| matches!(l, Loss::TargetFiringRate { .. }))
+                    .count() as u64;
+                assert_eq!(
+                    d.bytes_to_host,
+                    8 * (rate + 2) * 3 + 4,
+                    "{what}: bytes read back"
+                );
+                assert_eq!(d.bytes_to_device, 28, "{what}: bytes uploaded");
                 if exact {
                     assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}: update {u}");
                 } else {

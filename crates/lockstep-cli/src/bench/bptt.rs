@@ -11,9 +11,10 @@
 //! machine: its per-edge work alone (a random read-modify-write of a cache-resident
 //! `[batch]` row, the edges streamed; [`row_update_s_per_edge`]) times the step's edge
 //! visits, measured in the same run. On a GPU the training state stays on the device as
-//! `lockstep train` keeps it with one replica (the update is a kernel): the host waits once
-//! per step, after the forward pass, so the backward pass and the update of one step show in
-//! the next step's forward time; the step's total is what to read.
+//! `lockstep train` keeps it with one replica (the update is a kernel): a step is one
+//! submission (the forward pass, the loss sums on the device, the backward pass) and one
+//! wait at its end, so the split's "forward" is the host's recording of the forward pass and
+//! "backward" the rest, the GPU's work included; the step's total is what to read.
 //!
 //! The measurement runs here, not in the library: peak memory comes from
 //! [`lockstep_core::memory`].
@@ -838,7 +839,7 @@ fn print_gpu_report(
 ) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "  on {}: forward and backward are each one submission; device memory {:.3} GiB for the batch ({:.0} bytes per recurrent edge) and {:.3} GiB of training state (weights, gradient, optimizer slots)",
+        "  on {}: a call (forward pass, loss sums, backward pass) is one submission; device memory {:.3} GiB for the batch ({:.0} bytes per recurrent edge) and {:.3} GiB of training state (weights, gradient, optimizer slots)",
         g.adapter,
         gib(g.device_bytes),
         g.device_bytes as f64 / r.n_recurrent_edges.max(1) as f64,
@@ -854,11 +855,13 @@ fn print_gpu_report(
     );
     if let Some(c) = &g.counts {
         println!(
-            "  per optimizer step (counted, the same on any adapter): {} kernel launches ({:.2} per time step), {} host synchronisations, {:.3} MB read back, {:.3} MB uploaded",
+            "  per optimizer step (counted, the same on any adapter): {} kernel launches ({:.2} per time step), {} host synchronisations, {} bytes read back ({:.3} MB), {} bytes uploaded ({:.3} MB)",
             c.launches,
             c.launches as f64 / r.seq_len.max(1) as f64,
             c.host_syncs,
+            c.bytes_to_host,
             c.bytes_to_host as f64 / 1e6,
+            c.bytes_to_device,
             c.bytes_to_device as f64 / 1e6
         );
     }

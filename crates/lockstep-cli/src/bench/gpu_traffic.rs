@@ -73,6 +73,8 @@ pub struct Shape {
     pub train_in: bool,
     /// Spike probability per (neuron, sample, step).
     pub p_spike: f64,
+    /// Rate losses (`TargetFiringRate`): per rate loss a target per neuron.
+    pub rate_losses: usize,
 }
 
 /// One kernel's modelled work per optimizer step.
@@ -95,21 +97,21 @@ const SECTOR: f64 = 32.0;
 /// of PCIe 5.0 x16's 64 GB/s per direction, for copies through a staging buffer.
 pub const BUS_BYTES_PER_S: f64 = 25e9;
 
-/// Bytes that cross the host bus per optimizer step of one replica. Both read the loss sums
-/// back (spike counts and voltage sums, 12 bytes per neuron and sample) and upload the rate
-/// losses' derivatives (4). Round 1 also read the float64 gradient back and uploaded the
-/// weights (12 bytes per trainable weight) and the initial state (4 bytes per neuron, sample
-/// and state value: potential, after-spike currents, PSCs and arrivals per port); now the
-/// training state stays on the device and the initial state is copied there from a buffer
-/// uploaded once.
+/// Bytes that cross the host bus per optimizer step of one replica. Round 1 read the spike
+/// counts and voltage sums back (12 bytes per neuron and sample), uploaded the rate losses'
+/// derivatives (4), read the float64 gradient back and uploaded the weights (12 bytes per
+/// trainable weight) and the initial state (4 bytes per neuron, sample and state value:
+/// potential, after-spike currents, PSCs and arrivals per port). Now the training state
+/// stays on the device, the initial state is copied there from a buffer uploaded once, and
+/// the loss sums are reduced there (`loss_sums`): 8 bytes per sample and sum (the rate
+/// losses', the voltage regularization's, the spike count) come back.
 pub fn bus_bytes(s: &Shape, design: Design) -> f64 {
     let trainable = (s.e_rec + if s.train_in { s.e_in } else { 0 }) as f64;
     let nb = (s.n * s.batch) as f64;
-    let loss_sums = 16.0 * nb;
     let state = 4.0 * nb * (1 + s.asc + 3 * s.ports.max(1)) as f64;
     match design {
-        Design::Round1 => 12.0 * trainable + state + loss_sums,
-        Design::Current => loss_sums,
+        Design::Round1 => 12.0 * trainable + state + 16.0 * nb,
+        Design::Current => 8.0 * ((s.rate_losses + 2) * s.batch) as f64,
     }
 }
 
@@ -307,6 +309,19 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
         push("adam", 1.0, o);
     }
 
+    // Current: the loss sums once per call after the forward pass (`loss_sums`): per (neuron,
+    // sample) its count read and its rate losses' derivative written, the targets; then per
+    // sample and sum a loop over the neurons reading the counts (the rate losses' and the
+    // spike count) or the voltage sums and the targets. (Each sum is one invocation's loop
+    // over the neurons: latency-bound, about N dependent additions; not in these bytes.)
+    if design == Design::Current {
+        let r = f(s.rate_losses);
+        let mut ls = Bytes::new(l2_bytes);
+        ls.stream(8.0 * n * b + 8.0 * r * n);
+        ls.stream((r + 1.0) * 4.0 * n * b + 8.0 * n * b + r * 8.0 * n);
+        push("loss_sums", 1.0, ls);
+    }
+
     // The neuron's adjoint: the tape (u, after-spike currents), the adjoint state (u,
     // after-spike currents, y1, y2) read and written, the spike adjoint, the masks; then the
     // arrivals' adjoint into the ring. Round 1 read y1, the tape's u and the masks again in
@@ -362,6 +377,11 @@ pub fn shape_of(model: &lockstep_snn::SnnModel, batch: usize, p_spike: f64) -> S
         chunk: o.gradient_checkpointing,
         train_in: o.train_input_weights,
         p_spike,
+        rate_losses: o
+            .losses
+            .iter()
+            .filter(|l| matches!(l, lockstep_snn::Loss::TargetFiringRate { .. }))
+            .count(),
     }
 }
 
@@ -423,9 +443,9 @@ pub fn print(
         bus_bytes(shape, Design::Round1),
     );
     println!(
-        "    host bus per optimizer step (MODEL, at an assumed {:.0} GB/s): {:.3} MB, {:.4} s; the round-1 engine {:.3} MB, {:.4} s, and Adam on the host",
+        "    host bus per optimizer step (MODEL, at an assumed {:.0} GB/s): {:.0} bytes, {:.4} s; the round-1 engine {:.3} MB, {:.4} s, and Adam on the host",
         BUS_BYTES_PER_S / 1e9,
-        bus_now / 1e6,
+        bus_now,
         bus_now / BUS_BYTES_PER_S,
         bus_before / 1e6,
         bus_before / BUS_BYTES_PER_S
@@ -458,6 +478,7 @@ mod tests {
             chunk: Some(25),
             train_in: false,
             p_spike: 0.005,
+            rate_losses: 1,
         }
     }
 
@@ -499,10 +520,10 @@ mod tests {
         let launches = |r: &[KernelTraffic]| r.iter().map(|k| k.launches).sum::<f64>();
         // Segmented in 20 chunks: 19 of them with 2 draws before.
         // And now the parameters' and initial state's copies, the gradient's accumulation
-        // and Adam on the device.
+        // and Adam on the device, and the loss sums.
         assert_eq!(
             launches(&now),
-            1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0 + 4.0
+            1.0 + 2.0 * 1000.0 + 38.0 + 2.0 * 500.0 + 4.0 + 1.0
         );
         assert_eq!(launches(&before), 3.0 * 1000.0 + 38.0 + 3.0 * 500.0);
         let dram = |r: &[KernelTraffic]| r.iter().map(|k| k.dram_bytes).sum::<f64>();
@@ -513,9 +534,9 @@ mod tests {
         // The edge stream alone bounds the step from below: 8 bytes per edge per pass.
         let floor = 8.0 * s.e_rec as f64 * (1000.0 + 500.0) / 4.8e12;
         assert!(modelled_s(&now, 4.8e12, 0.0) > floor);
-        // The training state on the device and the initial state copied there: 357 MB
-        // less over the bus per step (374 -> 17 MB), for about 1.4 GB more device traffic
-        // (0.3 ms at 4.8 TB/s).
+        // The training state on the device and the initial state copied there, and the loss
+        // sums reduced there: 374 MB over the bus per step before, 384 bytes now (3 sums
+        // per sample), for about 1.4 GB more device traffic (0.3 ms at 4.8 TB/s).
         let state: f64 = now
             .iter()
             .filter(|k| ["params copy", "accumulate", "adam"].contains(&k.kernel))
@@ -523,7 +544,7 @@ mod tests {
             .sum();
         assert!((state - 56.25 * s.e_rec as f64).abs() < 1.0);
         assert!(bus_bytes(&s, Design::Round1) > 12.0 * s.e_rec as f64);
-        assert!(bus_bytes(&s, Design::Current) < 0.05 * bus_bytes(&s, Design::Round1));
+        assert_eq!(bus_bytes(&s, Design::Current), 8.0 * 3.0 * 16.0);
     }
 
     /// A random access into an array that fits the L2 is L2 traffic, not DRAM.

@@ -165,8 +165,10 @@ pub struct DeviceCounts {
     pub launches: u64,
     /// Blocking waits of the host for the device.
     pub host_syncs: u64,
-    /// Bytes read back to the host (spike counts, loss sums, gradient).
+    /// Bytes read back to the host (the loss sums per sample, the gradient on the host
+    /// path, the first sample's spikes when recorded, the non-finite flag).
     pub bytes_to_host: u64,
-    /// Bytes uploaded (weights, initial state, per-step uniforms, the rate loss's adjoint).
+    /// Bytes uploaded (the weights on the host path, the surrogate, the regularization
+    /// coefficient, the batch's first sample; once per shape the per-step uniforms).
     pub bytes_to_device: u64,
 }

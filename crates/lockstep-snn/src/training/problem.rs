@@ -156,6 +156,25 @@ impl Problem<'_> {
     /// Per-trial loss terms from the forward summary: `counts` (`[neuron]` spikes, internal
     /// order) and the voltage-regularization sum over steps and neurons.
     pub fn trial_terms(&self, counts: &[f64], vreg_sum: f64) -> Vec<f64> {
+        let rate_sums: Vec<f64> = self
+            .rate_losses
+            .iter()
+            .map(|(target, scale)| {
+                counts
+                    .iter()
+                    .zip(target)
+                    .map(|(c, t)| (c * scale - t).powi(2))
+                    .sum::<f64>()
+            })
+            .collect();
+        self.trial_terms_from_sums(&rate_sums, vreg_sum)
+    }
+
+    /// Per-trial loss terms from the sums a device reduced: per rate loss `Σ_i (c_i scale -
+    /// target_i)²` over the neurons in order (`rate_sums`, in the order of the rate losses)
+    /// and the voltage-regularization sum (as [`Problem::trial_terms`], which computes the
+    /// rate sums from the counts).
+    pub fn trial_terms_from_sums(&self, rate_sums: &[f64], vreg_sum: f64) -> Vec<f64> {
         let n = self.net.n_neurons() as f64;
         let mut ri = 0;
         self.opts
@@ -163,20 +182,35 @@ impl Problem<'_> {
             .iter()
             .map(|l| match l {
                 Loss::TargetFiringRate { .. } => {
-                    let (target, scale) = &self.rate_losses[ri];
+                    let sum = rate_sums[ri];
                     ri += 1;
-                    counts
-                        .iter()
-                        .zip(target)
-                        .map(|(c, t)| (c * scale - t).powi(2))
-                        .sum::<f64>()
-                        / n
+                    sum / n
                 }
                 Loss::VoltageRegularization { cost } => {
                     cost * vreg_sum / (self.opts.seq_len as f64 * n)
                 }
             })
             .collect()
+    }
+
+    /// The loss terms of a batch of `batch` samples and its spike count from the sums a
+    /// device reduced per sample (`sums`: `[rate losses + 2, batch]`: per sample each rate
+    /// loss's `Σ_i (c_i scale - target_i)²`, then its voltage-regularization sum, then its
+    /// spike count; each a sum over the neurons in order), as [`Problem::batch_loss_terms`]
+    /// computes them from the counts (means over the samples, in sample order).
+    pub fn batch_terms_from_sums(&self, sums: &[f64], batch: usize) -> (Vec<f64>, f64) {
+        let r = self.rate_losses.len();
+        let mut terms = vec![0.0f64; self.opts.losses.len()];
+        let mut n_spikes = 0.0;
+        for b in 0..batch {
+            let rate: Vec<f64> = (0..r).map(|k| sums[k * batch + b]).collect();
+            let trial = self.trial_terms_from_sums(&rate, sums[r * batch + b]);
+            for (a, t) in terms.iter_mut().zip(trial) {
+                *a += t / batch as f64;
+            }
+            n_spikes += sums[(r + 1) * batch + b];
+        }
+        (terms, n_spikes)
     }
 
     /// The loss terms of a batch of `batch` samples (means over the samples, in sample

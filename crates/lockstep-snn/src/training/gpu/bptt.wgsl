@@ -24,7 +24,9 @@
 //   weights also the input weight gradient (one invocation per input edge) and the previous
 //   step's Poisson draws;
 // * `neuron_backward`: the voltage-regularization derivative of one neuron and sample at a
-//   step, its adjoint through the step, and the adjoint of the previous step's arrivals.
+//   step, its adjoint through the step, and the adjoint of the previous step's arrivals;
+// * `loss_sums` (once per call, after the forward pass): the loss sums per sample and the
+//   rate losses' derivatives per spike, which the backward pass reads.
 //
 // Two dispatches per step forward (`deliver`, `update_draw`) and two backward (`spmv_in`,
 // `neuron_backward`). No atomics: every value has one writer per dispatch and every sum a
@@ -690,4 +692,54 @@ fn arrivals_adjoint(i: u32, l: u32, t: u32) {
         adj[O_MU + (row0 + kc) * B + l] = adj[O_A1 + yi] * port_c(g, k, 5u);
         kc = kc + 1u;
     }
+}
+
+// The batch's loss sums after its last forward step, in the CPU's order
+// (`Problem::batch_loss_terms`), so that nothing of them crosses to the host before the
+// backward pass: invocations 0..N*B write the rate losses' derivative per spike of (neuron
+// i, sample l), `gz_rate = sum_r 2 (c s_r - target_ri) s_r / (B N)` (the rate losses in
+// order, f64, then f32); then one invocation per (part, sample l) sums over the neurons in
+// order: per rate loss r `sum_i (c_i s_r - target_ri)^2`, then the voltage-regularization
+// sums, then the spike count, into `vreg[O_LOSS + part * B + l]`. A sum is one invocation's
+// loop over N neurons: fixed order, no atomics.
+@compute @workgroup_size(64)
+fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let idx = linear(wg, nwg, li);
+    if (idx < N * B) {
+        let i = idx / B;
+        let c = f64(state_u32[O_COUNTS + idx]);
+        let bn = f64(B) * f64(N);
+        var g = 0.0lf;
+        for (var r = 0u; r < NRATE; r = r + 1u) {
+            let scale = net_f64[O_RSCALE + r];
+            g = g + 2.0lf * (c * scale - net_f64[O_RTARGET + r * N + i]) * scale / bn;
+        }
+        adj[O_GZRATE + idx] = f32(g);
+        return;
+    }
+    let k = idx - N * B;
+    if (k >= (NRATE + 2u) * B) {
+        return;
+    }
+    let part = k / B;
+    let l = k % B;
+    var s = 0.0lf;
+    if (part < NRATE) {
+        let scale = net_f64[O_RSCALE + part];
+        for (var i = 0u; i < N; i = i + 1u) {
+            let c = f64(state_u32[O_COUNTS + i * B + l]);
+            let d = c * scale - net_f64[O_RTARGET + part * N + i];
+            s = s + d * d;
+        }
+    } else if (part == NRATE) {
+        for (var i = 0u; i < N; i = i + 1u) {
+            s = s + vreg[i * B + l];
+        }
+    } else {
+        for (var i = 0u; i < N; i = i + 1u) {
+            s = s + f64(state_u32[O_COUNTS + i * B + l]);
+        }
+    }
+    vreg[O_LOSS + part * B + l] = s;
 }

@@ -1,6 +1,7 @@
 //! The GPU engine's entry ([`GpuEngine`]): the adapter it computes on, the resident buffers
 //! and compiled kernels of one model and batch shape, and one call's passes (the whole time
-//! loop recorded into a command buffer per pass; losses and the gradient read back once).
+//! loop, forward and backward, recorded into one command buffer; the loss sums, reduced on
+//! the device, and on the host path the gradient read back once at its end).
 
 use std::sync::{Arc, Mutex};
 
@@ -208,10 +209,10 @@ impl GpuEngine {
     /// The host memory one call needs (the device's buffers are not host memory): the
     /// gradient read back in f64 and returned in f32, the layout of the network built on the
     /// host when the buffers are made (per recurrent edge 12 bytes, per input edge 20), and
-    /// the spike counts and loss sums read back.
+    /// the loss sums read back (per sample, one per rate loss and two).
     pub fn memory_estimate(p: &Problem, local_batch: usize) -> MemoryEstimate {
         let params = p.n_params() as u64;
-        let n = p.net.n_neurons() as u64;
+        let sums = (p.rate_losses.len() + 2) as u64;
         let mut e = MemoryEstimate::new();
         e.add(
             "gradient read back from the GPU (f64) and returned (f32)",
@@ -222,8 +223,8 @@ impl GpuEngine {
             12 * p.net.weights_rec.len() as u64 + 20 * p.net.weights_in.len() as u64,
         )
         .add(
-            "spike counts and loss sums read back",
-            12 * n * local_batch.max(1) as u64,
+            "loss sums read back (per sample)",
+            8 * sums * local_batch.max(1) as u64,
         )
         .add(
             "compiled network (per edge: target offset, edge id, sign)",
@@ -253,8 +254,8 @@ impl GpuEngine {
     /// [`GpuEngine::loss_and_grad`] with the training state on the device
     /// ([`GpuEngine::upload_training`]): the device's parameters, and the mean gradient
     /// added into the device's gradient of the update (the returned `grad` is empty). One
-    /// host synchronisation (the loss sums after the forward pass); the backward pass is
-    /// submitted and not waited for, so its time shows in the next wait.
+    /// host synchronisation: the loss sums, reduced on the device, read back after the
+    /// backward pass (the passes and the gradient's accumulation are one submission).
     ///
     /// Errors: those of [`GpuEngine::loss_and_grad`]; no training state on the device, or
     /// one of another length than the model's parameters.
@@ -267,8 +268,10 @@ impl GpuEngine {
         self.call(p, Weights::Device, first_sample, batch)
     }
 
-    /// One call on `weights`: the inputs written, the forward pass and its loss sums read
-    /// back, the loss terms on the host, the backward pass.
+    /// One call on `weights`: the inputs written, then in one submission the forward pass,
+    /// the loss sums and the rate losses' derivatives on the device and the backward pass;
+    /// the loss sums per sample read back at its end (with the gradient on the host path),
+    /// the loss terms from them on the host.
     fn call(
         &self,
         p: &Problem,
@@ -299,50 +302,35 @@ impl GpuEngine {
             .flatten()
             .filter(|(c, _)| c.groups > 0)
             .count() as u64;
-        let mut uploaded = r.write_inputs(ctx, p, weights, first_sample, batch, &steps);
+        let uploaded = r.write_inputs(ctx, p, weights, first_sample, batch, &steps);
 
+        // One submission: the forward pass, the loss sums and the rate losses' derivatives
+        // (`loss_sums`, on the device), the backward pass; one read-back at its end.
         let clock = std::time::Instant::now();
-        let (back, mut read_bytes) = r.forward(ctx, p, train, &fwd, chunk.is_some())?;
+        let enc = r.forward(ctx, train, &fwd, chunk.is_some());
         timing.forward_s = clock.elapsed().as_secs_f64();
-        if let Some(t) = train {
-            // An earlier update left a parameter infinite or NaN: stop, naming it.
-            let flag: Vec<u32> = bytemuck::pod_collect_to_vec(back.last().expect("the flag"));
-            if flag[0] != 0 {
-                return Err(t.non_finite(ctx)?.unwrap_or(SnnError::Shape(
-                    "an update flagged a non-finite parameter that the read-back does not show"
-                        .into(),
-                )));
-            }
-        }
-
-        // Loss terms from the spike counts and the voltage-regularization sums; the rate
-        // losses' derivatives go up for the backward pass.
-        let (n, b) = (r.layout.n, r.layout.b);
-        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(&back[0]);
-        let vreg: Vec<f64> = bytemuck::pod_collect_to_vec(&back[1]);
-        let vsum: Vec<f64> = (0..b)
-            .map(|lane| (0..n).map(|i| vreg[i * b + lane]).sum())
-            .collect();
-        let (terms, n_spikes, gz_rate) = p.batch_loss_terms(&counts, &vsum, batch);
-        let first_spikes = p
-            .opts
-            .record_first_sample
-            .then(|| first_sample_spikes(p, &r.layout, &back[2]));
-        ctx.write(&r.adj, 4 * r.layout.o_gzrate as u64, &gz_rate);
-        uploaded += 4 * gz_rate.len() as u64;
-
         let clock = std::time::Instant::now();
-        let backward = r.backward(ctx, train, &bwd)?;
+        let back = r.backward(ctx, p, train, &bwd, enc)?;
         timing.backward_s = clock.elapsed().as_secs_f64();
-        launches += backward.launches;
-        read_bytes += backward.read_bytes;
+        if let (Some(t), true) = (train, back.bad) {
+            // An earlier update left a parameter infinite or NaN: stop, naming it.
+            return Err(t.non_finite(ctx)?.unwrap_or(SnnError::Shape(
+                "an update flagged a non-finite parameter that the read-back does not show".into(),
+            )));
+        }
+        let (terms, n_spikes) = p.batch_terms_from_sums(&back.sums, batch);
+        let first_spikes = back
+            .masks
+            .as_ref()
+            .map(|m| first_sample_spikes(p, &r.layout, m));
+        launches += back.launches;
         timing.device = Some(DeviceCounts {
             launches,
-            host_syncs: backward.host_syncs,
-            bytes_to_host: read_bytes,
+            host_syncs: 1,
+            bytes_to_host: back.read_bytes,
             bytes_to_device: uploaded,
         });
-        let mut out = p.finish(terms, backward.grad, n_spikes, batch);
+        let mut out = p.finish(terms, back.grad, n_spikes, batch);
         out.first_spikes = first_spikes;
         Ok((out, timing))
     }
@@ -382,14 +370,18 @@ fn first_sample_spikes(p: &Problem, l: &Layout, raw: &[u8]) -> Vec<(u32, u32)> {
 }
 
 /// What the backward pass of a call gives back.
-struct Backward {
+struct Readback {
+    /// The loss sums per sample (`[rate losses + 2, B]`, [`Layout::o_loss`]).
+    sums: Vec<f64>,
+    /// The first sample's spike masks, when recorded.
+    masks: Option<Vec<u8>>,
+    /// With the training state on the device: an update left a parameter non-finite.
+    bad: bool,
     /// The mean gradient (`[n_params]`), or empty when it went into the device's.
     grad: Vec<f32>,
-    /// Host synchronisations of the whole call (1 or 2).
-    host_syncs: u64,
-    /// Bytes read back by the backward pass.
+    /// Bytes read back.
     read_bytes: u64,
-    /// Launches it added to the plan's (the gradient's accumulation).
+    /// Launches added to the plan's (the gradient's accumulation).
     launches: u64,
 }
 
@@ -459,21 +451,16 @@ impl Resident {
         uploaded + 4 * 3 + 8 + 8
     }
 
-    /// The forward pass (`fwd`, per chunk; `segmented`: each chunk's boundary state copied
-    /// out first) from the initial state, with the device's parameters copied in first when
-    /// `train` is given, and in the same submission the spike counts, the voltage sums,
-    /// when recorded the first sample's spike masks, and with `train` its non-finite flag
-    /// (last) read back (one host synchronisation). Returns them and the bytes read.
-    ///
-    /// Errors: the device's.
+    /// Records the forward pass (`fwd`, per chunk; `segmented`: each chunk's boundary state
+    /// copied out first; its last dispatch `loss_sums`) from the initial state, with the
+    /// device's parameters copied in first when `train` is given. Nothing is submitted.
     fn forward(
         &self,
         ctx: &GpuContext,
-        p: &Problem,
         train: Option<&TrainingState>,
         fwd: &[Vec<(Call, usize)>],
         segmented: bool,
-    ) -> Result<(Vec<Vec<u8>>, u64)> {
+    ) -> wgpu::CommandEncoder {
         let l = &self.layout;
         let nb = (l.n * l.b) as u64;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -504,50 +491,26 @@ impl Resident {
             }
             self.record(&mut enc, calls);
         }
-        let mut reads = vec![
-            ReadRange {
-                buffer: &self.state_u32,
-                offset: 4 * l.o_counts as u64,
-                bytes: 4 * nb,
-            },
-            ReadRange {
-                buffer: &self.vreg,
-                offset: 0,
-                bytes: 8 * nb,
-            },
-        ];
-        if p.opts.record_first_sample {
-            reads.push(ReadRange {
-                buffer: &self.masks,
-                offset: 0,
-                bytes: 4 * (l.t * l.n * l.w) as u64,
-            });
-        }
-        if let Some(t) = train {
-            reads.push(ReadRange {
-                buffer: t.bad_flag(),
-                offset: 0,
-                bytes: 4,
-            });
-        }
-        let back = ctx.submit_and_read(enc, &reads)?;
-        Ok((back, reads.iter().map(|x| x.bytes).sum()))
+        enc
     }
 
-    /// The backward pass (`bwd`, per chunk from the last, each chunk's boundary restored
-    /// first when segmented). With `train` its gradient is added into the device's and the
-    /// host does not wait; else the float64 gradient is read back in the same submission
-    /// and returned in float32.
+    /// Records the backward pass (`bwd`, per chunk from the last, each chunk's boundary
+    /// restored first when segmented) after the forward pass in `enc`, and submits both. With
+    /// `train` the gradient is added into the device's; else the float64 gradient is read
+    /// back, in float32. In the same read-back (the call's one host synchronisation): the
+    /// loss sums per sample, when recorded the first sample's spike masks, and with `train`
+    /// its non-finite flag.
     ///
     /// Errors: the device's.
     fn backward(
         &self,
         ctx: &GpuContext,
+        p: &Problem,
         train: Option<&TrainingState>,
         bwd: &[Pass],
-    ) -> Result<Backward> {
+        mut enc: wgpu::CommandEncoder,
+    ) -> Result<Readback> {
         let l = &self.layout;
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
         for (k, calls) in bwd {
             if let Some(k) = k {
                 let (bf, bu) = &self.boundaries[*k];
@@ -556,34 +519,62 @@ impl Resident {
             }
             self.record(&mut enc, calls);
         }
-        if let Some(t) = train {
-            let launches = t.record_accumulate(ctx, &mut enc, &self.grad);
-            ctx.submit(enc.finish());
-            return Ok(Backward {
-                grad: Vec::new(),
-                host_syncs: 1,
-                read_bytes: 0,
-                launches,
+        let launches = match train {
+            Some(t) => t.record_accumulate(ctx, &mut enc, &self.grad),
+            None => 0,
+        };
+        let mut reads = vec![ReadRange {
+            buffer: &self.vreg,
+            offset: 8 * l.o_loss as u64,
+            bytes: 8 * (l.loss_parts * l.b) as u64,
+        }];
+        if p.opts.record_first_sample {
+            reads.push(ReadRange {
+                buffer: &self.masks,
+                offset: 0,
+                bytes: 4 * (l.t * l.n * l.w) as u64,
             });
         }
-        let n_grad = l.e_rec + if l.train_in { l.e_in } else { 0 };
-        let range = [ReadRange {
-            buffer: &self.grad,
-            offset: 0,
-            bytes: 8 * n_grad as u64,
-        }];
-        let back = ctx.submit_and_read(enc, &range)?;
-        // The f64 accumulators in float32 (read from the bytes: the staging copy need not be
-        // aligned for f64).
-        let grad = back[0]
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect();
-        Ok(Backward {
+        match train {
+            Some(t) => reads.push(ReadRange {
+                buffer: t.bad_flag(),
+                offset: 0,
+                bytes: 4,
+            }),
+            None => reads.push(ReadRange {
+                buffer: &self.grad,
+                offset: 0,
+                bytes: 8 * (l.e_rec + if l.train_in { l.e_in } else { 0 }) as u64,
+            }),
+        }
+        let mut back = ctx.submit_and_read(enc, &reads)?.into_iter();
+        let read_bytes = reads.iter().map(|r| r.bytes).sum();
+        // The staging copies need not be aligned for f64: read from the bytes.
+        let f64s = |b: Vec<u8>| -> Vec<f64> {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()
+        };
+        let sums = f64s(back.next().expect("the loss sums"));
+        let masks = p
+            .opts
+            .record_first_sample
+            .then(|| back.next().expect("the masks"));
+        let last = back.next().expect("the flag or the gradient");
+        let (bad, grad) = match train {
+            Some(_) => {
+                let flag: Vec<u32> = bytemuck::pod_collect_to_vec(&last);
+                (flag[0] != 0, Vec::new())
+            }
+            None => (false, f64s(last).into_iter().map(|g| g as f32).collect()),
+        };
+        Ok(Readback {
+            sums,
+            masks,
+            bad,
             grad,
-            host_syncs: 2,
-            read_bytes: range[0].bytes,
-            launches: 0,
+            read_bytes,
+            launches,
         })
     }
 }
@@ -632,6 +623,7 @@ fn compile_kernels(ctx: &GpuContext, l: &Layout, groups: [&wgpu::BindGroupLayout
         update_draw: kernel("update_draw"),
         spmv_in: kernel("spmv_in"),
         neuron_backward: kernel("neuron_backward"),
+        loss_sums: kernel("loss_sums"),
     }
 }
 
@@ -774,8 +766,8 @@ impl Resident {
         )?;
         count(&masks);
         let vreg = ctx.storage(
-            "voltage-regularization sums",
-            8 * (l.n * b) as u64,
+            "voltage-regularization and loss sums",
+            8 * l.vreg_len as u64,
             reduce_batch,
         )?;
         count(&vreg);

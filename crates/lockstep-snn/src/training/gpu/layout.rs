@@ -58,14 +58,18 @@ pub(super) struct Layout {
     pub boundary_f32: usize,
     /// u32 elements of `state_u32`: refractory counters, spike counts, Poisson ring.
     pub state_u32_len: usize,
-    /// Offset of the spike counts in `state_u32`.
-    pub o_counts: usize,
     /// u32 elements of `masks` (fired, then active).
     pub masks_len: usize,
     /// f32 elements of `adj`.
     pub adj_len: usize,
-    /// Offset of `gz_rate` in `adj`.
-    pub o_gzrate: usize,
+    /// f64 elements of `vreg`: the voltage-regularization sums per (neuron, sample), then
+    /// the loss sums per sample (`o_loss`).
+    pub vreg_len: usize,
+    /// Offset in `vreg` of the loss sums `[rate losses + 2, B]` that `loss_sums` writes
+    /// ([`crate::training::problem::Problem::batch_terms_from_sums`]).
+    pub o_loss: usize,
+    /// Loss sums per sample (`rate losses + 2`).
+    pub loss_parts: usize,
     /// Steps per tape buffer.
     pub tape_steps: usize,
     /// Workgroups of each kernel and of each part of the fused ones (`*_WG` in the shader).
@@ -123,6 +127,8 @@ pub(super) struct Workgroups {
     pub neuron_backward: u32,
     /// `permute_weights`: one invocation per recurrent edge.
     pub permute: u32,
+    /// `loss_sums`: one invocation per (neuron, sample), then one per (loss sum, sample).
+    pub loss: u32,
 }
 
 impl Workgroups {
@@ -150,6 +156,7 @@ impl Workgroups {
             input_grad: wg(e_in),
             neuron_backward: wg(n * b),
             permute: wg(e_rec),
+            loss: 0,
         }
     }
 
@@ -295,6 +302,8 @@ struct Dims {
     e_rec: usize,
     /// Input edges.
     e_in: usize,
+    /// Rate losses (`TargetFiringRate`).
+    n_rate: usize,
 }
 
 impl Dims {
@@ -317,6 +326,7 @@ impl Dims {
             n_pois: p.inputs.poisson_nodes().len(),
             e_rec: net.weights_rec.len(),
             e_in: net.weights_in.len(),
+            n_rate: p.rate_losses.len(),
         };
         fits_u32("the spike masks", 2 * dims.t * dims.n * dims.w)?;
         fits_u32("the edges", dims.e_rec.max(dims.e_in))?;
@@ -523,8 +533,9 @@ fn edge_indices(
 }
 
 /// `net_f32` (binding 1) and `net_f64` (binding 2): the group constants, the surrogate's
-/// three slots (written per call) and in float64 the Poisson means and `e^-mean`, and the
-/// voltage-regularization coefficient (written per call).
+/// three slots (written per call) and in float64 the Poisson means and `e^-mean`, the
+/// voltage-regularization coefficient (written per call), the rate losses' factors and their
+/// targets (`[loss, neuron]`).
 struct FloatConstants {
     /// Float32 constants per group.
     gf: usize,
@@ -540,13 +551,15 @@ struct FloatConstants {
     offsets: Named,
 }
 
-/// The float constants of `groups` (`np` ports, `na` after-spike currents) and the Poisson
-/// nodes `pois` (node, mean per step).
+/// The float constants of `groups` (`np` ports, `na` after-spike currents), the Poisson
+/// nodes `pois` (node, mean per step) and the rate losses (per loss `[neuron]` targets and
+/// the count -> rate factor).
 fn float_constants(
     groups: &[crate::network::Group],
     np: usize,
     na: usize,
     pois: &[(u32, f64)],
+    rate_losses: &[(Vec<f64>, f64)],
 ) -> FloatConstants {
     let (gf, gd, mut net_f32, mut net_f64) = group_constants(groups, np, na);
     let o_sg = net_f32.len();
@@ -558,6 +571,12 @@ fn float_constants(
     let o_vcoef = net_f64.len();
     offsets.push(("O_VCOEF", o_vcoef));
     net_f64.push(0.0);
+    offsets.push(("O_RSCALE", net_f64.len()));
+    net_f64.extend(rate_losses.iter().map(|(_, scale)| *scale));
+    offsets.push(("O_RTARGET", net_f64.len()));
+    for (target, _) in rate_losses {
+        net_f64.extend_from_slice(target);
+    }
     FloatConstants {
         gf,
         gd,
@@ -571,17 +590,18 @@ fn float_constants(
 
 /// The per-sample arrays' sizes and offsets (elements): `state` (u, asc, y1, y2,
 /// arrivals), `state_u32` (refractory counters, spike counts, Poisson ring), the masks
-/// (fired, then active) and `adj` (the adjoints of u, asc, y1, y2, the ring, gz, gz_rate).
+/// (fired, then active), `adj` (the adjoints of u, asc, y1, y2, the ring, gz, gz_rate) and
+/// `vreg` (the voltage-regularization sums, then the loss sums per sample).
 struct ArrayOffsets {
     /// `(name, offset)` as the kernels name them.
     named: Named,
     state_len: usize,
     boundary_f32: usize,
     state_u32_len: usize,
-    o_counts: usize,
     masks_len: usize,
     adj_len: usize,
-    o_gzrate: usize,
+    vreg_len: usize,
+    o_loss: usize,
 }
 
 impl ArrayOffsets {
@@ -605,6 +625,8 @@ impl ArrayOffsets {
         let o_gz = o_mu + dims.rl * live_rows * b;
         let o_gzrate = o_gz + nb;
         let adj_len = o_gzrate + nb;
+        let o_loss = nb;
+        let vreg_len = o_loss + (dims.n_rate + 2) * b;
         fits_u32("the state", state_len)?;
         fits_u32("the adjoint state", adj_len)?;
         fits_u32("the Poisson ring", state_u32_len)?;
@@ -625,16 +647,17 @@ impl ArrayOffsets {
             ("O_MU", o_mu),
             ("O_GZ", o_gz),
             ("O_GZRATE", o_gzrate),
+            ("O_LOSS", o_loss),
         ];
         Ok(ArrayOffsets {
             named,
             state_len,
             boundary_f32: o_arr,
             state_u32_len,
-            o_counts,
             masks_len: 2 * dims.t * n * dims.w,
             adj_len,
-            o_gzrate,
+            vreg_len,
+            o_loss,
         })
     }
 }
@@ -692,6 +715,7 @@ fn wgsl_header(
     c("O_WIN", dims.e_rec);
     c("O_WPERM", dims.e_rec + dims.e_in);
     c("LIVE_ROWS", rows.live_rows);
+    c("NRATE", dims.n_rate);
     for (name, o) in offsets {
         c(name, *o);
     }
@@ -767,10 +791,11 @@ impl Layout {
         let (iptr, iin) = in_edge_lists(&net.input, dims.n, dims.np, dims.d);
         let index = network_indices(p, &dims, &rows, [&rptr, &iptr], &iin, pois)?;
         let (edges_u32, edge_offsets) = edge_indices(p, &rin, &rows, dims.np)?;
-        let consts = float_constants(&net.groups, dims.np, dims.na, pois);
+        let consts = float_constants(&net.groups, dims.np, dims.na, pois, p.rate_losses);
         let arrays = ArrayOffsets::of(&dims, rows.live_rows)?;
         let tape_steps = tape_steps(p, &dims, max_binding)?;
-        let wg = Workgroups::new(dims.n, dims.np, b, dims.n_pois, dims.e_in, dims.e_rec);
+        let mut wg = Workgroups::new(dims.n, dims.np, b, dims.n_pois, dims.e_in, dims.e_rec);
+        wg.loss = (dims.n * b + (dims.n_rate + 2) * b).div_ceil(64) as u32;
         let offsets: Vec<(&str, usize)> = [&index.offsets, &edge_offsets, &consts.offsets]
             .into_iter()
             .flatten()
@@ -804,10 +829,11 @@ impl Layout {
             state_len: arrays.state_len,
             boundary_f32: arrays.boundary_f32,
             state_u32_len: arrays.state_u32_len,
-            o_counts: arrays.o_counts,
             masks_len: arrays.masks_len,
             adj_len: arrays.adj_len,
-            o_gzrate: arrays.o_gzrate,
+            vreg_len: arrays.vreg_len,
+            o_loss: arrays.o_loss,
+            loss_parts: dims.n_rate + 2,
             tape_steps,
             wg,
             header,

@@ -14,6 +14,7 @@ pub(super) struct Kernels {
     pub update_draw: wgpu::ComputePipeline,
     pub spmv_in: wgpu::ComputePipeline,
     pub neuron_backward: wgpu::ComputePipeline,
+    pub loss_sums: wgpu::ComputePipeline,
 }
 
 /// One per-step uniform (`Step` in the shader).
@@ -42,7 +43,8 @@ pub(super) struct Call {
 /// the last, with the chunk boundary it restores first when segmented), and the per-step
 /// uniforms they use (one slot per dispatch, in order of use). First the weights in in-edge
 /// order (`permute_weights`), then two dispatches per step
-/// forward (`deliver`, `update_draw`) and two backward (`spmv_in`, `neuron_backward`);
+/// forward (`deliver`, `update_draw`), the loss sums after the last (`loss_sums`), and two
+/// per step backward (`spmv_in`, `neuron_backward`);
 /// segmented BPTT adds the recomputed chunk's forward steps and the Poisson draws of the
 /// `max_delay` steps before it, trained input weights one draw per chunk.
 pub(super) fn plan_passes(l: &Layout, chunk: Option<usize>) -> Plan {
@@ -98,6 +100,19 @@ pub(super) fn plan_passes(l: &Layout, chunk: Option<usize>) -> Plan {
             forward_step(&mut calls, args);
         }
         fwd.push(calls);
+    }
+    // After the last step: the loss sums per sample and the rate losses' derivatives, which
+    // the backward pass reads (no round trip through the host).
+    if let Some(last) = fwd.last_mut() {
+        last.push(Call {
+            kernel: |k| &k.loss_sums,
+            groups: wg.loss,
+            args: StepArgs {
+                t: 0,
+                tape: 0,
+                accumulate: false,
+            },
+        });
     }
     // The backward pass, chunk by chunk from the last (recomputing each when segmented).
     let mut bwd: Vec<(Option<usize>, Vec<Call>)> = Vec::new();
