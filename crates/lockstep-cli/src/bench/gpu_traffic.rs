@@ -104,14 +104,16 @@ pub const BUS_BYTES_PER_S: f64 = 25e9;
 /// potential, after-spike currents, PSCs and arrivals per port). Now the training state
 /// stays on the device, the initial state is copied there from a buffer uploaded once, and
 /// the loss sums are reduced there (`loss_sums`): 8 bytes per sample and sum (the rate
-/// losses', the voltage regularization's, the spike count) come back.
+/// losses', the voltage regularization's, the spike count) and the 4-byte non-finite flag
+/// come back, and 28 bytes go up (the surrogate, the regularization coefficient, the
+/// batch's first sample).
 pub fn bus_bytes(s: &Shape, design: Design) -> f64 {
     let trainable = (s.e_rec + if s.train_in { s.e_in } else { 0 }) as f64;
     let nb = (s.n * s.batch) as f64;
     let state = 4.0 * nb * (1 + s.asc + 3 * s.ports.max(1)) as f64;
     match design {
         Design::Round1 => 12.0 * trainable + state + 16.0 * nb,
-        Design::Current => 8.0 * ((s.rate_losses + 2) * s.batch) as f64,
+        Design::Current => 8.0 * ((s.rate_losses + 2) * s.batch) as f64 + 4.0 + 28.0,
     }
 }
 
@@ -535,8 +537,9 @@ mod tests {
         let floor = 8.0 * s.e_rec as f64 * (1000.0 + 500.0) / 4.8e12;
         assert!(modelled_s(&now, 4.8e12, 0.0) > floor);
         // The training state on the device and the initial state copied there, and the loss
-        // sums reduced there: 374 MB over the bus per step before, 384 bytes now (3 sums
-        // per sample), for about 1.4 GB more device traffic (0.3 ms at 4.8 TB/s).
+        // sums reduced there: 374 MB over the bus per step before, 416 bytes now (3 sums
+        // per sample, the flag, 28 bytes up), for about 1.4 GB more device traffic (0.3 ms
+        // at 4.8 TB/s).
         let state: f64 = now
             .iter()
             .filter(|k| ["params copy", "accumulate", "adam"].contains(&k.kernel))
@@ -544,7 +547,7 @@ mod tests {
             .sum();
         assert!((state - 56.25 * s.e_rec as f64).abs() < 1.0);
         assert!(bus_bytes(&s, Design::Round1) > 12.0 * s.e_rec as f64);
-        assert_eq!(bus_bytes(&s, Design::Current), 8.0 * 3.0 * 16.0);
+        assert_eq!(bus_bytes(&s, Design::Current), 8.0 * 3.0 * 16.0 + 32.0);
     }
 
     /// A random access into an array that fits the L2 is L2 traffic, not DRAM.

@@ -348,15 +348,33 @@ fn gpu_mixed_precision_gated_tail_matches_the_float32_form() {
         let a = m(rows * f, 78, 1.0);
         let gpu = kernel_check::layer_mixed(&device, Layer::Gated, &gated, &a);
         let want = kernel_check::layer(Engine::CpuF64, Layer::Gated, &gated, &a);
-        for (n, (g, w)) in gpu.iter().zip(&want).enumerate() {
-            assert_eq!(g.len(), w.len(), "output {n}");
-            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
-            for (i, (g, w)) in g.iter().zip(w).enumerate() {
-                assert!(
-                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
-                    "mixed gated tail [{rows} x {f}], output {n}[{i}]: GPU {g}, f64 {w}"
-                );
-            }
+        let names = ["y", "dx", "dt", "dcontext", "dW1", "db1", "dWc", "dbc"];
+        assert_mixed_close(
+            &gpu,
+            &want,
+            &names,
+            &format!("mixed gated tail [{rows} x {f}]"),
+        );
+    }
+}
+
+/// Mixed precision's outputs `got` against the f64 reference `want`, output by output
+/// (`names`, one per output): each value within `8e-3` of the larger of the reference value
+/// and the output's mean magnitude.
+fn assert_mixed_close(got: &[Vec<f64>], want: &[Vec<f64>], names: &[&str], what: &str) {
+    assert_eq!(
+        (got.len(), want.len()),
+        (names.len(), names.len()),
+        "{what}: outputs"
+    );
+    for ((g, w), name) in got.iter().zip(want).zip(names) {
+        assert_eq!(g.len(), w.len(), "{what}: {name}");
+        let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
+        for (i, (g, w)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (g - w).abs() <= 8e-3 * w.abs().max(mean),
+                "{what}, {name}[{i}]: GPU {g}, f64 {w}"
+            );
         }
     }
 }
@@ -392,16 +410,8 @@ fn gpu_mixed_precision_linear_elu_kernel_matches_the_float32_form() {
             rows == 1 || (big > 0 && saturated > 0),
             "the arguments reach both sides"
         );
-        for ((g, w), name) in gpu.iter().zip(&want).zip(["y", "dx", "dW", "db"]) {
-            assert_eq!(g.len(), w.len(), "{name}");
-            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
-            for (i, (g, w)) in g.iter().zip(w).enumerate() {
-                assert!(
-                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
-                    "mixed linear + ELU [{rows} x {k}] -> {f}, {name}[{i}]: GPU {g}, f64 {w}"
-                );
-            }
-        }
+        let what = format!("mixed linear + ELU [{rows} x {k}] -> {f}");
+        assert_mixed_close(&gpu, &want, &["y", "dx", "dW", "db"], &what);
     }
 }
 
@@ -423,15 +433,7 @@ fn gpu_mixed_precision_linear_kernels_match_the_float32_form() {
         let a = half(noise(rows * f, 64));
         let gpu = kernel_check::linear_mixed(&device, &x, rows, &w, &b, &a);
         let want = kernel_check::linear(Engine::CpuF64, &x, rows, &w, &b, &a);
-        for ((g, w), name) in gpu.iter().zip(&want).zip(["y", "dx", "dW", "db"]) {
-            assert_eq!(g.len(), w.len(), "{name}");
-            let mean = w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64;
-            for (i, (g, w)) in g.iter().zip(w).enumerate() {
-                assert!(
-                    (g - w).abs() <= 8e-3 * w.abs().max(mean),
-                    "mixed linear [{rows} x {k}] -> {f}, {name}[{i}]: GPU {g}, f64 {w}"
-                );
-            }
-        }
+        let what = format!("mixed linear [{rows} x {k}] -> {f}");
+        assert_mixed_close(&gpu, &want, &["y", "dx", "dW", "db"], &what);
     }
 }

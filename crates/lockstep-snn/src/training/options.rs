@@ -131,7 +131,8 @@ pub struct LossAndGrad {
 /// work of the adjoint's transposed SpMV.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTiming {
-    /// The forward pass over all steps (with the loss sums).
+    /// The forward pass over all steps (with the loss sums). On a GPU, where a call is one
+    /// submission, the host's recording of it (the device's work is in `backward_s`).
     pub forward_s: f64,
     /// Recomputation during the backward pass: segmented BPTT, the chunks' forward passes;
     /// unsegmented, rebuilding the after-spike currents of the tape's stretches.

@@ -235,8 +235,9 @@ impl GpuEngine {
     }
 
     /// Loss and mean gradient over the local batch of global samples `first_sample ..
-    /// first_sample + batch` on the GPU, with the split of the call's time (forward pass;
-    /// backward pass including the recomputation of segmented BPTT).
+    /// first_sample + batch` on the GPU, with the split of the call's time: the call is one
+    /// submission, so `forward_s` is the host's recording of the forward pass and
+    /// `backward_s` the rest, the device's work on both passes included.
     ///
     /// Errors: `batch == 0`, `params.len() != n_params()`, a buffer over the adapter's
     /// limits, or a device error.

@@ -42,7 +42,8 @@ struct Update {
 @group(0) @binding(4) var<storage, read> signs: array<u32>;
 @group(0) @binding(5) var<uniform> u: Update;
 // Set (to 1) by an update that leaves a parameter infinite or NaN; read with the next
-// forward pass's loss sums. Touched only on that error, so no atomic on the hot path.
+// call's loss sums (the flag stays set until the training state is uploaded again).
+// Touched only on that error, so no atomic on the hot path.
 @group(0) @binding(6) var<storage, read_write> bad: atomic<u32>;
 // The pass's mean gradient as the BPTT kernels accumulate it (float64; bptt.wgsl `grad`).
 @group(1) @binding(0) var<storage, read> pass_grad: array<f64>;
