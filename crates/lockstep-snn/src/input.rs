@@ -227,9 +227,98 @@ impl Inputs {
     }
 }
 
+/// `2^53`: the uniform numbers of [`keyed_uniform`] are `m 2^-53` for an integer `m < 2^53`.
+pub(crate) const UNIT_STEPS: u64 = 1 << 53;
+
+/// The Poisson draw of [`Inputs::poisson_events`] for a node of mean `mean` (spikes per step)
+/// as integer thresholds on the 53-bit integer `m` behind its uniform number (`u = m 2^-53`,
+/// [`keyed_uniform`]): pairs `(threshold, count)`, thresholds strictly ascending, the last
+/// [`UNIT_STEPS`]; the draw is the count of the first pair with `m < threshold`. The pairs
+/// come from the inversion's own float64 recurrence (`p_k = p_{k-1} mean / k`, `cdf_k =
+/// cdf_{k-1} + p_k`, the same stops), and `u < cdf` holds exactly when `m < ceil(cdf 2^53)`,
+/// so the counts are the inversion's bit for bit without float64 arithmetic (the GPU
+/// kernels on adapters without `SHADER_F64`). A node of mean up to 100 takes a few hundred
+/// pairs at most (about 10 at 0.1 spikes per step).
+pub(crate) fn poisson_thresholds(mean: f64) -> Vec<(u64, u32)> {
+    let threshold = |cdf: f64| -> u64 {
+        if cdf >= 1.0 {
+            UNIT_STEPS
+        } else {
+            // Exact: a power-of-two scaling of a float64 below 1, an integer below 2^53.
+            (cdf * UNIT_STEPS as f64).ceil() as u64
+        }
+    };
+    let mut p = (-mean).exp();
+    let mut cdf = p;
+    let mut k = 0u32;
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    loop {
+        if k >= 10_000 {
+            out.push((UNIT_STEPS, k));
+            return out;
+        }
+        let t = threshold(cdf);
+        // A threshold no larger than the one before decides nothing the earlier pair did not.
+        if out.last().is_none_or(|&(last, _)| t > last) {
+            out.push((t, k));
+        }
+        if t >= UNIT_STEPS {
+            return out;
+        }
+        k += 1;
+        p *= mean / k as f64;
+        cdf += p;
+        if p == 0.0 {
+            out.push((UNIT_STEPS, k));
+            return out;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The integer thresholds give the float64 inversion's counts for the uniform numbers
+    /// at and around every threshold and at random, for means from none to 100 spikes per
+    /// step (where `e^-mean` is tiny and the tail runs to the recurrence's end).
+    #[test]
+    fn poisson_thresholds_give_the_inversions_counts() {
+        let inversion = |mean: f64, u: f64| -> u32 {
+            let mut p = (-mean).exp();
+            let mut cdf = p;
+            let mut k = 0u32;
+            while u >= cdf && k < 10_000 {
+                k += 1;
+                p *= mean / k as f64;
+                cdf += p;
+                if p == 0.0 {
+                    break;
+                }
+            }
+            k
+        };
+        let mut rng = lockstep_core::rng::SplitMix64::new(11);
+        for mean in [0.0, 1e-9, 1e-3, 0.0173, 0.1, 0.5, 1.0, 3.7, 20.0, 99.5] {
+            let th = poisson_thresholds(mean);
+            assert_eq!(th.last().unwrap().0, UNIT_STEPS, "mean {mean}");
+            assert!(th.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+            let draw = |m: u64| th.iter().find(|&&(t, _)| m < t).unwrap().1;
+            let mut ms: Vec<u64> = vec![0, UNIT_STEPS - 1];
+            for &(t, _) in &th {
+                for m in [t.saturating_sub(1), t, t + 1] {
+                    if m < UNIT_STEPS {
+                        ms.push(m);
+                    }
+                }
+            }
+            ms.extend((0..2000).map(|_| rng.next_u64() >> 11));
+            for m in ms {
+                let u = m as f64 * (1.0 / UNIT_STEPS as f64);
+                assert_eq!(draw(m), inversion(mean, u), "mean {mean}, m {m}");
+            }
+        }
+    }
 
     #[test]
     fn file_spikes_go_to_the_step_ending_at_or_after_them() {

@@ -435,13 +435,14 @@ impl SnnModel {
     }
 
     /// Where the model computes, for the log: `cpu`, or the GPU adapter with how it was
-    /// chosen and whether other replicas share it.
+    /// chosen, whether other replicas share it and whether its kernels run without 64-bit
+    /// types.
     pub fn device_description(&self) -> String {
         match &self.engine {
             Engine::Gpu(e) => {
                 let s = e.selected();
                 format!(
-                    "GPU adapter [{}] {} ({}, {}; {}{})",
+                    "GPU adapter [{}] {} ({}, {}; {}{}{})",
                     s.adapter.index,
                     s.adapter.name,
                     s.adapter.backend,
@@ -451,10 +452,21 @@ impl SnnModel {
                         "; shared with other ranks of this node"
                     } else {
                         ""
-                    }
+                    },
+                    e.arithmetic_note()
                 )
             }
             _ => "cpu".into(),
+        }
+    }
+
+    /// Whether the GPU engine's kernels use float64 and 64-bit integers (the adapter has
+    /// `SHADER_F64` and `SHADER_INT64`) or 32-bit types only (the same spikes; the gradient's
+    /// and the loss sums' accumulators in float32); `None` on the CPU engines.
+    pub fn gpu_kernels_64bit(&self) -> Option<bool> {
+        match &self.engine {
+            Engine::Gpu(e) => Some(e.kernels_64bit()),
+            _ => None,
         }
     }
 

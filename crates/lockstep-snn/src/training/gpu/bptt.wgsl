@@ -1,12 +1,16 @@
 // The float32 BPTT step of lockstep's spiking networks as wgpu compute kernels.
 //
 // The host prepends the constants of one model and batch (`const N: u32 = ...;` and the
-// offsets `O_*` of the packed arrays; see `layout.rs`). Every kernel repeats the float32
+// offsets `O_*` of the packed arrays; see `layout.rs`), then the wide type and the functions
+// that need or emulate 64-bit types (`alias wide = f64;` with `with_64bit.wgsl` where the
+// adapter has SHADER_F64 and SHADER_INT64, else `alias wide = f32;` with
+// `without_64bit.wgsl`; `wide_arith.rs`). Every kernel repeats the float32
 // CPU engine's operations in its order (`training/cpu_f32/`), so that on a driver without
 // fused multiply-add (Mesa's lavapipe) the forward pass has the CPU engine's bits:
 //
 // * `draw`: the Poisson counts of one step, keyed by (seed, global sample, node, step) as
-//   `Inputs::for_each` draws them (splitmix64 in u64, inversion in f64); also the tail of
+//   `Inputs::for_each` draws them (`poisson_count`: splitmix64 and the inversion, in 64-bit
+//   types or emulated in 32-bit ones, the CPU's counts either way); also the tail of
 //   `update_draw` and `spmv_in` (one dispatch each: the host's workgroup ranges, `*_WG`);
 // * `permute_weights` (once per call): the recurrent weights in the in-edge lists' order;
 // * `deliver`: the arrivals of one step, pulled per (target, port, sample) over the target's
@@ -20,7 +24,7 @@
 // * `spmv_in`: the spike adjoint of one source and sample, `gz = sum_e w_e mu[target_e]`,
 //   with the four partial sums per segment of the CPU's gather form, and the recurrent weight
 //   gradient of the source's edges (edge k of the source, counted over its segments, owned by
-//   the invocation of lane k mod B: all lanes busy; f64 accumulator); with trained input
+//   the invocation of lane k mod B: all lanes busy; `wide` accumulator); with trained input
 //   weights also the input weight gradient (one invocation per input edge) and the previous
 //   step's Poisson draws;
 // * `neuron_backward`: the voltage-regularization derivative of one neuron and sample at a
@@ -43,17 +47,16 @@ struct Step {
 }
 
 // `net_u32` (the network's indices), `weights` (parameters' order, then the recurrent ones
-// in in-edge order), `grad` (float64
-// accumulators of the weight gradient) and `edges_u32` (in-edge sources and weight slots,
+// in in-edge order), `grad` (the weight gradient's `wide` accumulators) and `edges_u32` (in-edge sources and weight slots,
 // out-edge target rows) may exceed one binding: they are declared in the header as windows
 // of one buffer (lockstep_gpu::windows) and read and written through `net_u32_at`, `weights_at`,
 // `weights_set`, `grad_at`, `grad_set` and `edges_at`.
 @group(0) @binding(1) var<storage, read> net_f32: array<f32>;
-@group(0) @binding(2) var<storage, read> net_f64: array<f64>;
+@group(0) @binding(2) var<storage, read> net_wide: array<wide>;
 @group(0) @binding(4) var<storage, read_write> state: array<f32>;
 @group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
 @group(0) @binding(6) var<storage, read_write> masks: array<u32>;
-@group(0) @binding(7) var<storage, read_write> vreg: array<f64>;
+@group(0) @binding(7) var<storage, read_write> vreg: array<wide>;
 @group(0) @binding(8) var<storage, read_write> adj: array<f32>;
 @group(1) @binding(0) var<storage, read_write> tape_x: array<f32>;
 @group(1) @binding(1) var<storage, read_write> tape_asc: array<f32>;
@@ -66,12 +69,12 @@ fn linear(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * WG + li;
 }
 
-// Group constants (f32 at O_GF32 + g * GF, f64 at g * GD, u32 at O_GU + g * 4).
+// Group constants (f32 at O_GF32 + g * GF, wide at g * GD, u32 at O_GU + g * 4).
 fn gf(g: u32, k: u32) -> f32 {
     return net_f32[g * GF + k];
 }
-fn gd(g: u32, k: u32) -> f64 {
-    return net_f64[g * GD + k];
+fn gd(g: u32, k: u32) -> wide {
+    return net_wide[g * GD + k];
 }
 fn gu(g: u32, k: u32) -> u32 {
     return net_u32_at(O_GU + g * 4u + k);
@@ -92,7 +95,8 @@ const G_LB_LT: u32 = 11u;
 const G_PORTS: u32 = 12u;
 // per port k at G_PORTS + 6 k: p11, p21, p22, p31, p32, psc_init
 // per after-spike current a at G_PORTS + 6 NP + 5 a: stable, decay, amp, rd, jump_slope
-// f64 slots: 0 th, then per after-spike current a at 1 + 2 a: amp, refr_decay
+// wide slots: 0 th, then per after-spike current a at 1 + 2 a: amp, refr_decay (float64
+// on the host; as float32, their remainders at O_GDLO + g * GD)
 // u32 slots: 0 glif, 1 refractory steps, 2 after-spike currents, 3 live-port mask
 
 fn port_c(g: u32, k: u32, q: u32) -> f32 {
@@ -102,29 +106,8 @@ fn asc_c(g: u32, a: u32, q: u32) -> f32 {
     return gf(g, G_PORTS + 6u * NP + 5u * a + q);
 }
 
-// The global sample of lane l: the batch's first (written per call at O_S0) plus l.
-fn sample_of(l: u32) -> u64 {
-    return ((u64(net_u32_at(O_S0 + 1u)) << 32u) | u64(net_u32_at(O_S0))) + u64(l);
-}
-
 // ---------------------------------------------------------------------------------------
 // Inputs.
-
-fn splitmix64(x: u64) -> u64 {
-    var z = x + 0x9E3779B97F4A7C15lu;
-    z = (z ^ (z >> 30u)) * 0xBF58476D1CE4E5B9lu;
-    z = (z ^ (z >> 27u)) * 0x94D049BB133111EBlu;
-    return z ^ (z >> 31u);
-}
-
-// `input::keyed_uniform`: uniform in [0, 1) keyed by (seed, sample, node, step).
-fn keyed_uniform(seed: u64, sample: u64, node: u64, t: u64) -> f64 {
-    var x = splitmix64(seed ^ 0x005EED0F1A57lu);
-    x = splitmix64(x ^ sample);
-    x = splitmix64(x ^ (node * 0x9E3779B9lu));
-    x = splitmix64(x ^ t);
-    return f64(x >> 11u) * (1.0lf / 9007199254740992.0lf);
-}
 
 // Poisson counts of step `t`: invocation `idx` of (Poisson node, sample), sample fastest.
 fn draw_one(idx: u32, t: u32) {
@@ -134,24 +117,7 @@ fn draw_one(idx: u32, t: u32) {
     let l = idx % B;
     let p = idx / B;
     let v = net_u32_at(O_PNODE + p);
-    let seed = (u64(net_u32_at(O_SEED + 1u)) << 32u) | u64(net_u32_at(O_SEED));
-    let u = keyed_uniform(seed, sample_of(l), u64(v), u64(t));
-    let mean = net_f64[O_PMEAN + p];
-    var pr = net_f64[O_PP0 + p];
-    var cdf = pr;
-    var k = 0u;
-    loop {
-        if (!(u >= cdf && k < 10000u)) {
-            break;
-        }
-        k = k + 1u;
-        pr = pr * (mean / f64(k));
-        cdf = cdf + pr;
-        if (pr == 0.0lf) {
-            break;
-        }
-    }
-    state_u32[O_PRING + ((t % RL) * NV + v) * B + l] = k;
+    state_u32[O_PRING + ((t % RL) * NV + v) * B + l] = poisson_count(p, v, l, t);
 }
 
 // The Poisson counts of step `step.t` alone (the steps before a recomputed chunk).
@@ -234,13 +200,13 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // The voltage-regularization term `relu(|v - 0.5| - 0.5)` and its derivative.
-fn vreg_r(v: f64) -> vec2<f64> {
-    if (v > 1.0lf) {
-        return vec2<f64>(v - 1.0lf, 1.0lf);
-    } else if (v < 0.0lf) {
-        return vec2<f64>(-v, -1.0lf);
+fn vreg_r(v: wide) -> vec2<wide> {
+    if (v > 1.0) {
+        return vec2<wide>(v - 1.0, 1.0);
+    } else if (v < 0.0) {
+        return vec2<wide>(-v, -1.0);
     }
-    return vec2<f64>(0.0lf, 0.0lf);
+    return vec2<wide>(0.0, 0.0);
 }
 
 // The (neuron, sample) of invocation `li` of workgroup `g` in the kernels that assemble
@@ -378,7 +344,7 @@ fn update_one(i: u32, l: u32) -> u32 {
         let ad = adec[a];
         tape_asc[((step.tl * N + i) * NA + a) * B + l] = ad;
         if (fired) {
-            state[ai] = f32(gd(g, 1u + 2u * a) + f64(ad) * gd(g, 2u + 2u * a));
+            state[ai] = asc_jump(g, a, ad);
         } else if (act) {
             state[ai] = ad;
         }
@@ -399,7 +365,7 @@ fn update_one(i: u32, l: u32) -> u32 {
             state_u32[ci] = state_u32[ci] + 1u;
         }
         if (VREG_ON) {
-            let r = vreg_r(f64(unew) / gd(g, 0u));
+            let r = vreg_r(wide(unew) / gd(g, 0u));
             vreg[i * B + l] = vreg[i * B + l] + r.x * r.x;
         }
     }
@@ -492,14 +458,14 @@ fn spmv_one(idx: u32, t: u32) {
             let first = (l + B - k0 % B) % B;
             for (var e = start + first; e < end; e = e + B) {
                 let row = O_MU + (base + edges_at(O_TOFF + e)) * B;
-                var sum = 0.0lf;
+                var sum = wide(0.0);
                 var bits = 0u;
                 for (var m = 0u; m < B; m = m + 1u) {
                     if (m % 32u == 0u) {
                         bits = masks[words + m / 32u];
                     }
                     if (((bits >> (m % 32u)) & 1u) != 0u) {
-                        sum = sum + f64(adj[row + m]);
+                        sum = sum + wide(adj[row + m]);
                     }
                 }
                 grad_set(e, grad_at(e) + sum);
@@ -529,12 +495,12 @@ fn input_grad_one(e: u32, t: u32) {
     var g = grad_at(E_REC + e);
     for (var l = 0u; l < B; l = l + 1u) {
         if (file > 0u) {
-            g = g + f64(adj[row + l] * f32(file));
+            g = g + wide(adj[row + l] * f32(file));
         }
         if (NPOIS > 0u) {
             let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
             if (cnt > 0u) {
-                g = g + f64(adj[row + l] * f32(cnt));
+                g = g + wide(adj[row + l] * f32(cnt));
             }
         }
     }
@@ -668,10 +634,10 @@ fn voltage_reg_adjoint(i: u32, l: u32) {
             u_post = gf(g, G_VRESET);
         }
         let th = gd(g, 0u);
-        let r = vreg_r(f64(u_post) / th);
-        if (r.x != 0.0lf) {
+        let r = vreg_r(wide(u_post) / th);
+        if (r.x != 0.0) {
             let ui = O_AU + i * B + l;
-            adj[ui] = adj[ui] + f32(net_f64[O_VCOEF] * 2.0lf * r.x * r.y / th);
+            adj[ui] = adj[ui] + f32(net_wide[O_VCOEF] * 2.0 * r.x * r.y / th);
         }
     }
 }
@@ -698,7 +664,7 @@ fn arrivals_adjoint(i: u32, l: u32, t: u32) {
 // (`Problem::batch_loss_terms`), so that nothing of them crosses to the host before the
 // backward pass: invocations 0..N*B write the rate losses' derivative per spike of (neuron
 // i, sample l), `gz_rate = sum_r 2 (c s_r - target_ri) s_r / (B N)` (the rate losses in
-// order, f64, then f32); then one invocation per (part, sample l) sums over the neurons in
+// order, wide, then f32); then one invocation per (part, sample l) sums over the neurons in
 // order: per rate loss r `sum_i (c_i s_r - target_ri)^2`, then the voltage-regularization
 // sums, then the spike count, into `vreg[O_LOSS + part * B + l]`. A sum is one invocation's
 // loop over N neurons: fixed order, no atomics.
@@ -708,12 +674,12 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let idx = linear(wg, nwg, li);
     if (idx < N * B) {
         let i = idx / B;
-        let c = f64(state_u32[O_COUNTS + idx]);
-        let bn = f64(B) * f64(N);
-        var g = 0.0lf;
+        let c = wide(state_u32[O_COUNTS + idx]);
+        let bn = wide(B) * wide(N);
+        var g = wide(0.0);
         for (var r = 0u; r < NRATE; r = r + 1u) {
-            let scale = net_f64[O_RSCALE + r];
-            g = g + 2.0lf * (c * scale - net_f64[O_RTARGET + r * N + i]) * scale / bn;
+            let scale = net_wide[O_RSCALE + r];
+            g = g + 2.0 * (c * scale - net_wide[O_RTARGET + r * N + i]) * scale / bn;
         }
         adj[O_GZRATE + idx] = f32(g);
         return;
@@ -724,12 +690,12 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     let part = k / B;
     let l = k % B;
-    var s = 0.0lf;
+    var s = wide(0.0);
     if (part < NRATE) {
-        let scale = net_f64[O_RSCALE + part];
+        let scale = net_wide[O_RSCALE + part];
         for (var i = 0u; i < N; i = i + 1u) {
-            let c = f64(state_u32[O_COUNTS + i * B + l]);
-            let d = c * scale - net_f64[O_RTARGET + part * N + i];
+            let c = wide(state_u32[O_COUNTS + i * B + l]);
+            let d = c * scale - net_wide[O_RTARGET + part * N + i];
             s = s + d * d;
         }
     } else if (part == NRATE) {
@@ -738,7 +704,7 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     } else {
         for (var i = 0u; i < N; i = i + 1u) {
-            s = s + f64(state_u32[O_COUNTS + i * B + l]);
+            s = s + wide(state_u32[O_COUNTS + i * B + l]);
         }
     }
     vreg[O_LOSS + part * B + l] = s;

@@ -14,6 +14,7 @@ use crate::simulation::model::InitialState;
 use crate::training::gpu::layout::{tape_step_bytes, Layout};
 use crate::training::gpu::plan::{plan_passes, Call, Kernels, Pass, StepArgs};
 use crate::training::gpu::training_state::TrainingState;
+use crate::training::gpu::wide_arith::Wide;
 use crate::training::options::{DeviceCounts, LossAndGrad, StepTiming};
 use crate::training::problem::Problem;
 
@@ -44,6 +45,8 @@ pub(crate) struct GpuEngine {
     /// The parameters, gradient and optimizer slots while training keeps them on the device
     /// (lockstep-train's `device_state`); kept apart from the buffers of a batch shape.
     pub(super) training: Mutex<Option<TrainingState>>,
+    /// The kernels' wide type, by the adapter's features.
+    pub(super) wide: Wide,
 }
 
 /// Where a call's weights come from and where its gradient goes.
@@ -70,6 +73,7 @@ impl Clone for GpuEngine {
             selected: self.selected.clone(),
             resident: Mutex::new(None),
             training: Mutex::new(None),
+            wide: self.wide,
         }
     }
 }
@@ -117,27 +121,30 @@ struct Resident {
 impl GpuEngine {
     /// The engine on the adapter `selected` (opened once per process and shared).
     ///
-    /// Errors: the adapter cannot be opened, or lacks float64 or 64-bit integers in shaders
-    /// (the kernels keep the CPU engine's f64 after-spike jumps, loss sums and gradient
-    /// accumulators, and draw the Poisson inputs with splitmix64).
+    /// Its kernels use float64 and 64-bit integers where the adapter has `SHADER_F64` and
+    /// `SHADER_INT64`, else 32-bit types only ([`Wide`]: the same spikes either way).
+    ///
+    /// Errors: the adapter cannot be opened.
     pub fn new(selected: Selected) -> Result<GpuEngine> {
         let ctx = GpuContext::open(selected.adapter.index)?;
-        ctx.require(
-            wgpu::Features::SHADER_F64,
-            "SHADER_F64",
-            "the spiking-network GPU engine (float64 gradient accumulators)",
-        )?;
-        ctx.require(
-            wgpu::Features::SHADER_INT64,
-            "SHADER_INT64",
-            "the spiking-network GPU engine (Poisson draws keyed by sample and step)",
-        )?;
+        let wide = Wide::of(ctx.features);
         Ok(GpuEngine {
             ctx,
             selected,
             resident: Mutex::new(None),
             training: Mutex::new(None),
+            wide,
         })
+    }
+
+    /// How the log names the kernels' arithmetic: empty with float64, else a note.
+    pub fn arithmetic_note(&self) -> &'static str {
+        self.wide.note()
+    }
+
+    /// Whether the kernels use float64 and 64-bit integers ([`Wide::F64`]).
+    pub fn kernels_64bit(&self) -> bool {
+        self.wide == Wide::F64
     }
 
     /// The adapter and how it was chosen.
@@ -180,7 +187,7 @@ impl GpuEngine {
         );
         if slot.as_ref().is_none_or(|r| r.key != key) {
             *slot = None;
-            *slot = Some(Resident::new(&self.ctx, p, batch, key)?);
+            *slot = Some(Resident::new(&self.ctx, p, batch, key, self.wide)?);
         }
         Ok(slot.as_mut().expect("resident buffers"))
     }
@@ -423,7 +430,12 @@ impl Resident {
             &[kind, sg.gain as f32, sg.width as f32],
         );
         let vcoef = p.vreg_cost / (batch as f64 * l.n as f64 * l.t as f64);
-        ctx.write(&self.net_f64, 8 * l.o_vcoef as u64, &[vcoef]);
+        let wb = l.wide.bytes();
+        ctx.write(
+            &self.net_f64,
+            wb * l.o_vcoef as u64,
+            &l.wide.encode(&[vcoef]),
+        );
         if steps.len() > self.step_slots {
             self.steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("per-step uniforms"),
@@ -449,7 +461,7 @@ impl Resident {
         }
         let s0 = [first_sample as u32, (first_sample >> 32) as u32];
         ctx.write(&self.net_u32, 4 * l.o_s0 as u64, &s0);
-        uploaded + 4 * 3 + 8 + 8
+        uploaded + 4 * 3 + wb + 8
     }
 
     /// Records the forward pass (`fwd`, per chunk; `segmented`: each chunk's boundary state
@@ -524,10 +536,11 @@ impl Resident {
             Some(t) => t.record_accumulate(ctx, &mut enc, &self.grad),
             None => 0,
         };
+        let wb = l.wide.bytes();
         let mut reads = vec![ReadRange {
             buffer: &self.vreg,
-            offset: 8 * l.o_loss as u64,
-            bytes: 8 * (l.loss_parts * l.b) as u64,
+            offset: wb * l.o_loss as u64,
+            bytes: wb * (l.loss_parts * l.b) as u64,
         }];
         if p.opts.record_first_sample {
             reads.push(ReadRange {
@@ -545,18 +558,13 @@ impl Resident {
             None => reads.push(ReadRange {
                 buffer: &self.grad,
                 offset: 0,
-                bytes: 8 * (l.e_rec + if l.train_in { l.e_in } else { 0 }) as u64,
+                bytes: wb * (l.e_rec + if l.train_in { l.e_in } else { 0 }) as u64,
             }),
         }
         let mut back = ctx.submit_and_read(enc, &reads)?.into_iter();
         let read_bytes = reads.iter().map(|r| r.bytes).sum();
         // The staging copies need not be aligned for f64: read from the bytes.
-        let f64s = |b: Vec<u8>| -> Vec<f64> {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect()
-        };
-        let sums = f64s(back.next().expect("the loss sums"));
+        let sums = l.wide.decode(&back.next().expect("the loss sums"));
         let masks = p
             .opts
             .record_first_sample
@@ -567,7 +575,10 @@ impl Resident {
                 let flag: Vec<u32> = bytemuck::pod_collect_to_vec(&last);
                 (flag[0] != 0, Vec::new())
             }
-            None => (false, f64s(last).into_iter().map(|g| g as f32).collect()),
+            None => (
+                false,
+                l.wide.decode(&last).into_iter().map(|g| g as f32).collect(),
+            ),
         };
         Ok(Readback {
             sums,
@@ -720,9 +731,15 @@ fn layouts(
 impl Resident {
     /// Allocates the buffers of `p` for `b` samples (checking each against the adapter's
     /// limits), uploads the network and compiles the kernels.
-    fn new(ctx: &Arc<GpuContext>, p: &Problem, b: usize, key: ShapeKey) -> Result<Resident> {
+    fn new(
+        ctx: &Arc<GpuContext>,
+        p: &Problem,
+        b: usize,
+        key: ShapeKey,
+        wide: Wide,
+    ) -> Result<Resident> {
         let max = ctx.max_storage();
-        let layout = Layout::new(p, b, max)?;
+        let layout = Layout::new(p, b, max, wide)?;
         let l = &layout;
         let reduce_net = "the network's size (cells, edges) or run.seq_len";
         let reduce_batch = "run.batch_size or run.seq_len";
@@ -735,7 +752,11 @@ impl Resident {
         count(&net_u32);
         let net_f32 = ctx.storage_from("cell constants (net_f32)", &l.net_f32, reduce_net)?;
         count(&net_f32);
-        let net_f64 = ctx.storage_from("cell constants (net_f64)", &l.net_f64, reduce_net)?;
+        let net_f64 = ctx.storage_from(
+            "cell constants (net_f64)",
+            &wide.encode(&l.net_f64),
+            reduce_net,
+        )?;
         count(&net_f64);
         let edges_u32 = ctx.storage_windowed_from(
             "recurrent edges (in-edge lists, targets)",
@@ -768,15 +789,15 @@ impl Resident {
         count(&masks);
         let vreg = ctx.storage(
             "voltage-regularization and loss sums",
-            8 * l.vreg_len as u64,
+            wide.bytes() * l.vreg_len as u64,
             reduce_batch,
         )?;
         count(&vreg);
         let adj = ctx.storage("adjoint state", 4 * l.adj_len as u64, reduce_batch)?;
         count(&adj);
         let grad = ctx.storage_windowed(
-            "gradient (f64)",
-            8 * (l.e_rec + l.e_in) as u64,
+            "gradient accumulators",
+            wide.bytes() * (l.e_rec + l.e_in) as u64,
             "the number of edges",
         )?;
         count(&grad);

@@ -10,6 +10,8 @@ use crate::simulation::model::ModelKind;
 use crate::training::problem::Problem;
 use lockstep_gpu::windows::Windowed;
 
+use super::wide_arith::Wide;
+
 /// Float32 slots per group before the ports (`G_PORTS` in `bptt.wgsl`).
 const G_PORTS: usize = 12;
 /// The binding (group 0) of the first window of the windowed arrays (`net_u32`, `weights`,
@@ -62,7 +64,7 @@ pub(super) struct Layout {
     pub masks_len: usize,
     /// f32 elements of `adj`.
     pub adj_len: usize,
-    /// f64 elements of `vreg`: the voltage-regularization sums per (neuron, sample), then
+    /// Wide elements of `vreg`: the voltage-regularization sums per (neuron, sample), then
     /// the loss sums per sample (`o_loss`).
     pub vreg_len: usize,
     /// Offset in `vreg` of the loss sums `[rate losses + 2, B]` that `loss_sums` writes
@@ -81,10 +83,12 @@ pub(super) struct Layout {
     /// The weights' windows (`[2 e_rec + e_in]` f32: parameters, then the recurrent ones in
     /// in-edge order).
     pub weights_w: Windowed,
-    /// The gradient accumulators' windows (`[e_rec + e_in]` f64).
+    /// The gradient accumulators' windows (`[e_rec + e_in]` of the wide type).
     pub grad_w: Windowed,
     /// The edge index array's windows (`edges_u32`).
     pub edges_w: Windowed,
+    /// The kernels' wide type (of `net_f64` on the device, `vreg` and `grad`).
+    pub wide: Wide,
 }
 
 /// The float32 number `f` with `(x as f64) > th` exactly when `x > f` for every float32 `x`
@@ -422,8 +426,11 @@ struct NetworkIndices {
 /// Packs `net_u32`: each neuron's group and ring row, the groups' integers, the in-edge
 /// lists' pointers (`ptrs`: recurrent, input) and the input in-edges `iin` (node, CSR slot),
 /// the recurrent out-edge segments, per input edge (CSR slot) its node, `delay | port << 16`
-/// and ring row, the Poisson nodes `pois`, the seed, the batch's first sample and the file
-/// events per (step, node).
+/// and ring row, the Poisson nodes `pois`, the seed, the batch's first sample, the file
+/// events per (step, node), a zero (`O_ZERO`, for `without_64bit.wgsl`'s `opaque`) and, for
+/// 32-bit kernels ([`Wide::F32`]), the Poisson nodes' draw thresholds (`O_PTPTR`: per node
+/// its first pair, `[n_pois + 1]`; `O_PTHR`: `(threshold low, high, count)` per pair,
+/// [`crate::input::poisson_thresholds`]).
 ///
 /// Errors: [`SnnError::Shape`] when the array is beyond 32-bit indices.
 fn network_indices(
@@ -433,6 +440,7 @@ fn network_indices(
     [rptr, iptr]: [&[u32]; 2],
     iin: &[(u32, u32)],
     pois: &[(u32, f64)],
+    wide: Wide,
 ) -> Result<NetworkIndices> {
     let mut net_u32: Vec<u32> = Vec::new();
     let mut offsets: Named = Vec::new();
@@ -492,6 +500,20 @@ fn network_indices(
         }
     }
     push("O_FILE", &mut net_u32, &file);
+    push("O_ZERO", &mut net_u32, &[0]);
+    let (mut ptr, mut pairs) = (Vec::new(), Vec::new());
+    if wide == Wide::F32 {
+        ptr.push(0u32);
+        for &(_, mean) in pois {
+            for (t, k) in crate::input::poisson_thresholds(mean) {
+                pairs.extend_from_slice(&[t as u32, (t >> 32) as u32, k]);
+            }
+            fits_u32("the Poisson draws' thresholds", pairs.len())?;
+            ptr.push((pairs.len() / 3) as u32);
+        }
+    }
+    push("O_PTPTR", &mut net_u32, &ptr);
+    push("O_PTHR", &mut net_u32, &pairs);
     fits_u32("the network's index array", net_u32.len())?;
     Ok(NetworkIndices {
         data: net_u32,
@@ -532,10 +554,12 @@ fn edge_indices(
     Ok((edges_u32, offsets))
 }
 
-/// `net_f32` (binding 1) and `net_f64` (binding 2): the group constants, the surrogate's
-/// three slots (written per call) and in float64 the Poisson means and `e^-mean`, the
+/// `net_f32` (binding 1) and `net_f64` (binding 2, `net_wide` in the kernels: float64, or
+/// each rounded to float32 for [`Wide::F32`]): the group constants, the surrogate's three
+/// slots (written per call) and in float64 the Poisson means and `e^-mean`, the
 /// voltage-regularization coefficient (written per call), the rate losses' factors and their
-/// targets (`[loss, neuron]`).
+/// targets (`[loss, neuron]`), and the remainders of the groups' float64 constants after
+/// rounding to float32 (`O_GDLO`, read by `without_64bit.wgsl`).
 struct FloatConstants {
     /// Float32 constants per group.
     gf: usize,
@@ -577,6 +601,12 @@ fn float_constants(
     for (target, _) in rate_losses {
         net_f64.extend_from_slice(target);
     }
+    offsets.push(("O_GDLO", net_f64.len()));
+    let lo: Vec<f64> = net_f64[..gd * groups.len()]
+        .iter()
+        .map(|&x| x - x as f32 as f64)
+        .collect();
+    net_f64.extend(lo);
     FloatConstants {
         gf,
         gd,
@@ -731,8 +761,14 @@ fn wgsl_header(
 
 /// The arrays that may exceed one binding, as windows from binding [`FIRST_WINDOW`]:
 /// `net_u32` (`net_u32_len` values), the weights (`[2 e_rec + e_in]` f32), the gradient
-/// (`[e_rec + e_in]` f64) and `edges_u32` (`edges_len` values).
-fn windows(net_u32_len: usize, dims: &Dims, edges_len: usize, max_binding: u64) -> [Windowed; 4] {
+/// (`[e_rec + e_in]` of the wide type) and `edges_u32` (`edges_len` values).
+fn windows(
+    net_u32_len: usize,
+    dims: &Dims,
+    edges_len: usize,
+    max_binding: u64,
+    wide: Wide,
+) -> [Windowed; 4] {
     let net_u32 = Windowed::new(
         "net_u32",
         "u32",
@@ -753,8 +789,8 @@ fn windows(net_u32_len: usize, dims: &Dims, edges_len: usize, max_binding: u64) 
     );
     let grad = Windowed::new(
         "grad",
-        "f64",
-        8,
+        wide.wgsl_type(),
+        wide.bytes(),
         dims.e_rec + dims.e_in,
         max_binding,
         weights.next_binding(),
@@ -778,18 +814,19 @@ pub(super) fn tape_step_bytes(n: usize, na: usize, b: usize) -> (u64, u64) {
 }
 
 impl Layout {
-    /// The layout of `p` for `b` samples, with tape buffers of at most `max_binding` bytes.
+    /// The layout of `p` for `b` samples, with tape buffers of at most `max_binding` bytes,
+    /// for kernels whose wide type is `wide`.
     ///
     /// Errors: [`SnnError::Shape`] when one step of the tape alone exceeds `max_binding`, or
     /// when an index would not fit in 32 bits.
-    pub fn new(p: &Problem, b: usize, max_binding: u64) -> Result<Layout> {
+    pub fn new(p: &Problem, b: usize, max_binding: u64, wide: Wide) -> Result<Layout> {
         let dims = Dims::of(p, b)?;
         let net = p.net;
         let pois = p.inputs.poisson_nodes();
         let rows = Rows::of(p, &dims)?;
         let (rptr, rin) = in_edge_lists(&net.recurrent, dims.n, dims.np, dims.d);
         let (iptr, iin) = in_edge_lists(&net.input, dims.n, dims.np, dims.d);
-        let index = network_indices(p, &dims, &rows, [&rptr, &iptr], &iin, pois)?;
+        let index = network_indices(p, &dims, &rows, [&rptr, &iptr], &iin, pois, wide)?;
         let (edges_u32, edge_offsets) = edge_indices(p, &rin, &rows, dims.np)?;
         let consts = float_constants(&net.groups, dims.np, dims.na, pois, p.rate_losses);
         let arrays = ArrayOffsets::of(&dims, rows.live_rows)?;
@@ -804,8 +841,9 @@ impl Layout {
             .collect();
         let gfd = (consts.gf, consts.gd);
         let mut header = wgsl_header(p, &dims, &rows, gfd, &wg, &offsets, index.has_file);
+        header.push_str(&wide.wgsl());
         let [net_u32_w, weights_w, grad_w, edges_w] =
-            windows(index.data.len(), &dims, edges_u32.len(), max_binding);
+            windows(index.data.len(), &dims, edges_u32.len(), max_binding, wide);
         for w in [&net_u32_w, &weights_w, &grad_w, &edges_w] {
             header.push_str(&w.wgsl());
         }
@@ -841,6 +879,7 @@ impl Layout {
             weights_w,
             grad_w,
             edges_w,
+            wide,
         })
     }
 

@@ -11,6 +11,8 @@
 //! come back once per call, or, while training keeps its state on the device, only the
 //! losses: the parameters, gradient and optimizer slots then stay there between updates.
 //! Files: `layout.rs` (the network packed for the device, the kernels' constants),
+//! `wide_arith.rs` (float64 and 64-bit integers where the adapter has them, else 32-bit
+//! kernels: `with_64bit.wgsl`, `without_64bit.wgsl`),
 //! `plan.rs` (one call's dispatches in order), `engine.rs` (buffers, kernels, one call), `training_state.rs` (the training state on the
 //! device and the optimizer's kernels, `training_state.wgsl`). Arrays larger than one
 //! binding are bound as windows of one buffer (`lockstep_gpu::windows`).
@@ -19,6 +21,7 @@ mod engine;
 mod layout;
 mod plan;
 mod training_state;
+mod wide_arith;
 
 pub(crate) use engine::GpuEngine;
 
@@ -38,7 +41,9 @@ impl GpuEngine {
     pub fn upload_training(&self, params: &[f32], slots: &[Vec<f32>], signs: &[i8]) -> Result<()> {
         let mut t = self.training.lock().unwrap_or_else(|p| p.into_inner());
         *t = None;
-        *t = Some(TrainingState::new(&self.ctx, params, slots, signs)?);
+        *t = Some(TrainingState::new(
+            &self.ctx, params, slots, signs, self.wide,
+        )?);
         Ok(())
     }
 

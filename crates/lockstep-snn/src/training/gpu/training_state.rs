@@ -10,6 +10,7 @@ use lockstep_gpu::{wgpu, GpuContext};
 use lockstep_train::{DeviceRule, DeviceUpdate};
 
 use crate::error::{Result, SnnError};
+use crate::training::gpu::wide_arith::Wide;
 use lockstep_gpu::windows::{window_len, windows_of};
 
 /// The kernels' source.
@@ -42,6 +43,8 @@ pub(super) struct TrainingState {
     /// Per window: the training state's bindings.
     groups: Vec<wgpu::BindGroup>,
     pass_layout: wgpu::BindGroupLayout,
+    /// The type of a pass's gradient (the BPTT kernels' `grad`).
+    wide: Wide,
     accumulate: wgpu::ComputePipeline,
     adam: wgpu::ComputePipeline,
     sgd: wgpu::ComputePipeline,
@@ -82,6 +85,8 @@ impl TrainingState {
     /// `[velocity]`) and the parameters' sign constraints (`[n]`: +1, -1, 0) onto the device,
     /// with a zero gradient, and compiles the kernels.
     ///
+    /// The BPTT kernels' pass gradient it adds in is of the wide type `wide`.
+    ///
     /// Errors: more than two slots or a slot of another length ([`SnnError::Shape`]); a
     /// buffer over the adapter's limits; a device error.
     pub fn new(
@@ -89,6 +94,7 @@ impl TrainingState {
         params: &[f32],
         slots: &[Vec<f32>],
         signs: &[i8],
+        wide: Wide,
     ) -> Result<TrainingState> {
         let n = params.len();
         if slots.len() > 2 || slots.iter().any(|s| s.len() != n) || signs.len() != n {
@@ -181,7 +187,9 @@ impl TrainingState {
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("training_state.wgsl"),
-                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+                source: wgpu::ShaderSource::Wgsl(
+                    format!("alias wide = {};\n{SHADER}", wide.wgsl_type()).into(),
+                ),
             });
         let pipeline = |entry: &str, with_pass: bool| {
             let layouts: Vec<Option<&wgpu::BindGroupLayout>> = if with_pass {
@@ -213,6 +221,7 @@ impl TrainingState {
             signs: signs_buf,
             groups,
             pass_layout,
+            wide,
         };
         ctx.check()?;
         Ok(state)
@@ -229,7 +238,7 @@ impl TrainingState {
     }
 
     /// Records into `enc` the kernel that adds a pass's mean gradient (`pass_grad`, the BPTT
-    /// kernels' float64 accumulators; its first `n` values) into the update's gradient, one
+    /// kernels' wide accumulators; its first `n` values) into the update's gradient, one
     /// dispatch per window. Returns the launches recorded.
     pub fn record_accumulate(
         &self,
@@ -247,8 +256,8 @@ impl TrainingState {
                     binding: 0,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: pass_grad,
-                        offset: 8 * first as u64,
-                        size: wgpu::BufferSize::new(8 * len as u64),
+                        offset: self.wide.bytes() * first as u64,
+                        size: wgpu::BufferSize::new(self.wide.bytes() * len as u64),
                     }),
                 }],
             });

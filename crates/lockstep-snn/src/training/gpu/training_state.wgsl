@@ -45,8 +45,9 @@ struct Update {
 // call's loss sums (the flag stays set until the training state is uploaded again).
 // Touched only on that error, so no atomic on the hot path.
 @group(0) @binding(6) var<storage, read_write> bad: atomic<u32>;
-// The pass's mean gradient as the BPTT kernels accumulate it (float64; bptt.wgsl `grad`).
-@group(1) @binding(0) var<storage, read> pass_grad: array<f64>;
+// The pass's mean gradient as the BPTT kernels accumulate it (bptt.wgsl `grad`: float64, or
+// float32 on an adapter without 64-bit types; `alias wide` is prepended by the host).
+@group(1) @binding(0) var<storage, read> pass_grad: array<wide>;
 
 fn index_of(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * 256u + li;
