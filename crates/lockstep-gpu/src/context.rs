@@ -13,7 +13,9 @@ use crate::adapter::{ordered_adapters, AdapterSummary};
 use crate::error::{GpuError, Result, MAX_BINDING_VAR, TIMEOUT_VAR};
 
 /// The shader features lockstep's engines use, requested wherever the adapter has them
-/// (each engine checks the ones it needs with [`GpuContext::require`]). Subgroups and float32
+/// (an engine that cannot run without one checks it with [`GpuContext::require`]; the
+/// spiking network's kernels pick 32-bit types where the 64-bit ones are missing, the NPE's
+/// mixed precision refuses an adapter without float16). Subgroups and float32
 /// atomics are for burn's wgpu backend (the NPE, [`GpuContext::wgpu_handles`]): its kernel
 /// compiler emits them whenever the adapter reports them, so the shared device must enable
 /// them too.

@@ -412,8 +412,8 @@ pub fn model_from_config(config: &Path) -> Result<(lockstep_sonata::Circuit, Snn
 
 /// [`model_from_config`] for the replica in GPU slot `gpu_slot` (see there).
 ///
-/// Errors: those of [`model_from_config`], and no GPU adapter, or one without the features
-/// the GPU engine needs, when `run.device` asks for a GPU.
+/// Errors: those of [`model_from_config`], and no GPU adapter, or one that cannot be opened,
+/// when `run.device` asks for a GPU.
 pub fn model_from_config_on(
     config: &Path,
     gpu_slot: usize,

@@ -855,7 +855,7 @@ fn print_gpu_report(
     );
     if let Some(c) = &g.counts {
         println!(
-            "  per optimizer step (counted, the same on any adapter): {} kernel launches ({:.2} per time step), {} host synchronisations, {} bytes read back ({:.3} MB), {} bytes uploaded ({:.3} MB)",
+            "  per optimizer step (counted, the same on any adapter with the same kernels, 64- or 32-bit): {} kernel launches ({:.2} per time step), {} host synchronisations, {} bytes read back ({:.3} MB), {} bytes uploaded ({:.3} MB)",
             c.launches,
             c.launches as f64 / r.seq_len.max(1) as f64,
             c.host_syncs,

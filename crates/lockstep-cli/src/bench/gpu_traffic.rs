@@ -16,6 +16,10 @@
 //!   than the L2 (`l2_bytes`), else from L2 (counted apart, not in the modelled time);
 //! * values that all lanes of a (target, port) or a source share (edge indices, weights of
 //!   the gather) are loaded once per edge, not once per sample lane;
+//! * a random access into an array of at most [`L1_BYTES`] (per step: the spike masks'
+//!   any-sample bitmap) is served by each SM's L1 after one fill: the array's bytes per SM
+//!   ([`SMS`]) and launch count as L2 traffic (at most the accesses' sectors), the accesses
+//!   not at all;
 //! * the spike probability per (neuron, sample, step), `p`, is the measured one; a source
 //!   fired in some sample with probability `1 - (1 - p)^batch` (independent samples);
 //! * each launch costs `launch_s` of GPU time (default 4 us: dispatch plus the barrier after
@@ -93,6 +97,13 @@ pub struct KernelTraffic {
 /// The sector a random access moves (bytes).
 const SECTOR: f64 = 32.0;
 
+/// The L1 data cache per SM the model assumes for small read-only arrays (bytes): half of
+/// an H100/H200 SM's 256 KB of L1 and shared memory.
+pub const L1_BYTES: f64 = 128.0 * 1024.0;
+
+/// SMs of the GPU the model assumes (an H200's 132), for the L1 fills.
+pub const SMS: f64 = 132.0;
+
 /// The host bus bandwidth the model assumes for read-backs and uploads (bytes/s): about half
 /// of PCIe 5.0 x16's 64 GB/s per direction, for copies through a staging buffer.
 pub const BUS_BYTES_PER_S: f64 = 25e9;
@@ -103,7 +114,8 @@ pub const BUS_BYTES_PER_S: f64 = 25e9;
 /// trainable weight) and the initial state (4 bytes per neuron, sample and state value:
 /// potential, after-spike currents, PSCs and arrivals per port). Now the training state
 /// stays on the device, the initial state is copied there from a buffer uploaded once, and
-/// the loss sums are reduced there (`loss_sums`): 8 bytes per sample and sum (the rate
+/// the loss sums are reduced there (`loss_sums`; the 64-bit kernels: 4 bytes less per sum
+/// and 4 less up with the 32-bit ones): 8 bytes per sample and sum (the rate
 /// losses', the voltage regularization's, the spike count) and the 4-byte non-finite flag
 /// come back, and 28 bytes go up (the surrogate, the regularization coefficient, the
 /// batch's first sample).
@@ -140,7 +152,9 @@ impl Bytes {
     /// bytes.
     fn random(&mut self, count: f64, each: f64, array: f64) {
         let b = count * (each / SECTOR).ceil().max(1.0) * SECTOR;
-        if array > self.l2_size {
+        if array <= L1_BYTES {
+            self.l2 += (array * SMS).min(b);
+        } else if array > self.l2_size {
             self.dram += b;
         } else {
             self.l2 += b;
@@ -189,13 +203,27 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
     // weight slot streamed and the weight gathered from the parameters' order), the
     // source's mask word (random, the last max_delay steps' masks); per input edge its node
     // and weight slot, the weight, the node's counts of the batch (one row); the arrivals.
+    // Current with batch <= 32: the source's bit in the step's any-sample bitmap first (per
+    // step ceil(n / npw) ceil(npw / 32) words, npw = 256 / batch neurons per word group:
+    // L1-resident), and the mask word and weight only for sources that fired in some sample
+    // (the weights' 32-byte sectors of 8 still read where any of their edges is live).
     let mut d = Bytes::new(l2_bytes);
     d.stream(2.0 * 8.0 * n * np * f(s.max_delay.max(1)));
-    d.stream(8.0 * e_rec);
-    if design == Design::Round1 {
-        d.random(e_rec, 4.0, weights_bytes);
+    let bitmap = design == Design::Current && s.batch <= 32;
+    if bitmap {
+        let npw = (256 / s.batch.max(1)) as f64;
+        let any_words = (n / npw).ceil() * (npw / 32.0).ceil();
+        d.stream(4.0 * e_rec);
+        d.stream(4.0 * e_rec * (1.0 - (1.0 - fired_source).powi(8)));
+        d.random(e_rec, 4.0, 4.0 * rl * any_words);
+        d.random(e_rec * fired_source, 4.0, masks_window);
+    } else {
+        d.stream(8.0 * e_rec);
+        if design == Design::Round1 {
+            d.random(e_rec, 4.0, weights_bytes);
+        }
+        d.random(e_rec, 4.0, masks_window);
     }
-    d.random(e_rec, 4.0, masks_window);
     d.stream(8.0 * e_in);
     d.random(e_in, 4.0, 4.0 * e_in);
     if s.n_poisson > 0 {
@@ -533,8 +561,21 @@ mod tests {
         assert!(dram(&now) < 0.5 * dram(&before));
         assert!(dram(&now) + l2(&now) < dram(&before) + l2(&before));
         assert!(modelled_s(&now, 4.8e12, 4e-6) <= 0.25);
-        // The edge stream alone bounds the step from below: 8 bytes per edge per pass.
-        let floor = 8.0 * s.e_rec as f64 * (1000.0 + 500.0) / 4.8e12;
+        // The any-sample bitmap (issue 57 item 3): `deliver` loads the mask word of a source
+        // that fired in some sample only, about 7.7% of them at 5 Hz and batch 16; its L2
+        // traffic is now mostly the input edges' (974 GB -> 259 GB).
+        let deliver = |r: &[KernelTraffic]| {
+            r.iter()
+                .find(|k| k.kernel == "deliver")
+                .map(|k| k.l2_bytes)
+                .unwrap()
+        };
+        assert!(deliver(&now) < 0.3 * deliver(&before));
+        let no_bitmap = model(&Shape { batch: 33, ..s }, Design::Current, 50e6);
+        assert!(deliver(&no_bitmap) > 0.9 * deliver(&before));
+        // The edge streams alone bound the step from below: 4 bytes per edge and forward
+        // step (the sources), 8 per backward step.
+        let floor = 4.0 * s.e_rec as f64 * (1000.0 + 2.0 * 500.0) / 4.8e12;
         assert!(modelled_s(&now, 4.8e12, 0.0) > floor);
         // The training state on the device and the initial state copied there, and the loss
         // sums reduced there: 374 MB over the bus per step before, 416 bytes now (3 sums
@@ -550,12 +591,18 @@ mod tests {
         assert_eq!(bus_bytes(&s, Design::Current), 8.0 * 3.0 * 16.0 + 32.0);
     }
 
-    /// A random access into an array that fits the L2 is L2 traffic, not DRAM.
+    /// A random access into an array that fits the L2 is L2 traffic, not DRAM; into one
+    /// that fits the L1, one fill per SM (at most the accesses' sectors).
     #[test]
     fn random_reads_of_small_arrays_stay_in_l2() {
         let mut b = Bytes::new(1e6);
         b.random(10.0, 4.0, 5e5);
         b.random(10.0, 64.0, 2e6);
         assert_eq!((b.l2, b.dram), (320.0, 640.0));
+        let mut c = Bytes::new(1e6);
+        c.random(1e6, 4.0, 1e4);
+        assert_eq!((c.l2, c.dram), (1e4 * SMS, 0.0));
+        c.random(10.0, 4.0, 1e4);
+        assert_eq!(c.l2, 1e4 * SMS + 320.0);
     }
 }

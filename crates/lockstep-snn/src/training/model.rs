@@ -33,8 +33,8 @@ enum Engine {
 impl Engine {
     /// The engine for `opts`: the GPU's adapter is selected and opened here.
     ///
-    /// Errors: float64 on a GPU, no adapter, an adapter without the features the kernels
-    /// need.
+    /// Errors: float64 on a GPU, no adapter or one that cannot be opened (an adapter
+    /// without 64-bit shader types runs the 32-bit kernels).
     fn choose(opts: &BpttOptions) -> Result<Engine> {
         match (opts.dtype, opts.device) {
             (Dtype::Float64, DeviceRequest::Cpu) => Ok(Engine::Reference),

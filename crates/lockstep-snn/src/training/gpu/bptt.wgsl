@@ -16,11 +16,14 @@
 // * `deliver`: the arrivals of one step, pulled per (target, port, sample) over the target's
 //   in-edges in the order the CPU ring receives them (steps ascending, i.e. delays
 //   descending; within a step the recurrent sources ascending, then the file events, then the
-//   Poisson events of the input nodes ascending);
+//   Poisson events of the input nodes ascending), skipping the recurrent sources that fired
+//   in no sample of the batch by the step's any-sample bitmap (B <= 32);
 // * `update_draw`: one neuron and sample through one step (membrane, spike, reset,
 //   refractory counter, after-spike currents, alpha PSCs), writing the tape and the spike
-//   masks, then the step's Poisson draws; the workgroups of the update hold whole 32-lane
-//   words of the masks, which one invocation per word assembles from workgroup memory;
+//   masks, then the step's Poisson draws; the workgroups of the update (UWG invocations)
+//   hold whole 32-lane words of the masks, which one invocation per word assembles from
+//   workgroup memory, and with B <= 32 whole neurons, so that they also write the step's
+//   any-sample bitmap (a bit per neuron: fired in some sample);
 // * `spmv_in`: the spike adjoint of one source and sample, `gz = sum_e w_e mu[target_e]`,
 //   with the four partial sums per segment of the CPU's gather form, and the recurrent weight
 //   gradient of the source's edges (edge k of the source, counted over its segments, owned by
@@ -63,6 +66,7 @@ struct Step {
 @group(2) @binding(0) var<uniform> step: Step;
 
 const WG: u32 = 64u;
+// `update_draw`'s workgroups are UWG invocations (from the header: 256).
 
 // The linear index of an invocation in a dispatch of (x, y) workgroups of WG.
 fn linear(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
@@ -172,7 +176,13 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         let r0 = net_u32_at(O_RPTR + r);
         let r1 = net_u32_at(O_RPTR + r + 1u);
         for (var e = r0; e < r1; e = e + 1u) {
-            if (fired_bit(t, edges_at(O_RSRC + e), l)) {
+            let s = edges_at(O_RSRC + e);
+            // A source that fired in no sample adds nothing: its mask word and weight are
+            // not loaded (a bit in a bitmap of N / 8 bytes or less per step, L1-resident).
+            if (ANYW > 0u && !fired_any(t, s)) {
+                continue;
+            }
+            if (fired_bit(t, s, l)) {
                 acc = acc + weights_at(O_WPERM + e);
             }
         }
@@ -210,8 +220,8 @@ fn vreg_r(v: wide) -> vec2<wide> {
 }
 
 // The (neuron, sample) of invocation `li` of workgroup `g` in the kernels that assemble
-// spike words: with B <= 32 a workgroup holds NPW whole neurons (B lanes each), else two
-// 32-lane words of one neuron's samples; `ok` is false for the lanes past them.
+// spike words: with B <= 32 a workgroup holds NPW whole neurons (B lanes each), else UWG / 32
+// 32-lane words of the neurons' samples; `ok` is false for the lanes past them.
 struct NeuronLane {
     i: u32,
     l: u32,
@@ -223,23 +233,37 @@ fn neuron_lane(g: u32, li: u32) -> NeuronLane {
         let i = g * NPW + li / B;
         return NeuronLane(i, li % B, li < NPW * B && i < N);
     }
-    let gw = g * 2u + li / 32u;
+    let gw = g * (UWG / 32u) + li / 32u;
     let i = gw / W;
     let l = (gw % W) * 32u + li % 32u;
     return NeuronLane(i, l, i < N && l < B);
 }
 
 // Fired (bit 0) and active (bit 1) of each invocation of a workgroup of `update_draw`.
-var<workgroup> lane_bits: array<u32, 64>;
+var<workgroup> lane_bits: array<u32, UWG>;
+// Per neuron of the workgroup (B <= 32): whether it fired in some sample.
+var<workgroup> neuron_any: array<u32, UWG>;
+
+// Whether source s fired at step t in some sample of the batch: its bit in the any-sample
+// bitmap (`O_ANY`; only with B <= 32, ANYW > 0): bit r % 32 of word (s / NPW) * WPG + r / 32,
+// r = s % NPW.
+fn fired_any(t: u32, s: u32) -> bool {
+    let r = s % NPW;
+    let word = masks[O_ANY + t * ANYW + (s / NPW) * WPG + r / 32u];
+    return ((word >> (r % 32u)) & 1u) != 0u;
+}
 
 // Step `step.t` for the neurons and samples of the first NEURON_WG workgroups, then the
-// step's Poisson draws in the next DRAW_WG.
-@compute @workgroup_size(64)
+// step's Poisson draws in the next ones. Writes the step's spike masks (fired, active), one
+// invocation per 32-lane word assembling it from workgroup memory, and with B <= 32 the
+// step's any-sample bitmap: the workgroup's NPW neurons in WPG words, each assembled by one
+// invocation after a second barrier. No atomics.
+@compute @workgroup_size(UWG)
 fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) li: u32) {
     let g = wg.y * nwg.x + wg.x;
     if (g >= NEURON_WG) {
-        draw_one((g - NEURON_WG) * WG + li, step.t);
+        draw_one((g - NEURON_WG) * UWG + li, step.t);
         return;
     }
     let ln = neuron_lane(g, li);
@@ -248,6 +272,7 @@ fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         bits = update_one(ln.i, ln.l);
     }
     lane_bits[li] = bits;
+    neuron_any[li] = 0u;
     workgroupBarrier();
     // The first lane of each word assembles it from its word's lanes, in lane order.
     let j = ln.l % 32u;
@@ -263,6 +288,22 @@ fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         let word = (step.t * N + ln.i) * W + ln.l / 32u;
         masks[word] = fired_word;
         masks[O_ACTIVE + word] = active_word;
+        if (ANYW > 0u) {
+            // B <= 32: one word per neuron, assembled by its sample 0's lane li = k B.
+            neuron_any[li / B] = select(0u, 1u, fired_word != 0u);
+        }
+    }
+    if (ANYW > 0u) {
+        workgroupBarrier();
+        if (li < WPG) {
+            let first = li * 32u;
+            let len = min(32u, NPW - first);
+            var any_word = 0u;
+            for (var k = 0u; k < len; k = k + 1u) {
+                any_word = any_word | (neuron_any[first + k] << k);
+            }
+            masks[O_ANY + step.t * ANYW + g * WPG + li] = any_word;
+        }
     }
 }
 
@@ -703,9 +744,12 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             s = s + vreg[i * B + l];
         }
     } else {
+        // The spike count in integers (exact in float32 too below 2^24 spikes per sample).
+        var count = 0u;
         for (var i = 0u; i < N; i = i + 1u) {
-            s = s + wide(state_u32[O_COUNTS + i * B + l]);
+            count = count + state_u32[O_COUNTS + i * B + l];
         }
+        s = wide(count);
     }
     vreg[O_LOSS + part * B + l] = s;
 }

@@ -222,7 +222,7 @@ impl GpuEngine {
         let sums = (p.rate_losses.len() + 2) as u64;
         let mut e = MemoryEstimate::new();
         e.add(
-            "gradient read back from the GPU (f64) and returned (f32)",
+            "gradient read back from the GPU (f64 at most) and returned (f32)",
             12 * params,
         )
         .add(
@@ -230,7 +230,7 @@ impl GpuEngine {
             12 * p.net.weights_rec.len() as u64 + 20 * p.net.weights_in.len() as u64,
         )
         .add(
-            "loss sums read back (per sample)",
+            "loss sums read back (per sample, f64 at most)",
             8 * sums * local_batch.max(1) as u64,
         )
         .add(
@@ -509,8 +509,8 @@ impl Resident {
 
     /// Records the backward pass (`bwd`, per chunk from the last, each chunk's boundary
     /// restored first when segmented) after the forward pass in `enc`, and submits both. With
-    /// `train` the gradient is added into the device's; else the float64 gradient is read
-    /// back, in float32. In the same read-back (the call's one host synchronisation): the
+    /// `train` the gradient is added into the device's; else the wide (float64 or float32)
+    /// gradient is read back, in float32. In the same read-back (the call's one host synchronisation): the
     /// loss sums per sample, when recorded the first sample's spike masks, and with `train`
     /// its non-finite flag.
     ///

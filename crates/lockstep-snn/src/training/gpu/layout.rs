@@ -60,7 +60,8 @@ pub(super) struct Layout {
     pub boundary_f32: usize,
     /// u32 elements of `state_u32`: refractory counters, spike counts, Poisson ring.
     pub state_u32_len: usize,
-    /// u32 elements of `masks` (fired, then active).
+    /// u32 elements of `masks` (fired, then active, then per step the any-sample bitmap of
+    /// [`Workgroups::any_words`] words).
     pub masks_len: usize,
     /// f32 elements of `adj`.
     pub adj_len: usize,
@@ -113,16 +114,32 @@ fn f32_at_or_above(th: f64) -> f32 {
     }
 }
 
-/// Workgroups (of 64 invocations) per dispatch of each kernel, and of the parts of the two
-/// fused ones, for one model and batch.
+/// Invocations per workgroup of `update_draw` (`UWG` in `bptt.wgsl`; the other kernels' are
+/// 64).
+pub(super) const UPDATE_WG: usize = 256;
+
+/// Workgroups (of 64 invocations; `update_draw`'s of [`UPDATE_WG`]) per dispatch of each
+/// kernel, and of the parts of the two fused ones, for one model and batch; with the
+/// neurons per workgroup of the update and the words of the spike masks' any-sample bitmap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Workgroups {
     /// `deliver`: one invocation per (target, port, sample).
     pub deliver: u32,
-    /// The update part of `update_draw`: whole neurons (B <= 32) or pairs of 32-lane words.
+    /// The update part of `update_draw`: `npw` whole neurons each (B <= 32) or eight 32-lane
+    /// words.
     pub neuron: u32,
-    /// `draw` and the draw parts: one invocation per (Poisson node, sample).
+    /// `draw` and the draw part of `spmv_in`: one invocation per (Poisson node, sample).
     pub draw: u32,
+    /// The draw part of `update_draw` (workgroups of [`UPDATE_WG`]).
+    pub draw_update: u32,
+    /// Neurons per workgroup of the update (`NPW`; B <= 32: `UPDATE_WG / B`).
+    pub npw: usize,
+    /// Words of the any-sample bitmap per workgroup of the update (`WPG`: bit r of word k
+    /// is whether neuron `32 k + r` of the workgroup fired in some sample; B <= 32 only,
+    /// else 0).
+    pub wpg: usize,
+    /// Words of the any-sample bitmap per step (`ANYW = neuron * wpg`; 0 for B > 32).
+    pub any_words: usize,
     /// The SpMV part of `spmv_in`: one invocation per (source, sample).
     pub spmv: u32,
     /// The input-gradient part of `spmv_in`: one invocation per input edge.
@@ -147,15 +164,25 @@ impl Workgroups {
         e_rec: usize,
     ) -> Workgroups {
         let wg = |threads: usize| threads.div_ceil(64) as u32;
-        let neuron = if b <= 32 {
-            n.div_ceil(64 / b)
+        let (npw, wpg) = if b <= 32 {
+            let npw = UPDATE_WG / b.max(1);
+            (npw, npw.div_ceil(32))
         } else {
-            (n * b.div_ceil(32)).div_ceil(2)
-        } as u32;
+            (1, 0)
+        };
+        let neuron = if b <= 32 {
+            n.div_ceil(npw)
+        } else {
+            (n * b.div_ceil(32)).div_ceil(UPDATE_WG / 32)
+        };
         Workgroups {
             deliver: wg(n * np * b),
-            neuron,
+            neuron: neuron as u32,
             draw: wg(n_pois * b),
+            draw_update: (n_pois * b).div_ceil(UPDATE_WG) as u32,
+            npw,
+            wpg,
+            any_words: neuron * wpg,
             spmv: wg(n * b),
             input_grad: wg(e_in),
             neuron_backward: wg(n * b),
@@ -166,7 +193,7 @@ impl Workgroups {
 
     /// `update_draw`'s workgroups.
     pub fn update_draw(&self) -> u32 {
-        self.neuron + self.draw
+        self.neuron + self.draw_update
     }
 
     /// `spmv_in`'s workgroups (with the input parts when the input weights are trained).
@@ -620,7 +647,7 @@ fn float_constants(
 
 /// The per-sample arrays' sizes and offsets (elements): `state` (u, asc, y1, y2,
 /// arrivals), `state_u32` (refractory counters, spike counts, Poisson ring), the masks
-/// (fired, then active), `adj` (the adjoints of u, asc, y1, y2, the ring, gz, gz_rate) and
+/// (fired, then active, then the any-sample bitmap), `adj` (the adjoints of u, asc, y1, y2, the ring, gz, gz_rate) and
 /// `vreg` (the voltage-regularization sums, then the loss sums per sample).
 struct ArrayOffsets {
     /// `(name, offset)` as the kernels name them.
@@ -635,10 +662,11 @@ struct ArrayOffsets {
 }
 
 impl ArrayOffsets {
-    /// The offsets for `dims` and `live_rows` ring rows per sample.
+    /// The offsets for `dims`, `live_rows` ring rows per sample and `any_words` words of
+    /// the any-sample bitmap per step.
     ///
     /// Errors: [`SnnError::Shape`] when an array is beyond 32-bit indices.
-    fn of(dims: &Dims, live_rows: usize) -> Result<ArrayOffsets> {
+    fn of(dims: &Dims, live_rows: usize, any_words: usize) -> Result<ArrayOffsets> {
         let (n, na, np, b) = (dims.n, dims.na, dims.np, dims.b);
         let nb = n * b;
         let (o_u, o_asc) = (0, nb);
@@ -670,6 +698,7 @@ impl ArrayOffsets {
             ("O_COUNTS", o_counts),
             ("O_PRING", o_pring),
             ("O_ACTIVE", dims.t * n * dims.w),
+            ("O_ANY", 2 * dims.t * n * dims.w),
             ("O_AU", o_au),
             ("O_AA", o_aa),
             ("O_A1", o_a1),
@@ -684,7 +713,7 @@ impl ArrayOffsets {
             state_len,
             boundary_f32: o_arr,
             state_u32_len,
-            masks_len: 2 * dims.t * n * dims.w,
+            masks_len: 2 * dims.t * n * dims.w + dims.t * any_words,
             adj_len,
             vreg_len,
             o_loss,
@@ -749,7 +778,10 @@ fn wgsl_header(
     for (name, o) in offsets {
         c(name, *o);
     }
-    c("NPW", (64 / dims.b.max(1)).max(1));
+    c("UWG", UPDATE_WG);
+    c("NPW", wg.npw);
+    c("WPG", wg.wpg);
+    c("ANYW", wg.any_words);
     c("NEURON_WG", wg.neuron as usize);
     c("SPMV_WG", wg.spmv as usize);
     c("INGRAD_WG", wg.input_grad as usize);
@@ -829,9 +861,10 @@ impl Layout {
         let index = network_indices(p, &dims, &rows, [&rptr, &iptr], &iin, pois, wide)?;
         let (edges_u32, edge_offsets) = edge_indices(p, &rin, &rows, dims.np)?;
         let consts = float_constants(&net.groups, dims.np, dims.na, pois, p.rate_losses);
-        let arrays = ArrayOffsets::of(&dims, rows.live_rows)?;
+        let wg0 = Workgroups::new(dims.n, dims.np, b, dims.n_pois, dims.e_in, dims.e_rec);
+        let arrays = ArrayOffsets::of(&dims, rows.live_rows, wg0.any_words)?;
         let tape_steps = tape_steps(p, &dims, max_binding)?;
-        let mut wg = Workgroups::new(dims.n, dims.np, b, dims.n_pois, dims.e_in, dims.e_rec);
+        let mut wg = wg0;
         wg.loss = (dims.n * b + (dims.n_rate + 2) * b).div_ceil(64) as u32;
         let offsets: Vec<(&str, usize)> = [&index.offsets, &edge_offsets, &consts.offsets]
             .into_iter()

@@ -4,8 +4,10 @@
 // * the draws give the CPU's counts bit for bit: splitmix64 on (low, high) pairs of u32,
 //   and the inversion as integer thresholds on the uniform number's 53 bits, computed on
 //   the host from the CPU's float64 recurrence (`input::poisson_thresholds`);
-// * the jump is computed in double-float32 (about 2^-47 relative) and rounded once to
-//   float32: the CPU's float32 except within about 2^-47 of a rounding midpoint.
+// * the jump is computed in double-float32 (an error of about 2^-47 of the larger of `amp`
+//   and `ad * refr_decay`) and rounded once to float32: the CPU's float32 except where the
+//   exact value lies that close to a rounding midpoint (more often where the two nearly
+//   cancel).
 
 // A 64-bit integer as (low, high) words.
 fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
@@ -83,7 +85,8 @@ struct Df {
 
 // x through an XOR with a zero the compiler cannot see (`O_ZERO`): Mesa's NIR rewrites
 // `(a + b) - a` to `b` for operations not marked exact, which WGSL cannot mark, and that
-// would remove every error term below.
+// would remove every error term below. Every rounded operation below passes through it, so
+// that no compiler may reassociate or fuse them either (Metal compiles with fast math).
 fn opaque(x: f32, zero: u32) -> f32 {
     return bitcast<f32>(bitcast<u32>(x) ^ zero);
 }
@@ -92,14 +95,16 @@ fn opaque(x: f32, zero: u32) -> f32 {
 fn two_sum(a: f32, b: f32, zero: u32) -> Df {
     let s = opaque(a + b, zero);
     let bb = opaque(s - a, zero);
-    return Df(s, (a - opaque(s - bb, zero)) + (b - bb));
+    let ea = opaque(a - opaque(s - bb, zero), zero);
+    let eb = opaque(b - bb, zero);
+    return Df(s, opaque(ea + eb, zero));
 }
 
 // x as 12-bit halves (Dekker).
 fn split(x: f32, zero: u32) -> Df {
     let t = opaque(4097.0 * x, zero);
     let hi = opaque(t - opaque(t - x, zero), zero);
-    return Df(hi, x - hi);
+    return Df(hi, opaque(x - hi, zero));
 }
 
 // a * b exactly as hi + lo (Dekker).
@@ -107,7 +112,10 @@ fn two_prod(a: f32, b: f32, zero: u32) -> Df {
     let p = opaque(a * b, zero);
     let x = split(a, zero);
     let y = split(b, zero);
-    return Df(p, ((x.hi * y.hi - p) + x.hi * y.lo + x.lo * y.hi) + x.lo * y.lo);
+    var e = opaque(opaque(x.hi * y.hi, zero) - p, zero);
+    e = opaque(e + opaque(x.hi * y.lo, zero), zero);
+    e = opaque(e + opaque(x.lo * y.hi, zero), zero);
+    return Df(p, opaque(e + opaque(x.lo * y.lo, zero), zero));
 }
 
 // After-spike current a of group g after a spike, from its decayed value `ad`: `amp + ad *
@@ -121,5 +129,8 @@ fn asc_jump(g: u32, a: u32, ad: f32) -> f32 {
     let dec = Df(gd(g, kd), net_wide[O_GDLO + g * GD + kd]);
     let p = two_prod(ad, dec.hi, zero);
     let s = two_sum(amp.hi, p.hi, zero);
-    return s.hi + (s.lo + (p.lo + (ad * dec.lo + amp.lo)));
+    var tail = opaque(opaque(ad * dec.lo, zero) + amp.lo, zero);
+    tail = opaque(p.lo + tail, zero);
+    tail = opaque(s.lo + tail, zero);
+    return s.hi + tail;
 }
