@@ -474,9 +474,15 @@ fn a_missing_adapter_stops_before_any_output_saying_what_to_install() {
 fn an_over_limit_buffer_and_a_bad_device_stop_before_any_output() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // 300 cells x 500 steps x 512 samples of float32 state: one tape far over the 128 MiB
-    // that lavapipe allows a storage binding (and the 4 GiB most GPUs do for 2^14 samples).
-    let c = example_config(d, "run", "gpu", 1 << 14, Value::Null);
+    // Arrays over a binding are bound as windows; one step of the tape (300 cells x the
+    // batch, float32) is not split: a batch whose tape step exceeds the adapter's binding
+    // limit (lavapipe: 128 MiB) is refused by name and size. On an adapter that binds 2 GiB
+    // the state's 32-bit indices are exceeded first, which is refused by name too.
+    let all = lockstep_gpu::process_adapters();
+    let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let sel = lockstep_gpu::select_adapter(&all, None, 0, cuda.as_deref()).unwrap();
+    let batch = (sel.adapter.max_storage_binding / (4 * 300) + 1) as usize;
+    let c = example_config(d, "run", "gpu", batch, Value::Null);
     let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
     cfg["run"]["seq_len"] = 500.into();
     cfg["training"]["gradient_checkpointing"] = Value::Null;
@@ -488,7 +494,9 @@ fn an_over_limit_buffer_and_a_bad_device_stop_before_any_output() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(out.stderr.contains("run.device"), "{}", out.stderr);
     assert!(
-        out.stderr.contains("bytes") && out.stderr.contains("forward state"),
+        out.stderr.contains("run.batch_size")
+            && ((out.stderr.contains("bytes") && out.stderr.contains("GPU tape"))
+                || out.stderr.contains("32 bits")),
         "the buffer and its size are not named: {}",
         out.stderr
     );

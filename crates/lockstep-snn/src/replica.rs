@@ -86,11 +86,16 @@ impl SnnReplica {
             let batch = circuit.config.json["run"]["batch_size"]
                 .as_u64()
                 .unwrap_or(1);
+            // The device's refusals (a buffer over the adapter's limits, a tape step over a
+            // binding, an array beyond 32-bit indices) name the config and its run.device.
+            let on_device = |message: String| {
+                crate::SnnError::Config(
+                    lockstep_core::config::ConfigError::new("run.device", message).in_file(config),
+                )
+            };
             model.prepare_device(batch as usize).map_err(|e| match e {
-                crate::SnnError::Gpu(g) => crate::SnnError::Config(
-                    lockstep_core::config::ConfigError::new("run.device", g.to_string())
-                        .in_file(config),
-                ),
+                crate::SnnError::Gpu(g) => on_device(g.to_string()),
+                crate::SnnError::Shape(s) => on_device(s),
                 e => e,
             })?;
         }

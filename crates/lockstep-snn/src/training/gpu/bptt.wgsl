@@ -49,18 +49,18 @@ struct Step {
     flags: u32,
 }
 
-// `net_u32` (the network's indices), `weights` (parameters' order, then the recurrent ones
-// in in-edge order), `grad` (the weight gradient's `wide` accumulators) and `edges_u32` (in-edge sources and weight slots,
-// out-edge target rows) may exceed one binding: they are declared in the header as windows
-// of one buffer (lockstep_gpu::windows) and read and written through `net_u32_at`, `weights_at`,
-// `weights_set`, `grad_at`, `grad_set` and `edges_at`.
+// The network's constants are bindings 1 and 2. Every array that may exceed one binding is
+// declared in the header as windows of one buffer (lockstep_gpu::windows) and read and
+// written through `NAME_at(i)` and `NAME_set(i, v)`: the network's arrays `net_u32` (its
+// indices), `weights` (parameters' order, then the recurrent ones in in-edge order), `grad`
+// (the weight gradient's `wide` accumulators) and `edges` (in-edge sources and weight slots,
+// out-edge target rows), and the per-sample arrays `state` (f32: u, asc, y1, y2, arrivals),
+// `state_u32` (refractory counters, spike counts, the Poisson ring), `masks` (fired, active,
+// the any-sample bitmap), `vreg` (`wide`: voltage-regularization and loss sums) and `adj`
+// (the adjoint state). With one window, every array that fits a binding, an accessor is
+// the plain index.
 @group(0) @binding(1) var<storage, read> net_f32: array<f32>;
 @group(0) @binding(2) var<storage, read> net_wide: array<wide>;
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;
-@group(0) @binding(5) var<storage, read_write> state_u32: array<u32>;
-@group(0) @binding(6) var<storage, read_write> masks: array<u32>;
-@group(0) @binding(7) var<storage, read_write> vreg: array<wide>;
-@group(0) @binding(8) var<storage, read_write> adj: array<f32>;
 @group(1) @binding(0) var<storage, read_write> tape_x: array<f32>;
 @group(1) @binding(1) var<storage, read_write> tape_asc: array<f32>;
 @group(2) @binding(0) var<uniform> step: Step;
@@ -121,7 +121,7 @@ fn draw_one(idx: u32, t: u32) {
     let l = idx % B;
     let p = idx / B;
     let v = net_u32_at(O_PNODE + p);
-    state_u32[O_PRING + ((t % RL) * NV + v) * B + l] = poisson_count(p, v, l, t);
+    state_u32_set(O_PRING + ((t % RL) * NV + v) * B + l, poisson_count(p, v, l, t));
 }
 
 // The Poisson counts of step `step.t` alone (the steps before a recomputed chunk).
@@ -149,7 +149,7 @@ fn permute_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 }
 
 fn fired_bit(t: u32, s: u32, l: u32) -> bool {
-    let m = masks[(t * N + s) * W + l / 32u];
+    let m = masks_at((t * N + s) * W + l / 32u);
     return ((m >> (l % 32u)) & 1u) != 0u;
 }
 
@@ -199,14 +199,14 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         if (NPOIS > 0u) {
             for (var e = i0; e < i1; e = e + 1u) {
                 let v = net_u32_at(O_ISRC + e);
-                let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
+                let cnt = state_u32_at(O_PRING + ((t % RL) * NV + v) * B + l);
                 if (cnt > 0u) {
                     acc = acc + weights_at(O_WIN + net_u32_at(O_IW + e)) * f32(cnt);
                 }
             }
         }
     }
-    state[O_ARR + c * B + l] = acc;
+    state_set(O_ARR + c * B + l, acc);
 }
 
 // The voltage-regularization term `relu(|v - 0.5| - 0.5)` and its derivative.
@@ -249,7 +249,7 @@ var<workgroup> neuron_any: array<u32, UWG>;
 // r = s % NPW.
 fn fired_any(t: u32, s: u32) -> bool {
     let r = s % NPW;
-    let word = masks[O_ANY + t * ANYW + (s / NPW) * WPG + r / 32u];
+    let word = masks_at(O_ANY + t * ANYW + (s / NPW) * WPG + r / 32u);
     return ((word >> (r % 32u)) & 1u) != 0u;
 }
 
@@ -286,8 +286,8 @@ fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             active_word = active_word | (((v >> 1u) & 1u) << k);
         }
         let word = (step.t * N + ln.i) * W + ln.l / 32u;
-        masks[word] = fired_word;
-        masks[O_ACTIVE + word] = active_word;
+        masks_set(word, fired_word);
+        masks_set(O_ACTIVE + word, active_word);
         if (ANYW > 0u) {
             // B <= 32: one word per neuron, assembled by its sample 0's lane li = k B.
             neuron_any[li / B] = select(0u, 1u, fired_word != 0u);
@@ -302,7 +302,7 @@ fn update_draw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             for (var k = 0u; k < len; k = k + 1u) {
                 any_word = any_word | (neuron_any[first + k] << k);
             }
-            masks[O_ANY + step.t * ANYW + g * WPG + li] = any_word;
+            masks_set(O_ANY + step.t * ANYW + g * WPG + li, any_word);
         }
     }
 }
@@ -314,13 +314,13 @@ fn update_one(i: u32, l: u32) -> u32 {
     let na = gu(g, 2u);
     let live = gu(g, 3u);
     let ui = O_U + i * B + l;
-    let u = state[ui];
+    let u = state_at(ui);
     var adec: array<f32, NA_MAX>;
     var un: f32;
     if (glif) {
         var sum = 0.0f;
         for (var a = 0u; a < na; a = a + 1u) {
-            let av = state[O_ASC + (i * NA + a) * B + l];
+            let av = state_at(O_ASC + (i * NA + a) * B + l);
             sum = sum + av * asc_c(g, a, 0u);
             adec[a] = av * asc_c(g, a, 1u);
         }
@@ -330,7 +330,7 @@ fn update_one(i: u32, l: u32) -> u32 {
                 continue;
             }
             let yi = (i * NP + k) * B + l;
-            un = un + (state[O_Y1 + yi] * port_c(g, k, 3u) + state[O_Y2 + yi] * port_c(g, k, 4u));
+            un = un + (state_at(O_Y1 + yi) * port_c(g, k, 3u) + state_at(O_Y2 + yi) * port_c(g, k, 4u));
         }
     } else {
         un = gf(g, G_IE_P30);
@@ -339,8 +339,8 @@ fn update_one(i: u32, l: u32) -> u32 {
                 continue;
             }
             let yi = (i * NP + k) * B + l;
-            un = un + state[O_Y1 + yi] * port_c(g, k, 3u);
-            un = un + state[O_Y2 + yi] * port_c(g, k, 4u);
+            un = un + state_at(O_Y1 + yi) * port_c(g, k, 3u);
+            un = un + state_at(O_Y2 + yi) * port_c(g, k, 4u);
         }
         let v = un + u * gf(g, G_EXPM1) + u;
         if (v < gf(g, G_LB_LT)) {
@@ -352,7 +352,7 @@ fn update_one(i: u32, l: u32) -> u32 {
     // Spike, reset, refractory counter. The thresholds are the float32 numbers that make
     // these comparisons equal to the CPU's comparisons in f64.
     let ri = O_REFR + i * B + l;
-    let refr = state_u32[ri];
+    let refr = state_u32_at(ri);
     let act = refr == 0u;
     var fired = false;
     if (act) {
@@ -369,25 +369,25 @@ fn update_one(i: u32, l: u32) -> u32 {
     } else if (act) {
         unew = un;
     }
-    state[ui] = unew;
+    state_set(ui, unew);
     var x = held;
     if (act) {
         x = un;
     }
     tape_x[step.tl * N * B + i * B + l] = x;
     if (fired) {
-        state_u32[ri] = gu(g, 1u);
+        state_u32_set(ri, gu(g, 1u));
     } else if (!act) {
-        state_u32[ri] = refr - 1u;
+        state_u32_set(ri, refr - 1u);
     }
     for (var a = 0u; a < na; a = a + 1u) {
         let ai = O_ASC + (i * NA + a) * B + l;
         let ad = adec[a];
         tape_asc[((step.tl * N + i) * NA + a) * B + l] = ad;
         if (fired) {
-            state[ai] = asc_jump(g, a, ad);
+            state_set(ai, asc_jump(g, a, ad));
         } else if (act) {
-            state[ai] = ad;
+            state_set(ai, ad);
         }
     }
     // Alpha PSCs, then this step's arrivals.
@@ -396,18 +396,18 @@ fn update_one(i: u32, l: u32) -> u32 {
             continue;
         }
         let yi = (i * NP + k) * B + l;
-        let y1v = state[O_Y1 + yi];
-        state[O_Y2 + yi] = y1v * port_c(g, k, 1u) + state[O_Y2 + yi] * port_c(g, k, 2u);
-        state[O_Y1 + yi] = y1v * port_c(g, k, 0u) + state[O_ARR + yi] * port_c(g, k, 5u);
+        let y1v = state_at(O_Y1 + yi);
+        state_set(O_Y2 + yi, y1v * port_c(g, k, 1u) + state_at(O_Y2 + yi) * port_c(g, k, 2u));
+        state_set(O_Y1 + yi, y1v * port_c(g, k, 0u) + state_at(O_ARR + yi) * port_c(g, k, 5u));
     }
     if ((step.flags & 1u) != 0u) {
         let ci = O_COUNTS + i * B + l;
         if (fired) {
-            state_u32[ci] = state_u32[ci] + 1u;
+            state_u32_set(ci, state_u32_at(ci) + 1u);
         }
         if (VREG_ON) {
             let r = vreg_r(wide(unew) / gd(g, 0u));
-            vreg[i * B + l] = vreg[i * B + l] + r.x * r.x;
+            vreg_set(i * B + l, vreg_at(i * B + l) + r.x * r.x);
         }
     }
     return u32(fired) | (u32(act) << 1u);
@@ -463,24 +463,24 @@ fn spmv_one(idx: u32, t: u32) {
         var tail = 0.0f;
         let quads = start + ((end - start) / 4u) * 4u;
         for (var e = start; e < quads; e = e + 4u) {
-            p0 = p0 + weights_at(e) * adj[O_MU + (base + edges_at(O_TOFF + e)) * B + l];
-            p1 = p1 + weights_at(e + 1u) * adj[O_MU + (base + edges_at(O_TOFF + e + 1u)) * B + l];
-            p2 = p2 + weights_at(e + 2u) * adj[O_MU + (base + edges_at(O_TOFF + e + 2u)) * B + l];
-            p3 = p3 + weights_at(e + 3u) * adj[O_MU + (base + edges_at(O_TOFF + e + 3u)) * B + l];
+            p0 = p0 + weights_at(e) * adj_at(O_MU + (base + edges_at(O_TOFF + e)) * B + l);
+            p1 = p1 + weights_at(e + 1u) * adj_at(O_MU + (base + edges_at(O_TOFF + e + 1u)) * B + l);
+            p2 = p2 + weights_at(e + 2u) * adj_at(O_MU + (base + edges_at(O_TOFF + e + 2u)) * B + l);
+            p3 = p3 + weights_at(e + 3u) * adj_at(O_MU + (base + edges_at(O_TOFF + e + 3u)) * B + l);
         }
         for (var e = quads; e < end; e = e + 1u) {
-            tail = tail + weights_at(e) * adj[O_MU + (base + edges_at(O_TOFF + e)) * B + l];
+            tail = tail + weights_at(e) * adj_at(O_MU + (base + edges_at(O_TOFF + e)) * B + l);
         }
         acc = acc + ((p0 + p1) + (p2 + p3) + tail);
     }
-    adj[O_GZ + s * B + l] = acc + adj[O_GZRATE + s * B + l];
+    adj_set(O_GZ + s * B + l, acc + adj_at(O_GZRATE + s * B + l));
     // The weight gradient of the source's edges where it spiked: edge k (counted from the
     // source's first over its segments) belongs to the invocation of lane k mod B, which
     // visits only its own edges (every lane busy), summing the adjoints of the samples
     // where the source fired in sample order.
     var spiked = false;
     for (var w = 0u; w < W; w = w + 1u) {
-        if (masks[(t * N + s) * W + w] != 0u) {
+        if (masks_at((t * N + s) * W + w) != 0u) {
             spiked = true;
         }
     }
@@ -503,10 +503,10 @@ fn spmv_one(idx: u32, t: u32) {
                 var bits = 0u;
                 for (var m = 0u; m < B; m = m + 1u) {
                     if (m % 32u == 0u) {
-                        bits = masks[words + m / 32u];
+                        bits = masks_at(words + m / 32u);
                     }
                     if (((bits >> (m % 32u)) & 1u) != 0u) {
-                        sum = sum + wide(adj[row + m]);
+                        sum = sum + wide(adj_at(row + m));
                     }
                 }
                 grad_set(e, grad_at(e) + sum);
@@ -536,12 +536,12 @@ fn input_grad_one(e: u32, t: u32) {
     var g = grad_at(E_REC + e);
     for (var l = 0u; l < B; l = l + 1u) {
         if (file > 0u) {
-            g = g + wide(adj[row + l] * f32(file));
+            g = g + wide(adj_at(row + l) * f32(file));
         }
         if (NPOIS > 0u) {
-            let cnt = state_u32[O_PRING + ((t % RL) * NV + v) * B + l];
+            let cnt = state_u32_at(O_PRING + ((t % RL) * NV + v) * B + l);
             if (cnt > 0u) {
-                g = g + wide(adj[row + l] * f32(cnt));
+                g = g + wide(adj_at(row + l) * f32(cnt));
             }
         }
     }
@@ -569,8 +569,8 @@ const ACTIVE_BIT: u32 = 1u;
 fn flags_of(t: u32, i: u32, l: u32) -> u32 {
     let word = (t * N + i) * W + l / 32u;
     let sh = l % 32u;
-    let a = (masks[O_ACTIVE + word] >> sh) & 1u;
-    let f = (masks[word] >> sh) & 1u;
+    let a = (masks_at(O_ACTIVE + word) >> sh) & 1u;
+    let f = (masks_at(word) >> sh) & 1u;
     return a | (f << 1u);
 }
 
@@ -612,8 +612,8 @@ fn local_backward(i: u32, l: u32) {
             continue;
         }
         let yi = (i * NP + k) * B + l;
-        let ly1 = adj[O_A1 + yi];
-        let ly2 = adj[O_A2 + yi];
+        let ly1 = adj_at(O_A1 + yi);
+        let ly2 = adj_at(O_A2 + yi);
         p1[k] = ly2 * port_c(g, k, 1u) + ly1 * port_c(g, k, 0u);
         p2[k] = ly2 * port_c(g, k, 2u);
     }
@@ -622,11 +622,11 @@ fn local_backward(i: u32, l: u32) {
     if (!clamped) {
         sigma = dz_du(xv, gf(g, G_TH32));
     }
-    let u = adj[ui];
-    var lz = adj[O_GZ + i * B + l] - u * gf(g, G_TH_MINUS_RESET);
+    let u = adj_at(ui);
+    var lz = adj_at(O_GZ + i * B + l) - u * gf(g, G_TH_MINUS_RESET);
     for (var a = 0u; a < na; a = a + 1u) {
         let ap = tape_asc[((step.tl * N + i) * NA + a) * B + l];
-        let la = adj[O_AA + (i * NA + a) * B + l];
+        let la = adj_at(O_AA + (i * NA + a) * B + l);
         lz = lz + la * (asc_c(g, a, 2u) + ap * asc_c(g, a, 3u) - ap);
     }
     var lun = 0.0f;
@@ -640,13 +640,13 @@ fn local_backward(i: u32, l: u32) {
             if ((f & 2u) != 0u) {
                 s = asc_c(g, a, 4u);
             }
-            let lap = adj[ai] * s;
-            adj[ai] = lap * asc_c(g, a, 1u) + lun * gf(g, G_P30) * asc_c(g, a, 0u);
+            let lap = adj_at(ai) * s;
+            adj_set(ai, lap * asc_c(g, a, 1u) + lun * gf(g, G_P30) * asc_c(g, a, 0u));
         }
         if (glif) {
-            adj[ui] = lun * gf(g, G_P33);
+            adj_set(ui, lun * gf(g, G_P33));
         } else {
-            adj[ui] = lun * gf(g, G_EXPM1) + lun;
+            adj_set(ui, lun * gf(g, G_EXPM1) + lun);
         }
     }
     for (var k = 0u; k < NP; k = k + 1u) {
@@ -660,8 +660,8 @@ fn local_backward(i: u32, l: u32) {
             a = a + lun * port_c(g, k, 3u);
             b = b + lun * port_c(g, k, 4u);
         }
-        adj[O_A1 + yi] = a;
-        adj[O_A2 + yi] = b;
+        adj_set(O_A1 + yi, a);
+        adj_set(O_A2 + yi, b);
     }
 }
 
@@ -678,7 +678,7 @@ fn voltage_reg_adjoint(i: u32, l: u32) {
         let r = vreg_r(wide(u_post) / th);
         if (r.x != 0.0) {
             let ui = O_AU + i * B + l;
-            adj[ui] = adj[ui] + f32(net_wide[O_VCOEF] * 2.0 * r.x * r.y / th);
+            adj_set(ui, adj_at(ui) + f32(net_wide[O_VCOEF] * 2.0 * r.x * r.y / th));
         }
     }
 }
@@ -696,7 +696,7 @@ fn arrivals_adjoint(i: u32, l: u32, t: u32) {
             continue;
         }
         let yi = (i * NP + k) * B + l;
-        adj[O_MU + (row0 + kc) * B + l] = adj[O_A1 + yi] * port_c(g, k, 5u);
+        adj_set(O_MU + (row0 + kc) * B + l, adj_at(O_A1 + yi) * port_c(g, k, 5u));
         kc = kc + 1u;
     }
 }
@@ -707,7 +707,7 @@ fn arrivals_adjoint(i: u32, l: u32, t: u32) {
 // i, sample l), `gz_rate = sum_r 2 (c s_r - target_ri) s_r / (B N)` (the rate losses in
 // order, wide, then f32); then one invocation per (part, sample l) sums over the neurons in
 // order: per rate loss r `sum_i (c_i s_r - target_ri)^2`, then the voltage-regularization
-// sums, then the spike count, into `vreg[O_LOSS + part * B + l]`. A sum is one invocation's
+// sums, then the spike count, into `vreg_at(O_LOSS + part * B + l)`. A sum is one invocation's
 // loop over N neurons: fixed order, no atomics.
 @compute @workgroup_size(64)
 fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -715,14 +715,14 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let idx = linear(wg, nwg, li);
     if (idx < N * B) {
         let i = idx / B;
-        let c = wide(state_u32[O_COUNTS + idx]);
+        let c = wide(state_u32_at(O_COUNTS + idx));
         let bn = wide(B) * wide(N);
         var g = wide(0.0);
         for (var r = 0u; r < NRATE; r = r + 1u) {
             let scale = net_wide[O_RSCALE + r];
             g = g + 2.0 * (c * scale - net_wide[O_RTARGET + r * N + i]) * scale / bn;
         }
-        adj[O_GZRATE + idx] = f32(g);
+        adj_set(O_GZRATE + idx, f32(g));
         return;
     }
     let k = idx - N * B;
@@ -735,21 +735,21 @@ fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     if (part < NRATE) {
         let scale = net_wide[O_RSCALE + part];
         for (var i = 0u; i < N; i = i + 1u) {
-            let c = wide(state_u32[O_COUNTS + i * B + l]);
+            let c = wide(state_u32_at(O_COUNTS + i * B + l));
             let d = c * scale - net_wide[O_RTARGET + part * N + i];
             s = s + d * d;
         }
     } else if (part == NRATE) {
         for (var i = 0u; i < N; i = i + 1u) {
-            s = s + vreg[i * B + l];
+            s = s + vreg_at(i * B + l);
         }
     } else {
         // The spike count in integers (exact in float32 too below 2^24 spikes per sample).
         var count = 0u;
         for (var i = 0u; i < N; i = i + 1u) {
-            count = count + state_u32[O_COUNTS + i * B + l];
+            count = count + state_u32_at(O_COUNTS + i * B + l);
         }
         s = wide(count);
     }
-    vreg[O_LOSS + part * B + l] = s;
+    vreg_set(O_LOSS + part * B + l, s);
 }

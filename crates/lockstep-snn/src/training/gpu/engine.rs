@@ -21,17 +21,10 @@ use crate::training::problem::Problem;
 /// The kernels' source (constants prepended per model and batch).
 const SHADER: &str = include_str!("bptt.wgsl");
 /// The fixed bindings of group 0 in `bptt.wgsl` (binding, read-only): the network's
-/// constants, the state, the counters, the masks, the voltage sums, the adjoint
-/// state. The windowed arrays follow from `layout::FIRST_WINDOW`.
-const FIXED_BINDINGS: [(u32, bool); 7] = [
-    (1, true),
-    (2, true),
-    (4, false),
-    (5, false),
-    (6, false),
-    (7, false),
-    (8, false),
-];
+/// constants. The windowed arrays (the network's indices, weights, gradient and edges, and
+/// the per-sample state, counters, masks, voltage sums and adjoint state) follow from
+/// `layout::FIRST_WINDOW`.
+const FIXED_BINDINGS: [(u32, bool); 2] = [(1, true), (2, true)];
 /// Bytes between two per-step uniforms (every adapter's dynamic-offset alignment divides it).
 const STEP_STRIDE: u64 = 256;
 /// Bytes of one per-step uniform (`Step` in the shader, rounded to 16).
@@ -594,16 +587,12 @@ impl Resident {
 /// Errors unless the adapter binds every storage binding of the kernels (the fixed ones,
 /// the windows, the tape's two) per kernel; `reduce` names what shrinks them.
 fn check_bindings(ctx: &GpuContext, l: &Layout, reduce: &str) -> Result<()> {
-    let bindings = FIXED_BINDINGS.len()
-        + [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w]
-            .iter()
-            .map(|w| w.count())
-            .sum::<usize>()
-        + 2;
+    let bindings =
+        FIXED_BINDINGS.len() + l.windows.all.iter().map(|w| w.count()).sum::<usize>() + 2;
     let per_stage = ctx.limits.max_storage_buffers_per_shader_stage as usize;
     if bindings > per_stage {
         return Err(SnnError::Shape(format!(
-            "the network's edge arrays need {bindings} storage bindings on {} (windows of {} bytes), which binds {per_stage} per kernel; reduce {reduce}",
+            "the network's and the batch's arrays need {bindings} storage bindings on {} (windows of {} bytes), which binds {per_stage} per kernel; reduce {reduce}",
             ctx.adapter.name,
             ctx.max_storage()
         )));
@@ -695,7 +684,7 @@ fn layouts(
         .iter()
         .map(|&(b, ro)| storage(b, ro))
         .collect();
-    for w in [&l.net_u32_w, &l.weights_w, &l.grad_w, &l.edges_w] {
+    for w in &l.windows.all {
         g0.extend(w.layout_entries());
     }
     let l0 = ctx
@@ -770,30 +759,30 @@ impl Resident {
             "the number of edges",
         )?;
         count(&weights);
-        let state = ctx.storage("forward state", 4 * l.state_len as u64, reduce_batch)?;
+        let state = ctx.storage_windowed("forward state", 4 * l.state_len as u64, reduce_batch)?;
         count(&state);
         let initial_state =
-            ctx.storage_from("initial state", &initial_state(p, l), reduce_batch)?;
+            ctx.storage_windowed_from("initial state", &initial_state(p, l), reduce_batch)?;
         count(&initial_state);
-        let state_u32 = ctx.storage(
+        let state_u32 = ctx.storage_windowed(
             "refractory counters, spike counts and Poisson counts",
             4 * l.state_u32_len as u64,
             reduce_batch,
         )?;
         count(&state_u32);
-        let masks = ctx.storage(
+        let masks = ctx.storage_windowed(
             "spike masks of every step",
             4 * l.masks_len as u64,
             "run.seq_len or run.batch_size",
         )?;
         count(&masks);
-        let vreg = ctx.storage(
+        let vreg = ctx.storage_windowed(
             "voltage-regularization and loss sums",
             wide.bytes() * l.vreg_len as u64,
             reduce_batch,
         )?;
         count(&vreg);
-        let adj = ctx.storage("adjoint state", 4 * l.adj_len as u64, reduce_batch)?;
+        let adj = ctx.storage_windowed("adjoint state", 4 * l.adj_len as u64, reduce_batch)?;
         count(&adj);
         let grad = ctx.storage_windowed(
             "gradient accumulators",
@@ -825,12 +814,12 @@ impl Resident {
         let mut boundaries = Vec::new();
         if let Some(k) = p.opts.gradient_checkpointing {
             for _ in 0..l.t.div_ceil(k.max(1)) {
-                let f = ctx.storage(
+                let f = ctx.storage_windowed(
                     "chunk boundary (state)",
                     4 * l.boundary_f32 as u64,
                     reduce_batch,
                 )?;
-                let u = ctx.storage(
+                let u = ctx.storage_windowed(
                     "chunk boundary (refractory counters)",
                     4 * (l.n * b) as u64,
                     reduce_batch,
@@ -842,8 +831,7 @@ impl Resident {
         }
         check_bindings(ctx, l, reduce_net)?;
         let (l0, l1, l2) = layouts(ctx, l);
-        let buffers: [&wgpu::Buffer; 7] =
-            [&net_f32, &net_f64, &state, &state_u32, &masks, &vreg, &adj];
+        let buffers: [&wgpu::Buffer; 2] = [&net_f32, &net_f64];
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .zip(FIXED_BINDINGS)
@@ -852,10 +840,13 @@ impl Resident {
                 resource: buf.as_entire_binding(),
             })
             .collect();
-        entries.extend(l.net_u32_w.entries(&net_u32));
-        entries.extend(l.weights_w.entries(&weights));
-        entries.extend(l.grad_w.entries(&grad));
-        entries.extend(l.edges_w.entries(&edges_u32));
+        // In the order of `ArrayWindows::all`.
+        let windowed = [
+            &net_u32, &weights, &grad, &edges_u32, &state, &state_u32, &masks, &vreg, &adj,
+        ];
+        for (w, buf) in l.windows.all.iter().zip(windowed) {
+            entries.extend(w.entries(buf));
+        }
         let group0 = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("network and state"),
             layout: &l0,

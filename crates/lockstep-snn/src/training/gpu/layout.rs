@@ -14,8 +14,8 @@ use super::wide_arith::Wide;
 
 /// Float32 slots per group before the ports (`G_PORTS` in `bptt.wgsl`).
 const G_PORTS: usize = 12;
-/// The binding (group 0) of the first window of the windowed arrays (`net_u32`, `weights`,
-/// `grad`, `edges_u32`); the fixed bindings of `bptt.wgsl` are below it.
+/// The binding (group 0) of the first window of the windowed arrays ([`ArrayWindows`]); the
+/// fixed bindings of `bptt.wgsl` (the network's constants) are below it.
 pub(super) const FIRST_WINDOW: u32 = 16;
 
 /// The arrays and sizes of one model and batch on the GPU.
@@ -79,15 +79,9 @@ pub(super) struct Layout {
     pub wg: Workgroups,
     /// The WGSL constants (prepended to `bptt.wgsl`).
     pub header: String,
-    /// The network indices' windows (`net_u32`).
-    pub net_u32_w: Windowed,
-    /// The weights' windows (`[2 e_rec + e_in]` f32: parameters, then the recurrent ones in
-    /// in-edge order).
-    pub weights_w: Windowed,
-    /// The gradient accumulators' windows (`[e_rec + e_in]` of the wide type).
-    pub grad_w: Windowed,
-    /// The edge index array's windows (`edges_u32`).
-    pub edges_w: Windowed,
+    /// The windows of the arrays that may exceed one binding (the network's and the
+    /// per-sample ones).
+    pub windows: ArrayWindows,
     /// The kernels' wide type (of `net_f64` on the device, `vreg` and `grad`).
     pub wide: Wide,
 }
@@ -791,53 +785,51 @@ fn wgsl_header(
     h
 }
 
-/// The arrays that may exceed one binding, as windows from binding [`FIRST_WINDOW`]:
-/// `net_u32` (`net_u32_len` values), the weights (`[2 e_rec + e_in]` f32), the gradient
-/// (`[e_rec + e_in]` of the wide type) and `edges_u32` (`edges_len` values).
+/// The arrays that may exceed one binding, as windows from binding [`FIRST_WINDOW`] on, in
+/// this order: the network's (`net_u32`, `net_u32_len` values; the weights, `[2 e_rec +
+/// e_in]` f32; the gradient, `[e_rec + e_in]` of the wide type; `edges`, `edges_len`
+/// values) and the per-sample ones of `arrays` (`state`, `state_u32`, `masks`, `vreg`,
+/// `adj`).
+pub(super) struct ArrayWindows {
+    /// Every array's windows, in binding order.
+    pub all: Vec<Windowed>,
+}
+
+/// The windows of every such array for `dims` and `arrays` under a binding limit of
+/// `max_binding` bytes.
 fn windows(
-    net_u32_len: usize,
+    (net_u32_len, edges_len): (usize, usize),
     dims: &Dims,
-    edges_len: usize,
+    arrays: &ArrayOffsets,
     max_binding: u64,
     wide: Wide,
-) -> [Windowed; 4] {
-    let net_u32 = Windowed::new(
-        "net_u32",
-        "u32",
-        4,
-        net_u32_len,
-        max_binding,
-        FIRST_WINDOW,
-        true,
-    );
-    let weights = Windowed::new(
-        "weights",
-        "f32",
-        4,
-        2 * dims.e_rec + dims.e_in,
-        max_binding,
-        net_u32.next_binding(),
-        false,
-    );
-    let grad = Windowed::new(
-        "grad",
-        wide.wgsl_type(),
-        wide.bytes(),
-        dims.e_rec + dims.e_in,
-        max_binding,
-        weights.next_binding(),
-        false,
-    );
-    let edges = Windowed::new(
-        "edges",
-        "u32",
-        4,
-        edges_len,
-        max_binding,
-        grad.next_binding(),
-        true,
-    );
-    [net_u32, weights, grad, edges]
+) -> ArrayWindows {
+    let (wt, wb) = (wide.wgsl_type(), wide.bytes());
+    let specs: [(&'static str, &'static str, u64, usize, bool); 9] = [
+        ("net_u32", "u32", 4, net_u32_len, true),
+        ("weights", "f32", 4, 2 * dims.e_rec + dims.e_in, false),
+        ("grad", wt, wb, dims.e_rec + dims.e_in, false),
+        ("edges", "u32", 4, edges_len, true),
+        ("state", "f32", 4, arrays.state_len, false),
+        ("state_u32", "u32", 4, arrays.state_u32_len, false),
+        ("masks", "u32", 4, arrays.masks_len, false),
+        ("vreg", wt, wb, arrays.vreg_len, false),
+        ("adj", "f32", 4, arrays.adj_len, false),
+    ];
+    let mut all: Vec<Windowed> = Vec::with_capacity(specs.len());
+    for (name, ty, bytes, len, read_only) in specs {
+        let first = all.last().map_or(FIRST_WINDOW, Windowed::next_binding);
+        all.push(Windowed::new(
+            name,
+            ty,
+            bytes,
+            len,
+            max_binding,
+            first,
+            read_only,
+        ));
+    }
+    ArrayWindows { all }
 }
 
 /// Bytes of float32 after-spike currents and potentials one step of the tape takes.
@@ -875,9 +867,9 @@ impl Layout {
         let gfd = (consts.gf, consts.gd);
         let mut header = wgsl_header(p, &dims, &rows, gfd, &wg, &offsets, index.has_file);
         header.push_str(&wide.wgsl());
-        let [net_u32_w, weights_w, grad_w, edges_w] =
-            windows(index.data.len(), &dims, edges_u32.len(), max_binding, wide);
-        for w in [&net_u32_w, &weights_w, &grad_w, &edges_w] {
+        let lens = (index.data.len(), edges_u32.len());
+        let windows = windows(lens, &dims, &arrays, max_binding, wide);
+        for w in &windows.all {
             header.push_str(&w.wgsl());
         }
         Ok(Layout {
@@ -908,10 +900,7 @@ impl Layout {
             tape_steps,
             wg,
             header,
-            net_u32_w,
-            weights_w,
-            grad_w,
-            edges_w,
+            windows,
             wide,
         })
     }
