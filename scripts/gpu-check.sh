@@ -53,6 +53,11 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want \
             and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
+    # lockstep-snn's unit tests: the 32-bit kernels' emulations against 64-bit arithmetic
+    # on the adapter (wide_arith), which only a GPU can confirm survive its compiler.
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == "lockstep_snn" and m["target"]["kind"] == ["lib"]:
+        print("snn_unit", m["executable"])
 '
 }
 
@@ -189,6 +194,7 @@ run() {
   for t in device gpu_engine edge_cases_every_engine; do
     [ -x "$work/tests/$t" ] && step "test $t" 240 "$work/tests/$t" --test-threads=1
   done
+  [ -x "$work/tests/snn_unit" ] && step "test snn_unit (32-bit kernels)" 60 "$work/tests/snn_unit" the_32_bit_kernels
   local skip=()
   command -v mpirun >/dev/null || skip=(--skip two_mpi_ranks --skip a_rank_without)
   step "test gpu_train" 240 "$work/tests/gpu_train" --test-threads=1 "${skip[@]}"
