@@ -477,7 +477,7 @@ fn an_over_limit_buffer_and_a_bad_device_stop_before_any_output() {
     // Arrays over a binding are bound as windows; one step of the tape (300 cells x the
     // batch, float32) is not split: a batch whose tape step exceeds the adapter's binding
     // limit (lavapipe: 128 MiB) is refused by name and size. On an adapter that binds 2 GiB
-    // the state's 32-bit indices are exceeded first, which is refused by name too.
+    // the spike masks' 32-bit indices are exceeded first, which is refused by name too.
     let all = lockstep_gpu::process_adapters();
     let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let sel = lockstep_gpu::select_adapter(&all, None, 0, cuda.as_deref()).unwrap();

@@ -6,8 +6,8 @@ pub const TIMEOUT_VAR: &str = "LOCKSTEP_GPU_TIMEOUT_S";
 
 /// Environment variable: a storage binding limit in bytes (at least 65,536) below the
 /// adapter's, which lockstep's own kernels then respect as if the adapter had it: arrays
-/// over it are bound as windows (the spiking network's edges, weights and gradient, the
-/// N-body's particles, expansions, lists and fields), and
+/// over it are bound as windows (the spiking network's edges, weights, gradient and
+/// per-sample arrays, the N-body's particles, expansions, lists and fields), and
 /// buffers that cannot be windowed are refused by name. For testing the paths that only
 /// large networks take on a small one; unset, the adapter's limit.
 pub const MAX_BINDING_VAR: &str = "LOCKSTEP_GPU_MAX_BINDING";

@@ -270,18 +270,28 @@ fn gpu_matches_with_two_mask_words() {
 
 /// Per-sample arrays over the adapter's binding limit are bound as windows of one buffer
 /// (issue 57 item 5), like the network's: with the limit lowered to 64 KiB
-/// (`LOCKSTEP_GPU_MAX_BINDING`, in a process of its own) a batch of 200 samples over 500
-/// steps puts the state (108 KB), the adjoint state (about 100 KB) and the spike masks
-/// (252 KB) in 2 to 4 windows each, and the GPU still gives the CPU engine's spikes, loss
-/// and gradient. Before, such an array was refused by name.
+/// (`LOCKSTEP_GPU_MAX_BINDING`, in a process of its own) the GPU still gives the CPU
+/// engine's spikes, loss and gradient for
+/// * 200 samples over 500 steps: the state (108 KB), the adjoint state (about 100 KB) and the
+///   spike masks (252 KB) in 2 to 4 windows each;
+/// * 32 samples over 1,000 steps: the masks (72 KB) in two windows and the any-sample bitmap
+///   that `deliver` reads in the second, from two workgroups of the update (8 neurons each).
+///
+/// Before, such an array was refused by name.
 #[test]
 fn per_sample_arrays_over_the_binding_limit_run_in_windows() {
-    let (batch, steps) = (200usize, 500usize);
     let spec = small_network(4);
+    let n = spec.neurons.len();
+    let cases = [(200usize, 500usize), (32, 1000)];
     if std::env::var_os(lockstep_gpu::MAX_BINDING_VAR).is_none() {
-        let n = spec.neurons.len();
-        let masks = 2 * steps * n * batch.div_ceil(32) * 4;
-        assert!(masks > 2 * 65_536, "the masks must take several windows");
+        for (batch, steps) in cases {
+            let masks = 2 * steps * n * batch.div_ceil(32) * 4;
+            assert!(masks > 65_536, "the masks must take several windows");
+        }
+        assert!(
+            n > 256 / 32,
+            "the update must take two workgroups at batch 32"
+        );
         let me = "per_sample_arrays_over_the_binding_limit_run_in_windows";
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", me, "--nocapture"])
@@ -297,31 +307,34 @@ fn per_sample_arrays_over_the_binding_limit_run_in_windows() {
         return;
     }
     // In the process with the lowered limit.
-    let o = BpttOptions {
-        train_input_weights: false,
-        ..opts(DeviceRequest::Cpu, steps, None)
-    };
-    let cpu = model(&spec, &small_input(), o.clone());
-    let gpu = model(
-        &spec,
-        &small_input(),
-        BpttOptions {
-            device: DeviceRequest::Gpu(None),
-            ..o
-        },
-    );
-    let p = cpu.initial_params();
-    let a = cpu.loss_and_grad(&p, 3, batch).unwrap();
-    let b = gpu.loss_and_grad(&p, 3, batch).unwrap();
-    if exact_adapter(&gpu) {
-        check_close(&a, &b, "batch 200 in windows");
-    } else {
-        let states = (gpu.net.n_neurons() * steps) as u64;
-        check_tolerant(&a, &b, states, batch as u64, "batch 200 in windows");
+    for (batch, steps) in cases {
+        let o = BpttOptions {
+            train_input_weights: false,
+            ..opts(DeviceRequest::Cpu, steps, None)
+        };
+        let cpu = model(&spec, &small_input(), o.clone());
+        let gpu = model(
+            &spec,
+            &small_input(),
+            BpttOptions {
+                device: DeviceRequest::Gpu(None),
+                ..o
+            },
+        );
+        let p = cpu.initial_params();
+        let a = cpu.loss_and_grad(&p, 3, batch).unwrap();
+        let b = gpu.loss_and_grad(&p, 3, batch).unwrap();
+        let what = format!("batch {batch}, {steps} steps, in windows");
+        if exact_adapter(&gpu) {
+            check_close(&a, &b, &what);
+        } else {
+            let states = (gpu.net.n_neurons() * steps) as u64;
+            check_tolerant(&a, &b, states, batch as u64, &what);
+        }
     }
 }
 
-/// Batches of 3, 16 and 33 samples (16: four whole neurons per workgroup of the update; 33:
+/// Batches of 3, 16 and 33 samples (16: 16 whole neurons per workgroup of the update; 33:
 /// a second mask word holding one lane) with and without trained input weights, against the
 /// CPU engine; and the work of one call, which does not depend on the adapter: the weights
 /// put in the in-edge lists' order once, two dispatches
@@ -419,7 +432,7 @@ fn gpu_segmented_equals_unsegmented_bit_for_bit() {
 
 /// A buffer over the adapter's buffer size limit is refused by name, with its size and the
 /// keys that shrink it, when the device is prepared (before any output). (Over the binding
-/// limit alone it is bound as windows; `gpu_train`'s windowed test runs that.)
+/// limit alone it is bound as windows: `per_sample_arrays_over_the_binding_limit_run_in_windows`.)
 #[test]
 fn an_over_limit_buffer_is_refused_by_name() {
     let spec = small_network(5);

@@ -215,7 +215,7 @@ pub fn model(s: &Shape, design: Design, l2_bytes: f64) -> Vec<KernelTraffic> {
         let any_words = (n / npw).ceil() * (npw / 32.0).ceil();
         d.stream(4.0 * e_rec);
         d.stream(4.0 * e_rec * (1.0 - (1.0 - fired_source).powi(8)));
-        d.random(e_rec, 4.0, 4.0 * rl * any_words);
+        d.random(e_rec, 4.0, 4.0 * f(s.max_delay.max(1)) * any_words);
         d.random(e_rec * fired_source, 4.0, masks_window);
     } else {
         d.stream(8.0 * e_rec);
@@ -563,7 +563,7 @@ mod tests {
         assert!(modelled_s(&now, 4.8e12, 4e-6) <= 0.25);
         // The any-sample bitmap (issue 57 item 3): `deliver` loads the mask word of a source
         // that fired in some sample only, about 7.7% of them at 5 Hz and batch 16; its L2
-        // traffic is now mostly the input edges' (974 GB -> 259 GB).
+        // traffic is now mostly the input edges' (974 GB -> 257 GB).
         let deliver = |r: &[KernelTraffic]| {
             r.iter()
                 .find(|k| k.kernel == "deliver")

@@ -178,7 +178,8 @@ fn deliver(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         for (var e = r0; e < r1; e = e + 1u) {
             let s = edges_at(O_RSRC + e);
             // A source that fired in no sample adds nothing: its mask word and weight are
-            // not loaded (a bit in a bitmap of N / 8 bytes or less per step, L1-resident).
+            // not loaded (a bit in a bitmap of at most N / 2 bytes per step, N / 4 at B = 16:
+            // L1-resident).
             if (ANYW > 0u && !fired_any(t, s)) {
                 continue;
             }
@@ -707,7 +708,7 @@ fn arrivals_adjoint(i: u32, l: u32, t: u32) {
 // i, sample l), `gz_rate = sum_r 2 (c s_r - target_ri) s_r / (B N)` (the rate losses in
 // order, wide, then f32); then one invocation per (part, sample l) sums over the neurons in
 // order: per rate loss r `sum_i (c_i s_r - target_ri)^2`, then the voltage-regularization
-// sums, then the spike count, into `vreg_at(O_LOSS + part * B + l)`. A sum is one invocation's
+// sums, then the spike count, into `vreg` at `O_LOSS + part * B + l`. A sum is one invocation's
 // loop over N neurons: fixed order, no atomics.
 @compute @workgroup_size(64)
 fn loss_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

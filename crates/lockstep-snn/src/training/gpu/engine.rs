@@ -730,6 +730,12 @@ impl Resident {
         let max = ctx.max_storage();
         let layout = Layout::new(p, b, max, wide)?;
         let l = &layout;
+        // Before any allocation: the windows must fit the adapter's bindings per kernel.
+        check_bindings(
+            ctx,
+            l,
+            "the network's size (cells, edges), run.batch_size or run.seq_len",
+        )?;
         let reduce_net = "the network's size (cells, edges) or run.seq_len";
         let reduce_batch = "run.batch_size or run.seq_len";
         let mut bytes = 0u64;
@@ -829,7 +835,6 @@ impl Resident {
                 boundaries.push((f, u));
             }
         }
-        check_bindings(ctx, l, reduce_net)?;
         let (l0, l1, l2) = layouts(ctx, l);
         let buffers: [&wgpu::Buffer; 2] = [&net_f32, &net_f64];
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers

@@ -680,6 +680,10 @@ impl ArrayOffsets {
         let o_loss = nb;
         let vreg_len = o_loss + (dims.n_rate + 2) * b;
         fits_u32("the state", state_len)?;
+        fits_u32(
+            "the spike masks",
+            2 * dims.t * n * dims.w + dims.t * any_words,
+        )?;
         fits_u32("the adjoint state", adj_len)?;
         fits_u32("the Poisson ring", state_u32_len)?;
         let named = vec![
