@@ -209,22 +209,31 @@ impl Inputs {
     pub fn poisson_events(&self, sample: u64, step: usize, mut f: impl FnMut(u32, u32)) {
         for (i, &(v, mean)) in self.poisson.iter().enumerate() {
             let u = keyed_uniform(self.seed, sample, v as u64, step as u64);
-            let mut p = self.poisson_p0[i];
-            let mut cdf = p;
-            let mut k = 0u32;
-            while u >= cdf && k < 10_000 {
-                k += 1;
-                p *= mean / k as f64;
-                cdf += p;
-                if p == 0.0 {
-                    break;
-                }
-            }
+            let k = poisson_inversion(u, mean, self.poisson_p0[i]);
             if k > 0 {
                 f(v, k);
             }
         }
     }
+}
+
+/// The Poisson count of mean `mean` (`p0 = e^-mean`) for the uniform number `u` in `[0, 1)`:
+/// the smallest `k` with `u < cdf_k`, the cdf summed in float64 from `p_0 = p0`, `p_k =
+/// p_{k-1} mean / k`; it stops at 10,000 or where `p_k` underflows to zero.
+#[inline]
+fn poisson_inversion(u: f64, mean: f64, p0: f64) -> u32 {
+    let mut p = p0;
+    let mut cdf = p;
+    let mut k = 0u32;
+    while u >= cdf && k < 10_000 {
+        k += 1;
+        p *= mean / k as f64;
+        cdf += p;
+        if p == 0.0 {
+            break;
+        }
+    }
+    k
 }
 
 /// `2^53`: the uniform numbers of [`keyed_uniform`] are `m 2^-53` for an integer `m < 2^53`.
@@ -284,20 +293,7 @@ mod tests {
     /// step (where `e^-mean` is tiny and the tail runs to the recurrence's end).
     #[test]
     fn poisson_thresholds_give_the_inversions_counts() {
-        let inversion = |mean: f64, u: f64| -> u32 {
-            let mut p = (-mean).exp();
-            let mut cdf = p;
-            let mut k = 0u32;
-            while u >= cdf && k < 10_000 {
-                k += 1;
-                p *= mean / k as f64;
-                cdf += p;
-                if p == 0.0 {
-                    break;
-                }
-            }
-            k
-        };
+        let inversion = |mean: f64, u: f64| poisson_inversion(u, mean, (-mean).exp());
         let mut rng = lockstep_core::rng::SplitMix64::new(11);
         for mean in [0.0, 1e-9, 1e-3, 0.0173, 0.1, 0.5, 1.0, 3.7, 20.0, 99.5] {
             let th = poisson_thresholds(mean);
