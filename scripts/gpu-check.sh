@@ -53,7 +53,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want \
             and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
-    # lockstep-snn's unit tests: the 32-bit kernels' emulations against 64-bit arithmetic
+    # The unit tests of lockstep-snn: the 32-bit kernel emulations against 64-bit arithmetic
     # on the adapter (wide_arith), which only a GPU can confirm survive its compiler.
     elif m.get("reason") == "compiler-artifact" and m.get("executable") \
             and m["target"]["name"] == "lockstep_snn" and m["target"]["kind"] == ["lib"]:
