@@ -41,6 +41,14 @@ fn model(spec: &NetworkSpec, input: &InputSpec, o: BpttOptions) -> SnnModel {
     SnnModel::new(spec, 1.0, input, o).unwrap()
 }
 
+/// This test binary run again with `args` and the environment variable `var`, in its own
+/// process group, killed after 5 minutes (a timeout fails the caller's assertion).
+fn this_binary(args: &[&str], var: (&str, &str)) -> lockstep_comm::launch::JobOutput {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(args).env(var.0, var.1);
+    lockstep_comm::launch::run_with_limit(cmd, std::time::Duration::from_secs(300)).unwrap()
+}
+
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a
         .iter()
@@ -293,16 +301,14 @@ fn per_sample_arrays_over_the_binding_limit_run_in_windows() {
             "the update must take two workgroups at batch 32"
         );
         let me = "per_sample_arrays_over_the_binding_limit_run_in_windows";
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", me, "--nocapture"])
-            .env(lockstep_gpu::MAX_BINDING_VAR, "65536")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let out = this_binary(
+            &["--exact", me, "--nocapture"],
+            (lockstep_gpu::MAX_BINDING_VAR, "65536"),
+        );
         assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            out.success() && out.stdout.contains("1 passed"),
+            "{}",
+            out.all_output()
         );
         return;
     }
@@ -464,23 +470,19 @@ fn an_over_limit_buffer_is_refused_by_name() {
 #[test]
 fn every_test_here_passes_on_32_bit_kernels() {
     let me = "every_test_here_passes_on_32_bit_kernels";
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
+    let out = this_binary(
+        &[
             "--skip",
             me,
             "--exact",
             "--nocapture",
             "--test-threads",
             "2",
-        ])
-        .env(lockstep_gpu::HIDE_FEATURES_VAR, "SHADER_F64,SHADER_INT64")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+        ],
+        (lockstep_gpu::HIDE_FEATURES_VAR, "SHADER_F64,SHADER_INT64"),
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
+    assert!(out.success(), "{}", out.all_output());
     let passed = stdout.matches(" ... ok").count();
     assert!(
         passed >= 9 && stdout.contains(&format!("{passed} passed; 0 failed")),
