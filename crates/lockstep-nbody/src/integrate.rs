@@ -241,7 +241,7 @@ impl Gravity {
         let (pos, mass) = (p.valid_pos(), p.valid_mass());
         let (g, eps) = (self.g, self.settings.softening);
         let field = match self.settings.method {
-            Method::Direct => gpu.direct_field(pos, Some(0), pos, mass, g, eps)?,
+            Method::Direct => gpu.direct_field(pos, Some(0), pos, mass, g, eps, shard)?,
             Method::Fmm => {
                 let src = SourceSet::local(pos, mass);
                 let (f, st) = gpu.fmm_field(&self.fmm, &src, g, eps, shard)?;

@@ -545,7 +545,9 @@ pub fn sharded_field<C: Communicator + ?Sized>(
         }
         Method::Direct => {
             let (pos, mass, offset, _) = gather_all(comm, p)?;
-            gpu.direct_field(p.valid_pos(), Some(offset), &pos, &mass, g, eps)?
+            // One rank: its shard holds every source, so they need not be uploaded.
+            let shard = if comm.size() == 1 { shard } else { None };
+            gpu.direct_field(p.valid_pos(), Some(offset), &pos, &mass, g, eps, shard)?
         }
     };
     NbodyError::check_interrupt()?;

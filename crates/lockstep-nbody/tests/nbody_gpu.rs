@@ -266,6 +266,46 @@ fn gpu_fmm_in_many_passes_matches_the_cpu_fmm() {
         println!("budget 3000, p {order}, leaf {leaf_size}, eps {eps}: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}");
         assert!(da <= 1e-5 && dp <= 1e-5, "p {order}: {da:e} {dp:e}");
     }
+    // The plan of a hardware adapter (one pass per kernel, `HARDWARE_LOOP_BUDGET`) on a
+    // problem whose invocations stay within llvmpipe's loop limit in one pass (order 3,
+    // leaves of 200): the budget's arithmetic holds and the forces are the CPU's.
+    let one_pass = Arc::new(
+        GpuForces::open(None, 0)
+            .unwrap()
+            .with_loop_budget(lockstep_nbody::fmm_gpu::HARDWARE_LOOP_BUDGET),
+    );
+    assert_eq!(
+        one_pass.loop_budget(),
+        lockstep_nbody::fmm_gpu::HARDWARE_LOOP_BUDGET
+    );
+    // The adapter's own budget: llvmpipe's cap on a software adapter, one pass elsewhere.
+    let own = GpuForces::open(None, 0).unwrap();
+    let software = own.selected().adapter.software;
+    assert_eq!(
+        own.loop_budget(),
+        if software {
+            lockstep_nbody::fmm_gpu::LOOP_BUDGET
+        } else {
+            lockstep_nbody::fmm_gpu::HARDWARE_LOOP_BUDGET
+        }
+    );
+    let cpu = Fmm::new(FmmParams {
+        order: 3,
+        leaf_size: 200,
+        ..params()
+    })
+    .unwrap();
+    let (fc, _) = cpu.forces(&src, 1.0, 0.0).unwrap();
+    let (fg, _) = cpu
+        .clone()
+        .on_device(one_pass)
+        .forces(&src, 1.0, 0.0)
+        .unwrap();
+    let (da, dp) = max_rel(&fg, &fc);
+    println!(
+        "hardware budget (one pass), p 3, leaf 200: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}"
+    );
+    assert!(da <= 1e-5 && dp <= 1e-5, "one pass: {da:e} {dp:e}");
     let want = direct(p.valid_pos(), p.valid_mass(), 1.0, 0.01);
     let got = dev
         .direct_forces(
@@ -632,8 +672,9 @@ fn padded(ic: &InitialConditions) -> Particles {
 /// Particles kept on the GPU between steps (drift and kick as kernels, issue 56): the same
 /// trajectories and diagnostics as stepping on the host with the same GPU forces (to the
 /// double-float precision of the device state), for both leapfrogs and both methods; the
-/// padding is untouched; two runs give the same bits; and per step only the positions come
-/// back (the velocities and the field only at outputs).
+/// padding is untouched; two runs give the same bits; per step only the positions come
+/// back (the velocities and the field only at outputs); and the forces take their points
+/// from the shard instead of uploading them.
 #[test]
 fn resident_particles_match_host_stepping() {
     let ic = plummer(1500, 11);
@@ -725,9 +766,10 @@ fn resident_particles_match_host_stepping() {
             Integrator::Dkd => 1 + 8 + 2,
         };
         assert_eq!(reads, evals + 2 * 3 + 1, "{label}");
-        // The FMM takes the positions from the shard: an evaluation uploads 32 B per
-        // particle less (the sorted points are made on the device).
-        let saved = if method == Method::Fmm { 32 * n } else { 0 };
+        // Both methods take the positions from the shard: an evaluation uploads 32 B per
+        // particle less (the FMM's sorted points and the direct sums' sources are made on
+        // the device).
+        let saved = 32 * n;
         assert_eq!(
             up_host - up,
             saved,

@@ -6,24 +6,27 @@
 //!
 //! - **Host** (rayon, as the CPU path): the Morton tree (`Fmm::build_tree_nodes`) and the
 //!   dual tree walk's interaction lists (`Fmm::walk_lists`), flattened into compressed
-//!   rows. Both are branchy, pointer-chasing work a GPU does poorly and that costs a small
-//!   share of a CPU evaluation (tree about 5%, walk about 10% at N = 1e6); the lists are
-//!   O(N) integers, so uploading them is cheaper than building them on the device would be
-//!   to write. The host also does the locally essential tree exchange of sharded runs (MPI).
+//!   rows, and the locally essential tree exchange of sharded runs (MPI). Measured at
+//!   N = 1e6 on 2 cores (docs/nbody.md): tree 0.11 s, lists 1.12 s, their packing and upload
+//!   0.35 s (303 MB), against a few milliseconds for the same bytes over PCIe: these host
+//!   phases bound an evaluation at large N, and moving the walk, then the tree, to the
+//!   device is the open lever (not done).
 //! - **Device**, in four submissions per evaluation: P2M at the leaves and M2M level by
 //!   level (one dispatch per level); M2L (one thread per target node over its list) and L2L
 //!   level by level; P2P (one workgroup per 64 targets of a leaf, the source particles of
 //!   its list staged 64 at a time in workgroup memory); L2P and M2P per particle, then the
 //!   copy of the results into a read-back buffer.
 //!
-//! Bounded work per invocation: no dispatch gives one invocation more than
-//! [`LOOP_BUDGET`] loop iterations (`LoopCost` counts them from the kernels' loops).
+//! Bounded work per invocation on a software adapter: no dispatch gives one invocation more
+//! than [`LOOP_BUDGET`] loop iterations (`LoopCost` counts them from the kernels' loops).
 //! Mesa's llvmpipe (lavapipe, the CI adapter) silently ends every loop of an invocation once
 //! its loops together have iterated 65,535 times (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`),
 //! which truncated long M2L lists and gave wrong forces (orders 4-6 at a few thousand
 //! particles, order 3 at N = 20,000). Longer work is split into passes, each adding to what
 //! the previous one wrote in a fixed order: M2L rows and M2P rows by entries, P2M by the
-//! leaf's particles, P2P by source particles, direct sums by source ranges.
+//! leaf's particles, P2P by source particles, direct sums by source ranges. A hardware
+//! adapter ends no loop early, so it plans with [`HARDWARE_LOOP_BUDGET`]: one pass per
+//! kernel ([`loop_budget_for`]).
 //!
 //! Precision: f32 arithmetic only (no `SHADER_F64` needed). Points are (hi, lo) pairs of f32
 //! relative to the tree's cube centre, so differences of nearby points keep about 1e-7 of
@@ -64,11 +67,29 @@ const PARAM_BYTES: u64 = 144;
 /// Longest wait for one submission or read-back; a device that has not finished by then
 /// is reported as hung, naming the phase.
 pub const GPU_TIMEOUT: Duration = Duration::from_secs(300);
-/// Loop iterations one invocation of a kernel runs at most per dispatch (half of llvmpipe's
-/// 65,535: gallivm ends every loop of an invocation, silently, once its loops together have
-/// iterated that often). Work beyond it is split into passes (module docs); a smaller budget
-/// ([`GpuForces::with_loop_budget`]) splits more, with the same results to rounding.
+/// Loop iterations one invocation of a kernel runs at most per dispatch on a software
+/// adapter (half of llvmpipe's 65,535: gallivm ends every loop of an invocation, silently,
+/// once its loops together have iterated that often). Work beyond it is split into passes
+/// (module docs); a smaller budget ([`GpuForces::with_loop_budget`]) splits more, with the
+/// same results to rounding.
 pub const LOOP_BUDGET: u32 = 32_768;
+
+/// The loop budget on a hardware adapter, which ends no loop early: 2^30 iterations, more
+/// than any row, leaf or source range of a problem that fits a GPU, so every kernel runs in
+/// one pass (no M2L expansion stored and reloaded between passes, one dispatch per kernel
+/// and level); small enough that the kernels' pass arithmetic (`chunk * chunk_len`) stays
+/// within u32.
+pub const HARDWARE_LOOP_BUDGET: u32 = 1 << 30;
+
+/// The loop budget for an adapter: [`LOOP_BUDGET`] on a software adapter (type `Cpu`:
+/// llvmpipe, the CI adapter, caps loops), [`HARDWARE_LOOP_BUDGET`] on any other.
+pub fn loop_budget_for(software: bool) -> u32 {
+    if software {
+        LOOP_BUDGET
+    } else {
+        HARDWARE_LOOP_BUDGET
+    }
+}
 
 /// What shrinks the buffers of one evaluation, for the messages of buffers too large.
 const REDUCE: &str = "the particles per rank (run more ranks or GPUs: mpirun -n R) or forces.order";
@@ -234,22 +255,29 @@ impl GpuForces {
         let ctx = GpuContext::open(selected.adapter.index).map_err(gpu_error)?;
         let module = Module::new(&ctx, "fmm.wgsl", SHADER, &ARRAYS, PARAM_BYTES, &ENTRIES)
             .map_err(gpu_error)?;
+        let loop_budget = loop_budget_for(selected.adapter.software);
         Ok(GpuForces {
             ctx,
             selected,
             module,
             last: Mutex::new(GpuSplit::default()),
-            loop_budget: LOOP_BUDGET,
+            loop_budget,
         })
     }
 
-    /// This engine with at most `budget` (at least 1) loop iterations per kernel invocation
-    /// and dispatch instead of [`LOOP_BUDGET`]: a smaller budget runs more passes over the
-    /// same work, the same forces to rounding (the tests split small problems this way); a
-    /// budget over 65,535 gives wrong forces on llvmpipe (lavapipe).
+    /// This engine with at most `budget` (at least 1, at most [`HARDWARE_LOOP_BUDGET`]) loop
+    /// iterations per kernel invocation and dispatch instead of the adapter's
+    /// ([`loop_budget_for`]): a smaller budget runs more passes over the same work, the same
+    /// forces to rounding (the tests split small problems this way); a budget over 65,535
+    /// gives wrong forces on llvmpipe (lavapipe) once an invocation's loops exceed that.
     pub fn with_loop_budget(mut self, budget: u32) -> GpuForces {
-        self.loop_budget = budget.max(1);
+        self.loop_budget = budget.clamp(1, HARDWARE_LOOP_BUDGET);
         self
+    }
+
+    /// Loop iterations per kernel invocation and dispatch this engine plans for.
+    pub fn loop_budget(&self) -> u32 {
+        self.loop_budget
     }
 
     /// The adapter this engine computes on.
@@ -957,7 +985,12 @@ impl GpuForces {
     /// The direct sums of [`ForceDevice::direct_forces`], the field left on the device in
     /// the targets' order (slot `i` is target `i`).
     ///
-    /// Errors: [`NbodyError::Gpu`].
+    /// With `shard` (the resident shard whose particles are both the targets and the
+    /// sources, `offset` `Some(0)`, as last read back) the sources' points are made on the
+    /// device from the shard's positions ([`ResidentShard::points`]): only the targets'
+    /// order (4 B per particle) crosses the bus, not the 32 B per particle of the points.
+    ///
+    /// Errors: [`NbodyError::Gpu`]; a `shard` that does not hold exactly the sources.
     pub fn direct_field(
         &self,
         targets: &[[f64; 3]],
@@ -966,6 +999,7 @@ impl GpuForces {
         mass: &[f64],
         g: f64,
         softening: f64,
+        shard: Option<&mut ResidentShard>,
     ) -> Result<DeviceField, NbodyError> {
         let n = targets.len();
         if n == 0 {
@@ -975,11 +1009,26 @@ impl GpuForces {
         let (lo, side) =
             crate::fmm::tree::bounding_cube(if pos.is_empty() { targets } else { pos });
         let origin = [lo[0] + 0.5 * side, lo[1] + 0.5 * side, lo[2] + 0.5 * side];
-        let mut pts: Vec<[f32; 4]> = pos
-            .iter()
-            .zip(mass)
-            .flat_map(|(&x, &m)| split(x, origin, m))
-            .collect();
+        if let Some(shard) = &shard {
+            if offset != Some(0) || pos.len() != n || shard.num() != n {
+                return Err(self.err(
+                    "direct summation from a resident shard",
+                    format!(
+                        "the shard holds {} particles; its targets and sources must be those ({n} targets from {offset:?}, {} sources)",
+                        shard.num(),
+                        pos.len()
+                    ),
+                ));
+            }
+        }
+        let mut pts: Vec<[f32; 4]> = if shard.is_some() {
+            Vec::new()
+        } else {
+            pos.iter()
+                .zip(mass)
+                .flat_map(|(&x, &m)| split(x, origin, m))
+                .collect()
+        };
         // Targets that are not sources follow the sources (never matched as themselves).
         let target0 = match offset {
             Some(o) => o,
@@ -997,9 +1046,12 @@ impl GpuForces {
         base.0[w::R2MIN] = ((R2MIN_REL * side * side) as f32)
             .max(f32::MIN_POSITIVE)
             .to_bits();
-        let b_pts = self.storage("particles (positions and masses)", &pts)?;
         let host_perm: Vec<u32> = (0..n as u32).collect();
         let b_perm = self.storage("particle order", &host_perm)?;
+        let b_pts = match shard {
+            Some(shard) => shard.points(&b_perm, &[], origin, n).map_err(gpu_error)?,
+            None => self.storage("particles (positions and masses)", &pts)?,
+        };
         let unused = |name| self.ctx.storage(name, 16, REDUCE).map_err(gpu_error);
         let (dummy, d5, d6) = (
             unused("unused")?,
@@ -1075,7 +1127,7 @@ impl ForceDevice for GpuForces {
         g: f64,
         softening: f64,
     ) -> Result<Forces, NbodyError> {
-        let field = self.direct_field(targets, offset, pos, mass, g, softening)?;
+        let field = self.direct_field(targets, offset, pos, mass, g, softening, None)?;
         self.read_field(&field)
     }
 
