@@ -529,7 +529,11 @@ fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
         "{text}"
     );
     assert!(has_row("direct gpu", "800"), "{text}");
-    for want in ["split (s): host tree", "H200 model (not measured"] {
+    for want in [
+        "split (s): host tree",
+        ", device walk ",
+        "H200 model (not measured",
+    ] {
         assert!(text.contains(want), "no {want:?} in\n{text}");
     }
     let text = run(&["--ranks", "1,2", "--n", "3000"]);

@@ -135,7 +135,9 @@ fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
 /// the trees are deep and the lists long: a Plummer sphere of 20,000 particles at order 3
 /// (`bench nbody --device gpu --order 3 --sizes 20000` measured a median error of 0.45
 /// against direct sums before the fix), with and without softening; to 5e-6 since the
-/// compensated sums are hidden from the compiler's rewrites (7.5e-6 before).
+/// compensated sums are hidden from the compiler's rewrites (7.5e-6 before). Both walks:
+/// the lists built on the device (the default) and on the host give the CPU's forces and
+/// the same list sizes (`gpu_edge_cases_and_determinism` repeats a run bit for bit).
 #[test]
 fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
     let p = make(&plummer(20_000, 7));
@@ -144,16 +146,37 @@ fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
         order: 3,
         ..params()
     });
-    for eps in [0.0, 0.01] {
+    let host_walk = Arc::new(GpuForces::open(None, 0).unwrap().with_host_lists(true));
+    let on_gpu_host_walk = cpu.clone().on_device(host_walk);
+    let stats = |s: &lockstep_nbody::FmmStats| (s.m2l, s.m2p, s.nodes, s.p2p_blocks, s.p2p_pairs);
+    let mut host_stats = None;
+    for (eps, walk, solver) in [
+        (0.0, "device", &on_gpu),
+        (0.01, "host", &on_gpu_host_walk),
+        (0.01, "device", &on_gpu),
+    ] {
         let (fc, sc) = cpu.forces(&src, 1.0, eps).unwrap();
-        let (fg, sg) = on_gpu.forces(&src, 1.0, eps).unwrap();
-        assert_eq!((sc.m2l, sc.m2p, sc.nodes), (sg.m2l, sg.m2p, sg.nodes));
+        let (fg, sg) = solver.forces(&src, 1.0, eps).unwrap();
+        assert_eq!(
+            (sc.m2l, sc.m2p, sc.nodes),
+            (sg.m2l, sg.m2p, sg.nodes),
+            "{walk} walk"
+        );
+        // The lists of both walks have the same sizes (the tree does not depend on eps).
+        assert_eq!(
+            *host_stats.get_or_insert(stats(&sg)),
+            stats(&sg),
+            "{walk} walk"
+        );
         let (da, dp) = max_rel(&fg, &fc);
         println!(
-            "plummer 20000 p 3 eps {eps}: depth {}, {} nodes, {} M2L: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}",
+            "plummer 20000 p 3 eps {eps}, {walk} walk: depth {}, {} nodes, {} M2L: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}",
             sg.depth, sg.nodes, sg.m2l
         );
-        assert!(da <= 5e-6 && dp <= 5e-6, "eps {eps}: {da:e} {dp:e}");
+        assert!(
+            da <= 5e-6 && dp <= 5e-6,
+            "eps {eps}, {walk} walk: {da:e} {dp:e}"
+        );
     }
 }
 

@@ -90,10 +90,23 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
         };
         let acc = compare(&sub, &reference).acc;
         row("fmm gpu", n, secs, acc.p50, acc.p99, acc.p999);
+        let walk = if split.walk_on_device {
+            format!(
+                "device walk {:.4} ({} steps, {} run(s), {} pairs, largest frontier {}; H200 model {:.1} MB = {:.2e} s at 4.8 TB/s)",
+                split.lists,
+                split.walk_steps,
+                split.walk_runs,
+                split.walk_pairs,
+                split.walk_frontier,
+                split.walk_model_bytes as f64 / 1e6,
+                split.walk_model_bytes as f64 / 4.8e12
+            )
+        } else {
+            format!("host lists {:.4}", split.lists)
+        };
         println!(
-            "  split (s): host tree {:.4}, host lists {:.4}, upload {:.4} ({:.1} MB), P2M+M2M {:.4}, M2L+L2L {:.4}, P2P {:.4}, L2P+M2P {:.4}, read-back {:.4} ({:.1} MB)",
+            "  split (s): host tree {:.4}, {walk}, upload {:.4} ({:.1} MB), P2M+M2M {:.4}, M2L+L2L {:.4}, P2P {:.4}, L2P+M2P {:.4}, read-back {:.4} ({:.1} MB)",
             split.tree,
-            split.lists,
             split.upload,
             split.bytes_up as f64 / 1e6,
             split.upward,

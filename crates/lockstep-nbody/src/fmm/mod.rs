@@ -426,6 +426,16 @@ impl Fmm {
         }
     }
 
+    /// The walk's rules beyond the opening angle ([`Fmm::walk_lists`]), for the GPU's walk:
+    /// the largest `n_A n_B` of a well-separated pair with a leaf target summed directly,
+    /// and the largest non-leaf source node summed directly against a neighbouring leaf.
+    pub(crate) fn walk_limits(&self) -> (usize, usize) {
+        (
+            DIRECT_PER_TERM * self.tables.nterms,
+            P2P_NODE_LEAVES * self.params.leaf_size,
+        )
+    }
+
     /// Parameters.
     pub fn params(&self) -> &FmmParams {
         &self.params

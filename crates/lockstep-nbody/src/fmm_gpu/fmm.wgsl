@@ -35,14 +35,15 @@ struct Params {
     o_m2p_off: u32, o_m2p_items: u32, o_leafof: u32, o_list: u32,
     f_inv: u32, f_dc: u32, f_sign: u32, target0: u32,
     chunk: u32, chunk_len: u32, src0: u32, src1: u32,
+    o_p2p_off: u32, unused0: u32, unused1: u32, unused2: u32,
 }
 
 // Particles, sorted: pts[2 i] = (hi.xyz, mass), pts[2 i + 1] = (lo.xyz, 0).
 // Centres of the tree nodes then the imported cells: cen[2 k] = hi, cen[2 k + 1] = lo.
 // Nodes: nodes[2 k] = (start, end, first_child, nchild), nodes[2 k + 1] = (parent,
 // ntargets, level, 0).
-// Index tables, interaction lists (compressed rows per target node), P2P source particle
-// ranges (s0, s1), leaf lists and P2P tasks (leaf, first target, q0, q1).
+// Index tables, interaction lists (compressed rows per target node: M2L, M2P and P2P, whose
+// sources are nodes), leaf lists and P2P tasks (leaf, first target).
 // Float tables: 1 / n_axis, derivative coefficients, (-1)^|n|.
 // Multipoles [nodes + cells][nt].
 // Local expansions [nodes][nt], then the low parts [nodes][nt] of the M2L's compensated sums
@@ -266,15 +267,19 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     for (var i = 0u; i < P.nt; i++) { loc_set(a * P.nt + i, loc_at(a * P.nt + i) + acc[i]); }
 }
 
-// P2P: one workgroup per task (list at o_list: leaf, first target, source ranges q0..q1),
-// its up to 64 targets (the leaf's particles from the first target) against the source
-// particle ranges q0..q1 (pairs of o_p2p_items), staged 64 at a time in workgroup memory,
-// relative to the leaf centre. Pass 0 (chunk) writes the targets' fields, later passes add.
+// P2P: one workgroup per task (list at o_list: leaf, first target), its up to 64 targets
+// (the leaf's particles from the first target) against the source particles of the leaf's
+// P2P row (compressed rows at o_p2p_off / o_p2p_items: source nodes, each a contiguous range
+// of sorted particles), in row order, staged 64 at a time in workgroup memory, relative to
+// the leaf centre. Pass `chunk` takes the row's source particles chunk * chunk_len ..
+// (chunk + 1) * chunk_len, counted along the row; pass 0 writes the targets' fields, later
+// passes add. Every value the loops and barriers depend on is read from read-only arrays
+// at workgroup-uniform indices, so the control flow is uniform.
 @compute @workgroup_size(64)
 fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = wg.x + wg.y * 65535u;
     if w >= P.count { return; }
-    let task = P.o_list + 4u * w;
+    let task = P.o_list + 2u * w;
     let a = lists_at(task);
     let nd = nodes_at(2u * a);
     let zh = cen_hi(a);
@@ -287,9 +292,19 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
         xi = dd(pt_hi(i), pt_lo(i), zh, zl);
         if P.chunk > 0u { acc = Acc(outp_at(2u * i), outp_at(2u * i + 1u)); }
     }
-    for (var q = lists_at(task + 2u); q < lists_at(task + 3u); q++) {
-        let s0 = lists_at(P.o_p2p_items + 2u * q);
-        let s1 = lists_at(P.o_p2p_items + 2u * q + 1u);
+    let w0 = P.chunk * P.chunk_len;
+    let w1 = w0 + P.chunk_len;
+    // Source particles of the row before entry e.
+    var before = 0u;
+    for (var e = lists_at(P.o_p2p_off + a); e < lists_at(P.o_p2p_off + a + 1u); e++) {
+        let nb = nodes_at(2u * lists_at(P.o_p2p_items + e));
+        let cnt = nb.y - nb.x;
+        let lo = max(before, w0);
+        let hi = min(before + cnt, w1);
+        let s0 = nb.x + lo - before;
+        let s1 = nb.x + hi - before;
+        before += cnt;
+        if lo >= hi { continue; }
         var part = vec4<f32>(0.0);
         for (var t0 = s0; t0 < s1; t0 += WG) {
             let j = t0 + lid;
@@ -299,8 +314,8 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
                 sh[lid] = vec4<f32>(0.0);
             }
             workgroupBarrier();
-            let cnt = min(WG, s1 - t0);
-            for (var k = 0u; k < cnt; k++) {
+            let n_tile = min(WG, s1 - t0);
+            for (var k = 0u; k < n_tile; k++) {
                 let src = sh[k];
                 let dx = src.xyz - xi;
                 let r2 = max(dot(dx, dx) + P.eps2, P.r2min);

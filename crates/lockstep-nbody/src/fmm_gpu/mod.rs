@@ -5,17 +5,19 @@
 //! What runs where:
 //!
 //! - **Host** (rayon, as the CPU path): the Morton tree (`Fmm::build_tree_nodes`) and the
-//!   dual tree walk's interaction lists (`Fmm::walk_lists`), flattened into compressed
-//!   rows, and the locally essential tree exchange of sharded runs (MPI). Measured at
-//!   N = 1e6 on 2 cores (docs/nbody.md): tree 0.11 s, lists 1.12 s, their packing and upload
-//!   0.35 s (303 MB), against a few milliseconds for the same bytes over PCIe: these host
-//!   phases bound an evaluation at large N, and moving the walk, then the tree, to the
-//!   device is the open lever (not done).
+//!   locally essential tree exchange of sharded runs (MPI). Measured at N = 1e6 on 2 cores
+//!   (docs/nbody.md): tree 0.11 s, and before the walk moved to the device its lists
+//!   1.12 s and their packing and upload 0.35 s (303 MB), against milliseconds for those
+//!   bytes over PCIe. The tree is the host's share that remains (the next lever).
+//! - **Device walk** (`walk.rs`, `walk.wgsl`; [`GpuForces::with_host_lists`] walks on the
+//!   host instead): the dual tree walk's interaction lists built from the uploaded nodes,
+//!   centres and radii, the host walk's lists row by row, left on the device as compressed
+//!   rows; two submissions and two host synchronisations.
 //! - **Device**, in four submissions per evaluation: P2M at the leaves and M2M level by
 //!   level (one dispatch per level); M2L (one thread per target node over its list) and L2L
 //!   level by level; P2P (one workgroup per 64 targets of a leaf, the source particles of
-//!   its list staged 64 at a time in workgroup memory); L2P and M2P per particle, then the
-//!   copy of the results into a read-back buffer.
+//!   its row of source nodes staged 64 at a time in workgroup memory); L2P and M2P per
+//!   particle, then the copy of the results into a read-back buffer.
 //!
 //! Bounded work per invocation on a software adapter: no dispatch gives one invocation more
 //! than [`LOOP_BUDGET`] loop iterations (`LoopCost` counts them from the kernels' loops).
@@ -55,15 +57,17 @@ use crate::NbodyError;
 
 mod pipelines;
 pub mod resident;
+mod walk;
 use pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE as PARAM_STRIDE};
 pub use resident::{DeviceField, ResidentShard};
+use walk::{DeviceLists, DeviceWalk, ListShape, WalkRules};
 
 /// The kernels' source.
 const SHADER: &str = include_str!("fmm.wgsl");
 /// Threads per workgroup of every kernel (`WG` in `fmm.wgsl`).
 const WG: u32 = 64;
-/// Bytes of the `Params` struct of `fmm.wgsl` (36 words).
-const PARAM_BYTES: u64 = 144;
+/// Bytes of the `Params` struct of `fmm.wgsl` (40 words).
+const PARAM_BYTES: u64 = 160;
 /// Longest wait for one submission or read-back; a device that has not finished by then
 /// is reported as hung, naming the phase.
 pub const GPU_TIMEOUT: Duration = Duration::from_secs(300);
@@ -99,8 +103,22 @@ const REDUCE: &str = "the particles per rank (run more ranks or GPUs: mpirun -n 
 pub struct GpuSplit {
     /// Tree build on the host.
     pub tree: f64,
-    /// Dual tree walk and the flattened lists on the host.
+    /// The dual tree walk: on the device (its two submissions and waits, the default) or
+    /// on the host with the flattened lists.
     pub lists: f64,
+    /// Whether the walk ran on the device.
+    pub walk_on_device: bool,
+    /// Steps of the device walk recorded.
+    pub walk_steps: u64,
+    /// Device walks run (more than one when a buffer overflowed).
+    pub walk_runs: u64,
+    /// The device walk's largest frontier (pairs).
+    pub walk_frontier: u64,
+    /// Pairs the device walk visited.
+    pub walk_pairs: u64,
+    /// The device walk's device-memory traffic by its model (bytes; `walk.rs`,
+    /// `modelled_bytes`): not measured.
+    pub walk_model_bytes: u64,
     /// Packing and uploading positions, centres, lists and tables (host to device).
     pub upload: f64,
     /// P2M and M2M on the device.
@@ -200,6 +218,10 @@ pub struct GpuForces {
     module: Module,
     last: Mutex<GpuSplit>,
     loop_budget: u32,
+    /// The dual tree walk's kernels (`walk.wgsl`).
+    walk: DeviceWalk,
+    /// Walk on the host ([`GpuForces::with_host_lists`]).
+    host_lists: bool,
 }
 
 impl std::fmt::Debug for GpuForces {
@@ -256,12 +278,15 @@ impl GpuForces {
         let module = Module::new(&ctx, "fmm.wgsl", SHADER, &ARRAYS, PARAM_BYTES, &ENTRIES)
             .map_err(gpu_error)?;
         let loop_budget = loop_budget_for(selected.adapter.software);
+        let walk = DeviceWalk::new(&ctx).map_err(gpu_error)?;
         Ok(GpuForces {
             ctx,
             selected,
             module,
             last: Mutex::new(GpuSplit::default()),
             loop_budget,
+            walk,
+            host_lists: false,
         })
     }
 
@@ -272,6 +297,15 @@ impl GpuForces {
     /// gives wrong forces on llvmpipe (lavapipe) once an invocation's loops exceed that.
     pub fn with_loop_budget(mut self, budget: u32) -> GpuForces {
         self.loop_budget = budget.clamp(1, HARDWARE_LOOP_BUDGET);
+        self
+    }
+
+    /// This engine with the interaction lists built by the host's dual tree walk
+    /// (`Fmm::walk_lists`, uploaded) when `host` instead of by the walk on the device
+    /// (`walk.wgsl`, the default): the same lists, row by row, in another order within a
+    /// row (the tests compare the two).
+    pub fn with_host_lists(mut self, host: bool) -> GpuForces {
+        self.host_lists = host;
         self
     }
 
@@ -354,9 +388,9 @@ impl GpuForces {
     }
 }
 
-/// One dispatch's `Params` record of `fmm.wgsl` (36 words; floats as bits).
+/// One dispatch's `Params` record of `fmm.wgsl` (40 words; floats as bits).
 #[derive(Debug, Clone, Copy)]
-struct Params([u32; 36]);
+struct Params([u32; 40]);
 
 /// Word positions in [`Params`], as `fmm.wgsl` declares them.
 mod w {
@@ -382,6 +416,7 @@ mod w {
     pub const O_GRAD: usize = 19;
     pub const ZERO: usize = 20;
     pub const O_P2P_ITEMS: usize = 21;
+    pub const O_P2P_OFF: usize = 36;
     pub const O_M2L_OFF: usize = 22;
     pub const O_M2L_ITEMS: usize = 23;
     pub const O_M2P_OFF: usize = 24;
@@ -475,57 +510,43 @@ fn longest_row(off: &[u32]) -> usize {
         .unwrap_or(0)
 }
 
-/// The P2P work of the compressed rows `p2p` (target leaf -> source nodes) of `tree` as tasks
-/// of the `p2p` kernel, each within `budget` loop iterations: returns the tasks by pass
-/// (`[leaf, first target, q0, q1]` each, one per 64 targets of a leaf and piece of its row)
-/// and the source particle ranges (`[s0, s1]` pairs) that `q0..q1` index. A row is cut into
-/// pieces of whole ranges, ranges longer than a piece allows are cut first; pass `j` holds
-/// the `j`-th piece of every leaf, so each target's sources are summed in row order.
-fn p2p_tasks(tree: &Tree, p2p: &(Vec<u32>, Vec<u32>), budget: u32) -> (Vec<Vec<u32>>, Vec<u32>) {
-    let wg = WG as usize;
-    // Loop iterations of one range of n sources (module `LoopCost`'s counting): the range
-    // loop, the staging loop over tiles and each tile's pairs; 2 for the range loop's end.
-    let cost = |n: usize| n + 2 * n.div_ceil(wg) + 2;
-    let budget = (budget as usize).saturating_sub(1);
-    let longest = (budget.saturating_sub(4) * wg / (wg + 2)).max(1);
-    let mut ranges: Vec<u32> = Vec::new();
-    let mut by_pass: Vec<Vec<u32>> = Vec::new();
-    for a in 0..tree.nodes.len() {
-        let row = &p2p.1[p2p.0[a] as usize..p2p.0[a + 1] as usize];
-        if row.is_empty() {
-            continue;
-        }
-        // The pieces (q0, q1) of this row.
-        let mut pieces = Vec::new();
-        let (mut q0, mut spent) = ((ranges.len() / 2) as u32, 0);
-        for &b in row {
-            let nb = &tree.nodes[b as usize];
-            let mut s = nb.start;
-            while s < nb.end {
-                let e = nb.end.min(s + longest);
-                let c = cost(e - s);
-                let q = (ranges.len() / 2) as u32;
-                if spent + c > budget && q > q0 {
-                    pieces.push((q0, q));
-                    (q0, spent) = (q, 0);
-                }
-                ranges.extend([s as u32, e as u32]);
-                spent += c;
-                s = e;
-            }
-        }
-        pieces.push((q0, (ranges.len() / 2) as u32));
-        if by_pass.len() < pieces.len() {
-            by_pass.resize(pieces.len(), Vec::new());
-        }
-        let nd = &tree.nodes[a];
-        for first in (nd.start..nd.end).step_by(wg) {
-            for (j, &(q0, q1)) in pieces.iter().enumerate() {
-                by_pass[j].extend([a as u32, first as u32, q0, q1]);
+/// The tasks of the `p2p` kernel for the leaves of `tree`: `[leaf, first target]`, one per
+/// 64 particles of each leaf with targets (in node order).
+fn p2p_tasks(tree: &Tree) -> Vec<u32> {
+    let mut tasks = Vec::new();
+    for (a, nd) in tree.nodes.iter().enumerate() {
+        if nd.is_leaf() && nd.ntargets > 0 {
+            for first in (nd.start..nd.end).step_by(WG as usize) {
+                tasks.extend([a as u32, first as u32]);
             }
         }
     }
-    (by_pass, ranges)
+    tasks
+}
+
+/// Source particles per pass of the `p2p` kernel within `budget` loop iterations when the
+/// longest P2P row has `longest_row` entries (llvmpipe's counting, module `LoopCost`): a
+/// pass loops once over the row's entries (`5` iterations each, with the range loop's ends
+/// and the tile loops of ranges cut by the pass) and once per staged source (`66 / 64`, the
+/// tile loop and the pair loop); at least one tile.
+fn p2p_window(budget: u32, longest_row: usize) -> u32 {
+    let fixed = 5 * longest_row as u64 + 2;
+    let per = (budget as u64).saturating_sub(fixed) * 64 / 66;
+    per.clamp(WG as u64, HARDWARE_LOOP_BUDGET as u64) as u32
+}
+
+/// The most source particles of one P2P row (`p2p`: compressed rows of source nodes).
+fn p2p_row_particles(tree: &Tree, p2p: &(Vec<u32>, Vec<u32>)) -> usize {
+    p2p.0
+        .windows(2)
+        .map(|w| {
+            p2p.1[w[0] as usize..w[1] as usize]
+                .iter()
+                .map(|&b| tree.nodes[b as usize].count())
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The kernels of an FMM evaluation.
@@ -616,18 +637,93 @@ struct Packed {
     pts: Vec<[f32; 4]>,
     /// Node then imported-cell centres, (hi, lo) pairs.
     cen: Vec<[f32; 4]>,
-    /// Per node `[start, end, first_child, nchild]` then `[parent, ntargets, level, 0]`.
-    nodes: Vec<[u32; 4]>,
     /// The `lists` binding: index tables, interaction lists, then leaf and task lists.
     u: Vec<u32>,
     /// The `tabf` binding: float tables.
     f: Vec<f32>,
-    /// Initial multipoles `[nodes + cells][nt]`: zero for the nodes, the imported cells'.
-    mp0: Vec<f32>,
+    /// The imported cells' multipoles `[cells][nt]`, which follow the nodes' (computed on
+    /// the device from zero) in the multipole array.
+    mp_cells: Vec<f32>,
     /// The leaves, in node order.
     leaves: Vec<u32>,
+    /// Where the leaf list and the P2P tasks (`[leaf, first target]` pairs) are in `u`.
+    o_leaves: u32,
+    o_tasks: u32,
+    /// P2P tasks.
+    n_tasks: usize,
+    /// Words of device-built lists that follow `u` in the `lists` binding (copied there on
+    /// the device; `u` ends where they start).
+    tail: usize,
     /// The parameter words every dispatch shares.
     base: Params,
+}
+
+/// Where an evaluation's interaction lists come from: the host's walk, or the device's.
+enum ListsOf<'a> {
+    Host(&'a WalkLists),
+    Device(&'a DeviceLists),
+}
+
+impl ListsOf<'_> {
+    /// What the plan needs of them.
+    fn shape(&self, tree: &Tree) -> ListShape {
+        match self {
+            ListsOf::Host(l) => ListShape {
+                counts: [l.m2l.1.len(), l.m2p.1.len(), l.p2p.1.len()],
+                longest: [
+                    longest_row(&l.m2l.0),
+                    longest_row(&l.m2p.0),
+                    longest_row(&l.p2p.0),
+                ],
+                p2p_row_particles: p2p_row_particles(tree, &l.p2p),
+                forced: l.forced,
+                p2p_pairs: l.p2p_pairs,
+            },
+            ListsOf::Device(d) => d.shape,
+        }
+    }
+}
+
+/// The centre of `tree`'s cube, kpc: the origin of the kernels' points.
+fn cube_centre(tree: &Tree) -> [f64; 3] {
+    tree.lo.map(|lo| lo + 0.5 * tree.side)
+}
+
+/// `tree`'s nodes as `fmm.wgsl` and `walk.wgsl` read them: per node `[start, end,
+/// first_child, nchild]` then `[parent, ntargets, level, 0]`.
+fn packed_nodes(tree: &Tree) -> Vec<[u32; 4]> {
+    tree.nodes
+        .iter()
+        .flat_map(|n| {
+            [
+                [
+                    n.start as u32,
+                    n.end as u32,
+                    n.first_child as u32,
+                    n.nchild as u32,
+                ],
+                [n.parent as u32, n.ntargets as u32, n.level as u32, 0],
+            ]
+        })
+        .collect()
+}
+
+/// The centres and radii of `tree`'s nodes then of the imported cells `remote` for
+/// `walk.wgsl`: (hi.xyz, radius hi), (lo.xyz, radius lo), the centres relative to `origin`.
+fn walk_geo(tree: &Tree, remote: &[RemoteCell], origin: [f64; 3]) -> Vec<[f32; 4]> {
+    let cells = remote.iter().map(|c| (c.center, c.radius));
+    tree.nodes
+        .iter()
+        .map(|n| (n.center, n.radius))
+        .chain(cells)
+        .flat_map(|(c, r)| {
+            let [mut hi, mut lo] = split(c, origin, 0.0);
+            let rh = r as f32;
+            hi[3] = rh;
+            lo[3] = (r - rh as f64) as f32;
+            [hi, lo]
+        })
+        .collect()
 }
 
 /// Packs `tree`, its `lists`, the order-`p` tables `ft` (`nt` coefficients) and the imported
@@ -635,7 +731,7 @@ struct Packed {
 /// resident shard makes them on the device (`points` false).
 fn pack(
     tree: &Tree,
-    lists: &WalkLists,
+    lists: &ListsOf,
     (ft, p, nt): (&FlatTables, usize, usize),
     remote: &[RemoteCell],
     softening: f64,
@@ -643,11 +739,7 @@ fn pack(
 ) -> Packed {
     let nn = tree.nodes.len();
     let n_all = tree.perm.len();
-    let origin = [
-        tree.lo[0] + 0.5 * tree.side,
-        tree.lo[1] + 0.5 * tree.side,
-        tree.lo[2] + 0.5 * tree.side,
-    ];
+    let origin = cube_centre(tree);
     let soa = &tree.soa;
     let pts: Vec<[f32; 4]> = if points {
         (0..n_all)
@@ -663,21 +755,6 @@ fn pack(
         .chain(remote.iter().map(|c| c.center))
         .flat_map(|c| split(c, origin, 0.0))
         .collect();
-    let nodes: Vec<[u32; 4]> = tree
-        .nodes
-        .iter()
-        .flat_map(|n| {
-            [
-                [
-                    n.start as u32,
-                    n.end as u32,
-                    n.first_child as u32,
-                    n.nchild as u32,
-                ],
-                [n.parent as u32, n.ntargets as u32, n.level as u32, 0],
-            ]
-        })
-        .collect();
     let mut leaf_of = vec![0u32; n_all];
     let mut leaves = Vec::new();
     for (k, n) in tree.nodes.iter().enumerate() {
@@ -690,7 +767,7 @@ fn pack(
     }
     let mut u = Vec::new();
     let mut f = Vec::new();
-    let mut base = Params([0; 36]);
+    let mut base = Params([0; 40]);
     let b = &mut base.0;
     b[w::N_ALL] = n_all as u32;
     b[w::NN] = nn as u32;
@@ -714,20 +791,41 @@ fn pack(
     b[w::O_ROWS] = push(&mut u, &ft.rows);
     b[w::O_RSTART] = push(&mut u, &ft.row_start);
     b[w::O_GRAD] = push(&mut u, &ft.grad);
-    b[w::O_M2L_OFF] = push(&mut u, &lists.m2l.0);
-    b[w::O_M2L_ITEMS] = push(&mut u, &lists.m2l.1);
-    b[w::O_M2P_OFF] = push(&mut u, &lists.m2p.0);
-    b[w::O_M2P_ITEMS] = push(&mut u, &lists.m2p.1);
     b[w::O_LEAFOF] = push(&mut u, &leaf_of);
+    let o_leaves = push(&mut u, &leaves);
+    let tasks = p2p_tasks(tree);
+    let o_tasks = push(&mut u, &tasks);
+    let tail = match lists {
+        ListsOf::Host(l) => {
+            b[w::O_M2L_OFF] = push(&mut u, &l.m2l.0);
+            b[w::O_M2L_ITEMS] = push(&mut u, &l.m2l.1);
+            b[w::O_M2P_OFF] = push(&mut u, &l.m2p.0);
+            b[w::O_M2P_ITEMS] = push(&mut u, &l.m2p.1);
+            b[w::O_P2P_OFF] = push(&mut u, &l.p2p.0);
+            b[w::O_P2P_ITEMS] = push(&mut u, &l.p2p.1);
+            0
+        }
+        ListsOf::Device(d) => {
+            // `DeviceLists::out`: the items of the three kinds, then their offsets.
+            let at = u.len() as u32;
+            let [c0, c1, c2] = d.shape.counts.map(|c| c as u32);
+            let rows = (nn + 1) as u32;
+            let m = c0 + c1 + c2;
+            b[w::O_M2L_ITEMS] = at;
+            b[w::O_M2P_ITEMS] = at + c0;
+            b[w::O_P2P_ITEMS] = at + c0 + c1;
+            b[w::O_M2L_OFF] = at + m;
+            b[w::O_M2P_OFF] = at + m + rows;
+            b[w::O_P2P_OFF] = at + m + 2 * rows;
+            d.words()
+        }
+    };
     b[w::F_INV] = pushf(&mut f, &ft.inv_step);
     b[w::F_DC] = pushf(&mut f, &ft.deriv_c);
     b[w::F_SIGN] = pushf(&mut f, &ft.sign);
-    let mut mp0 = vec![0f32; (nn + remote.len()) * nt];
+    let mut mp_cells = vec![0f32; remote.len() * nt];
     for (k, c) in remote.iter().enumerate() {
-        for (o, &v) in mp0[(nn + k) * nt..(nn + k + 1) * nt]
-            .iter_mut()
-            .zip(&c.multipole)
-        {
+        for (o, &v) in mp_cells[k * nt..(k + 1) * nt].iter_mut().zip(&c.multipole) {
             *o = v as f32;
         }
     }
@@ -735,11 +833,14 @@ fn pack(
         origin,
         pts,
         cen,
-        nodes,
         u,
         f,
-        mp0,
+        mp_cells,
         leaves,
+        o_leaves,
+        o_tasks,
+        n_tasks: tasks.len() / 2,
+        tail,
         base,
     }
 }
@@ -753,15 +854,13 @@ const PHASES: [&str; 4] = [
 ];
 
 impl GpuForces {
-    /// The dispatches of one evaluation of `tree` with `lists` (the P2P ranges and the leaf
-    /// and task lists appended to `packed.u`), no invocation over this engine's loop budget.
-    fn plan(&self, tree: &Tree, lists: &WalkLists, packed: &mut Packed, cost: LoopCost) -> Plan {
+    /// The dispatches of one evaluation of `tree` with lists of `shape` packed in `packed`,
+    /// no invocation over this engine's loop budget.
+    fn plan(&self, tree: &Tree, shape: &ListShape, packed: &Packed, cost: LoopCost) -> Plan {
         let budget = self.loop_budget;
         let groups = |n: usize| (n as u32).div_ceil(WG);
-        let (tasks, ranges) = p2p_tasks(tree, &lists.p2p, budget);
-        let mut base = packed.base;
-        base.0[w::O_P2P_ITEMS] = push(&mut packed.u, &ranges);
-        let o_leaves = push(&mut packed.u, &packed.leaves);
+        let base = packed.base;
+        let o_leaves = packed.o_leaves;
         let mut plan = Plan::default();
         // Upward: P2M in passes over the leaves' particles, then M2M level by level.
         let nl = packed.leaves.len();
@@ -780,23 +879,24 @@ impl GpuForces {
         // Far field: M2L in passes over the rows, then L2L level by level.
         let nn = tree.nodes.len();
         let per = LoopCost::per_pass(budget, cost.m2l_fixed, cost.m2l_entry);
-        for c in 0..passes(longest_row(&lists.m2l.0), per) {
+        for c in 0..passes(shape.longest[0], per) {
             plan.push(1, Kernel::M2l, base.with(0, nn, 0).pass(c, per), groups(nn));
         }
         for l in 1..levels {
             let (a, b) = (tree.level_start[l], tree.level_start[l + 1]);
             plan.push(1, Kernel::L2l, base.with(a, b - a, 0), groups(b - a));
         }
-        // Near field: one dispatch per pass of P2P tasks, a workgroup per task.
-        for (c, t) in tasks.iter().enumerate() {
-            let o = push(&mut packed.u, t);
-            let n = t.len() / 4;
-            plan.push(2, Kernel::P2p, base.with(0, n, o).pass(c, 0), n as u32);
+        // Near field: a workgroup per 64 targets of a leaf, one dispatch per window of the
+        // rows' source particles.
+        let (o, n) = (packed.o_tasks, packed.n_tasks);
+        let per = p2p_window(budget, shape.longest[2]);
+        for c in 0..passes(shape.p2p_row_particles, per) {
+            plan.push(2, Kernel::P2p, base.with(0, n, o).pass(c, per), n as u32);
         }
         // Particles: L2P, and M2P in passes over the rows.
         let n_all = tree.perm.len();
         let per = LoopCost::per_pass(budget, cost.far_fixed, cost.m2p_entry);
-        for c in 0..passes(longest_row(&lists.m2p.0), per) {
+        for c in 0..passes(shape.longest[1], per) {
             let p = base.with(0, n_all, 0).pass(c, per);
             plan.push(3, Kernel::Far, p, groups(n_all));
         }
@@ -864,20 +964,55 @@ impl GpuForces {
         let clock = Instant::now();
         let tree = fmm.build_tree_nodes(sources);
         split_t.tree = clock.elapsed().as_secs_f64();
+        // The lists: the walk on the device from the uploaded nodes, centres and radii, or
+        // on the host.
         let clock = Instant::now();
-        let lists = fmm.walk_lists(&tree, sources.remote_cells);
+        let remote = sources.remote_cells;
+        let nn = tree.nodes.len();
+        let host_nodes = packed_nodes(&tree);
+        let b_nodes = self.storage("tree nodes", &host_nodes)?;
+        let mut walk_words = 0;
+        let (host_lists, device_lists);
+        let lists = if self.host_lists {
+            host_lists = fmm.walk_lists(&tree, remote);
+            ListsOf::Host(&host_lists)
+        } else {
+            let (direct_max, p2p_node_max) = fmm.walk_limits();
+            let rules = WalkRules {
+                theta: fmm.params().theta,
+                direct_max,
+                p2p_node_max,
+            };
+            let geo = walk_geo(&tree, remote, cube_centre(&tree));
+            walk_words = 4 * geo.len();
+            let sizes = (nn, remote.len(), tree.depth());
+            device_lists = self
+                .walk
+                .lists(&b_nodes, &geo, sizes, rules)
+                .map_err(gpu_error)?;
+            split_t.walk_on_device = true;
+            split_t.walk_steps = device_lists.steps as u64;
+            split_t.walk_runs = device_lists.runs as u64;
+            split_t.walk_frontier = device_lists.max_frontier as u64;
+            split_t.walk_pairs = device_lists.pairs;
+            split_t.walk_model_bytes = walk::modelled_bytes(
+                device_lists.pairs,
+                device_lists.shape.counts.iter().sum::<usize>() as u64,
+                nn,
+            );
+            ListsOf::Device(&device_lists)
+        };
+        let shape = lists.shape(&tree);
         split_t.lists = clock.elapsed().as_secs_f64();
 
         let clock = Instant::now();
         let tables = fmm.tables();
         let ft = tables.flat();
         let nt = tables.nterms;
-        let nn = tree.nodes.len();
         let n_all = tree.perm.len();
         let order = (&ft, tables.p, nt);
-        let remote = sources.remote_cells;
-        let mut packed = pack(&tree, &lists, order, remote, softening, shard.is_none());
-        let plan = self.plan(&tree, &lists, &mut packed, LoopCost::new(&ft, nt, tables.p));
+        let packed = pack(&tree, &lists, order, remote, softening, shard.is_none());
+        let plan = self.plan(&tree, &shape, &packed, LoopCost::new(&ft, nt, tables.p));
         let pk = &packed;
         let host_perm: Vec<u32> = tree.perm.iter().map(|&i| i as u32).collect();
         let b_perm = self.storage("particle order", &host_perm)?;
@@ -902,10 +1037,35 @@ impl GpuForces {
             None => self.storage("particles (positions and masses)", &pk.pts)?,
         };
         let b_cen = self.storage("node and imported cell centres", &pk.cen)?;
-        let b_nodes = self.storage("tree nodes", &pk.nodes)?;
-        let b_lists = self.storage("interaction lists and index tables", &pk.u)?;
+        let b_lists = match &lists {
+            ListsOf::Host(_) => self.storage("interaction lists and index tables", &pk.u)?,
+            ListsOf::Device(d) => {
+                // The tables from the host, the lists copied in after them on the device.
+                let at = 4 * pk.u.len() as u64;
+                let b = self
+                    .ctx
+                    .storage_windowed(
+                        "interaction lists and index tables",
+                        at + 4 * pk.tail as u64,
+                        REDUCE,
+                    )
+                    .map_err(gpu_error)?;
+                self.ctx.write(&b, 0, &pk.u);
+                let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(&d.out, 0, &b, at, 4 * pk.tail as u64);
+                self.ctx.queue.submit([enc.finish()]);
+                b
+            }
+        };
         let b_tabf = self.storage("expansion coefficient tables", &pk.f)?;
-        let b_mp = self.storage("multipoles", &pk.mp0)?;
+        // The nodes' multipoles start from zero on the device; only the imported cells'
+        // cross the bus.
+        let mp_bytes = (4 * (nn * nt) + 4 * pk.mp_cells.len()) as u64;
+        let b_mp = self
+            .ctx
+            .storage_windowed("multipoles", mp_bytes, REDUCE)
+            .map_err(gpu_error)?;
+        self.ctx.write(&b_mp, (4 * nn * nt) as u64, &pk.mp_cells);
         let out_bytes = (2 * n_all * 16) as u64;
         // Local expansions, then the low parts of the M2L's sums between its passes.
         let b_loc = self
@@ -920,8 +1080,9 @@ impl GpuForces {
             &b_pts, &b_cen, &b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
         ])?;
         let group1 = self.params_group(&plan.params);
-        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + pk.nodes.len() * 4 + imported_words;
-        let words = words + pk.u.len() + pk.f.len() + pk.mp0.len() + host_perm.len();
+        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + host_nodes.len() * 4 + imported_words;
+        let words =
+            words + pk.u.len() + pk.f.len() + pk.mp_cells.len() + host_perm.len() + walk_words;
         split_t.bytes_up = 4 * words as u64;
         split_t.upload = clock.elapsed().as_secs_f64();
 
@@ -933,11 +1094,11 @@ impl GpuForces {
         let stats = FmmStats {
             nodes: nn,
             depth: tree.depth(),
-            m2l: lists.m2l.1.len(),
-            m2p: lists.m2p.1.len(),
-            p2p_blocks: lists.p2p.1.len(),
-            p2p_pairs: lists.p2p_pairs,
-            forced_m2l: lists.forced,
+            m2l: shape.counts[0],
+            m2p: shape.counts[1],
+            p2p_blocks: shape.counts[2],
+            p2p_pairs: shape.p2p_pairs,
+            forced_m2l: shape.forced,
             seconds: PhaseSeconds {
                 tree: split_t.tree,
                 traversal: split_t.lists + split_t.upload,
@@ -1037,7 +1198,7 @@ impl GpuForces {
                 pos.len()
             }
         };
-        let mut base = Params([0; 36]);
+        let mut base = Params([0; 40]);
         base.0[w::N_ALL] = pos.len() as u32;
         base.0[w::COUNT] = n as u32;
         base.0[w::TARGET0] = target0 as u32;
