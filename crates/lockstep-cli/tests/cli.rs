@@ -530,7 +530,7 @@ fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
     );
     assert!(has_row("direct gpu", "800"), "{text}");
     for want in [
-        "split (s): host tree",
+        "split (s): device tree ",
         ", device walk ",
         "H200 model (not measured",
     ] {

@@ -735,14 +735,19 @@ fn resident_particles_match_host_stepping() {
                 |_| {},
             )
             .unwrap();
-            let up = lockstep_nbody::fmm_gpu::gpu_of(g.solver())
+            let split = lockstep_nbody::fmm_gpu::gpu_of(g.solver())
                 .unwrap()
-                .last_split()
-                .bytes_up;
-            (p, d, seen, g.last_reads, up)
+                .last_split();
+            (
+                p,
+                d,
+                seen,
+                g.last_reads,
+                (split.bytes_up, split.tree_on_device),
+            )
         };
-        let (host, dh, seen_h, none, up_host) = run(false);
-        let (dev, dd, seen_d, (reads, bytes), up) = run(true);
+        let (host, dh, seen_h, none, (up_host, _)) = run(false);
+        let (dev, dd, seen_d, (reads, bytes), (up, tree_on_device)) = run(true);
         assert_eq!(none, (0, 0));
         let (again, _, _, _, _) = run(true);
         let label = format!("{method:?} {integrator:?}");
@@ -758,8 +763,13 @@ fn resident_particles_match_host_stepping() {
             "{label}: resident vs host stepping: max |dx| {:.2e} kpc, |dv| {:.2e} km/s; {reads} read-backs, {bytes} B",
             worst.0, worst.1
         );
-        // Plummer radius 1 kpc, velocities about 1 km/s (G = 1).
-        assert!(worst.0 <= 1e-11 && worst.1 <= 1e-11, "{label}: {worst:?}");
+        // Plummer radius 1 kpc, velocities about 1 km/s (G = 1). 1e-9: host stepping keeps
+        // f64 positions, the shard double-float ones, about 1e-15 kpc apart after a step;
+        // that can move a particle across a Morton cell edge or an opening-test boundary in
+        // one run's tree and not the other's, and its force then differs at the method's
+        // accuracy for that evaluation (measured 2.2e-11 km/s for the DKD run; a wrong
+        // drift or kick differs by 1e-6 or more).
+        assert!(worst.0 <= 1e-9 && worst.1 <= 1e-9, "{label}: {worst:?}");
         for (a, b) in dd.iter().zip(&dh) {
             assert!(
                 (a.energy() - b.energy()).abs() <= 1e-9 * b.energy().abs(),
@@ -770,7 +780,7 @@ fn resident_particles_match_host_stepping() {
         for (a, b) in seen_d.iter().zip(&seen_h) {
             assert_eq!(a.0, b.0);
             for c in 0..3 {
-                assert!((a.1[c] - b.1[c]).abs() <= 1e-11 && (a.2[c] - b.2[c]).abs() <= 1e-11);
+                assert!((a.1[c] - b.1[c]).abs() <= 1e-9 && (a.2[c] - b.2[c]).abs() <= 1e-9);
             }
         }
         for i in dev.num..dev.capacity() {
@@ -791,13 +801,24 @@ fn resident_particles_match_host_stepping() {
         assert_eq!(reads, evals + 2 * 3 + 1, "{label}");
         // Both methods take the positions from the shard: an evaluation uploads 32 B per
         // particle less (the FMM's sorted points and the direct sums' sources are made on
-        // the device).
-        let saved = 32 * n;
-        assert_eq!(
-            up_host - up,
-            saved,
-            "{label}: {up_host} B vs {up} B uploaded"
-        );
+        // the device); the FMM builds its tree there too, so neither its order (4 B per
+        // particle) nor its nodes, centres and radii are uploaded either.
+        if method == Method::Fmm {
+            assert!(
+                tree_on_device,
+                "{label}: the resident FMM built its tree on the host"
+            );
+            assert!(
+                up_host - up > 36 * n,
+                "{label}: {up_host} B vs {up} B uploaded"
+            );
+        } else {
+            assert_eq!(
+                up_host - up,
+                32 * n,
+                "{label}: {up_host} B vs {up} B uploaded"
+            );
+        }
         assert_eq!(
             bytes,
             evals * 32 * n + 3 * (64 * n + 32 * n) + 64 * n,
@@ -853,7 +874,12 @@ fn resident_drift_keeps_double_float_precision() {
 
 /// Sharded runs keep each rank's shard on its GPU: 3 ranks, one of them empty (two
 /// particles in all), and 2 ranks of clumps, give the host-stepped run's trajectories and
-/// diagnostics (FMM and direct sums).
+/// diagnostics (FMM and direct sums). To 1e-9 kpc and km/s (and relative energy) for the
+/// 2-rank FMM run, 1e-11 otherwise: host stepping keeps f64 positions and the shard double-float ones (48 bits),
+/// which after a few steps differ by about 1e-15 kpc; that can move a particle across a
+/// Morton cell edge or an opening-test boundary in one run and not the other, after which
+/// its force differs at the method's accuracy for that evaluation (measured: 2.9e-11 km/s
+/// after 6 steps).
 #[test]
 fn resident_sharded_runs_match_host_stepping_with_an_empty_rank() {
     let ts: Vec<f64> = (0..=6).map(|k| k as f64 * 5e-3).collect();
@@ -898,20 +924,25 @@ fn resident_sharded_runs_match_host_stepping_with_an_empty_rank() {
         if n == 2 {
             assert!(dev.iter().any(|r| r.0 == 0), "{label}: no empty rank");
         }
+        let tol = if n > 2 && method == Method::Fmm {
+            1e-9
+        } else {
+            1e-11
+        };
         for (h, d) in host.iter().zip(&dev) {
             assert_eq!(h.0, d.0, "{label}");
             for (a, b) in h.1.iter().zip(&d.1) {
                 assert_eq!(a.0, b.0);
                 for c in 0..3 {
                     assert!(
-                        (a.1[c] - b.1[c]).abs() <= 1e-11 && (a.2[c] - b.2[c]).abs() <= 1e-11,
+                        (a.1[c] - b.1[c]).abs() <= tol && (a.2[c] - b.2[c]).abs() <= tol,
                         "{label}: {a:?} {b:?}"
                     );
                 }
             }
             for (x, y) in h.2.iter().zip(&d.2) {
                 assert!(
-                    (x.energy() - y.energy()).abs() <= 1e-10 * x.energy().abs().max(1e-30),
+                    (x.energy() - y.energy()).abs() <= tol * x.energy().abs().max(1e-30),
                     "{label}: {x:?} {y:?}"
                 );
             }

@@ -102,8 +102,21 @@ impl Tree {
     /// Builds the nodes of the tree of `pos`/`mass` (input order), without multipoles
     /// ([`Tree::upward_pass`] adds them); inputs `0..n_targets` are targets.
     pub fn build_nodes(pos: &[[f64; 3]], mass: &[f64], n_targets: usize, leaf_size: usize) -> Tree {
-        let n = pos.len();
         let (lo, side) = bounding_cube(pos);
+        Tree::build_nodes_in(pos, mass, n_targets, leaf_size, (lo, side))
+    }
+
+    /// [`Tree::build_nodes`] in the cube `(corner, side)` (kpc), which must hold every
+    /// point (a point outside takes the key of the nearest cell): the GPU's tree builds its
+    /// own cube (`fmm_gpu`'s device tree), and the tests build the host's in it.
+    pub fn build_nodes_in(
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        n_targets: usize,
+        leaf_size: usize,
+        (lo, side): ([f64; 3], f64),
+    ) -> Tree {
+        let n = pos.len();
         let mut order: Vec<(u64, usize)> = pos
             .par_iter()
             .enumerate()
@@ -243,19 +256,45 @@ pub fn bounding_cube(pos: &[[f64; 3]]) -> ([f64; 3], f64) {
     cube_from_bounds(bmin, bmax)
 }
 
-/// Cube (corner, side) holding the box `bmin..bmax`, slightly enlarged; a unit cube at the
-/// origin for an empty box.
+/// Cube (corner, side) holding the box `bmin..bmax`; a unit cube at the origin for an empty
+/// box. The rule is the GPU's (`fmm_gpu/tree.wgsl`, which builds the same tree on the
+/// device), computed the way it computes it: the largest extent from the bounds split into
+/// (hi, lo) f32 pairs, `(max_hi - min_hi) + (max_lo - min_lo)` in f32; the side the smallest
+/// power of two at least `1 + 2^-10` times that (1 for a point, at least 2^-100); the corner
+/// `2^-30` sides below `bmin`. A power-of-two side makes the Morton keys' scaling exact.
 pub fn cube_from_bounds(bmin: [f64; 3], bmax: [f64; 3]) -> ([f64; 3], f64) {
     if (0..3).any(|k| bmin[k].partial_cmp(&bmax[k]).is_none_or(|o| o.is_gt())) {
         return ([0.0; 3], 1.0);
     }
-    let ext = (0..3).map(|k| bmax[k] - bmin[k]).fold(0.0f64, f64::max);
-    let side = if ext > 0.0 { ext * (1.0 + 1e-9) } else { 1.0 };
-    let pad = side * 1e-12;
-    (
-        [bmin[0] - pad, bmin[1] - pad, bmin[2] - pad],
-        side + 2.0 * pad,
-    )
+    let pair = |x: f64| {
+        let hi = x as f32;
+        (hi, (x - hi as f64) as f32)
+    };
+    let ext = (0..3)
+        .map(|k| {
+            let (a, al) = pair(bmax[k]);
+            let (b, bl) = pair(bmin[k]);
+            (a - b) + (al - bl)
+        })
+        .fold(0.0f32, f32::max);
+    let side = if ext > 0.0 {
+        pow2_at_least(ext * 1.000_976_6).max(2f32.powi(-100))
+    } else {
+        1.0
+    };
+    let side = side as f64;
+    let pad = side * 2f64.powi(-30);
+    (bmin.map(|b| b - pad), side)
+}
+
+/// The smallest power of two at least `v` (positive and normal).
+fn pow2_at_least(v: f32) -> f32 {
+    let b = v.to_bits();
+    let mut e = b & 0x7f80_0000;
+    if b & 0x007f_ffff != 0 {
+        e += 0x0080_0000;
+    }
+    f32::from_bits(e)
 }
 
 /// The nodes of the octree over the sorted Morton `keys` in breadth-first order (so by

@@ -4,11 +4,14 @@
 //!
 //! What runs where:
 //!
-//! - **Host** (rayon, as the CPU path): the Morton tree (`Fmm::build_tree_nodes`) and the
-//!   locally essential tree exchange of sharded runs (MPI). Measured at N = 1e6 on 2 cores
-//!   (docs/nbody.md): tree 0.11 s, and before the walk moved to the device its lists
-//!   1.12 s and their packing and upload 0.35 s (303 MB), against milliseconds for those
-//!   bytes over PCIe. The tree is the host's share that remains (the next lever).
+//! - **Device tree** (`tree.rs`, `tree.wgsl`; [`GpuForces::with_host_tree`] builds it on the
+//!   host instead): from a resident shard's positions when nothing was imported, the host's
+//!   tree in the same cube node for node; the host reads back the nodes and the order.
+//! - **Host** (rayon, as the CPU path): the Morton tree where particles were imported or are
+//!   not resident (`Fmm::build_tree_nodes`), and the locally essential tree exchange of
+//!   sharded runs (MPI). Measured at N = 1e6 on 2 cores (docs/nbody.md), before the tree
+//!   and the walk moved to the device: tree 0.11 s, lists 1.12 s, their packing and upload
+//!   0.35 s (303 MB), against milliseconds for those bytes over PCIe.
 //! - **Device walk** (`walk.rs`, `walk.wgsl`; [`GpuForces::with_host_lists`] walks on the
 //!   host instead): the dual tree walk's interaction lists built from the uploaded nodes,
 //!   centres and radii, the host walk's lists row by row, left on the device as compressed
@@ -57,9 +60,12 @@ use crate::NbodyError;
 
 mod pipelines;
 pub mod resident;
+mod sort_scan;
+mod tree;
 mod walk;
 use pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE as PARAM_STRIDE};
 pub use resident::{DeviceField, ResidentShard};
+use tree::{BuiltTree, DeviceTree};
 use walk::{DeviceLists, DeviceWalk, ListShape, WalkRules};
 
 /// The kernels' source.
@@ -108,6 +114,10 @@ pub struct GpuSplit {
     pub lists: f64,
     /// Whether the walk ran on the device.
     pub walk_on_device: bool,
+    /// Whether the tree was built on the device.
+    pub tree_on_device: bool,
+    /// Device tree builds run (more than one when its node buffer overflowed).
+    pub tree_runs: u64,
     /// Steps of the device walk recorded.
     pub walk_steps: u64,
     /// Device walks run (more than one when a buffer overflowed).
@@ -222,6 +232,10 @@ pub struct GpuForces {
     walk: DeviceWalk,
     /// Walk on the host ([`GpuForces::with_host_lists`]).
     host_lists: bool,
+    /// The tree's kernels (`tree.wgsl`).
+    tree: DeviceTree,
+    /// Tree on the host ([`GpuForces::with_host_tree`]).
+    host_tree: bool,
 }
 
 impl std::fmt::Debug for GpuForces {
@@ -279,6 +293,7 @@ impl GpuForces {
             .map_err(gpu_error)?;
         let loop_budget = loop_budget_for(selected.adapter.software);
         let walk = DeviceWalk::new(&ctx).map_err(gpu_error)?;
+        let tree = DeviceTree::new(&ctx).map_err(gpu_error)?;
         Ok(GpuForces {
             ctx,
             selected,
@@ -287,6 +302,8 @@ impl GpuForces {
             loop_budget,
             walk,
             host_lists: false,
+            tree,
+            host_tree: false,
         })
     }
 
@@ -306,6 +323,14 @@ impl GpuForces {
     /// row (the tests compare the two).
     pub fn with_host_lists(mut self, host: bool) -> GpuForces {
         self.host_lists = host;
+        self
+    }
+
+    /// This engine with the Morton tree always built on the host when `host` (the tests
+    /// compare the two), instead of on the device wherever the positions are there and
+    /// nothing was imported (a resident shard of a one-rank run, [`GpuForces::fmm_field`]).
+    pub fn with_host_tree(mut self, host: bool) -> GpuForces {
+        self.host_tree = host;
         self
     }
 
@@ -961,17 +986,63 @@ impl GpuForces {
             return Ok((self.empty_field(g)?, FmmStats::default()));
         }
         let mut split_t = GpuSplit::default();
-        let clock = Instant::now();
-        let tree = fmm.build_tree_nodes(sources);
-        split_t.tree = clock.elapsed().as_secs_f64();
-        // The lists: the walk on the device from the uploaded nodes, centres and radii, or
-        // on the host.
+        let mut shard = shard;
+        if let Some(s) = &shard {
+            if s.num() != n_local {
+                return Err(self.err(
+                    "taking the positions from the resident shard",
+                    format!("the shard holds {} particles, not {n_local}", s.num()),
+                ));
+            }
+        }
+        // The tree: on the device from a resident shard's positions when nothing was
+        // imported, else on the host.
         let clock = Instant::now();
         let remote = sources.remote_cells;
+        let on_device = !self.host_tree && sources.remote_pos.is_empty() && remote.is_empty();
+        let built = match shard.as_deref_mut() {
+            Some(s) if on_device => {
+                let pos = s.positions().map_err(gpu_error)?;
+                let leaf = fmm.params().leaf_size;
+                Some(self.tree.build(pos, n_local, leaf).map_err(gpu_error)?)
+            }
+            _ => None,
+        };
+        let (tree, on_device) = match built {
+            Some(BuiltTree {
+                tree,
+                nodes,
+                geo,
+                perm,
+                host_perm,
+                runs,
+            }) => {
+                split_t.tree_on_device = true;
+                split_t.tree_runs = runs as u64;
+                (tree, Some((nodes, geo, (perm, host_perm))))
+            }
+            None => (fmm.build_tree_nodes(sources), None),
+        };
+        let (dev_nodes, dev_geo, dev_perm) = match on_device {
+            Some((n, g, p)) => (Some(n), Some(g), Some(p)),
+            None => (None, None, None),
+        };
+        split_t.tree = clock.elapsed().as_secs_f64();
+        // The lists: the walk on the device from the nodes, centres and radii (uploaded
+        // unless the device built the tree), or on the host.
+        let clock = Instant::now();
         let nn = tree.nodes.len();
-        let host_nodes = packed_nodes(&tree);
-        let b_nodes = self.storage("tree nodes", &host_nodes)?;
         let mut walk_words = 0;
+        let host_nodes = packed_nodes(&tree);
+        let uploaded_nodes;
+        let b_nodes = match &dev_nodes {
+            Some(nodes) => nodes,
+            None => {
+                walk_words += 4 * host_nodes.len();
+                uploaded_nodes = self.storage("tree nodes", &host_nodes)?;
+                &uploaded_nodes
+            }
+        };
         let (host_lists, device_lists);
         let lists = if self.host_lists {
             host_lists = fmm.walk_lists(&tree, remote);
@@ -983,12 +1054,20 @@ impl GpuForces {
                 direct_max,
                 p2p_node_max,
             };
-            let geo = walk_geo(&tree, remote, cube_centre(&tree));
-            walk_words = 4 * geo.len();
+            let uploaded_geo;
+            let b_geo = match &dev_geo {
+                Some(geo) => geo,
+                None => {
+                    let geo = walk_geo(&tree, remote, cube_centre(&tree));
+                    walk_words += 4 * geo.len();
+                    uploaded_geo = self.storage("node centres and radii", &geo)?;
+                    &uploaded_geo
+                }
+            };
             let sizes = (nn, remote.len(), tree.depth());
             device_lists = self
                 .walk
-                .lists(&b_nodes, &geo, sizes, rules)
+                .lists(b_nodes, b_geo, sizes, rules)
                 .map_err(gpu_error)?;
             split_t.walk_on_device = true;
             split_t.walk_steps = device_lists.steps as u64;
@@ -1014,17 +1093,20 @@ impl GpuForces {
         let packed = pack(&tree, &lists, order, remote, softening, shard.is_none());
         let plan = self.plan(&tree, &shape, &packed, LoopCost::new(&ft, nt, tables.p));
         let pk = &packed;
-        let host_perm: Vec<u32> = tree.perm.iter().map(|&i| i as u32).collect();
-        let b_perm = self.storage("particle order", &host_perm)?;
+        let (b_perm, host_perm, b_cen) = match (dev_perm, dev_geo) {
+            // The device's order and centres: nothing to upload.
+            (Some((perm, host_perm)), Some(geo)) => (perm, host_perm, geo),
+            _ => {
+                let host_perm: Vec<u32> = tree.perm.iter().map(|&i| i as u32).collect();
+                let b_perm = self.storage("particle order", &host_perm)?;
+                let b_cen = self.storage("node and imported cell centres", &pk.cen)?;
+                walk_words += host_perm.len() + 4 * pk.cen.len();
+                (b_perm, host_perm, b_cen)
+            }
+        };
         let mut imported_words = 0;
         let b_pts = match shard {
             Some(shard) => {
-                if shard.num() != n_local {
-                    return Err(self.err(
-                        "making the sorted points",
-                        format!("the shard holds {} particles, not {n_local}", shard.num()),
-                    ));
-                }
                 let origin = pk.origin;
                 let imported: Vec<[f32; 4]> = (sources.remote_pos.iter().zip(sources.remote_mass))
                     .flat_map(|(&x, &m)| split(x, origin, m))
@@ -1036,7 +1118,6 @@ impl GpuForces {
             }
             None => self.storage("particles (positions and masses)", &pk.pts)?,
         };
-        let b_cen = self.storage("node and imported cell centres", &pk.cen)?;
         let b_lists = match &lists {
             ListsOf::Host(_) => self.storage("interaction lists and index tables", &pk.u)?,
             ListsOf::Device(d) => {
@@ -1077,12 +1158,13 @@ impl GpuForces {
             .storage_windowed("particle fields", out_bytes, REDUCE)
             .map_err(gpu_error)?;
         let group0 = self.bind0([
-            &b_pts, &b_cen, &b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
+            &b_pts, &b_cen, b_nodes, &b_lists, &b_tabf, &b_mp, &b_loc, &b_out,
         ])?;
         let group1 = self.params_group(&plan.params);
-        let words = pk.pts.len() * 4 + pk.cen.len() * 4 + host_nodes.len() * 4 + imported_words;
-        let words =
-            words + pk.u.len() + pk.f.len() + pk.mp_cells.len() + host_perm.len() + walk_words;
+        // Up: the points (unless resident), the imported ones, the tables and lists, the
+        // imported multipoles, and what the host tree and walk needed uploaded.
+        let words = pk.pts.len() * 4 + imported_words + pk.u.len() + pk.f.len();
+        let words = words + pk.mp_cells.len() + walk_words;
         split_t.bytes_up = 4 * words as u64;
         split_t.upload = clock.elapsed().as_secs_f64();
 
@@ -1262,6 +1344,27 @@ impl GpuForces {
             n_local: n,
             g,
         })
+    }
+}
+
+impl GpuForces {
+    /// The FMM forces on the particles of the resident `shard` (the local particles of
+    /// `sources`, as last read back), read back in the shard's order: the evaluation of a
+    /// step of a resident simulation ([`GpuForces::fmm_field`]), for the bench.
+    ///
+    /// Errors: as [`GpuForces::fmm_field`].
+    pub fn resident_fmm_forces(
+        &self,
+        fmm: &Fmm,
+        sources: &SourceSet,
+        g: f64,
+        softening: f64,
+        shard: &mut ResidentShard,
+    ) -> Result<(Forces, FmmStats), NbodyError> {
+        let (field, mut stats) = self.fmm_field(fmm, sources, g, softening, Some(shard))?;
+        let out = self.read_field(&field)?;
+        stats.seconds.l2p += self.last_split().download;
+        Ok((out, stats))
     }
 }
 

@@ -267,6 +267,21 @@ impl ResidentShard {
         field.read(&self.ctx)
     }
 
+    /// The positions buffer with every recorded step submitted before whatever the caller
+    /// submits next (the device tree reads it).
+    ///
+    /// Errors: the error a recorded step met.
+    pub(crate) fn positions(&mut self) -> Result<&wgpu::Buffer, GpuError> {
+        self.take_failure()?;
+        if !self.pending.is_empty() {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            self.record(&mut enc, &self.pending_ops());
+            self.ctx.queue.submit([enc.finish()]);
+            self.pending.clear();
+        }
+        Ok(&self.pos)
+    }
+
     /// Records `x += v dt` (kpc; `dt` in kpc/(km/s)); it runs with the next read-back.
     pub fn drift(&mut self, dt: f64) {
         self.pending.push(Op::Drift(dt));

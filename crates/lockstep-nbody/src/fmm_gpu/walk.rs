@@ -19,19 +19,14 @@ use std::sync::{Arc, Mutex};
 
 use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
-use super::pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE};
+use super::pipelines::{Array, Module};
+use super::sort_scan::{
+    args_buffer, record, scan_levels, sizes, Rec, Recorder, Size, M_ARGS, REC_BYTES, SCAN,
+    SORT_TILE, WG,
+};
 
-/// The kernels' source.
-const SHADER: &str = include_str!("walk.wgsl");
-/// Bytes of `Rec` in `walk.wgsl`.
-const REC_BYTES: u64 = 96;
-/// Threads per workgroup of the per-item kernels; the scans, sorts and statistics use 256.
-const WG: u32 = 64;
-const SCAN: u64 = 256;
-/// Entries per tile of the radix sort (`TILE` in `walk.wgsl`).
-const SORT_TILE: u64 = 4096;
-/// No length word (`NONE` in `walk.wgsl`).
-const NONE: u32 = u32::MAX;
+/// The kernels' source: the shared ones, then the walk's.
+const SHADER: &str = concat!(include_str!("sort_scan.wgsl"), include_str!("walk.wgsl"));
 /// Words of the `meta` array and where `walk.wgsl` keeps its values.
 const META_WORDS: usize = 64;
 const M_FSIZE: usize = 0;
@@ -43,7 +38,6 @@ const M_MAXF: usize = 7;
 const M_BASE: usize = 8;
 const M_PAIRS: usize = 12;
 const M_STATS: usize = 16;
-const M_ARGS: usize = 32;
 /// What shrinks the walk's buffers, for the messages of buffers too large.
 const REDUCE: &str =
     "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
@@ -106,29 +100,25 @@ const ARRAYS: [Array; 9] = [
     },
 ];
 
-/// The entry points of `walk.wgsl`.
+/// The entry points: the shared ones (`sort_scan.rs`), then the walk's.
 const ENTRIES: [&str; 12] = [
-    "walk_count",
-    "walk_next",
-    "walk_write",
-    "walk_advance",
     "scan_up",
     "scan_down",
     "sort_count",
     "sort_scatter",
+    "walk_count",
+    "walk_next",
+    "walk_write",
+    "walk_advance",
     "rows",
     "items",
     "stats_block",
     "stats_final",
 ];
-const WALK_COUNT: usize = 0;
-const WALK_NEXT: usize = 1;
-const WALK_WRITE: usize = 2;
-const WALK_ADVANCE: usize = 3;
-const SCAN_UP: usize = 4;
-const SCAN_DOWN: usize = 5;
-const SORT_COUNT: usize = 6;
-const SORT_SCATTER: usize = 7;
+const WALK_COUNT: usize = 4;
+const WALK_NEXT: usize = 5;
+const WALK_WRITE: usize = 6;
+const WALK_ADVANCE: usize = 7;
 const ROWS: usize = 8;
 const ITEMS: usize = 9;
 const STATS_BLOCK: usize = 10;
@@ -187,96 +177,6 @@ impl DeviceLists {
     }
 }
 
-/// One dispatch: its kernel, its record and its size.
-enum Size {
-    /// Workgroups.
-    Direct(u32),
-    /// Workgroups from the indirect arguments at this byte offset.
-    Indirect(u64),
-}
-
-/// A dispatch record of `walk.wgsl` (`Rec`, 24 words).
-#[derive(Debug, Clone, Copy, Default)]
-struct Rec {
-    nn: u32,
-    direct_max: u32,
-    p2p_node_max: u32,
-    th2: [f32; 2],
-    parity: u32,
-    cap_f: u32,
-    cap_e: u32,
-    pass_bits: u32,
-    ntiles: u32,
-    kb: u32,
-    s: [u32; 4],
-    s_level: u32,
-    len: u32,
-    len_word: u32,
-    count: u32,
-    s_top: u32,
-}
-
-impl Rec {
-    fn words(&self) -> [u32; 24] {
-        [
-            self.nn,
-            0, // zero: what `opq` XORs with
-            self.direct_max,
-            self.p2p_node_max,
-            self.th2[0].to_bits(),
-            self.th2[1].to_bits(),
-            self.parity,
-            self.cap_f,
-            self.cap_e,
-            self.pass_bits,
-            self.ntiles,
-            self.kb,
-            self.s[0],
-            self.s[1],
-            self.s[2],
-            self.s[3],
-            self.s_level,
-            self.len,
-            self.len_word,
-            self.count,
-            self.s_top,
-            0,
-            0,
-            0,
-        ]
-    }
-}
-
-/// The levels of one scan of up to `len` entries at word `at` of the scan array: their
-/// offsets, as many levels as `len` needs (the top one a single block of at most 256, its
-/// grand total after them), and the words it spans.
-fn scan_levels(at: u64, len: u64) -> (Scan, u64) {
-    let mut s = [at as u32; 4];
-    let (mut n, mut off, mut top) = (len.max(1), at, 0);
-    while n > SCAN {
-        off += n;
-        n = n.div_ceil(SCAN);
-        top += 1;
-        s[top] = off as u32;
-    }
-    let end = off + SCAN + 1;
-    (Scan { s, top: top as u32 }, end - at)
-}
-
-/// Where one scan's levels are (`scan_levels`).
-#[derive(Debug, Clone, Copy)]
-struct Scan {
-    s: [u32; 4],
-    top: u32,
-}
-
-impl Scan {
-    /// The word of the grand total.
-    fn total(&self) -> u32 {
-        self.s[self.top as usize] + SCAN as u32
-    }
-}
-
 /// Passes of the radix sort of the entries of a tree of `nn` nodes: 4 bits of the key
 /// (`kind << kb | target`) each, an even count so that the result ends where it began.
 fn sort_passes(nn: usize) -> u32 {
@@ -298,62 +198,6 @@ pub(crate) fn modelled_bytes(pairs: u64, entries: u64, nn: usize) -> u64 {
 /// Bits of an entry's target node in its sort key (`kind << kb | target`): `2^kb > nn`.
 fn key_bits(nn: usize) -> u32 {
     32 - (nn as u32).leading_zeros()
-}
-
-/// Workgroups in two dimensions (at most 65,535 in x).
-fn grid(groups: u32) -> (u32, u32) {
-    let x = groups.clamp(1, 65_535);
-    (x, groups.div_ceil(x).max(1))
-}
-
-/// The recorded dispatches of one submission.
-#[derive(Default)]
-struct Recorder {
-    recs: Vec<[u32; 24]>,
-    /// Per compute pass: `(entry, record, size)`; between passes the copy of the next
-    /// step's dispatch sizes into the indirect arguments.
-    passes: Vec<Vec<(usize, usize, Size)>>,
-}
-
-impl Recorder {
-    fn push(&mut self, entry: usize, rec: Rec, size: Size) {
-        if self.passes.is_empty() {
-            self.passes.push(Vec::new());
-        }
-        let k = self.recs.len();
-        self.recs.push(rec.words());
-        self.passes
-            .last_mut()
-            .expect("a pass")
-            .push((entry, k, size));
-    }
-
-    /// An exclusive scan at `scan` of the length in meta word `len_word` (or `len`), sized
-    /// from the indirect arguments (`indirect`) or from `len`: `2 levels - 1` dispatches.
-    fn scan(&mut self, base: Rec, scan: Scan, len_word: u32, len: u64, indirect: bool) {
-        let size = |level: u32| {
-            if indirect {
-                Size::Indirect(4 * (M_ARGS as u64 + 3 + 3 * level as u64))
-            } else {
-                Size::Direct(len.div_ceil(SCAN.pow(level + 1)) as u32)
-            }
-        };
-        let rec = |lv: u32| Rec {
-            s: scan.s,
-            s_top: scan.top,
-            s_level: lv,
-            len: len as u32,
-            len_word,
-            ..base
-        };
-        for lv in 0..scan.top {
-            self.push(SCAN_UP, rec(lv), size(lv));
-        }
-        self.push(SCAN_UP, rec(scan.top), Size::Direct(1));
-        for lv in (0..scan.top).rev() {
-            self.push(SCAN_DOWN, rec(lv), size(lv));
-        }
-    }
 }
 
 /// The walk's kernels and the capacities that sufficed last time.
@@ -387,12 +231,10 @@ impl DeviceWalk {
     pub fn lists(
         &self,
         nodes: &wgpu::Buffer,
-        geo: &[[f32; 4]],
+        b_geo: &wgpu::Buffer,
         (nn, cells, depth): (usize, usize, usize),
         rules: WalkRules,
     ) -> Result<DeviceLists, GpuError> {
-        let ctx = &self.ctx;
-        let b_geo = ctx.storage_windowed_from("node centres and radii", geo, REDUCE)?;
         let (mut cap_f, mut cap_e) = self
             .caps
             .lock()
@@ -402,11 +244,11 @@ impl DeviceWalk {
         // walk ends within 2 depth + 1 steps.
         let steps = 2 * depth + 1;
         for run in 1..=12 {
-            match self.walk(nodes, &b_geo, (nn, cells, steps), rules, (cap_f, cap_e))? {
+            match self.walk(nodes, b_geo, (nn, cells, steps), rules, (cap_f, cap_e))? {
                 Ok((walked, max_frontier)) => {
                     *self.caps.lock().unwrap_or_else(|p| p.into_inner()) = Some((cap_f, cap_e));
                     let pairs = walked.pairs;
-                    let (out, shape) = self.rows(nodes, &b_geo, nn, walked)?;
+                    let (out, shape) = self.rows(nodes, b_geo, nn, walked)?;
                     return Ok(DeviceLists {
                         out,
                         shape,
@@ -464,12 +306,7 @@ impl DeviceWalk {
         let ent_b = ctx.storage_windowed("walk entries (sorted)", 8 * ent_words, REDUCE)?;
         let scan = ctx.storage_windowed("walk scans", 4 * scan_words, REDUCE)?;
         let meta = ctx.storage("walk state", 4 * META_WORDS as u64, REDUCE)?;
-        let args = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("walk dispatch sizes"),
-            size: 64,
-            usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let args = args_buffer(ctx);
         let none = ctx.storage("no lists yet", 16, REDUCE)?;
         let bound = self.module.bind(
             ctx,
@@ -489,22 +326,9 @@ impl DeviceWalk {
         m[M_FSIZE] = first.len() as u32;
         m[M_PAIRS] = first.len() as u32;
         m[M_MAXF] = first.len() as u32;
-        let sizes = |n: u64| {
-            let mut a = [0u32; 12];
-            for (k, per) in [WG as u64, SCAN, SCAN * SCAN, SCAN * SCAN * SCAN]
-                .into_iter()
-                .enumerate()
-            {
-                let g = n.div_ceil(per) as u32;
-                a[3 * k] = g.min(65_535);
-                a[3 * k + 1] = g.div_ceil(65_535).max(1);
-                a[3 * k + 2] = 1;
-            }
-            a
-        };
         m[M_ARGS..M_ARGS + 12].copy_from_slice(&sizes(first.len() as u64));
         ctx.write(&meta, 0, &m);
-        ctx.write(&args, 0, &m[M_ARGS..M_ARGS + 12]);
+        ctx.write(&args, 0, &m[M_ARGS..M_ARGS + 16]);
 
         let th2 = rules.theta * rules.theta;
         let th2_hi = th2 as f32;
@@ -539,7 +363,14 @@ impl DeviceWalk {
             r.passes.push(Vec::new());
         }
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        self.record(&mut enc, &bound, &r, Some((&meta, &args)));
+        record(
+            ctx,
+            &self.module,
+            &mut enc,
+            &bound,
+            &r,
+            Some((&meta, &args)),
+        );
         let raw = ctx.submit_and_read(
             enc,
             &[ReadRange {
@@ -609,29 +440,16 @@ impl DeviceWalk {
             ],
         )?;
         let kb = key_bits(nn);
-        let passes = sort_passes(nn);
         let ntiles = (count as u64).div_ceil(SORT_TILE);
-        let hist = 16 * ntiles;
-        let (seg, _) = scan_levels(0, hist);
+        let (seg, _) = scan_levels(0, 16 * ntiles);
         let base = Rec {
             nn: nn as u32,
             kb,
             count: count as u32,
-            ntiles: ntiles as u32,
             ..Default::default()
         };
         let mut r = Recorder::default();
-        for p in 0..passes {
-            let rec = Rec {
-                parity: p % 2,
-                pass_bits: 4 * p,
-                s: [seg.s[0], 0, 0, 0],
-                ..base
-            };
-            r.push(SORT_COUNT, rec, Size::Direct(ntiles as u32));
-            r.scan(base, seg, NONE, hist, false);
-            r.push(SORT_SCATTER, rec, Size::Direct(ntiles as u32));
-        }
+        r.sort(base, seg, count, sort_passes(nn));
         let groups = |n: usize| (n as u32).div_ceil(WG);
         r.push(ROWS, base, Size::Direct(groups(3 * (nn + 1))));
         r.push(ITEMS, base, Size::Direct(groups(count)));
@@ -643,7 +461,7 @@ impl DeviceWalk {
         };
         r.push(STATS_FINAL, fin, Size::Direct(1));
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        self.record(&mut enc, &bound, &r, None);
+        record(ctx, &self.module, &mut enc, &bound, &r, None);
         let raw = ctx.submit_and_read(
             enc,
             &[ReadRange {
@@ -672,52 +490,6 @@ impl DeviceWalk {
             p2p_pairs: s[5] as u64 | ((s[6] as u64) << 32),
         };
         Ok((out, shape))
-    }
-
-    /// Records `r`'s passes into `enc`; after each pass but the last, with `indirect`
-    /// (`meta`, `args`), the next step's dispatch sizes are copied from `meta` to `args`.
-    fn record(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        bound: &Bound,
-        r: &Recorder,
-        indirect: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
-    ) {
-        let records: Vec<&[u32]> = r.recs.iter().map(|w| &w[..]).collect();
-        let group1 = records_group(
-            &self.ctx,
-            self.module.layout1(),
-            "walk dispatch records",
-            &records,
-            REC_BYTES,
-        );
-        for (k, pass_list) in r.passes.iter().enumerate() {
-            if pass_list.is_empty() {
-                continue;
-            }
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_bind_group(0, &bound.group, &[]);
-                for (entry, rec, size) in pass_list {
-                    pass.set_pipeline(&bound.compiled.pipelines[*entry]);
-                    pass.set_bind_group(1, &group1, &[(*rec as u64 * RECORD_STRIDE) as u32]);
-                    match size {
-                        Size::Direct(0) => {}
-                        Size::Direct(g) => {
-                            let (x, y) = grid(*g);
-                            pass.dispatch_workgroups(x, y, 1);
-                        }
-                        Size::Indirect(offset) => {
-                            let (_, args) = indirect.expect("indirect dispatches have arguments");
-                            pass.dispatch_workgroups_indirect(args, *offset - 4 * M_ARGS as u64);
-                        }
-                    }
-                }
-            }
-            if let (Some((meta, args)), true) = (indirect, k + 1 < r.passes.len()) {
-                enc.copy_buffer_to_buffer(meta, 4 * M_ARGS as u64, args, 0, 48);
-            }
-        }
     }
 }
 
@@ -793,6 +565,9 @@ mod tests {
             .storage_from("tree nodes", &packed_nodes(&tree), "-")
             .unwrap();
         let geo = walk_geo(&tree, remote, cube_centre(&tree));
+        let geo = ctx
+            .storage_from("node centres and radii", &geo, "-")
+            .unwrap();
         let (direct_max, p2p_node_max) = fmm.walk_limits();
         let rules = WalkRules {
             theta: params.theta,
