@@ -230,8 +230,8 @@ impl Recorder {
 }
 
 /// Records `r`'s passes into `enc` with the kernels of `bound` and `module`'s record layout;
-/// after each pass but the last, with `indirect` (`meta`, `args`), the next step's dispatch
-/// sizes are copied from `meta` to `args`.
+/// before each pass but the first, with `indirect` (`meta`, `args`), the dispatch sizes the
+/// earlier passes wrote are copied from `meta` to `args`.
 pub(super) fn record(
     ctx: &GpuContext,
     module: &Module,
@@ -249,6 +249,10 @@ pub(super) fn record(
         REC_BYTES,
     );
     for (k, pass_list) in r.passes.iter().enumerate() {
+        // The sizes the previous passes left, for this one's indirect dispatches.
+        if let (Some((meta, args)), true) = (indirect, k > 0) {
+            enc.copy_buffer_to_buffer(meta, 4 * M_ARGS as u64, args, 0, ARGS_BYTES);
+        }
         if pass_list.is_empty() {
             continue;
         }
@@ -270,9 +274,6 @@ pub(super) fn record(
                     }
                 }
             }
-        }
-        if let (Some((meta, args)), true) = (indirect, k + 1 < r.passes.len()) {
-            enc.copy_buffer_to_buffer(meta, 4 * M_ARGS as u64, args, 0, ARGS_BYTES);
         }
     }
 }

@@ -5,7 +5,8 @@
 //! outputs, and the device keeps them for the walk and the FMM's kernels.
 //!
 //! One submission and two host synchronisations: the build (bounding box, cube, keys, their
-//! radix sort, the nodes level by level with the level sizes on the device, the geometry),
+//! radix sort, the nodes level by level with the level sizes on the device, the geometry in
+//! chunks of 1,024 particles so that a large node is many workgroups),
 //! then the read of the node count (and whether the node buffer overflowed: the build then
 //! runs again with the size it needed, kept for the next evaluation), then the read of the
 //! nodes and the order.
@@ -45,7 +46,7 @@ const REDUCE: &str =
     "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
 
 /// The storage arrays of `tree.wgsl` (group 0, in binding order).
-const ARRAYS: [Array; 10] = [
+const ARRAYS: [Array; 11] = [
     Array {
         name: "pos",
         ty: "vec4<f32>",
@@ -106,10 +107,16 @@ const ARRAYS: [Array; 10] = [
         elem: 4,
         read_only: false,
     },
+    Array {
+        name: "part",
+        ty: "vec4<f32>",
+        elem: 16,
+        read_only: false,
+    },
 ];
 
 /// The entry points: the shared ones (`sort_scan.rs`), then the tree's.
-const ENTRIES: [&str; 14] = [
+const ENTRIES: [&str; 20] = [
     "scan_up",
     "scan_down",
     "sort_count",
@@ -123,7 +130,13 @@ const ENTRIES: [&str; 14] = [
     "split_count",
     "level_next",
     "split_write",
-    "geometry",
+    "chunk_prep",
+    "chunk_count",
+    "chunk_total",
+    "geo_sums",
+    "geo_centre",
+    "geo_reach",
+    "geo_radius",
 ];
 const BOUNDS_FIRST: usize = 4;
 const BOUNDS_MORE: usize = 5;
@@ -134,7 +147,15 @@ const SORTED: usize = 9;
 const SPLIT_COUNT: usize = 10;
 const LEVEL_NEXT: usize = 11;
 const SPLIT_WRITE: usize = 12;
-const GEOMETRY: usize = 13;
+const CHUNK_PREP: usize = 13;
+const CHUNK_COUNT: usize = 14;
+const CHUNK_TOTAL: usize = 15;
+const GEO_SUMS: usize = 16;
+const GEO_CENTRE: usize = 17;
+const GEO_REACH: usize = 18;
+const GEO_RADIUS: usize = 19;
+/// Particles per chunk of the geometry (`CH` in `tree.wgsl`).
+const CHUNK: u64 = 1024;
 
 /// A tree built on the device: its host copy and the device arrays the walk and the FMM
 /// read.
@@ -231,12 +252,15 @@ impl DeviceTree {
         let geo = ctx.storage_windowed("node centres and radii", 32 * cap as u64, REDUCE)?;
         let fl = ctx.storage_windowed("tree cube", 16 * fl_len, REDUCE)?;
         let perm = ctx.storage_windowed("particle order", 4 * n64, REDUCE)?;
+        // Chunks: at most one per node plus the particles of each level over CHUNK.
+        let chunks = cap as u64 + (MORTON_BITS as u64 + 1) * n64.div_ceil(CHUNK) + 1;
+        let part = ctx.storage_windowed("node partial sums", 7 * 16 * chunks, REDUCE)?;
         let args = args_buffer(ctx);
         let bound = self.module.bind(
             ctx,
             "tree buffers",
             &[
-                pos, &keys, &ent_a, &ent_b, &scan, &meta, &nodes, &geo, &fl, &perm,
+                pos, &keys, &ent_a, &ent_b, &scan, &meta, &nodes, &geo, &fl, &perm, &part,
             ],
         )?;
         // The root, level 0, and its dispatch sizes.
@@ -307,8 +331,27 @@ impl DeviceTree {
             r.push(LEVEL_NEXT, next, Size::Direct(1));
             r.push(SPLIT_WRITE, rec, Size::Indirect(4 * M_ARGS as u64));
         }
+        // The geometry in chunks: their count per node, first chunks, then the sums.
+        r.push(CHUNK_PREP, base, Size::Direct(1));
         r.passes.push(Vec::new());
-        r.push(GEOMETRY, base, Size::Indirect(4 * T_GEO_ARGS as u64));
+        let per_node = || Size::Indirect(4 * M_ARGS as u64);
+        let per_chunk = || Size::Indirect(4 * T_GEO_ARGS as u64);
+        let rec = Rec {
+            s: node_seg.s,
+            ..base
+        };
+        r.push(CHUNK_COUNT, rec, per_node());
+        r.scan(base, node_seg, T_TOTAL as u32, 0, true);
+        let total = Rec {
+            s: [0, node_seg.total(), 0, 0],
+            ..base
+        };
+        r.push(CHUNK_TOTAL, total, Size::Direct(1));
+        r.passes.push(Vec::new());
+        r.push(GEO_SUMS, rec, per_chunk());
+        r.push(GEO_CENTRE, rec, per_node());
+        r.push(GEO_REACH, rec, per_chunk());
+        r.push(GEO_RADIUS, rec, per_node());
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         record(
             ctx,

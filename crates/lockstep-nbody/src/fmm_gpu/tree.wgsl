@@ -13,9 +13,10 @@
 //   `leaf` particles above the keys' last level splits into its non-empty octants (binary
 //   searches on its sorted keys); per level a count, a scan and a write, the level's size
 //   on the device (indirect dispatches), so the whole build is one submission.
-// - Geometry: one workgroup per node over its particles: mass, centre of mass (the box's
-//   centre when massless), the largest distance from it (the radius), in double-float
-//   arithmetic in a fixed order.
+// - Geometry: each node's particles in chunks of 1,024 (one workgroup each, so a large node
+//   is many workgroups), the chunks' sums then combined per node in chunk order: mass,
+//   centre of mass (the box's centre when massless), then the largest distance from it
+//   (the radius), in double-float arithmetic in a fixed order.
 //
 // Positions are the shard's (hi, lo) pairs (resident.wgsl); centres and radii are written
 // as the walk and the FMM kernels read them: geo[2k] = (centre hi relative to the cube's
@@ -24,13 +25,15 @@
 const BITS: u32 = 21u;
 const BOUNDS_WG: u32 = 128u;
 
-// meta words (M_ARGS..M_ARGS + 12 the next level's dispatch sizes, then the geometry's).
+// meta words (M_ARGS..M_ARGS + 12 the next dispatch sizes per item and scan level, then
+// the geometry's per chunk).
 const T_LS: u32 = 0u; // first node of each level, 23 words
 const T_GEO_ARGS: u32 = 44u;
 const T_CNT: u32 = 48u; // nodes of each level, 23 words
 const T_FLAG: u32 = 72u;
 const T_NEED: u32 = 73u;
 const T_TOTAL: u32 = 74u;
+const T_CHUNKS: u32 = 75u;
 
 // fl: the cube, then the bounding box's partial reductions (4 vec4 each).
 const F_LO: u32 = 0u; // (corner hi, side)
@@ -270,7 +273,6 @@ fn level_next() {
     put_args(M_ARGS + 3u, total, SCAN);
     put_args(M_ARGS + 6u, total, SCAN * SCAN);
     put_args(M_ARGS + 9u, total, SCAN * SCAN * SCAN);
-    put_args(T_GEO_ARGS, le + total, 1u);
 }
 
 // The children of each node of level R.level (first child at s0 + i, exclusive).
@@ -295,7 +297,67 @@ fn split_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     nodes_set(2u * k, vec4<u32>(a.x, a.y, first, c - first));
 }
 
-// ---- geometry ----
+// ---- geometry, in chunks of CH particles ----
+//
+// After the levels: `chunk_prep` sizes the per-node dispatches for all nodes; `chunk_count`
+// writes each node's chunks (at least one) at s0 + k, a scan gives each node its first
+// chunk, `chunk_total` sizes the per-chunk dispatches. Then `geo_sums` (a workgroup per
+// chunk: mass, moment, box and targets of its particles), `geo_centre` (per node, its chunks
+// in order), `geo_reach` (per chunk, the largest squared distance from the centre) and
+// `geo_radius` (per node) write `geo` and the nodes' target counts. A chunk's 7 vec4 of
+// partial sums are in `part`.
+
+const CH: u32 = 1024u;
+
+fn chunks_of(a: vec4<u32>) -> u32 {
+    return max(1u, (a.y - a.x + CH - 1u) / CH);
+}
+
+@compute @workgroup_size(1)
+fn chunk_prep() {
+    let t = meta_at(T_TOTAL);
+    put_args(M_ARGS, t, WG);
+    put_args(M_ARGS + 3u, t, SCAN);
+    put_args(M_ARGS + 6u, t, SCAN * SCAN);
+    put_args(M_ARGS + 9u, t, SCAN * SCAN * SCAN);
+}
+
+@compute @workgroup_size(64)
+fn chunk_count(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let k = flat(wg, lid, WG);
+    if k >= meta_at(T_TOTAL) { return; }
+    scan_set(R.s0 + k, chunks_of(nodes_at(2u * k)));
+}
+
+// After the scan (total at s1).
+@compute @workgroup_size(1)
+fn chunk_total() {
+    let c = scan_at(R.s1);
+    meta_set(T_CHUNKS, c);
+    put_args(T_GEO_ARGS, c, 1u);
+}
+
+// The node of chunk j: the last k with first chunk <= j.
+fn node_of_chunk(j: u32) -> u32 {
+    var lo = 0u;
+    var hi = meta_at(T_TOTAL);
+    while lo < hi {
+        let mid = (lo + hi) / 2u;
+        if scan_at(R.s0 + mid) <= j { lo = mid + 1u; } else { hi = mid; }
+    }
+    return lo - 1u;
+}
+
+// Chunk j's particles [i0, i1) and its node k.
+struct Chunk { k: u32, i0: u32, i1: u32 }
+
+fn chunk(j: u32) -> Chunk {
+    if j >= meta_at(T_CHUNKS) { return Chunk(0u, 0u, 0u); }
+    let k = node_of_chunk(j);
+    let a = nodes_at(2u * k);
+    let i0 = a.x + (j - scan_at(R.s0 + k)) * CH;
+    return Chunk(k, i0, min(a.y, i0 + CH));
+}
 
 var<workgroup> gm: array<vec2<f32>, 64>;
 var<workgroup> gn: array<u32, 64>;
@@ -327,25 +389,20 @@ fn sqrt_df(a: Df) -> Df {
     return renorm(s, r.hi / (2.0 * s));
 }
 
-// Mass, centre and radius of each node (one workgroup per node), and its target count.
+fn origin() -> D3 { return D3(fl_at(F_ORIGIN).xyz, fl_at(F_ORIGIN2).xyz); }
+
+// Mass, moment, box and target count of chunk j's particles, relative to the cube's centre.
 @compute @workgroup_size(64)
-fn geometry(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let k = wg.x + wg.y * 65535u;
-    let valid = k < meta_at(T_TOTAL);
-    var start = 0u;
-    var end = 0u;
-    if valid {
-        let a = nodes_at(2u * k);
-        start = a.x;
-        end = a.y;
-    }
-    let o = D3(fl_at(F_ORIGIN).xyz, fl_at(F_ORIGIN2).xyz);
+fn geo_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let j = wg.x + wg.y * 65535u;
+    let ch = chunk(j);
+    let o = origin();
     var m = Df(0.0, 0.0);
     var mom = D3(vec3<f32>(0.0), vec3<f32>(0.0));
     var mn = D3(vec3<f32>(inf()), vec3<f32>(0.0));
     var mx = D3(vec3<f32>(-inf()), vec3<f32>(0.0));
     var nt = 0u;
-    for (var s = start + lid; s < end; s += WG) {
+    for (var s = ch.i0 + lid; s < ch.i1; s += WG) {
         let i = perm_at(s);
         let x = add3(point(i), neg3(o));
         let w = pos_at(2u * i).w;
@@ -372,45 +429,82 @@ fn geometry(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
             let ms = add(Df(gm[lid].x, gm[lid].y), Df(gm[p].x, gm[p].y));
             gm[lid] = vec2<f32>(ms.hi, ms.lo);
             gn[lid] += gn[p];
-            let a = 6u * lid;
-            let b = 6u * p;
-            let ms3 = add3(D3(gv[a].xyz, gv[a + 1u].xyz), D3(gv[b].xyz, gv[b + 1u].xyz));
-            gv[a] = vec4<f32>(ms3.hi, 0.0);
-            gv[a + 1u] = vec4<f32>(ms3.lo, 0.0);
-            let lt = lt3(gv[b + 2u].xyz, gv[b + 3u].xyz, gv[a + 2u].xyz, gv[a + 3u].xyz);
-            gv[a + 2u] = vec4<f32>(select(gv[a + 2u].xyz, gv[b + 2u].xyz, lt), 0.0);
-            gv[a + 3u] = vec4<f32>(select(gv[a + 3u].xyz, gv[b + 3u].xyz, lt), 0.0);
-            let gt = lt3(gv[a + 4u].xyz, gv[a + 5u].xyz, gv[b + 4u].xyz, gv[b + 5u].xyz);
-            gv[a + 4u] = vec4<f32>(select(gv[a + 4u].xyz, gv[b + 4u].xyz, gt), 0.0);
-            gv[a + 5u] = vec4<f32>(select(gv[a + 5u].xyz, gv[b + 5u].xyz, gt), 0.0);
+            combine(6u * lid, 6u * p);
         }
         workgroupBarrier();
     }
-    // The centre, from invocation 0's sums, for every invocation.
-    if lid == 0u {
-        let mass = Df(gm[0].x, gm[0].y);
-        var c = D3(vec3<f32>(0.0), vec3<f32>(0.0));
-        if mass.hi > 0.0 {
-            let sum = D3(gv[0].xyz, gv[1].xyz);
-            var h: vec3<f32>;
-            var l: vec3<f32>;
-            for (var q = 0u; q < 3u; q++) {
-                let v = div(comp(sum, q), mass);
-                h[q] = v.hi;
-                l[q] = v.lo;
-            }
-            c = D3(h, l);
-        } else if end > start {
-            let s = add3(D3(gv[2].xyz, gv[3].xyz), D3(gv[4].xyz, gv[5].xyz));
-            c = D3(0.5 * s.hi, 0.5 * s.lo);
-        }
-        gv[0] = vec4<f32>(c.hi, 0.0);
-        gv[1] = vec4<f32>(c.lo, 0.0);
+    if lid == 0u && j < meta_at(T_CHUNKS) {
+        part_set(7u * j, vec4<f32>(gm[0].x, gm[0].y, bitcast<f32>(gn[0]), 0.0));
+        for (var w = 0u; w < 6u; w++) { part_set(7u * j + 1u + w, gv[w]); }
     }
-    workgroupBarrier();
-    let c = D3(gv[0].xyz, gv[1].xyz);
+}
+
+// gv[a..a + 6] = (moment, min, max) of gv[a..] and gv[b..] combined.
+fn combine(a: u32, b: u32) {
+    let ms3 = add3(D3(gv[a].xyz, gv[a + 1u].xyz), D3(gv[b].xyz, gv[b + 1u].xyz));
+    gv[a] = vec4<f32>(ms3.hi, 0.0);
+    gv[a + 1u] = vec4<f32>(ms3.lo, 0.0);
+    let lt = lt3(gv[b + 2u].xyz, gv[b + 3u].xyz, gv[a + 2u].xyz, gv[a + 3u].xyz);
+    gv[a + 2u] = vec4<f32>(select(gv[a + 2u].xyz, gv[b + 2u].xyz, lt), 0.0);
+    gv[a + 3u] = vec4<f32>(select(gv[a + 3u].xyz, gv[b + 3u].xyz, lt), 0.0);
+    let gt = lt3(gv[a + 4u].xyz, gv[a + 5u].xyz, gv[b + 4u].xyz, gv[b + 5u].xyz);
+    gv[a + 4u] = vec4<f32>(select(gv[a + 4u].xyz, gv[b + 4u].xyz, gt), 0.0);
+    gv[a + 5u] = vec4<f32>(select(gv[a + 5u].xyz, gv[b + 5u].xyz, gt), 0.0);
+}
+
+// Node k's centre from its chunks' sums, in chunk order, and its target count.
+@compute @workgroup_size(64)
+fn geo_centre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let k = flat(wg, lid, WG);
+    if k >= meta_at(T_TOTAL) { return; }
+    let a = nodes_at(2u * k);
+    let j0 = scan_at(R.s0 + k);
+    var m = Df(0.0, 0.0);
+    var mom = D3(vec3<f32>(0.0), vec3<f32>(0.0));
+    var mn = D3(vec3<f32>(inf()), vec3<f32>(0.0));
+    var mx = D3(vec3<f32>(-inf()), vec3<f32>(0.0));
+    var nt = 0u;
+    for (var j = j0; j < j0 + chunks_of(a); j++) {
+        let p = part_at(7u * j);
+        m = add(m, Df(p.x, p.y));
+        nt += bitcast<u32>(p.z);
+        mom = add3(mom, D3(part_at(7u * j + 1u).xyz, part_at(7u * j + 2u).xyz));
+        let cmn = D3(part_at(7u * j + 3u).xyz, part_at(7u * j + 4u).xyz);
+        let lt = lt3(cmn.hi, cmn.lo, mn.hi, mn.lo);
+        mn = D3(select(mn.hi, cmn.hi, lt), select(mn.lo, cmn.lo, lt));
+        let cmx = D3(part_at(7u * j + 5u).xyz, part_at(7u * j + 6u).xyz);
+        let gt = lt3(mx.hi, mx.lo, cmx.hi, cmx.lo);
+        mx = D3(select(mx.hi, cmx.hi, gt), select(mx.lo, cmx.lo, gt));
+    }
+    var c = D3(vec3<f32>(0.0), vec3<f32>(0.0));
+    if m.hi > 0.0 {
+        var h: vec3<f32>;
+        var l: vec3<f32>;
+        for (var q = 0u; q < 3u; q++) {
+            let v = div(comp(mom, q), m);
+            h[q] = v.hi;
+            l[q] = v.lo;
+        }
+        c = D3(h, l);
+    } else if a.y > a.x {
+        let s = add3(mn, mx);
+        c = D3(0.5 * s.hi, 0.5 * s.lo);
+    }
+    geo_set(2u * k, vec4<f32>(c.hi, 0.0));
+    geo_set(2u * k + 1u, vec4<f32>(c.lo, 0.0));
+    let b = nodes_at(2u * k + 1u);
+    nodes_set(2u * k + 1u, vec4<u32>(b.x, nt, b.z, 0u));
+}
+
+// The largest squared distance of chunk j's particles from its node's centre.
+@compute @workgroup_size(64)
+fn geo_reach(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let j = wg.x + wg.y * 65535u;
+    let ch = chunk(j);
+    let o = origin();
+    let c = D3(geo_at(2u * ch.k).xyz, geo_at(2u * ch.k + 1u).xyz);
     var r2 = Df(0.0, 0.0);
-    for (var s = start + lid; s < end; s += WG) {
+    for (var s = ch.i0 + lid; s < ch.i1; s += WG) {
         let d = add3(add3(point(perm_at(s)), neg3(o)), neg3(c));
         var q = Df(0.0, 0.0);
         for (var a = 0u; a < 3u; a++) {
@@ -419,7 +513,6 @@ fn geometry(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         }
         if less(r2, q) { r2 = q; }
     }
-    workgroupBarrier();
     gm[lid] = vec2<f32>(r2.hi, r2.lo);
     workgroupBarrier();
     for (var half = WG / 2u; half > 0u; half >>= 1u) {
@@ -429,11 +522,25 @@ fn geometry(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         }
         workgroupBarrier();
     }
-    if lid == 0u && valid {
-        let r = sqrt_df(Df(gm[0].x, gm[0].y));
-        geo_set(2u * k, vec4<f32>(c.hi, r.hi));
-        geo_set(2u * k + 1u, vec4<f32>(c.lo, r.lo));
-        let b = nodes_at(2u * k + 1u);
-        nodes_set(2u * k + 1u, vec4<u32>(b.x, gn[0], b.z, 0u));
+    if lid == 0u && j < meta_at(T_CHUNKS) {
+        part_set(7u * j, vec4<f32>(gm[0].x, gm[0].y, 0.0, 0.0));
     }
+}
+
+// Node k's radius: the largest of its chunks'.
+@compute @workgroup_size(64)
+fn geo_radius(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let k = flat(wg, lid, WG);
+    if k >= meta_at(T_TOTAL) { return; }
+    let j0 = scan_at(R.s0 + k);
+    var r2 = Df(0.0, 0.0);
+    for (var j = j0; j < j0 + chunks_of(nodes_at(2u * k)); j++) {
+        let p = part_at(7u * j);
+        if less(r2, Df(p.x, p.y)) { r2 = Df(p.x, p.y); }
+    }
+    let r = sqrt_df(r2);
+    let h = geo_at(2u * k);
+    let l = geo_at(2u * k + 1u);
+    geo_set(2u * k, vec4<f32>(h.xyz, r.hi));
+    geo_set(2u * k + 1u, vec4<f32>(l.xyz, r.lo));
 }

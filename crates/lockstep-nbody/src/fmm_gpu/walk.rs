@@ -244,6 +244,13 @@ impl DeviceWalk {
         // walk ends within 2 depth + 1 steps.
         let steps = 2 * depth + 1;
         for run in 1..=12 {
+            // Indices are u32 on the device.
+            if cap_f.max(cap_e) >= u32::MAX as usize {
+                return Err(self.fail(&format!(
+                    "it needs room for {} frontier pairs and {} list entries, more than 32-bit indices reach; run more ranks (mpirun -n R) or raise forces.leaf_size",
+                    cap_f, cap_e
+                )));
+            }
             match self.walk(nodes, b_geo, (nn, cells, steps), rules, (cap_f, cap_e))? {
                 Ok((walked, max_frontier)) => {
                     *self.caps.lock().unwrap_or_else(|p| p.into_inner()) = Some((cap_f, cap_e));
@@ -267,7 +274,7 @@ impl DeviceWalk {
                         cap_f = (2 * cap_f).max(need_f + need_f / 4);
                     }
                     if need_e > cap_e {
-                        cap_e = need_e + need_e / 16;
+                        cap_e = need_e.saturating_add(need_e / 16);
                     }
                 }
             }

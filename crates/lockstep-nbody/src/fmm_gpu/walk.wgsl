@@ -172,8 +172,10 @@ fn walk_next() {
         flag |= 1u;
         meta_set(M_NEED_F, max(meta_at(M_NEED_F), nc));
     }
-    if ecount > R.cap_e { flag |= 2u; }
-    meta_set(M_NEED_E, max(meta_at(M_NEED_E), ecount));
+    // A count past 2^32 wraps: it needs more than a u32 index.
+    let wrapped = ecount < ebase;
+    if wrapped || ecount > R.cap_e { flag |= 2u; }
+    meta_set(M_NEED_E, max(meta_at(M_NEED_E), select(ecount, NONE, wrapped)));
     meta_set(M_FLAG, flag);
     meta_set(M_EBASE, ebase);
     meta_set(M_ECOUNT, ecount);
