@@ -383,11 +383,16 @@ pub fn simulate(
     if opts.keep_on_device {
         if let Some(gpu) = crate::fmm_gpu::gpu_of(gravity.solver()) {
             let ctx = gpu.context().clone();
+            // The FMM builds its tree from the shard on the device: the positions need not
+            // come back each step (direct sums take their box from them).
+            let read_positions =
+                !(gravity.settings.method == Method::Fmm && gpu.builds_tree_on_device());
             let (diags, reads) = simulate_on_device(
                 particles,
                 ts,
                 opts,
                 &ctx,
+                read_positions,
                 |p, shard| gravity.field_on_device(p, Some(shard)),
                 |_| Ok(()),
                 on_output,
@@ -434,18 +439,23 @@ pub fn simulate_with(
 
 /// [`simulate_with`] with the particles kept on the GPU of `ctx` between steps
 /// ([`crate::fmm_gpu::ResidentShard`]: drift and kick as kernels); `field_of(p, shard)`
-/// evaluates the forces at the positions read back into `p` and leaves them on the device
-/// (the FMM takes the positions from `shard`, [`crate::fmm_gpu::GpuForces::fmm_field`]).
+/// evaluates the forces and leaves them on the device (the FMM takes the positions from
+/// `shard`, [`crate::fmm_gpu::GpuForces::fmm_field`]). With `read_positions` the positions
+/// are read back into `p` before each evaluation (for a host tree, the exchange, direct
+/// sums); without, `p` keeps those of the last output (only their count is used) and a
+/// failed evaluation reads them back to report positions that are not finite.
 /// `particles` is brought up to date at each output and at the end. Returns the diagnostics
 /// and the run's own read-backs ([`ResidentShard::reads`]: host synchronisations, bytes).
 ///
 /// Errors: as [`simulate_with`]; [`NbodyError::Gpu`] from the device (a buffer over the
 /// adapter's limits, naming it; a device that failed or timed out).
+#[allow(clippy::too_many_arguments)]
 pub fn simulate_on_device(
     particles: &mut Particles,
     ts: &[f64],
     opts: &NbodySimulateOptions,
     ctx: &std::sync::Arc<lockstep_gpu::GpuContext>,
+    read_positions: bool,
     field_of: impl FnMut(&Particles, &mut ResidentShard) -> Result<DeviceField, NbodyError>,
     reduce: impl FnMut(&mut Diagnostics) -> Result<(), NbodyError>,
     on_output: impl FnMut(usize, &Particles, &Diagnostics) -> Result<(), NbodyError>,
@@ -458,6 +468,7 @@ pub fn simulate_on_device(
         shard,
         field_of,
         t: ts[0],
+        read_positions,
     };
     let diags = run_steps(
         particles,
@@ -526,6 +537,10 @@ struct DeviceStepper<F> {
     shard: ResidentShard,
     field_of: F,
     t: f64,
+    /// Read the positions back before each evaluation (for the host's tree, the exchange or
+    /// direct sums' box); when false, `field_of` gets the positions of the last read (only
+    /// their count is used) and non-finite positions are found by the device's tree.
+    read_positions: bool,
 }
 
 impl<F> Stepper for DeviceStepper<F>
@@ -534,6 +549,15 @@ where
 {
     type Field = DeviceField;
     fn forces(&mut self, p: &mut Particles, t: f64) -> Result<DeviceField, NbodyError> {
+        if !self.read_positions {
+            return (self.field_of)(p, &mut self.shard).or_else(|e| {
+                // Whatever failed, positions that are not finite say more (the device's
+                // tree refuses them); the velocities too, for the message.
+                self.shard.fetch(p, true).map_err(gpu_error)?;
+                check_finite(p, self.t.max(t))?;
+                Err(e)
+            });
+        }
         self.shard.fetch(p, false).map_err(gpu_error)?;
         if p.pos[..p.num].iter().flatten().any(|x| !x.is_finite()) {
             // The velocities too, for the message.

@@ -559,7 +559,7 @@ pub fn sharded_field<C: Communicator + ?Sized>(
 /// with one locally essential tree exchange, and the diagnostics passed to `on_output` and
 /// returned are sums over all ranks. With forces on a GPU and `opts.keep_on_device`, each
 /// rank keeps its shard on its device between steps
-/// ([`crate::integrate::simulate_on_device`]): the positions come to the host for the tree,
+/// ([`crate::integrate::simulate_on_device`]): the positions come to the host each step for the tree,
 /// the exchange and outputs, the velocities only for outputs.
 pub fn simulate_sharded<C: Communicator + ?Sized>(
     comm: &C,
@@ -580,6 +580,7 @@ pub fn simulate_sharded<C: Communicator + ?Sized>(
                 ts,
                 opts,
                 gpu.context(),
+                true,
                 |p, shard| sharded_field(comm, p, settings, &fmm, gpu, g, Some(shard)),
                 |d| reduce_diagnostics(comm, d),
                 on_output,

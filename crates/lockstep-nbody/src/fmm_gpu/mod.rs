@@ -334,6 +334,12 @@ impl GpuForces {
         self
     }
 
+    /// Whether [`GpuForces::fmm_field`] builds the tree on the device for a resident shard
+    /// with nothing imported (it then reads no host positions but their count).
+    pub fn builds_tree_on_device(&self) -> bool {
+        !self.host_tree
+    }
+
     /// Loop iterations per kernel invocation and dispatch this engine plans for.
     pub fn loop_budget(&self) -> u32 {
         self.loop_budget

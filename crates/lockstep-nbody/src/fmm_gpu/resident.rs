@@ -5,11 +5,12 @@
 //! kernels (`resident.wgsl`), and a force evaluation leaves its field on the device
 //! ([`DeviceField`]) for the kick.
 //!
-//! What crosses the bus per step: the positions, once (32 B per particle), because the tree
-//! and the interaction lists are built on the host (`fmm_gpu` module docs); the velocities
-//! and the field only at outputs (the energy needs them) and at the end. Kicks and drifts are
-//! recorded as they come and submitted with the next read-back: one submission and one host
-//! synchronisation per step besides the force evaluation's own.
+//! What crosses the bus per step: in a one-rank FMM run, whose tree is built on the device
+//! from this shard (`fmm_gpu/tree.rs`), the tree's order (4 B per particle) and nodes; in a
+//! sharded run or with direct sums, the positions (32 B per particle), for the exchange, the
+//! host's tree or the direct sums' box. The velocities and the field cross only at outputs
+//! (the energy needs them) and at the end. Kicks and drifts are recorded as they come and
+//! submitted ahead of the next evaluation or read-back.
 //!
 //! Precision: positions and velocities are double-float pairs (hi, lo) of f32 (about 48
 //! significant bits; `resident.wgsl`), so the host's f64 state is kept to about 4e-15

@@ -45,6 +45,10 @@ const BOUNDS_WG: u64 = 128;
 const REDUCE: &str =
     "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
 
+/// The error of a build from positions that are not all finite (the box's reduction saw an
+/// inf or NaN): the simulation reads the positions back to name the particle.
+pub(crate) const NOT_FINITE: &str = "N-body tree on the GPU: a position is not finite";
+
 /// The storage arrays of `tree.wgsl` (group 0, in binding order).
 const ARRAYS: [Array; 11] = [
     Array {
@@ -198,8 +202,8 @@ impl DeviceTree {
     /// (`resident.wgsl`'s layout), all of them targets, with leaves of at most `leaf`
     /// particles.
     ///
-    /// Errors: [`GpuError::BufferTooLarge`] naming the buffer; [`GpuError::Device`];
-    /// [`GpuError::Timeout`].
+    /// Errors: [`GpuError::BufferTooLarge`] naming the buffer; [`GpuError::Device`] (also
+    /// [`NOT_FINITE`] for a position that is not finite); [`GpuError::Timeout`].
     pub fn build(&self, pos: &wgpu::Buffer, n: usize, leaf: usize) -> Result<BuiltTree, GpuError> {
         let leaf = leaf.max(1);
         let mut cap = self
@@ -377,10 +381,16 @@ impl DeviceTree {
             ],
         )?;
         let m: Vec<u32> = bytemuck::pod_collect_to_vec(&raw[0]);
+        let cube: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(&raw[1]);
+        if cube[2][3] != 0.0 {
+            return Err(GpuError::Device {
+                adapter: ctx.adapter.name.clone(),
+                message: NOT_FINITE.into(),
+            });
+        }
         if m[T_FLAG] != 0 {
             return Ok(Err(m[T_NEED] as usize));
         }
-        let cube: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(&raw[1]);
         let total = m[T_TOTAL] as usize;
         let enc = ctx.device.create_command_encoder(&Default::default());
         let raw = ctx.submit_and_read(

@@ -38,7 +38,7 @@ const T_CHUNKS: u32 = 75u;
 // fl: the cube, then the bounding box's partial reductions (4 vec4 each).
 const F_LO: u32 = 0u; // (corner hi, side)
 const F_LO2: u32 = 1u; // (corner lo, 2^21 / side)
-const F_ORIGIN: u32 = 2u; // (centre hi, 0)
+const F_ORIGIN: u32 = 2u; // (centre hi, 1 if a position is not finite)
 const F_ORIGIN2: u32 = 3u; // (centre lo, 0)
 
 struct D3 { hi: vec3<f32>, lo: vec3<f32> }
@@ -72,9 +72,10 @@ fn point(i: u32) -> D3 { return D3(pos_at(2u * i).xyz, pos_at(2u * i + 1u).xyz);
 
 var<workgroup> bx: array<vec4<f32>, 512>;
 
-// Reduces the (min, max) pairs of this workgroup's invocations into fl at `dst + 4 b`.
-fn reduce_box(lid: u32, b: u32, mn: D3, mx: D3) {
-    bx[4u * lid] = vec4<f32>(mn.hi, 0.0);
+// Reduces the (min, max) pairs of this workgroup's invocations into fl at `s1 + 4 b`, with
+// in the first vec4's 4th component whether any of them saw a coordinate that is not finite.
+fn reduce_box(lid: u32, b: u32, mn: D3, mx: D3, bad: f32) {
+    bx[4u * lid] = vec4<f32>(mn.hi, bad);
     bx[4u * lid + 1u] = vec4<f32>(mn.lo, 0.0);
     bx[4u * lid + 2u] = vec4<f32>(mx.hi, 0.0);
     bx[4u * lid + 3u] = vec4<f32>(mx.lo, 0.0);
@@ -84,7 +85,7 @@ fn reduce_box(lid: u32, b: u32, mn: D3, mx: D3) {
             let o = 4u * (lid + half);
             let m = 4u * lid;
             let lt = lt3(bx[o].xyz, bx[o + 1u].xyz, bx[m].xyz, bx[m + 1u].xyz);
-            bx[m] = vec4<f32>(select(bx[m].xyz, bx[o].xyz, lt), 0.0);
+            bx[m] = vec4<f32>(select(bx[m].xyz, bx[o].xyz, lt), max(bx[m].w, bx[o].w));
             bx[m + 1u] = vec4<f32>(select(bx[m + 1u].xyz, bx[o + 1u].xyz, lt), 0.0);
             let gt = lt3(bx[m + 2u].xyz, bx[m + 3u].xyz, bx[o + 2u].xyz, bx[o + 3u].xyz);
             bx[m + 2u] = vec4<f32>(select(bx[m + 2u].xyz, bx[o + 2u].xyz, gt), 0.0);
@@ -104,11 +105,15 @@ fn bounds_first(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let i = b * BOUNDS_WG + lid;
     var mn = D3(vec3<f32>(inf()), vec3<f32>(0.0));
     var mx = D3(vec3<f32>(-inf()), vec3<f32>(0.0));
+    var bad = 0.0;
     if i < R.count {
         mn = point(i);
         mx = mn;
+        // Not finite: the exponent's bits all set (inf or NaN).
+        let e = bitcast<vec3<u32>>(mn.hi) & vec3<u32>(0x7f800000u);
+        bad = select(0.0, 1.0, any(e == vec3<u32>(0x7f800000u)));
     }
-    reduce_box(lid, b, mn, mx);
+    reduce_box(lid, b, mn, mx, bad);
 }
 
 // The box of boxes b * 128 .. (b + 1) * 128 (of `len`, at s0) into fl at s1 + 4 b.
@@ -118,12 +123,14 @@ fn bounds_more(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let i = b * BOUNDS_WG + lid;
     var mn = D3(vec3<f32>(inf()), vec3<f32>(0.0));
     var mx = D3(vec3<f32>(-inf()), vec3<f32>(0.0));
+    var bad = 0.0;
     if i < R.len {
         let at = R.s0 + 4u * i;
         mn = D3(fl_at(at).xyz, fl_at(at + 1u).xyz);
         mx = D3(fl_at(at + 2u).xyz, fl_at(at + 3u).xyz);
+        bad = fl_at(at).w;
     }
-    reduce_box(lid, b, mn, mx);
+    reduce_box(lid, b, mn, mx, bad);
 }
 
 // The smallest power of two at least v (> 0, normal).
@@ -152,7 +159,8 @@ fn cube() {
     let inv_cell = bitcast<f32>((148u + 127u - e_side) << 23u); // 2^21 / side
     fl_set(F_LO, vec4<f32>(lo.hi, side));
     fl_set(F_LO2, vec4<f32>(lo.lo, inv_cell));
-    fl_set(F_ORIGIN, vec4<f32>(centre.hi, 0.0));
+    // Whether a position was not finite, for the host.
+    fl_set(F_ORIGIN, vec4<f32>(centre.hi, fl_at(R.s0).w));
     fl_set(F_ORIGIN2, vec4<f32>(centre.lo, 0.0));
 }
 
