@@ -58,6 +58,11 @@ for line in sys.stdin:
     elif m.get("reason") == "compiler-artifact" and m.get("executable") \
             and m["target"]["name"] == "lockstep_snn" and m["target"]["kind"] == ["lib"]:
         print("snn_unit", m["executable"])
+    # The unit tests of lockstep-nbody: the tree and the dual tree walk built on the device
+    # against the host ones, node for node and row by row.
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == "lockstep_nbody" and m["target"]["kind"] == ["lib"]:
+        print("nbody_unit", m["executable"])
 '
 }
 
@@ -182,6 +187,7 @@ run() {
   if [ "$only" != snn ]; then
     # The N-body on the GPU: its tests, then the FMM (order 6) at 1e6 and 1e7 beside the CPU FMM.
     [ -x "$work/tests/nbody_gpu" ] && step "test nbody_gpu" 120 "$work/tests/nbody_gpu" --test-threads=1
+    [ -x "$work/tests/nbody_unit" ] && step "test nbody_unit (device tree and walk)" 60 "$work/tests/nbody_unit" fmm_gpu::
     step "bench nbody gpu" 240 sh -c "'$L' bench nbody --device gpu --sizes 1000000,10000000 --direct-sizes 100000 --repeats 2 | tee '$bench/nbody_gpu.txt'"
     # 1 and 2 ranks (thread ranks) sharing the one GPU: the sharded FMM at 2e6 particles.
     step "bench nbody gpu ranks" 120 sh -c "'$L' bench nbody --device gpu --ranks 1,2 --n 2000000 --repeats 2 | tee '$bench/nbody_gpu_ranks.txt'"
