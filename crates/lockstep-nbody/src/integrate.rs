@@ -551,10 +551,12 @@ where
     fn forces(&mut self, p: &mut Particles, t: f64) -> Result<DeviceField, NbodyError> {
         if !self.read_positions {
             return (self.field_of)(p, &mut self.shard).or_else(|e| {
-                // Whatever failed, positions that are not finite say more (the device's
-                // tree refuses them); the velocities too, for the message.
-                self.shard.fetch(p, true).map_err(gpu_error)?;
-                check_finite(p, self.t.max(t))?;
+                // The device's tree refused positions that are not finite: read them (and
+                // the velocities) back for the host path's message naming the particle.
+                if e.to_string().contains(crate::fmm_gpu::NOT_FINITE) {
+                    self.shard.fetch(p, true).map_err(gpu_error)?;
+                    check_finite(p, self.t.max(t))?;
+                }
                 Err(e)
             });
         }
@@ -577,8 +579,9 @@ where
         Ok(self.shard.read_field(f).map_err(gpu_error)?.pot)
     }
     fn check(&mut self, _p: &Particles, t: f64) -> Result<(), NbodyError> {
-        // Positions are checked when they are read back for the next evaluation, the whole
-        // state at outputs and at the end.
+        // Positions are checked when they are read back for the next evaluation (or by the
+        // device's tree when they are not read back), the whole state at outputs and at the
+        // end.
         self.t = t;
         Ok(())
     }

@@ -136,8 +136,9 @@ fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
 /// (`bench nbody --device gpu --order 3 --sizes 20000` measured a median error of 0.45
 /// against direct sums before the fix), with and without softening; to 5e-6 since the
 /// compensated sums are hidden from the compiler's rewrites (7.5e-6 before). Both walks:
-/// the lists built on the device (the default) and on the host give the CPU's forces and
-/// the same list sizes (`gpu_edge_cases_and_determinism` repeats a run bit for bit).
+/// the lists built on the device (the default, without softening) and on the host (with)
+/// give the CPU's forces and the same list sizes (`gpu_edge_cases_and_determinism` repeats a
+/// run bit for bit).
 #[test]
 fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
     let p = make(&plummer(20_000, 7));
@@ -150,11 +151,7 @@ fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
     let on_gpu_host_walk = cpu.clone().on_device(host_walk);
     let stats = |s: &lockstep_nbody::FmmStats| (s.m2l, s.m2p, s.nodes, s.p2p_blocks, s.p2p_pairs);
     let mut host_stats = None;
-    for (eps, walk, solver) in [
-        (0.0, "device", &on_gpu),
-        (0.01, "host", &on_gpu_host_walk),
-        (0.01, "device", &on_gpu),
-    ] {
+    for (eps, walk, solver) in [(0.0, "device", &on_gpu), (0.01, "host", &on_gpu_host_walk)] {
         let (fc, sc) = cpu.forces(&src, 1.0, eps).unwrap();
         let (fg, sg) = solver.forces(&src, 1.0, eps).unwrap();
         assert_eq!(
@@ -695,13 +692,13 @@ fn padded(ic: &InitialConditions) -> Particles {
 /// Particles kept on the GPU between steps (drift and kick as kernels, issue 56): the same
 /// trajectories and diagnostics as stepping on the host with the same GPU forces (to the
 /// double-float precision of the device state), for both leapfrogs and both methods; the
-/// padding is untouched; two runs give the same bits; per step only the positions come
+/// padding is untouched; two runs give the same bits (the FMM's DKD run); per step only the positions come
 /// back (the velocities and the field only at outputs); and the forces take their points
 /// from the shard instead of uploading them.
 #[test]
 fn resident_particles_match_host_stepping() {
     let ic = plummer(1500, 11);
-    let ts: Vec<f64> = (0..=8).map(|k| k as f64 * 4e-3).collect();
+    let ts: Vec<f64> = (0..=6).map(|k| k as f64 * 4e-3).collect();
     for (method, integrator) in [
         (Method::Fmm, Integrator::Kdk),
         (Method::Fmm, Integrator::Dkd),
@@ -718,7 +715,7 @@ fn resident_particles_match_host_stepping() {
             let mut g = Gravity::new(settings, 1.0).unwrap();
             let opts = NbodySimulateOptions {
                 integrator,
-                outputs: vec![0, 4, 8],
+                outputs: vec![0, 3, 6],
                 keep_on_device,
             };
             let mut p = padded(&ic);
@@ -749,9 +746,11 @@ fn resident_particles_match_host_stepping() {
         let (host, dh, seen_h, none, (up_host, _)) = run(false);
         let (dev, dd, seen_d, (reads, bytes), (up, tree_on_device)) = run(true);
         assert_eq!(none, (0, 0));
-        let (again, _, _, _, _) = run(true);
         let label = format!("{method:?} {integrator:?}");
-        assert_eq!(dev, again, "{label}: two resident runs differ");
+        if integrator == Integrator::Dkd {
+            let (again, _, _, _, _) = run(true);
+            assert_eq!(dev, again, "{label}: two resident runs differ");
+        }
         let mut worst = (0.0f64, 0.0f64);
         for i in 0..host.num {
             for c in 0..3 {
@@ -798,8 +797,8 @@ fn resident_particles_match_host_stepping() {
         let n = host.num as u64;
         let evals = match (method, integrator) {
             (Method::Fmm, _) => 0,
-            (_, Integrator::Kdk) => 9,
-            (_, Integrator::Dkd) => 1 + 8 + 2,
+            (_, Integrator::Kdk) => ts.len() as u64,
+            (_, Integrator::Dkd) => ts.len() as u64 + 2,
         };
         assert_eq!(reads, evals + 2 * 3 + 1, "{label}");
         // Both methods take the positions from the shard: an evaluation uploads 32 B per

@@ -65,6 +65,7 @@ mod tree;
 mod walk;
 use pipelines::{records_group, Array, Bound, Module, RECORD_STRIDE as PARAM_STRIDE};
 pub use resident::{DeviceField, ResidentShard};
+pub use tree::NOT_FINITE;
 use tree::{BuiltTree, DeviceTree};
 use walk::{DeviceLists, DeviceWalk, ListShape, WalkRules};
 

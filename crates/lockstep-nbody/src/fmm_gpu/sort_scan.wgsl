@@ -117,7 +117,12 @@ fn scan_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     workgroupBarrier();
     for (var d = 1u; d < SCAN; d <<= 1u) {
         var t = ss[lid];
-        if lid >= d { t += ss[lid - d]; }
+        if lid >= d {
+            // Saturating: a sum past 2^32 - 1 stays NONE up to the grand total, which the
+            // caller reads as an overflow.
+            let u = t + ss[lid - d];
+            t = select(u, NONE, u < t || ss[lid - d] == NONE);
+        }
         workgroupBarrier();
         ss[lid] = t;
         workgroupBarrier();

@@ -47,7 +47,8 @@ const REDUCE: &str =
 
 /// The error of a build from positions that are not all finite (the box's reduction saw an
 /// inf or NaN): the simulation reads the positions back to name the particle.
-pub(crate) const NOT_FINITE: &str = "N-body tree on the GPU: a position is not finite";
+pub const NOT_FINITE: &str =
+    "N-body tree on the GPU: a position is not finite (or the particles span more than f32 holds)";
 
 /// The storage arrays of `tree.wgsl` (group 0, in binding order).
 const ARRAYS: [Array; 11] = [

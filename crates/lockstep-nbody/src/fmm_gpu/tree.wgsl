@@ -159,8 +159,9 @@ fn cube() {
     let inv_cell = bitcast<f32>((148u + 127u - e_side) << 23u); // 2^21 / side
     fl_set(F_LO, vec4<f32>(lo.hi, side));
     fl_set(F_LO2, vec4<f32>(lo.lo, inv_cell));
-    // Whether a position was not finite, for the host.
-    fl_set(F_ORIGIN, vec4<f32>(centre.hi, fl_at(R.s0).w));
+    // Whether a position was not finite, or the extent overflowed f32, for the host.
+    let bad = max(fl_at(R.s0).w, select(0.0, 1.0, side >= inf()));
+    fl_set(F_ORIGIN, vec4<f32>(centre.hi, bad));
     fl_set(F_ORIGIN2, vec4<f32>(centre.lo, 0.0));
 }
 
@@ -442,7 +443,8 @@ fn geo_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         workgroupBarrier();
     }
     if lid == 0u && j < meta_at(T_CHUNKS) {
-        part_set(7u * j, vec4<f32>(gm[0].x, gm[0].y, bitcast<f32>(gn[0]), 0.0));
+        // The count as a float: exact (at most 1,024), and never a subnormal.
+        part_set(7u * j, vec4<f32>(gm[0].x, gm[0].y, f32(gn[0]), 0.0));
         for (var w = 0u; w < 6u; w++) { part_set(7u * j + 1u + w, gv[w]); }
     }
 }
@@ -475,7 +477,7 @@ fn geo_centre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     for (var j = j0; j < j0 + chunks_of(a); j++) {
         let p = part_at(7u * j);
         m = add(m, Df(p.x, p.y));
-        nt += bitcast<u32>(p.z);
+        nt += u32(p.z);
         mom = add3(mom, D3(part_at(7u * j + 1u).xyz, part_at(7u * j + 2u).xyz));
         let cmn = D3(part_at(7u * j + 3u).xyz, part_at(7u * j + 4u).xyz);
         let lt = lt3(cmn.hi, cmn.lo, mn.hi, mn.lo);

@@ -244,8 +244,10 @@ impl DeviceWalk {
         // walk ends within 2 depth + 1 steps.
         let steps = 2 * depth + 1;
         for run in 1..=12 {
-            // Indices are u32 on the device.
-            if cap_f.max(cap_e) >= u32::MAX as usize {
+            // Indices are u32 on the device: the two frontier scans' words, the entries
+            // and the rows after them.
+            let words = (2 * (cap_f + cap_f / 128 + 1024)).max(cap_e + 3 * (nn + 1));
+            if words >= u32::MAX as usize {
                 return Err(self.fail(&format!(
                     "it needs room for {} frontier pairs and {} list entries, more than 32-bit indices reach; run more ranks (mpirun -n R) or raise forces.leaf_size",
                     cap_f, cap_e

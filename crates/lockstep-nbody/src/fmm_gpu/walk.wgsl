@@ -163,6 +163,7 @@ fn walk_count(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // that the walk ends with the exact number the next run needs.
 @compute @workgroup_size(1)
 fn walk_next() {
+    // Totals of NONE: the scans saturated (more than 32-bit indices reach).
     let nc = scan_at(R.s0);
     let ne = scan_at(R.s1);
     let ebase = meta_at(M_ECOUNT);
@@ -173,7 +174,7 @@ fn walk_next() {
         meta_set(M_NEED_F, max(meta_at(M_NEED_F), nc));
     }
     // A count past 2^32 wraps: it needs more than a u32 index.
-    let wrapped = ecount < ebase;
+    let wrapped = ecount < ebase || ne == NONE;
     if wrapped || ecount > R.cap_e { flag |= 2u; }
     meta_set(M_NEED_E, max(meta_at(M_NEED_E), select(ecount, NONE, wrapped)));
     meta_set(M_FLAG, flag);
