@@ -1427,3 +1427,28 @@ impl ForceDevice for GpuForces {
         )
     }
 }
+
+/// A Plummer sphere or `clumps` Gaussian clumps of `n` particles (the device tree's and
+/// walk's tests).
+#[cfg(test)]
+fn test_particles(clumps: Option<u64>, n: u64, seed: u64) -> crate::Particles {
+    let ic = match clumps {
+        Some(clumps) => crate::InitialConditions::Clumps {
+            n,
+            clumps,
+            total_mass: 1.0,
+            box_size: 10.0,
+            clump_radius: 0.3,
+            velocity_dispersion: 0.0,
+            seed,
+        },
+        None => crate::InitialConditions::Plummer {
+            n,
+            total_mass: 1.0,
+            scale_radius: 1.0,
+            max_radius: 30.0,
+            seed,
+        },
+    };
+    ic.generate(1.0, 0, 1, 1.0).unwrap()
+}

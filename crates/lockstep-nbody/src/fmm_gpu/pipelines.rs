@@ -30,6 +30,29 @@ pub(crate) struct Array {
     pub(crate) read_only: bool,
 }
 
+impl Array {
+    /// An array the kernels read and write: `name` in the kernels, WGSL element type `ty`
+    /// of `elem` bytes.
+    pub(crate) const fn rw(name: &'static str, ty: &'static str, elem: u64) -> Array {
+        Array {
+            name,
+            ty,
+            elem,
+            read_only: false,
+        }
+    }
+
+    /// An array the kernels only read.
+    pub(crate) const fn ro(name: &'static str, ty: &'static str, elem: u64) -> Array {
+        Array {
+            name,
+            ty,
+            elem,
+            read_only: true,
+        }
+    }
+}
+
 /// The kernels of a module for one count of windows per array.
 pub(crate) struct Compiled {
     /// Group 0: the arrays' windows.

@@ -9,6 +9,9 @@ use lockstep_gpu::{wgpu, GpuContext};
 
 use super::pipelines::{records_group, Bound, Module, RECORD_STRIDE};
 
+/// What shrinks the tree's and the walk's buffers, for the messages of buffers too large.
+pub(super) const REDUCE: &str =
+    "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
 /// Bytes of `Rec` in `sort_scan.wgsl`.
 pub(super) const REC_BYTES: u64 = 96;
 /// Threads per workgroup of the per-item kernels; the scans and sorts use 256.

@@ -22,7 +22,8 @@ use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
 use super::pipelines::{Array, Module};
 use super::sort_scan::{
-    args_buffer, record, scan_levels, sizes, Rec, Recorder, Size, M_ARGS, REC_BYTES, SORT_TILE, WG,
+    args_buffer, record, scan_levels, sizes, Rec, Recorder, Size, M_ARGS, REC_BYTES, REDUCE,
+    SORT_TILE, WG,
 };
 use crate::direct::SoA;
 use crate::fmm::tree::{Node, Tree, MORTON_BITS};
@@ -41,9 +42,6 @@ const T_TOTAL: usize = 74;
 const F_PART: u64 = 4;
 /// Particles per workgroup of the bounding box's reduction (`BOUNDS_WG`).
 const BOUNDS_WG: u64 = 128;
-/// What shrinks the tree's buffers, for the messages of buffers too large.
-const REDUCE: &str =
-    "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
 
 /// The error of a build from positions that are not all finite (the box's reduction saw an
 /// inf or NaN): the simulation reads the positions back to name the particle.
@@ -52,72 +50,17 @@ pub const NOT_FINITE: &str =
 
 /// The storage arrays of `tree.wgsl` (group 0, in binding order).
 const ARRAYS: [Array; 11] = [
-    Array {
-        name: "pos",
-        ty: "vec4<f32>",
-        elem: 16,
-        read_only: true,
-    },
-    Array {
-        name: "keys",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "ent_a",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "ent_b",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "scan",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
-    Array {
-        name: "meta",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
-    Array {
-        name: "nodes",
-        ty: "vec4<u32>",
-        elem: 16,
-        read_only: false,
-    },
-    Array {
-        name: "geo",
-        ty: "vec4<f32>",
-        elem: 16,
-        read_only: false,
-    },
-    Array {
-        name: "fl",
-        ty: "vec4<f32>",
-        elem: 16,
-        read_only: false,
-    },
-    Array {
-        name: "perm",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
-    Array {
-        name: "part",
-        ty: "vec4<f32>",
-        elem: 16,
-        read_only: false,
-    },
+    Array::ro("pos", "vec4<f32>", 16),
+    Array::rw("keys", "vec2<u32>", 8),
+    Array::rw("ent_a", "vec2<u32>", 8),
+    Array::rw("ent_b", "vec2<u32>", 8),
+    Array::rw("scan", "u32", 4),
+    Array::rw("meta", "u32", 4),
+    Array::rw("nodes", "vec4<u32>", 16),
+    Array::rw("geo", "vec4<f32>", 16),
+    Array::rw("fl", "vec4<f32>", 16),
+    Array::rw("perm", "u32", 4),
+    Array::rw("part", "vec4<f32>", 16),
 ];
 
 /// The entry points: the shared ones (`sort_scan.rs`), then the tree's.
@@ -466,29 +409,10 @@ impl DeviceTree {
 mod tests {
     use super::*;
     use crate::fmm_gpu::{GpuForces, ResidentShard};
-    use crate::{InitialConditions, Particles};
+    use crate::Particles;
 
-    fn generated(clumpy: bool, n: u64, seed: u64) -> Particles {
-        let ic = if clumpy {
-            InitialConditions::Clumps {
-                n,
-                clumps: 5,
-                total_mass: 1.0,
-                box_size: 10.0,
-                clump_radius: 0.3,
-                velocity_dispersion: 0.0,
-                seed,
-            }
-        } else {
-            InitialConditions::Plummer {
-                n,
-                total_mass: 1.0,
-                scale_radius: 1.0,
-                max_radius: 30.0,
-                seed,
-            }
-        };
-        ic.generate(1.0, 0, 1, 1.0).unwrap()
+    fn generated(clumpy: bool, n: u64, seed: u64) -> crate::Particles {
+        crate::fmm_gpu::test_particles(clumpy.then_some(5), n, seed)
     }
 
     fn of(pos: &[[f64; 3]], mass: &[f64]) -> Particles {

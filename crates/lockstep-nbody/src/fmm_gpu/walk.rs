@@ -21,7 +21,7 @@ use lockstep_gpu::{wgpu, GpuContext, GpuError, ReadRange};
 
 use super::pipelines::{Array, Module};
 use super::sort_scan::{
-    args_buffer, record, scan_levels, sizes, Rec, Recorder, Size, M_ARGS, REC_BYTES, SCAN,
+    args_buffer, record, scan_levels, sizes, Rec, Recorder, Size, M_ARGS, REC_BYTES, REDUCE, SCAN,
     SORT_TILE, WG,
 };
 
@@ -38,66 +38,18 @@ const M_MAXF: usize = 7;
 const M_BASE: usize = 8;
 const M_PAIRS: usize = 12;
 const M_STATS: usize = 16;
-/// What shrinks the walk's buffers, for the messages of buffers too large.
-const REDUCE: &str =
-    "the particles per rank (run more ranks or GPUs: mpirun -n R) or raise forces.leaf_size";
 
 /// The storage arrays of `walk.wgsl` (group 0, in binding order).
 const ARRAYS: [Array; 9] = [
-    Array {
-        name: "nodes",
-        ty: "vec4<u32>",
-        elem: 16,
-        read_only: true,
-    },
-    Array {
-        name: "geo",
-        ty: "vec4<f32>",
-        elem: 16,
-        read_only: true,
-    },
-    Array {
-        name: "front_a",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "front_b",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "ent_a",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "ent_b",
-        ty: "vec2<u32>",
-        elem: 8,
-        read_only: false,
-    },
-    Array {
-        name: "scan",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
-    Array {
-        name: "meta",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
-    Array {
-        name: "out",
-        ty: "u32",
-        elem: 4,
-        read_only: false,
-    },
+    Array::ro("nodes", "vec4<u32>", 16),
+    Array::ro("geo", "vec4<f32>", 16),
+    Array::rw("front_a", "vec2<u32>", 8),
+    Array::rw("front_b", "vec2<u32>", 8),
+    Array::rw("ent_a", "vec2<u32>", 8),
+    Array::rw("ent_b", "vec2<u32>", 8),
+    Array::rw("scan", "u32", 4),
+    Array::rw("meta", "u32", 4),
+    Array::rw("out", "u32", 4),
 ];
 
 /// The entry points: the shared ones (`sort_scan.rs`), then the walk's.
@@ -519,29 +471,9 @@ mod tests {
     use super::*;
     use crate::fmm::{Fmm, FmmParams, RemoteCell, SourceSet, WalkLists};
     use crate::fmm_gpu::{cube_centre, packed_nodes, walk_geo, GpuForces, ListsOf};
-    use crate::InitialConditions;
 
     fn particles(clumpy: bool, n: u64, seed: u64) -> crate::Particles {
-        let ic = if clumpy {
-            InitialConditions::Clumps {
-                n,
-                clumps: 6,
-                total_mass: 1.0,
-                box_size: 10.0,
-                clump_radius: 0.3,
-                velocity_dispersion: 0.0,
-                seed,
-            }
-        } else {
-            InitialConditions::Plummer {
-                n,
-                total_mass: 1.0,
-                scale_radius: 1.0,
-                max_radius: 30.0,
-                seed,
-            }
-        };
-        ic.generate(1.0, 0, 1, 1.0).unwrap()
+        crate::fmm_gpu::test_particles(clumpy.then_some(6), n, seed)
     }
 
     /// The rows of compressed rows `(offsets, items)`, each sorted.
