@@ -79,6 +79,15 @@ fn put_args(at: u32, n: u32, size: u32) {
     meta_set(at + 2u, 1u);
 }
 
+// The next dispatches' sizes for n items at M_ARGS: per item (WG) and per scan level (the
+// host's `sizes` in sort_scan.rs).
+fn put_sizes(n: u32) {
+    put_args(M_ARGS, n, WG);
+    put_args(M_ARGS + 3u, n, SCAN);
+    put_args(M_ARGS + 6u, n, SCAN * SCAN);
+    put_args(M_ARGS + 9u, n, SCAN * SCAN * SCAN);
+}
+
 // ---- exclusive scan in place, up to four levels of 256 ----
 //
 // Level j holds ceil(len / 256^j) entries at s_j (s0..s3); `scan_up` at level j scans each

@@ -278,10 +278,7 @@ fn level_next() {
     meta_set(T_LS + l + 2u, le + total);
     meta_set(T_CNT + l + 1u, total);
     meta_set(T_TOTAL, le + total);
-    put_args(M_ARGS, total, WG);
-    put_args(M_ARGS + 3u, total, SCAN);
-    put_args(M_ARGS + 6u, total, SCAN * SCAN);
-    put_args(M_ARGS + 9u, total, SCAN * SCAN * SCAN);
+    put_sizes(total);
 }
 
 // The children of each node of level R.level (first child at s0 + i, exclusive).
@@ -325,10 +322,7 @@ fn chunks_of(a: vec4<u32>) -> u32 {
 @compute @workgroup_size(1)
 fn chunk_prep() {
     let t = meta_at(T_TOTAL);
-    put_args(M_ARGS, t, WG);
-    put_args(M_ARGS + 3u, t, SCAN);
-    put_args(M_ARGS + 6u, t, SCAN * SCAN);
-    put_args(M_ARGS + 9u, t, SCAN * SCAN * SCAN);
+    put_sizes(t);
 }
 
 @compute @workgroup_size(64)

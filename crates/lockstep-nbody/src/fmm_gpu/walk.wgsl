@@ -237,10 +237,7 @@ fn walk_advance() {
     let lo = meta_at(M_PAIRS) + n;
     meta_set(M_PAIRS + 1u, meta_at(M_PAIRS + 1u) + u32(lo < n));
     meta_set(M_PAIRS, lo);
-    put_args(M_ARGS, n, WG);
-    put_args(M_ARGS + 3u, n, SCAN);
-    put_args(M_ARGS + 6u, n, SCAN * SCAN);
-    put_args(M_ARGS + 9u, n, SCAN * SCAN * SCAN);
+    put_sizes(n);
 }
 
 // ---- rows ----
