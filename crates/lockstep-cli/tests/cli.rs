@@ -499,7 +499,7 @@ fn nbody_quick_try_overrides_and_progress_lines() {
 
 /// `lockstep bench nbody --device gpu` on the machine's adapter (lavapipe in CI): the GPU FMM,
 /// the CPU FMM and direct sums on the GPU in one table, with the split and the H200 model;
-/// `--ranks 1,2` the sharded FMM with two thread ranks sharing the adapter.
+/// with `--no-cpu-fmm` the GPU rows only; `--ranks 1,2` the sharded FMM with two thread ranks sharing the adapter.
 #[test]
 fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
     let run = |args: &[&str]| {
@@ -536,6 +536,18 @@ fn bench_nbody_on_the_gpu_prints_its_rows_and_the_sharded_ranks() {
     ] {
         assert!(text.contains(want), "no {want:?} in\n{text}");
     }
+    // --no-cpu-fmm (what the GPU script runs at N = 1e8): the GPU row and its model only.
+    let gpu_only = run(&[
+        "--sizes",
+        "2000",
+        "--direct-sizes",
+        "0",
+        "--no-fmm3d",
+        "--no-cpu-fmm",
+    ]);
+    let starts = |method: &str| gpu_only.lines().any(|l| l.starts_with(method));
+    assert!(starts("fmm gpu") && !starts("fmm cpu"), "{gpu_only}");
+    assert!(gpu_only.contains("H200 model (not measured"), "{gpu_only}");
     let text = run(&["--ranks", "1,2", "--n", "3000"]);
     let rows: Vec<&str> = text.lines().filter(|l| l.contains(" 3000 ")).collect();
     assert_eq!(rows.len(), 2, "{text}");

@@ -87,8 +87,9 @@ fn solvers(params: FmmParams) -> (Fmm, Fmm) {
 }
 
 /// GPU FMM = CPU FMM (same tree, lists and parameters) to 1e-5 relative per particle, on a
-/// Plummer sphere and clumps, with and without softening, at orders 2 and 3 (the orders the
-/// GPU runs) and opening angles 0.6 and 0.9; and the same error table against direct sums.
+/// Plummer sphere and clumps, with and without softening, at orders 2 and 3 (orders 4 to 6
+/// in the next test) and opening angles 0.6 and 0.9; and the same error table against
+/// direct sums.
 #[test]
 fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
     for (name, ic) in [("plummer", plummer(3000, 1)), ("clumps", clumps(3000, 2))] {
@@ -178,7 +179,8 @@ fn gpu_fmm_matches_the_cpu_fmm_on_20000_particles() {
 }
 
 /// GPU FMM = CPU FMM to 1e-5 relative per particle at orders 4, 5 and 6 on 3,000 particles
-/// (Plummer and clumps) at opening angles 0.6 and 0.9, where the M2L lists are long.
+/// (Plummer and clumps) at opening angles 0.6 and 0.9, where the M2L lists are long; and
+/// the error table against direct sums (p50, p99, p99.9) within 10% of the CPU FMM's.
 #[test]
 fn gpu_fmm_matches_the_cpu_fmm_at_orders_4_to_6() {
     for (name, ic) in [("plummer", plummer(3000, 8)), ("clumps", clumps(3000, 9))] {
@@ -193,14 +195,27 @@ fn gpu_fmm_matches_the_cpu_fmm_at_orders_4_to_6() {
             let (fc, _) = cpu.forces(&src, 1.0, eps).unwrap();
             let (fg, sg) = on_gpu.forces(&src, 1.0, eps).unwrap();
             let (da, dp) = max_rel(&fg, &fc);
+            let reference = direct(p.valid_pos(), p.valid_mass(), 1.0, eps);
+            let (ec, eg) = (compare(&fc, &reference), compare(&fg, &reference));
             println!(
-                "{name} p {order} theta {theta} eps {eps}: {} M2L, {} M2P: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}",
-                sg.m2l, sg.m2p
+                "{name} p {order} theta {theta} eps {eps}: {} M2L, {} M2P: GPU vs CPU max rel acc {da:.2e} pot {dp:.2e}\n  CPU vs direct {:?}\n  GPU vs direct {:?}",
+                sg.m2l, sg.m2p, ec.acc, eg.acc
             );
             assert!(
                 da <= 1e-5 && dp <= 1e-5,
                 "{name} p {order} theta {theta} eps {eps}: {da:e} {dp:e}"
             );
+            // The error table against direct sums: p50, p99, p99.9 within 10% of the CPU's.
+            for (c, g) in [
+                (ec.acc.p50, eg.acc.p50),
+                (ec.acc.p99, eg.acc.p99),
+                (ec.acc.p999, eg.acc.p999),
+            ] {
+                assert!(
+                    (g - c).abs() <= 0.1 * c,
+                    "{name} p {order} theta {theta} eps {eps}: {ec:?} {eg:?}"
+                );
+            }
         }
     }
 }
@@ -474,8 +489,9 @@ fn gpu_sharded_forces_match_one_rank() {
     );
 }
 
-/// 20 leapfrog steps of a Plummer sphere with direct forces on the GPU: the energy drifts by
-/// at most twice the CPU run's drift (and at most 1e-3).
+/// 20 leapfrog steps of a Plummer sphere on the GPU, with direct sums and with the FMM
+/// (order 6, the particles kept on the device): the energy drifts by at most twice the
+/// drift of the same run on the CPU (and at most 1e-3).
 #[test]
 fn gpu_simulation_conserves_energy_as_the_cpu_does() {
     let ic = plummer(2000, 6);
@@ -485,10 +501,10 @@ fn gpu_simulation_conserves_energy_as_the_cpu_does() {
         outputs: vec![0, 20],
         keep_on_device: true,
     };
-    let drift = |device: DeviceRequest| {
+    let drift = |method: Method, device: DeviceRequest| {
         let settings = ForceSettings {
             softening: 0.01,
-            method: Method::Direct,
+            method,
             device,
             ..Default::default()
         };
@@ -497,12 +513,15 @@ fn gpu_simulation_conserves_energy_as_the_cpu_does() {
         let d = simulate(&mut p, &ts, &mut g, &opts, |_, _, _| Ok(()), |_| {}).unwrap();
         (d[1].energy() / d[0].energy() - 1.0).abs()
     };
-    let (cpu, on_gpu) = (drift(DeviceRequest::Cpu), drift(DeviceRequest::Gpu(None)));
-    println!("energy drift over 20 steps: CPU {cpu:.3e}, GPU {on_gpu:.3e}");
-    assert!(
-        on_gpu <= 2.0 * cpu.max(1e-9) && on_gpu <= 1e-3,
-        "{on_gpu:e} vs {cpu:e}"
-    );
+    for method in [Method::Direct, Method::Fmm] {
+        let cpu = drift(method, DeviceRequest::Cpu);
+        let on_gpu = drift(method, DeviceRequest::Gpu(None));
+        println!("energy drift over 20 steps, {method:?}: CPU {cpu:.3e}, GPU {on_gpu:.3e}");
+        assert!(
+            on_gpu <= 2.0 * cpu.max(1e-9) && on_gpu <= 1e-3,
+            "{method:?}: {on_gpu:e} vs {cpu:e}"
+        );
+    }
 }
 
 /// `forces.device` in a config: bad values name the file and key; a missing adapter ends
@@ -591,41 +610,49 @@ fn mpirun(ranks: usize, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> std:
 }
 
 /// 2 MPI processes with `forces.device: "gpu"` (sharing the one adapter, which they log)
-/// end 20 steps where one process on the GPU does, to the FMM's accuracy.
+/// end 20 steps where one process on the GPU does: with direct sums, and with the FMM
+/// (order 6; the 2 ranks exchange their locally essential trees) to the FMM's accuracy.
 #[test]
 fn two_mpi_ranks_on_the_gpu_reproduce_one_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let one = run_config(dir.path(), "gpu_1", 20);
     let quiet = RunOptions {
         quiet: true,
         ..Default::default()
     };
-    run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &quiet).unwrap();
-    let reference = final_snapshot(&dir.path().join("gpu_1"));
-    let two = run_config(dir.path(), "gpu_2", 20);
-    let out = mpirun(2, &[two.as_os_str(), "--quiet".as_ref()], &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "mpirun failed ({}):\n{stderr}",
-        out.status
-    );
-    assert!(
-        dir.path().join("gpu_2/snap_001.1.hdf5").exists(),
-        "rank 1 wrote its file"
-    );
-    let union = final_snapshot(&dir.path().join("gpu_2"));
-    assert_eq!(union.id, reference.id);
-    let (u, r) = (&union, &reference);
-    let diff = (0..u.num)
-        .flat_map(|i| (0..3).map(move |k| (u.pos[i][k] - r.pos[i][k]).abs()))
-        .fold(0.0, f64::max);
-    println!("2 MPI ranks on the GPU vs 1: max |dx| = {diff:e}\n{stderr}");
-    assert!(diff < 5e-5, "max |dx| = {diff:e}");
+    for method in ["direct", "fmm"] {
+        let one = run_config_with(dir.path(), &format!("{method}_1"), 20, method, "gpu");
+        run_nbody_config_on(&lockstep_comm::SelfComm::new(), &one, &quiet).unwrap();
+        let reference = final_snapshot(&dir.path().join(format!("{method}_1")));
+        let two = run_config_with(dir.path(), &format!("{method}_2"), 20, method, "gpu");
+        let out = mpirun(2, &[two.as_os_str(), "--quiet".as_ref()], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{method}: mpirun failed ({}):\n{stderr}",
+            out.status
+        );
+        assert!(
+            dir.path()
+                .join(format!("{method}_2/snap_001.1.hdf5"))
+                .exists(),
+            "rank 1 wrote its file"
+        );
+        let union = final_snapshot(&dir.path().join(format!("{method}_2")));
+        assert_eq!(union.id, reference.id);
+        let (u, r) = (&union, &reference);
+        let diff = (0..u.num)
+            .flat_map(|i| (0..3).map(move |k| (u.pos[i][k] - r.pos[i][k]).abs()))
+            .fold(0.0, f64::max);
+        println!("{method}: 2 MPI ranks on the GPU vs 1: max |dx| = {diff:e}\n{stderr}");
+        assert!(diff < 5e-5, "{method}: max |dx| = {diff:e}");
+    }
 }
 
 /// A run with `forces.method: "fmm"` on the GPU (order 6, the default) ends 20 steps where
-/// the same run on the CPU does: the positions agree to 1e-8 (a box of 4; 3e-10 measured).
+/// the same run on the CPU does: the positions agree to 1e-8 on lavapipe (a box of 4; 3e-10
+/// measured), to 1e-6 on a hardware adapter, whose compiler fuses multiply-adds and whose
+/// f32 sums then differ from the CPU's in the last bits (about 1e-7 of an acceleration of up
+/// to 1e2 near a clump's centre, over t^2 / 2 = 8e-4: under 1e-8 each step, 20 steps).
 #[test]
 fn gpu_fmm_run_matches_the_cpu_fmm_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -645,8 +672,10 @@ fn gpu_fmm_run_matches_the_cpu_fmm_run() {
     let diff = (0..c.num)
         .flat_map(|i| (0..3).map(move |k| (c.pos[i][k] - g.pos[i][k]).abs()))
         .fold(0.0, f64::max);
-    println!("FMM run, 20 steps: GPU vs CPU max |dx| = {diff:e}");
-    assert!(diff < 1e-8, "max |dx| = {diff:e}");
+    let software = gpu().selected().adapter.software;
+    let tol = if software { 1e-8 } else { 1e-6 };
+    println!("FMM run, 20 steps: GPU vs CPU max |dx| = {diff:e} (tolerance {tol:e})");
+    assert!(diff < tol, "max |dx| = {diff:e}");
 }
 
 /// Without an adapter a GPU run ends within seconds, before any output, naming

@@ -75,6 +75,10 @@ pub struct BenchNbodyArgs {
     /// Skip the comparison with fmm3dpy (Flatiron FMM3D through python3).
     #[arg(long)]
     pub no_fmm3d: bool,
+    /// With `--device gpu`: leave out the CPU FMM rows (at N = 1e8 one CPU evaluation takes
+    /// minutes even on 16 cores); the GPU rows, split, model and accuracy stay.
+    #[arg(long)]
+    pub no_cpu_fmm: bool,
     /// Python interpreter that imports fmm3dpy and numpy.
     #[arg(long, default_value = "python3")]
     pub python: String,

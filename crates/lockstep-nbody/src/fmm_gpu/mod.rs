@@ -42,10 +42,12 @@
 //! order, so two runs give the same bits. The accelerations agree with the CPU FMM's to a
 //! few 1e-6 relative at orders 1..=6 (`tests/nbody_gpu.rs`: at most 7.5e-6 per particle).
 //!
-//! Limits: workgroup counts above 65,535 go to a second dispatch dimension; every buffer is
-//! checked against the adapter's storage-binding limit and a buffer over it is refused,
-//! naming it (more ranks or GPUs split the particles); every wait on the device has a
-//! timeout ([`GPU_TIMEOUT`]).
+//! Limits: workgroup counts above 65,535 go to a second dispatch dimension; an array over
+//! the adapter's storage-binding limit is bound in several windows, and only a buffer over
+//! `max_buffer_size` is refused, naming it; indices are 32-bit words, so an evaluation
+//! whose walk or expansions would need 2^32 of them (near 1.3e8 and 2e8 particles per rank
+//! at order 6) is refused naming the array (more ranks or GPUs split the particles); every
+//! wait on the device has a timeout ([`GPU_TIMEOUT`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -761,6 +763,9 @@ fn walk_geo(tree: &Tree, remote: &[RemoteCell], origin: [f64; 3]) -> Vec<[f32; 4
 /// Packs `tree`, its `lists`, the order-`p` tables `ft` (`nt` coefficients) and the imported
 /// cells `remote` for the kernels (softening `softening` kpc); the sorted points too unless a
 /// resident shard makes them on the device (`points` false).
+///
+/// Errors: [`NbodyError::Gpu`] when an index the kernels compute in 32 bits would pass
+/// 2^32 (see [`check_indices`]).
 fn pack(
     tree: &Tree,
     lists: &ListsOf,
@@ -768,9 +773,29 @@ fn pack(
     remote: &[RemoteCell],
     softening: f64,
     points: bool,
-) -> Packed {
+) -> Result<Packed, NbodyError> {
     let nn = tree.nodes.len();
     let n_all = tree.perm.len();
+    let list_words = match lists {
+        ListsOf::Host(l) => [&l.m2l, &l.m2p, &l.p2p]
+            .iter()
+            .map(|(off, items)| off.len() + items.len())
+            .sum::<usize>(),
+        ListsOf::Device(d) => d.shape.counts.iter().sum::<usize>() + 3 * (nn + 1),
+    };
+    // The index tables before the lists: a generous bound (their sizes grow with p and N).
+    let table_words = ft.rows.len() + ft.grad.len() + ft.shift.len() + 8 * (n_all + nn) + 4096;
+    check_indices(&[
+        (
+            "the expansions (nodes and imported cells x coefficients, twice)",
+            2 * (nn + remote.len()) as u64 * nt as u64,
+        ),
+        (
+            "the interaction lists and index tables",
+            (table_words + list_words) as u64,
+        ),
+        ("the particles (positions and masses)", 8 * n_all as u64),
+    ])?;
     let origin = cube_centre(tree);
     let soa = &tree.soa;
     let pts: Vec<[f32; 4]> = if points {
@@ -861,7 +886,7 @@ fn pack(
             *o = v as f32;
         }
     }
-    Packed {
+    Ok(Packed {
         origin,
         pts,
         cen,
@@ -874,7 +899,23 @@ fn pack(
         n_tasks: tasks.len() / 2,
         tail,
         base,
+    })
+}
+
+/// Refuses an evaluation where an index the kernels compute in 32-bit words would wrap:
+/// `arrays` are (name, words) pairs; each must stay below 2^32 (at order 6 the expansions
+/// reach it near 2e8 particles per rank, past the walk's own limit near 1.3e8).
+///
+/// Errors: [`NbodyError::Gpu`] naming the array and what to do.
+fn check_indices(arrays: &[(&str, u64)]) -> Result<(), NbodyError> {
+    for &(name, words) in arrays {
+        if words >= u32::MAX as u64 {
+            return Err(NbodyError::Gpu(format!(
+                "the FMM on the GPU indexes {name} in 32 bits, and this evaluation needs {words} words of them: run more ranks (mpirun -n R) or raise forces.leaf_size"
+            )));
+        }
     }
+    Ok(())
 }
 
 /// The names of the four submissions of an FMM evaluation, for errors and timeouts.
@@ -1097,7 +1138,7 @@ impl GpuForces {
         let nt = tables.nterms;
         let n_all = tree.perm.len();
         let order = (&ft, tables.p, nt);
-        let packed = pack(&tree, &lists, order, remote, softening, shard.is_none());
+        let packed = pack(&tree, &lists, order, remote, softening, shard.is_none())?;
         let plan = self.plan(&tree, &shape, &packed, LoopCost::new(&ft, nt, tables.p));
         let pk = &packed;
         let (b_perm, host_perm, b_cen) = match (dev_perm, dev_geo) {
@@ -1451,4 +1492,24 @@ fn test_particles(clumps: Option<u64>, n: u64, seed: u64) -> crate::Particles {
         },
     };
     ic.generate(1.0, 0, 1, 1.0).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_indices;
+
+    /// An array whose 32-bit word index would wrap is refused, naming it and the way out;
+    /// arrays just below 2^32 words pass.
+    #[test]
+    fn indices_past_32_bits_are_refused_naming_the_array() {
+        let fits = (u32::MAX - 1) as u64;
+        assert!(check_indices(&[("the expansions", fits)]).is_ok());
+        let e = check_indices(&[("the lists", 1), ("the expansions", 1 << 32)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the expansions") && e.contains("4294967296") && e.contains("mpirun -n R"),
+            "{e}"
+        );
+    }
 }

@@ -235,7 +235,8 @@ fn sort_scatter(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     for (var j = 0u; j < PER; j++) {
         let i = t * TILE + lid * PER + j;
         let d = digit_of(i);
-        if d < 16u {
+        // t < ntiles: a workgroup past the last tile (the 2D fold) writes nothing.
+        if d < 16u && t < R.ntiles {
             ent_dst(scan_at(R.s0 + d * R.ntiles + t) + field(run, d), ent_src(i));
             run[d >> 1u] += 1u << (16u * (d & 1u));
         }

@@ -74,7 +74,9 @@ var<workgroup> bx: array<vec4<f32>, 512>;
 
 // Reduces the (min, max) pairs of this workgroup's invocations into fl at `s1 + 4 b`, with
 // in the first vec4's 4th component whether any of them saw a coordinate that is not finite.
-fn reduce_box(lid: u32, b: u32, mn: D3, mx: D3, bad: f32) {
+// `items` is the count reduced over: a workgroup past its last box (the 2D fold of a large
+// dispatch) writes nothing.
+fn reduce_box(lid: u32, b: u32, items: u32, mn: D3, mx: D3, bad: f32) {
     bx[4u * lid] = vec4<f32>(mn.hi, bad);
     bx[4u * lid + 1u] = vec4<f32>(mn.lo, 0.0);
     bx[4u * lid + 2u] = vec4<f32>(mx.hi, 0.0);
@@ -93,7 +95,7 @@ fn reduce_box(lid: u32, b: u32, mn: D3, mx: D3, bad: f32) {
         }
         workgroupBarrier();
     }
-    if lid == 0u {
+    if lid == 0u && b * BOUNDS_WG < items {
         for (var w = 0u; w < 4u; w++) { fl_set(R.s1 + 4u * b + w, bx[w]); }
     }
 }
@@ -113,7 +115,7 @@ fn bounds_first(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let e = bitcast<vec3<u32>>(mn.hi) & vec3<u32>(0x7f800000u);
         bad = select(0.0, 1.0, any(e == vec3<u32>(0x7f800000u)));
     }
-    reduce_box(lid, b, mn, mx, bad);
+    reduce_box(lid, b, R.count, mn, mx, bad);
 }
 
 // The box of boxes b * 128 .. (b + 1) * 128 (of `len`, at s0) into fl at s1 + 4 b.
@@ -130,7 +132,7 @@ fn bounds_more(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         mx = D3(fl_at(at + 2u).xyz, fl_at(at + 3u).xyz);
         bad = fl_at(at).w;
     }
-    reduce_box(lid, b, mn, mx, bad);
+    reduce_box(lid, b, R.len, mn, mx, bad);
 }
 
 // The smallest power of two at least v (> 0, normal).
