@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use lockstep_nbody::accuracy::compare;
 use lockstep_nbody::fmm::expansion::{nterms, Tables};
-use lockstep_nbody::fmm_gpu::{GpuForces, ResidentShard};
+use lockstep_nbody::fmm_gpu::{GpuForces, GpuSplit, ResidentShard};
 use lockstep_nbody::{direct_on, DeviceRequest, Fmm, FmmParams, FmmStats, ForceDevice, SourceSet};
 
 use lockstep_comm::{CommExt, Communicator, ReduceOp};
@@ -137,7 +137,7 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
         );
         if args.no_cpu_fmm {
             println!("  (CPU FMM left out: --no-cpu-fmm; accuracy on the first {k} particles against direct sums in f64)");
-            model(&stats, n, params, split.walk_model_bytes);
+            model(&stats, n, params, &split);
             if !args.no_fmm3d {
                 fmm3d(args, &pos, &mass, &reference, secs);
             }
@@ -162,7 +162,7 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
             "  GPU / CPU speed: {:.2}x (accuracy on the first {k} particles against direct sums in f64)",
             cbest / secs
         );
-        model(&stats, n, params, split.walk_model_bytes);
+        model(&stats, n, params, &split);
         if !args.no_fmm3d {
             fmm3d(args, &pos, &mass, &reference, secs);
         }
@@ -325,9 +325,11 @@ fn derivative_terms(p: usize) -> usize {
 
 /// The modelled H200 cost of P2P and M2L per particle from this run's interaction counts:
 /// flops and device-memory bytes per particle, and the time per particle at the H200's
-/// peak rate of whichever bounds it, then with the dual tree walk's modelled `walk_bytes`
-/// added. A model, not a measurement.
-fn model(stats: &FmmStats, n: usize, params: FmmParams, walk_bytes: u64) {
+/// peak rate of whichever bounds it (P2P's flops over the share of its lanes that sum
+/// pairs, `split.p2p_lane_use`), then with the dual tree walk's modelled bytes added. A
+/// model, not a measurement.
+fn model(stats: &FmmStats, n: usize, params: FmmParams, split: &GpuSplit) {
+    let walk_bytes = split.walk_model_bytes;
     let nt = nterms(params.order) as f64;
     let tables = Tables::new(params.order);
     // Products of the full contraction, the derivative terms (3 flops each), the monomials
@@ -343,7 +345,10 @@ fn model(stats: &FmmStats, n: usize, params: FmmParams, walk_bytes: u64) {
     // A source is read once per target leaf and serves the leaf's targets (about
     // N / leaves of them; leaves are about 7/8 of the nodes of an octree).
     let per_leaf = (n as f64 / (0.875 * stats.nodes.max(1) as f64)).max(1.0);
-    let p2p = (pairs * P2P_FLOPS, pairs * SOURCE_BYTES / per_leaf);
+    // The P2P kernel's idle invocations issue no useful flops: its time at peak is the
+    // pairs' flops over the share of lanes that sum pairs.
+    let lanes = split.p2p_lane_use.max(1e-3);
+    let p2p = (pairs * P2P_FLOPS / lanes, pairs * SOURCE_BYTES / per_leaf);
     let m2l_per = stats.m2l as f64 / n as f64;
     let m2l = (m2l_per * m2l_flops, m2l_per * m2l_bytes);
     let time = |(f, b): (f64, f64)| (f / H200_FLOPS).max(b / H200_BYTES_PER_S);
@@ -351,11 +356,12 @@ fn model(stats: &FmmStats, n: usize, params: FmmParams, walk_bytes: u64) {
     // The dual tree walk's modelled traffic (`walk::modelled_bytes`; 0 for a host walk).
     let with_walk = total + walk_bytes as f64 / n as f64 / H200_BYTES_PER_S;
     println!(
-        "  H200 model (not measured; FP32 {:.0} TFLOP/s, {:.1} TB/s, at peak): P2P {:.0} pairs/particle = {:.0} flop + {:.1} B per particle; M2L {:.2} translations/particle x {:.0} flop, {:.0} B = {:.0} flop + {:.0} B per particle; bound {:.2e} s/particle -> {:.2e} particles/s for P2P + M2L, {:.2e} with the walk",
+        "  H200 model (not measured; FP32 {:.0} TFLOP/s, {:.1} TB/s, at peak): P2P {:.0} pairs/particle = {:.0} flop ({:.0}% of lanes busy) + {:.1} B per particle; M2L {:.2} translations/particle x {:.0} flop, {:.0} B = {:.0} flop + {:.0} B per particle; bound {:.2e} s/particle -> {:.2e} particles/s for P2P + M2L, {:.2e} with the walk",
         H200_FLOPS / 1e12,
         H200_BYTES_PER_S / 1e12,
         pairs,
-        p2p.0,
+        pairs * P2P_FLOPS,
+        100.0 * lanes,
         p2p.1,
         m2l_per,
         m2l_flops,

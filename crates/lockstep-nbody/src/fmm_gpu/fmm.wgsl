@@ -53,6 +53,9 @@ struct Params {
 
 var<workgroup> sh: array<vec4<f32>, 64>;
 var<workgroup> sh_lo: array<vec4<f32>, 64>;
+// The P2P tile's source particle indices and row entries.
+var<workgroup> shj: array<u32, 64>;
+var<workgroup> shn: array<u32, 64>;
 
 fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.x + wg.y * 65535u) * WG + lid;
@@ -270,11 +273,20 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
 // P2P: one workgroup per task (list at o_list: leaf, first target), its up to 64 targets
 // (the leaf's particles from the first target) against the source particles of the leaf's
 // P2P row (compressed rows at o_p2p_off / o_p2p_items: source nodes, each a contiguous range
-// of sorted particles), in row order, staged 64 at a time in workgroup memory, relative to
-// the leaf centre. Pass `chunk` takes the row's source particles chunk * chunk_len ..
-// (chunk + 1) * chunk_len, counted along the row; pass 0 writes the targets' fields, later
-// passes add. Every value the loops and barriers depend on is read from read-only arrays
-// at workgroup-uniform indices, so the control flow is uniform.
+// of sorted particles), relative to the leaf centre. Pass `chunk` takes the row's source
+// particles chunk * chunk_len .. (chunk + 1) * chunk_len, counted along the row; pass 0
+// writes the targets' fields, later passes add.
+//
+// The row's sources are staged 64 at a time in workgroup memory, packed across source nodes
+// (a leaf holds about 10 particles: one tile per node would leave most of a tile empty and
+// cost two barriers per node). A task's nt targets share the 64 invocations: each target
+// takes k = 64 / nt of them, each summing every k-th source of a tile (a leaf of 10 targets
+// keeps 60 of 64 lanes busy instead of 10). Every invocation sums each source node's pairs
+// plainly and adds that sum to its compensated accumulator when the node ends; the k
+// accumulators of a target are then added in slice order. With k = 1 this is the order of
+// the CPU's near field; with any k the order is fixed, so two runs give the same bits.
+// Every value the loops and barriers depend on is read from read-only arrays at
+// workgroup-uniform indices, so the control flow around the barriers is uniform.
 @compute @workgroup_size(64)
 fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = wg.x + wg.y * 65535u;
@@ -284,52 +296,88 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let nd = nodes_at(2u * a);
     let zh = cen_hi(a);
     let zl = cen_lo(a);
-    let i = lists_at(task + 1u) + lid;
-    let valid = i < nd.y;
-    var xi = vec3<f32>(0.0);
+    let first = lists_at(task + 1u);
+    // Targets of this task (at least 1), slices per target, this invocation's of each.
+    let nt = min(WG, nd.y - first);
+    let k = WG / nt;
+    let t = lid % nt;
+    let slice = lid / nt;
+    let busy = slice < k;
+    let i = first + t;
+    let xi = dd(pt_hi(i), pt_lo(i), zh, zl);
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    if valid {
-        xi = dd(pt_hi(i), pt_lo(i), zh, zl);
-        if P.chunk > 0u { acc = Acc(outp_at(2u * i), outp_at(2u * i + 1u)); }
-    }
+    if P.chunk > 0u && slice == 0u { acc = Acc(outp_at(2u * i), outp_at(2u * i + 1u)); }
     let w0 = P.chunk * P.chunk_len;
     let w1 = w0 + P.chunk_len;
-    // Source particles of the row before entry e.
+    // This invocation's sum over the current source node's pairs, and that node's entry.
+    var part = vec4<f32>(0.0);
+    var node = 0xffffffffu;
+    // Source particles of the row before entry e; sources staged in the tile.
     var before = 0u;
-    for (var e = lists_at(P.o_p2p_off + a); e < lists_at(P.o_p2p_off + a + 1u); e++) {
-        let nb = nodes_at(2u * lists_at(P.o_p2p_items + e));
-        let cnt = nb.y - nb.x;
-        let lo = max(before, w0);
-        let hi = min(before + cnt, w1);
-        let s0 = nb.x + lo - before;
-        let s1 = nb.x + hi - before;
-        before += cnt;
-        if lo >= hi { continue; }
-        var part = vec4<f32>(0.0);
-        for (var t0 = s0; t0 < s1; t0 += WG) {
-            let j = t0 + lid;
-            if j < s1 {
-                sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts_at(2u * j).w);
-            } else {
-                sh[lid] = vec4<f32>(0.0);
+    var fill = 0u;
+    let e_end = lists_at(P.o_p2p_off + a + 1u);
+    // One more round after the last entry (e == e_end) computes a partly filled tile.
+    for (var e = lists_at(P.o_p2p_off + a); e <= e_end; e++) {
+        var j0 = 0u;
+        var s1 = 0u;
+        if e < e_end {
+            let nb = nodes_at(2u * lists_at(P.o_p2p_items + e));
+            let cnt = nb.y - nb.x;
+            let lo = max(before, w0);
+            let hi = min(before + cnt, w1);
+            before += cnt;
+            if lo < hi {
+                j0 = nb.x + lo - (before - cnt);
+                s1 = nb.x + hi - (before - cnt);
             }
-            workgroupBarrier();
-            let n_tile = min(WG, s1 - t0);
-            for (var k = 0u; k < n_tile; k++) {
-                let src = sh[k];
-                let dx = src.xyz - xi;
-                let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
-                let inv = inverseSqrt(r2);
-                var mi = src.w * inv;
-                if t0 + k == i { mi = 0.0; }
-                let mi3 = mi * inv * inv;
-                part += vec4<f32>(dx * mi3, -mi);
-            }
-            workgroupBarrier();
         }
-        acc = acc_add(acc, part);
+        loop {
+            let last = e == e_end && fill > 0u;
+            if j0 >= s1 && !last { break; }
+            let take = min(s1 - j0, WG - fill);
+            if lid >= fill && lid < fill + take {
+                let j = j0 + (lid - fill);
+                sh[lid] = vec4<f32>(dd(pt_hi(j), pt_lo(j), zh, zl), pts_at(2u * j).w);
+                shj[lid] = j;
+                shn[lid] = e;
+            }
+            fill += take;
+            j0 += take;
+            if fill == WG || last {
+                workgroupBarrier();
+                if busy {
+                    for (var q = slice; q < fill; q += k) {
+                        if shn[q] != node {
+                            if node != 0xffffffffu { acc = acc_add(acc, part); }
+                            part = vec4<f32>(0.0);
+                            node = shn[q];
+                        }
+                        let src = sh[q];
+                        let dx = src.xyz - xi;
+                        let r2 = max(dot(dx, dx) + P.eps2, P.r2min);
+                        let inv = inverseSqrt(r2);
+                        var mi = src.w * inv;
+                        if shj[q] == i { mi = 0.0; }
+                        let mi3 = mi * inv * inv;
+                        part += vec4<f32>(dx * mi3, -mi);
+                    }
+                }
+                workgroupBarrier();
+                fill = 0u;
+                if last { break; }
+            }
+        }
     }
-    if valid {
+    if node != 0xffffffffu { acc = acc_add(acc, part); }
+    // The k accumulators of each target, added in slice order.
+    sh[lid] = acc.hi;
+    sh_lo[lid] = acc.lo;
+    workgroupBarrier();
+    if slice == 0u {
+        for (var q = 1u; q < k; q++) {
+            acc = acc_add(acc, sh[t + q * nt]);
+            acc.lo += sh_lo[t + q * nt];
+        }
         outp_set(2u * i, acc.hi);
         outp_set(2u * i + 1u, acc.lo);
     }

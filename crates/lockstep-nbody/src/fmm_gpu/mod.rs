@@ -148,6 +148,9 @@ pub struct GpuSplit {
     pub bytes_up: u64,
     /// Bytes read back.
     pub bytes_down: u64,
+    /// The share of the P2P kernel's 64 invocations per task that sum pairs, averaged over
+    /// its tasks (`p2p_lane_use`): a count from the tree, not a measurement.
+    pub p2p_lane_use: f64,
 }
 
 impl GpuSplit {
@@ -558,6 +561,25 @@ fn p2p_tasks(tree: &Tree) -> Vec<u32> {
     tasks
 }
 
+/// The share of the `p2p` kernel's 64 invocations that sum pairs, averaged over `tasks`
+/// (from [`p2p_tasks`]): a task of `nt` targets gives each `64 / nt` invocations (the rest
+/// idle), so a leaf of 10 targets keeps 60 of 64 busy; one invocation per target would keep
+/// 10. 1 for no tasks.
+pub(crate) fn p2p_lane_use(tree: &Tree, tasks: &[u32]) -> f64 {
+    let n = tasks.len() / 2;
+    if n == 0 {
+        return 1.0;
+    }
+    let busy: usize = tasks
+        .chunks_exact(2)
+        .map(|t| {
+            let nt = (tree.nodes[t[0] as usize].end - t[1] as usize).min(WG as usize);
+            (WG as usize / nt) * nt
+        })
+        .sum();
+    busy as f64 / (WG as usize * n) as f64
+}
+
 /// Source particles per pass of the `p2p` kernel within `budget` loop iterations when the
 /// longest P2P row has `longest_row` entries (llvmpipe's counting, module `LoopCost`): a
 /// pass loops once over the row's entries (`5` iterations each, with the range loop's ends
@@ -685,6 +707,7 @@ struct Packed {
     o_tasks: u32,
     /// P2P tasks.
     n_tasks: usize,
+    lane_use: f64,
     /// Words of device-built lists that follow `u` in the `lists` binding (copied there on
     /// the device; `u` ends where they start).
     tail: usize,
@@ -897,6 +920,7 @@ fn pack(
         o_leaves,
         o_tasks,
         n_tasks: tasks.len() / 2,
+        lane_use: p2p_lane_use(tree, &tasks),
         tail,
         base,
     })
@@ -1215,6 +1239,7 @@ impl GpuForces {
         let words = words + pk.mp_cells.len() + walk_words;
         split_t.bytes_up = 4 * words as u64;
         split_t.upload = clock.elapsed().as_secs_f64();
+        split_t.p2p_lane_use = pk.lane_use;
 
         let mut seconds = [0.0; 4];
         for (k, dispatches) in plan.phases.iter().enumerate() {
@@ -1497,6 +1522,38 @@ fn test_particles(clumps: Option<u64>, n: u64, seed: u64) -> crate::Particles {
 #[cfg(test)]
 mod tests {
     use super::check_indices;
+
+    /// The P2P kernel's lanes: on a Plummer tree with leaves of 32 (about 10 particles
+    /// each) at least 85% of the 64 invocations of a task sum pairs (one invocation per
+    /// target would keep about 15% busy); with leaves of 64 or more every full task keeps
+    /// all 64.
+    #[test]
+    fn p2p_tasks_keep_most_lanes_busy() {
+        let p = super::test_particles(None, 20_000, 3);
+        let pos = p.valid_pos();
+        let mass = p.valid_mass();
+        let tree = super::Tree::build_nodes(pos, mass, pos.len(), 32);
+        let tasks = super::p2p_tasks(&tree);
+        let use_ = super::p2p_lane_use(&tree, &tasks);
+        let one_per_target = (tree.nodes.iter().filter(|n| n.is_leaf()).map(|n| n.count()))
+            .sum::<usize>() as f64
+            / (64 * tasks.len() / 2) as f64;
+        println!("P2P lanes busy: {use_:.3} (one per target: {one_per_target:.3})");
+        assert!(
+            use_ >= 0.85 && one_per_target < 0.3,
+            "{use_} {one_per_target}"
+        );
+        let big = super::Tree::build_nodes(pos, mass, pos.len(), 256);
+        let full = super::p2p_tasks(&big);
+        let full: Vec<u32> = full
+            .chunks_exact(2)
+            .filter(|t| big.nodes[t[0] as usize].end - t[1] as usize >= 64)
+            .flatten()
+            .copied()
+            .collect();
+        assert!(!full.is_empty());
+        assert_eq!(super::p2p_lane_use(&big, &full), 1.0);
+    }
 
     /// An array whose 32-bit word index would wrap is refused, naming it and the way out;
     /// arrays just below 2^32 words pass.
