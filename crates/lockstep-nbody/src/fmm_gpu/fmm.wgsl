@@ -281,10 +281,12 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
 // (a leaf holds about 10 particles: one tile per node would leave most of a tile empty and
 // cost two barriers per node). A task's nt targets share the 64 invocations: each target
 // takes k = 64 / nt of them, each summing every k-th source of a tile (a leaf of 10 targets
-// keeps 60 of 64 lanes busy instead of 10). Every invocation sums each source node's pairs
-// plainly and adds that sum to its compensated accumulator when the node ends; the k
-// accumulators of a target are then added in slice order. With k = 1 this is the order of
-// the CPU's near field; with any k the order is fixed, so two runs give the same bits.
+// keeps 60 of 64 lanes busy instead of 10). With k = 1 an invocation sums each source
+// node's pairs plainly and adds that sum to its compensated accumulator when the node ends
+// (the order of the CPU's near field); with k > 1 it adds its plain sum once per tile (a
+// node's 10 or so sources are spread over the k invocations, and a compensated addition
+// per node would cost more than the pairs); the k accumulators of a target are then added
+// in slice order. The order is fixed either way, so two runs give the same bits.
 // Every value the loops and barriers depend on is read from read-only arrays at
 // workgroup-uniform indices, so the control flow around the barriers is uniform.
 @compute @workgroup_size(64)
@@ -347,7 +349,8 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
                 workgroupBarrier();
                 if busy {
                     for (var q = slice; q < fill; q += k) {
-                        if shn[q] != node {
+                        // One invocation per target: the CPU's order, a sum per node.
+                        if k == 1u && shn[q] != node {
                             if node != 0xffffffffu { acc = acc_add(acc, part); }
                             part = vec4<f32>(0.0);
                             node = shn[q];
@@ -361,6 +364,12 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
                         let mi3 = mi * inv * inv;
                         part += vec4<f32>(dx * mi3, -mi);
                     }
+                    // Several per target: a sum per tile (about 64 / k pairs), so that the
+                    // compensated addition does not cost more than the pairs it sums.
+                    if k > 1u {
+                        acc = acc_add(acc, part);
+                        part = vec4<f32>(0.0);
+                    }
                 }
                 workgroupBarrier();
                 fill = 0u;
@@ -368,7 +377,7 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
             }
         }
     }
-    if node != 0xffffffffu { acc = acc_add(acc, part); }
+    if k == 1u && node != 0xffffffffu { acc = acc_add(acc, part); }
     // The k accumulators of each target, added in slice order.
     sh[lid] = acc.hi;
     sh_lo[lid] = acc.lo;

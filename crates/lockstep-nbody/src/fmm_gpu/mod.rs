@@ -564,7 +564,9 @@ fn p2p_tasks(tree: &Tree) -> Vec<u32> {
 /// The share of the `p2p` kernel's 64 invocations that sum pairs, averaged over `tasks`
 /// (from [`p2p_tasks`]): a task of `nt` targets gives each `64 / nt` invocations (the rest
 /// idle), so a leaf of 10 targets keeps 60 of 64 busy; one invocation per target would keep
-/// 10. 1 for no tasks.
+/// 10. 1 for no tasks. A count of lanes, the kernel's mapping written again in Rust (the
+/// tests of its results are the GPU-against-CPU ones), not of work: in a partly filled
+/// last tile some busy invocations have no source.
 pub(crate) fn p2p_lane_use(tree: &Tree, tasks: &[u32]) -> f64 {
     let n = tasks.len() / 2;
     if n == 0 {
@@ -582,9 +584,11 @@ pub(crate) fn p2p_lane_use(tree: &Tree, tasks: &[u32]) -> f64 {
 
 /// Source particles per pass of the `p2p` kernel within `budget` loop iterations when the
 /// longest P2P row has `longest_row` entries (llvmpipe's counting, module `LoopCost`): a
-/// pass loops once over the row's entries (`5` iterations each, with the range loop's ends
-/// and the tile loops of ranges cut by the pass) and once per staged source (`66 / 64`, the
-/// tile loop and the pair loop); at least one tile.
+/// pass loops once over the row's entries (at most `5` iterations each: the entry loop, the
+/// staging loop's rounds and exits, a few more than the kernel's 2 or 3) and once per staged
+/// source (`66 / 64`: the pair loop of a full tile, its exit and a staging round; with k
+/// invocations per target the pair loop is k times shorter and covers the final sum of the
+/// k accumulators); at least one tile.
 fn p2p_window(budget: u32, longest_row: usize) -> u32 {
     let fixed = 5 * longest_row as u64 + 2;
     let per = (budget as u64).saturating_sub(fixed) * 64 / 66;
