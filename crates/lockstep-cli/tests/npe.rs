@@ -1550,3 +1550,32 @@ fn quick_try_overrides_and_a_loss_line_per_epoch() {
     );
     assert!(!d.join("x").exists());
 }
+
+/// `LOCKSTEP_NPE_FUSION=1` (burn's fusion, to measure it) in a build without the `fusion`
+/// feature ends the command with a message naming the variable and the build that has it.
+#[cfg(not(feature = "fusion"))]
+#[test]
+fn burn_fusion_without_the_feature_is_refused_naming_the_variable() {
+    let mut cmd = Command::new(LOCKSTEP);
+    cmd.args([
+        "bench",
+        "npe",
+        "--device",
+        "gpu",
+        "--batch",
+        "16",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--no-torch",
+    ])
+    .env("LOCKSTEP_NPE_FUSION", "1");
+    let out = run_with_limit(cmd, Duration::from_secs(120)).unwrap();
+    assert!(!out.success(), "{}", out.all_output());
+    assert!(
+        out.stderr.contains("LOCKSTEP_NPE_FUSION=1") && out.stderr.contains("lockstep-cli/fusion"),
+        "{}",
+        out.all_output()
+    );
+}

@@ -14,6 +14,9 @@ use lockstep_train::{Batch, Model, ReplicaContext};
 use std::path::{Path, PathBuf};
 
 /// An [`NpeModel`] on the CPU, a wgpu GPU or a CUDA GPU.
+// With burn's fusion built in, burn's wgpu model grows past the CPU one by more than
+// clippy's limit; one model lives per replica, so the size does not matter.
+#[cfg_attr(feature = "fusion", allow(clippy::large_enum_variant))]
 pub enum DeviceModel {
     /// burn's ndarray backend.
     Cpu(NpeModel<CpuAutodiff>),
@@ -22,6 +25,23 @@ pub enum DeviceModel {
     /// burn's CUDA backend (feature `cuda`).
     #[cfg(feature = "cuda")]
     Cuda(NpeModel<crate::CudaAutodiff>),
+    /// burn's fusion over its wgpu backend (feature `fusion`, `LOCKSTEP_NPE_FUSION=1`; see
+    /// [`crate::fusion_backend`]).
+    #[cfg(feature = "fusion")]
+    GpuFusion(Box<NpeModel<crate::fusion_backend::WgpuFusionAutodiff>>),
+}
+
+/// Whether `LOCKSTEP_NPE_FUSION=1` asks GPU placements for burn's fusion.
+///
+/// Errors: [`NpeError::Invalid`] when it does in a build without the `fusion` feature.
+fn fusion_requested() -> Result<bool, NpeError> {
+    let asked = std::env::var("LOCKSTEP_NPE_FUSION").is_ok_and(|v| v == "1");
+    if asked && !cfg!(feature = "fusion") {
+        return Err(NpeError::Invalid(
+            "LOCKSTEP_NPE_FUSION=1 needs a build with burn's fusion (cargo build --release --features lockstep-cli/fusion)".into(),
+        ));
+    }
+    Ok(asked)
 }
 
 /// `$body` with `$m` bound to the model of whichever variant `$s` is.
@@ -32,6 +52,8 @@ macro_rules! each {
             DeviceModel::Gpu($m) => $body,
             #[cfg(feature = "cuda")]
             DeviceModel::Cuda($m) => $body,
+            #[cfg(feature = "fusion")]
+            DeviceModel::GpuFusion($m) => $body,
         }
     };
 }
@@ -43,7 +65,12 @@ impl DeviceModel {
     pub fn new(network: NpeNetwork, seed: u64, placement: &Placement) -> Result<Self, NpeError> {
         Ok(match placement {
             Placement::Cpu => DeviceModel::Cpu(NpeModel::new(network, seed, Default::default())),
+            #[cfg(feature = "fusion")]
+            Placement::Gpu { device, .. } if fusion_requested()? => {
+                DeviceModel::GpuFusion(Box::new(NpeModel::new(network, seed, device.clone())))
+            }
             Placement::Gpu { device, .. } => {
+                fusion_requested()?;
                 DeviceModel::Gpu(NpeModel::new(network, seed, device.clone()))
             }
             #[cfg(feature = "cuda")]
@@ -69,7 +96,14 @@ impl DeviceModel {
     ) -> Result<Self, NpeError> {
         Ok(match placement {
             Placement::Cpu => DeviceModel::Cpu(model.on(Default::default())),
-            Placement::Gpu { device, .. } => DeviceModel::Gpu(model.on(device.clone())),
+            #[cfg(feature = "fusion")]
+            Placement::Gpu { device, .. } if fusion_requested()? => {
+                DeviceModel::GpuFusion(Box::new(model.on(device.clone())))
+            }
+            Placement::Gpu { device, .. } => {
+                fusion_requested()?;
+                DeviceModel::Gpu(model.on(device.clone()))
+            }
             #[cfg(feature = "cuda")]
             Placement::Cuda { index, .. } => {
                 DeviceModel::Cuda(model.on(burn::backend::cuda::CudaDevice::new(*index)))
@@ -80,6 +114,26 @@ impl DeviceModel {
                 unreachable!("check_cuda refuses builds without the cuda feature")
             }
         })
+    }
+
+    /// A copy of `model` on the GPU of `placement` under burn's fusion (feature `fusion`;
+    /// what `LOCKSTEP_NPE_FUSION=1` makes of a GPU placement).
+    ///
+    /// Errors: [`NpeError::Invalid`] for a placement that is not `gpu`.
+    #[cfg(feature = "fusion")]
+    pub fn with_fusion(
+        model: &NpeModel<CpuAutodiff>,
+        placement: &Placement,
+    ) -> Result<Self, NpeError> {
+        match placement {
+            Placement::Gpu { device, .. } => {
+                Ok(DeviceModel::GpuFusion(Box::new(model.on(device.clone()))))
+            }
+            other => Err(NpeError::Invalid(format!(
+                "burn's fusion runs on a gpu placement, not {}",
+                other.describe()
+            ))),
+        }
     }
 
     /// Mixed precision for the training passes ([`NpeModel::set_mixed_precision`]).
@@ -170,6 +224,10 @@ impl DeviceModel {
             DeviceModel::Gpu(m) => on::<WgpuAutodiff>(m.device()),
             #[cfg(feature = "cuda")]
             DeviceModel::Cuda(m) => on::<crate::CudaAutodiff>(m.device()),
+            #[cfg(feature = "fusion")]
+            DeviceModel::GpuFusion(m) => {
+                on::<crate::fusion_backend::WgpuFusionAutodiff>(m.device())
+            }
         }
     }
 
@@ -251,7 +309,13 @@ impl Model for DeviceModel {
         each!(self, m => m.loss_and_grad_in(batch, grad, replicas))
     }
     fn memory_estimate(&self, local_batch: usize) -> lockstep_core::memory::MemoryEstimate {
-        each!(self, m => Model::memory_estimate(m, local_batch))
+        fn estimate<B: crate::backend::TrainBackend>(
+            m: &NpeModel<B>,
+            local_batch: usize,
+        ) -> lockstep_core::memory::MemoryEstimate {
+            Model::memory_estimate(m, local_batch)
+        }
+        each!(self, m => estimate(m, local_batch))
     }
     fn validation_loss(&mut self, batch: &Batch) -> anyhow::Result<Vec<f64>> {
         each!(self, m => m.validation_loss(batch))

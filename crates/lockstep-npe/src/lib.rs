@@ -54,6 +54,8 @@ pub mod error;
 pub mod export;
 pub mod flow;
 pub mod fused_ops;
+#[cfg(feature = "fusion")]
+pub mod fusion_backend;
 pub mod gw;
 pub mod kernel_check;
 pub mod layer_kernel;

@@ -76,6 +76,8 @@ impl DeviceModel {
             DeviceModel::Gpu(m) => phases(m, initial, run, probe),
             #[cfg(feature = "cuda")]
             DeviceModel::Cuda(m) => phases(m, initial, run, probe),
+            #[cfg(feature = "fusion")]
+            DeviceModel::GpuFusion(m) => phases(m, initial, run, probe),
         }
     }
 }

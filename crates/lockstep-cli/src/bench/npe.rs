@@ -81,6 +81,14 @@
 //! difference beyond the noise, and with the default submission the steps took 2.41-2.53 s
 //! either way. Exclusive pages reserved 40-56 MiB against 64 MiB. lockstep keeps CubeCL's
 //! default; the flag is there to measure it on a GPU.
+//!
+//! burn's `fusion` on the fused step (a build with `--features lockstep-cli/fusion`, then
+//! `LOCKSTEP_NPE_FUSION=1`; lockstep's kernels are barriers to it, see
+//! `lockstep_npe::fusion_backend`), lavapipe, batch 512: 392 launches per float32 step and
+//! 472 mixed (393 and 475 without; 14 and 15 of them burn's fused kernels), and with
+//! `CUBECL_WGPU_MAX_TASKS=100000` 55-60 ms of host recording per float32 step against 8-10
+//! ms (42-61 against 9-10 mixed; two runs of each in turn). It is not used: it can save no
+//! more than the 1 to 3 launches it saved.
 
 use super::npy::write_npy;
 use anyhow::{anyhow, bail, Context, Result};
@@ -347,7 +355,16 @@ fn on_device(
     batch: &lockstep_train::Batch,
     placement: &Placement,
 ) -> Result<()> {
-    println!("device: {}", placement.describe());
+    let fusion = std::env::var("LOCKSTEP_NPE_FUSION").is_ok_and(|v| v == "1");
+    println!(
+        "device: {}{}",
+        placement.describe(),
+        if fusion && placement.kind() == DeviceKind::Gpu {
+            " (burn's fusion: LOCKSTEP_NPE_FUSION=1)"
+        } else {
+            ""
+        }
+    );
     if placement.kind() == DeviceKind::Gpu {
         println!(
             "CubeCL memory pools: {} (--memory-pools)",

@@ -68,3 +68,43 @@ fn a_gpu_step_reads_back_once_and_packs_the_cpu_gradient() {
         );
     }
 }
+
+/// burn's fusion over the GPU backend (feature `fusion`; not in CI's build): one training
+/// pass gives the plain GPU backend's loss and packed gradient, and still reads back once.
+#[cfg(feature = "fusion")]
+#[test]
+fn a_gpu_step_under_burn_fusion_gives_the_plain_gpu_step() {
+    let (td, xd, n) = (3, 6, 37);
+    let net = small_network(td, xd, Norm::LayerNorm, 3.0);
+    let (values, _) = random_params(&net, 0.1, 11);
+    let mut cpu = DeviceModel::new(net.clone(), 3, &Placement::Cpu).unwrap();
+    cpu.set_parameters(&values).unwrap();
+    let DeviceModel::Cpu(on_cpu) = &cpu else {
+        unreachable!("a model placed on the CPU")
+    };
+    let placement = Placement::for_slot(DeviceKind::Gpu, 0).expect("a Vulkan adapter (lavapipe)");
+    let mut plain = DeviceModel::from_model(on_cpu, &placement).unwrap();
+    let mut fused = DeviceModel::with_fusion(on_cpu, &placement).unwrap();
+    assert!(matches!(fused, DeviceModel::GpuFusion(_)));
+    let mut rng = lockstep_core::rng::SplitMix64::new(5);
+    let mut draw = |k: usize| -> Vec<f32> { (0..k).map(|_| rng.normal() as f32).collect() };
+    let (theta, x) = (draw(n * td), draw(n * xd));
+    let p = plain.trainable().len();
+    let (mut g_plain, mut g_fused) = (vec![0.0f32; p], vec![f32::NAN; p]);
+    let loss_plain = plain.nll_and_grad(&theta, &x, n, &mut g_plain);
+    fused.nll_and_grad(&theta, &x, n, &mut g_fused);
+    let before = host_reads();
+    let loss_fused = fused.nll_and_grad(&theta, &x, n, &mut g_fused);
+    assert_eq!(host_reads() - before, 1, "one read-back per training pass");
+    assert!(
+        ((loss_fused - loss_plain) / loss_plain).abs() < 1e-5,
+        "loss: fused {loss_fused}, plain {loss_plain}"
+    );
+    let scale = g_plain.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+    for (i, (a, b)) in g_fused.iter().zip(&g_plain).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * scale,
+            "gradient {i} of {p}: fused {a}, plain {b}"
+        );
+    }
+}
