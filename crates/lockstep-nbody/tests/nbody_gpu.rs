@@ -79,6 +79,22 @@ fn params() -> FmmParams {
     }
 }
 
+/// The error table against direct sums of the GPU FMM (`eg`) is the CPU FMM's (`ec`):
+/// p50, p99 and p99.9 of the acceleration errors each within 10%.
+fn same_error_table(
+    label: &str,
+    ec: &lockstep_nbody::accuracy::Accuracy,
+    eg: &lockstep_nbody::accuracy::Accuracy,
+) {
+    for (c, g) in [
+        (ec.acc.p50, eg.acc.p50),
+        (ec.acc.p99, eg.acc.p99),
+        (ec.acc.p999, eg.acc.p999),
+    ] {
+        assert!((g - c).abs() <= 0.1 * c, "{label}: {ec:?} {eg:?}");
+    }
+}
+
 /// The CPU FMM and the same solver on the GPU.
 fn solvers(params: FmmParams) -> (Fmm, Fmm) {
     let cpu = Fmm::new(params).unwrap();
@@ -117,16 +133,7 @@ fn gpu_fmm_matches_the_cpu_fmm_and_its_error_table() {
                     da <= 1e-5 && dp <= 1e-5,
                     "{name} eps {eps} p {order}: {da:e} {dp:e}"
                 );
-                for (c, g) in [
-                    (ec.acc.p50, eg.acc.p50),
-                    (ec.acc.p99, eg.acc.p99),
-                    (ec.acc.p999, eg.acc.p999),
-                ] {
-                    assert!(
-                        (g - c).abs() <= 0.1 * c,
-                        "{name} eps {eps} p {order}: {ec:?} {eg:?}"
-                    );
-                }
+                same_error_table(&format!("{name} eps {eps} p {order}"), &ec, &eg);
             }
         }
     }
@@ -205,17 +212,8 @@ fn gpu_fmm_matches_the_cpu_fmm_at_orders_4_to_6() {
                 da <= 1e-5 && dp <= 1e-5,
                 "{name} p {order} theta {theta} eps {eps}: {da:e} {dp:e}"
             );
-            // The error table against direct sums: p50, p99, p99.9 within 10% of the CPU's.
-            for (c, g) in [
-                (ec.acc.p50, eg.acc.p50),
-                (ec.acc.p99, eg.acc.p99),
-                (ec.acc.p999, eg.acc.p999),
-            ] {
-                assert!(
-                    (g - c).abs() <= 0.1 * c,
-                    "{name} p {order} theta {theta} eps {eps}: {ec:?} {eg:?}"
-                );
-            }
+            let label = format!("{name} p {order} theta {theta} eps {eps}");
+            same_error_table(&label, &ec, &eg);
         }
     }
 }
