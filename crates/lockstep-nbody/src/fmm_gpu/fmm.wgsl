@@ -56,6 +56,8 @@ var<workgroup> sh_lo: array<vec4<f32>, 64>;
 // The P2P tile's source particle indices and row entries.
 var<workgroup> shj: array<u32, 64>;
 var<workgroup> shn: array<u32, 64>;
+// The P2P row's source ranges (first, end) of 64 entries.
+var<workgroup> shr: array<vec2<u32>, 64>;
 
 fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.x + wg.y * 65535u) * WG + lid;
@@ -279,7 +281,8 @@ fn l2l(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
 //
 // The row's sources are staged 64 at a time in workgroup memory, packed across source nodes
 // (a leaf holds about 10 particles: one tile per node would leave most of a tile empty and
-// cost two barriers per node). A task's nt targets share the 64 invocations: each target
+// cost two barriers per node); the source nodes' ranges are loaded 64 entries at a time, one
+// per invocation. A task's nt targets share the 64 invocations: each target
 // takes k = 64 / nt of them, each summing every k-th source of a tile (a leaf of 10 targets
 // keeps 60 of 64 lanes busy instead of 10). With k = 1 an invocation sums each source
 // node's pairs plainly and adds that sum to its compensated accumulator when the node ends
@@ -317,13 +320,28 @@ fn p2p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     // Source particles of the row before entry e; sources staged in the tile.
     var before = 0u;
     var fill = 0u;
+    let e_begin = lists_at(P.o_p2p_off + a);
     let e_end = lists_at(P.o_p2p_off + a + 1u);
     // One more round after the last entry (e == e_end) computes a partly filled tile.
-    for (var e = lists_at(P.o_p2p_off + a); e <= e_end; e++) {
+    for (var e = e_begin; e <= e_end; e++) {
         var j0 = 0u;
         var s1 = 0u;
+        // The source ranges of the next 64 entries, loaded at once (one entry each), so
+        // that the walk over the entries below reads workgroup memory, not two dependent
+        // loads from device memory per entry. Every invocation reads the same slot after
+        // the barrier, so the values (and the tile loop's barriers that depend on them) are
+        // uniform at run time; WGSL's analysis counts workgroup loads as non-uniform, which
+        // naga (wgpu's compiler) does not enforce for barriers, and Tint would.
+        // `workgroupUniformLoad` would satisfy it at the cost of a barrier per entry.
+        if e < e_end && (e - e_begin) % WG == 0u {
+            workgroupBarrier();
+            if e + lid < e_end {
+                shr[lid] = nodes_at(2u * lists_at(P.o_p2p_items + e + lid)).xy;
+            }
+            workgroupBarrier();
+        }
         if e < e_end {
-            let nb = nodes_at(2u * lists_at(P.o_p2p_items + e));
+            let nb = shr[(e - e_begin) % WG];
             let cnt = nb.y - nb.x;
             let lo = max(before, w0);
             let hi = min(before + cnt, w1);
