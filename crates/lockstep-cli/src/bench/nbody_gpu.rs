@@ -137,31 +137,9 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
         );
         if args.no_cpu_fmm {
             println!("  (CPU FMM left out: --no-cpu-fmm; accuracy on the first {k} particles against direct sums in f64)");
-            model(&stats, n, params, &split);
-            if !args.no_fmm3d {
-                fmm3d(args, &pos, &mass, &reference, secs);
-            }
-            continue;
+        } else {
+            cpu_row(&cpu, &src, (n, k, repeats), &reference, secs)?;
         }
-        let mut cbest = f64::INFINITY;
-        let mut cf = None;
-        for _ in 0..repeats.max(1) {
-            let t = Instant::now();
-            let (f, _) = cpu.forces(&src, 1.0, 0.0)?;
-            cbest = cbest.min(t.elapsed().as_secs_f64());
-            cf = Some(f);
-        }
-        let cf = cf.context("one evaluation")?;
-        let csub = lockstep_nbody::Forces {
-            acc: cf.acc[..k].to_vec(),
-            pot: cf.pot[..k].to_vec(),
-        };
-        let cacc = compare(&csub, &reference).acc;
-        row("fmm cpu", n, cbest, cacc.p50, cacc.p99, cacc.p999);
-        println!(
-            "  GPU / CPU speed: {:.2}x (accuracy on the first {k} particles against direct sums in f64)",
-            cbest / secs
-        );
         model(&stats, n, params, &split);
         if !args.no_fmm3d {
             fmm3d(args, &pos, &mass, &reference, secs);
@@ -187,6 +165,40 @@ pub fn run(args: &BenchNbodyArgs) -> Result<()> {
             (n as f64) * (n as f64 - 1.0) / secs
         );
     }
+    Ok(())
+}
+
+/// The CPU FMM's row at `n` particles (the best of `repeats` evaluations of `src`, its
+/// accuracy on the first `k` particles against `reference`) and its speed against the GPU's
+/// `gpu_secs`.
+///
+/// Errors: those of [`Fmm::forces`].
+fn cpu_row(
+    cpu: &Fmm,
+    src: &SourceSet<'_>,
+    (n, k, repeats): (usize, usize, usize),
+    reference: &lockstep_nbody::Forces,
+    gpu_secs: f64,
+) -> Result<()> {
+    let mut cbest = f64::INFINITY;
+    let mut cf = None;
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        let (f, _) = cpu.forces(src, 1.0, 0.0)?;
+        cbest = cbest.min(t.elapsed().as_secs_f64());
+        cf = Some(f);
+    }
+    let cf = cf.context("one evaluation")?;
+    let csub = lockstep_nbody::Forces {
+        acc: cf.acc[..k].to_vec(),
+        pot: cf.pot[..k].to_vec(),
+    };
+    let cacc = compare(&csub, reference).acc;
+    row("fmm cpu", n, cbest, cacc.p50, cacc.p99, cacc.p999);
+    println!(
+        "  GPU / CPU speed: {:.2}x (accuracy on the first {k} particles against direct sums in f64)",
+        cbest / gpu_secs
+    );
     Ok(())
 }
 
